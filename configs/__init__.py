@@ -1,0 +1,45 @@
+"""Packaged YAML configs: model presets (`configs/models/`) and tasks (`configs/tasks/`).
+
+Found through importlib.resources so they work from an installed wheel as well as a source tree.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wsi.errors import ConfigError
+
+
+def available(kind: str) -> list[str]:
+    """Names of the packaged configs of one kind ('models' or 'tasks')."""
+    folder = resources.files(__name__).joinpath(kind)
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    """Load a packaged config by name, or any YAML file by path. Returns (data, source)."""
+    text: str
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
+        if not candidate.is_file():
+            raise ConfigError(f"{kind[:-1]} file {candidate} does not exist")
+        text, source = candidate.read_text(encoding="utf-8"), str(candidate)
+    else:
+        res = resources.files(__name__).joinpath(kind, f"{name_or_path}.yaml")
+        if not res.is_file():
+            raise ConfigError(
+                f"unknown {kind[:-1]} {name_or_path!r}; packaged ones: {', '.join(available(kind))}, "
+                "or give a path to a YAML file"
+            )
+        text, source = res.read_text(encoding="utf-8"), f"configs/{kind}/{name_or_path}.yaml"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a mapping at the top level")
+    return data, source

@@ -1,0 +1,94 @@
+"""File-system helpers shared by every stage: atomic writes, safe slide ids, digests.
+
+Outputs are written under a temporary name in the destination folder and renamed into place, so an
+interrupted run never leaves a file that a re-run would mistake for a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_TMP_MARK = ".tmp-"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def temp_sibling(final: Path) -> Path:
+    """A unique temporary path next to `final` (same file system, so rename is atomic)."""
+    return final.with_name(f".{final.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def is_temp_name(path: Path) -> bool:
+    return path.name.startswith(".") and _TMP_MARK in path.name
+
+
+@contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `final` (file or folder) in one rename.
+
+    On an exception the temporary output is removed and `final` is left as it was.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(final)
+    try:
+        yield tmp
+        if final.is_dir() and not final.is_symlink():
+            # A folder cannot be replaced in one step: move the old one aside first.
+            old = temp_sibling(final)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists() or tmp.is_symlink():
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def sanitize_slide_id(name: str) -> str:
+    """Make a slide id safe as a file name: letters, digits, '.', '_' and '-' only, no leading dot.
+
+    Path separators and '..' can never survive, so an id from a CSV cannot escape the output folder.
+    """
+    cleaned = _UNSAFE.sub("_", name).strip("._-")
+    cleaned = cleaned.replace("..", "_")
+    if not cleaned:
+        raise ValueError(f"slide id {name!r} has no usable characters; give a slide_id column")
+    return cleaned[:200]
+
+
+def slide_id_from_path(path: str | os.PathLike[str]) -> str:
+    """The file name without its extension (all of '.ome.tiff'), made safe."""
+    name = Path(path).name
+    for ext in (".ome.tiff", ".ome.tif"):
+        if name.lower().endswith(ext):
+            return sanitize_slide_id(name[: -len(ext)])
+    return sanitize_slide_id(Path(name).stem)
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Command line. Thin: parse, validate, call a keyword-only library function. The library never imports this."""

@@ -1,0 +1,43 @@
+"""Error types for user mistakes and bad inputs.
+
+Every subclass of `WsiError` carries a message meant for the user: it names the file or value at fault
+and says what to do. The CLI prints these without a traceback; batch stages record them per slide.
+"""
+
+from __future__ import annotations
+
+
+class WsiError(Exception):
+    """Base for every error a user can cause or fix."""
+
+
+class SlideError(WsiError):
+    """A slide cannot be opened or read (missing, not a slide, truncated, unsupported)."""
+
+
+class MissingMppError(SlideError):
+    """A slide has no resolution in its metadata and none was given."""
+
+
+class TileFileError(WsiError):
+    """A tile (coordinates) file is missing, incomplete or of an unknown layout."""
+
+
+class BagFormatError(WsiError):
+    """A feature bag is missing a dataset or attribute that is needed to use it."""
+
+
+class WeightsError(WsiError):
+    """Encoder or model weights are missing, unsafe, or do not fit the architecture."""
+
+
+class ConfigError(WsiError):
+    """A task, preset or option is unknown or invalid."""
+
+
+class LabelError(WsiError):
+    """A label table is malformed or inconsistent with the task."""
+
+
+class ImageReadError(WsiError):
+    """A radiology/dermoscopy image cannot be read."""
