@@ -21,3 +21,34 @@ def shared_data() -> Path:
 def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep BLAS/torch from oversubscribing the two CI cores when tests start worker processes."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+# ------------------------------------------------------------------------------- generated sample slides
+@pytest.fixture(scope="session")
+def make_slide(tmp_path_factory: pytest.TempPathFactory):
+    """Factory: `make_slide(**kwargs) -> wsi.samples.SampleSlide`, kwargs as `write_sample_slide`.
+
+    Slides are written once per session into a temporary folder and shared: the same kwargs return the
+    same file, so treat it as read-only (copy it before damaging it). `name=` picks the file name.
+    """
+    from wsi.samples import write_sample_slide
+
+    folder = tmp_path_factory.mktemp("sample-slides")
+    made: dict[str, object] = {}
+
+    def factory(name: str | None = None, **kwargs: object):
+        key = repr(sorted(kwargs.items()))
+        if key not in made:
+            stem = name or f"slide-{len(made):03d}"
+            made[key] = write_sample_slide(folder / f"{stem}.svs", **kwargs)  # type: ignore[arg-type]
+        return made[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def sample_slide(make_slide):
+    """A 3000 x 3000 px slide at 0.5 um/px (1.5 x 1.5 mm), 5 levels, 256 px JPEG tiles: two tissue boxes,
+    blank background around them and one blurred box inside the first (see its `.tissue_boxes_um`,
+    `.blur_boxes_um`). Returns `wsi.samples.SampleSlide`."""
+    return make_slide(name="sample", size_um=1500.0, mpp=0.5, seed=0)

@@ -1,0 +1,306 @@
+"""The paper's scaling experiment: forward + backward time and peak memory against sequence length.
+
+For every attention variant, batch 1, with MILTransformer (preset vit-wsi, 2048-d tile features) and
+ViT2D (preset vit-2d, an image of N 16x16 patches). Each point runs in a fresh process, so the CPU peak
+(resident set, whole process) belongs to that point alone; on a GPU the peak is
+torch.cuda.max_memory_allocated. Sizes a variant would not finish within --budget-s (estimated from
+its previous sizes) are skipped and marked so in the table.
+
+    python benchmarks/attention_scaling.py --quick                        # smoke run, a minute on CPU
+    python benchmarks/attention_scaling.py --device cpu --budget-s 150    # CPU table, docs/benchmarks.md
+    python benchmarks/attention_scaling.py --device cuda --bf16           # GPU, bf16 autocast
+
+Writes attention_scaling_<device>.csv and .png into --out (default docs/) and prints a markdown table
+followed by the paper's expectations (seqnorm time(65,536)/time(16,384); softmax/seqnorm at 32,768).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import resource
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from wsi._files import atomic_path  # noqa: E402
+
+log = logging.getLogger("attention_scaling")
+VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
+MODELS = ("mil", "vit2d")
+SIZES = (196, 1024, 4096, 16384, 32768, 65536, 131072)
+QUICK_SIZES = (196, 1024, 4096)
+FIELDS = ("model", "attention", "tokens", "status", "fwd_bwd_s", "peak_mem_mb", "est_s", "device", "dtype")
+
+
+def grid_for(tokens: int) -> tuple[int, int]:
+    """Patch grid (h, w) with h * w == tokens and h the largest divisor not above sqrt(tokens)."""
+    h = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
+    return h, tokens // h
+
+
+def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
+    """Child process: build the model, time forward+backward, report the peak memory."""
+    import torch
+
+    from models.presets import build_model
+
+    try:
+        torch.set_num_threads(cfg["threads"])
+        device = torch.device(cfg["device"])
+        torch.manual_seed(0)
+        if cfg["model"] == "mil":
+            model = build_model("vit-wsi", attention=cfg["attention"], num_classes=2).to(device)
+            x = torch.randn(1, cfg["tokens"], 2048, device=device)  # (B, N, 2048) one bag
+        else:
+            model = build_model("vit-2d", attention=cfg["attention"], num_classes=2).to(device)
+            h, w = grid_for(cfg["tokens"])
+            x = torch.randn(1, 3, 16 * h, 16 * w, device=device)  # (B, 3, H, W): N = h * w patches
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
+
+        def step() -> float:
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            with autocast:
+                loss = model(x).float().logsumexp(-1).sum()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                end.record()
+                torch.cuda.synchronize(device)
+                return start.elapsed_time(end) / 1000.0
+            return time.perf_counter() - t0
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = [step()]  # the first step also warms up kernels and allocators
+        if times[0] < cfg["budget_s"] / 20:
+            times = [step() for _ in range(cfg["repeats"])]
+        if device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # kB -> MB
+        out.put({"status": "ok", "fwd_bwd_s": statistics.median(times), "peak_mem_mb": peak_mb})
+    except torch.cuda.OutOfMemoryError:
+        out.put({"status": "oom"})
+    except MemoryError:
+        out.put({"status": "oom"})
+    except Exception as exc:  # a failed point is a table entry, not the end of the run
+        out.put({"status": f"failed: {type(exc).__name__}: {exc}"[:120]})
+
+
+def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(cfg, q))
+    proc.start()
+    limit = cfg["budget_s"] * 3 + 120
+    try:
+        res = q.get(timeout=limit)
+    except queue.Empty:
+        res = {"status": f"timeout ({limit:.0f} s)"}
+    proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if proc.exitcode not in (0, None) and res.get("status") == "ok":
+        res = {"status": f"exit {proc.exitcode}"}
+    return res
+
+
+def estimate(done: list[tuple[int, float]], tokens: int, attention: str) -> float | None:
+    """Time at `tokens` extrapolated from the measured sizes (exponent from the last two, in [1, 2])."""
+    if not done:
+        return None
+    n1, t1 = done[-1]
+    if len(done) >= 2:
+        n0, t0 = done[-2]
+        p = math.log(max(t1, 1e-6) / max(t0, 1e-6)) / math.log(n1 / n0)
+    else:
+        p = 2.0 if attention == "softmax" else 1.0
+    p = min(max(p, 1.0), 2.0)
+    return t1 * (tokens / n1) ** p
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    if row["status"] == "ok":
+        return f"{row['fwd_bwd_s']:.3g} s / {row['peak_mem_mb']:.0f} MB"
+    if row["status"] == "skipped":
+        return f"skipped (est. {row['est_s']:.0f} s)"
+    return row["status"]
+
+
+def markdown(rows: list[dict[str, Any]], models: list[str], variants: list[str]) -> str:
+    lines = []
+    for model in models:
+        sub = [r for r in rows if r["model"] == model]
+        if not sub:
+            continue
+        lines += [f"**{model}** (fwd+bwd time / peak memory, batch 1)", ""]
+        lines.append("| tokens | " + " | ".join(variants) + " |")
+        lines.append("|---:|" + "---|" * len(variants))
+        for n in sorted({r["tokens"] for r in sub}):
+            cells = {r["attention"]: _fmt(r) for r in sub if r["tokens"] == n}
+            lines.append(f"| {n:,} | " + " | ".join(cells.get(v, "") for v in variants) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def expectations(rows: list[dict[str, Any]]) -> list[str]:
+    def t(model: str, att: str, n: int) -> float | None:
+        for r in rows:
+            if (r["model"], r["attention"], r["tokens"], r["status"]) == (model, att, n, "ok"):
+                return float(r["fwd_bwd_s"])
+        return None
+
+    out = []
+    for model in MODELS:
+        a, b = t(model, "seqnorm", 65536), t(model, "seqnorm", 16384)
+        if a and b:
+            out.append(f"{model}: seqnorm time(65,536)/time(16,384) = {a / b:.2f} (linear 4, quadratic 16)")
+        s, q = t(model, "seqnorm", 32768), t(model, "softmax", 32768)
+        if s and q:
+            out.append(f"{model}: softmax/seqnorm time at 32,768 tokens = {q / s:.1f}x")
+        elif s:
+            skipped = [
+                r for r in rows if (r["model"], r["attention"], r["tokens"]) == (model, "softmax", 32768)
+            ]
+            if skipped and skipped[0]["est_s"]:
+                ratio = float(skipped[0]["est_s"]) / s
+                out.append(f"{model}: softmax at 32,768 not run; estimated {ratio:.1f}x seqnorm")
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        for att in VARIANTS:
+            ok = sorted(
+                (r["tokens"], r["fwd_bwd_s"], r["peak_mem_mb"])
+                for r in rows
+                if r["model"] == model and r["attention"] == att and r["status"] == "ok"
+            )
+            if ok:
+                n, t, m = zip(*ok, strict=True)
+                axes[i][0].loglog(n, t, "o-", label=att)
+                axes[i][1].loglog(n, m, "o-", label=att)
+        for j, what in enumerate(("fwd+bwd time (s)", "peak memory (MB)")):
+            axes[i][j].set(xlabel="tokens N", ylabel=what, title=f"{model} on {device}")
+            axes[i][j].grid(True, which="both", alpha=0.3)
+            axes[i][j].legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    default_device = "cpu"
+    try:
+        import torch
+
+        default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device)
+    parser.add_argument("--quick", action="store_true", help="sizes 196-4,096, short budget")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the CSV and PNG")
+    parser.add_argument("--sizes", type=int, nargs="+", help=f"token counts (default {SIZES})")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument(
+        "--budget-s", type=float, help="skip points estimated above this (default 60; quick 10)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps for fast points (median)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 16))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+    sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else SIZES))
+    budget = args.budget_s or (10.0 if args.quick else 60.0)
+    dtype = "bf16-autocast" if args.bf16 else "float32"
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for model in args.models:
+        for att in args.variants:
+            done: list[tuple[int, float]] = []
+            stop = False
+            for n in sizes:
+                est = estimate(done, n, att)
+                row = {
+                    "model": model,
+                    "attention": att,
+                    "tokens": n,
+                    "device": args.device,
+                    "dtype": dtype,
+                    "fwd_bwd_s": "",
+                    "peak_mem_mb": "",
+                    "est_s": "" if est is None else round(est, 1),
+                }
+                if stop or (est is not None and est > budget):
+                    row["status"] = "skipped"
+                    stop = True
+                else:
+                    cfg = {
+                        "model": model,
+                        "attention": att,
+                        "tokens": n,
+                        "device": args.device,
+                        "bf16": args.bf16,
+                        "threads": args.threads,
+                        "repeats": args.repeats,
+                        "budget_s": budget,
+                    }
+                    row.update(run_point(cfg))
+                    if row["status"] == "ok":
+                        done.append((n, row["fwd_bwd_s"]))
+                    else:
+                        stop = True  # out of memory or time: larger sizes would only be worse
+                log.info("%s %s N=%d: %s", model, att, n, _fmt(row))
+                rows.append(row)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"attention_scaling_{args.device}.csv"
+    with atomic_path(csv_path) as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.out / f"attention_scaling_{args.device}.png", args.device)
+    print(markdown(rows, args.models, args.variants))
+    for line in expectations(rows):
+        print(f"- {line}")
+    ok = sum(r["status"] == "ok" for r in rows)
+    log.info(
+        "%d points measured, %d skipped/failed, %.0f s; wrote %s",
+        ok,
+        len(rows) - ok,
+        time.perf_counter() - started,
+        csv_path,
+    )
+
+
+if __name__ == "__main__":
+    main()

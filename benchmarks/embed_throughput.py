@@ -1,0 +1,238 @@
+"""Embedding throughput: tiles/s end to end beside reading alone and the forward pass alone.
+
+Three measurements on the same tiles, so the bottleneck is visible:
+  read      the feed only: read + decode + resize to (B, 256, 256, 3) uint8 batches in --readers
+            background processes (pinned memory on CUDA), nothing encoded
+  forward   the encoder only, on pre-decoded uint8 tensors already on the device: normalise +
+            ResNet-50 (retccl, random init) under the stage's runtime (bf16 autocast + channels_last
+            on CUDA, fp32 on CPU)
+  end2end   `embed_stream` exactly as `wsi embed` runs it: feed -> device -> NaN check -> HDF5 bags
+
+Tiles are 256 um at 1 um/px from a generated pyramidal JPEG slide at 0.46 um/px (so every tile is read
+from the 0.92 um/px level and resized), the real H&E texture when ../shared/data has it. One slide is
+repeated as several slide jobs to reach --tiles; each job writes its own bag.
+
+    python benchmarks/embed_throughput.py --quick                 # CPU smoke run
+    python benchmarks/embed_throughput.py --device cpu            # the CPU table in docs/benchmarks.md
+    python benchmarks/embed_throughput.py --device cuda --readers 15 --tiles 30000   # one H100
+
+Writes embed_throughput_<device>.csv into --out (default docs/) and prints a markdown table with the
+goal check: end2end >= 80% of min(read, forward), and >= 3,000 tiles/s on one H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import logging
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from models.encoders import build_encoder  # noqa: E402
+from pipelines.embed.engine import (  # noqa: E402
+    EmbedOptions,
+    SlideJob,
+    embed_stream,
+    encode,
+    prepare_runtime,
+    resolve_device,
+)
+from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
+from wsi._files import atomic_path  # noqa: E402
+from wsi.samples import write_sample_slide  # noqa: E402
+from wsi.tiling import make_grid  # noqa: E402
+
+log = logging.getLogger("embed_throughput")
+TILE_UM, TARGET_MPP, SLIDE_MPP = 256.0, 1.0, 0.46
+FIELDS = ("measure", "tiles", "seconds", "tiles_per_s", "device", "device_name", "precision", "batch_size",
+          "readers", "threads")  # fmt: skip
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _slide_jobs(folder: Path, side_mm: float, n_tiles: int) -> tuple[list[SlideTiles], Path]:
+    slide = write_sample_slide(
+        folder / "bench.svs", size_um=side_mm * 1000, mpp=SLIDE_MPP, texture="auto", seed=0
+    )
+    grid = make_grid(slide.width_px, slide.height_px, mpp=SLIDE_MPP, tile_um=TILE_UM)
+    per_slide = len(grid)
+    repeats = max(1, math.ceil(n_tiles / per_slide))
+    log.info("slide %s: %d tiles (%s texture), %d passes", slide.path, per_slide, slide.texture, repeats)
+    tiles = [
+        SlideTiles(
+            slide_id=f"bench-{i:04d}",
+            slide_path=str(slide.path),
+            backend="openslide",
+            mpp=SLIDE_MPP,
+            tile_size_um=TILE_UM,
+            target_mpp=TARGET_MPP,
+            tile_px=round(TILE_UM / TARGET_MPP),
+            coords_px=grid.coords,
+        )  # fmt: skip
+        for i in range(repeats)
+    ]
+    return tiles, slide.path
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_read(slides: list[SlideTiles], *, batch_size: int, readers: int, pin: bool) -> tuple[int, float]:
+    start = time.perf_counter()
+    n = 0
+    for batch in iter_batches(slides, batch_size=batch_size, readers=readers, pin_memory=pin):
+        n += int(batch.ok.sum())
+    return n, time.perf_counter() - start
+
+
+def measure_forward(rt, *, batch_size: int, n_tiles: int) -> tuple[int, float]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch_size, 256, 256, 3), dtype=torch.uint8, generator=g).to(rt.device)
+    for _ in range(3 if rt.device.type == "cuda" else 1):  # warm-up: cuDNN autotune, compile
+        encode(rt, x)
+    _sync(rt.device)
+    steps = max(1, n_tiles // batch_size)
+    start = time.perf_counter()
+    for _ in range(steps):
+        encode(rt, x)
+    _sync(rt.device)
+    return steps * batch_size, time.perf_counter() - start
+
+
+def measure_end2end(rt, slides: list[SlideTiles], out: Path, options: EmbedOptions) -> tuple[int, float]:
+    jobs = [
+        SlideJob(
+            tiles=st,
+            bag_path=out / f"{st.slide_id}.h5",
+            coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
+            attrs={
+                "tile_size_um": TILE_UM,
+                "tile_size_px": st.tile_px,
+                "mpp": SLIDE_MPP,
+                "level0_width": 0,
+                "level0_height": 0,
+                "tile_params": {"benchmark": True},
+            },
+        )  # fmt: skip
+        for st in slides
+    ]
+    start = time.perf_counter()
+    results = embed_stream(rt, jobs, options=options, readers=options.readers, progress=False)
+    seconds = time.perf_counter() - start
+    bad = [r for r in results if r.status != "ok"]
+    if bad:
+        raise RuntimeError(f"end-to-end run had failures: {bad[:2]}")
+    return sum(r.n for r in results), seconds
+
+
+def main() -> None:
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=default_device)
+    ap.add_argument("--quick", action="store_true", help="a small run (seconds on CPU)")
+    ap.add_argument("--tiles", type=int, default=None, help="tiles per measurement [cpu 192, cuda 20000]")
+    ap.add_argument(
+        "--slide-mm", type=float, default=None, help="side of the generated slide [cpu 4, cuda 12]"
+    )
+    ap.add_argument("--readers", type=int, default=None, help="reader processes [cores - 1, at least 1]")
+    ap.add_argument("--threads", type=int, default=None, help="CPU torch threads [all cores]")
+    ap.add_argument("--batch-size", type=int, default=None, help="[cpu 32, cuda 256]")
+    ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the encoder (CUDA)")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
+
+    cuda = args.device == "cuda"
+    cores = os.cpu_count() or 1
+    n_tiles = args.tiles or (64 if args.quick else (20000 if cuda else 192))
+    side_mm = args.slide_mm or (2.0 if args.quick else (12.0 if cuda else 4.0))
+    readers = args.readers if args.readers is not None else max(1, cores - 1)
+    threads = args.threads or cores
+    batch_size = args.batch_size or (256 if cuda else 32)
+    device = resolve_device(args.device)
+    device_name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
+    precision = args.precision if cuda else "fp32"
+
+    encoder = build_encoder("retccl", random_init=True)
+    rt = prepare_runtime(
+        encoder, device=device, precision=args.precision, compile=args.compile, threads=threads,
+        batch_size=batch_size,
+    )  # fmt: skip
+    options = EmbedOptions(
+        encoder="retccl", random_init=True, precision=args.precision, compile=args.compile, threads=threads,
+        batch_size=batch_size, readers=readers, dtype="float16",
+    )  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="embed-bench-") as tmp:
+        slides, _ = _slide_jobs(Path(tmp), side_mm, n_tiles)
+        # trim the last pass so every measurement sees about n_tiles
+        extra = sum(st.n for st in slides) - n_tiles
+        if extra > 0:
+            last = slides[-1]
+            slides[-1] = dataclasses.replace(last, coords_px=last.coords_px[: max(1, last.n - extra)])
+        measures = {
+            "read": lambda: measure_read(slides, batch_size=batch_size, readers=readers, pin=cuda),
+            "forward": lambda: measure_forward(rt, batch_size=batch_size, n_tiles=n_tiles),
+            "end2end": lambda: measure_end2end(rt, slides, Path(tmp) / "bags", options),
+        }
+        for name, fn in measures.items():
+            n, seconds = fn()
+            rows.append({
+                "measure": name, "tiles": n, "seconds": round(seconds, 3), "tiles_per_s": round(n / seconds, 1),
+                "device": args.device, "device_name": device_name, "precision": precision,
+                "batch_size": batch_size, "readers": readers, "threads": threads if not cuda else "",
+            })  # fmt: skip
+            log.info("%s: %d tiles in %.2f s = %.1f tiles/s", name, n, seconds, n / seconds)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"embed_throughput_{args.device}.csv"
+    with atomic_path(csv_path) as tmp_csv, open(tmp_csv, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    rate = {r["measure"]: r["tiles_per_s"] for r in rows}
+    slower = min(rate["read"], rate["forward"])
+    print(f"\nretccl (ResNet-50, random init), 256 um tiles at 1 um/px; {device_name}; nproc {cores}")
+    print(
+        f"batch {batch_size}, readers {readers}, precision {precision}"
+        + ("" if cuda else f", threads {threads}")
+    )
+    print("\n| measure | tiles | seconds | tiles/s |\n|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['measure']} | {r['tiles']} | {r['seconds']:.2f} | {r['tiles_per_s']:.1f} |")
+    ratio = rate["end2end"] / slower
+    print(
+        f"\nend2end / min(read, forward) = {ratio:.2f} (goal >= 0.80): {'met' if ratio >= 0.8 else 'NOT met'}"
+    )
+    if cuda:
+        print(f"end2end {rate['end2end']:.0f} tiles/s (goal on one H100: >= 3,000)")
+    print(f"CSV: {csv_path}")
+
+
+if __name__ == "__main__":
+    main()

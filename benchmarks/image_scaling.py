@@ -1,0 +1,235 @@
+"""Fig. 2 of the paper for images: ViT2D forward + backward time and peak memory against image size.
+
+Batch 1 at 224, 512, 1024 and 2048 px (196 to 16,384 tokens of 16x16 px) for every attention variant,
+with the vit-2d preset (paper widths). Each measurement runs in a fresh process so that the CPU peak
+(resident set) belongs to that configuration alone and a run past `--budget-s` can be stopped; once a
+variant runs out of time or memory, its larger sizes are skipped too (they would only take longer).
+
+    python benchmarks/image_scaling.py --quick                       # CPU smoke run, seconds
+    python benchmarks/image_scaling.py --device cpu --budget-s 120   # the CPU table in docs/benchmarks.md
+    python benchmarks/image_scaling.py --device cuda --bf16          # the GPU figure
+
+Writes image_scaling_<device>.csv and .png into --out and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import os
+import queue
+import resource
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES_PX = (224, 512, 1024, 2048)
+PATCH_PX = 16
+FIELDS = ("attention", "size_px", "tokens", "status", "fwd_bwd_ms", "peak_mem_mb", "device", "dtype")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
+    """Child process: build the model, time `repeats` forward+backward steps, report the peak memory."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from models import build_model
+
+    torch.set_num_threads(cfg["threads"])
+    device = torch.device(cfg["device"])
+    model = build_model("vit-2d", attention=cfg["attention"], num_classes=2, **cfg["overrides"]).to(device)
+    x = torch.randn(1, 3, cfg["size_px"], cfg["size_px"], device=device)  # (B, C, H, W)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
+
+    def step() -> None:
+        with autocast:
+            loss = model(x).float().logsumexp(-1).sum()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    base_mb = _rss_mb()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base_mb = torch.cuda.memory_allocated(device) / 2**20
+    step()  # warm-up: allocator, kernels
+    times = []
+    for _ in range(cfg["repeats"]):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 - base_mb
+    else:  # ru_maxrss: KiB on Linux; the process's high-water mark above its size before the first step
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base_mb
+    out.put({"fwd_bwd_ms": statistics.median(times) * 1e3, "peak_mem_mb": peak})
+
+
+def run_one(cfg: dict[str, Any], budget_s: float) -> dict[str, Any]:
+    """One configuration in a spawned process; status ok | timeout | failed (e.g. out of memory)."""
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    proc = ctx.Process(target=_measure, args=(cfg, out), daemon=True)
+    proc.start()
+    try:
+        result = out.get(timeout=budget_s)
+        status = "ok"
+    except queue.Empty:
+        result, status = {}, "timeout" if proc.is_alive() else "failed"
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    return {"status": status, **result}
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    overrides = {"depth": 2, "dim": 256, "attn_dim": 256, "mlp_dim": 256} if args.quick else {}
+    for attention in args.attention:
+        stopped = ""
+        for size in args.sizes:
+            tokens = (size // PATCH_PX) ** 2
+            row: dict[str, Any] = {
+                "attention": attention, "size_px": size, "tokens": tokens, "device": args.device,
+                "dtype": "bf16" if args.bf16 else "fp32", "fwd_bwd_ms": "", "peak_mem_mb": "",
+            }  # fmt: skip
+            if stopped:
+                row["status"] = f"skipped ({stopped} at a smaller size)"
+            else:
+                cfg = {
+                    "attention": attention, "size_px": size, "device": args.device, "bf16": args.bf16,
+                    "repeats": args.repeats, "threads": args.threads, "overrides": overrides,
+                }  # fmt: skip
+                result = run_one(cfg, args.budget_s)
+                row.update(result)
+                if result["status"] != "ok":
+                    stopped = result["status"]
+                    row["status"] = (
+                        f"{result['status']} (> {args.budget_s:.0f} s)" if stopped == "timeout" else stopped
+                    )
+            rows.append(row)
+            print(f"{attention:8s} {size:5d} px {tokens:6d} tokens: {_fmt(row)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['fwd_bwd_ms']:.0f} ms, {row['peak_mem_mb']:.0f} MB"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One row per size, one column per attention variant: 'time ms / peak MB'."""
+    variants = list(dict.fromkeys(r["attention"] for r in rows))
+    sizes = list(dict.fromkeys((r["size_px"], r["tokens"]) for r in rows))
+    lines = [
+        "| image (px) | tokens | " + " | ".join(f"{v}: fwd+bwd ms / peak MB" for v in variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    for size, tokens in sizes:
+        cells = []
+        for v in variants:
+            r = next(r for r in rows if r["attention"] == v and r["size_px"] == size)
+            cells.append(
+                f"{r['fwd_bwd_ms']:.0f} / {r['peak_mem_mb']:.0f}" if r["status"] == "ok" else r["status"]
+            )
+        lines.append(f"| {size} | {tokens:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tuple[Path, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(ROOT))
+    from wsi._files import atomic_path, write_text_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, png_path = out_dir / f"image_scaling_{device}.csv", out_dir / f"image_scaling_{device}.png"
+    lines = [",".join(FIELDS)]
+    for r in rows:
+        buf: list[str] = []
+        writer = csv.writer(_ListWriter(buf), lineterminator="")
+        writer.writerow([r.get(k, "") if not isinstance(r.get(k), float) else f"{r[k]:.1f}" for k in FIELDS])
+        lines.append(buf[0])
+    write_text_atomic(csv_path, "\n".join(lines) + "\n")
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    for v in dict.fromkeys(r["attention"] for r in rows):
+        ok = [r for r in rows if r["attention"] == v and r["status"] == "ok"]
+        if ok:
+            ax_t.plot([r["tokens"] for r in ok], [r["fwd_bwd_ms"] / 1e3 for r in ok], "o-", label=v)
+            ax_m.plot([r["tokens"] for r in ok], [r["peak_mem_mb"] / 1024 for r in ok], "o-", label=v)
+    for ax, ylabel in ((ax_t, "forward + backward (s)"), (ax_m, "peak memory (GiB)")):
+        ax.set(xscale="log", yscale="log", xlabel="tokens (16x16 px patches)", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"ViT2D (vit-2d), batch 1, {device}")
+    fig.tight_layout()
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return csv_path, png_path
+
+
+class _ListWriter:
+    def __init__(self, buf: list[str]) -> None:
+        self.buf = buf
+
+    def write(self, text: str) -> None:
+        self.buf.append(text)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from models import available_attention
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
+    p.add_argument("--attention", nargs="+", default=available_attention(), help="variants (default: all)")
+    p.add_argument("--sizes", nargs="+", type=int, default=list(SIZES_PX), help="image sizes in px")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps after one warm-up (median)")
+    p.add_argument(
+        "--budget-s", type=float, default=120.0, help="per configuration; larger sizes then skipped"
+    )
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU; also runs on CPU)")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny model (depth 2, width 256), 224 and 512 px, 1 repeat"
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the CSV and PNG")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda asked for, but CUDA is not available here")
+    if args.quick:
+        args.sizes, args.repeats = [s for s in args.sizes if s <= 512], 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rows = run(args)
+    csv_path, png_path = write_outputs(rows, args.out, args.device)
+    print(markdown(rows))
+    print(f"\nwrote {csv_path} and {png_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Tile-stage throughput next to the raw read rate of the same tiles.
+
+Builds (and caches) a large generated slide, by default 10 x 10 mm at 0.25 um/px (40,000 x 40,000 px),
+painted with real H&E pixels when ../shared/data/slides is present, and links it under several slide
+names so that slide-level parallelism has work. For each backend and worker count it times
+
+  raw    reading every tissue-candidate tile once with Slide.read_region_um (no filtering, no output),
+         through the same batch runner and reader threads as the stage;
+  stage  the whole tile stage (thumbnail, tissue mask, grid, reads, background/blur filters, QC image,
+         tile file) with --overwrite,
+
+and prints tiles per second for both and their ratio, so the cost of detection and filtering shows.
+
+    python benchmarks/tile_throughput.py            # full size
+    python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import logging
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.batch import ItemResult, run_batch
+from pipelines.tile import default_threads, read_tile_chunks, tile_slides
+from wsi.samples import write_sample_slide
+from wsi.slide import open_slide
+from wsi.sources import SlideSource, find_slides
+from wsi.tiling import TileParams, make_grid, tissue_fractions
+from wsi.tissue import tissue_mask
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> list[SlideSource]:
+    """One cached sample slide, linked under `n_slides` names."""
+    cache.mkdir(parents=True, exist_ok=True)
+    master = cache / f"bench-{size_um:g}um-{mpp:g}mpp.svs"
+    if not master.exists():
+        print(f"writing {master} ({round(size_um / mpp)} px square; cached for later runs) ...", flush=True)
+        start = time.perf_counter()
+        sample = write_sample_slide(master, size_um=size_um, mpp=mpp, texture="auto", seed=0)
+        print(f"  done in {time.perf_counter() - start:.0f} s, texture: {sample.texture}", flush=True)
+    folder = cache / f"links-{master.stem}-{n_slides}"
+    folder.mkdir(exist_ok=True)
+    for i in range(n_slides):
+        link = folder / f"slide-{i}.svs"
+        if not link.exists():
+            link.symlink_to(master)
+    return find_slides([folder])
+
+
+def candidate_coords(source: SlideSource, params: TileParams) -> np.ndarray:
+    """The tissue-candidate tiles the stage reads (same mask and grid code as the stage)."""
+    with open_slide(source.path) as slide:
+        w0, h0 = slide.dimensions
+        thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
+        mask = tissue_mask(thumb, mpp=w0 * slide.mpp / thumb.shape[1], params=params.tissue)
+        grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
+        frac = tissue_fractions(grid, mask, level0_width=w0, level0_height=h0)
+        return grid.coords[frac >= params.min_tissue_fraction]
+
+
+def raw_read(source: SlideSource, *, coords: np.ndarray, backend: str, threads: int) -> ItemResult:
+    """Read the tiles and do nothing else (the stage's reader, without filters or output)."""
+    params = TileParams()
+    n = 0
+    with open_slide(source.path, backend=backend) as slide:  # type: ignore[arg-type]
+        for chunk in read_tile_chunks(slide, coords, params, threads):
+            n += len(chunk)
+    return ItemResult(source.slide_id, str(source.path), "ok", n=n)
+
+
+def _measure(
+    sources: list[SlideSource], coords: np.ndarray, *, backend: str, workers: int, out: Path
+) -> dict:
+    """Raw reads, then the stage, on the same (warm) workers: a LocalCluster started once and timed apart,
+    so the rates compare work, not process start-up."""
+    threads = default_threads(workers)
+    n_read = len(coords) * len(sources)
+    cluster = None
+    scheduler = None
+    start = time.perf_counter()
+    if workers > 1:
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=1, dashboard_address=None, silence_logs=logging.WARNING
+        )
+        scheduler = cluster.scheduler_address
+    startup_s = time.perf_counter() - start
+    try:
+        fn = functools.partial(raw_read, coords=coords, backend=backend, threads=threads)
+        start = time.perf_counter()
+        raw = run_batch(sources, fn, workers=workers, scheduler=scheduler, desc="raw")
+        raw_s = time.perf_counter() - start
+        if any(r.status != "ok" for r in raw):
+            raise SystemExit(f"raw read failed: {[r.error for r in raw if r.error]}")
+        start = time.perf_counter()
+        res = tile_slides(
+            sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, overwrite=True,
+            threads=threads,
+        )  # fmt: skip
+        stage_s = time.perf_counter() - start
+        if any(r.status != "ok" for r in res):
+            raise SystemExit(f"tile stage failed: {[r.error for r in res if r.error]}")
+    finally:
+        if cluster is not None:
+            cluster.close()
+    return {
+        "backend": backend, "workers": workers, "threads": threads, "slides": len(sources),
+        "tiles_read": n_read, "kept": sum(r.n for r in res), "cluster_start_s": round(startup_s, 2),
+        "raw_s": round(raw_s, 2), "stage_s": round(stage_s, 2),
+        "raw_tiles_per_s": round(n_read / raw_s, 1), "stage_tiles_per_s": round(n_read / stage_s, 1),
+        "stage_over_raw": round(raw_s / stage_s, 2),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2 x 2 mm slide instead of 10 x 10 mm")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="folder for tile_throughput.csv")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "wsi-benchmarks",
+                        help="where the generated slide is kept between runs")  # fmt: skip
+    parser.add_argument("--size-um", type=float, default=None, help="slide side in um (default 10000)")
+    parser.add_argument("--mpp", type=float, default=0.25, help="level-0 um/px of the generated slide")
+    parser.add_argument("--slides", type=int, default=2, help="slide names (links to one file)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--backends", nargs="+", default=["openslide", "tiffslide"])
+    parser.add_argument("--device", default=None, help="accepted for uniformity; tiling runs on the CPU")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+
+    size_um = args.size_um or (2048.0 if args.quick else 10_000.0)
+    sources = build_slides(args.cache, size_um=size_um, mpp=args.mpp, n_slides=args.slides)
+    params = TileParams()
+    coords = candidate_coords(sources[0], params)
+    px = round(size_um / args.mpp)
+    print(f"slide {px} x {px} px at {args.mpp} um/px, {len(sources)} slides, {len(coords)} tissue tiles "
+          f"each; {os.cpu_count()} CPUs ({_cpu_model()})")  # fmt: skip
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
+        for backend in args.backends:
+            for workers in args.workers:
+                rows.append(_measure(sources, coords, backend=backend, workers=workers, out=Path(tmp)))
+                print(rows[-1], flush=True)
+
+    header = "| backend | workers | threads | tiles read | kept | raw tiles/s | stage tiles/s | stage/raw |"
+    print("\n" + header + "\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['workers']} | {r['threads']} | {r['tiles_read']} | {r['kept']} | "
+              f"{r['raw_tiles_per_s']} | {r['stage_tiles_per_s']} | {r['stage_over_raw']} |")  # fmt: skip
+    starts = [r["cluster_start_s"] for r in rows if r["workers"] > 1]
+    if starts:
+        print(f"(LocalCluster start-up, not in the rates: {min(starts)}-{max(starts)} s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "tile_throughput.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Shared projections and the interface every attention variant implements.
+
+A variant only defines how tokens are mixed at the inner width D (`mix`), how one query's output splits
+into per-token terms (`query_terms`), and the two-pass chunked scheme (`stream_*`). Projections map
+D' -> D (Q, K, V) and D -> D' (output), so the inner width may differ from the token width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from wsi.errors import ConfigError
+
+StreamState = dict[str, Any]
+
+
+class AttentionBase(nn.Module):
+    """Multi-head attention skeleton: fused QKV projection, head split/merge, output projection."""
+
+    def __init__(
+        self, dim: int, heads: int, *, inner_dim: int | None = None, bias: bool = True, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        inner = dim if inner_dim is None else int(inner_dim)
+        if dim <= 0 or heads <= 0 or inner <= 0:
+            raise ConfigError(f"attention needs positive dim/heads/inner_dim, got {dim}/{heads}/{inner}")
+        if inner % heads:
+            raise ConfigError(f"inner attention width {inner} is not divisible by heads={heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"attention dropout must be in [0, 1), got {dropout}")
+        self.dim, self.heads, self.inner_dim = dim, heads, inner
+        self.head_dim = inner // heads
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
+        self.to_out = nn.Linear(inner, dim)
+        self.drop = nn.Dropout(dropout)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, N, D') -> three (B, N, D) tensors."""
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)  # each (B, N, D)
+        return q, k, v
+
+    def project(self, x: Tensor, part: int) -> Tensor:
+        """Only Q (0), K (1) or V (2): (B, N, D') -> (B, N, D), without computing the other two."""
+        rows = slice(part * self.inner_dim, (part + 1) * self.inner_dim)
+        bias = None if self.to_qkv.bias is None else self.to_qkv.bias[rows]
+        return nn.functional.linear(x, self.to_qkv.weight[rows], bias)
+
+    def split(self, t: Tensor) -> Tensor:
+        return rearrange(t, "b n (h d) -> b h n d", h=self.heads)
+
+    def merge(self, t: Tensor) -> Tensor:
+        return rearrange(t, "b h n d -> b n (h d)")
+
+    @staticmethod
+    def check_input(x: Tensor, mask: Tensor | None) -> None:
+        if x.ndim != 3:
+            raise ConfigError(f"attention input must be (B, N, dim), got shape {tuple(x.shape)}")
+        if mask is not None and (mask.shape != x.shape[:2] or mask.dtype != torch.bool):
+            raise ConfigError(
+                f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (True = real token), "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+
+    # --- public interface --------------------------------------------------------------------------
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, grid_shape: tuple[int, ...] | None = None
+    ) -> Tensor:
+        """x (B, N, D'), mask (B, N) bool True = real -> (B, N, D')."""
+        self.check_input(x, mask)
+        return self.drop(self.to_out(self.mix(x, mask, grid_shape)))
+
+    def query_contributions(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        query_index: int = 0,
+        grid_shape: tuple[int, ...] | None = None,
+    ) -> Tensor:
+        """Per-token additive terms of the output at `query_index`: (B, N, D').
+
+        `forward(x)[:, query_index] == terms.sum(1) + to_out.bias` exactly (without dropout).
+        """
+        self.check_input(x, mask)
+        terms = self.query_terms(x, mask, query_index, grid_shape)  # (B, N, D)
+        return terms @ self.to_out.weight.T  # (B, N, D')
+
+    def stream_apply(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
+        """Second pass of chunked inference: the output for one chunk of queries, (B, n, D')."""
+        return self.to_out(self.stream_mix(state, x, mask))
+
+    # --- what variants implement ----------------------------------------------------------------------
+    def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
+        raise NotImplementedError
+
+    def query_terms(
+        self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
+    ) -> Tensor:
+        raise NotImplementedError
+
+    def stream_begin(self) -> StreamState:
+        """Start the two-pass chunked scheme; pass every chunk to `stream_collect`, then `stream_apply`."""
+        return {}
+
+    def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
+        raise NotImplementedError
+
+    def stream_mix(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+
+def add_(state: StreamState, key: str, value: Tensor) -> None:
+    """Accumulate a float64 running sum in the stream state."""
+    value = value.to(torch.float64)
+    state[key] = value if key not in state else state[key] + value

@@ -1,0 +1,65 @@
+"""Standard softmax attention (`softmax`), the quadratic baseline.
+
+Runs through `F.scaled_dot_product_attention` so fused (flash / memory-efficient) kernels apply on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models.attention._base import AttentionBase, StreamState
+
+
+def _key_mask(mask: Tensor | None) -> Tensor | None:
+    """(B, N) True = real -> (B, 1, 1, N) boolean attn_mask (True = may attend)."""
+    return None if mask is None else mask[:, None, None, :]
+
+
+class SoftmaxAttention(AttentionBase):
+    """softmax(Q K^T / sqrt(d)) V per head; padded keys are masked out."""
+
+    def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
+        q, k, v = (self.split(t) for t in self.qkv(x))  # (B, h, N, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_key_mask(mask))  # (B, h, N, d)
+        return self.merge(out)
+
+    def query_terms(
+        self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
+    ) -> Tensor:
+        q, k, v = (self.split(t) for t in self.qkv(x))  # (B, h, N, d)
+        p = self._weights(q[:, :, query_index], k, mask).unsqueeze(-1)  # (B, h, N, 1)
+        return self.merge(p * v)  # (B, N, D)
+
+    def attention_weights(self, x: Tensor, mask: Tensor | None = None, query_index: int = 0) -> Tensor:
+        """The query's softmax weights over the tokens, (B, heads, N)."""
+        q, k, _ = (self.split(t) for t in self.qkv(x))
+        return self._weights(q[:, :, query_index], k, mask)
+
+    def _weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+        """One query per head q (B, h, d) against keys k (B, h, N, d) -> softmax weights (B, h, N)."""
+        scores = torch.einsum("bhd,bhnd->bhn", q, k) * self.head_dim**-0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        return scores.softmax(dim=-1)
+
+    # --- chunked inference: collect K and V, then attend one chunk of queries at a time ---------------
+    def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
+        k = self.split(self.project(x, 1))  # (B, h, n, d)
+        v = self.split(self.project(x, 2))
+        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        state.setdefault("k", []).append(k)
+        state.setdefault("v", []).append(v)
+        state.setdefault("mask", []).append(m)
+
+    def stream_mix(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
+        if "k_all" not in state:
+            state["k_all"] = torch.cat(state.pop("k"), dim=2)  # (B, h, N, d)
+            state["v_all"] = torch.cat(state.pop("v"), dim=2)
+            state["mask_all"] = torch.cat(state.pop("mask"), dim=1)  # (B, N)
+        q = self.split(self.project(x, 0))  # (B, h, n, d)
+        out = F.scaled_dot_product_attention(
+            q, state["k_all"], state["v_all"], attn_mask=_key_mask(state["mask_all"])
+        )
+        return self.merge(out)

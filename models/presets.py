@@ -1,0 +1,98 @@
+"""Model presets (configs/models/<preset>.yaml), the model factory, and softmax -> seqnorm transfer."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import configs
+from models.mil import MILConfig, MILTransformer
+from models.vit import ViT2D, ViT3D, ViTConfig
+from wsi.errors import ConfigError, WeightsError
+
+_KINDS: dict[str, tuple[type, type[nn.Module]]] = {
+    "mil": (MILConfig, MILTransformer),
+    "vit2d": (ViTConfig, ViT2D),
+    "vit3d": (ViTConfig, ViT3D),
+}
+
+
+def available_presets() -> list[str]:
+    return configs.available("models")
+
+
+def build_model(
+    preset: str | Path,
+    *,
+    attention: str | None = None,
+    in_dim: int | None = None,
+    num_classes: int | None = None,
+    **overrides: Any,
+) -> nn.Module:
+    """Model of a preset (packaged name or YAML path); arguments left None keep the preset's value.
+
+    For the ViTs `in_dim` means the number of input channels.
+    """
+    data, source = configs.load_yaml("models", preset)
+    data = dict(data)
+    if attention is not None:
+        data["attention"] = attention
+    if num_classes is not None:
+        data["num_classes"] = num_classes
+    if in_dim is not None:
+        data["in_dim" if data.get("kind", "mil") == "mil" else "in_channels"] = in_dim
+    data.update(overrides)
+    return build_model_from_config(data, source=source)
+
+
+def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> nn.Module:
+    """Rebuild a model from `model.config_dict()` (or a preset mapping)."""
+    kind = config.get("kind", "mil")
+    if kind not in _KINDS:
+        raise ConfigError(f"{source}: unknown model kind {kind!r}; choose one of {', '.join(_KINDS)}")
+    cfg_cls, model_cls = _KINDS[kind]
+    names = {f.name for f in dataclasses.fields(cfg_cls)}
+    unknown = set(config) - names
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown field(s) {', '.join(sorted(unknown))} for a {kind} model; "
+            f"valid fields: {', '.join(sorted(names))}"
+        )
+    try:
+        cfg = cfg_cls(**config)
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+    return model_cls(cfg)
+
+
+def transfer_softmax_to_seqnorm(
+    source: nn.Module | Mapping[str, torch.Tensor], target: nn.Module
+) -> list[str]:
+    """Load a softmax model's weights into a same-shape seqnorm (or other variant) model, in place.
+
+    Shared keys (projections `to_qkv`, `to_out`, norms, MLPs, head) are copied; parameters only the
+    target has keep their initial values, which for seqnorm's gamma/beta is the identity. Returns the
+    sorted target keys that were new.
+    """
+    state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
+    own = target.state_dict()
+    extra = sorted(set(state) - set(own))
+    if extra:
+        raise WeightsError(
+            f"the source has weights the target lacks ({', '.join(extra[:5])}...): "
+            "build the target with the same preset and overrides"
+        )
+    bad = [k for k, v in state.items() if own[k].shape != v.shape]
+    if bad:
+        k = bad[0]
+        raise WeightsError(
+            f"weight {k} is {tuple(state[k].shape)} in the source but {tuple(own[k].shape)} in the target; "
+            "build the target with the same widths"
+        )
+    target.load_state_dict(state, strict=False)
+    return sorted(set(own) - set(state))

@@ -1,0 +1,186 @@
+"""Pre-norm transformer blocks, their stack, and what the MIL and image models share on top.
+
+Pre-norm (LayerNorm before attention and MLP, residual around each) keeps deep stacks trainable
+without warm-up tricks. The stack offers three ways to run: plain, with activation checkpointing
+(training on very long bags), and chunked two-pass inference (bounded memory, exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from models.attention import attention_options, available_attention, build_attention
+from wsi.errors import ConfigError
+
+Grid = tuple[int, ...] | None
+
+
+@dataclass
+class TransformerConfig:
+    attention: str = "seqnorm"  # variant name, see models.attention
+    attention_options: dict[str, Any] = field(default_factory=dict)  # extra build_attention options
+    dim: int = 512  # token width D'
+    attn_dim: int = 512  # inner attention width D (Q, K, V live here)
+    depth: int = 2
+    heads: int = 8
+    mlp_dim: int = 512
+    num_classes: int = 2
+    dropout: float = 0.0
+    checkpointing: bool = False  # recompute blocks in backward: memory for very long bags
+    max_tokens_per_chunk: int | None = None  # chunked no-grad inference (exact), None = plain
+
+    def __post_init__(self) -> None:
+        if self.attention not in available_attention():
+            raise ConfigError(f"unknown attention {self.attention!r}; choose one of {available_attention()}")
+        for name in ("dim", "attn_dim", "depth", "heads", "mlp_dim", "num_classes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"model field {name} must be a positive integer, got {value!r}")
+        if self.attn_dim % self.heads:
+            raise ConfigError(f"attn_dim {self.attn_dim} is not divisible by heads {self.heads}")
+        bad = set(self.attention_options) - set(attention_options(self.attention))
+        if bad:
+            raise ConfigError(f"attention_options {sorted(bad)} are not options of {self.attention!r}")
+        if self.max_tokens_per_chunk is not None and self.max_tokens_per_chunk < 1:
+            raise ConfigError(f"max_tokens_per_chunk must be >= 1 or null, got {self.max_tokens_per_chunk}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def block_options(self) -> dict[str, Any]:
+        return {
+            "attention": self.attention,
+            "attn_dim": self.attn_dim,
+            "dropout": self.dropout,
+            "attention_options": dict(self.attention_options),
+        }
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Block(nn.Module):
+    """x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_dim: int,
+        *,
+        attention: str,
+        attn_dim: int | None = None,
+        dropout: float = 0.0,
+        attention_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        opts = {"inner_dim": attn_dim, "dropout": dropout, **(attention_options or {})}
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = build_attention(attention, dim, heads, **opts)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, mlp_dim, dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), mask, grid_shape)
+        return x + self.mlp(self.norm2(x))
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+class Transformer(nn.Module):
+    """A stack of pre-norm blocks."""
+
+    def __init__(self, depth: int, dim: int, heads: int, mlp_dim: int, **block_options: Any) -> None:
+        super().__init__()
+        if depth < 1:
+            raise ConfigError(f"depth must be at least 1, got {depth}")
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, **block_options) for _ in range(depth))
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None, *, checkpointing: bool = False
+    ) -> Tensor:
+        for blk in self.blocks:
+            if checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, mask, grid_shape, use_reentrant=False)
+            else:
+                x = blk(x, mask, grid_shape)
+        return x
+
+    @torch.no_grad()
+    def forward_chunked_(self, x: Tensor, mask: Tensor | None, chunk: int, grid_shape: Grid = None) -> Tensor:
+        """Run every block in two passes over chunks of `chunk` tokens, overwriting x (B, N, dim) in place.
+
+        Pass 1 lets the attention accumulate its exact summaries (sums, sums of squares, K^T V); pass 2
+        computes each chunk's output and MLP. Peak memory: x plus one chunk's activations.
+        """
+        if chunk < 1:
+            raise ConfigError(f"max_tokens_per_chunk must be at least 1, got {chunk}")
+        for blk in self.blocks:
+            if grid_shape is not None and getattr(blk.attn, "local", None) is not None:
+                raise ConfigError("gdla with a local branch cannot run chunked; unset max_tokens_per_chunk")
+            state = blk.attn.stream_begin()
+            for sl in _chunks(x.shape[1], chunk):
+                blk.attn.stream_collect(state, blk.norm1(x[:, sl]), None if mask is None else mask[:, sl])
+            for sl in _chunks(x.shape[1], chunk):
+                xc = x[:, sl]
+                y = xc + blk.attn.stream_apply(state, blk.norm1(xc), None if mask is None else mask[:, sl])
+                x[:, sl] = y + blk.mlp(blk.norm2(y))
+            del state
+        return x
+
+
+def decompose_cls_logits(
+    blocks: nn.ModuleList,
+    norm: nn.LayerNorm,
+    head: nn.Linear,
+    tokens: Tensor,
+    mask: Tensor | None = None,
+    grid_shape: Grid = None,
+) -> tuple[Tensor, Tensor]:
+    """Split the class-token logits (token 0) into per-token terms of the last block's attention.
+
+    tokens (B, N, dim) enter the stack. Returns (contrib (B, N, C), base (B, C)) with
+    logits == base + contrib.sum(1); contrib[:, 0] (the class token itself) is 0 and part of base.
+    The final LayerNorm is affine once its scale is fixed at the class token's actual value, so each
+    token's last-block attention term maps to the logits exactly along that direct path.
+    """
+    h = tokens
+    for blk in blocks[:-1]:
+        h = blk(h, mask, grid_shape)
+    last = blocks[-1]
+    terms = last.attn.query_contributions(last.norm1(h), mask, 0, grid_shape)  # (B, N, dim)
+    terms = torch.cat([torch.zeros_like(terms[:, :1]), terms[:, 1:]], dim=1)  # class token -> base
+    y = last(h, mask, grid_shape)[:, 0]  # (B, dim) the class token after the last block
+    sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (B, 1) fixed LN scale
+
+    def affine_part(t: Tensor, scale: Tensor) -> Tensor:  # linear part of head(LN(.)) at fixed scale
+        centred = t - t.mean(-1, keepdim=True)
+        w = norm.weight if norm.weight is not None else 1.0
+        return (centred / scale * w) @ head.weight.T
+
+    contrib = affine_part(terms, sigma.unsqueeze(1))  # (B, N, C)
+    rest = y - terms.sum(1)  # class residual, its self-term, MLP output, biases
+    bias = (norm.bias @ head.weight.T if norm.bias is not None else 0.0) + head.bias
+    base = affine_part(rest, sigma) + bias  # (B, C)
+    return contrib, base

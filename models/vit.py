@@ -1,0 +1,119 @@
+"""ViT2D (preset `vit-2d`) and ViT3D (preset `vit-3d`): class-token vision transformers for images.
+
+Patches are embedded by a strided convolution; a fixed sine-cosine encoding computed from the patch
+grid makes any input size (divisible by the patch size) work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from models.posenc import sincos_grid
+from models.transformer import Transformer, TransformerConfig, decompose_cls_logits
+from wsi.errors import ConfigError
+
+
+@dataclass
+class ViTConfig(TransformerConfig):
+    kind: str = "vit2d"  # "vit2d" | "vit3d"
+    in_channels: int = 3
+    patch_size: list[int] = field(default_factory=lambda: [16, 16])  # (depth,) height, width in pixels
+    dim: int = 1024
+    depth: int = 8
+    mlp_dim: int = 1024
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ndim = {"vit2d": 2, "vit3d": 3}.get(self.kind)
+        if ndim is None:
+            raise ConfigError(f"ViT kind must be vit2d or vit3d, got {self.kind!r}")
+        p = [self.patch_size] * ndim if isinstance(self.patch_size, int) else list(self.patch_size)
+        if len(p) != ndim or any(int(v) < 1 for v in p):
+            raise ConfigError(f"{self.kind} patch_size needs {ndim} positive sizes, got {self.patch_size!r}")
+        self.patch_size = [int(v) for v in p]
+
+
+class _ViT(nn.Module):
+    ndim = 2
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        conv = nn.Conv2d if self.ndim == 2 else nn.Conv3d
+        self.patch_embed = conv(config.in_channels, config.dim, config.patch_size, stride=config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        block_options = config.block_options()
+        if config.attention == "gdla":
+            block_options["attention_options"].setdefault("grid_ndim", self.ndim)
+        self.transformer = Transformer(
+            config.depth, config.dim, config.heads, config.mlp_dim, **block_options
+        )
+        self.norm = nn.LayerNorm(config.dim)
+        self.head = nn.Linear(config.dim, config.num_classes)
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
+
+    def grid_shape(self, image_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        """Patch grid of an input whose spatial shape is (H, W) or (D, H, W) (or a full (B, C, ...))."""
+        spatial = tuple(int(s) for s in image_shape)[-self.ndim :]
+        if len(spatial) != self.ndim or any(
+            s % p for s, p in zip(spatial, self.config.patch_size, strict=True)
+        ):
+            raise ConfigError(
+                f"{self.config.kind} input of spatial shape {spatial} must be divisible by the patch size "
+                f"{tuple(self.config.patch_size)}; crop or pad the image"
+            )
+        return tuple(s // p for s, p in zip(spatial, self.config.patch_size, strict=True))
+
+    def _tokens(self, images: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+        if images.ndim != self.ndim + 2 or images.shape[1] != self.config.in_channels:
+            raise ConfigError(
+                f"{self.config.kind} expects (B, {self.config.in_channels}, "
+                f"{'D, ' if self.ndim == 3 else ''}H, W) images, got {tuple(images.shape)}"
+            )
+        grid = self.grid_shape(images.shape)
+        patches = self.patch_embed(images.to(self.patch_embed.weight.dtype)).flatten(2).transpose(1, 2)
+        patches = patches + sincos_grid(grid, self.config.dim, images.device).to(patches.dtype)  # (B, P, dim)
+        cls = self.cls_token.expand(images.shape[0], -1, -1).to(patches.dtype)
+        return torch.cat([cls, patches], dim=1), grid  # (B, 1 + P, dim)
+
+    def forward(self, images: Tensor, *, max_tokens_per_chunk: int | None = None) -> Tensor:
+        """(B, C, H, W) or (B, C, D, H, W) -> logits (B, num_classes)."""
+        tokens, grid = self._tokens(images)
+        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
+        if chunk and not torch.is_grad_enabled():
+            h = self.transformer.forward_chunked_(tokens, None, chunk, grid)
+        else:
+            h = self.transformer(
+                tokens, None, grid, checkpointing=self.config.checkpointing and self.training
+            )
+        return self.head(self.norm(h[:, 0]))
+
+    def logit_decomposition(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """(contrib (B, P, C), base (B, C)) with logits == base + contrib.sum(1)."""
+        tokens, grid = self._tokens(images)
+        contrib, base = decompose_cls_logits(
+            self.transformer.blocks, self.norm, self.head, tokens, None, grid
+        )
+        return contrib[:, 1:], base
+
+    def tile_contributions(self, images: Tensor) -> Tensor:
+        """Each patch's additive share of each logit, (B, P, C); reshape P to `grid_shape(images.shape)`."""
+        return self.logit_decomposition(images)[0]
+
+    def num_patches(self, image_shape: tuple[int, ...]) -> int:
+        return math.prod(self.grid_shape(image_shape))
+
+
+class ViT2D(_ViT):
+    ndim = 2
+
+
+class ViT3D(_ViT):
+    ndim = 3

@@ -1,0 +1,260 @@
+"""Run one job per slide (or other item), inline or on dask.distributed, and record a manifest.
+
+Public API:
+
+    ItemResult(slide_id, path, status "ok"|"skipped"|"failed", n=0, seconds=0.0, error="")
+    run_batch(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None)
+        -> list[ItemResult]          # one per item, in the order of `items`
+    worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
+    write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
+    read_manifest(path) -> list[ItemResult]
+
+`items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
+is a picklable top-level callable (or functools.partial of one) returning an ItemResult. Any exception
+in `fn` becomes a failed row (a WsiError's message as is, anything else as `TypeName: message`); a
+batch never stops for one item. `workers=1` runs inline; `workers>1` starts a LocalCluster of worker
+processes; `scheduler="tcp://host:port"` uses an existing cluster. `worker_plugin` (a
+`distributed.WorkerPlugin`, with a `name`) is set up once per worker, or once inline, and `fn` reaches it
+through `worker_plugin(name)`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import csv
+import io
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from tqdm.auto import tqdm
+
+from wsi._files import write_text_atomic
+from wsi.errors import WsiError
+
+log = logging.getLogger(__name__)
+
+Status = Literal["ok", "skipped", "failed"]
+MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error")
+
+# Plugins of the inline batch now running (scoped to run_batch; a dask worker keeps its own).
+_INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
+
+
+class BatchItem(Protocol):
+    slide_id: str
+    path: Any
+
+
+@dataclass
+class ItemResult:
+    """The outcome of one item: `n` is what it produced (tiles kept, tiles embedded, ...)."""
+
+    slide_id: str
+    path: str
+    status: Status
+    n: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line reason for the manifest: a WsiError's message as is, else `TypeName: message`."""
+    if isinstance(exc, WsiError):
+        return str(exc)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _call(fn: Callable[[Any], ItemResult], item: Any) -> ItemResult:
+    """Run `fn(item)`, turning any exception into a failed row; fill in the time taken."""
+    start = time.perf_counter()
+    try:
+        result = fn(item)
+        if not isinstance(result, ItemResult):
+            raise TypeError(f"batch function returned {type(result).__name__}, expected ItemResult")
+    except Exception as exc:
+        log.debug("%s failed", getattr(item, "slide_id", item), exc_info=True)
+        result = ItemResult(_item_id(item), _item_path(item), "failed", error=describe_error(exc))
+    if not result.seconds:
+        result.seconds = time.perf_counter() - start
+    return result
+
+
+def _item_id(item: Any) -> str:
+    return str(getattr(item, "slide_id", item))
+
+
+def _item_path(item: Any) -> str:
+    return str(getattr(item, "path", ""))
+
+
+def worker_plugin(name: str) -> Any:
+    """The plugin registered under `name` for the running batch (on a dask worker: that worker's copy)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().plugins[name]
+    except ValueError:  # not on a dask worker: the inline batch
+        pass
+    plugins = _INLINE_PLUGINS.get({})
+    if name not in plugins:
+        raise KeyError(f"no worker plugin {name!r} registered for this batch")
+    return plugins[name]
+
+
+def _plugin_name(plugin: Any) -> str:
+    return str(getattr(plugin, "name", None) or type(plugin).__name__)
+
+
+def run_batch(
+    items: Sequence[Any],
+    fn: Callable[[Any], ItemResult],
+    *,
+    workers: int = 1,
+    scheduler: str | None = None,
+    desc: str = "slides",
+    worker_plugin: Any = None,
+) -> list[ItemResult]:
+    """Run `fn` on every item; return one ItemResult per item in the order of `items`."""
+    items = list(items)
+    if workers < 1:
+        raise WsiError(f"--workers must be at least 1, got {workers}")
+    start = time.perf_counter()
+    if not items:
+        results: list[ItemResult] = []
+    elif scheduler is None and workers == 1:
+        results = _run_inline(items, fn, desc, worker_plugin)
+    else:
+        results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin)
+    counts = {status: sum(r.status == status for r in results) for status in ("ok", "skipped", "failed")}
+    log.info(
+        "%s: %d ok, %d skipped, %d failed of %d in %.1f s",
+        desc, counts["ok"], counts["skipped"], counts["failed"], len(results), time.perf_counter() - start,
+    )  # fmt: skip
+    return results
+
+
+def _progress(total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False)
+
+
+def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any) -> list[ItemResult]:
+    plugins = {_plugin_name(plugin): plugin} if plugin is not None else {}
+    token = _INLINE_PLUGINS.set(plugins)
+    try:
+        if plugin is not None and hasattr(plugin, "setup"):
+            plugin.setup(worker=None)
+        results = []
+        with _progress(len(items), desc) as bar:
+            for item in items:
+                results.append(_call(fn, item))
+                bar.update()
+        return results
+    finally:
+        if plugin is not None and hasattr(plugin, "teardown"):
+            plugin.teardown(worker=None)
+        _INLINE_PLUGINS.reset(token)
+
+
+def _run_dask(
+    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
+) -> list[ItemResult]:
+    with _quiet_distributed():
+        return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin)
+
+
+@contextmanager
+def _quiet_distributed() -> Iterator[None]:
+    """Keep dask's per-cluster INFO chatter (scheduler, nanny, worker start/stop) off the user's
+    terminal unless debug logging is on; the level is restored afterwards."""
+    logger = logging.getLogger("distributed")
+    old = logger.level
+    if not log.isEnabledFor(logging.DEBUG):
+        logger.setLevel(max(old, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def _run_dask_quietly(
+    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
+) -> list[ItemResult]:
+    from distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler is None:
+        cluster = LocalCluster(
+            n_workers=min(workers, len(items)),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.WARNING,
+        )
+        client = Client(cluster)
+    else:
+        try:
+            client = Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError) as exc:
+            raise WsiError(f"cannot connect to the dask scheduler at {scheduler!r}: {exc}") from exc
+    try:
+        if plugin is not None:
+            client.register_plugin(plugin, name=_plugin_name(plugin))
+        futures = client.map(_call, [fn] * len(items), items, pure=False)
+        index = {future.key: i for i, future in enumerate(futures)}
+        results: list[ItemResult | None] = [None] * len(items)
+        with _progress(len(items), desc) as bar:
+            for future in as_completed(futures):
+                i = index[future.key]
+                try:
+                    results[i] = future.result()
+                except Exception as exc:  # the worker died (e.g. a crash in a slide library)
+                    results[i] = ItemResult(
+                        _item_id(items[i]), _item_path(items[i]), "failed", error=describe_error(exc)
+                    )
+                bar.update()
+        return [r for r in results if r is not None]
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def write_manifest(path: str | Path, results: Sequence[ItemResult], *, keep_others: bool = True) -> None:
+    """Write the manifest CSV atomically. With `keep_others`, rows of an existing manifest for items not
+    in `results` are kept (a run over some slides does not forget the others)."""
+    path = Path(path)
+    rows: list[ItemResult] = []
+    if keep_others and path.is_file():
+        mine = {r.slide_id for r in results}
+        try:
+            rows = [r for r in read_manifest(path) if r.slide_id not in mine]
+        except (OSError, ValueError, KeyError):
+            rows = []
+    rows.extend(results)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(MANIFEST_COLUMNS)
+    for r in rows:
+        writer.writerow([r.slide_id, r.path, r.status, r.n, f"{r.seconds:.3f}", r.error])
+    write_text_atomic(path, buffer.getvalue())
+
+
+def read_manifest(path: str | Path) -> list[ItemResult]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [
+            ItemResult(
+                slide_id=row["slide"],
+                path=row["path"],
+                status=row["status"],  # type: ignore[arg-type]
+                n=int(row["tiles"] or 0),
+                seconds=float(row["seconds"] or 0.0),
+                error=row["error"],
+            )
+            for row in csv.DictReader(fh)
+        ]

@@ -1,0 +1,269 @@
+"""Encode a stream of tile batches into per-slide feature bags on one device.
+
+The encoder sees uint8 tiles copied from pinned memory without blocking; the device does the resize and
+normalisation. Features stay on the device until a slide is complete (one synchronisation per slide),
+and bags are written by a writer thread, so neither the copy back nor HDF5 stalls the next batch.
+
+Public API:
+  EmbedOptions                      every option of the embed stage (frozen, picklable)
+  Runtime, prepare_runtime(encoder, *, device, precision, compile, threads, batch_size) -> Runtime
+  encode(runtime, tiles (b,P,P,3) uint8) -> (b, D) float32 on the device
+  embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[ItemResult]
+      jobs: list of SlideJob (the tiles to read plus where the bag goes and what it records)
+  resolve_device(name) -> torch.device
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from models.encoders import Encoder
+from pipelines.batch import ItemResult, describe_error
+from pipelines.embed.feed import SlideTiles, iter_batches
+from wsi.bags import write_bag
+from wsi.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["bf16", "fp16", "fp32"]
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Options of the embed stage; defaults are what `wsi embed` uses."""
+
+    encoder: str = "retccl"
+    weights: str | None = None
+    random_init: bool = False  # explicit: a bag of random features must never happen by accident
+    expected_sha256: str | None = None
+    input_px: int | None = None  # timm encoders only; retccl is fixed at 256
+    device: str | None = None  # "cuda", "cuda:1", "cpu"; None: CUDA when available
+    precision: Precision = "bf16"  # CUDA autocast; the CPU always runs fp32
+    compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
+    threads: int | None = None  # CPU threads for torch (None: torch's default)
+    batch_size: int = 128  # tiles per forward pass; 128 x 256 px fills an H100 in bf16
+    readers: int = 8  # background reader processes (threads inside dask workers)
+    dtype: Literal["float16", "float32"] = "float16"  # feats on disk
+    max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails
+    use_cache: bool = True  # read the --save-tiles zarr cache when it is complete
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in _AUTOCAST:
+            raise ConfigError(f"--precision {self.precision!r} unknown; choose bf16, fp16 or fp32")
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(f"--dtype {self.dtype!r} unknown; choose float16 or float32")
+        if not 0.0 <= self.max_bad_tiles < 1.0:
+            raise ConfigError(f"--max-bad-tiles is a fraction in [0, 1), got {self.max_bad_tiles}")
+        if self.batch_size < 1 or self.readers < 0:
+            raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 and --readers >= 0")
+
+
+@dataclass(frozen=True)
+class SlideJob:
+    """One slide: the tiles to read, the bag to write and the attributes it records."""
+
+    tiles: SlideTiles
+    bag_path: Path
+    coords_um: np.ndarray  # (N, 2) float32, from the tile file
+    attrs: dict[str, Any] = field(default_factory=dict)  # tile-file facts for write_bag
+
+
+@dataclass
+class Runtime:
+    encoder: Encoder
+    device: torch.device
+    autocast: torch.dtype | None
+    fn: Any  # encoder.embed, possibly compiled
+    pad_to: int | None  # compiled graphs want one batch shape: pad short batches
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available here; use --device cpu")
+    return device
+
+
+def prepare_runtime(
+    encoder: Encoder,
+    *,
+    device: torch.device,
+    precision: Precision = "bf16",
+    compile: bool = False,
+    threads: int | None = None,
+    batch_size: int = 128,
+) -> Runtime:
+    """Move the encoder to its device in inference form: channels_last + autocast on CUDA, fp32 on CPU."""
+    autocast = _AUTOCAST[precision]
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest kernels
+        encoder = encoder.to(device=device, memory_format=torch.channels_last)
+    else:
+        if autocast is not None:
+            log.info("precision %s applies to CUDA; the CPU runs fp32", precision)
+        autocast = None
+        if threads:
+            torch.set_num_threads(threads)
+        encoder = encoder.to(device)
+    encoder.eval()
+    fn = encoder.embed
+    if compile:
+        fn = torch.compile(encoder.embed, dynamic=False)
+    return Runtime(encoder, device, autocast, fn, batch_size if compile else None)
+
+
+@torch.inference_mode()
+def encode(rt: Runtime, tiles: torch.Tensor) -> torch.Tensor:
+    """(b, P, P, 3) uint8 -> (b, D) float32 features on the runtime's device (no synchronisation)."""
+    x = tiles.to(rt.device, non_blocking=True)
+    b = x.shape[0]
+    if rt.pad_to and b < rt.pad_to:
+        x = torch.cat([x, x.new_zeros((rt.pad_to - b, *x.shape[1:]))])  # (pad_to, P, P, 3)
+    with torch.autocast(rt.device.type, dtype=rt.autocast or torch.float32, enabled=rt.autocast is not None):
+        feats = rt.fn(x)  # (b', D)
+    return feats[:b].float()
+
+
+@dataclass
+class _Acc:
+    """Features of one slide as its batches arrive."""
+
+    feats: list[torch.Tensor] = field(default_factory=list)
+    ok: list[torch.Tensor] = field(default_factory=list)
+    error: str = ""
+    start: float = field(default_factory=time.perf_counter)
+    done: int = 0
+
+
+def _finish(job: SlideJob, acc: _Acc, rt: Runtime, options: EmbedOptions) -> dict[str, Any]:
+    """Check a finished slide and return write_bag's arguments; raises a message for a failed slide."""
+    if acc.error:
+        raise _SlideFailed(acc.error)
+    n = job.tiles.n
+    ok = torch.cat(acc.ok).numpy()
+    n_bad = int((~ok).sum())
+    if n_bad > options.max_bad_tiles * n:
+        raise _SlideFailed(
+            f"{n_bad} of {n} tiles could not be read or decoded, more than --max-bad-tiles "
+            f"{options.max_bad_tiles:g}; see the log for the tiles and reasons"
+        )
+    feats = torch.cat(acc.feats)[torch.from_numpy(ok).to(rt.device)]  # (n_ok, D)
+    finite = torch.isfinite(feats).all(dim=1)
+    n_bad_feats = int((~finite).sum())  # one synchronisation per slide
+    if n_bad_feats:
+        raise _SlideFailed(
+            f"the encoder produced NaN or infinite features for {n_bad_feats} of {len(feats)} tiles "
+            "(weights broken, or --precision fp16 overflowing: try --precision bf16 or fp32)"
+        )
+    enc = rt.encoder
+    return {
+        "feats": feats.cpu().numpy(),
+        "coords_um": job.coords_um[ok],
+        "coords_px": job.tiles.coords_px[ok],
+        "encoder": enc.name,
+        "weights_sha256": enc.weights_sha256,
+        "dtype": options.dtype,
+        "slide_id": job.tiles.slide_id,
+        **job.attrs,
+        "extra_attrs": {
+            **job.attrs.get("extra_attrs", {}),
+            "encoder_id": enc.encoder_id,
+            "input_px": enc.input_px,
+            "precision": "fp32" if rt.autocast is None else options.precision,
+            "n_bad_tiles": n_bad,
+            "n_tiles_requested": n,
+            "pixel_source": "tile-cache" if job.tiles.pixels_path else "slide",
+            "slide_path": job.tiles.slide_path,
+        },
+    }
+
+
+class _SlideFailed(Exception):
+    pass
+
+
+def embed_stream(
+    rt: Runtime,
+    jobs: list[SlideJob],
+    *,
+    options: EmbedOptions,
+    readers: int,
+    mode: Literal["process", "thread"] = "process",
+    progress: bool = True,
+) -> list[ItemResult]:
+    """Embed every job's tiles in one stream and write the bags; one ItemResult per job, in order."""
+    results: list[ItemResult | None] = [None] * len(jobs)
+    for i, job in enumerate(jobs):
+        if job.tiles.n == 0:
+            results[i] = _failed(job, "the tile stage kept no tiles for this slide; nothing to embed", 0.0)
+    accs = {i: _Acc() for i, job in enumerate(jobs) if job.tiles.n}
+    writes: list[tuple[int, Future[float], float, int]] = []
+    total = sum(job.tiles.n for job in jobs)
+    batches = iter_batches(
+        [job.tiles for job in jobs],
+        batch_size=options.batch_size,
+        readers=readers,
+        pin_memory=rt.device.type == "cuda",
+        mode=mode,
+    )
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsi-embed-writer") as writer,
+        tqdm(total=total, desc="embed", unit="tile", dynamic_ncols=True, disable=not progress) as bar,
+    ):
+        for batch in batches:
+            i = batch.slide_index
+            acc, job = accs[i], jobs[i]
+            b = int(batch.tiles.shape[0])
+            if batch.error:
+                acc.error = batch.error
+            elif not acc.error:
+                acc.feats.append(encode(rt, batch.tiles))
+                acc.ok.append(batch.ok)
+            acc.done += b
+            bar.update(b)
+            if acc.done < job.tiles.n:
+                continue
+            try:
+                kwargs = _finish(job, acc, rt, options)
+            except _SlideFailed as exc:
+                results[i] = _failed(job, str(exc), time.perf_counter() - acc.start)
+            except Exception as exc:  # a failure in one slide never stops the others
+                log.debug("%s failed", job.tiles.slide_id, exc_info=True)
+                results[i] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
+            else:
+                n_ok = len(kwargs["feats"])
+                writes.append((i, writer.submit(_write, job.bag_path, kwargs), acc.start, n_ok))
+            del accs[i]
+        for i, future, start, n_ok in writes:
+            job = jobs[i]
+            try:
+                finished = future.result()
+                results[i] = ItemResult(
+                    job.tiles.slide_id, job.tiles.slide_path, "ok", n=n_ok, seconds=finished - start
+                )
+            except Exception as exc:
+                results[i] = _failed(job, describe_error(exc), time.perf_counter() - start)
+    return [r for r in results if r is not None]
+
+
+def _write(path: Path, kwargs: dict[str, Any]) -> float:
+    write_bag(path, **kwargs)
+    return time.perf_counter()
+
+
+def _failed(job: SlideJob, error: str, seconds: float) -> ItemResult:
+    log.error("%s failed: %s", job.tiles.slide_id, error)
+    return ItemResult(job.tiles.slide_id, job.tiles.slide_path, "failed", seconds=seconds, error=error)

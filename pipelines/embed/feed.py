@@ -1,0 +1,228 @@
+"""The embedding feed: batches of uint8 tiles, read in background workers, slide after slide.
+
+Why one stream over all slides: the readers run ahead of the encoder across slide boundaries, so the
+next slide's tiles are already decoded while the current one is encoded and the device never waits
+between slides (the CLAM/TRIDENT pattern of "open slide, read, encode, close" idles the GPU).
+
+Pixels come from the tile stage's `--save-tiles` zarr cache when it is complete, else from the slide
+through `Slide.read_region_um`, the same function the tile stage used. A tile that cannot be read or
+decoded comes back as zeros with `ok=False`; the slide's caller decides whether that is too many.
+
+Public API:
+  SlideTiles      picklable description of one slide's tiles (coords, reading parameters, cache path)
+  slide_tiles_from_tile_file(tile_file, *, use_cache=True) -> SlideTiles
+  TileBatch       (slide_index, start, tiles (b,P,P,3) uint8 tensor, ok (b,) bool tensor, error str)
+  iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=4)
+      -> Iterator[TileBatch] in slide order, then tile order
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pipelines.batch import describe_error
+from wsi.tilefile import TileFile, pixels_complete
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlideTiles:
+    """Everything a reader needs for one slide; small and picklable (sent to reader processes)."""
+
+    slide_id: str
+    slide_path: str
+    backend: str
+    mpp: float  # level-0 um/px used by the tile stage (may have come from --mpp)
+    tile_size_um: float
+    target_mpp: float
+    tile_px: int
+    coords_px: np.ndarray  # (N, 2) int64 level-0 top-left
+    pixels_path: str | None = None  # complete zarr cache of (N, P, P, 3), or None: read the slide
+
+    @property
+    def n(self) -> int:
+        return len(self.coords_px)
+
+
+def slide_tiles_from_tile_file(tile_file: TileFile, *, use_cache: bool = True) -> SlideTiles:
+    pixels = tile_file.path.with_suffix(".zarr")
+    cached = use_cache and pixels_complete(pixels, len(tile_file))
+    return SlideTiles(
+        slide_id=tile_file.slide_id,
+        slide_path=tile_file.slide_path,
+        backend=str(tile_file.meta.get("backend", "openslide")),
+        mpp=tile_file.mpp,
+        tile_size_um=tile_file.tile_size_um,
+        target_mpp=tile_file.target_mpp,
+        tile_px=tile_file.tile_size_px,
+        coords_px=np.asarray(tile_file.coords, dtype=np.int64),
+        pixels_path=str(pixels) if cached else None,
+    )
+
+
+class TileBatch(NamedTuple):
+    slide_index: int
+    start: int
+    tiles: torch.Tensor  # (b, P, P, 3) uint8
+    ok: torch.Tensor  # (b,) bool; False: the tile could not be read (its pixels are zeros)
+    error: str  # non-empty: the whole slide could not be opened
+
+
+class _Handles:
+    """The open source of the slide a reader is on (one at a time: readers move through slides)."""
+
+    def __init__(self) -> None:
+        self.key: int | None = None
+        self.source: Any = None
+        self.error = ""
+
+    def get(self, index: int, st: SlideTiles) -> tuple[Any, str]:
+        if self.key != index:
+            self.close()
+            self.key = index
+            try:
+                if st.pixels_path is not None:
+                    from wsi.tilefile import open_tile_pixels
+
+                    self.source = open_tile_pixels(st.pixels_path)
+                else:
+                    from wsi.slide import open_slide
+
+                    self.source = open_slide(st.slide_path, backend=st.backend, mpp=st.mpp)  # type: ignore[arg-type]
+            except Exception as exc:
+                self.error = describe_error(exc)
+        return self.source, self.error
+
+    def close(self) -> None:
+        if self.source is not None and hasattr(self.source, "close"):
+            self.source.close()
+        self.key, self.source, self.error = None, None, ""
+
+
+class BatchReader(Dataset):
+    """Map-style dataset whose item i is the i-th batch of the whole stream (all slides)."""
+
+    def __init__(self, slides: Sequence[SlideTiles], batch_size: int) -> None:
+        self.slides = list(slides)
+        self.index = [(s, start) for s, st in enumerate(self.slides) for start in range(0, st.n, batch_size)]
+        self.batch_size = batch_size
+        self._local = threading.local()  # per reader thread (processes each hold their own copy)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _handles(self) -> _Handles:
+        if not hasattr(self._local, "handles"):
+            self._local.handles = _Handles()
+        return self._local.handles
+
+    def __getitem__(self, i: int) -> TileBatch:
+        s, start = self.index[i]
+        st = self.slides[s]
+        stop = min(start + self.batch_size, st.n)
+        b, p = stop - start, st.tile_px
+        tiles = np.zeros((b, p, p, 3), np.uint8)
+        ok = np.zeros(b, bool)
+        source, error = self._handles().get(s, st)
+        if not error:
+            if st.pixels_path is not None:
+                self._read_cache(source, start, stop, tiles, ok)
+            else:
+                self._read_slide(source, st, start, stop, tiles, ok)
+        return TileBatch(s, start, torch.from_numpy(tiles), torch.from_numpy(ok), error)
+
+    @staticmethod
+    def _read_cache(array: Any, start: int, stop: int, tiles: np.ndarray, ok: np.ndarray) -> None:
+        try:
+            tiles[:] = array[start:stop]
+            ok[:] = True
+            return
+        except Exception:  # one damaged chunk: fall back to tile by tile to find it
+            log.debug("batch read of the tile cache failed; reading tile by tile", exc_info=True)
+        for j in range(stop - start):
+            try:
+                tiles[j] = array[start + j]
+                ok[j] = True
+            except Exception as exc:
+                log.warning("tile %d of the tile cache is unreadable: %s", start + j, describe_error(exc))
+
+    @staticmethod
+    def _read_slide(
+        slide: Any, st: SlideTiles, start: int, stop: int, tiles: np.ndarray, ok: np.ndarray
+    ) -> None:
+        for j, (x_px, y_px) in enumerate(st.coords_px[start:stop]):
+            try:
+                tile = slide.read_region_um(int(x_px), int(y_px), st.tile_size_um, st.target_mpp)
+                if tile.shape != tiles.shape[1:]:
+                    raise ValueError(f"tile of shape {tile.shape}, expected {tiles.shape[1:]}")
+                tiles[j] = tile
+                ok[j] = True
+            except Exception as exc:
+                log.warning(
+                    "%s: tile at level-0 (%d, %d) unreadable, skipped: %s",
+                    st.slide_id, x_px, y_px, describe_error(exc),
+                )  # fmt: skip
+
+
+def iter_batches(
+    slides: Sequence[SlideTiles],
+    *,
+    batch_size: int,
+    readers: int,
+    pin_memory: bool = False,
+    mode: Literal["process", "thread"] = "process",
+    prefetch: int = 4,
+) -> Iterator[TileBatch]:
+    """All batches of all slides, in order, read `readers` at a time ahead of the consumer.
+
+    mode="process": a torch DataLoader with reader processes (decoding scales past the GIL).
+    mode="thread": reader threads (inside daemonic dask workers, which may not start processes).
+    readers=0 reads in the calling thread (tests, debugging).
+    """
+    dataset = BatchReader(slides, batch_size)
+    if len(dataset) == 0:
+        return
+    if mode == "process" or readers == 0:
+        loader = DataLoader(
+            dataset,
+            batch_size=None,  # items are already batches
+            shuffle=False,
+            num_workers=readers,
+            pin_memory=pin_memory,
+            prefetch_factor=prefetch if readers else None,
+        )
+        yield from loader
+        return
+    yield from _thread_batches(dataset, readers, pin_memory, prefetch)
+
+
+def _thread_batches(
+    dataset: BatchReader, readers: int, pin_memory: bool, prefetch: int
+) -> Iterator[TileBatch]:
+    def load(i: int) -> TileBatch:
+        batch = dataset[i]
+        return batch._replace(tiles=batch.tiles.pin_memory()) if pin_memory else batch
+
+    with ThreadPoolExecutor(max_workers=readers, thread_name_prefix="wsi-embed-reader") as pool:
+        pending: deque[Future[TileBatch]] = deque()
+        next_i = 0
+        try:
+            while next_i < len(dataset) or pending:
+                while next_i < len(dataset) and len(pending) < readers * prefetch:
+                    pending.append(pool.submit(load, next_i))
+                    next_i += 1
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

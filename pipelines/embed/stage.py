@@ -1,0 +1,206 @@
+"""The embed stage: tile files (or slides, tiled first) -> `features/<encoder_id>/<slide_id>.h5` bags.
+
+Locally, all slides go through one stream (feed -> device -> writer thread), so reading never waits for
+a slide boundary. With `workers > 1` or a `scheduler`, each slide is a dask job on a worker that holds
+its own encoder (see worker.py). Either way a failing slide becomes a manifest row, never an abort.
+
+Public API:
+  embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None,
+              progress=True) -> list[ItemResult]
+  embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, backend="openslide",
+               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True) -> list[ItemResult]
+  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id>
+  find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from models.encoders import build_encoder, encoder_id_for
+from pipelines.batch import ItemResult, describe_error, run_batch, write_manifest
+from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime, resolve_device
+from pipelines.embed.feed import slide_tiles_from_tile_file
+from wsi._files import is_temp_name
+from wsi.bags import is_complete_bag
+from wsi.errors import WsiError
+from wsi.tilefile import read_tile_file
+
+log = logging.getLogger(__name__)
+
+
+def bag_dir(out_dir: str | os.PathLike[str], encoder_id: str) -> Path:
+    return Path(out_dir) / "features" / encoder_id
+
+
+def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
+    root = Path(tiles_dir)
+    folder = root / "tiles" if (root / "tiles").is_dir() else root
+    if not folder.is_dir():
+        raise WsiError(f"--tiles {root}: folder not found; give the --out folder of `wsi tile`")
+    files = sorted(p for p in folder.glob("*.h5") if not is_temp_name(p))
+    if not files:
+        raise WsiError(f"--tiles {root}: no tile files (tiles/<slide_id>.h5); run `wsi tile` first")
+    return files
+
+
+def _jobs(files: Sequence[Path], out: Path, options: EmbedOptions) -> tuple[list[SlideJob], list[ItemResult]]:
+    """Tile files -> slide jobs; a tile file that cannot be read is a failed row."""
+    jobs, failed = [], []
+    for path in files:
+        try:
+            tf = read_tile_file(path)
+        except WsiError as exc:
+            failed.append(ItemResult(path.stem, str(path), "failed", error=str(exc)))
+            continue
+        attrs: dict[str, Any] = {
+            "tile_size_um": tf.tile_size_um,
+            "tile_size_px": tf.tile_size_px,
+            "mpp": tf.mpp,
+            "level0_width": int(tf.meta["level0_width"]),
+            "level0_height": int(tf.meta["level0_height"]),
+            "tile_params": tf.params,
+            "extra_attrs": {"target_mpp": tf.target_mpp, "tile_file": str(path)},
+        }
+        jobs.append(
+            SlideJob(
+                tiles=slide_tiles_from_tile_file(tf, use_cache=options.use_cache),
+                bag_path=out / f"{tf.slide_id}.h5",
+                coords_um=tf.coords_um,
+                attrs=attrs,
+            )
+        )
+    return jobs, failed
+
+
+def embed_tiles(
+    *,
+    tiles_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    options: EmbedOptions = EmbedOptions(),
+    slide_ids: Sequence[str] | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    progress: bool = True,
+) -> list[ItemResult]:
+    """Embed every tile file under `tiles_dir`; write bags and `features/<encoder_id>/manifest.csv`."""
+    start = time.perf_counter()
+    files = find_tile_files(tiles_dir)
+    if slide_ids is not None:
+        wanted = set(slide_ids)
+        files = [f for f in files if f.stem in wanted]
+    # Build (and so validate) the encoder before any work: bad weights are a usage error, not N failures.
+    encoder = build_encoder(
+        options.encoder, weights=options.weights, random_init=options.random_init,
+        expected_sha256=options.expected_sha256, input_px=options.input_px,
+    )  # fmt: skip
+    out = bag_dir(out_dir, encoder.encoder_id)
+    jobs, results = _jobs(files, out, options)
+    todo = []
+    for job in jobs:
+        done = is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256)
+        if done and not options.overwrite:
+            results.append(ItemResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
+        else:
+            if job.bag_path.exists() and not options.overwrite:
+                log.warning(
+                    "%s: redoing a bag from another encoder/weights or an unreadable one", job.bag_path
+                )
+            todo.append(job)
+    if todo:
+        if scheduler is None and workers == 1:
+            rt = prepare_runtime(
+                encoder, device=resolve_device(options.device), precision=options.precision,
+                compile=options.compile, threads=options.threads, batch_size=options.batch_size,
+            )  # fmt: skip
+            results += embed_stream(rt, todo, options=options, readers=options.readers, progress=progress)
+        else:
+            del encoder  # each worker builds its own
+            results += _embed_dask(todo, options, workers, scheduler)
+    order = {f.stem: i for i, f in enumerate(files)}
+    results.sort(key=lambda r: order.get(r.slide_id, len(order)))
+    write_manifest(out / "manifest.csv", results)
+    _summary(results, time.perf_counter() - start, out)
+    return results
+
+
+def _n(job: SlideJob) -> int:
+    from wsi.bags import bag_length
+
+    try:
+        return bag_length(job.bag_path)
+    except WsiError:
+        return 0
+
+
+def _embed_dask(
+    jobs: list[SlideJob], options: EmbedOptions, workers: int, scheduler: str | None
+) -> list[ItemResult]:
+    from pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
+
+    items = [EmbedItem(job.tiles.slide_id, job.tiles.slide_path, job) for job in jobs]
+    return run_batch(
+        items,
+        functools.partial(embed_item, options=options),
+        workers=workers,
+        scheduler=scheduler,
+        desc="embed",
+        worker_plugin=EncoderPlugin(options),
+    )
+
+
+def _summary(results: list[ItemResult], seconds: float, out: Path) -> None:
+    counts = {s: sum(r.status == s for r in results) for s in ("ok", "skipped", "failed")}
+    tiles = sum(r.n for r in results if r.status == "ok")
+    log.info(
+        "embed: %d ok, %d skipped, %d failed; %d tiles in %.1f s (%.0f tiles/s); bags in %s",
+        counts["ok"], counts["skipped"], counts["failed"], tiles, seconds, tiles / max(seconds, 1e-9), out,
+    )  # fmt: skip
+
+
+def embed_slides(
+    sources: Sequence[Any],
+    *,
+    out_dir: str | os.PathLike[str],
+    options: EmbedOptions = EmbedOptions(),
+    tile_params: Any = None,
+    backend: str = "openslide",
+    mpp: float | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
+    save_tiles: bool = False,
+    progress: bool = True,
+) -> list[ItemResult]:
+    """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide."""
+    from pipelines.tile import tile_slides
+
+    tiled = tile_slides(
+        sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
+        scheduler=scheduler, save_tiles=save_tiles,
+    )  # fmt: skip
+    ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
+    failed = [
+        ItemResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=f"tiling failed: {r.error}")
+        for r in tiled
+        if r.status == "failed"
+    ]
+    results: list[ItemResult] = []
+    if ready:
+        results = embed_tiles(
+            tiles_dir=out_dir, out_dir=out_dir, options=options, slide_ids=ready, workers=workers,
+            scheduler=scheduler, progress=progress,
+        )  # fmt: skip
+    if failed:
+        encoder_id = encoder_id_for(options.encoder)
+        results = results + failed
+        try:
+            write_manifest(bag_dir(out_dir, encoder_id) / "manifest.csv", results)
+        except OSError as exc:
+            log.error("could not write the manifest: %s", describe_error(exc))
+    return results

@@ -1,0 +1,79 @@
+"""Heatmaps of per-tile contributions, over a slide thumbnail or a blank canvas at the tile positions.
+
+Values are signed (towards / against the predicted class), so the colour map is diverging and centred
+on zero: red pushes towards the prediction, blue against it, and the colour scale is symmetric.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from wsi._files import atomic_path
+
+#: longest side of a canvas drawn without a slide
+_CANVAS_PX = 1024
+
+
+def contribution_to_class(contributions: np.ndarray, cls: int) -> np.ndarray:
+    """(N, C) per-class logit contributions -> (N,) contribution to class `cls` against the others
+    (for two classes exactly each tile's share of the log-odds)."""
+    others = np.delete(contributions, cls, axis=1)  # (N, C-1)
+    return contributions[:, cls] - others.mean(axis=1)
+
+
+def render_heatmap(
+    *,
+    coords_um: np.ndarray,
+    tile_size_um: float,
+    values: np.ndarray,
+    out_png: Path,
+    thumbnail: np.ndarray | None = None,
+    thumb_mpp: float | None = None,
+    title: str = "",
+) -> None:
+    """Draw `values` (N,) as squares of `tile_size_um` at `coords_um` (N, 2 top-left x, y) and save a PNG.
+
+    With `thumbnail` (H, W, 3 uint8 at `thumb_mpp` um/px) the squares are blended over the slide.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import colors
+
+    coords_um = np.asarray(coords_um, dtype=np.float64).reshape(-1, 2)
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if thumbnail is not None and thumb_mpp:
+        base = thumbnail.astype(np.float32) / 255.0
+        px_per_um = 1.0 / thumb_mpp
+    else:
+        extent_um = (coords_um.max(axis=0) + tile_size_um) if len(coords_um) else np.array([tile_size_um] * 2)
+        px_per_um = _CANVAS_PX / float(extent_um.max())
+        w, h = (np.ceil(extent_um * px_per_um).astype(int) + 1).tolist()
+        base = np.full((h, w, 3), 0.93, dtype=np.float32)  # light grey: shows the extent
+    h, w = base.shape[:2]
+    vmax = float(np.abs(values).max()) if len(values) else 1.0
+    norm = colors.Normalize(vmin=-(vmax or 1.0), vmax=vmax or 1.0)
+    cmap = plt.get_cmap("RdBu_r")
+    overlay = np.zeros((h, w, 4), dtype=np.float32)  # (H, W, RGBA)
+    rgba = cmap(norm(values))  # (N, 4)
+    side = max(1, round(tile_size_um * px_per_um))
+    for (x_um, y_um), color in zip(coords_um, rgba, strict=True):
+        x0, y0 = round(x_um * px_per_um), round(y_um * px_per_um)
+        overlay[max(y0, 0) : min(y0 + side, h), max(x0, 0) : min(x0 + side, w)] = color
+    alpha = overlay[..., 3:4] * (0.6 if thumbnail is not None else 1.0)
+    image = base * (1 - alpha) + overlay[..., :3] * alpha
+
+    fig, ax = plt.subplots(figsize=(6, 6 * h / max(w, 1) + 0.6), dpi=150)
+    ax.imshow(image, interpolation="nearest")
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.035, pad=0.02,
+                 label="contribution to predicted class")  # fmt: skip
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

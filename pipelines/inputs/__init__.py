@@ -1,0 +1,137 @@
+"""Input stages: how a task's items (feature bags, images) reach the training loop and `predict`.
+
+A task YAML names its input (`input: bags` or `input: images`) and may pass options to it
+(`input_options: {...}`, validated by the stage's constructor; unknown keys raise `ConfigError`).
+The loop and `predict` only ever talk to the stage through this protocol, so a new kind of input is
+one module plus one line in `_BUILTIN`.
+
+Protocol (`InputStage`):
+
+  name                         "bags" | "images" | ...; also the task YAML's `input:` value
+  source_option                the CLI option that gives the source ("--features", "--images")
+  find(sources)                -> {item_id: path}: every usable file under the given files/folders.
+                               Ids are what a label table's slide column is matched against (a file
+                               name also matches: the label code strips known suffixes). Duplicate
+                               ids raise `ConfigError` naming both files.
+  dataset(items, train=...)    -> torch Dataset over `Item`s; sample i is a dict
+                               {"x": Tensor, "label": int (-1 when unlabeled), "id": str,
+                                optional "coords_um": Tensor (N, 2)}. `train=True` turns on the
+                               stage's augmentation (bag subsampling, image flips...).
+  collate(samples)             -> `Batch` (bags: pad to the longest bag, mask True = real tile;
+                               images: stack).
+  model_kwargs(items)          -> extra `models.build_model` kwargs the data decides (bags: in_dim;
+                               images: in_chans / img_size).
+  provenance(items)            -> JSON-able dict saved in the run's config.json (bags: encoder id,
+                               weights sha256, tile size/MPP/params); `predict` hands it back to
+  check_compatible(prov, items)  which raises `ConfigError` when new inputs were made differently
+                               (e.g. features from another encoder).
+  heatmap(item, sample, values, out_png, title="")   optional: draw per-token values (N,) (the
+                               contribution of each tile/patch to the predicted class) for one item;
+                               `predict` skips heatmaps for stages without it.
+
+The registry maps a name to "module:Class"; modules are imported only when a task asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch.utils.data import Dataset
+
+from wsi.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Item:
+    """One labelled (or, for predict, unlabelled) input: a slide's bag, an image, a volume."""
+
+    id: str
+    path: Path
+    label: int = -1  # class index into the task's classes; -1 = unknown (predict)
+    patient: str = ""  # split grouping key; defaults to `id` when empty
+
+    @property
+    def group(self) -> str:
+        return self.patient or self.id
+
+
+@dataclass
+class Batch:
+    """What `collate` returns and the loop consumes.
+
+    `extra` holds keyword tensors for the model's forward and `tile_contributions`
+    (bags: {"mask": (B, N) bool, "coords_um": (B, N, 2)}; images: {}).
+    """
+
+    x: torch.Tensor
+    labels: torch.Tensor  # (B,) int64; -1 where unknown
+    ids: list[str]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+        return Batch(
+            x=self.x.to(device, non_blocking=non_blocking),
+            labels=self.labels.to(device, non_blocking=non_blocking),
+            ids=self.ids,
+            extra={k: v.to(device, non_blocking=non_blocking) for k, v in self.extra.items()},
+        )
+
+    def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
+        return Batch(
+            x=self.x.pin_memory(),
+            labels=self.labels.pin_memory(),
+            ids=self.ids,
+            extra={k: v.pin_memory() for k, v in self.extra.items()},
+        )
+
+
+@runtime_checkable
+class InputStage(Protocol):
+    name: ClassVar[str]
+    source_option: ClassVar[str]
+
+    def find(self, sources: Sequence[Path]) -> dict[str, Path]: ...
+
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]: ...
+
+    def collate(self, samples: list[dict[str, Any]]) -> Batch: ...
+
+    def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]: ...
+
+    def provenance(self, items: Sequence[Item]) -> dict[str, Any]: ...
+
+    def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None: ...
+
+
+# name -> "module:Class"; the class is constructed with the task's `input_options` as keywords.
+_BUILTIN: dict[str, str] = {
+    "bags": "pipelines.inputs.bags:BagInput",
+    "images": "pipelines.inputs.images:ImageInput",
+}
+
+
+def available_inputs() -> list[str]:
+    return sorted(_BUILTIN)
+
+
+def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputStage:
+    """The input stage `name`, configured by the task's `input_options`."""
+    if name not in _BUILTIN:
+        raise ConfigError(f"unknown input {name!r}; known inputs: {', '.join(available_inputs())}")
+    module_name, cls_name = _BUILTIN[name].split(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except ImportError as exc:  # e.g. an optional reader missing
+        raise ConfigError(f"input {name!r} cannot be loaded ({exc}); install what it names") from exc
+    try:
+        return cls(**dict(options or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
+
+
+__all__ = ["Batch", "InputStage", "Item", "available_inputs", "build_input"]

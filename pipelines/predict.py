@@ -1,0 +1,315 @@
+"""Batch inference with a trained run: feature bags, or raw slides streamed through tile -> embed.
+
+`predict(model_dir=RUN_DIR, ...)` writes into `out_dir`:
+  predictions.csv          slide, prob_<class>..., predicted (one row per slide that succeeded)
+  manifest.csv             slide, path, status (ok | failed), tiles, seconds, error (every slide)
+  heatmaps/<slide>.png     each tile's contribution to the predicted class (over the slide thumbnail
+                           when predicting from slides, on a blank canvas at the tile positions for bags)
+  work/                    (raw slides only) the tile files and bags made with the run's settings
+
+The run's config.json records how its features were made (encoder, weights sha256, tile size and
+every tiling parameter); raw slides are tiled and embedded with exactly those settings, by the tile
+and embed stages' own code, and bags made by another encoder or weights are refused. A run folder of
+cross-validation (fold-<k>/ folders) predicts with the mean probability of its folds' best weights.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pipelines.batch import ItemResult, describe_error, write_manifest
+from pipelines.heatmaps import contribution_to_class, render_heatmap
+from pipelines.inputs import InputStage, Item, build_input
+from pipelines.train import checkpoints
+from pipelines.train.loop import autocast_for, pick_device
+from wsi._files import write_text_atomic
+from wsi.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunModel:
+    """A trained run ready to predict: its models (one, or one per fold), classes and input stage."""
+
+    models: list[torch.nn.Module]
+    config: dict[str, Any]
+    classes: list[str]
+    stage: InputStage
+    device: torch.device
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.config["input"].get("provenance") or {})
+
+    def _call(self, method: str, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = x.float() if x.dtype == torch.float16 else x
+        with torch.inference_mode(), autocast_for(self.device)():
+            outs = [getattr(m, method)(x, **extra).float() for m in self.models]
+        return torch.stack(outs).mean(0)
+
+    def probabilities(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, C): the mean over fold models of softmax(model(x))."""
+        x = x.float() if x.dtype == torch.float16 else x
+        with torch.inference_mode(), autocast_for(self.device)():
+            probs = [torch.softmax(m(x, **extra).float(), dim=-1) for m in self.models]
+        return torch.stack(probs).mean(0)
+
+    def contributions(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, N, C) per-token logit contributions (mean over fold models)."""
+        return self._call("tile_contributions", x, extra)
+
+
+def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
+    """Rebuild a run's model(s) from config.json + best.safetensors (safetensors only, never pickle)."""
+    from models.presets import build_model_from_config
+    from pipelines.train.run import build_from_spec
+
+    run = Path(model_dir)
+    cfg_path = run / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"--model {run}: no config.json; give the --out folder of `wsi train`")
+    config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    ckpts = [run / "best.safetensors"]
+    if not ckpts[0].is_file():
+        ckpts = sorted(run.glob("fold-*/best.safetensors"), key=lambda p: int(p.parent.name.split("-")[1]))
+    if not ckpts:
+        raise ConfigError(
+            f"--model {run}: no best.safetensors (nor fold-*/best.safetensors); did training finish?"
+        )
+    dev = pick_device(device)
+    models = []
+    for ckpt in ckpts:
+        model = (
+            build_model_from_config(config["model"])
+            if config.get("model")
+            else build_from_spec(config["model_spec"])
+        )
+        checkpoints.load_into(model, ckpt)
+        models.append(model.to(dev).eval())
+    task = config["task"]
+    stage = build_input(config["input"]["name"], task.get("input_options") or {})
+    return RunModel(models=models, config=config, classes=list(config["classes"]), stage=stage, device=dev)
+
+
+@dataclass
+class PredictResult:
+    out_dir: Path
+    predictions_csv: Path
+    rows: list[dict[str, Any]]  # slide, prob_<class>..., predicted
+    results: list[ItemResult] = field(default_factory=list)  # one per slide, failures included
+
+    @property
+    def failed(self) -> list[ItemResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+
+def predict(
+    *,
+    model_dir: str | Path,
+    out_dir: str | Path,
+    inputs: Sequence[str | Path] = (),
+    features_dir: str | Path | None = None,
+    device: str = "auto",
+    heatmaps: bool = True,
+    weights: str | Path | None = None,
+    mpp: float | None = None,
+    backend: str = "openslide",
+    workers: int = 1,
+    scheduler: str | None = None,
+    progress: bool = True,
+) -> PredictResult:
+    """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
+
+    `weights`: the encoder's weights file for raw slides (checked against the sha256 the run recorded;
+    not needed when the run's features came from a random-initialised encoder).
+    """
+    if bool(inputs) == (features_dir is not None):
+        raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
+    run = load_run(model_dir, device=device)
+    out = Path(out_dir)
+    thumbs: dict[str, tuple[Path, float | None]] = {}
+    pre_failed: list[ItemResult] = []
+    if features_dir is not None:
+        found = run.stage.find([Path(features_dir)])
+    else:
+        if run.stage.name != "bags":
+            found = run.stage.find([Path(p) for p in inputs])
+        else:
+            found, thumbs, pre_failed = _embed_raw_slides(
+                run, inputs, out / "work", weights=weights, mpp=mpp, backend=backend, workers=workers,
+                scheduler=scheduler, device=device, progress=progress,
+            )  # fmt: skip
+    items = [Item(id=sid, path=path) for sid, path in sorted(found.items())]
+    if items:
+        run.stage.check_compatible(run.provenance, items)
+    rows, results = _classify(
+        run, items, out, heatmaps=heatmaps, thumbs=thumbs, backend=backend, progress=progress
+    )
+    results = pre_failed + results
+    csv_path = out / "predictions.csv"
+    _write_rows(csv_path, rows, run.classes)
+    write_manifest(out / "manifest.csv", results)
+    n_failed = sum(r.status == "failed" for r in results)
+    log.info("predicted %d slide(s), %d failed; %s", len(rows), n_failed, csv_path)
+    return PredictResult(out_dir=out, predictions_csv=csv_path, rows=rows, results=results)
+
+
+def _classify(
+    run: RunModel,
+    items: Sequence[Item],
+    out: Path,
+    *,
+    heatmaps: bool,
+    thumbs: dict[str, tuple[Path, float | None]],
+    backend: str,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], list[ItemResult]]:
+    dataset = run.stage.dataset(items, train=False)
+    rows: list[dict[str, Any]] = []
+    results: list[ItemResult] = []
+    for i, item in enumerate(tqdm(items, desc="predict", disable=not progress)):
+        t0 = time.perf_counter()
+        try:
+            sample = dataset[i]
+            batch = run.stage.collate([sample]).to(run.device)
+            probs = run.probabilities(batch.x, batch.extra)[0].cpu().numpy()  # (C,)
+            pred = int(probs.argmax())
+            row = {
+                "slide": item.id,
+                **{f"prob_{c}": float(p) for c, p in zip(run.classes, probs, strict=True)},
+                "predicted": run.classes[pred],
+            }
+            if heatmaps:
+                contrib = run.contributions(batch.x, batch.extra)[0].cpu().numpy()  # (N, C)
+                values = contribution_to_class(contrib, pred)
+                png = out / "heatmaps" / f"{item.id}.png"
+                title = f"{item.id}: {run.classes[pred]} (p={probs[pred]:.3f})"
+                if item.id in thumbs:
+                    _slide_heatmap(thumbs[item.id], item.path, sample, values, png, title, backend)
+                elif hasattr(run.stage, "heatmap"):
+                    run.stage.heatmap(item, sample, torch.from_numpy(values), png, title=title)
+            rows.append(row)
+            n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
+            results.append(ItemResult(item.id, str(item.path), "ok", n=n, seconds=time.perf_counter() - t0))
+        except Exception as exc:  # one bad slide never stops the batch
+            log.warning("%s failed: %s", item.id, describe_error(exc))
+            results.append(
+                ItemResult(
+                    item.id,
+                    str(item.path),
+                    "failed",
+                    seconds=time.perf_counter() - t0,
+                    error=describe_error(exc),
+                )
+            )
+    return rows, results
+
+
+def _slide_heatmap(
+    thumb: tuple[Path, float | None],
+    bag_path: Path,
+    sample: dict[str, Any],
+    values: np.ndarray,
+    png: Path,
+    title: str,
+    backend: str,
+) -> None:
+    """Contributions over the slide's thumbnail (about 2,048 px on the long side)."""
+    from wsi.bags import read_bag_attrs
+    from wsi.slide import open_slide
+
+    slide_path, mpp = thumb
+    with open_slide(slide_path, backend=backend, mpp=mpp) as slide:  # type: ignore[arg-type]
+        w_px, h_px = slide.dimensions
+        thumb_mpp = max(w_px, h_px) * slide.mpp / 2048.0
+        image = slide.thumbnail_at(thumb_mpp)
+        thumb_mpp = max(w_px, h_px) * slide.mpp / max(image.shape[:2])  # the size actually returned
+    tile_um = float(read_bag_attrs(bag_path)["tile_size_um"])
+    render_heatmap(
+        coords_um=sample["coords_um"].numpy(), tile_size_um=tile_um, values=values, out_png=png,
+        thumbnail=image, thumb_mpp=thumb_mpp, title=title,
+    )  # fmt: skip
+
+
+def _embed_raw_slides(
+    run: RunModel,
+    inputs: Sequence[str | Path],
+    work: Path,
+    *,
+    weights: str | Path | None,
+    mpp: float | None,
+    backend: str,
+    workers: int,
+    scheduler: str | None,
+    device: str,
+    progress: bool,
+) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[ItemResult]]:
+    """Tile and embed slides with the run's recorded settings; returns (bags, slide paths, failures)."""
+    from models.encoders import encoder_id_for
+    from pipelines.embed.engine import EmbedOptions
+    from pipelines.embed.stage import bag_dir, embed_slides
+    from wsi.sources import find_slides
+    from wsi.tiling import TileParams
+
+    prov = run.provenance
+    encoder, sha = prov.get("encoder"), prov.get("weights_sha256")
+    tile_params = prov.get("tile_params")
+    if not encoder or not sha or not isinstance(tile_params, dict):
+        raise ConfigError(
+            "this run does not record how its features were made (encoder, weights sha256, tile params: "
+            "bags from another tool?); embed the slides yourself and use --features DIR"
+        )
+    random_init = sha == "random"
+    if not random_init and weights is None:
+        raise ConfigError(
+            f"the model was trained on features from encoder {encoder} with weights sha256 {sha[:16]}...; "
+            "give those weights with --weights PATH"
+        )
+    options = EmbedOptions(
+        encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
+        expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
+    )  # fmt: skip
+    sources = find_slides(inputs)
+    results = embed_slides(
+        sources, out_dir=work, options=options, tile_params=TileParams.from_dict(tile_params),
+        backend=backend, mpp=mpp, workers=workers, scheduler=scheduler, progress=progress,
+    )  # fmt: skip
+    folder = bag_dir(work, encoder_id_for(encoder))
+    by_id = {s.slide_id: s for s in sources}
+    found: dict[str, Path] = {}
+    thumbs: dict[str, tuple[Path, float | None]] = {}
+    failed: list[ItemResult] = []
+    for r in results:
+        bag = folder / f"{r.slide_id}.h5"
+        if r.status in ("ok", "skipped") and bag.is_file():
+            found[r.slide_id] = bag
+            src = by_id.get(r.slide_id)
+            if src is not None:
+                thumbs[r.slide_id] = (src.path, src.mpp if src.mpp is not None else mpp)
+        else:
+            failed.append(
+                ItemResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error or "no bag made")
+            )
+    return found, thumbs, failed
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]], classes: Sequence[str]) -> None:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["slide", *[f"prob_{c}" for c in classes], "predicted"])
+    for row in rows:
+        writer.writerow([row["slide"], *[f"{row[f'prob_{c}']:.6f}" for c in classes], row["predicted"]])
+    write_text_atomic(path, buf.getvalue())

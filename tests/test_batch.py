@@ -1,0 +1,109 @@
+"""The batch runner: failures become rows, order is kept, dask gives what inline gives."""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from distributed import WorkerPlugin
+
+from pipelines.batch import ItemResult, read_manifest, run_batch, worker_plugin, write_manifest
+from wsi.errors import SlideError
+
+
+@dataclass(frozen=True)
+class Item:
+    slide_id: str
+    path: str
+
+
+def square(item: Item) -> ItemResult:
+    if item.slide_id == "bad":
+        raise SlideError(f"{item.path}: not a slide")
+    if item.slide_id == "oops":
+        raise ZeroDivisionError("division by zero")
+    return ItemResult(item.slide_id, item.path, "ok", n=int(item.slide_id) ** 2)
+
+
+def not_a_result(item: Item) -> int:
+    return 1
+
+
+class Counter(WorkerPlugin):
+    """A worker plugin: set up once per worker, shared by every item on it."""
+
+    name = "counter"
+
+    def setup(self, worker: object) -> None:
+        self.pid = os.getpid()
+        self.calls = 0
+
+    def teardown(self, worker: object) -> None:
+        pass
+
+
+def uses_plugin(item: Item) -> ItemResult:
+    plugin = worker_plugin("counter")
+    plugin.calls += 1
+    return ItemResult(item.slide_id, str(plugin.pid), "ok", n=plugin.calls)
+
+
+ITEMS = [Item("2", "a"), Item("bad", "b.svs"), Item("3", "c"), Item("oops", "d")]
+
+
+def test_inline_failures_are_rows_in_order() -> None:
+    results = run_batch(ITEMS, square)
+    assert [r.slide_id for r in results] == ["2", "bad", "3", "oops"]
+    assert [r.status for r in results] == ["ok", "failed", "ok", "failed"]
+    assert [r.n for r in results] == [4, 0, 9, 0]
+    assert results[1].error == "b.svs: not a slide"
+    assert results[3].error == "ZeroDivisionError: division by zero"
+    assert all(r.seconds >= 0 for r in results)
+    assert run_batch([], square) == []
+    assert run_batch([Item("1", "a")], not_a_result)[0].error.startswith("TypeError: batch function")
+
+
+def test_inline_plugin_set_up_once() -> None:
+    results = run_batch([Item(str(i), "x") for i in range(3)], uses_plugin, worker_plugin=Counter())
+    assert [r.n for r in results] == [1, 2, 3]
+    with pytest.raises(KeyError):
+        worker_plugin("counter")
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_matches_inline() -> None:
+    items = [*ITEMS, Item("5", "e")]
+    inline = run_batch(items, square)
+    distributed = run_batch(items, square, workers=2)
+    key = lambda rs: [(r.slide_id, r.status, r.n, r.error) for r in rs]  # noqa: E731
+    assert key(distributed) == key(inline)
+    # a plugin is set up once per worker process
+    with_plugin = run_batch(
+        [Item(str(i), "x") for i in range(6)], uses_plugin, workers=2, worker_plugin=Counter()
+    )
+    per_pid: dict[str, list[int]] = {}
+    for r in with_plugin:
+        per_pid.setdefault(r.path, []).append(r.n)
+    assert str(os.getpid()) not in per_pid
+    assert sum(len(v) for v in per_pid.values()) == 6
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in per_pid.values())
+
+
+def test_manifest_atomic_columns_and_merge(tmp_path: Path) -> None:
+    path = tmp_path / "tiles" / "manifest.csv"
+    write_manifest(path, run_batch(ITEMS, square))
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["slide", "path", "status", "tiles", "seconds", "error"]
+    assert [(r["slide"], r["status"], r["tiles"]) for r in rows] == [
+        ("2", "ok", "4"), ("bad", "failed", "0"), ("3", "ok", "9"), ("oops", "failed", "0"),
+    ]  # fmt: skip
+    assert rows[1]["error"] == "b.svs: not a slide"
+    # a later run over one slide replaces its row and keeps the others
+    write_manifest(path, [ItemResult("bad", "b.svs", "ok", n=7)])
+    merged = {r.slide_id: r for r in read_manifest(path)}
+    assert merged["bad"].status == "ok" and merged["bad"].n == 7 and merged["2"].n == 4
+    assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.csv"]

@@ -1,0 +1,94 @@
+"""`wsi tile` through click's CliRunner, and the installed console script once as a real process."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from wsi.cli.main import cli
+
+
+@pytest.fixture(scope="module")
+def slides(make_slide, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with two small generated slides."""
+    folder = tmp_path_factory.mktemp("cli-slides")
+    for i in range(2):
+        sample = make_slide(name=f"cli-{i}", size_um=1024.0, mpp=0.5, seed=10 + i)
+        shutil.copy(sample.path, folder / f"case-{i}.svs")
+    return folder
+
+
+def _run(*args: str):
+    return CliRunner().invoke(cli, ["tile", *args], catch_exceptions=False)
+
+
+def _manifest(out: Path) -> list[dict[str, str]]:
+    with open(out / "tiles" / "manifest.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_folder_then_rerun(slides: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = _run(str(slides), "--out", str(out), "--tile-um", "128", "--tile-px", "64", "--save-tiles")
+    assert result.exit_code == 0, result.output
+    assert "2 slides: 2 tiled, 0 already done, 0 failed" in result.stderr
+    assert sorted(p.name for p in (out / "tiles").iterdir()) == [
+        "case-0.h5", "case-0.zarr", "case-1.h5", "case-1.zarr", "manifest.csv",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["case-0.png", "case-1.png"]
+    assert [row["status"] for row in _manifest(out)] == ["ok", "ok"]
+    again = _run(str(slides), "--out", str(out), "--tile-um", "128", "--tile-px", "64", "--save-tiles")
+    assert again.exit_code == 0 and "0 tiled, 2 already done" in again.stderr
+
+
+def test_failure_exit_code_and_manifest(slides: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.svs"
+    bad.write_text("not a slide")
+    out = tmp_path / "run"
+    result = _run(str(slides / "case-0.svs"), str(bad), "--out", str(out))
+    assert result.exit_code == 1
+    assert "1 failed" in result.stderr and "failed bad:" in result.stderr
+    rows = {row["slide"]: row for row in _manifest(out)}
+    assert rows["bad"]["status"] == "failed" and "bad.svs" in rows["bad"]["error"]
+    assert rows["case-0"]["status"] == "ok" and int(rows["case-0"]["tiles"]) > 0
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-folder"
+    empty.mkdir()
+    result = _run(str(empty), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "no slide files found" in result.stderr
+    result = _run(str(tmp_path / "nope.svs"), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "nope.svs" in result.stderr and "Traceback" not in result.output
+    listing = tmp_path / "list.csv"
+    listing.write_text("file\na.svs\n")
+    result = _run(str(listing), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "`path` column" in result.stderr
+    assert _run(str(empty), "--out", str(tmp_path / "o"), "--tile-px", "2").exit_code == 2
+
+
+def test_mpp_option_for_slide_without_metadata(shared_data: Path, tmp_path: Path) -> None:
+    slide = shared_data / "slides" / "tcga-cr-7395-01a-01-ts1.svs"
+    refused = _run(str(slide), "--out", str(tmp_path / "a"))
+    assert refused.exit_code == 1 and "--mpp" in refused.stderr
+    result = _run(str(slide), "--out", str(tmp_path / "b"), "--mpp", "0.25", "--backend", "tiffslide")
+    assert result.exit_code == 0, result.stderr
+    assert int(_manifest(tmp_path / "b")[0]["tiles"]) > 0
+
+
+def test_console_script_help() -> None:
+    script = Path(sys.executable).with_name("wsi")
+    if not script.exists():
+        pytest.skip(f"console script not installed next to {sys.executable}")
+    top = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert top.returncode == 0 and "tile" in top.stdout
+    sub = subprocess.run([str(script), "tile", "--help"], capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0
+    for text in ("--tile-um", "--scheduler", "--save-tiles", "Examples:", "manifest.csv"):
+        assert text in sub.stdout

@@ -1,0 +1,195 @@
+"""Transformers and presets: widths, shapes, masks, chunking, checkpointing, contributions, transfer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.presets import (
+    available_presets,
+    build_model,
+    build_model_from_config,
+    transfer_softmax_to_seqnorm,
+)
+from wsi.errors import ConfigError, WeightsError
+
+VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
+TINY = {"dim": 32, "attn_dim": 16, "heads": 4, "mlp_dim": 48, "depth": 2}
+
+
+def _mil(attention: str, **kw: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("vit-wsi", attention=attention, in_dim=20, num_classes=3, **{**TINY, **kw}).eval()
+
+
+def _padded(lengths: list[int], dim: int = 20) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    bags = [torch.randn(n, dim, generator=g) for n in lengths]
+    x = torch.full((len(bags), max(lengths), dim), 7.0)  # junk in the padding
+    mask = torch.zeros(len(bags), max(lengths), dtype=torch.bool)
+    for i, b in enumerate(bags):
+        x[i, : len(b)], mask[i, : len(b)] = b, True
+    return bags, x, mask
+
+
+def test_presets_build_with_the_papers_widths() -> None:
+    assert available_presets() == ["vit-2d", "vit-3d", "vit-wsi"]
+    with torch.device("meta"):
+        mil = build_model("vit-wsi")
+        v2 = build_model("vit-2d", in_dim=1, num_classes=5)
+        v3 = build_model("vit-3d")
+    assert mil.proj.weight.shape == (512, 2048) and len(mil.transformer.blocks) == 2
+    blk = mil.transformer.blocks[0]
+    assert blk.attn.to_qkv.weight.shape == (3 * 512, 512) and blk.attn.heads == 8
+    assert blk.mlp.net[0].weight.shape == (512, 512)
+    for vit, channels, patch in ((v2, 1, (16, 16)), (v3, 1, (4, 16, 16))):
+        assert vit.patch_embed.weight.shape == (1024, channels, *patch)
+        assert len(vit.transformer.blocks) == 8
+        attn = vit.transformer.blocks[0].attn
+        assert attn.to_qkv.weight.shape == (3 * 512, 1024)  # D' = 1024 -> D = 512
+        assert attn.to_out.weight.shape == (1024, 512) and attn.heads == 8
+        assert vit.transformer.blocks[0].mlp.net[0].weight.shape == (1024, 1024)
+    assert v2.head.weight.shape == (5, 1024)
+    assert v2.grid_shape((224, 224)) == (14, 14) and v2.num_patches((2048, 2048)) == 16384
+    assert v3.grid_shape((32, 256, 256)) == (8, 16, 16)
+    with torch.device("meta"):
+        assert v3(torch.empty(2, 1, 32, 256, 256)).shape == (2, 2)  # shapes only, no compute
+
+
+def test_full_width_models_give_logits_of_the_right_shape() -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        mil = build_model("vit-wsi", num_classes=4).eval()
+        assert mil(torch.randn(2, 30, 2048, dtype=torch.float16)).shape == (2, 4)  # float16 bags work
+        v3 = build_model("vit-3d", attention="gdla", attention_options={"local": True}).eval()
+        assert v3(torch.randn(1, 1, 8, 32, 48)).shape == (1, 2)
+        v2 = build_model("vit-2d", attention="sima", in_channels=1, depth=1).eval()
+        assert v2(torch.randn(1, 1, 32, 64)).shape == (1, 2)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"unknown field.*widht"):
+        build_model("vit-wsi", widht=3)
+    with pytest.raises(ConfigError, match="attention 'nope'"):
+        build_model("vit-wsi", attention="nope")
+    with pytest.raises(ConfigError, match="divisible by the patch size"):
+        build_model("vit-2d", **TINY)(torch.zeros(1, 3, 30, 32))
+    with pytest.raises(ConfigError, match=r"\(B, N, 20\)"):
+        _mil("seqnorm")(torch.zeros(1, 5, 21))
+
+
+def test_config_dict_rebuilds_the_same_model() -> None:
+    m = _mil("gdla", pos_encoding=True)
+    clone = build_model_from_config(m.config_dict())
+    clone.load_state_dict(m.state_dict())
+    x, c = torch.randn(1, 9, 20), torch.rand(1, 9, 2) * 5000
+    with torch.no_grad():
+        torch.testing.assert_close(clone(x, coords_um=c), m(x, coords_um=c))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_mil_padded_batch_equals_each_bag_and_ignores_order(name: str) -> None:
+    m = _mil(name)
+    bags, x, mask = _padded([5, 17, 11])
+    with torch.no_grad():
+        batched = m(x, mask)
+        for i, b in enumerate(bags):
+            torch.testing.assert_close(batched[i], m(b[None])[0], rtol=0, atol=1e-5)
+        perm = torch.randperm(17)
+        torch.testing.assert_close(m(bags[1][perm][None]), m(bags[1][None]), rtol=0, atol=1e-5)
+
+
+def test_position_encoding_uses_coordinates() -> None:
+    m = _mil("seqnorm", pos_encoding=True)
+    x = torch.randn(1, 12, 20)
+    c = torch.rand(1, 12, 2) * 10_000
+    perm = torch.randperm(12)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x[:, perm], coords_um=c[:, perm]), m(x, coords_um=c), rtol=0, atol=1e-5)
+        assert not torch.allclose(m(x[:, perm], coords_um=c), m(x, coords_um=c), atol=1e-4)
+    with pytest.raises(ConfigError, match="coords_um"):
+        m(x)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_chunked_inference_equals_plain_pass(name: str) -> None:
+    m = _mil(name)
+    _, x, mask = _padded([40, 23])
+    with torch.no_grad():
+        plain = m(x, mask)
+        for chunk in (7, 16, 1000):
+            torch.testing.assert_close(m(x, mask, max_tokens_per_chunk=chunk), plain, rtol=0, atol=1e-5)
+    v = build_model("vit-2d", attention=name, **TINY).eval()
+    img = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(v(img, max_tokens_per_chunk=5), v(img), rtol=0, atol=1e-5)
+
+
+def test_chunking_is_refused_for_gdla_local_branch() -> None:
+    v = build_model("vit-2d", attention="gdla", attention_options={"local": True}, **TINY).eval()
+    with torch.no_grad(), pytest.raises(ConfigError, match="cannot run chunked"):
+        v(torch.randn(1, 3, 32, 32), max_tokens_per_chunk=4)
+
+
+@pytest.mark.parametrize("name", ["seqnorm", "softmax"])
+def test_checkpointing_gives_the_same_outputs_and_gradients(name: str) -> None:
+    _, x, mask = _padded([30, 18])
+    grads, outs = [], []
+    for ckpt in (False, True):
+        m = _mil(name, checkpointing=ckpt).train()
+        out = m(x, mask)
+        out.logsumexp(-1).sum().backward()
+        outs.append(out.detach())
+        grads.append({k: p.grad.clone() for k, p in m.named_parameters()})
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-6)
+    for k, g in grads[0].items():
+        torch.testing.assert_close(grads[1][k], g, rtol=1e-5, atol=1e-7, msg=k)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_tile_contributions_add_up_to_the_logits(name: str) -> None:
+    m = _mil(name)
+    _, x, mask = _padded([25, 14])
+    with torch.no_grad():
+        logits = m(x, mask)
+        contrib, base = m.logit_decomposition(x, mask)
+        tiles = m.tile_contributions(x, mask)
+    assert contrib.shape == tiles.shape == (2, 25, 3)
+    torch.testing.assert_close(base + contrib.sum(1), logits, rtol=0, atol=1e-5)
+    assert tiles[1, 14:].abs().max() == 0
+    assert tiles[0].abs().sum() > 0
+
+
+def test_vit_contributions_reshape_to_the_patch_grid() -> None:
+    v = build_model(
+        "vit-2d", attention="gdla", attention_options={"local": True}, num_classes=3, **TINY
+    ).eval()
+    img = torch.randn(2, 3, 48, 80)
+    with torch.no_grad():
+        contrib, base = v.logit_decomposition(img)
+        torch.testing.assert_close(base + contrib.sum(1), v(img), rtol=0, atol=1e-5)
+    assert contrib.shape == (2, 15, 3)
+    assert contrib[0, :, 1].reshape(v.grid_shape(img.shape)).shape == (3, 5)
+
+
+def test_softmax_weights_transfer_into_seqnorm() -> None:
+    src, dst = _mil("softmax"), _mil("seqnorm")
+    torch.manual_seed(9)
+    for p in src.parameters():
+        p.data.normal_()
+    new = transfer_softmax_to_seqnorm(src, dst)
+    want = {
+        f"transformer.blocks.{i}.attn.norm_{w}.{p}"
+        for i in range(2)
+        for w in "qkv"
+        for p in ("gamma", "beta")
+    }
+    assert set(new) == want
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(dst.state_dict()[k], v)
+    for k in new:
+        assert torch.all(dst.state_dict()[k] == (1.0 if k.endswith("gamma") else 0.0))
+    with pytest.raises(WeightsError, match="same widths"):
+        transfer_softmax_to_seqnorm(src.state_dict(), _mil("seqnorm", mlp_dim=64))
+    with pytest.raises(WeightsError, match="lacks"):
+        transfer_softmax_to_seqnorm(_mil("gdla"), dst)

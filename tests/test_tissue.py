@@ -1,0 +1,73 @@
+"""Tissue mask on arrays: saturated stain is tissue, glass and specks are not, holes are filled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wsi.tissue import TissueParams, cell_fractions, saturation, tissue_mask
+
+GLASS = (243, 243, 245)
+PINK = (226, 150, 190)
+
+
+def _thumb(h: int = 200, w: int = 300, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    img = np.empty((h, w, 3), np.float32)
+    img[:] = GLASS
+    img[40:160, 30:150] = PINK  # a 120 x 120 px fragment
+    img += rng.normal(0, 3, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def test_saturation_matches_hsv_definition() -> None:
+    rgb = np.array([[[255, 0, 0], [128, 128, 128], [200, 100, 50], [0, 0, 0]]], np.uint8)
+    np.testing.assert_allclose(saturation(rgb)[0], [1.0, 0.0, 0.75, 0.0], atol=1e-6)
+
+
+def test_mask_finds_fragment_and_not_glass() -> None:
+    mask = tissue_mask(_thumb(), mpp=8.0)
+    assert mask[50:150, 40:140].mean() > 0.99
+    assert mask[:, 170:].sum() == 0
+    assert mask[:30].sum() == 0
+
+
+def test_blank_slide_has_no_tissue() -> None:
+    blank = np.clip(np.random.default_rng(1).normal(243, 2, (100, 100, 3)), 0, 255).astype(np.uint8)
+    assert tissue_mask(blank, mpp=8.0).sum() == 0
+
+
+def test_small_specks_removed_and_holes_filled() -> None:
+    img = _thumb()
+    img[100:104, 250:254] = PINK  # 4 x 4 px at 8 um/px = 1,024 um^2 < min_region_um2
+    img[90:100, 80:90] = GLASS  # 10 x 10 px hole = 6,400 um^2 < max_hole_um2
+    mask = tissue_mask(img, mpp=8.0)
+    assert mask[100:104, 250:254].sum() == 0
+    assert mask[90:100, 80:90].all()
+    # with hole filling off, the hole stays open
+    kept_hole = tissue_mask(img, mpp=8.0, params=TissueParams(max_hole_um2=0, closing_um=0))
+    assert not kept_hole[93:97, 83:87].any()
+
+
+def test_sizes_are_physical() -> None:
+    """The same scene at half the thumbnail resolution gives the same mask (up to resampling)."""
+    img = _thumb(400, 600)
+    img[100:104, 500:504] = PINK  # 4 px at 4 um/px = 256 um^2: a speck at either resolution
+    fine = tissue_mask(img, mpp=4.0)
+    coarse = tissue_mask(img[::2, ::2], mpp=8.0)
+    assert np.mean(fine[::2, ::2] == coarse) > 0.99
+    assert fine[100:104, 500:504].sum() == 0
+
+
+def test_cell_fractions_exact_on_boxes() -> None:
+    mask = np.zeros((10, 10), bool)
+    mask[0:5, 0:5] = True
+    boxes = np.array([[0, 0, 5, 5], [0, 0, 10, 10], [5, 5, 10, 10], [2.5, 0, 7.5, 5]], float)
+    np.testing.assert_allclose(cell_fractions(mask, boxes), [1.0, 0.25, 0.0, 0.5], atol=0.11)
+
+
+def test_bad_params_rejected() -> None:
+    with pytest.raises(ValueError, match="thumb_mpp"):
+        TissueParams(thumb_mpp=0)
+    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+        tissue_mask(np.zeros((10, 10), np.uint8), mpp=8.0)

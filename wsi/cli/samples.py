@@ -1,0 +1,77 @@
+"""`wsi make-slides`: write generated pyramidal sample slides to try the pipeline without real data."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from wsi.cli._common import user_errors
+
+log = logging.getLogger(__name__)
+
+
+@click.command(
+    "make-slides",
+    epilog="""\b
+Examples:
+  wsi make-slides --out slides/                          # 4 slides of 1.5 x 1.5 mm at 0.5 um/px
+  wsi make-slides --out slides/ --n 8 --style a --style b   # two tissue classes, alternating
+  wsi make-slides --out big/ --n 1 --size-um 10000 --mpp 0.25 --texture auto   # 40,000 px square
+  wsi make-slides --out nompp/ --n 1 --no-mpp            # a slide that needs --mpp downstream
+""",
+)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the slides (created); also gets slides.json describing each one.")
+@click.option("--n", "n", default=4, show_default=True, type=click.IntRange(min=1), help="Number of slides.")
+@click.option("--size-um", "size_um", default=1500.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="Side of each (square) slide in micrometres.")
+@click.option("--mpp", default=0.5, show_default=True, type=click.FloatRange(min=0.01, max=50.0),
+              help="Level-0 resolution in um/px written into the slides.")
+@click.option("--style", "styles", multiple=True, type=click.Choice(["a", "b"]),
+              help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, "
+                   "lilac. Repeat to alternate. [default: a]")
+@click.option("--texture", default="procedural", show_default=True,
+              type=click.Choice(["procedural", "real", "auto"]),
+              help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of slide 0 (+1 per slide).")
+@click.option("--prefix", default="sample", show_default=True, help="File names are PREFIX-NNN.svs.")
+@click.option("--tile-px", default=256, show_default=True, type=click.IntRange(min=16),
+              help="TIFF tile size in pixels (a multiple of 16).")
+@click.option("--no-mpp", "no_mpp", is_flag=True, help="Write no resolution metadata (to test --mpp).")
+@user_errors
+def command(
+    out_dir: Path, n: int, size_um: float, mpp: float, styles: tuple[str, ...], texture: str, seed: int,
+    prefix: str, tile_px: int, no_mpp: bool,
+) -> None:
+    """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
+    background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
+    from tqdm import tqdm
+
+    from wsi._files import write_text_atomic
+    from wsi.errors import ConfigError
+    from wsi.samples import write_sample_slide
+
+    if tile_px % 16:
+        raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")
+    styles = styles or ("a",)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in tqdm(range(n), desc="slides", unit="slide", disable=n < 2):
+        try:
+            s = write_sample_slide(
+                out_dir / f"{prefix}-{i:03d}.svs", size_um=size_um, mpp=mpp, style=styles[i % len(styles)],  # type: ignore[arg-type]
+                texture=texture, seed=seed + i, tile_px=tile_px, write_mpp=not no_mpp,  # type: ignore[arg-type]
+            )
+        except FileNotFoundError as exc:  # texture=real without the source slide
+            raise ConfigError(f"--texture real: {exc}") from None
+        records.append({
+            "path": s.path.name, "style": s.style, "texture": s.texture, "seed": s.seed, "mpp": s.mpp,
+            "mpp_written": s.mpp_written, "width_px": s.width_px, "height_px": s.height_px,
+            "levels": s.n_levels, "tissue_boxes_um": s.tissue_boxes_um, "blur_boxes_um": s.blur_boxes_um,
+        })
+    write_text_atomic(out_dir / "slides.json", json.dumps(records, indent=1) + "\n")
+    side_px = round(size_um / mpp)
+    click.echo(f"wrote {n} slide(s) of {side_px}x{side_px} px at {mpp} um/px to {out_dir} (see slides.json)")

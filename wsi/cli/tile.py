@@ -1,0 +1,203 @@
+"""`wsi tile`: find tissue and cut physical-size tiles from slides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, user_errors
+
+_DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
+
+
+@click.command(
+    "tile",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  wsi tile slides/ --out run/                      # every slide in a folder, 256 um at 1.0 um/px
+  wsi tile a.svs b.ndpi --out run/ --tile-um 224 --tile-px 224
+  wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
+  wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
+  wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+
+\b
+Output (under --out):
+  tiles/<slide_id>.h5     kept tiles' coords (level-0 px) and coords_um, settings, counts
+  tiles/<slide_id>.zarr   kept tiles' pixels (with --save-tiles)
+  qc/<slide_id>.png       thumbnail: tissue outline; kept green, background blue, blurry red
+  tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
+
+\b
+Exit code: 0 all slides done (or skipped as already done), 1 some slides failed (see the
+manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --overwrite redoes them.
+""",
+)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
+)
+@click.option(
+    "--tile-um",
+    type=click.FloatRange(min=1, min_open=False),
+    default=256.0,
+    show_default=True,
+    help="Tile side in micrometres.",
+)
+@click.option(
+    "--tile-px",
+    type=click.IntRange(min=8),
+    default=256,
+    show_default=True,
+    help="Tile side in pixels after resizing (target um/px = tile-um / tile-px).",
+)
+@click.option(
+    "--mpp",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["openslide", "tiffslide"]),
+    default="openslide",
+    show_default=True,
+    help="Slide reader.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Slides processed in parallel (local dask worker processes).",
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="ADDRESS",
+    help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Reader threads per slide [default: cores / workers, at most 4].",
+)
+@click.option("--save-tiles", is_flag=True, help="Also store the kept tiles' pixels (zarr) for embedding.")
+@click.option("--overwrite", is_flag=True, help="Redo slides whose output is already complete.")
+@click.option(
+    "--min-tissue",
+    type=click.FloatRange(0, 1),
+    default=0.25,
+    show_default=True,
+    help="Keep a grid cell when at least this fraction of it is tissue.",
+)
+@click.option(
+    "--max-background",
+    type=click.FloatRange(0, 1),
+    default=0.8,
+    show_default=True,
+    help="Reject a tile when more than this fraction of its pixels is near-white.",
+)
+@click.option(
+    "--white-level",
+    type=click.IntRange(0, 255),
+    default=220,
+    show_default=True,
+    help="A pixel is near-white when R, G and B are all at least this.",
+)
+@click.option(
+    "--min-blur-var",
+    type=click.FloatRange(min=0),
+    default=50.0,
+    show_default=True,
+    help="Reject a tile when its Laplacian variance (median over blocks) is below this; 0 = off.",
+)
+@click.option(
+    "--thumb-mpp",
+    type=click.FloatRange(min=0, min_open=True),
+    default=8.0,
+    show_default=True,
+    help="Resolution (um/px) of the thumbnail the tissue mask is computed on.",
+)
+@click.option(
+    "--min-saturation",
+    type=click.FloatRange(0, 1),
+    default=0.05,
+    show_default=True,
+    help="Lowest HSV saturation counted as tissue (floor of the Otsu threshold).",
+)
+@user_errors
+def command(
+    paths: tuple[Path, ...],
+    out_dir: Path,
+    tile_um: float,
+    tile_px: int,
+    mpp: float | None,
+    backend: str,
+    workers: int,
+    scheduler: str | None,
+    threads: int | None,
+    save_tiles: bool,
+    overwrite: bool,
+    min_tissue: float,
+    max_background: float,
+    white_level: int,
+    min_blur_var: float,
+    thumb_mpp: float,
+    min_saturation: float,
+) -> None:
+    """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
+
+    PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .mrxs .scn .bif .vms .svslide)
+    or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are taken
+    from the CSV's folder). A failing slide is recorded in the manifest and never stops the others.
+    """
+    # Heavy imports here, so `wsi tile --help` stays instant.
+    from pipelines.tile import tile_slides
+    from wsi.sources import find_slides
+    from wsi.tiling import TileParams
+    from wsi.tissue import TissueParams
+
+    sources = find_slides(paths)
+    if not sources:
+        click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
+        raise SystemExit(EXIT_USAGE)
+    try:
+        params = TileParams(
+            tile_um=tile_um,
+            tile_px=tile_px,
+            min_tissue_fraction=min_tissue,
+            white_level=white_level,
+            max_background_fraction=max_background,
+            min_blur_variance=min_blur_var,
+            tissue=TissueParams(thumb_mpp=thumb_mpp, min_saturation=min_saturation),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    results = tile_slides(
+        sources,
+        out_dir=out_dir,
+        params=params,
+        backend=backend,
+        mpp=mpp,
+        workers=workers,
+        scheduler=scheduler,
+        overwrite=overwrite,
+        save_tiles=save_tiles,
+        threads=threads,
+    )
+    failed = [r for r in results if r.status == "failed"]
+    n_ok = sum(r.status == "ok" for r in results)
+    n_skipped = sum(r.status == "skipped" for r in results)
+    tiles = sum(r.n for r in results if r.status != "failed")
+    click.echo(
+        f"wsi tile: {len(results)} slides: {n_ok} tiled, {n_skipped} already done, {len(failed)} failed; "
+        f"{tiles} tiles kept; manifest {out_dir / 'tiles' / 'manifest.csv'}",
+        err=True,
+    )
+    for r in failed:
+        click.echo(f"  failed {r.slide_id}: {r.error}", err=True)
+    if failed:
+        raise SystemExit(EXIT_PARTIAL_FAILURE)

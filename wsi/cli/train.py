@@ -1,0 +1,148 @@
+"""`wsi train`: train an attention MIL model (or an image ViT) for a task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from wsi.cli._common import user_errors
+
+
+@click.command(
+    "train",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  wsi train --task nsclc-subtype --features run/features/retccl --labels labels.csv --out model/
+  wsi train --task nsclc-subtype --features bags/ --labels labels.csv --out cmp/sima --attention sima
+  wsi train --task my-task.yaml --features bags/ --labels labels.csv --out model/ --cv 5
+  wsi train --task nsclc-subtype ... --cv 5 --scheduler tcp://10.0.0.5:8786   # folds in parallel
+  wsi train --task nsclc-subtype ... --out model/ --resume                     # after an interruption
+  wsi train --task nsclc-subtype ... --init-from softmax-run/ --attention seqnorm
+
+\b
+Labels CSV: a slide column (slide id or file name), a label column, optionally a patient column
+(else the first 12 characters of a TCGA barcode, else the slide id). Slides without a bag and bags
+without a label are counted, reported and left out.
+
+\b
+Output (under --out): config.json, splits.csv, log.csv (per epoch), best.safetensors,
+last.safetensors, resume/, test_predictions.csv, metrics.json (test AUROC with 95% CI, accuracy,
+balanced accuracy, confusion matrix), roc.png. With --cv K: fold-<k>/ run folders and metrics.json
+with the mean and standard deviation of each figure.
+""",
+)
+@click.option("--task", required=True, help="Packaged task name (e.g. nsclc-subtype) or a task YAML path.")
+@click.option(
+    "--features",
+    "features_dir",
+    type=click.Path(path_type=Path, exists=True),
+    default=None,
+    help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks.",
+)
+@click.option(
+    "--images",
+    "images_dir",
+    type=click.Path(path_type=Path, exists=True),
+    default=None,
+    help="Folder of images for `input: images` tasks.",
+)
+@click.option(
+    "--labels",
+    "labels_csv",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Label table (CSV).",
+)
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Run folder."
+)
+@click.option(
+    "--attention",
+    type=click.Choice(["seqnorm", "softmax", "sima", "gdla"]),
+    default=None,
+    help="Attention variant [default: the task's].",
+)
+@click.option(
+    "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
+)
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=None, help="Maximum epochs [default: the task's]."
+)
+@click.option("--seed", type=int, default=None, help="Random seed [default: the task's].")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=None, help="Bags per step [default: the task's]."
+)
+@click.option("--grad-accum", type=click.IntRange(min=1), default=None, help="Batches per optimizer step.")
+@click.option(
+    "--bag-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Train on random subsets of at most this many tiles per bag (augmentation; off by default).",
+)
+@click.option(
+    "--cv", type=click.IntRange(min=2), default=None, help="K-fold cross-validation (patient-grouped)."
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="ADDRESS",
+    help="Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out from its last epoch.")
+@click.option(
+    "--init-from",
+    type=click.Path(path_type=Path, exists=True),
+    default=None,
+    help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@user_errors
+def command(
+    task: str,
+    features_dir: Path | None,
+    images_dir: Path | None,
+    labels_csv: Path,
+    out_dir: Path,
+    attention: str | None,
+    device: str,
+    epochs: int | None,
+    seed: int | None,
+    batch_size: int | None,
+    grad_accum: int | None,
+    bag_size: int | None,
+    cv: int | None,
+    scheduler: str | None,
+    resume: bool,
+    init_from: Path | None,
+    no_progress: bool,
+) -> None:
+    """Train a model for TASK on labelled feature bags (or images) and test it."""
+    from pipelines.train import train
+
+    if scheduler and not cv:
+        raise click.UsageError("--scheduler runs cross-validation folds in parallel; give --cv K too")
+    result = train(
+        task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
+        attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,
+        epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
+        overrides={"input_options.bag_size": bag_size} if bag_size else None, progress=not no_progress,
+    )  # fmt: skip
+    m = result.metrics
+    if cv:
+        a = m["auroc"]
+        click.echo(
+            f"{cv}-fold AUROC {_f(a['mean'])} +- {_f(a['std'])}; results in {result.run_dir}/metrics.json"
+        )
+    else:
+        lo, hi = m["auroc_ci95"]
+        click.echo(
+            f"{m['split']} AUROC {_f(m['auroc'])} (95% CI {_f(lo)}-{_f(hi)}), accuracy {_f(m['accuracy'])}, "
+            f"balanced accuracy {_f(m['balanced_accuracy'])} on {m['n']} slides; best epoch {m['best_epoch']}"
+        )
+        click.echo(f"run folder: {result.run_dir} (best.safetensors, metrics.json, roc.png, log.csv)")
+
+
+def _f(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -1,0 +1,121 @@
+"""Turn what the user typed (slide files, folders, CSV slide lists) into slide records.
+
+A missing command-line PATH, a CSV without a `path` column or two slides with one id are user
+mistakes found before any work starts (WsiError). A CSV row whose file is missing or broken is not: it
+becomes a record that fails in the batch, so one bad row never blocks the others.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wsi._files import is_temp_name, sanitize_slide_id, slide_id_from_path
+from wsi.errors import WsiError
+
+#: file endings searched for in folders (lower case); .mrxs/.vms/.vmu name multi-file formats
+SLIDE_EXTENSIONS = (
+    ".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".bif", ".vms", ".vmu", ".svslide", ".dcm",
+)  # fmt: skip
+#: folder search skips DICOM by default: one WSI is many .dcm files; list them in a CSV instead
+_FOLDER_EXTENSIONS = tuple(e for e in SLIDE_EXTENSIONS if e != ".dcm")
+
+
+@dataclass(frozen=True)
+class SlideSource:
+    """One slide to process. `mpp` (level-0 um/px) overrides the slide's metadata when given."""
+
+    slide_id: str
+    path: Path
+    mpp: float | None = None
+
+
+def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
+    """Slide records for PATHs: slide files, folders (searched recursively) and CSV slide lists."""
+    sources: list[SlideSource] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise WsiError(f"{path}: no such file or folder; give a slide, a folder of slides or a CSV")
+        if path.is_dir():
+            sources.extend(_from_folder(path))
+        elif path.suffix.lower() == ".csv":
+            sources.extend(_from_csv(path))
+        else:
+            sources.append(SlideSource(slide_id_from_path(path), path.absolute()))
+    return _dedupe(sources)
+
+
+def _from_folder(folder: Path) -> list[SlideSource]:
+    found = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in _FOLDER_EXTENSIONS
+        and not is_temp_name(p)
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        and (p.is_file() or p.is_symlink())
+    )
+    return [SlideSource(slide_id_from_path(p), p.absolute()) for p in found]
+
+
+def _from_csv(csv_path: Path) -> list[SlideSource]:
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            columns = [c.strip() for c in reader.fieldnames or []]
+            if "path" not in columns:
+                raise WsiError(
+                    f"{csv_path}: a slide list needs a `path` column (optional: slide_id, mpp); "
+                    f"found columns {columns}"
+                )
+            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from exc
+    sources = []
+    for line, row in enumerate(rows, start=2):
+        if not row.get("path"):
+            raise WsiError(f"{csv_path} line {line}: empty `path`")
+        path = Path(row["path"]).expanduser()
+        if not path.is_absolute():
+            path = csv_path.parent / path
+        try:
+            slide_id = sanitize_slide_id(row["slide_id"]) if row.get("slide_id") else slide_id_from_path(path)
+        except ValueError as exc:
+            raise WsiError(f"{csv_path} line {line}: {exc}") from exc
+        sources.append(SlideSource(slide_id, path.absolute(), _parse_mpp(row.get("mpp", ""), csv_path, line)))
+    return sources
+
+
+def _parse_mpp(text: str, csv_path: Path, line: int) -> float | None:
+    if not text:
+        return None
+    try:
+        mpp = float(text)
+    except ValueError:
+        mpp = float("nan")
+    if not (math.isfinite(mpp) and mpp > 0):
+        raise WsiError(f"{csv_path} line {line}: mpp {text!r} is not a positive number of um/px")
+    return mpp
+
+
+def _dedupe(sources: list[SlideSource]) -> list[SlideSource]:
+    """Drop exact repeats (the same file listed twice); refuse two different slides with one id."""
+    by_id: dict[str, SlideSource] = {}
+    clashes: dict[str, set[str]] = {}
+    for src in sources:
+        seen = by_id.get(src.slide_id)
+        if seen is None:
+            by_id[src.slide_id] = src
+        elif seen.path != src.path or seen.mpp != src.mpp:
+            clashes.setdefault(src.slide_id, {str(seen.path)}).add(str(src.path))
+    if clashes:
+        detail = "; ".join(f"{sid}: {', '.join(sorted(paths))}" for sid, paths in sorted(clashes.items()))
+        raise WsiError(
+            f"several slides share one slide id ({detail}); rename the files or give a `slide_id` "
+            "column in a CSV slide list"
+        )
+    return list(by_id.values())

@@ -1,0 +1,258 @@
+"""Tile files: `tiles/<slide_id>.h5` (coordinates) and `tiles/<slide_id>.zarr` (decoded pixels).
+
+Public API (the layout is the contract in docs/architecture.md):
+
+    TileFile                                    # what a tile file holds (coords, coords_um, meta, ...)
+    write_tile_file(path, *, coords, coords_um, attrs) -> None       # atomic; `complete` attr last
+    read_tile_file(path) -> TileFile            # TileFileError if missing, incomplete or foreign
+    is_complete(path) -> bool                   # True only for a finished file of our format
+    TilePixelWriter(path, *, n_max, tile_px, attrs)   # streams (k,P,P,3) uint8 batches; atomic folder
+    open_tile_pixels(path) -> zarr.Array        # (N,P,P,3) uint8, one chunk per tile; TileFileError
+    pixels_complete(path, n=None) -> bool
+
+Both files are written under a temporary name and renamed into place, and carry a `complete`
+attribute set as the last step, so a half-written or foreign file is never trusted by a re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import zarr
+
+from wsi._files import atomic_path, temp_sibling
+from wsi.errors import TileFileError
+
+FORMAT = "wsi-tiles"
+FORMAT_VERSION = 1
+PIXELS_FORMAT = "wsi-tile-pixels"
+
+#: attributes every tile file carries (besides `format`, `format_version`, `complete`)
+REQUIRED_ATTRS = (
+    "slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "level0_width",
+    "level0_height", "backend", "vendor", "params", "n_grid", "n_tissue", "n_background", "n_blurry",
+    "n_kept", "wsi_version",
+)  # fmt: skip
+
+
+@dataclass
+class TileFile:
+    """The contents of one `tiles/<slide_id>.h5`."""
+
+    path: Path
+    coords: np.ndarray  # (N, 2) int64, top-left in level-0 pixels
+    coords_um: np.ndarray  # (N, 2) float32, top-left in micrometres
+    meta: dict[str, Any] = field(default_factory=dict)  # every attribute, `params` decoded from JSON
+
+    @property
+    def slide_id(self) -> str:
+        return str(self.meta["slide_id"])
+
+    @property
+    def slide_path(self) -> str:
+        return str(self.meta["slide_path"])
+
+    @property
+    def tile_size_um(self) -> float:
+        return float(self.meta["tile_size_um"])
+
+    @property
+    def tile_size_px(self) -> int:
+        return int(self.meta["tile_size_px"])
+
+    @property
+    def mpp(self) -> float:
+        return float(self.meta["mpp"])
+
+    @property
+    def target_mpp(self) -> float:
+        return float(self.meta["target_mpp"])
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.meta["params"])
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+
+def _plain(value: Any) -> Any:
+    """h5py attribute values -> plain Python (numpy scalars, bytes)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def write_tile_file(
+    path: str | os.PathLike[str],
+    *,
+    coords: np.ndarray,
+    coords_um: np.ndarray,
+    attrs: dict[str, Any],
+) -> None:
+    """Write a tile file atomically. `attrs` must hold every name in REQUIRED_ATTRS; `params` may be a
+    dict (stored as JSON) or a JSON string."""
+    missing = [name for name in REQUIRED_ATTRS if name not in attrs]
+    if missing:
+        raise ValueError(f"tile file attributes missing: {missing}")
+    coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
+    coords_um = np.asarray(coords_um, dtype=np.float32).reshape(-1, 2)
+    if len(coords) != len(coords_um):
+        raise ValueError(f"coords ({len(coords)}) and coords_um ({len(coords_um)}) differ in length")
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+        h5.create_dataset("coords", data=coords)
+        h5.create_dataset("coords_um", data=coords_um)
+        for name, value in attrs.items():
+            if name == "params" and not isinstance(value, str):
+                value = json.dumps(value, sort_keys=True)
+            h5.attrs[name] = value
+        h5.attrs["format"] = FORMAT
+        h5.attrs["format_version"] = FORMAT_VERSION
+        h5.attrs["complete"] = True  # last: a file without it was cut short
+
+
+def _check(h5: h5py.File, path: Path) -> None:
+    fmt = _plain(h5.attrs.get("format"))
+    if fmt != FORMAT:
+        raise TileFileError(f"{path} is not a wsi tile file (format={fmt!r}); re-run `wsi tile`")
+    version = _plain(h5.attrs.get("format_version"))
+    if version != FORMAT_VERSION:
+        raise TileFileError(
+            f"{path} has tile-file format version {version}, this wsi reads {FORMAT_VERSION}; "
+            "re-run `wsi tile --overwrite`"
+        )
+    if not bool(_plain(h5.attrs.get("complete", False))):
+        raise TileFileError(f"{path} is incomplete (interrupted write); re-run `wsi tile`")
+    missing = [name for name in REQUIRED_ATTRS if name not in h5.attrs]
+    if missing or "coords" not in h5 or "coords_um" not in h5:
+        raise TileFileError(f"{path} lacks {missing or 'coords'}; re-run `wsi tile --overwrite`")
+    n = h5["coords"].shape[0]
+    if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != _plain(h5.attrs["n_kept"]):
+        raise TileFileError(f"{path} has inconsistent coords / n_kept; re-run `wsi tile --overwrite`")
+
+
+def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
+    """Read and validate a tile file."""
+    path = Path(path)
+    if not path.is_file():
+        raise TileFileError(f"tile file {path} not found; run `wsi tile` first")
+    try:
+        with h5py.File(path, "r") as h5:
+            _check(h5, path)
+            coords = h5["coords"][()].astype(np.int64)
+            coords_um = h5["coords_um"][()].astype(np.float32)
+            meta = {name: _plain(value) for name, value in h5.attrs.items()}
+    except OSError as exc:
+        raise TileFileError(f"{path} is not a readable HDF5 file ({exc}); re-run `wsi tile`") from exc
+    meta["params"] = json.loads(meta["params"])
+    return TileFile(path=path, coords=coords, coords_um=coords_um, meta=meta)
+
+
+def is_complete(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a finished tile file of this format (never raises)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with h5py.File(path, "r") as h5:
+            _check(h5, path)
+    except (OSError, TileFileError, KeyError, ValueError):
+        return False
+    return True
+
+
+class TilePixelWriter:
+    """Stream kept tiles into `tiles/<slide_id>.zarr`: (N, P, P, 3) uint8, one compressed chunk per tile.
+
+    Written into a temporary folder; `close()` marks it complete and renames it into place; an
+    exception inside the `with` block removes the temporary folder and leaves any old output as it was.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, n_max: int, tile_px: int, attrs: dict[str, Any] | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temp_sibling(self.path)
+        self._n = 0
+        self._attrs = dict(attrs or {})
+        self._array = zarr.create_array(
+            store=str(self._tmp),
+            shape=(max(n_max, 0), tile_px, tile_px, 3),
+            chunks=(1, tile_px, tile_px, 3),
+            dtype="uint8",
+            compressors=zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle="noshuffle"),
+            fill_value=0,
+            dimension_names=("tile", "y", "x", "channel"),
+        )
+
+    def append(self, tiles: np.ndarray) -> None:
+        """Add a batch (k, P, P, 3) uint8 of kept tiles, in the order of the tile file's coords."""
+        k = len(tiles)
+        if k == 0:
+            return
+        if self._n + k > self._array.shape[0]:
+            raise ValueError(f"more tiles than n_max={self._array.shape[0]}")
+        self._array[self._n : self._n + k] = tiles
+        self._n += k
+
+    def close(self) -> None:
+        self._array.resize((self._n, *self._array.shape[1:]))
+        self._array.attrs.update({**self._attrs, "format": PIXELS_FORMAT, "n_tiles": self._n})
+        self._array.attrs["complete"] = True
+        if self.path.exists():
+            old = temp_sibling(self.path)
+            self.path.rename(old)
+            self._tmp.rename(self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            self._tmp.rename(self.path)
+
+    def abort(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> TilePixelWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def open_tile_pixels(path: str | os.PathLike[str]) -> zarr.Array:
+    """Open a finished tile-pixel store read-only: (N, P, P, 3) uint8 in tile-file order."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TileFileError(f"tile pixels {path} not found; run `wsi tile --save-tiles`")
+    try:
+        array = zarr.open_array(store=str(path), mode="r")
+    except Exception as exc:  # zarr raises several types for a foreign/broken folder
+        raise TileFileError(f"{path} is not a readable zarr array ({exc}); re-run `wsi tile`") from exc
+    attrs = dict(array.attrs)
+    if attrs.get("format") != PIXELS_FORMAT or not attrs.get("complete"):
+        raise TileFileError(f"{path} is incomplete or not a wsi tile-pixel store; re-run `wsi tile`")
+    if array.ndim != 4 or array.shape[3] != 3 or array.dtype != np.uint8:
+        raise TileFileError(f"{path} has shape {array.shape} {array.dtype}, expected (N, P, P, 3) uint8")
+    return array
+
+
+def pixels_complete(path: str | os.PathLike[str], n: int | None = None) -> bool:
+    """Whether `path` is a finished tile-pixel store (with `n` tiles when given); never raises."""
+    try:
+        array = open_tile_pixels(path)
+    except TileFileError:
+        return False
+    return n is None or array.shape[0] == n
