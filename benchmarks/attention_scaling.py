@@ -60,16 +60,18 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
         torch.set_num_threads(cfg["threads"])
         device = torch.device(cfg["device"])
         torch.manual_seed(0)
-        if cfg["model"] == "mil":
-            model = build_model("vit-wsi", attention=cfg["attention"], num_classes=2).to(device)
-            x = torch.randn(1, cfg["tokens"], 2048, device=device)  # (B, N, 2048) one bag
-        else:
-            model = build_model("vit-2d", attention=cfg["attention"], num_classes=2).to(device)
-            h, w = grid_for(cfg["tokens"])
-            x = torch.randn(1, 3, 16 * h, 16 * w, device=device)  # (B, 3, H, W): N = h * w patches
+        preset = "vit-wsi" if cfg["model"] == "mil" else "vit-2d"
+        model = build_model(preset, attention=cfg["attention"], num_classes=2).to(device)
+
+        def inputs(tokens: int) -> torch.Tensor:
+            if cfg["model"] == "mil":
+                return torch.randn(1, tokens, 2048, device=device)  # (B, N, 2048) one bag
+            h, w = grid_for(tokens)
+            return torch.randn(1, 3, 16 * h, 16 * w, device=device)  # (B, 3, H, W): N = h * w patches
+
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
 
-        def step() -> float:
+        def step(x: torch.Tensor) -> float:
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -86,9 +88,11 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
 
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        times = [step()]  # the first step also warms up kernels and allocators
-        if times[0] < cfg["budget_s"] / 20:
-            times = [step() for _ in range(cfg["repeats"])]
+        step(inputs(64))  # warm up kernels and allocators on a small input, untimed
+        x = inputs(cfg["tokens"])
+        times = [step(x)]
+        if times[0] < cfg["budget_s"] / 20:  # fast points: median of a few more steps
+            times = [step(x) for _ in range(cfg["repeats"])]
         if device.type == "cuda":
             peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
         else:
@@ -108,10 +112,16 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     proc = ctx.Process(target=_measure, args=(cfg, q))
     proc.start()
     limit = cfg["budget_s"] * 3 + 120
-    try:
-        res = q.get(timeout=limit)
-    except queue.Empty:
-        res = {"status": f"timeout ({limit:.0f} s)"}
+    deadline = time.monotonic() + limit
+    res: dict[str, Any] | None = None
+    while res is None:
+        try:
+            res = q.get(timeout=5)
+        except queue.Empty:
+            if not proc.is_alive():  # killed (e.g. by the OOM killer) without a word
+                res = {"status": f"died (exit {proc.exitcode})"}
+            elif time.monotonic() > deadline:
+                res = {"status": f"timeout ({limit:.0f} s)"}
     proc.join(timeout=30)
     if proc.is_alive():
         proc.kill()
@@ -143,7 +153,37 @@ def _fmt(row: dict[str, Any]) -> str:
     return row["status"]
 
 
-def markdown(rows: list[dict[str, Any]], models: list[str], variants: list[str]) -> str:
+def read_rows(path: Path, device: str, dtype: str) -> list[dict[str, Any]]:
+    """Measured rows of an earlier run (same device and dtype), for --resume."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        rows = [
+            r
+            for r in csv.DictReader(fh)
+            if r["status"] == "ok" and (r["device"], r["dtype"]) == (device, dtype)
+        ]
+    for r in rows:
+        r["tokens"], r["fwd_bwd_s"], r["peak_mem_mb"] = (
+            int(r["tokens"]),
+            float(r["fwd_bwd_s"]),
+            float(r["peak_mem_mb"]),
+        )
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    order = {m: i for i, m in enumerate(MODELS)} | {v: i for i, v in enumerate(VARIANTS)}
+    rows = sorted(rows, key=lambda r: (order[r["model"]], order[r["attention"]], r["tokens"]))
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    variants = [v for v in VARIANTS if any(r["attention"] == v for r in rows)]
     lines = []
     for model in models:
         sub = [r for r in rows if r["model"] == model]
@@ -236,19 +276,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps for fast points (median)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 16))
+    parser.add_argument("--resume", action="store_true", help="keep measured points of the CSV in --out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
     sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else SIZES))
     budget = args.budget_s or (10.0 if args.quick else 60.0)
     dtype = "bf16-autocast" if args.bf16 else "float32"
-    rows: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"attention_scaling_{args.device}.csv"
+    rows = read_rows(csv_path, args.device, dtype) if args.resume else []
+    measured = {(r["model"], r["attention"], r["tokens"]): r for r in rows}
     started = time.perf_counter()
     for model in args.models:
         for att in args.variants:
             done: list[tuple[int, float]] = []
             stop = False
             for n in sizes:
+                if (model, att, n) in measured:  # --resume: measured before
+                    done.append((n, measured[model, att, n]["fwd_bwd_s"]))
+                    continue
                 est = estimate(done, n, att)
                 row = {
                     "model": model,
@@ -281,15 +328,11 @@ def main(argv: list[str] | None = None) -> None:
                         stop = True  # out of memory or time: larger sizes would only be worse
                 log.info("%s %s N=%d: %s", model, att, n, _fmt(row))
                 rows.append(row)
+                write_csv(csv_path, rows)  # after every point: a long run that dies keeps its numbers
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / f"attention_scaling_{args.device}.csv"
-    with atomic_path(csv_path) as tmp, tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(csv_path, rows)
     plot(rows, args.out / f"attention_scaling_{args.device}.png", args.device)
-    print(markdown(rows, args.models, args.variants))
+    print(markdown(rows))
     for line in expectations(rows):
         print(f"- {line}")
     ok = sum(r["status"] == "ok" for r in rows)

@@ -88,7 +88,7 @@ def _slide_jobs(folder: Path, side_mm: float, n_tiles: int) -> tuple[list[SlideT
             target_mpp=TARGET_MPP,
             tile_px=round(TILE_UM / TARGET_MPP),
             coords_px=grid.coords,
-        )  # fmt: skip
+        )
         for i in range(repeats)
     ]
     return tiles, slide.path
@@ -99,10 +99,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_read(slides: list[SlideTiles], *, batch_size: int, readers: int, pin: bool) -> tuple[int, float]:
+def measure_read(
+    slides: list[SlideTiles], *, batch_size: int, readers: int, pin: bool, mode: str
+) -> tuple[int, float]:
     start = time.perf_counter()
     n = 0
-    for batch in iter_batches(slides, batch_size=batch_size, readers=readers, pin_memory=pin):
+    for batch in iter_batches(slides, batch_size=batch_size, readers=readers, pin_memory=pin, mode=mode):
         n += int(batch.ok.sum())
     return n, time.perf_counter() - start
 
@@ -135,11 +137,13 @@ def measure_end2end(rt, slides: list[SlideTiles], out: Path, options: EmbedOptio
                 "level0_height": 0,
                 "tile_params": {"benchmark": True},
             },
-        )  # fmt: skip
+        )
         for st in slides
     ]
     start = time.perf_counter()
-    results = embed_stream(rt, jobs, options=options, readers=options.readers, progress=False)
+    results = embed_stream(
+        rt, jobs, options=options, readers=options.readers, mode=options.reader_mode, progress=False
+    )
     seconds = time.perf_counter() - start
     bad = [r for r in results if r.status != "ok"]
     if bad:
@@ -157,6 +161,7 @@ def main() -> None:
         "--slide-mm", type=float, default=None, help="side of the generated slide [cpu 4, cuda 12]"
     )
     ap.add_argument("--readers", type=int, default=None, help="reader processes [cores - 1, at least 1]")
+    ap.add_argument("--reader-mode", choices=["process", "thread"], default="process")
     ap.add_argument("--threads", type=int, default=None, help="CPU torch threads [all cores]")
     ap.add_argument("--batch-size", type=int, default=None, help="[cpu 32, cuda 256]")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
@@ -184,7 +189,7 @@ def main() -> None:
     )  # fmt: skip
     options = EmbedOptions(
         encoder="retccl", random_init=True, precision=args.precision, compile=args.compile, threads=threads,
-        batch_size=batch_size, readers=readers, dtype="float16",
+        batch_size=batch_size, readers=readers, reader_mode=args.reader_mode, dtype="float16",
     )  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory(prefix="embed-bench-") as tmp:
@@ -195,17 +200,21 @@ def main() -> None:
             last = slides[-1]
             slides[-1] = dataclasses.replace(last, coords_px=last.coords_px[: max(1, last.n - extra)])
         measures = {
-            "read": lambda: measure_read(slides, batch_size=batch_size, readers=readers, pin=cuda),
+            "read": lambda: measure_read(
+                slides, batch_size=batch_size, readers=readers, pin=cuda, mode=args.reader_mode
+            ),
             "forward": lambda: measure_forward(rt, batch_size=batch_size, n_tiles=n_tiles),
             "end2end": lambda: measure_end2end(rt, slides, Path(tmp) / "bags", options),
         }
         for name, fn in measures.items():
             n, seconds = fn()
-            rows.append({
-                "measure": name, "tiles": n, "seconds": round(seconds, 3), "tiles_per_s": round(n / seconds, 1),
-                "device": args.device, "device_name": device_name, "precision": precision,
-                "batch_size": batch_size, "readers": readers, "threads": threads if not cuda else "",
-            })  # fmt: skip
+            row = {"measure": name, "tiles": n, "seconds": round(seconds, 3)}
+            row["tiles_per_s"] = round(n / seconds, 1)
+            row.update(
+                device=args.device, device_name=device_name, precision=precision, batch_size=batch_size
+            )
+            row.update(readers=readers, threads=threads if not cuda else "")
+            rows.append(row)
             log.info("%s: %d tiles in %.2f s = %.1f tiles/s", name, n, seconds, n / seconds)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +228,7 @@ def main() -> None:
     slower = min(rate["read"], rate["forward"])
     print(f"\nretccl (ResNet-50, random init), 256 um tiles at 1 um/px; {device_name}; nproc {cores}")
     print(
-        f"batch {batch_size}, readers {readers}, precision {precision}"
+        f"batch {batch_size}, readers {readers} ({args.reader_mode}), precision {precision}"
         + ("" if cuda else f", threads {threads}")
     )
     print("\n| measure | tiles | seconds | tiles/s |\n|---|---:|---:|---:|")

@@ -9,7 +9,9 @@ variant runs out of time or memory, its larger sizes are skipped too (they would
     python benchmarks/image_scaling.py --device cpu --budget-s 120   # the CPU table in docs/benchmarks.md
     python benchmarks/image_scaling.py --device cuda --bf16          # the GPU figure
 
-Writes image_scaling_<device>.csv and .png into --out and prints a markdown table.
+Writes image_scaling_<device>.csv and .png into --out and prints a markdown table. On the CPU the
+table and plot give the process's CPU time (all threads), which other work on a shared machine inflates
+far less than the wall time (also in the CSV); on CUDA, wall time after synchronisation.
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SIZES_PX = (224, 512, 1024, 2048)
 PATCH_PX = 16
-FIELDS = ("attention", "size_px", "tokens", "status", "fwd_bwd_ms", "peak_mem_mb", "device", "dtype")
+FIELDS = (
+    "attention",
+    "size_px",
+    "tokens",
+    "status",
+    "fwd_bwd_ms",
+    "cpu_ms",
+    "peak_mem_mb",
+    "device",
+    "dtype",
+    "threads",
+)
 
 
 def _rss_mb() -> float:
@@ -64,16 +77,23 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
         torch.cuda.reset_peak_memory_stats(device)
         base_mb = torch.cuda.memory_allocated(device) / 2**20
     step()  # warm-up: allocator, kernels
-    times = []
+    times, cpu_times = [], []
     for _ in range(cfg["repeats"]):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)  # all threads' CPU seconds: robust to a busy machine
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20 - base_mb
     else:  # ru_maxrss: KiB on Linux; the process's high-water mark above its size before the first step
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base_mb
-    out.put({"fwd_bwd_ms": statistics.median(times) * 1e3, "peak_mem_mb": peak})
+    out.put(
+        {
+            "fwd_bwd_ms": statistics.median(times) * 1e3,
+            "cpu_ms": statistics.median(cpu_times) * 1e3,
+            "peak_mem_mb": peak,
+        }
+    )
 
 
 def run_one(cfg: dict[str, Any], budget_s: float) -> dict[str, Any]:
@@ -102,7 +122,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             tokens = (size // PATCH_PX) ** 2
             row: dict[str, Any] = {
                 "attention": attention, "size_px": size, "tokens": tokens, "device": args.device,
-                "dtype": "bf16" if args.bf16 else "fp32", "fwd_bwd_ms": "", "peak_mem_mb": "",
+                "dtype": "bf16" if args.bf16 else "fp32", "fwd_bwd_ms": "", "cpu_ms": "", "peak_mem_mb": "",
+                "threads": args.threads,
             }  # fmt: skip
             if stopped:
                 row["status"] = f"skipped ({stopped} at a smaller size)"
@@ -126,15 +147,18 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _fmt(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return row["status"]
-    return f"{row['fwd_bwd_ms']:.0f} ms, {row['peak_mem_mb']:.0f} MB"
+    return f"{row['fwd_bwd_ms']:.0f} ms wall, {row['cpu_ms']:.0f} ms CPU, {row['peak_mem_mb']:.0f} MB"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """One row per size, one column per attention variant: 'time ms / peak MB'."""
+    """One row per size, one column per variant: 'time / peak MB'. On the CPU the time is the process's
+    CPU time (all threads), which a machine shared with other work inflates far less than wall time."""
     variants = list(dict.fromkeys(r["attention"] for r in rows))
     sizes = list(dict.fromkeys((r["size_px"], r["tokens"]) for r in rows))
+    on_cpu = all(r["device"] == "cpu" for r in rows)
+    key, unit = ("cpu_ms", "CPU s") if on_cpu else ("fwd_bwd_ms", "s")
     lines = [
-        "| image (px) | tokens | " + " | ".join(f"{v}: fwd+bwd ms / peak MB" for v in variants) + " |",
+        "| image (px) | tokens | " + " | ".join(f"{v}: {unit} / peak MB" for v in variants) + " |",
         "|---|---|" + "---|" * len(variants),
     ]
     for size, tokens in sizes:
@@ -142,7 +166,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for v in variants:
             r = next(r for r in rows if r["attention"] == v and r["size_px"] == size)
             cells.append(
-                f"{r['fwd_bwd_ms']:.0f} / {r['peak_mem_mb']:.0f}" if r["status"] == "ok" else r["status"]
+                f"{r[key] / 1e3:.2f} / {r['peak_mem_mb']:.0f}" if r["status"] == "ok" else r["status"]
             )
         lines.append(f"| {size} | {tokens:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -171,9 +195,11 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
     for v in dict.fromkeys(r["attention"] for r in rows):
         ok = [r for r in rows if r["attention"] == v and r["status"] == "ok"]
         if ok:
-            ax_t.plot([r["tokens"] for r in ok], [r["fwd_bwd_ms"] / 1e3 for r in ok], "o-", label=v)
+            key = "cpu_ms" if device == "cpu" else "fwd_bwd_ms"
+            ax_t.plot([r["tokens"] for r in ok], [r[key] / 1e3 for r in ok], "o-", label=v)
             ax_m.plot([r["tokens"] for r in ok], [r["peak_mem_mb"] / 1024 for r in ok], "o-", label=v)
-    for ax, ylabel in ((ax_t, "forward + backward (s)"), (ax_m, "peak memory (GiB)")):
+    time_label = "forward + backward, CPU time (s)" if device == "cpu" else "forward + backward (s)"
+    for ax, ylabel in ((ax_t, time_label), (ax_m, "peak memory (GiB)")):
         ax.set(xscale="log", yscale="log", xlabel="tokens (16x16 px patches)", ylabel=ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()

@@ -7,13 +7,14 @@ Public API:
         -> list[ItemResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
+    start_local_cluster(workers) -> distributed.LocalCluster       # what workers>1 uses; caller closes
     read_manifest(path) -> list[ItemResult]
 
 `items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
 is a picklable top-level callable (or functools.partial of one) returning an ItemResult. Any exception
 in `fn` becomes a failed row (a WsiError's message as is, anything else as `TypeName: message`); a
-batch never stops for one item. `workers=1` runs inline; `workers>1` starts a LocalCluster of worker
-processes; `scheduler="tcp://host:port"` uses an existing cluster. `worker_plugin` (a
+batch never stops for one item. `workers=1` (or a single item) runs inline; `workers>1` starts a
+LocalCluster of worker processes; `scheduler="tcp://host:port"` uses an existing cluster. `worker_plugin` (a
 `distributed.WorkerPlugin`, with a `name`) is set up once per worker, or once inline, and `fn` reaches it
 through `worker_plugin(name)`.
 """
@@ -127,7 +128,7 @@ def run_batch(
     start = time.perf_counter()
     if not items:
         results: list[ItemResult] = []
-    elif scheduler is None and workers == 1:
+    elif scheduler is None and (workers == 1 or len(items) == 1):  # no cluster start-up for one item
         results = _run_inline(items, fn, desc, worker_plugin)
     else:
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin)
@@ -172,6 +173,8 @@ def _run_dask(
 def _quiet_distributed() -> Iterator[None]:
     """Keep dask's per-cluster INFO chatter (scheduler, nanny, worker start/stop) off the user's
     terminal unless debug logging is on; the level is restored afterwards."""
+    import distributed  # noqa: F401  (importing it sets its log levels from dask's config: do it first)
+
     logger = logging.getLogger("distributed")
     old = logger.level
     if not log.isEnabledFor(logging.DEBUG):
@@ -185,17 +188,11 @@ def _quiet_distributed() -> Iterator[None]:
 def _run_dask_quietly(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
 ) -> list[ItemResult]:
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import Client, as_completed
 
     cluster = None
     if scheduler is None:
-        cluster = LocalCluster(
-            n_workers=min(workers, len(items)),
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.WARNING,
-        )
+        cluster = start_local_cluster(min(workers, len(items)))
         client = Client(cluster)
     else:
         try:
@@ -223,6 +220,30 @@ def _run_dask_quietly(
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def start_local_cluster(workers: int) -> Any:
+    """A quiet dask.distributed LocalCluster of `workers` processes, one thread each, no dashboard.
+
+    dask starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also freezes glibc's mmap threshold at
+    128 KiB: every tile-sized numpy temporary then costs fresh page faults, and the tile stage measured
+    2x slower in a worker than inline. Our jobs free their memory per slide, so we leave glibc's
+    defaults in place. The caller closes the cluster.
+    """
+    import dask
+    from distributed import LocalCluster
+
+    with (
+        _quiet_distributed(),
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}),
+    ):
+        return LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.WARNING,
+        )
 
 
 def write_manifest(path: str | Path, results: Sequence[ItemResult], *, keep_others: bool = True) -> None:

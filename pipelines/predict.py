@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,22 +55,18 @@ class RunModel:
     def provenance(self) -> dict[str, Any]:
         return dict(self.config["input"].get("provenance") or {})
 
-    def _call(self, method: str, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _mean(self, fn: Any, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
         x = x.float() if x.dtype == torch.float16 else x
         with torch.inference_mode(), autocast_for(self.device)():
-            outs = [getattr(m, method)(x, **extra).float() for m in self.models]
-        return torch.stack(outs).mean(0)
+            return torch.stack([fn(m, x, extra).float() for m in self.models]).mean(0)
 
     def probabilities(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, C): the mean over fold models of softmax(model(x))."""
-        x = x.float() if x.dtype == torch.float16 else x
-        with torch.inference_mode(), autocast_for(self.device)():
-            probs = [torch.softmax(m(x, **extra).float(), dim=-1) for m in self.models]
-        return torch.stack(probs).mean(0)
+        """(B, C): softmax of the model's logits (mean over the folds' models for a CV run)."""
+        return self._mean(lambda m, x, e: torch.softmax(m(x, **e).float(), dim=-1), x, extra)
 
     def contributions(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, N, C) per-token logit contributions (mean over fold models)."""
-        return self._call("tile_contributions", x, extra)
+        """(B, N, C): each token's contribution to each logit (mean over the folds' models)."""
+        return self._mean(lambda m, x, e: m.tile_contributions(x, **e), x, extra)
 
 
 def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
@@ -278,9 +275,12 @@ def _embed_raw_slides(
             f"the model was trained on features from encoder {encoder} with weights sha256 {sha[:16]}...; "
             "give those weights with --weights PATH"
         )
+    precision = prov.get("precision") if prov.get("precision") in ("bf16", "fp16", "fp32") else "bf16"
     options = EmbedOptions(
         encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
         expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
+        input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
+        readers=min(8, os.cpu_count() or 1),
     )  # fmt: skip
     sources = find_slides(inputs)
     results = embed_slides(

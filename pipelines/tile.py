@@ -50,8 +50,8 @@ from wsi.tissue import tissue_mask
 
 log = logging.getLogger(__name__)
 
-#: tiles read and filtered together; big enough to vectorise the filters, small enough for memory
-_CHUNK = 32
+#: tiles read and filtered as one job; enough to vectorise the filters, few enough to spread over threads
+_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -127,32 +127,27 @@ def tile_slide(source: SlideSource, job: TileJob) -> ItemResult:
     done = _finished_kept(source, job, paths)
     if done is not None:
         return ItemResult(source.slide_id, str(source.path), "skipped", n=done)
-    # Drop the old tile file first: from here on only a new, complete one may say "done".
-    paths.h5.unlink(missing_ok=True)
-    if not job.save_tiles and paths.zarr.exists():
-        shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-    with _open(source, job) as slide:
-        counts = _tile_open_slide(slide, source, job, paths)
+    slide, mpp_source = _open(source, job)  # a slide that cannot be opened leaves old output alone
+    with slide:
+        # Drop the old tile file first: from here on only a new, complete one may say "done".
+        paths.h5.unlink(missing_ok=True)
+        if not job.save_tiles and paths.zarr.exists():
+            shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
+        counts = _tile_open_slide(slide, source, job, paths, mpp_source)
     return ItemResult(source.slide_id, str(source.path), "ok", n=counts.n_kept)
 
 
-def _open(source: SlideSource, job: TileJob) -> Slide:
+def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str]:
+    """The open slide and where its mpp came from ("slide list", "metadata" or "--mpp")."""
+    backend = job.backend
     if source.mpp is not None:
-        return open_slide(source.path, backend=job.backend, mpp=source.mpp)  # type: ignore[arg-type]
+        return open_slide(source.path, backend=backend, mpp=source.mpp), "slide list"  # type: ignore[arg-type]
     try:
-        return open_slide(source.path, backend=job.backend)  # type: ignore[arg-type]
+        return open_slide(source.path, backend=backend), "metadata"  # type: ignore[arg-type]
     except MissingMppError:
         if job.fallback_mpp is None:
             raise
-        return open_slide(source.path, backend=job.backend, mpp=job.fallback_mpp)  # type: ignore[arg-type]
-
-
-def _mpp_source(source: SlideSource, slide: Slide, job: TileJob) -> str:
-    if source.mpp is not None:
-        return "slide list"
-    if job.fallback_mpp is not None and slide.mpp == job.fallback_mpp:
-        return "--mpp"
-    return "metadata"
+        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp"  # type: ignore[arg-type]
 
 
 def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int | None:
@@ -168,7 +163,7 @@ def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int
     elif source.mpp is not None and abs(meta.mpp - source.mpp) > 1e-9:
         reason = "mpp changed"
     elif meta.meta.get("mpp_source") == "--mpp" and job.fallback_mpp != meta.mpp:
-        reason = "--mpp changed"
+        reason = f"--mpp changed (was {meta.mpp:g}, now {job.fallback_mpp})"
     elif job.save_tiles and not pixels_complete(paths.zarr, n=len(meta)):
         reason = "tile pixels (--save-tiles) missing or incomplete"
     elif not paths.qc.is_file():
@@ -182,27 +177,47 @@ def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int
 def read_tile_chunks(
     slide: Slide, coords: np.ndarray, params: TileParams, threads: int
 ) -> Iterator[np.ndarray]:
-    """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order; the next chunk is read meanwhile."""
+    """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order, read on `threads` threads."""
+    for tiles, _ in _chunks(slide, coords, params, threads, classify=False):
+        yield tiles
 
-    def read(xy: np.ndarray) -> np.ndarray:
-        return slide.read_region_um(int(xy[0]), int(xy[1]), params.tile_um, params.target_mpp)
+
+def _chunks(
+    slide: Slide, coords: np.ndarray, params: TileParams, threads: int, *, classify: bool
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """(tiles (k, P, P, 3) uint8, reasons (k,) or None) per chunk of `coords`, in order.
+
+    Each chunk is read AND filtered by one pool thread, so the filters run in parallel with reads
+    of other chunks (a main thread filtering while the pool reads overlapped poorly, measured); at
+    most 2 x threads chunks are in flight, which bounds memory.
+    """
+
+    def work(start: int) -> tuple[np.ndarray, np.ndarray | None]:
+        tiles = np.stack(
+            [
+                slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
+                for x, y in coords[start : start + _CHUNK]
+            ]
+        )  # (k, P, P, 3)
+        return tiles, (classify_tiles(tiles, params) if classify else None)
 
     starts = range(0, len(coords), _CHUNK)
     if threads <= 1:
-        for s in starts:
-            yield np.stack([read(xy) for xy in coords[s : s + _CHUNK]])
+        yield from map(work, starts)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="tile-read") as pool:
-        pending: deque[list[Future[np.ndarray]]] = deque()
-        for s in starts:
-            pending.append([pool.submit(read, xy) for xy in coords[s : s + _CHUNK]])
-            if len(pending) > 1:
-                yield np.stack([f.result() for f in pending.popleft()])
+        pending: deque[Future[tuple[np.ndarray, np.ndarray | None]]] = deque()
+        for start in starts:
+            pending.append(pool.submit(work, start))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
         while pending:
-            yield np.stack([f.result() for f in pending.popleft()])
+            yield pending.popleft().result()
 
 
-def _tile_open_slide(slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs) -> TileCounts:
+def _tile_open_slide(
+    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str
+) -> TileCounts:
     params = job.params
     w0, h0 = slide.dimensions
     thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
@@ -229,9 +244,10 @@ def _tile_open_slide(slide: Slide, source: SlideSource, job: TileJob, paths: Til
         )
     try:
         done = 0
-        for tiles in read_tile_chunks(slide, grid.coords[candidates], params, job.threads):
-            chunk_reasons = classify_tiles(tiles, params)
-            reasons[done : done + len(tiles)] = chunk_reasons
+        for tiles, chunk_reasons in _chunks(
+            slide, grid.coords[candidates], params, job.threads, classify=True
+        ):
+            reasons[done : done + len(tiles)] = chunk_reasons  # type: ignore[assignment]
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
@@ -270,7 +286,7 @@ def _tile_open_slide(slide: Slide, source: SlideSource, job: TileJob, paths: Til
             "tile_size_um": float(params.tile_um),
             "tile_size_px": int(params.tile_px),
             "mpp": float(slide.mpp),
-            "mpp_source": _mpp_source(source, slide, job),
+            "mpp_source": mpp_source,
             "target_mpp": float(params.target_mpp),
             "level0_width": int(w0),
             "level0_height": int(h0),

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from wsi.samples import SampleSlide
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -25,29 +30,32 @@ def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ------------------------------------------------------------------------------- generated sample slides
 @pytest.fixture(scope="session")
-def make_slide(tmp_path_factory: pytest.TempPathFactory):
+def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SampleSlide]:
     """Factory: `make_slide(**kwargs) -> wsi.samples.SampleSlide`, kwargs as `write_sample_slide`.
 
     Slides are written once per session into a temporary folder and shared: the same kwargs return the
-    same file, so treat it as read-only (copy it before damaging it). `name=` picks the file name.
+    same file, so treat it as read-only (copy it before damaging it). `name=` picks the file name
+    (`<name>.svs`, or `<name>-NNN.svs` when that name was used for other settings).
     """
     from wsi.samples import write_sample_slide
 
     folder = tmp_path_factory.mktemp("sample-slides")
-    made: dict[str, object] = {}
+    made: dict[str, SampleSlide] = {}
 
-    def factory(name: str | None = None, **kwargs: object):
+    def factory(name: str | None = None, **kwargs: Any) -> SampleSlide:
         key = repr(sorted(kwargs.items()))
         if key not in made:
-            stem = name or f"slide-{len(made):03d}"
-            made[key] = write_sample_slide(folder / f"{stem}.svs", **kwargs)  # type: ignore[arg-type]
+            path = folder / f"{name or 'slide'}.svs"
+            if path.exists():  # the name is taken by a slide with other settings
+                path = folder / f"{name or 'slide'}-{len(made):03d}.svs"
+            made[key] = write_sample_slide(path, **kwargs)
         return made[key]
 
     return factory
 
 
 @pytest.fixture(scope="session")
-def sample_slide(make_slide):
+def sample_slide(make_slide: Callable[..., SampleSlide]) -> SampleSlide:
     """A 3000 x 3000 px slide at 0.5 um/px (1.5 x 1.5 mm), 5 levels, 256 px JPEG tiles: two tissue boxes,
     blank background around them and one blurred box inside the first (see its `.tissue_boxes_um`,
     `.blur_boxes_um`). Returns `wsi.samples.SampleSlide`."""

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from distributed import WorkerPlugin
 
-from pipelines.batch import ItemResult, read_manifest, run_batch, worker_plugin, write_manifest
+from pipelines.batch import (
+    ItemResult,
+    read_manifest,
+    run_batch,
+    start_local_cluster,
+    worker_plugin,
+    write_manifest,
+)
 from wsi.errors import SlideError
 
 
@@ -80,10 +87,15 @@ def test_dask_local_cluster_matches_inline() -> None:
     distributed = run_batch(items, square, workers=2)
     key = lambda rs: [(r.slide_id, r.status, r.n, r.error) for r in rs]  # noqa: E731
     assert key(distributed) == key(inline)
-    # a plugin is set up once per worker process
-    with_plugin = run_batch(
-        [Item(str(i), "x") for i in range(6)], uses_plugin, workers=2, worker_plugin=Counter()
-    )
+    # on an existing cluster (--scheduler ADDRESS), a plugin is set up once per worker process
+    cluster = start_local_cluster(2)
+    try:
+        items6 = [Item(str(i), "x") for i in range(6)]
+        with_plugin = run_batch(
+            items6, uses_plugin, scheduler=cluster.scheduler_address, worker_plugin=Counter()
+        )
+    finally:
+        cluster.close()
     per_pid: dict[str, list[int]] = {}
     for r in with_plugin:
         per_pid.setdefault(r.path, []).append(r.n)

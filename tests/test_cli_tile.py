@@ -71,6 +71,16 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     result = _run(str(listing), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2 and "`path` column" in result.stderr
     assert _run(str(empty), "--out", str(tmp_path / "o"), "--tile-px", "2").exit_code == 2
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.svs").write_bytes(b"1")
+    (tmp_path / "b" / "x.svs").write_bytes(b"2")
+    result = _run(str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "share one slide id" in result.stderr and "slide_id" in result.stderr
+    listing.write_text("path,mpp\na/x.svs,fast\n")
+    result = _run(str(listing), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "line 2" in result.stderr and "'fast'" in result.stderr
+    assert not (tmp_path / "o").exists()  # nothing ran
 
 
 def test_mpp_option_for_slide_without_metadata(shared_data: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import shutil
 from pathlib import Path
 
 import h5py
@@ -82,8 +83,12 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
     )
 
 
-def test_slide_reads_equal_the_tile_cache(run_dir: Path, local_run: Path, tmp_path: Path) -> None:
-    options = dataclasses.replace(OPTIONS, use_cache=False, readers=2)  # reader processes, from the slide
+@pytest.mark.parametrize("reader_mode", ["process", "thread"])
+def test_slide_reads_equal_the_tile_cache(
+    run_dir: Path, local_run: Path, tmp_path: Path, reader_mode: str
+) -> None:
+    # two background readers (processes or threads) reading from the slides, not the zarr cache
+    options = dataclasses.replace(OPTIONS, use_cache=False, readers=2, reader_mode=reader_mode, batch_size=4)
     results = embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=options, progress=False)
     assert [r.status for r in results] == ["ok", "ok"]
     for slide_id in ("emb-a", "emb-b"):
@@ -131,6 +136,7 @@ def test_resume_after_an_interrupted_run(
 ) -> None:
     import pipelines.embed.engine as engine
 
+    shutil.copytree(run_dir / "tiles", tmp_path / "tiles")  # this test edits a tile file
     real_write = engine.write_bag
     calls = []
 
@@ -140,18 +146,32 @@ def test_resume_after_an_interrupted_run(
             raise KeyboardInterrupt  # the user pressed Ctrl-C while the second bag was written
         return real_write(path, **kwargs)
 
+    def run(options: EmbedOptions = OPTIONS) -> list[tuple[str, str]]:
+        results = embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path, options=options, progress=False)
+        return [(r.slide_id, r.status) for r in results]
+
     monkeypatch.setattr(engine, "write_bag", write_then_die)
     with pytest.raises(KeyboardInterrupt):
-        embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=OPTIONS, progress=False)
+        run()
     monkeypatch.setattr(engine, "write_bag", real_write)
     bags = tmp_path / BAGS
     assert [p.name for p in bags.glob("*.h5")] == ["emb-a.h5"]
     first = (bags / "emb-a.h5").stat().st_mtime_ns
 
-    results = embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=OPTIONS, progress=False)
-    assert [(r.slide_id, r.status) for r in results] == [("emb-a", "skipped"), ("emb-b", "ok")]
+    assert run() == [("emb-a", "skipped"), ("emb-b", "ok")]
     assert (bags / "emb-a.h5").stat().st_mtime_ns == first
     assert not [p for p in bags.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert run() == [("emb-a", "skipped"), ("emb-b", "skipped")]
+
+    # a re-tiled slide makes its bag stale
+    h5 = tmp_path / "tiles" / "emb-a.h5"
+    tf = read_tile_file(h5)
+    shutil.rmtree(h5.with_suffix(".zarr"))
+    write_tile_file(
+        h5, coords=tf.coords[:-1], coords_um=tf.coords_um[:-1], attrs={**tf.meta, "n_kept": len(tf) - 1}
+    )
+    assert run() == [("emb-a", "ok"), ("emb-b", "skipped")]
+    assert len(load_bag(bags / "emb-a.h5")) == len(tf) - 1
 
     # other weights make the old bags stale; --overwrite redoes bags from the same weights
     enc = build_encoder(ENCODER, random_init=True)
@@ -161,14 +181,9 @@ def test_resume_after_an_interrupted_run(
         str(weights),
     )
     other = dataclasses.replace(OPTIONS, random_init=False, weights=str(weights))
-    assert [
-        r.status for r in embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=other, progress=False)
-    ] == ["ok", "ok"]
+    assert run(other) == [("emb-a", "ok"), ("emb-b", "ok")]
     assert load_bag(bags / "emb-a.h5").meta["weights_sha256"] != "random"
-    again = dataclasses.replace(other, overwrite=True)
-    assert [
-        r.status for r in embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=again, progress=False)
-    ] == ["ok", "ok"]
+    assert run(dataclasses.replace(other, overwrite=True)) == [("emb-a", "ok"), ("emb-b", "ok")]
 
 
 def test_nan_features_fail_the_slide(run_dir: Path, tmp_path: Path) -> None:
@@ -188,7 +203,7 @@ def test_dask_cluster_run_equals_the_local_run(run_dir: Path, local_run: Path, t
     from distributed import LocalCluster
 
     # a real cluster of worker processes, reached by address as with --scheduler
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         results = embed_tiles(
             tiles_dir=run_dir, out_dir=tmp_path, options=OPTIONS, scheduler=cluster.scheduler_address,
             progress=False,
@@ -226,3 +241,37 @@ def test_cli_embeds_slides_directly(make_slide, tmp_path: Path) -> None:
     assert (tmp_path / "tiles" / "emb-direct.h5").is_file()
     bag = load_bag(tmp_path / BAGS / "emb-direct.h5")
     assert len(bag) == len(read_tile_file(tmp_path / "tiles" / "emb-direct.h5")) > 0
+
+
+def test_padding_and_autocast_paths_match_plain_fp32() -> None:
+    """The CUDA-side mechanics (fixed-shape padding, autocast), exercised on the CPU."""
+    from pipelines.embed.engine import encode, prepare_runtime
+
+    enc = build_encoder(ENCODER, random_init=True, input_px=64)
+    rt = prepare_runtime(enc, device=torch.device("cpu"), precision="bf16", batch_size=8)
+    assert rt.autocast is None and rt.pad_to is None  # the CPU runs fp32, unpadded
+    tiles = torch.randint(
+        0, 256, (3, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+    plain = encode(rt, tiles)
+    padded = encode(dataclasses.replace(rt, pad_to=8), tiles)
+    assert padded.shape == (3, enc.dim) and padded.dtype == torch.float32
+    torch.testing.assert_close(padded, plain, rtol=1e-4, atol=1e-5)
+    bf16 = encode(dataclasses.replace(rt, autocast=torch.bfloat16), tiles)
+    torch.testing.assert_close(bf16, plain, rtol=0.1, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_matches_the_cpu_run(run_dir: Path, local_run: Path, tmp_path: Path) -> None:
+    for precision in ("bf16", "fp32"):
+        options = dataclasses.replace(OPTIONS, device="cuda", precision=precision, readers=2)
+        out = tmp_path / precision
+        assert [r.status for r in embed_tiles(tiles_dir=run_dir, out_dir=out, options=options)] == [
+            "ok",
+            "ok",
+        ]
+        gpu, cpu = load_bag(out / BAGS / "emb-a.h5"), load_bag(local_run / BAGS / "emb-a.h5")
+        assert gpu.meta["precision"] == precision
+        tol = 1e-3 if precision == "fp32" else 0.1
+        np.testing.assert_allclose(gpu.feats, cpu.feats, rtol=tol, atol=tol)

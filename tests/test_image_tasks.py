@@ -22,6 +22,7 @@ from wsi.cli.main import cli
 from wsi.errors import ConfigError, ImageReadError
 from wsi.images.dataset import ImageDataset, collate_images
 from wsi.images.heatmap import project, save_heatmap
+from wsi.images.readers import read_image
 from wsi.images.transforms import ImageSpec
 
 nib = pytest.importorskip("nibabel")
@@ -161,7 +162,7 @@ def test_3d_task_trains_and_predicts_on_volumes(shared_data: Path, tmp_path: Pat
     rows = list(csv.DictReader((preds / "predictions.csv").open()))
     assert len(rows) == 11 and {r["predicted"] for r in rows} <= {"negative", "positive"}
     with Image.open(preds / "heatmaps" / "case3.png") as img:
-        assert img.size == (64, 32 + 16)  # middle slice of 32x32: image | overlay
+        assert img.size == (2 * 256, 256 + 16)  # middle slice of 32x32, enlarged 8x: image | overlay
 
 
 def test_predict_refuses_volumes_for_a_2d_model(shared_data: Path) -> None:
@@ -172,6 +173,13 @@ def test_predict_refuses_volumes_for_a_2d_model(shared_data: Path) -> None:
         stage.check_compatible(prov, [item])
     with pytest.raises(ConfigError, match="size_px"):
         ImageInput(size_px=128, channels=1, normalize="range").check_compatible(prov, [])
+    volumes = ImageInput(size_px=[8, 32, 32], channels=1)
+    with pytest.raises(ConfigError, match="2D pictures"):
+        volumes.check_compatible(
+            volumes.provenance([]), [Item(id="c", path=shared_data / "cxr" / "00000001_000.png")]
+        )
+    with pytest.raises(ImageReadError, match="takes volumes"):  # a lone slice is no volume either
+        read_image(shared_data / "mri" / "MR_small.dcm", spatial_dims=3)
 
 
 @pytest.mark.parametrize("name", IMAGE_TASKS)
@@ -199,6 +207,10 @@ def test_unknown_input_option_is_a_config_error() -> None:
         build_input("images", {"size": 224})
     with pytest.raises(ConfigError, match="normalize"):
         build_input("images", {"normalize": "minmax"})
+    with pytest.raises(ConfigError, match="size_px"):
+        build_input("images", {"size_px": "224"})
+    with pytest.raises(ConfigError, match="channels"):
+        build_input("images", {"channels": 2})
 
 
 def test_find_ids_and_duplicates(tmp_path: Path) -> None:
@@ -259,7 +271,7 @@ def test_heatmap_colours_positive_red_and_negative_blue(tmp_path: Path) -> None:
     image = np.tile(np.linspace(0.0, 1.0, 32, dtype=np.float32), (32, 1))[..., None]  # (32, 32, 1) ramp
     values = np.zeros(4, np.float32)
     values[1], values[2] = 2.0, -2.0  # grid (2, 2): top-right positive, bottom-left negative
-    out = save_heatmap(image, values, (2, 2), tmp_path / "h.png")
+    out = save_heatmap(image, values, (2, 2), tmp_path / "h.png", min_px=0)
     rgb = np.asarray(Image.open(out).convert("RGB"), dtype=int)
     assert rgb.shape == (32, 64, 3)
     overlay = rgb[:, 32:]

@@ -80,13 +80,22 @@ def test_missing_bags_and_unlabelled_bags_are_counted_and_left_out(
         fh.write("never-embedded.svs,LUSC\n")
     task = write_task(tmp_path / "task.yaml", epochs=1)
     with caplog.at_level(logging.WARNING):
-        result = train(task=task, labels_csv=cohort.labels, features_dir=cohort.bags, out_dir=tmp_path / "run",
-                       progress=False)  # fmt: skip
+        result = train(
+            task=task,
+            labels_csv=cohort.labels,
+            features_dir=cohort.bags,
+            out_dir=tmp_path / "run",
+            progress=False,
+        )
     assert "2 labelled slide(s) have no input file" in caplog.text
     assert "1 input file(s) have no label row" in caplog.text
     counts = json.loads(result.config_path.read_text())["counts"]
-    assert counts == {"slides": len(cohort.slides) - 1, "patients": 12, "labelled_without_input": 2,
-                      "inputs_without_label": 1}  # fmt: skip
+    assert counts == {
+        "slides": len(cohort.slides) - 1,
+        "patients": 12,
+        "labelled_without_input": 2,
+        "inputs_without_label": 1,
+    }
 
 
 def _items(n_patients: int, seed: int = 0) -> list[Item]:

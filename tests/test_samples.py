@@ -186,3 +186,17 @@ def test_cli_make_slides(tmp_path):
     bad = CliRunner().invoke(cli, ["make-slides", "--out", str(out), "--tile-px", "100"])
     assert bad.exit_code == 2 and "multiple of 16" in bad.output
     assert "Examples" in CliRunner().invoke(cli, ["make-slides", "--help"]).output
+
+
+@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
+def test_explicit_scene_non_square_single_level(tmp_path, backend):
+    s = write_sample_slide(
+        tmp_path / "one.svs", size_um=(400.0, 250.0), mpp=1.0, n_levels=1, tile_px=128,
+        tissue_boxes_um=[(0.0, 0.0, 200.0, 250.0)], blur_boxes_um=[],
+    )
+    assert (s.width_px, s.height_px, s.n_levels) == (400, 250, 1)
+    with open_slide(s.path, backend=backend) as slide:
+        assert slide.level_dimensions == ((400, 250),)
+        left = slide.read_region_um(20, 20, 100, 1.0)
+        right = slide.read_region_um(280, 20, 100, 1.0)
+    assert _hsv(left)[..., 1].mean() > 60 and _hsv(right)[..., 1].mean() < 10

@@ -237,6 +237,18 @@ def test_real_cmu_small_region(shared_data, backend):
 
 
 @BOTH
+def test_near_target_levels_are_read_directly(shared_data, backend):
+    """0.499 um/px serves 0.5 (and 1.0 by 2x2 averaging) without resampling: the raw pixels, fast."""
+    with open_slide(shared_data / "slides" / "CMU-1-Small-Region.svs", backend=backend) as slide:
+        raw = slide.read_level(0, 700, 900, 512, 512)
+        assert np.array_equal(slide.read_region_um(700, 900, 256, 0.5), raw)
+        half = slide.read_region_um(700, 900, 256, 1.0)
+        assert np.array_equal(half, np.asarray(Image.fromarray(raw).reduce(2)))
+        # 0.3% is the limit: 0.49 um/px is resampled (P = 522 px from 513 level px)
+        assert slide.read_region_um(700, 900, 256, 0.49).shape == (522, 522, 3)
+
+
+@BOTH
 def test_real_tcga_without_mpp(shared_data, backend):
     path = shared_data / "slides" / "tcga-cr-7395-01a-01-ts1.svs"
     with pytest.raises(MissingMppError, match="--mpp") as err:
@@ -315,3 +327,28 @@ def test_close_and_context_manager(tmp_path, sample_slide):
     slide.close()  # twice is harmless
     with open_slide(copy) as s2:
         assert "copy.svs" in repr(s2)
+
+
+@BOTH
+def test_threads_sharing_a_slide_only_fail_on_the_bad_tile(make_slide, backend):
+    """A failed read must not make other threads' reads of good tiles fail (openslide's sticky errors)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = make_slide(name="corrupt", size_um=1500.0, mpp=0.5, corrupt_tiles=[(4, 3)])
+    bad = s.corrupt_tile_boxes_px()[0]
+    coords = [(x, y) for y in range(0, 3000, 250) for x in range(0, 3000, 250)]
+
+    def is_bad(x: int, y: int) -> bool:  # a 50 um (100 px) read touching the damaged tile
+        return x < bad[2] and x + 100 > bad[0] and y < bad[3] and y + 100 > bad[1]
+
+    def read(xy: tuple[int, int]) -> bool:
+        try:
+            slide.read_region_um(xy[0], xy[1], 50, 0.5)
+            return True
+        except SlideError:
+            return False
+
+    with open_slide(s.path, backend=backend) as slide, ThreadPoolExecutor(4) as pool:
+        ok = list(pool.map(read, coords * 2))
+    assert ok == [not is_bad(x, y) for x, y in coords * 2]
+    assert not all(ok)

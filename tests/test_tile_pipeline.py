@@ -251,6 +251,10 @@ def test_real_slide_without_mpp(shared_data: Path, tmp_path: Path) -> None:
     assert r.status == "ok" and r.n > 0
     tf = read_tile_file(output_paths(tmp_path, path.stem).h5)
     assert tf.mpp == 0.25 and tf.meta["mpp_source"] == "--mpp"
+    # a re-run that forgets --mpp fails for that slide but does not destroy the earlier output
+    [r] = tile_slides(find_slides([path]), out_dir=tmp_path)
+    assert r.status == "failed" and "--mpp" in r.error
+    assert is_complete(output_paths(tmp_path, path.stem).h5)
     # an `mpp` column in a CSV slide list does the same, per slide; a changed mpp is recomputed
     listing = tmp_path / "slides.csv"
     listing.write_text(f"path,mpp\n{path},0.5\n")

@@ -45,10 +45,20 @@ def make_bag(
     grid = rng.permutation(64)[:n]
     coords_um = np.stack([grid % 8, grid // 8], axis=1).astype(np.float32) * 256.0  # (N, 2)
     write_bag(
-        path, feats=feats, coords_um=coords_um, coords_px=(coords_um / 0.5).astype(np.int64), encoder=encoder,
-        weights_sha256=sha, tile_size_um=256.0, tile_size_px=256, mpp=0.5, level0_width=4096,
-        level0_height=4096, tile_params={"tile_um": 256.0, "tile_px": 256}, slide_id=path.stem,
-    )  # fmt: skip
+        path,
+        feats=feats,
+        coords_um=coords_um,
+        coords_px=(coords_um / 0.5).astype(np.int64),
+        encoder=encoder,
+        weights_sha256=sha,
+        tile_size_um=256.0,
+        tile_size_px=256,
+        mpp=0.5,
+        level0_width=4096,
+        level0_height=4096,
+        tile_params={"tile_um": 256.0, "tile_px": 256},
+        slide_id=path.stem,
+    )
 
 
 def make_cohort(root: Path, *, n_patients: int = 24, seed: int = 0, tcga: bool = True) -> Cohort:

@@ -63,4 +63,4 @@ def render_qc(
 def save_png(path: str | os.PathLike[str], image: np.ndarray) -> None:
     """Write an RGB uint8 image as PNG atomically."""
     with atomic_path(Path(path)) as tmp:
-        Image.fromarray(image).save(tmp, format="PNG", optimize=False)
+        Image.fromarray(image).save(tmp, format="PNG", compress_level=1)  # faster than 6, ~6% larger

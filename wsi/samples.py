@@ -13,7 +13,9 @@ IFD 2.. the tiled, halved pyramid levels. Resolution tags (pixels per centimetre
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -103,6 +105,12 @@ class SampleSlide:
         """Fraction of the square covered by blurred tissue."""
         return _box_fraction(self.blur_boxes_um, x0_um, y0_um, size_um)
 
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready description (file name only, not the full path)."""
+        d = dataclasses.asdict(self)
+        d["path"] = self.path.name
+        return d
+
     def corrupt_tile_boxes_px(self) -> list[tuple[int, int, int, int]]:
         """Level-0 pixel boxes (x0, y0, x1, y1) of the damaged tiles."""
         t = self.tile_px
@@ -134,6 +142,7 @@ def default_scene(width_um: float, height_um: float, *, seed: int = 0) -> tuple[
     bh = left[3] - left[1]
     bw = left[2] - left[0]
     blur = (left[0] + 0.08 * bw, left[1] + 0.52 * bh, left[2] - 0.08 * bw, left[3] - 0.04 * bh)
+
     def tidy(box: tuple[float, ...]) -> Box:
         return tuple(round(v, 1) for v in box)  # type: ignore[return-value]
 
@@ -479,14 +488,27 @@ def write_sample_cohort(
     seed: int = 0,
     prefix: str = "sample",
     tile_px: int = 256,
+    write_mpp: bool = True,
+    progress: bool = False,
 ) -> list[SampleSlide]:
-    """`n` slides `<prefix>-<i>.svs`, cycling through `styles`, each with its own seed (seed + i)."""
+    """`n` slides `<prefix>-NNN.svs`, cycling through `styles`, each with its own seed (seed + i).
+
+    Also writes `slides.json` (one `SampleSlide.as_dict()` per slide) so the scene of every slide is
+    known later without Python, e.g. which style (class) each slide is.
+    """
+    from tqdm import tqdm
+
+    from wsi._files import write_text_atomic
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [
+    slides = [
         write_sample_slide(
             out / f"{prefix}-{i:03d}.svs", size_um=size_um, mpp=mpp, style=styles[i % len(styles)],
-            texture=texture, seed=seed + i, tile_px=tile_px,
+            texture=texture, seed=seed + i, tile_px=tile_px, write_mpp=write_mpp,
         )
-        for i in range(n)
+        for i in tqdm(range(n), desc="sample slides", unit="slide", disable=not progress)
     ]
+    records = [s.as_dict() for s in slides]
+    write_text_atomic(out / "slides.json", json.dumps(records, indent=1) + "\n")
+    return slides

@@ -49,10 +49,14 @@ class TissueParams:
 
 def saturation(rgb: np.ndarray) -> np.ndarray:
     """HSV saturation (max - min) / max of an (H, W, 3) uint8 image, as float32 in [0, 1]."""
-    rgb = rgb[..., :3]
-    high = rgb.max(axis=-1).astype(np.float32)
-    low = rgb.min(axis=-1).astype(np.float32)
+    high = _max_rgb(rgb).astype(np.float32)
+    low = np.minimum(np.minimum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]).astype(np.float32)
     return np.divide(high - low, high, out=np.zeros_like(high), where=high > 0)
+
+
+def _max_rgb(rgb: np.ndarray) -> np.ndarray:
+    # two np.maximum calls: `.max(axis=-1)` over a length-3 axis is ~40x slower
+    return np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
 
 
 def tissue_mask(rgb: np.ndarray, *, mpp: float, params: TissueParams | None = None) -> np.ndarray:
@@ -61,7 +65,7 @@ def tissue_mask(rgb: np.ndarray, *, mpp: float, params: TissueParams | None = No
     if rgb.ndim != 3 or rgb.shape[2] < 3:
         raise ValueError(f"expected an (H, W, 3) RGB thumbnail, got shape {rgb.shape}")
     sat = saturation(rgb)
-    usable = rgb[..., :3].max(axis=-1) > params.dark_level
+    usable = _max_rgb(rgb) > params.dark_level
     values = sat[usable]
     threshold = params.min_saturation
     if values.size and float(values.max()) > float(values.min()):

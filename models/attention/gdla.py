@@ -114,9 +114,6 @@ class GDLAttention(AttentionBase):
         gate = torch.sigmoid(self.to_gate(x[:, query_index]))  # (B, D)
         return self.merge(term) * gate.unsqueeze(1)  # (B, N, D)
 
-    def stream_begin(self) -> StreamState:
-        return {}
-
     def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
         _, _, k1, k2, v = self._features(x, mask)
         for i, k in ((1, k1), (2, k2)):

@@ -52,7 +52,8 @@ class EmbedOptions:
     compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
     threads: int | None = None  # CPU threads for torch (None: torch's default)
     batch_size: int = 128  # tiles per forward pass; 128 x 256 px fills an H100 in bf16
-    readers: int = 8  # background reader processes (threads inside dask workers)
+    readers: int = 8  # background readers (threads inside dask workers, which may not fork)
+    reader_mode: Literal["process", "thread"] = "process"  # threads: no shared memory (small /dev/shm)
     dtype: Literal["float16", "float32"] = "float16"  # feats on disk
     max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails
     use_cache: bool = True  # read the --save-tiles zarr cache when it is complete
@@ -65,6 +66,8 @@ class EmbedOptions:
             raise ConfigError(f"--dtype {self.dtype!r} unknown; choose float16 or float32")
         if not 0.0 <= self.max_bad_tiles < 1.0:
             raise ConfigError(f"--max-bad-tiles is a fraction in [0, 1), got {self.max_bad_tiles}")
+        if self.reader_mode not in ("process", "thread"):
+            raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
         if self.batch_size < 1 or self.readers < 0:
             raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 and --readers >= 0")
 
@@ -85,7 +88,7 @@ class Runtime:
     device: torch.device
     autocast: torch.dtype | None
     fn: Any  # encoder.embed, possibly compiled
-    pad_to: int | None  # compiled graphs want one batch shape: pad short batches
+    pad_to: int | None  # pad short batches to this size (CUDA / compiled: one shape)
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -122,7 +125,10 @@ def prepare_runtime(
     fn = encoder.embed
     if compile:
         fn = torch.compile(encoder.embed, dynamic=False)
-    return Runtime(encoder, device, autocast, fn, batch_size if compile else None)
+    # One batch shape on CUDA: a slide's short last batch would otherwise make cuDNN re-tune (and a
+    # compiled graph re-compile) for every new size; padding costs under half a batch per slide.
+    pad_to = batch_size if (compile or device.type == "cuda") else None
+    return Runtime(encoder, device, autocast, fn, pad_to)
 
 
 @torch.inference_mode()
@@ -144,7 +150,7 @@ class _Acc:
     feats: list[torch.Tensor] = field(default_factory=list)
     ok: list[torch.Tensor] = field(default_factory=list)
     error: str = ""
-    start: float = field(default_factory=time.perf_counter)
+    start: float = 0.0  # when its first batch arrived (the slides before it are not its time)
     done: int = 0
 
 
@@ -227,11 +233,17 @@ def embed_stream(
             i = batch.slide_index
             acc, job = accs[i], jobs[i]
             b = int(batch.tiles.shape[0])
+            acc.start = acc.start or time.perf_counter()
             if batch.error:
                 acc.error = batch.error
             elif not acc.error:
-                acc.feats.append(encode(rt, batch.tiles))
-                acc.ok.append(batch.ok)
+                try:
+                    acc.feats.append(encode(rt, batch.tiles))
+                    acc.ok.append(batch.ok)
+                except Exception as exc:  # e.g. CUDA out of memory: this slide fails, the stream goes on
+                    log.debug("%s: encoding failed", job.tiles.slide_id, exc_info=True)
+                    acc.error = f"encoding failed: {describe_error(exc)}"
+                    acc.feats.clear()
             acc.done += b
             bar.update(b)
             if acc.done < job.tiles.n:

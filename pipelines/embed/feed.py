@@ -12,7 +12,7 @@ Public API:
   SlideTiles      picklable description of one slide's tiles (coords, reading parameters, cache path)
   slide_tiles_from_tile_file(tile_file, *, use_cache=True) -> SlideTiles
   TileBatch       (slide_index, start, tiles (b,P,P,3) uint8 tensor, ok (b,) bool tensor, error str)
-  iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=4)
+  iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=2)
       -> Iterator[TileBatch] in slide order, then tile order
 """
 
@@ -122,6 +122,13 @@ class BatchReader(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def __getstate__(self) -> dict[str, Any]:  # spawn/forkserver workers: open handles never travel
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def _handles(self) -> _Handles:
         if not hasattr(self._local, "handles"):
             self._local.handles = _Handles()
@@ -182,7 +189,7 @@ def iter_batches(
     readers: int,
     pin_memory: bool = False,
     mode: Literal["process", "thread"] = "process",
-    prefetch: int = 4,
+    prefetch: int = 2,
 ) -> Iterator[TileBatch]:
     """All batches of all slides, in order, read `readers` at a time ahead of the consumer.
 

@@ -16,6 +16,7 @@ Public API:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from pipelines.batch import ItemResult, describe_error, run_batch, write_manifes
 from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime, resolve_device
 from pipelines.embed.feed import slide_tiles_from_tile_file
 from wsi._files import is_temp_name
-from wsi.bags import is_complete_bag
+from wsi.bags import is_complete_bag, read_bag_attrs
 from wsi.errors import WsiError
 from wsi.tilefile import read_tile_file
 
@@ -104,14 +105,12 @@ def embed_tiles(
     jobs, results = _jobs(files, out, options)
     todo = []
     for job in jobs:
-        done = is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256)
+        done = _is_current(job, encoder.name, encoder.weights_sha256)
         if done and not options.overwrite:
             results.append(ItemResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
         else:
             if job.bag_path.exists() and not options.overwrite:
-                log.warning(
-                    "%s: redoing a bag from another encoder/weights or an unreadable one", job.bag_path
-                )
+                log.warning("%s: redoing it (other weights or tiles, or unreadable)", job.bag_path)
             todo.append(job)
     if todo:
         if scheduler is None and workers == 1:
@@ -119,7 +118,14 @@ def embed_tiles(
                 encoder, device=resolve_device(options.device), precision=options.precision,
                 compile=options.compile, threads=options.threads, batch_size=options.batch_size,
             )  # fmt: skip
-            results += embed_stream(rt, todo, options=options, readers=options.readers, progress=progress)
+            results += embed_stream(
+                rt,
+                todo,
+                options=options,
+                readers=options.readers,
+                mode=options.reader_mode,
+                progress=progress,
+            )
         else:
             del encoder  # each worker builds its own
             results += _embed_dask(todo, options, workers, scheduler)
@@ -128,6 +134,18 @@ def embed_tiles(
     write_manifest(out / "manifest.csv", results)
     _summary(results, time.perf_counter() - start, out)
     return results
+
+
+def _is_current(job: SlideJob, encoder: str, weights_sha256: str) -> bool:
+    """A finished bag from this encoder and weights, made from the tile file as it is now."""
+    if not is_complete_bag(job.bag_path, encoder=encoder, weights_sha256=weights_sha256):
+        return False
+    try:
+        attrs = read_bag_attrs(job.bag_path)
+        same_tiles = json.loads(attrs.get("tile_params", "null")) == job.attrs["tile_params"]
+        return same_tiles and attrs.get("n_tiles_requested") == job.tiles.n
+    except (WsiError, ValueError):
+        return False
 
 
 def _n(job: SlideJob) -> int:

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from pipelines.inputs import Batch, Item
 from wsi._files import is_temp_name
-from wsi.bags import load_bag, read_bag_attrs
+from wsi.bags import bag_length, load_bag, read_bag_attrs
 from wsi.errors import BagFormatError, ConfigError, WsiError
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ class BagDataset(Dataset[dict[str, Any]]):
         item = self.items[index]
         rows = None
         if self.bag_size is not None:
-            with h5py.File(item.path, "r") as h5:
-                n = int(h5["feats" if "feats" in h5 else "features"].shape[0])
+            n = bag_length(item.path)
             if n > self.bag_size:
                 # torch's RNG: seeded per epoch by the loop (and per worker by the DataLoader).
                 rows = torch.randperm(n)[: self.bag_size].sort().values.numpy()
@@ -64,6 +63,9 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     n_max, dim = max(lengths), samples[0]["x"].shape[1]
     labels = torch.tensor([s["label"] for s in samples], dtype=torch.long)
     ids = [s["id"] for s in samples]
+    if len(samples) == 1:  # the usual case (whole bags, batch 1): views, no copy
+        s = samples[0]
+        return Batch(x=s["x"][None], labels=labels, ids=ids, extra={"coords_um": s["coords_um"][None]})
     if all(n == n_max for n in lengths):
         x = torch.stack([s["x"] for s in samples])  # (B, N, D)
         coords = torch.stack([s["coords_um"] for s in samples])  # (B, N, 2)
@@ -159,6 +161,9 @@ class BagInput:
             "tile_size_um": first.get("tile_size_um"),
             "tile_size_px": first.get("tile_size_px"),
             "tile_params": tile_params,
+            "target_mpp": first.get("target_mpp"),
+            "input_px": first.get("input_px"),
+            "precision": first.get("precision"),
             "feature_dim": _feature_dim(items[0].path),
             "bag_format": first.get("format"),
         }

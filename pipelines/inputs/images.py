@@ -33,7 +33,15 @@ from wsi._files import is_temp_name, sanitize_slide_id
 from wsi.errors import ConfigError, ImageReadError
 from wsi.images.dataset import ImageDataset, collate_images
 from wsi.images.heatmap import fit_long_side, save_heatmap
-from wsi.images.readers import DICOM_SUFFIXES, IMAGE_SUFFIXES, image_suffix, probe_image, read_image
+from wsi.images.readers import (
+    DICOM_SUFFIXES,
+    IMAGE_SUFFIXES,
+    NIFTI_SUFFIXES,
+    PHOTO_SUFFIXES,
+    image_suffix,
+    probe_image,
+    read_image,
+)
 from wsi.images.transforms import NORMALIZE_MODES, ImageSpec
 
 log = logging.getLogger(__name__)
@@ -66,7 +74,7 @@ class ImageInput:
         augment: bool = True,
         projection: str = "mid",
     ) -> None:
-        size = (int(size_px), int(size_px)) if isinstance(size_px, int) else tuple(int(s) for s in size_px)
+        size = _size_tuple(size_px)
         if normalize not in NORMALIZE_MODES:
             raise ConfigError(
                 f"input_options.normalize {normalize!r}: use one of {', '.join(NORMALIZE_MODES)}"
@@ -163,11 +171,16 @@ class ImageInput:
         ]
         if diff:
             raise ConfigError("images would be prepared differently from training: " + "; ".join(diff))
-        volume_types = (".nii", ".nii.gz")
         if self.spec.spatial_dims == 2:
-            wrong = [it.path.name for it in items if image_suffix(it.path) in volume_types]
+            wrong = [
+                it.path.name for it in items if image_suffix(it.path) in NIFTI_SUFFIXES or it.path.is_dir()
+            ]
             if wrong:
                 raise ConfigError(f"the model takes 2D images, but got volumes: {', '.join(wrong[:5])}")
+        else:
+            wrong = [it.path.name for it in items if image_suffix(it.path) in PHOTO_SUFFIXES]
+            if wrong:
+                raise ConfigError(f"the model takes volumes, but got 2D pictures: {', '.join(wrong[:5])}")
 
     # -- heatmaps -------------------------------------------------------------------------------
 
@@ -192,6 +205,17 @@ class ImageInput:
             except ImageReadError as exc:  # read fine a moment ago; fall back to the model's input
                 log.warning("heatmap of %s drawn on the model input: %s", item.path, exc)
         save_heatmap(image, values, grid, out_png, projection=self.projection, title=title)  # type: ignore[arg-type]
+
+
+def _size_tuple(size_px: object) -> tuple[int, ...]:
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if is_int(size_px):
+        return (size_px, size_px)  # type: ignore[return-value]
+    if isinstance(size_px, list | tuple) and len(size_px) in (2, 3) and all(is_int(v) for v in size_px):
+        return tuple(size_px)
+    raise ConfigError(f"input_options.size_px must be an int or [H, W] or [D, H, W], not {size_px!r}")
 
 
 def _image_files(folder: Path) -> list[Path]:

@@ -84,7 +84,14 @@ Re-running skips bags made by the same encoder and weights; --overwrite redoes t
     "--readers",
     type=click.IntRange(min=0),
     default=None,
-    help="Background reader processes [default: min(8, cores - 1)]; 0 reads inline.",
+    help="Background readers [default: cores - 1, 1 to 16]; 0 reads inline.",
+)
+@click.option(
+    "--reader-mode",
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Readers as processes (fastest) or threads (when /dev/shm is small).",
 )
 @click.option(
     "--dtype",
@@ -151,6 +158,7 @@ def command(
     threads: int | None,
     batch_size: int,
     readers: int | None,
+    reader_mode: str,
     dtype: str,
     max_bad_tiles: float,
     no_cache: bool,
@@ -175,11 +183,12 @@ def command(
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
     if readers is None:
-        readers = max(0, min(8, (os.cpu_count() or 1) - 1))
+        readers = max(1, min(16, (os.cpu_count() or 1) - 1))
     options = EmbedOptions(
         encoder=encoder, weights=str(weights) if weights else None, random_init=random_init,
         expected_sha256=expected_sha256, input_px=input_px, device=device, precision=precision,  # type: ignore[arg-type]
         compile=compile_, threads=threads, batch_size=batch_size, readers=readers,
+        reader_mode=reader_mode,  # type: ignore[arg-type]
         dtype=dtype, max_bad_tiles=max_bad_tiles, use_cache=not no_cache,  # type: ignore[arg-type]
         overwrite=overwrite,
     )  # fmt: skip

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import logging
 from pathlib import Path
 
 import click
 
 from wsi.cli._common import user_errors
-
-log = logging.getLogger(__name__)
 
 
 @click.command(
@@ -48,30 +44,20 @@ def command(
 ) -> None:
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
-    from tqdm import tqdm
-
-    from wsi._files import write_text_atomic
     from wsi.errors import ConfigError
-    from wsi.samples import write_sample_slide
+    from wsi.samples import write_sample_cohort
 
     if tile_px % 16:
         raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")
-    styles = styles or ("a",)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records = []
-    for i in tqdm(range(n), desc="slides", unit="slide", disable=n < 2):
-        try:
-            s = write_sample_slide(
-                out_dir / f"{prefix}-{i:03d}.svs", size_um=size_um, mpp=mpp, style=styles[i % len(styles)],  # type: ignore[arg-type]
-                texture=texture, seed=seed + i, tile_px=tile_px, write_mpp=not no_mpp,  # type: ignore[arg-type]
-            )
-        except FileNotFoundError as exc:  # texture=real without the source slide
-            raise ConfigError(f"--texture real: {exc}") from None
-        records.append({
-            "path": s.path.name, "style": s.style, "texture": s.texture, "seed": s.seed, "mpp": s.mpp,
-            "mpp_written": s.mpp_written, "width_px": s.width_px, "height_px": s.height_px,
-            "levels": s.n_levels, "tissue_boxes_um": s.tissue_boxes_um, "blur_boxes_um": s.blur_boxes_um,
-        })
-    write_text_atomic(out_dir / "slides.json", json.dumps(records, indent=1) + "\n")
-    side_px = round(size_um / mpp)
-    click.echo(f"wrote {n} slide(s) of {side_px}x{side_px} px at {mpp} um/px to {out_dir} (see slides.json)")
+    try:
+        slides = write_sample_cohort(
+            out_dir, n=n, size_um=size_um, mpp=mpp, styles=styles or ("a",), texture=texture,  # type: ignore[arg-type]
+            seed=seed, prefix=prefix, tile_px=tile_px, write_mpp=not no_mpp, progress=n > 1,
+        )
+    except FileNotFoundError as exc:  # --texture real without the source slide
+        raise ConfigError(f"--texture real: {exc}") from None
+    s = slides[0]
+    click.echo(
+        f"wrote {len(slides)} slide(s) of {s.width_px}x{s.height_px} px at {mpp} um/px "
+        f"({s.texture} texture) to {out_dir}; scenes in {out_dir / 'slides.json'}"
+    )

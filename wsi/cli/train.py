@@ -82,6 +82,12 @@ with the mean and standard deviation of each figure.
     help="Train on random subsets of at most this many tiles per bag (augmentation; off by default).",
 )
 @click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Background processes reading bags (GPU training: 2-8) [default: the task's].",
+)
+@click.option(
     "--cv", type=click.IntRange(min=2), default=None, help="K-fold cross-validation (patient-grouped)."
 )
 @click.option(
@@ -112,6 +118,7 @@ def command(
     batch_size: int | None,
     grad_accum: int | None,
     bag_size: int | None,
+    num_workers: int | None,
     cv: int | None,
     scheduler: str | None,
     resume: bool,
@@ -123,11 +130,16 @@ def command(
 
     if scheduler and not cv:
         raise click.UsageError("--scheduler runs cross-validation folds in parallel; give --cv K too")
+    overrides: dict[str, object] = {}
+    if bag_size is not None:
+        overrides["input_options.bag_size"] = bag_size
+    if num_workers is not None:
+        overrides["num_workers"] = num_workers
     result = train(
         task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
         attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,
         epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
-        overrides={"input_options.bag_size": bag_size} if bag_size else None, progress=not no_progress,
+        overrides=overrides or None, progress=not no_progress,
     )  # fmt: skip
     m = result.metrics
     if cv:

@@ -14,7 +14,6 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib import colormaps
 from PIL import Image, ImageDraw
 
 from wsi._files import atomic_path
@@ -63,6 +62,8 @@ def project(
 
 def render(image: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """(H, W, C) image + (gh, gw) signed values -> (H, 2W, 3) uint8: image | overlay."""
+    from matplotlib import colormaps  # only when drawing: keeps `import wsi.images` light
+
     base = _to_display(image.astype(np.float32))
     h, w = base.shape[:2]
     values = _upsample(grid, (h, w))
@@ -81,10 +82,12 @@ def save_heatmap(
     *,
     projection: Projection = "mid",
     title: str = "",
+    min_px: int = 256,
 ) -> Path:
     """Write the heatmap of `contributions` (N,) on `image` ((H, W, C) or (D, H, W, C)) to `out_png`.
 
     `grid_shape` is the model's patch grid for this input ((gh, gw) or (gd, gh, gw), row-major tokens).
+    Images smaller than `min_px` on their longer side are enlarged by a whole factor for legibility.
     """
     values = np.asarray(contributions, dtype=np.float32).reshape(-1)
     if values.size != int(np.prod(grid_shape)):
@@ -92,6 +95,10 @@ def save_heatmap(
     grid = values.reshape(grid_shape)
     if len(grid_shape) == 3:
         image, grid = project(image, grid, projection)
+    longest = max(image.shape[:2])
+    if longest < min_px:  # small model inputs (3D slices): whole-pixel enlargement, stays crisp
+        k = -(-min_px // longest)
+        image = image.repeat(k, axis=0).repeat(k, axis=1)
     rgb = render(image, grid)
     pil = Image.fromarray(rgb)
     if title:

@@ -85,8 +85,8 @@ def read_image(path: str | Path, *, spatial_dims: int = 2) -> ImageData:
 
 
 def _fit_dims(data: ImageData, spatial_dims: int) -> ImageData:
-    """Turn a single-slice volume into a 2D image, or a 2D image into a one-slice volume."""
-    if data.spatial_dims == spatial_dims:
+    """Turn a single-slice volume (a one-frame DICOM) into a 2D image; refuse to call a slice a volume."""
+    if data.spatial_dims == spatial_dims and not (spatial_dims == 3 and data.pixels.shape[0] == 1):
         return data
     if data.spatial_dims == 3 and spatial_dims == 2:
         if data.pixels.shape[0] != 1:
@@ -95,8 +95,10 @@ def _fit_dims(data: ImageData, spatial_dims: int) -> ImageData:
             )
         spacing = data.spacing_mm[1:] if data.spacing_mm else None
         return ImageData(data.pixels[0], data.path, spacing, data.value_range)
-    spacing = (math.nan, *data.spacing_mm) if data.spacing_mm else None
-    return ImageData(data.pixels[None], data.path, spacing, data.value_range)
+    raise ImageReadError(
+        f"{data.path} is a 2D image; this task takes volumes (NIfTI, .npy, a multi-frame DICOM or a "
+        "folder of DICOM slices)"
+    )
 
 
 def _has_dicom_preamble(path: Path) -> bool:
