@@ -141,7 +141,8 @@ def estimate(done: list[tuple[int, float]], tokens: int, attention: str) -> floa
         p = math.log(max(t1, 1e-6) / max(t0, 1e-6)) / math.log(n1 / n0)
     else:
         p = 2.0 if attention == "softmax" else 1.0
-    p = min(max(p, 1.0), 2.0)
+    # Noise at small sizes can make softmax look linear; its N^2 term dominates long before 65k tokens.
+    p = min(max(p, 1.5 if attention == "softmax" else 1.0), 2.0)
     return t1 * (tokens / n1) ** p
 
 

@@ -15,6 +15,11 @@ repeated as several slide jobs to reach --tiles; each job writes its own bag.
     python benchmarks/embed_throughput.py --quick                 # CPU smoke run
     python benchmarks/embed_throughput.py --device cpu            # the CPU table in docs/benchmarks.md
     python benchmarks/embed_throughput.py --device cuda --readers 15 --tiles 30000   # one H100
+    python benchmarks/embed_throughput.py --device cuda --decode cpu     # openslide decoding, to compare
+
+--decode device (the default on CUDA): readers only slice the compressed JPEG tiles out of the file and
+the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (gpu_decode.py); the
+"read" row then includes that decoding, so it is the whole feed.
 
 Writes embed_throughput_<device>.csv into --out (default docs/) and prints a markdown table with the
 goal check: end2end >= 80% of min(read, forward), and >= 3,000 tiles/s on one H100.
@@ -47,9 +52,11 @@ from pipelines.embed.engine import (  # noqa: E402
     embed_stream,
     encode,
     prepare_runtime,
+    resolve_decode,
     resolve_device,
 )
 from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
+from pipelines.embed.gpu_decode import DeviceDecoder  # noqa: E402
 from wsi._files import atomic_path  # noqa: E402
 from wsi.samples import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
@@ -57,7 +64,7 @@ from wsi.tiling import make_grid  # noqa: E402
 log = logging.getLogger("embed_throughput")
 TILE_UM, TARGET_MPP, SLIDE_MPP = 256.0, 1.0, 0.46
 FIELDS = ("measure", "tiles", "seconds", "tiles_per_s", "device", "device_name", "precision", "batch_size",
-          "readers", "threads")  # fmt: skip
+          "readers", "threads", "decode")  # fmt: skip
 
 
 def _cpu_name() -> str:
@@ -100,12 +107,16 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_read(
-    slides: list[SlideTiles], *, batch_size: int, readers: int, pin: bool, mode: str
+    slides: list[SlideTiles], *, batch_size: int, readers: int, pin: bool, mode: str, device: torch.device
 ) -> tuple[int, float]:
+    """The feed alone; with device decode, including decoding and resizing on the device."""
     start = time.perf_counter()
     n = 0
-    for batch in iter_batches(slides, batch_size=batch_size, readers=readers, pin_memory=pin, mode=mode):
-        n += int(batch.ok.sum())
+    with DeviceDecoder(device) as decoder:
+        for batch in iter_batches(slides, batch_size=batch_size, readers=readers, pin_memory=pin, mode=mode):
+            ok = decoder.decode(batch.raw)[1] if batch.raw is not None else batch.ok
+            n += int(ok.sum())
+    _sync(device)
     return n, time.perf_counter() - start
 
 
@@ -166,6 +177,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="[cpu 32, cuda 256]")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--compile", action="store_true", help="torch.compile the encoder (CUDA)")
+    ap.add_argument(
+        "--decode",
+        choices=["auto", "device", "cpu"],
+        default="auto",
+        help="JPEG decoding on the device or in the CPU readers [auto: device on CUDA]",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -190,7 +207,9 @@ def main() -> None:
     options = EmbedOptions(
         encoder="retccl", random_init=True, precision=args.precision, compile=args.compile, threads=threads,
         batch_size=batch_size, readers=readers, reader_mode=args.reader_mode, dtype="float16",
+        decode=args.decode,
     )  # fmt: skip
+    decode = resolve_decode(args.decode, device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="embed-bench-") as tmp:
         slides, _ = _slide_jobs(Path(tmp), side_mm, n_tiles)
@@ -199,9 +218,10 @@ def main() -> None:
         if extra > 0:
             last = slides[-1]
             slides[-1] = dataclasses.replace(last, coords_px=last.coords_px[: max(1, last.n - extra)])
+        slides = [dataclasses.replace(st, decode=decode) for st in slides]
         measures = {
             "read": lambda: measure_read(
-                slides, batch_size=batch_size, readers=readers, pin=cuda, mode=args.reader_mode
+                slides, batch_size=batch_size, readers=readers, pin=cuda, mode=args.reader_mode, device=device
             ),
             "forward": lambda: measure_forward(rt, batch_size=batch_size, n_tiles=n_tiles),
             "end2end": lambda: measure_end2end(rt, slides, Path(tmp) / "bags", options),
@@ -213,12 +233,13 @@ def main() -> None:
             row.update(
                 device=args.device, device_name=device_name, precision=precision, batch_size=batch_size
             )
-            row.update(readers=readers, threads=threads if not cuda else "")
+            row.update(readers=readers, threads=threads if not cuda else "", decode=decode)
             rows.append(row)
             log.info("%s: %d tiles in %.2f s = %.1f tiles/s", name, n, seconds, n / seconds)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / f"embed_throughput_{args.device}.csv"
+    suffix = "" if args.decode == "auto" else f"_{args.decode}"
+    csv_path = args.out / f"embed_throughput_{args.device}{suffix}.csv"
     with atomic_path(csv_path) as tmp_csv, open(tmp_csv, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
@@ -228,7 +249,7 @@ def main() -> None:
     slower = min(rate["read"], rate["forward"])
     print(f"\nretccl (ResNet-50, random init), 256 um tiles at 1 um/px; {device_name}; nproc {cores}")
     print(
-        f"batch {batch_size}, readers {readers} ({args.reader_mode}), precision {precision}"
+        f"batch {batch_size}, readers {readers} ({args.reader_mode}), decode {decode}, precision {precision}"
         + ("" if cuda else f", threads {threads}")
     )
     print("\n| measure | tiles | seconds | tiles/s |\n|---|---:|---:|---:|")

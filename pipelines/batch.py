@@ -241,7 +241,7 @@ def start_local_cluster(workers: int) -> Any:
             n_workers=workers,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=None,
+            dashboard_address=":0",  # None still binds 8787 and warns when taken
             silence_logs=logging.WARNING,
         )
 

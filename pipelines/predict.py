@@ -197,7 +197,9 @@ def _classify(
                 if item.id in thumbs:
                     _slide_heatmap(thumbs[item.id], item.path, sample, values, png, title, backend)
                 elif hasattr(run.stage, "heatmap"):
-                    run.stage.heatmap(item, sample, torch.from_numpy(values), png, title=title)
+                    grid = getattr(run.models[0], "grid_shape", None)
+                    extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
+                    run.stage.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
             rows.append(row)
             n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
             results.append(ItemResult(item.id, str(item.path), "ok", n=n, seconds=time.perf_counter() - t0))

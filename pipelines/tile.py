@@ -8,10 +8,12 @@ Public API:
                 scheduler=None, overwrite=False, save_tiles=False, threads=None) -> list[ItemResult]
     tile_slide(source, job) -> ItemResult                # one slide (what each batch job runs)
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
+    read_tile_chunks(slide, coords, params, threads) -> Iterator[(k,P,P,3) uint8]   # reads only
+    default_threads(workers) -> int                     # reader threads per slide
 
 Per slide, every file is written atomically and the tile file (.h5) last, so a complete tile file means
 the slide is done. Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed
-the filters and the optional zarr cache, and reads run on a few threads (the backends release the GIL).
+the filters and the optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 import wsi
 from pipelines.batch import ItemResult, run_batch, write_manifest
-from wsi.errors import MissingMppError
+from wsi.errors import MissingMppError, SlideError
 from wsi.qc import render_qc, save_png
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
@@ -40,6 +42,7 @@ from wsi.tiling import (
     BACKGROUND,
     BLURRY,
     KEPT,
+    UNREADABLE,
     TileCounts,
     TileParams,
     classify_tiles,
@@ -193,13 +196,23 @@ def _chunks(
     """
 
     def work(start: int) -> tuple[np.ndarray, np.ndarray | None]:
-        tiles = np.stack(
-            [
-                slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
-                for x, y in coords[start : start + _CHUNK]
-            ]
-        )  # (k, P, P, 3)
-        return tiles, (classify_tiles(tiles, params) if classify else None)
+        part = coords[start : start + _CHUNK]
+        tiles = np.empty((len(part), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
+        bad = np.zeros(len(part), bool)
+        for j, (x, y) in enumerate(part):
+            try:
+                tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
+            except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
+                log.warning("%s: tile skipped: %s", slide.path.name, exc)
+                tiles[j] = 255
+                bad[j] = True
+        if not classify:
+            if bad.any():
+                raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
+            return tiles, None
+        reasons = classify_tiles(tiles, params)
+        reasons[bad] = UNREADABLE
+        return tiles, reasons
 
     starts = range(0, len(coords), _CHUNK)
     if threads <= 1:
@@ -264,8 +277,14 @@ def _tile_open_slide(
         n_tissue=len(candidates),
         n_background=int((reasons == BACKGROUND).sum()),
         n_blurry=int((reasons == BLURRY).sum()),
+        n_unreadable=int((reasons == UNREADABLE).sum()),
         n_kept=len(kept),
     )
+    if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
+        raise SlideError(
+            f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
+            f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
+        )
     qc = render_qc(
         thumb,
         mask,

@@ -256,3 +256,20 @@ def test_dicom_series_folder_is_one_ordered_volume(shared_data: Path, tmp_path: 
     assert np.all(np.diff(means) > 0)  # inferior (k=0) to superior (k=5): brighter by 100 each
     with pytest.raises(ImageReadError, match="6 slices"):
         read_image(series, spatial_dims=2)
+
+
+def test_dicom_voi_lut_sequence_is_applied(shared_data: Path, tmp_path: Path) -> None:
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    ds = pydicom.dcmread(shared_data / "mri" / "MR_small.dcm")
+    raw = ds.pixel_array.astype(np.float64)  # 127..2145
+    lut = Dataset()
+    lut.LUTDescriptor = [4096, 0, 12]  # 4,096 entries from stored value 0, 12-bit output
+    lut.add_new(0x00283006, "US", [min(4095, 2 * v) for v in range(4096)])  # LUTData, 16-bit words
+    ds.VOILUTSequence = Sequence([lut])
+    del ds.WindowCenter, ds.WindowWidth
+    ds.save_as(tmp_path / "lut.dcm")
+    img = read_image(tmp_path / "lut.dcm")
+    assert img.value_range == (0.0, 1.0)
+    np.testing.assert_allclose(img.pixels[..., 0], np.minimum(4095, 2 * raw) / 4095, atol=1e-6)

@@ -44,7 +44,8 @@ def test_kept_tiles_on_tissue_blur_rejected_counts_add_up(scene, tmp_path: Path)
     tf = read_tile_file(output_paths(tmp_path, "scene").h5)
     m = tf.meta
     assert m["n_grid"] == 64
-    assert m["n_tissue"] == m["n_background"] + m["n_blurry"] + m["n_kept"]
+    assert m["n_tissue"] == m["n_background"] + m["n_blurry"] + m["n_unreadable"] + m["n_kept"]
+    assert m["n_unreadable"] == 0
     assert result.n == m["n_kept"] == len(tf) > 10
 
     kept = {tuple(xy) for xy in tf.coords_um.tolist()}
@@ -263,3 +264,28 @@ def test_real_slide_without_mpp(shared_data: Path, tmp_path: Path) -> None:
     tf = read_tile_file(output_paths(tmp_path, path.stem).h5)
     assert tf.mpp == 0.5 and tf.meta["mpp_source"] == "slide list"
     assert tf.meta["n_grid"] == 8 * 6  # 4443 x 3567 px at 0.5 um/px = 2221 x 1783 um
+
+
+def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, tmp_path: Path) -> None:
+    """One undecodable JPEG tile costs that tile, not the slide (tiles of 128 um at 0.5 um/px read level 0)."""
+    params = TileParams(tile_um=128.0, tile_px=256)
+    # a level-0 JPEG tile (256 px = 128 um) wholly inside sharp tissue
+    col, row = next(
+        (c, r) for r in range(16) for c in range(16)
+        if scene.tissue_fraction(c * 128.0, r * 128.0, 128.0) == 1.0 and scene.blur_fraction(c * 128.0, r * 128.0, 128.0) == 0
+    )  # fmt: skip
+    broken = make_slide(name="scene-broken", size_um=2048.0, mpp=0.5, seed=2, corrupt_tiles=[(col, row)])
+    [good] = tile_slides([_src(scene, "good")], out_dir=tmp_path, params=params)
+    [bad] = tile_slides([_src(broken, "bad")], out_dir=tmp_path, params=params)
+    assert good.status == bad.status == "ok", bad.error
+    m_good = read_tile_file(output_paths(tmp_path, "good").h5).meta
+    m_bad = read_tile_file(output_paths(tmp_path, "bad").h5).meta
+    assert m_bad["n_unreadable"] == 1 and m_good["n_unreadable"] == 0
+    assert m_bad["n_kept"] == m_good["n_kept"] - 1
+    assert m_bad["n_tissue"] == m_bad["n_background"] + m_bad["n_blurry"] + m_bad["n_unreadable"] + m_bad["n_kept"]
+    assert [col * 256, row * 256] not in read_tile_file(output_paths(tmp_path, "bad").h5).coords.tolist()
+
+    # a slide that is mostly unreadable fails with a reason instead of silently losing tissue
+    strict = TileParams(tile_um=128.0, tile_px=256, max_unreadable_fraction=0.0)
+    [failed] = tile_slides([_src(broken, "strict")], out_dir=tmp_path / "strict", params=strict)
+    assert failed.status == "failed" and "could not be decoded" in failed.error

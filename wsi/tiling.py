@@ -35,6 +35,9 @@ class TileParams:
     #: Sharp H&E at 1 um/px scores in the thousands (CMU-1: 2,000-10,000), a 1 um Gaussian blur
     #: 100-600, a 2 um blur 20-50 and a 4 um blur under 5.
     min_blur_variance: float = 50.0
+    #: fail the slide when more than this fraction of its tissue tiles cannot be decoded (a few corrupt
+    #: JPEG tiles are skipped and counted; a slide that is mostly unreadable is an error worth seeing)
+    max_unreadable_fraction: float = 0.05
     tissue: TissueParams = field(default_factory=TissueParams)
 
     def __post_init__(self) -> None:
@@ -42,7 +45,7 @@ class TileParams:
             raise ValueError(f"tile_um must be positive, got {self.tile_um}")
         if self.tile_px < 8:
             raise ValueError(f"tile_px must be at least 8, got {self.tile_px}")
-        for name in ("min_tissue_fraction", "max_background_fraction"):
+        for name in ("min_tissue_fraction", "max_background_fraction", "max_unreadable_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 <= self.white_level <= 255:
@@ -179,8 +182,8 @@ def _blur_batch(tiles: np.ndarray, low: np.ndarray, white_level: int, grid: int)
     return np.where(n.reshape(b, -1).sum(1) > 0, score, 0.0)
 
 
-# reason codes per candidate tile, in the order the filters run
-KEPT, BACKGROUND, BLURRY = 0, 1, 2
+# reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode
+KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
 
 
 def classify_tiles(tiles: np.ndarray, params: TileParams) -> np.ndarray:
@@ -209,12 +212,16 @@ def classify_tiles(tiles: np.ndarray, params: TileParams) -> np.ndarray:
 
 @dataclass
 class TileCounts:
-    """How many grid cells went where; n_grid = no tissue + n_background + n_blurry + n_kept."""
+    """How many grid cells went where.
+
+    n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept.
+    """
 
     n_grid: int = 0
     n_tissue: int = 0
     n_background: int = 0
     n_blurry: int = 0
+    n_unreadable: int = 0
     n_kept: int = 0
 
     def as_attrs(self) -> dict[str, int]:

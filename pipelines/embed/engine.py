@@ -11,10 +11,13 @@ Public API:
   embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[ItemResult]
       jobs: list of SlideJob (the tiles to read plus where the bag goes and what it records)
   resolve_device(name) -> torch.device
+  resolve_decode(decode, device) -> "cpu" | "device"   (EmbedOptions.decode "auto": device on CUDA)
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +32,7 @@ from tqdm.auto import tqdm
 from models.encoders import Encoder
 from pipelines.batch import ItemResult, describe_error
 from pipelines.embed.feed import SlideTiles, iter_batches
+from pipelines.embed.gpu_decode import DeviceDecoder
 from wsi.bags import write_bag
 from wsi.errors import ConfigError
 
@@ -58,6 +62,9 @@ class EmbedOptions:
     max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails
     use_cache: bool = True  # read the --save-tiles zarr cache when it is complete
     overwrite: bool = False
+    # where JPEG tiles are decoded and resized: "device" (readers send compressed tiles; gpu_decode.py),
+    # "cpu" (readers decode with openslide/tiffslide), "auto" (device on CUDA for JPEG TIFFs, else cpu)
+    decode: Literal["cpu", "device", "auto"] = "auto"
 
     def __post_init__(self) -> None:
         if self.precision not in _AUTOCAST:
@@ -68,6 +75,8 @@ class EmbedOptions:
             raise ConfigError(f"--max-bad-tiles is a fraction in [0, 1), got {self.max_bad_tiles}")
         if self.reader_mode not in ("process", "thread"):
             raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
+        if self.decode not in ("cpu", "device", "auto"):
+            raise ConfigError(f"--decode {self.decode!r} unknown; choose cpu, device or auto")
         if self.batch_size < 1 or self.readers < 0:
             raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 and --readers >= 0")
 
@@ -89,6 +98,13 @@ class Runtime:
     autocast: torch.dtype | None
     fn: Any  # encoder.embed, possibly compiled
     pad_to: int | None  # pad short batches to this size (CUDA / compiled: one shape)
+
+
+def resolve_decode(decode: str, device: torch.device) -> Literal["cpu", "device"]:
+    """Where JPEG tiles are decoded: auto means the device when it is a GPU (other files: the CPU)."""
+    if decode == "auto":
+        return "device" if device.type == "cuda" else "cpu"
+    return "device" if decode == "device" else "cpu"
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -218,8 +234,10 @@ def embed_stream(
     accs = {i: _Acc() for i, job in enumerate(jobs) if job.tiles.n}
     writes: list[tuple[int, Future[float], float, int]] = []
     total = sum(job.tiles.n for job in jobs)
+    decode = resolve_decode(options.decode, rt.device)
+    decoder = DeviceDecoder(rt.device) if decode == "device" else None
     batches = iter_batches(
-        [job.tiles for job in jobs],
+        [dataclasses.replace(job.tiles, decode=decode) for job in jobs],
         batch_size=options.batch_size,
         readers=readers,
         pin_memory=rt.device.type == "cuda",
@@ -228,6 +246,7 @@ def embed_stream(
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsi-embed-writer") as writer,
         tqdm(total=total, desc="embed", unit="tile", dynamic_ncols=True, disable=not progress) as bar,
+        contextlib.closing(decoder) if decoder is not None else contextlib.nullcontext(),
     ):
         for batch in batches:
             i = batch.slide_index
@@ -238,8 +257,11 @@ def embed_stream(
                 acc.error = batch.error
             elif not acc.error:
                 try:
-                    acc.feats.append(encode(rt, batch.tiles))
-                    acc.ok.append(batch.ok)
+                    tiles, ok = batch.tiles, batch.ok
+                    if batch.raw is not None and decoder is not None:
+                        tiles, ok = decoder.decode(batch.raw)  # (b, P, P, 3) uint8 on the device
+                    acc.feats.append(encode(rt, tiles))
+                    acc.ok.append(ok)
                 except Exception as exc:  # e.g. CUDA out of memory: this slide fails, the stream goes on
                     log.debug("%s: encoding failed", job.tiles.slide_id, exc_info=True)
                     acc.error = f"encoding failed: {describe_error(exc)}"

@@ -11,7 +11,10 @@ decoded comes back as zeros with `ok=False`; the slide's caller decides whether 
 Public API:
   SlideTiles      picklable description of one slide's tiles (coords, reading parameters, cache path)
   slide_tiles_from_tile_file(tile_file, *, use_cache=True) -> SlideTiles
-  TileBatch       (slide_index, start, tiles (b,P,P,3) uint8 tensor, ok (b,) bool tensor, error str)
+  TileBatch       (slide_index, start, tiles (b,P,P,3) uint8 tensor, ok (b,) bool tensor, error str,
+                   raw: gpu_decode.RawBatch | None; with SlideTiles.decode="device" on a tiled JPEG TIFF,
+                   readers send the compressed JPEG tiles in `raw` (tiles is then (b,0,0,3)) and the
+                   consumer decodes them with gpu_decode.DeviceDecoder; other slides come as pixels)
   iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=2)
       -> Iterator[TileBatch] in slide order, then tile order
 """
@@ -49,6 +52,7 @@ class SlideTiles:
     tile_px: int
     coords_px: np.ndarray  # (N, 2) int64 level-0 top-left
     pixels_path: str | None = None  # complete zarr cache of (N, P, P, 3), or None: read the slide
+    decode: Literal["cpu", "device"] = "cpu"  # device: readers send raw JPEG tiles (gpu_decode.py)
 
     @property
     def n(self) -> int:
@@ -77,6 +81,7 @@ class TileBatch(NamedTuple):
     tiles: torch.Tensor  # (b, P, P, 3) uint8
     ok: torch.Tensor  # (b,) bool; False: the tile could not be read (its pixels are zeros)
     error: str  # non-empty: the whole slide could not be opened
+    raw: Any = None  # gpu_decode.RawBatch when the slide is decoded on the device; `tiles` is then empty
 
 
 class _Handles:
@@ -96,6 +101,8 @@ class _Handles:
                     from wsi.tilefile import open_tile_pixels
 
                     self.source = open_tile_pixels(st.pixels_path)
+                elif st.decode == "device" and (raw := _raw_reader(st)) is not None:
+                    self.source = raw
                 else:
                     from wsi.slide import open_slide
 
@@ -139,9 +146,13 @@ class BatchReader(Dataset):
         st = self.slides[s]
         stop = min(start + self.batch_size, st.n)
         b, p = stop - start, st.tile_px
+        source, error = self._handles().get(s, st)
+        if st.decode == "device" and not error and _is_raw_reader(source):
+            raw = source.read(start, stop)  # compressed JPEG tiles, decoded where the encoder runs
+            empty = torch.empty((b, 0, 0, 3), dtype=torch.uint8)
+            return TileBatch(s, start, empty, torch.ones(b, dtype=torch.bool), "", raw)
         tiles = np.zeros((b, p, p, 3), np.uint8)
         ok = np.zeros(b, bool)
-        source, error = self._handles().get(s, st)
         if not error:
             if st.pixels_path is not None:
                 self._read_cache(source, start, stop, tiles, ok)
@@ -180,6 +191,23 @@ class BatchReader(Dataset):
                     "%s: tile at level-0 (%d, %d) unreadable, skipped: %s",
                     st.slide_id, x_px, y_px, describe_error(exc),
                 )  # fmt: skip
+
+
+def _raw_reader(st: SlideTiles) -> Any:
+    """gpu_decode.RawSlideReader for a tiled JPEG TIFF slide, else None (the CPU path reads it)."""
+    from pipelines.embed.gpu_decode import RawSlideReader
+
+    try:
+        return RawSlideReader.open(st)
+    except Exception as exc:  # the CPU path will open it and report what is wrong
+        log.info("%s: no device decode (%s); reading on the CPU", st.slide_path, describe_error(exc))
+        return None
+
+
+def _is_raw_reader(source: Any) -> bool:
+    from pipelines.embed.gpu_decode import RawSlideReader
+
+    return isinstance(source, RawSlideReader)
 
 
 def iter_batches(

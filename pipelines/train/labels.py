@@ -28,7 +28,7 @@ _TCGA = re.compile(r"^TCGA-[A-Z0-9]{2}-[A-Z0-9]{4}", re.IGNORECASE)
 # file suffixes a slide column may carry (longest first); stripped when the bare name does not match
 _SUFFIXES = (
     ".ome.tiff", ".ome.tif", ".nii.gz", ".svs", ".tiff", ".tif", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu",
-    ".bif", ".czi", ".dcm", ".h5", ".png", ".jpg", ".jpeg", ".npy", ".nii", ".zarr",
+    ".bif", ".czi", ".dicom", ".dcm", ".h5", ".bmp", ".png", ".jpg", ".jpeg", ".npy", ".nii", ".zarr",
 )  # fmt: skip
 
 

@@ -134,6 +134,8 @@ def train_epoch(
     n_batches = len(loader)
     optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
+        if batch.x.shape[0] == 0:  # every item of this batch failed to decode (reported by the stage)
+            continue
         batch = batch.to(device)
         with autocast():
             logits = _forward(model, batch)  # (B, C)
@@ -161,6 +163,8 @@ def predict_loader(
     labels: list[torch.Tensor] = []
     probs: list[torch.Tensor] = []
     for batch in loader:
+        if batch.x.shape[0] == 0:
+            continue
         batch = batch.to(device)
         with autocast():
             logits = _forward(model, batch)

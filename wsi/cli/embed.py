@@ -94,6 +94,14 @@ Re-running skips bags made by the same encoder and weights; --overwrite redoes t
     help="Readers as processes (fastest) or threads (when /dev/shm is small).",
 )
 @click.option(
+    "--decode",
+    type=click.Choice(["auto", "device", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="Where JPEG tiles are decoded and resized: device (nvjpeg on CUDA; readers only slice the "
+    "compressed tiles out of the file), cpu (openslide/tiffslide in the readers), auto (device on CUDA).",
+)
+@click.option(
     "--dtype",
     type=click.Choice(["float16", "float32"]),
     default="float16",
@@ -159,6 +167,7 @@ def command(
     batch_size: int,
     readers: int | None,
     reader_mode: str,
+    decode: str,
     dtype: str,
     max_bad_tiles: float,
     no_cache: bool,
@@ -188,7 +197,7 @@ def command(
         encoder=encoder, weights=str(weights) if weights else None, random_init=random_init,
         expected_sha256=expected_sha256, input_px=input_px, device=device, precision=precision,  # type: ignore[arg-type]
         compile=compile_, threads=threads, batch_size=batch_size, readers=readers,
-        reader_mode=reader_mode,  # type: ignore[arg-type]
+        reader_mode=reader_mode, decode=decode,  # type: ignore[arg-type]
         dtype=dtype, max_bad_tiles=max_bad_tiles, use_cache=not no_cache,  # type: ignore[arg-type]
         overwrite=overwrite,
     )  # fmt: skip

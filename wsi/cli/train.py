@@ -20,6 +20,7 @@ Examples:
   wsi train --task nsclc-subtype ... --cv 5 --scheduler tcp://10.0.0.5:8786   # folds in parallel
   wsi train --task nsclc-subtype ... --out model/ --resume                     # after an interruption
   wsi train --task nsclc-subtype ... --init-from softmax-run/ --attention seqnorm
+  wsi train --task isic-melanoma --images isic/ --labels isic/train.csv --out derm-model/   # images
 
 \b
 Labels CSV: a slide column (slide id or file name), a label column, optionally a patient column

@@ -281,7 +281,8 @@ def _apply_voi(arr: np.ndarray, ds) -> np.ndarray | None:  # type: ignore[no-unt
 
         item = ds.VOILUTSequence[0]
         out_bits = int(item.LUTDescriptor[2])
-        out = np.asarray(apply_voi_lut(arr, ds, prefer_lut=True), dtype=np.float32)
+        indices = np.rint(arr).astype(np.int32)  # a LUT is indexed by (rescaled) integer values
+        out = np.asarray(apply_voi_lut(indices, ds, prefer_lut=True), dtype=np.float32)
         return np.clip(out / float(2**out_bits - 1), 0.0, 1.0)
     if "WindowCenter" not in ds or "WindowWidth" not in ds:
         return None
