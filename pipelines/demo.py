@@ -131,7 +131,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         "predictions": pred_dir / "predictions.csv",
         "heatmaps": pred_dir / "heatmaps",
     }
-    return DemoResult(test_auroc=None if auroc is None else float(auroc), outputs=outputs, seconds=time.perf_counter() - start)
+    return DemoResult(
+        test_auroc=None if auroc is None else float(auroc),
+        outputs=outputs,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def read_predictions(path: Path) -> list[dict[str, str]]:

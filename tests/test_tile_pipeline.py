@@ -267,13 +267,15 @@ def test_real_slide_without_mpp(shared_data: Path, tmp_path: Path) -> None:
 
 
 def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, tmp_path: Path) -> None:
-    """One undecodable JPEG tile costs that tile, not the slide (tiles of 128 um at 0.5 um/px read level 0)."""
+    """One undecodable JPEG tile costs that tile, not the slide (128 um tiles at 0.5 um/px read level 0)."""
     params = TileParams(tile_um=128.0, tile_px=256)
     # a level-0 JPEG tile (256 px = 128 um) wholly inside sharp tissue
-    col, row = next(
+    sharp = [
         (c, r) for r in range(16) for c in range(16)
-        if scene.tissue_fraction(c * 128.0, r * 128.0, 128.0) == 1.0 and scene.blur_fraction(c * 128.0, r * 128.0, 128.0) == 0
-    )  # fmt: skip
+        if scene.tissue_fraction(c * 128.0, r * 128.0, 128.0) == 1.0
+        and scene.blur_fraction(c * 128.0, r * 128.0, 128.0) == 0
+    ]  # fmt: skip
+    col, row = sharp[0]
     broken = make_slide(name="scene-broken", size_um=2048.0, mpp=0.5, seed=2, corrupt_tiles=[(col, row)])
     [good] = tile_slides([_src(scene, "good")], out_dir=tmp_path, params=params)
     [bad] = tile_slides([_src(broken, "bad")], out_dir=tmp_path, params=params)
@@ -282,7 +284,10 @@ def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, t
     m_bad = read_tile_file(output_paths(tmp_path, "bad").h5).meta
     assert m_bad["n_unreadable"] == 1 and m_good["n_unreadable"] == 0
     assert m_bad["n_kept"] == m_good["n_kept"] - 1
-    assert m_bad["n_tissue"] == m_bad["n_background"] + m_bad["n_blurry"] + m_bad["n_unreadable"] + m_bad["n_kept"]
+    assert (
+        m_bad["n_tissue"]
+        == m_bad["n_background"] + m_bad["n_blurry"] + m_bad["n_unreadable"] + m_bad["n_kept"]
+    )
     assert [col * 256, row * 256] not in read_tile_file(output_paths(tmp_path, "bad").h5).coords.tolist()
 
     # a slide that is mostly unreadable fails with a reason instead of silently losing tissue

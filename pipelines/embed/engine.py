@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from models.encoders import Encoder
 from pipelines.batch import ItemResult, describe_error
 from pipelines.embed.feed import SlideTiles, iter_batches
-from pipelines.embed.gpu_decode import DeviceDecoder
+from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead
 from wsi.bags import write_bag
 from wsi.errors import ConfigError
 
@@ -248,6 +248,8 @@ def embed_stream(
         tqdm(total=total, desc="embed", unit="tile", dynamic_ncols=True, disable=not progress) as bar,
         contextlib.closing(decoder) if decoder is not None else contextlib.nullcontext(),
     ):
+        if decoder is not None:  # raw JPEG tiles -> (b, P, P, 3) uint8 on the device, a batch ahead
+            batches = decode_ahead(batches, decoder)
         for batch in batches:
             i = batch.slide_index
             acc, job = accs[i], jobs[i]
@@ -257,11 +259,8 @@ def embed_stream(
                 acc.error = batch.error
             elif not acc.error:
                 try:
-                    tiles, ok = batch.tiles, batch.ok
-                    if batch.raw is not None and decoder is not None:
-                        tiles, ok = decoder.decode(batch.raw)  # (b, P, P, 3) uint8 on the device
-                    acc.feats.append(encode(rt, tiles))
-                    acc.ok.append(ok)
+                    acc.feats.append(encode(rt, batch.tiles))
+                    acc.ok.append(batch.ok)
                 except Exception as exc:  # e.g. CUDA out of memory: this slide fails, the stream goes on
                     log.debug("%s: encoding failed", job.tiles.slide_id, exc_info=True)
                     acc.error = f"encoding failed: {describe_error(exc)}"

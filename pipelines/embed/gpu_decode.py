@@ -12,23 +12,30 @@ choice), so tiles equal the CPU path within JPEG/resampling rounding. Parts outs
 A slide that is not a tiled 8-bit JPEG TIFF is read by the CPU path (the reader returns pixels), and a
 JPEG tile that does not decode sends only the tiles that need it to `read_region_um` (and failing there,
 they are counted as bad like on the CPU path). The first batch of every slide is checked against the
-slide backend's pixels (channel means), so a decoder that gets the colour space wrong is caught and that
-slide is read on the CPU instead.
+slide backend's pixels (channel means), so a decoder that gets the colour space wrong is caught: that
+slide is then decoded by libjpeg-turbo (resized on the device), or failing that read by the CPU path.
+Aperio's RGB (not YCbCr) JPEG tiles get an Adobe APP14 marker (transform 0) so decoders keep RGB.
 
 Public API:
   RawSlideReader.open(st: SlideTiles) -> RawSlideReader | None   None: not a tiled JPEG TIFF (use the CPU)
   RawSlideReader.read(start, stop) -> RawBatch                    (runs in reader workers; picklable out)
   RawBatch                                                        compressed streams + per-tile plans
   DeviceDecoder(device).decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool on the CPU)
+  decode_ahead(batches, decoder, depth=2) -> Iterator[TileBatch]  raw batches decoded (CUDA: in a thread,
+                                                                  on a side stream, depth batches ahead)
   complete_jpeg(tile, tables, rgb) -> bytes                       abbreviated TIFF JPEG -> full stream
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +46,7 @@ import torch
 from wsi.slide import SNAP_TOLERANCE, _filter_for
 
 if TYPE_CHECKING:
-    from pipelines.embed.feed import SlideTiles
+    from pipelines.embed.feed import SlideTiles, TileBatch
     from wsi.slide import Slide
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,8 @@ def complete_jpeg(tile: bytes, tables: bytes | None, rgb: bool) -> bytes:
     head = _SOI
     if rgb:
         head += _ADOBE_RGB
+        if body[:2] == b"\xff\xe0" and body[4:9] == b"JFIF\x00":  # JFIF would mean YCbCr to decoders
+            body = body[2 + int.from_bytes(body[2:4], "big") :]
     if tables and len(tables) > 4:
         head += tables[2:-2]  # strip the tables' own SOI and EOI
     return head + body
@@ -101,7 +110,7 @@ class RawBatch:
     Regions are read_region_um's windows in level px: window b starts at (ix, iy), is (n_w, n_h) px, and
     the output tile comes from it by `kind` (copy P x P, reduce k x k blocks, or resample box
     (bx, by, side) with `filt`). `table[b]` maps the JPEG grid cells the window touches (from its first
-    cell (gx0, gy0)) to indices into `streams`; -1 is white.
+    cell (gx0, gy0)) to indices of the streams in `data`; -1 is white.
     """
 
     slide_path: str
@@ -213,8 +222,11 @@ class RawSlideReader:
                     table[j, r, c] = slots.setdefault(cell, len(slots))
         cells = np.array(list(slots) or np.zeros((0, 2)), np.int64).reshape(-1, 2)
         streams, lengths = [], []
-        for col, row in cells:
+        for slot, (col, row) in enumerate(cells):
             stream = self._stream(int(col), int(row))
+            if stream is None:  # a tile the file does not hold (sparse TIFF): background, like openslide
+                table[table == slot] = -1
+                stream = b""
             streams.append(stream)
             lengths.append(len(stream))
         data = np.frombuffer(b"".join(streams), np.uint8) if streams else np.zeros(0, np.uint8)
@@ -226,11 +238,13 @@ class RawSlideReader:
             grid0=np.stack([gx0, gy0], axis=1).astype(np.int64), table=table,
         )  # fmt: skip
 
-    def _stream(self, col: int, row: int) -> bytes:
-        """The complete JPEG stream of one tile, or b"" when it is missing or not a JPEG."""
+    def _stream(self, col: int, row: int) -> bytes | None:
+        """The complete JPEG stream of one tile; None: not in the file (white); b"": not a JPEG (bad)."""
         i = row * self.lv.n_cols + col
         offset, count = int(self.lv.offsets[i]), int(self.lv.counts[i])
-        if count <= 2 or offset <= 0:
+        if count == 0 or offset == 0:
+            return None
+        if count <= 2:
             return b""
         tile = os.pread(self._fd, count, offset)
         if len(tile) != count or tile[:2] != _SOI:
@@ -276,7 +290,9 @@ class DeviceDecoder:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._slides: dict[str, Slide] = {}
-        self._colour_ok: dict[str, bool] = {}
+        # per slide, after its first batch was checked: "device" decode, "cpu" decode (then resized on the
+        # device), or "slide" (the decoders' colours were wrong: read_region_um reads it)
+        self._mode: dict[str, str] = {}
 
     def close(self) -> None:
         for slide in self._slides.values():
@@ -293,17 +309,28 @@ class DeviceDecoder:
         """(b, P, P, 3) uint8 tiles on the device and (b,) bool ok on the CPU (False: unreadable)."""
         b, p = len(raw), raw.tile_px
         ok = torch.ones(b, dtype=torch.bool)
-        if self._colour_ok.get(raw.slide_path) is False:
+        mode = self._mode.get(raw.slide_path)
+        if mode == "slide":
             return self._cpu_tiles(raw, np.arange(b), ok), ok
-        images, bad = self._decode_streams(raw)
-        if raw.slide_path not in self._colour_ok and images is not None:
-            self._colour_ok[raw.slide_path] = self._check_colour(raw, images, bad)
-            if not self._colour_ok[raw.slide_path]:
+        cpu = torch.device("cpu")
+        stack, bad = self._decode_streams(raw, cpu if mode == "cpu" else self.device)  # (J + 1, th, tw, 3)
+        if mode is None and len(bad):
+            mode = "device" if self._check_colour(raw, stack[:-1], bad) else "slide"
+            if mode == "slide" and self.device.type != "cpu":  # the device's decoder: try libjpeg-turbo
+                stack, bad = self._decode_streams(raw, cpu)
+                mode = "cpu" if self._check_colour(raw, stack[:-1], bad) else "slide"
+            if mode != "device":
+                log.warning(
+                    "%s: %s JPEG decode gives other colours than %s; decoding %s", raw.slide_path,
+                    self.device.type, raw.backend,
+                    "on the CPU, resizing on the device" if mode == "cpu" else "the slide with the CPU path",
+                )  # fmt: skip
+            self._mode[raw.slide_path] = mode
+            if mode == "slide":
                 return self._cpu_tiles(raw, np.arange(b), ok), ok
-        tw, th = raw.tile_wh
+        if stack.device != self.device:
+            stack = stack.to(self.device)
         j = len(raw.lengths)
-        white = torch.full((1, th, tw, 3), _WHITE, dtype=torch.uint8, device=self.device)
-        stack = white if images is None else torch.cat([images, white])  # (J + 1, th, tw, 3)
         table = raw.table.copy()
         needs_cpu = np.zeros(b, bool)
         if bad.any():
@@ -321,29 +348,30 @@ class DeviceDecoder:
             if len(groups) == 1:
                 out = tiles
             else:
-                out[torch.from_numpy(idx).to(self.device)] = tiles
+                out[_to(idx, self.device)] = tiles
         if needs_cpu.any():
             which = np.flatnonzero(needs_cpu)
-            out[torch.from_numpy(which).to(self.device)] = self._cpu_tiles(raw, which, ok)
+            out[_to(which, self.device)] = self._cpu_tiles(raw, which, ok)
         return out, ok
 
     # -------------------------------------------------------------------------------------- pieces
-    def _decode_streams(self, raw: RawBatch) -> tuple[torch.Tensor | None, np.ndarray]:
-        """(J, th, tw, 3) uint8 on the device (bad streams white) and the (J,) bool of bad streams."""
+    def _decode_streams(self, raw: RawBatch, on: torch.device) -> tuple[torch.Tensor, np.ndarray]:
+        """(J + 1, th, tw, 3) uint8 on `on`: the decoded streams (bad ones white), then a white tile; and
+        the (J,) bool of bad streams."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
         lengths = np.asarray(raw.lengths, np.int64)
         bad = lengths == 0
-        if len(lengths) == 0:
-            return None, bad
         tw, th = raw.tile_wh
+        white = torch.full((3, th, tw), _WHITE, dtype=torch.uint8, device=on)
         parts = list(torch.split(raw.data, raw.lengths))  # views, (len_i,) uint8 each
         good = np.flatnonzero(~bad)
         decoded: list[torch.Tensor | None] = [None] * len(parts)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torchvision's "decoding is deprecated" notice
             try:
-                batch = decode_jpeg([parts[i] for i in good], mode=ImageReadMode.RGB, device=self.device)
+                streams = [parts[i] for i in good]
+                batch = decode_jpeg(streams, mode=ImageReadMode.RGB, device=on) if streams else []
                 for i, img in zip(good, batch, strict=True):
                     decoded[i] = img
             except Exception:  # one broken stream fails the batch call: find it stream by stream
@@ -352,14 +380,13 @@ class DeviceDecoder:
                 )
                 for i in good:
                     try:
-                        decoded[i] = decode_jpeg(parts[i], mode=ImageReadMode.RGB, device=self.device)
+                        decoded[i] = decode_jpeg(parts[i], mode=ImageReadMode.RGB, device=on)
                     except Exception as exc:
                         col, row = raw.cells[i]
                         log.warning(
                             "%s: JPEG tile (%d, %d) of level %d does not decode (%s); its tiles are read "
                             "on the CPU", raw.slide_path, col, row, raw.level, exc,
                         )  # fmt: skip
-        white = None
         for i, img in enumerate(decoded):
             if img is None or tuple(img.shape) != (3, th, tw):
                 if img is not None:
@@ -367,11 +394,9 @@ class DeviceDecoder:
                         "%s: JPEG tile of %s px, expected %dx%d", raw.slide_path, tuple(img.shape), th, tw
                     )
                 bad[i] = True
-                white = white if white is not None else torch.full((3, th, tw), _WHITE, dtype=torch.uint8,
-                                                                   device=self.device)  # fmt: skip
                 decoded[i] = white
-        images = torch.stack(decoded)  # type: ignore[arg-type]  # (J, 3, th, tw)
-        return images.permute(0, 2, 3, 1).contiguous(), bad  # (J, th, tw, 3)
+        images = torch.stack([*decoded, white])  # type: ignore[list-item]  # (J + 1, 3, th, tw)
+        return images.permute(0, 2, 3, 1).contiguous(), bad  # (J + 1, th, tw, 3)
 
     def _gather(
         self, raw: RawBatch, stack: torch.Tensor, table: np.ndarray, idx: np.ndarray, side: int | None
@@ -383,24 +408,26 @@ class DeviceDecoder:
         win = raw.win[idx]
         r_max = side if side is not None else int(win[:, 3].max())
         s_max = side if side is not None else int(win[:, 2].max())
-        w = torch.from_numpy(win).to(dev)  # (G, 4)
-        g0 = torch.from_numpy(raw.grid0[idx]).to(dev)  # (G, 2)
-        t = torch.from_numpy(table).to(dev)  # (G, GH, GW)
-        gh, gw = t.shape[1], t.shape[2]
+        g, gh, gw = table.shape
+        # one more cell row and column, white: pixels outside the level or the window point there
+        ext = np.full((g, gh + 1, gw + 1), stack.shape[0] - 1, np.int64)
+        ext[:, :gh, :gw] = table
+        w = _to(win, dev)  # (G, 4)
+        g0 = _to(raw.grid0[idx], dev)  # (G, 2)
+        t = _to(ext, dev).reshape(-1)  # (G * (GH + 1) * (GW + 1),)
 
         def axis(n: int, start: torch.Tensor, size: torch.Tensor, limit: int, tile: int, first: torch.Tensor,
-                 cells: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                 cells: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
             pos = start[:, None] + torch.arange(n, device=dev)[None]  # (G, n) level px
             valid = (pos >= 0) & (pos < limit) & (torch.arange(n, device=dev)[None] < size[:, None])
             cell = (torch.div(pos, tile, rounding_mode="floor") - first[:, None]).clamp(0, cells - 1)
-            return cell, torch.remainder(pos, tile), valid
+            return torch.where(valid, cell, cells), torch.remainder(pos, tile)
 
-        cy, yy, vy = axis(r_max, w[:, 1], w[:, 3], lh, th, g0[:, 1], gh)  # (G, R)
-        cx, xx, vx = axis(s_max, w[:, 0], w[:, 2], lw, tw, g0[:, 0], gw)  # (G, S)
-        rows = torch.arange(len(idx), device=dev)[:, None, None]
-        tid = t[rows, cy[:, :, None], cx[:, None, :]]  # (G, R, S) slot of every window pixel
-        tid = torch.where(vy[:, :, None] & vx[:, None, :], tid, stack.shape[0] - 1)  # outside: white
-        flat = (tid * th + yy[:, :, None]) * tw + xx[:, None, :]  # (G, R, S) pixel index into the stack
+        cy, yy = axis(r_max, w[:, 1], w[:, 3], lh, th, g0[:, 1], gh)  # (G, R)
+        cx, xx = axis(s_max, w[:, 0], w[:, 2], lw, tw, g0[:, 0], gw)  # (G, S)
+        row0 = (torch.arange(g, device=dev)[:, None] * (gh + 1) + cy) * (gw + 1)  # (G, R)
+        flat = t[row0[:, :, None] + cx[:, None, :]]  # (G, R, S) slot of every window pixel
+        flat.mul_(th * tw).add_((yy * tw)[:, :, None]).add_(xx[:, None, :])  # pixel index into the stack
         return stack.reshape(-1, 3)[flat]  # (G, R, S, 3)
 
     def _check_colour(self, raw: RawBatch, images: torch.Tensor, bad: np.ndarray) -> bool:
@@ -409,7 +436,7 @@ class DeviceDecoder:
         lw, lh = raw.level_wh
         spread = images.amax(dim=3).float() - images.amin(dim=3).float()  # (J, th, tw)
         score = spread.mean(dim=(1, 2))
-        score[torch.from_numpy(bad).to(score.device)] = -1
+        score[_to(bad, score.device)] = -1
         i = int(score.argmax())  # one synchronisation per slide
         if bad[i]:
             return True  # nothing decoded to compare; the per-tile fallback handles this batch
@@ -423,9 +450,9 @@ class DeviceDecoder:
         got = images[i, :h, :w].float().mean(dim=(0, 1)).cpu().numpy()
         diff = np.abs(got - ref.reshape(-1, 3).mean(axis=0))
         if diff.max() > _COLOUR_CHECK_MAX:
-            log.warning(
-                "%s: device JPEG decode gives other colours than %s (channel means differ by %s); this "
-                "slide is read on the CPU", raw.slide_path, raw.backend, np.round(diff, 1).tolist(),
+            log.info(
+                "%s: JPEG decode on %s: channel means differ from %s by %s", raw.slide_path, images.device,
+                raw.backend, np.round(diff, 1).tolist(),
             )  # fmt: skip
             return False
         return True
@@ -459,7 +486,68 @@ class DeviceDecoder:
                     "%s: tile at level-0 (%d, %d) unreadable, skipped: %s", raw.slide_path, x, y,
                     describe_error(exc),
                 )  # fmt: skip
-        return torch.from_numpy(tiles).to(self.device)
+        return _to(tiles, self.device)
+
+
+def decode_ahead(
+    batches: Iterable[TileBatch], decoder: DeviceDecoder, depth: int = 2, threaded: bool | None = None
+) -> Iterator[TileBatch]:
+    """The batches with raw JPEG tiles decoded, `depth` batches ahead of the consumer.
+
+    On CUDA (threaded=None) decoding runs in one background thread on its own CUDA stream, so the
+    decoder's host-side work overlaps the encoder's forward pass of the previous batch. On the CPU it
+    runs inline: two threads issuing parallel torch ops oversubscribe the cores (measured 2x slower).
+    A batch whose decoding raises (e.g. out of device memory) comes back with `error` set, which fails
+    that slide only.
+    """
+    device = decoder.device
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if threaded is None:
+        threaded = stream is not None
+
+    def work(batch: TileBatch) -> tuple[TileBatch, torch.cuda.Event | None]:
+        if batch.raw is None:
+            return batch, None
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                tiles, ok = decoder.decode(batch.raw)
+                event = None
+                if stream is not None:
+                    event = torch.cuda.Event()
+                    event.record(stream)
+        except Exception as exc:
+            log.debug("%s: device decode failed", batch.raw.slide_path, exc_info=True)
+            return batch._replace(raw=None, error=f"device decode failed: {type(exc).__name__}: {exc}"), None
+        return batch._replace(tiles=tiles, ok=ok, raw=None), event
+
+    def ready(item: tuple[TileBatch, torch.cuda.Event | None]) -> TileBatch:
+        batch, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)  # the consumer's kernels start after decoding, the host does not wait
+            batch.tiles.record_stream(current)  # its memory is not reused while the consumer reads it
+        return batch
+
+    if not threaded:
+        for batch in batches:
+            yield ready(work(batch))
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsi-embed-decode") as pool:
+        pending: deque[Future[tuple[TileBatch, torch.cuda.Event | None]]] = deque()
+        for batch in batches:
+            pending.append(pool.submit(work, batch))
+            if len(pending) > depth:
+                yield ready(pending.popleft().result())
+        while pending:
+            yield ready(pending.popleft().result())
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on the device without a host synchronisation (pinned, non-blocking on CUDA)."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _finish(
@@ -473,14 +561,20 @@ def _finish(
     if kind == _REDUCE:
         blocks = canvas.reshape(g, p, k, p, k, 3).float().mean(dim=(2, 4))  # (G, P, P, 3)
         return blocks.add_(0.5).floor_().clamp_(0, 255).to(torch.uint8)
-    box = torch.from_numpy(raw.box[idx]).to(device)  # (G, 3) bx, by, side (float64)
-    win = torch.from_numpy(raw.win[idx]).to(device)
-    wy = _pil_weights(box[:, 1], box[:, 2], win[:, 3], p, canvas.shape[1], filt)  # (G, P, R)
-    wx = _pil_weights(box[:, 0], box[:, 2], win[:, 2], p, canvas.shape[2], filt)  # (G, P, S)
-    x = canvas.float()  # (G, R, S, 3)
-    x = torch.einsum("gqs,grsc->grqc", wx, x)  # horizontal first, like PIL: (G, R, P, 3)
-    x = torch.einsum("gpr,grqc->gpqc", wy, x)  # (G, P, P, 3)
-    return x.add_(0.5).floor_().clamp_(0, 255).to(torch.uint8)
+
+    def weights(axis: int, n: int) -> torch.Tensor:  # (G, P, n); regions share few distinct boxes
+        keys = np.stack([raw.box[idx, axis], raw.box[idx, 2], raw.win[idx, 2 + axis]], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        u = _to(uniq.astype(np.float32), device)  # (U, 3) start, side, input size
+        return _pil_weights(u[:, 0], u[:, 1], u[:, 2], p, n, filt)[_to(inv.reshape(-1), device)]
+
+    wy = weights(1, canvas.shape[1])  # (G, P, R)
+    wx = weights(0, canvas.shape[2])  # (G, P, S)
+    x = canvas.permute(0, 3, 1, 2).float()  # (G, 3, R, S)
+    x = x @ wx.transpose(1, 2)[:, None]  # horizontal first, like PIL: (G, 3, R, P)
+    x = wy[:, None] @ x  # (G, 3, P, P)
+    x = x.add_(0.5).floor_().clamp_(0, 255).to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous()  # (G, P, P, 3) like the CPU path (channels_last downstream)
 
 
 def _pil_weights(
@@ -488,29 +582,25 @@ def _pil_weights(
 ) -> torch.Tensor:
     """(G, out, n) float32 rows of PIL's resampling coefficients (precompute_coeffs in Resample.c) for
     boxes [start, start + side) of inputs `in_size` px long (columns beyond it weigh 0)."""
-    support0 = _FILTERS[filt]
+    dev = start.device
     scale = side / out  # (G,)
-    filterscale = torch.clamp(scale, min=1.0)
-    support = support0 * filterscale
-    center = (
-        start[:, None]
-        + (torch.arange(out, device=start.device, dtype=start.dtype)[None] + 0.5) * scale[:, None]
-    )
-    xmin = torch.clamp(torch.trunc(center - support[:, None] + 0.5), min=0)  # (G, out)
-    xmax = torch.minimum(torch.trunc(center + support[:, None] + 0.5), in_size[:, None].to(center.dtype))
-    i = torch.arange(n, device=start.device, dtype=start.dtype)[None, None]  # (1, 1, n)
-    d = (i - center[:, :, None] + 0.5) / filterscale[:, None, None]  # (G, out, n)
+    filterscale = torch.clamp(scale, min=1.0)[:, None, None]  # (G, 1, 1)
+    support = _FILTERS[filt] * filterscale
+    o = torch.arange(out, device=dev, dtype=torch.float32)[None, :, None]  # (1, out, 1)
+    center = start[:, None, None] + (o + 0.5) * scale[:, None, None]  # (G, out, 1)
+    xmin = torch.clamp(torch.trunc(center - support + 0.5), min=0)
+    xmax = torch.minimum(torch.trunc(center + support + 0.5), in_size[:, None, None])
+    i = torch.arange(n, device=dev, dtype=torch.float32)[None, None]  # (1, 1, n)
+    d = (i + 0.5 - center) / filterscale  # (G, out, n) distance in filter units
     if filt == "BOX":
-        w = ((d > -0.5) & (d <= 0.5)).to(d.dtype)
+        w = ((d > -0.5) & (d <= 0.5)).float()
     elif filt == "BILINEAR":
         w = torch.clamp(1.0 - d.abs(), min=0.0)
     else:  # BICUBIC, a = -0.5
         a, x = -0.5, d.abs()
-        w = torch.where(
-            x < 1.0,
-            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
-            torch.where(x < 2.0, (((x - 5.0) * x + 8.0) * x - 4.0) * a, torch.zeros_like(x)),
-        )
-    w = w * ((i >= xmin[:, :, None]) & (i < xmax[:, :, None]))
+        near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        w = torch.where(x < 1.0, near, torch.where(x < 2.0, far, torch.zeros_like(x)))
+    w = w * ((i >= xmin) & (i < xmax))
     total = w.sum(dim=2, keepdim=True)
-    return (w / torch.where(total == 0, torch.ones_like(total), total)).float()
+    return w / torch.where(total == 0, torch.ones_like(total), total)

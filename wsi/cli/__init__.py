@@ -1,1 +1,4 @@
-"""Command line. Thin: parse, validate, call a keyword-only library function. The library never imports this."""
+"""Command line. Thin: parse, validate, call a keyword-only library function.
+
+The library never imports this package.
+"""

@@ -34,10 +34,15 @@ def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class:
     from pipelines.demo import DemoOptions, run_demo
 
     if weights is None:
-        click.echo(f"Note: no --weights given: {encoder} is randomly initialised (features are not RetCCL's).",
-                   err=True)
-    result = run_demo(DemoOptions(out_dir=out_dir, weights=weights, encoder=encoder,
-                                  slides_per_class=slides_per_class, epochs=epochs, workers=workers, seed=seed))
+        click.echo(
+            f"Note: no --weights given: {encoder} is randomly initialised (features are not RetCCL's).",
+            err=True,
+        )
+    options = DemoOptions(
+        out_dir=out_dir, weights=weights, encoder=encoder, slides_per_class=slides_per_class,
+        epochs=epochs, workers=workers, seed=seed,
+    )  # fmt: skip
+    result = run_demo(options)
     auroc = "n/a (one class in the test split)" if result.test_auroc is None else f"{result.test_auroc:.3f}"
     click.echo(f"\nDemo finished in {result.seconds:.0f} s. Test AUROC: {auroc}")
     for name, path in result.outputs.items():

@@ -19,6 +19,7 @@ Examples:
   wsi embed --tiles run/ --out run/ --encoder timm:resnet50 --weights resnet50.safetensors
   wsi embed --tiles run/ --out run/ --random-init                    # tests / demo only
   wsi embed --tiles run/ --out run/ --weights best_ckpt.pth --scheduler tcp://10.0.0.5:8786
+  wsi embed --tiles run/ --out run/ --weights best_ckpt.pth --decode cpu --readers 15   # openslide decoding
 
 \b
 Output (under --out):

@@ -18,7 +18,8 @@ def _tile_summary(path: Path) -> dict[str, Any]:
     m = tf.meta
     out: dict[str, Any] = {"file": str(path), "kind": "tile file (wsi-tiles)", "tiles": len(tf)}
     keys = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "backend",
-            "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept", "wsi_version")  # fmt: skip
+            "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept",
+            "wsi_version")  # fmt: skip
     for key in keys:
         if key in m:
             out[key] = m[key]
