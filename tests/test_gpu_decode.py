@@ -236,6 +236,7 @@ def test_decode_option_and_cli() -> None:
     assert result.exit_code == 0 and "--decode" in result.output
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nvjpeg_tiles_equal_the_cpu_decode(make_slide, shared_data: Path) -> None:
     cases = [(make_slide(name="gd-0.46", size_um=(700.0, 560.0), mpp=0.46, seed=1).path, 0.46)]
@@ -254,6 +255,7 @@ def test_nvjpeg_tiles_equal_the_cpu_decode(make_slide, shared_data: Path) -> Non
         assert _mean_abs(on_gpu.cpu().numpy(), _cpu_tiles(st)).max() < MAX_MEAN_ABS
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_embedding_with_device_decode_matches_cpu_decode(make_slide, tmp_path: Path) -> None:
     slide = make_slide(name="gd-e2e", size_um=640.0, mpp=0.46, seed=0)
