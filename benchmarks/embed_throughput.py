@@ -33,11 +33,12 @@ import dataclasses
 import logging
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -65,16 +66,6 @@ log = logging.getLogger("embed_throughput")
 TILE_UM, TARGET_MPP, SLIDE_MPP = 256.0, 1.0, 0.46
 FIELDS = ("measure", "tiles", "seconds", "tiles_per_s", "device", "device_name", "precision", "batch_size",
           "readers", "threads", "decode")  # fmt: skip
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def _slide_jobs(folder: Path, side_mm: float, n_tiles: int) -> tuple[list[SlideTiles], Path]:
@@ -196,7 +187,7 @@ def main() -> None:
     threads = args.threads or cores
     batch_size = args.batch_size or (256 if cuda else 32)
     device = resolve_device(args.device)
-    device_name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
+    device_name = torch.cuda.get_device_name(device) if cuda else cpu_model()
     precision = args.precision if cuda else "fp32"
 
     encoder = build_encoder("retccl", random_init=True)

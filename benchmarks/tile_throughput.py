@@ -22,12 +22,12 @@ import csv
 import functools
 import logging
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
 from pipelines.batch import ItemResult, run_batch, start_local_cluster
 from pipelines.tile import default_threads, read_tile_chunks, tile_slides
@@ -36,16 +36,6 @@ from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
 from wsi.tiling import TileParams, make_grid, tissue_fractions
 from wsi.tissue import tissue_mask
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> list[SlideSource]:
@@ -163,7 +153,7 @@ def main() -> None:
     coords = candidate_coords(sources[0], params)
     px = round(size_um / args.mpp)
     print(f"slide {px} x {px} px at {args.mpp} um/px, {len(sources)} slides, {len(coords)} tissue tiles "
-          f"each; {os.cpu_count()} CPUs ({_cpu_model()})")  # fmt: skip
+          f"each; {os.cpu_count()} CPUs ({cpu_model()})")  # fmt: skip
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:

@@ -106,7 +106,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     log.info("demo 3/5: embed with %s (%s)", opts.encoder,
              opts.weights if opts.weights else "random initialisation: no weights given")
     options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
-                           random_init=opts.weights is None, batch_size=32, readers=2)
+                           random_init=opts.weights is None, batch_size=32)
     _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
     features = next(p for p in (out / "features").iterdir() if p.is_dir())
 

@@ -19,7 +19,6 @@ import csv
 import io
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -282,7 +281,6 @@ def _embed_raw_slides(
         encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
         expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
         input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
-        readers=min(8, os.cpu_count() or 1),
     )  # fmt: skip
     sources = find_slides(inputs)
     results = embed_slides(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ Precision = Literal["bf16", "fp16", "fp32"]
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
+def default_readers() -> int:
+    """Reader processes: every core but the one feeding the device, at most 16."""
+    return max(1, min(16, (os.cpu_count() or 1) - 1))
+
+
 @dataclass(frozen=True)
 class EmbedOptions:
     """Options of the embed stage; defaults are what `wsi embed` uses."""
@@ -56,7 +62,8 @@ class EmbedOptions:
     compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
     threads: int | None = None  # CPU threads for torch (None: torch's default)
     batch_size: int = 128  # tiles per forward pass; 128 x 256 px fills an H100 in bf16
-    readers: int = 8  # background readers (threads inside dask workers, which may not fork)
+    #: background readers (threads inside dask workers, which may not fork); default: the cores but one
+    readers: int = field(default_factory=lambda: default_readers())
     reader_mode: Literal["process", "thread"] = "process"  # threads: no shared memory (small /dev/shm)
     dtype: Literal["float16", "float32"] = "float16"  # feats on disk
     max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails

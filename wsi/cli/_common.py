@@ -30,3 +30,25 @@ def user_errors(func: F) -> F:
             raise SystemExit(EXIT_USAGE) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# Options several commands share, defined once so their names, types and defaults cannot drift apart.
+def workers_option(help_text: str) -> Callable[[F], F]:
+    return click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=help_text)
+
+
+def scheduler_option(
+    help_text: str = "Run on an existing dask.distributed cluster (e.g. tcp://host:8786).",
+) -> Callable[[F], F]:
+    return click.option("--scheduler", default=None, metavar="ADDRESS", help=help_text)
+
+
+def mpp_option(help_text: str) -> Callable[[F], F]:
+    return click.option("--mpp", type=click.FloatRange(min=0, min_open=True), default=None, help=help_text)
+
+
+def backend_option() -> Callable[[F], F]:
+    return click.option(
+        "--backend", type=click.Choice(["openslide", "tiffslide"]), default="openslide", show_default=True,
+        help="Slide reader.",
+    )  # fmt: skip

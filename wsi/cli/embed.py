@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, user_errors
+from wsi.cli._common import (
+    EXIT_PARTIAL_FAILURE,
+    EXIT_USAGE,
+    mpp_option,
+    scheduler_option,
+    user_errors,
+    workers_option,
+)
 
 
 @click.command(
@@ -118,19 +125,8 @@ Re-running skips bags made by the same encoder and weights; --overwrite redoes t
 )
 @click.option("--no-cache", is_flag=True, help="Read tiles from the slides even when a zarr cache exists.")
 @click.option("--overwrite", is_flag=True, help="Redo bags that are already complete.")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Local dask worker processes, each with its own encoder (e.g. one per GPU).",
-)
-@click.option(
-    "--scheduler",
-    default=None,
-    metavar="ADDRESS",
-    help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786).",
-)
+@workers_option("Local dask worker processes, each with its own encoder (e.g. one per GPU).")
+@scheduler_option()
 @click.option(
     "--tile-um",
     type=click.FloatRange(min=1),
@@ -145,12 +141,7 @@ Re-running skips bags made by the same encoder and weights; --overwrite redoes t
     show_default=True,
     help="With slide PATHS: tile side in pixels.",
 )
-@click.option(
-    "--mpp",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="With slide PATHS: level-0 um/px for slides whose metadata has none.",
-)
+@mpp_option("With slide PATHS: level-0 um/px for slides whose metadata has none.")
 @user_errors
 def command(
     paths: tuple[Path, ...],
@@ -185,15 +176,14 @@ def command(
     are tiled first into --out. A slide with unreadable tiles is embedded without them unless more than
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
-    import os
-
     from pipelines.embed import EmbedOptions, embed_slides, embed_tiles
+    from pipelines.embed.engine import default_readers
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
     if readers is None:
-        readers = max(1, min(16, (os.cpu_count() or 1) - 1))
+        readers = default_readers()
     options = EmbedOptions(
         encoder=encoder, weights=str(weights) if weights else None, random_init=random_init,
         expected_sha256=expected_sha256, input_px=input_px, device=device, precision=precision,  # type: ignore[arg-type]

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import EXIT_PARTIAL_FAILURE, user_errors
+from wsi.cli._common import (
+    EXIT_PARTIAL_FAILURE,
+    backend_option,
+    mpp_option,
+    scheduler_option,
+    user_errors,
+    workers_option,
+)
 
 
 @click.command(
@@ -57,28 +64,13 @@ Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage e
     default=None,
     help="Encoder weights for raw slides (must match the run's recorded sha256).",
 )
-@click.option(
-    "--mpp",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Level-0 um/px for slides whose metadata has none.",
-)
-@click.option(
-    "--backend", type=click.Choice(["openslide", "tiffslide"]), default="openslide", show_default=True
-)
+@mpp_option("Level-0 um/px for slides whose metadata has none.")
+@backend_option()
 @click.option(
     "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Slides tiled/embedded in parallel (local dask workers).",
-)
-@click.option(
-    "--scheduler", default=None, metavar="ADDRESS", help="Tile/embed on a dask.distributed cluster."
-)
+@workers_option("Slides tiled/embedded in parallel (local dask workers).")
+@scheduler_option("Tile/embed on a dask.distributed cluster.")
 @click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @user_errors

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, user_errors
+from wsi.cli._common import (
+    EXIT_PARTIAL_FAILURE,
+    EXIT_USAGE,
+    backend_option,
+    mpp_option,
+    scheduler_option,
+    user_errors,
+    workers_option,
+)
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
 
@@ -52,32 +60,10 @@ manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --ov
     show_default=True,
     help="Tile side in pixels after resizing (target um/px = tile-um / tile-px).",
 )
-@click.option(
-    "--mpp",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["openslide", "tiffslide"]),
-    default="openslide",
-    show_default=True,
-    help="Slide reader.",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Slides processed in parallel (local dask worker processes).",
-)
-@click.option(
-    "--scheduler",
-    default=None,
-    metavar="ADDRESS",
-    help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786).",
-)
+@mpp_option("Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).")
+@backend_option()
+@workers_option("Slides processed in parallel (local dask worker processes).")
+@scheduler_option()
 @click.option(
     "--threads",
     type=click.IntRange(min=1),

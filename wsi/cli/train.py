@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import user_errors
+from wsi.cli._common import scheduler_option, user_errors
 
 
 @click.command(
@@ -91,12 +91,7 @@ with the mean and standard deviation of each figure.
 @click.option(
     "--cv", type=click.IntRange(min=2), default=None, help="K-fold cross-validation (patient-grouped)."
 )
-@click.option(
-    "--scheduler",
-    default=None,
-    metavar="ADDRESS",
-    help="Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).",
-)
+@scheduler_option("Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out from its last epoch.")
 @click.option(
     "--init-from",
