@@ -8,7 +8,7 @@ is what trains.
 
 from __future__ import annotations
 
-import csv
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from pipelines.embed import EmbedOptions, embed_tiles
 from pipelines.predict import predict
 from pipelines.tile import tile_slides
 from pipelines.train import train
+from pipelines.train.checkpoints import has_resume
 from wsi._files import write_text_atomic
 from wsi.samples import write_sample_slide
 from wsi.sources import find_slides
@@ -110,16 +111,22 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
     features = next(p for p in (out / "features").iterdir() if p.is_dir())
 
-    log.info("demo 4/5: train (task nsclc-subtype, whole bags)")
     run_dir = out / "model"
-    result = train(task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
-                   epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
-                   overrides={"patience": opts.epochs})
+    if (run_dir / "metrics.json").is_file():  # a finished run: re-use it, as the stages above do
+        log.info("demo 4/5: train: finished run found in %s, re-used", run_dir)
+        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    else:
+        log.info("demo 4/5: train (task nsclc-subtype, whole bags)")
+        metrics = train(
+            task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
+            epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
+            overrides={"patience": opts.epochs}, resume=has_resume(run_dir),
+        ).metrics  # fmt: skip
 
     log.info("demo 5/5: predict new slides from raw pixels (tile -> embed -> classify)")
     pred_dir = out / "predictions"
     predict(model_dir=run_dir, inputs=[new], out_dir=pred_dir, weights=opts.weights, workers=opts.workers)
-    auroc = result.metrics.get("auroc")
+    auroc = metrics.get("auroc")
     outputs = {
         "sample slides": labelled,
         "labels": labels,
@@ -137,7 +144,3 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         seconds=time.perf_counter() - start,
     )
 
-
-def read_predictions(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
