@@ -34,19 +34,17 @@ class SeqNormAttention(AttentionBase):
         self.norm_k = ChannelAffine(self.inner_dim)
         self.norm_v = ChannelAffine(self.inner_dim)
 
+    def _normalize(self, t: Tensor, mask: Tensor | None, affine: ChannelAffine) -> Tensor:
+        mean, var = masked_mean_var(t, mask)  # (B, 1, D) each, over real tokens only
+        a = affine.gamma * torch.rsqrt(var + self.eps)  # (B, 1, D): gamma * (t - mean) / sd + beta
+        return torch.addcmul(affine.beta - mean * a, t, a)  # one (B, N, D) allocation
+
     def _normalized(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        # The normalization is per channel, so Q, K and V are normalized together on the fused (B, N, 3D)
-        # projection: one reduction and one affine instead of three of each (fewer kernels: on a GPU the
-        # small-bag step is launch-bound).
-        qkv = self.to_qkv(x)  # (B, N, 3D)
-        mean, var = masked_mean_var(qkv, mask)  # (B, 1, 3D) each, over real tokens only
-        gamma = torch.cat((self.norm_q.gamma, self.norm_k.gamma, self.norm_v.gamma))  # (3D,)
-        beta = torch.cat((self.norm_q.beta, self.norm_k.beta, self.norm_v.beta))  # (3D,)
-        a = gamma * torch.rsqrt(var + self.eps)  # (B, 1, 3D): gamma * (t - mean) / sd + beta
-        qkv = torch.addcmul(beta - mean * a, qkv, a)  # one (B, N, 3D) allocation
-        # beta makes padded rows non-zero after normalization: zero them so they add nothing to K^T V
-        # (padded queries only produce outputs for padded tokens, which nothing reads).
-        q, k, v = zero_padded(qkv, mask).chunk(3, dim=-1)  # (B, N, D) each
+        q, k, v = self.qkv(x)  # (B, N, D) each
+        q = self._normalize(q, mask, self.norm_q)
+        # beta makes padded rows non-zero after normalization: zero them so they add nothing to K^T V.
+        k = zero_padded(self._normalize(k, mask, self.norm_k), mask)
+        v = zero_padded(self._normalize(v, mask, self.norm_v), mask)
         return q, k, v
 
     def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
