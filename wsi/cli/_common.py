@@ -52,3 +52,21 @@ def backend_option() -> Callable[[F], F]:
         "--backend", type=click.Choice(["openslide", "tiffslide"]), default="openslide", show_default=True,
         help="Slide reader.",
     )  # fmt: skip
+
+
+def tile_size_options(prefix: str = "") -> Callable[[F], F]:
+    """--tile-um and --tile-px: the physical tile size and its pixel size (target um/px = um / px)."""
+
+    tile = "tile" if prefix else "Tile"
+
+    def decorate(func: F) -> F:
+        func = click.option(
+            "--tile-px", type=click.IntRange(min=8), default=256, show_default=True,
+            help=f"{prefix}{tile} side in pixels after resizing (target um/px = tile-um / tile-px).",
+        )(func)  # fmt: skip
+        return click.option(
+            "--tile-um", type=click.FloatRange(min=1), default=256.0, show_default=True,
+            help=f"{prefix}{tile} side in micrometres.",
+        )(func)  # fmt: skip
+
+    return decorate

@@ -11,6 +11,7 @@ from wsi.cli._common import (
     EXIT_USAGE,
     mpp_option,
     scheduler_option,
+    tile_size_options,
     user_errors,
     workers_option,
 )
@@ -127,20 +128,7 @@ Re-running skips bags made by the same encoder and weights; --overwrite redoes t
 @click.option("--overwrite", is_flag=True, help="Redo bags that are already complete.")
 @workers_option("Local dask worker processes, each with its own encoder (e.g. one per GPU).")
 @scheduler_option()
-@click.option(
-    "--tile-um",
-    type=click.FloatRange(min=1),
-    default=256.0,
-    show_default=True,
-    help="With slide PATHS: tile side in micrometres.",
-)
-@click.option(
-    "--tile-px",
-    type=click.IntRange(min=8),
-    default=256,
-    show_default=True,
-    help="With slide PATHS: tile side in pixels.",
-)
+@tile_size_options("With slide PATHS: ")
 @mpp_option("With slide PATHS: level-0 um/px for slides whose metadata has none.")
 @user_errors
 def command(

@@ -12,6 +12,7 @@ from wsi.cli._common import (
     backend_option,
     mpp_option,
     scheduler_option,
+    tile_size_options,
     user_errors,
     workers_option,
 )
@@ -46,20 +47,7 @@ manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --ov
 @click.option(
     "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
 )
-@click.option(
-    "--tile-um",
-    type=click.FloatRange(min=1, min_open=False),
-    default=256.0,
-    show_default=True,
-    help="Tile side in micrometres.",
-)
-@click.option(
-    "--tile-px",
-    type=click.IntRange(min=8),
-    default=256,
-    show_default=True,
-    help="Tile side in pixels after resizing (target um/px = tile-um / tile-px).",
-)
+@tile_size_options()
 @mpp_option("Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).")
 @backend_option()
 @workers_option("Slides processed in parallel (local dask worker processes).")
