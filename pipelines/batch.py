@@ -193,12 +193,19 @@ def _run_dask_quietly(
     cluster = None
     if scheduler is None:
         cluster = start_local_cluster(min(workers, len(items)))
-        client = Client(cluster)
+        try:
+            client = Client(cluster)
+        except BaseException:
+            cluster.close()
+            raise
     else:
         try:
             client = Client(scheduler, timeout="20s")
-        except (OSError, TimeoutError) as exc:
-            raise WsiError(f"cannot connect to the dask scheduler at {scheduler!r}: {exc}") from exc
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise WsiError(
+                f"cannot connect to the dask scheduler at {scheduler!r} "
+                f"(expected an address like tcp://host:8786): {exc}"
+            ) from exc
     try:
         if plugin is not None:
             client.register_plugin(plugin, name=_plugin_name(plugin))

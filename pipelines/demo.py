@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.encoders import encoder_id_for
 from pipelines.batch import ItemResult
-from pipelines.embed import EmbedOptions, embed_tiles
+from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from pipelines.predict import predict
 from pipelines.tile import tile_slides
 from pipelines.train import train
-from pipelines.train.checkpoints import has_resume
 from wsi._files import write_text_atomic
 from wsi.samples import write_sample_slide
 from wsi.sources import find_slides
@@ -109,7 +109,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
                            random_init=opts.weights is None, batch_size=32)
     _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
-    features = next(p for p in (out / "features").iterdir() if p.is_dir())
+    features = bag_dir(out, encoder_id_for(opts.encoder))
 
     run_dir = out / "model"
     if (run_dir / "metrics.json").is_file():  # a finished run: re-use it, as the stages above do
@@ -120,7 +120,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         metrics = train(
             task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
             epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
-            overrides={"patience": opts.epochs}, resume=has_resume(run_dir),
+            overrides={"patience": opts.epochs}, resume=True,  # continues an interrupted demo
         ).metrics  # fmt: skip
 
     log.info("demo 5/5: predict new slides from raw pixels (tile -> embed -> classify)")

@@ -85,6 +85,13 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
         raise ConfigError(
             f"--model {run}: no best.safetensors (nor fold-*/best.safetensors); did training finish?"
         )
+    n_folds = config.get("cv")
+    if len(ckpts) > 1 and isinstance(n_folds, int) and len(ckpts) != n_folds:
+        have = sorted(p.parent.name for p in ckpts)
+        raise ConfigError(
+            f"--model {run}: a {n_folds}-fold run, but only {', '.join(have)} finished; "
+            f"finish it with `wsi train ... --cv {n_folds} --resume` or predict with one fold's folder"
+        )
     dev = pick_device(device)
     models = []
     for ckpt in ckpts:

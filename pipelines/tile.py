@@ -165,6 +165,8 @@ def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int
         reason = f"slide path changed (was {meta.meta.get('slide_path')})"
     elif source.mpp is not None and abs(meta.mpp - source.mpp) > 1e-9:
         reason = "mpp changed"
+    elif source.mpp is None and meta.meta.get("mpp_source") == "slide list":
+        reason = f"the slide list no longer gives an mpp (was {meta.mpp:g})"
     elif meta.meta.get("mpp_source") == "--mpp" and job.fallback_mpp != meta.mpp:
         reason = f"--mpp changed (was {meta.mpp:g}, now {job.fallback_mpp})"
     elif job.save_tiles and not pixels_complete(paths.zarr, n=len(meta)):
@@ -264,27 +266,26 @@ def _tile_open_slide(
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        if writer is not None:
+        kept = candidates[reasons == KEPT]
+        counts = TileCounts(
+            n_grid=len(grid),
+            n_tissue=len(candidates),
+            n_background=int((reasons == BACKGROUND).sum()),
+            n_blurry=int((reasons == BLURRY).sum()),
+            n_unreadable=int((reasons == UNREADABLE).sum()),
+            n_kept=len(kept),
+        )
+        if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
+            raise SlideError(
+                f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
+                f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
+            )
+        if writer is not None:  # only a slide that passed commits its tile pixels
             writer.close()
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-
-    kept = candidates[reasons == KEPT]
-    counts = TileCounts(
-        n_grid=len(grid),
-        n_tissue=len(candidates),
-        n_background=int((reasons == BACKGROUND).sum()),
-        n_blurry=int((reasons == BLURRY).sum()),
-        n_unreadable=int((reasons == UNREADABLE).sum()),
-        n_kept=len(kept),
-    )
-    if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
-        raise SlideError(
-            f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
-            f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
-        )
     qc = render_qc(
         thumb,
         mask,

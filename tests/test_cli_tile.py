@@ -70,7 +70,9 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     listing.write_text("file\na.svs\n")
     result = _run(str(listing), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2 and "`path` column" in result.stderr
-    assert _run(str(empty), "--out", str(tmp_path / "o"), "--tile-px", "2").exit_code == 2
+    listing.write_text("path,mpp\nx, y.svs,0.5\n")  # an unquoted comma in a path
+    result = _run(str(listing), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "line 2" in result.stderr and "quote" in result.stderr
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "x.svs").write_bytes(b"1")
@@ -102,3 +104,11 @@ def test_console_script_help() -> None:
     assert sub.returncode == 0
     for text in ("--tile-um", "--scheduler", "--save-tiles", "Examples:", "manifest.csv"):
         assert text in sub.stdout
+
+
+def test_bad_option_values_on_real_slides_exit_2(slides: Path, tmp_path: Path) -> None:
+    result = _run(str(slides), "--out", str(tmp_path / "o"), "--tile-px", "2")
+    assert result.exit_code == 2 and "tile-px" in result.output
+    result = _run(str(slides), "--out", str(tmp_path / "o"), "--workers", "2", "--scheduler", "not-an-address")
+    assert result.exit_code == 2 and "not-an-address" in result.stderr and "tcp://" in result.stderr
+    assert "Traceback" not in result.output

@@ -184,6 +184,14 @@ def test_resume_after_an_interrupted_run(
     assert run(other) == [("emb-a", "ok"), ("emb-b", "ok")]
     assert load_bag(bags / "emb-a.h5").meta["weights_sha256"] != "random"
     assert run(dataclasses.replace(other, overwrite=True)) == [("emb-a", "ok"), ("emb-b", "ok")]
+    # so do another encoder input size and another on-disk dtype
+    assert run(dataclasses.replace(other, input_px=96)) == [("emb-a", "ok"), ("emb-b", "ok")]
+    assert load_bag(bags / "emb-a.h5").meta["input_px"] == 96
+    assert run(dataclasses.replace(other, input_px=96, dtype="float16")) == [("emb-a", "ok"), ("emb-b", "ok")]
+    assert load_bag(bags / "emb-a.h5").feats.dtype == np.float16
+    assert run(dataclasses.replace(other, input_px=96, dtype="float16")) == [
+        ("emb-a", "skipped"), ("emb-b", "skipped"),
+    ]  # fmt: skip
 
 
 def test_nan_features_fail_the_slide(run_dir: Path, tmp_path: Path) -> None:

@@ -98,7 +98,9 @@ def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(cohort, tmp_pat
     assert len(list(csv.DictReader((tmp_path / "cut" / "log.csv").open()))) == 2
     with pytest.raises(ConfigError, match="--resume"):
         _train(cohort, task, tmp_path / "cut")
-    resumed = _train(cohort, task, tmp_path / "cut", resume=True)
+    seen: list[dict] = []
+    resumed = _train(cohort, task, tmp_path / "cut", resume=True, on_epoch_end=seen.append)
+    assert [r["epoch"] for r in seen] == [3, 4, 5]  # continued after epoch 2, did not start over
 
     a, b = (
         load_file(tmp_path / "whole" / "last.safetensors"),
@@ -133,7 +135,7 @@ def test_cross_validation_folds_are_patient_disjoint(cohort, tmp_path: Path) -> 
         rows = list(csv.DictReader((tmp_path / "cv" / f"fold-{k}" / "splits.csv").open()))
         parts: dict[str, set[str]] = {}
         for r in rows:
-            parts.setdefault(r["patient"], set()).add(r["split"])
+            parts.setdefault(cohort.patient_of[r["slide"]], set()).add(r["split"])
         assert all(len(p) == 1 for p in parts.values())  # no patient in two parts of a fold
         tested += [r["slide"] for r in rows if r["split"] == "test"]
         assert (tmp_path / "cv" / f"fold-{k}" / "best.safetensors").is_file()

@@ -244,8 +244,13 @@ class Slide:
             return raw
         return np.asarray(Image.fromarray(raw).resize(size, resample=_filter_for(lw / size[0])))
 
-    def _thumbnail_by_blocks(self, mpp: float, size: tuple[int, int], block_px: int = 1024) -> np.ndarray:
-        """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid)."""
+    def _thumbnail_by_blocks(self, mpp: float, size: tuple[int, int], read_px: int = 4096) -> np.ndarray:
+        """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid).
+
+        Blocks are sized so that each read is at most `read_px` pixels a side at the level read.
+        """
+        level = self.best_level_for_mpp(mpp)
+        block_px = max(1, int(read_px * self.level_mpp(level) / mpp))  # thumbnail px per block
         out = np.empty((size[1], size[0], 3), np.uint8)
         for by in range(0, size[1], block_px):
             for bx in range(0, size[0], block_px):

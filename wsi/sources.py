@@ -72,7 +72,13 @@ def _from_csv(csv_path: Path) -> list[SlideSource]:
                     f"{csv_path}: a slide list needs a `path` column (optional: slide_id, mpp); "
                     f"found columns {columns}"
                 )
-            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                if None in row:  # DictReader puts surplus fields under None
+                    raise WsiError(
+                        f"{csv_path} line {line}: more fields than columns; quote paths that contain commas"
+                    )
+                rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from exc
     sources = []

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.encoders import build_encoder, encoder_id_for
+import h5py
+
+from models.encoders import Encoder, build_encoder, encoder_id_for
 from pipelines.batch import ItemResult, describe_error, run_batch, write_manifest
 from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime, resolve_device
 from pipelines.embed.feed import slide_tiles_from_tile_file
@@ -105,7 +107,7 @@ def embed_tiles(
     jobs, results = _jobs(files, out, options)
     todo = []
     for job in jobs:
-        done = _is_current(job, encoder.name, encoder.weights_sha256)
+        done = _is_current(job, encoder, options.dtype)
         if done and not options.overwrite:
             results.append(ItemResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
         else:
@@ -136,15 +138,22 @@ def embed_tiles(
     return results
 
 
-def _is_current(job: SlideJob, encoder: str, weights_sha256: str) -> bool:
-    """A finished bag from this encoder and weights, made from the tile file as it is now."""
-    if not is_complete_bag(job.bag_path, encoder=encoder, weights_sha256=weights_sha256):
+def _is_current(job: SlideJob, encoder: Encoder, dtype: str) -> bool:
+    """A finished bag from this encoder, weights, input size and dtype, from the tile file as it is now."""
+    if not is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256):
         return False
     try:
         attrs = read_bag_attrs(job.bag_path)
         same_tiles = json.loads(attrs.get("tile_params", "null")) == job.attrs["tile_params"]
-        return same_tiles and attrs.get("n_tiles_requested") == job.tiles.n
-    except (WsiError, ValueError):
+        with h5py.File(job.bag_path, "r") as h5:
+            same_dtype = str(h5["feats"].dtype) == dtype
+        return (
+            same_tiles
+            and same_dtype
+            and attrs.get("n_tiles_requested") == job.tiles.n
+            and attrs.get("input_px") == encoder.input_px
+        )
+    except (WsiError, ValueError, OSError, KeyError):
         return False
 
 

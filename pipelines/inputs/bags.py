@@ -133,8 +133,13 @@ class BagInput:
         return collate_bags(samples)
 
     def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
-        dims = {_feature_dim(items[0].path)}
-        return {"in_dim": dims.pop()}
+        dims: dict[int, str] = {}
+        for item in items:
+            dims.setdefault(_feature_dim(item.path), item.path.name)
+        if len(dims) > 1:
+            listed = "; ".join(f"{d}-d (e.g. {name})" for d, name in sorted(dims.items()))
+            raise ConfigError(f"bags of different feature widths cannot train one model: {listed}")
+        return {"in_dim": next(iter(dims))}
 
     def provenance(self, items: Sequence[Item]) -> dict[str, Any]:
         """How the features were made (from the bags' attributes), so predict can make them again."""
@@ -177,10 +182,11 @@ class BagInput:
         for item in items:
             try:
                 attrs = read_bag_attrs(item.path)
+                item_dim = _feature_dim(item.path)
             except WsiError:
                 continue  # unreadable: that one item fails on its own later, the batch goes on
-            if dim is not None and _feature_dim(item.path) != dim:
-                bad.append(f"{item.path.name} has {_feature_dim(item.path)}-d features, the model {dim}-d")
+            if dim is not None and item_dim != dim:
+                bad.append(f"{item.path.name} has {item_dim}-d features, the model {dim}-d")
                 continue
             if any(want[k] is None or attrs.get(k) is None for k in _ENCODER_KEYS):
                 unverified += 1
