@@ -104,7 +104,7 @@ def test_dask_local_cluster_matches_inline() -> None:
     assert all(sorted(v) == list(range(1, len(v) + 1)) for v in per_pid.values())
 
 
-def test_manifest_atomic_columns_and_merge(tmp_path: Path) -> None:
+def test_manifest_columns_and_merge(tmp_path: Path) -> None:
     path = tmp_path / "tiles" / "manifest.csv"
     write_manifest(path, run_batch(ITEMS, square))
     with open(path, newline="") as fh:

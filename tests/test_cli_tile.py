@@ -109,6 +109,8 @@ def test_console_script_help() -> None:
 def test_bad_option_values_on_real_slides_exit_2(slides: Path, tmp_path: Path) -> None:
     result = _run(str(slides), "--out", str(tmp_path / "o"), "--tile-px", "2")
     assert result.exit_code == 2 and "tile-px" in result.output
-    result = _run(str(slides), "--out", str(tmp_path / "o"), "--workers", "2", "--scheduler", "not-an-address")
+    result = _run(
+        str(slides), "--out", str(tmp_path / "o"), "--workers", "2", "--scheduler", "not-an-address"
+    )
     assert result.exit_code == 2 and "not-an-address" in result.stderr and "tcp://" in result.stderr
     assert "Traceback" not in result.output

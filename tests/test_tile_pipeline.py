@@ -292,7 +292,9 @@ def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, t
 
     # a slide that is mostly unreadable fails with a reason instead of silently losing tissue
     strict = TileParams(tile_um=128.0, tile_px=256, max_unreadable_fraction=0.0)
-    [failed] = tile_slides([_src(broken, "strict")], out_dir=tmp_path / "strict", params=strict, save_tiles=True)
+    [failed] = tile_slides(
+        [_src(broken, "strict")], out_dir=tmp_path / "strict", params=strict, save_tiles=True
+    )
     assert failed.status == "failed" and "could not be decoded" in failed.error
     paths = output_paths(tmp_path / "strict", "strict")
     assert not paths.h5.exists() and not paths.zarr.exists()  # nothing a re-run or embed could trust

@@ -37,6 +37,7 @@ import h5py
 import numpy as np
 
 from wsi._files import atomic_path
+from wsi._h5 import attrs_of, plain
 from wsi.errors import BagFormatError
 
 FORMAT = "wsi-bag"
@@ -146,26 +147,14 @@ def _open(path: Path) -> h5py.File:
         raise BagFormatError(f"{path} is not a readable HDF5 bag ({exc}); re-create it") from None
 
 
-def _attr_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
-
-
-def _attrs(obj: h5py.HLObject) -> dict[str, Any]:
-    return {k: _attr_value(v) for k, v in obj.attrs.items()}
 
 
 def _layout(h5: h5py.File, path: Path) -> str:
-    if _attr_value(h5.attrs.get("format")) == FORMAT:
+    if plain(h5.attrs.get("format")) == FORMAT:
         return "wsi"
     if "coords" not in h5:
         raise BagFormatError(f"{path} has no `coords` dataset; it is not a feature bag this tool can read")
-    coord_attrs = {**_attrs(h5), **_attrs(h5["coords"])}
+    coord_attrs = {**attrs_of(h5), **attrs_of(h5["coords"])}
     if "features" in h5 and "feats" not in h5:
         if "patch_size_level0" in coord_attrs:
             return "trident"
@@ -198,14 +187,14 @@ def bag_length(path: str | os.PathLike[str]) -> int:
 def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     with _open(path) as h5:
-        return _attrs(h5)
+        return attrs_of(h5)
 
 
 def is_complete_bag(path: str | os.PathLike[str], *, encoder: str, weights_sha256: str) -> bool:
     """Whether a re-run may skip `path`: one of ours, readable, from the same encoder and weights."""
     try:
         with h5py.File(path, "r") as h5:
-            attrs = _attrs(h5)
+            attrs = attrs_of(h5)
             n = int(h5["feats"].shape[0])
             return (
                 attrs.get("format") == FORMAT
@@ -263,8 +252,8 @@ def load_bag(path: str | os.PathLike[str], *, mpp: float | None = None, rows: Ro
                 f"{path}: features {feats_ds.shape} and coords {coords_ds.shape} do not match; "
                 "expected (N, D) and (N, 2)"
             )
-        root = _attrs(h5)
-        attrs = {**root, **_attrs(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
+        root = attrs_of(h5)
+        attrs = {**root, **attrs_of(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
         feats = _read_rows(feats_ds, rows)
         coords = _read_rows(coords_ds, rows)
         coords_px: np.ndarray | None = None

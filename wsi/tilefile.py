@@ -28,6 +28,7 @@ import numpy as np
 import zarr
 
 from wsi._files import atomic_path, temp_sibling
+from wsi._h5 import attrs_of, plain
 from wsi.errors import TileFileError
 
 FORMAT = "wsi-tiles"
@@ -83,17 +84,6 @@ class TileFile:
         return len(self.coords)
 
 
-def _plain(value: Any) -> Any:
-    """h5py attribute values -> plain Python (numpy scalars, bytes)."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
-
-
 def write_tile_file(
     path: str | os.PathLike[str],
     *,
@@ -123,22 +113,22 @@ def write_tile_file(
 
 
 def _check(h5: h5py.File, path: Path) -> None:
-    fmt = _plain(h5.attrs.get("format"))
+    fmt = plain(h5.attrs.get("format"))
     if fmt != FORMAT:
         raise TileFileError(f"{path} is not a wsi tile file (format={fmt!r}); re-run `wsi tile`")
-    version = _plain(h5.attrs.get("format_version"))
+    version = plain(h5.attrs.get("format_version"))
     if version != FORMAT_VERSION:
         raise TileFileError(
             f"{path} has tile-file format version {version}, this wsi reads {FORMAT_VERSION}; "
             "re-run `wsi tile --overwrite`"
         )
-    if not bool(_plain(h5.attrs.get("complete", False))):
+    if not bool(plain(h5.attrs.get("complete", False))):
         raise TileFileError(f"{path} is incomplete (interrupted write); re-run `wsi tile`")
     missing = [name for name in REQUIRED_ATTRS if name not in h5.attrs]
     if missing or "coords" not in h5 or "coords_um" not in h5:
         raise TileFileError(f"{path} lacks {missing or 'coords'}; re-run `wsi tile --overwrite`")
     n = h5["coords"].shape[0]
-    if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != _plain(h5.attrs["n_kept"]):
+    if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != plain(h5.attrs["n_kept"]):
         raise TileFileError(f"{path} has inconsistent coords / n_kept; re-run `wsi tile --overwrite`")
 
 
@@ -152,7 +142,7 @@ def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
             _check(h5, path)
             coords = h5["coords"][()].astype(np.int64)
             coords_um = h5["coords_um"][()].astype(np.float32)
-            meta = {name: _plain(value) for name, value in h5.attrs.items()}
+            meta = attrs_of(h5)
     except OSError as exc:
         raise TileFileError(f"{path} is not a readable HDF5 file ({exc}); re-run `wsi tile`") from exc
     meta["params"] = json.loads(meta["params"])

@@ -148,12 +148,12 @@ def run_fold(spec: dict[str, Any]) -> dict[str, Any]:
     return result.metrics
 
 
-def _write_splits(path: Path, split: Split, classes: Sequence[str], fold: int | None = None) -> None:
+def _write_splits(path: Path, split: Split, classes: Sequence[str]) -> None:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["slide", "patient", "label", "split", *(["fold"] if fold is not None else [])])
+    writer.writerow(["slide", "patient", "label", "split"])
     for sid, patient, label, part in split.rows():
-        writer.writerow([sid, patient, classes[label], part, *([fold] if fold is not None else [])])
+        writer.writerow([sid, patient, classes[label], part])
     write_text_atomic(path, buf.getvalue())
 
 

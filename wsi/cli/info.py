@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from wsi._h5 import plain
 from wsi.cli._common import user_errors
 
 
@@ -102,7 +103,7 @@ def command(files: tuple[Path, ...], mpp: float | None, as_json: bool) -> None:
                 fmt = h5.attrs.get("format")
         except OSError as exc:
             raise BagFormatError(f"{path} is not an HDF5 file ({exc})") from None
-        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        fmt = plain(fmt)
         summary = _tile_summary(path) if fmt == "wsi-tiles" else _bag_summary(path, mpp)
         if as_json:
             click.echo(json.dumps(summary, default=str))
