@@ -39,20 +39,25 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = temp_sibling(final)
     try:
         yield tmp
-        if final.is_dir() and not final.is_symlink():
-            # A folder cannot be replaced in one step: move the old one aside first.
-            old = temp_sibling(final)
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_path(tmp, final)
     finally:
         if tmp.exists() or tmp.is_symlink():
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tmp.unlink(missing_ok=True)
+
+
+def replace_path(tmp: Path, final: Path) -> None:
+    """Put the finished `tmp` (file or folder) at `final`, replacing what is there."""
+    if final.is_dir() and not final.is_symlink():
+        # A folder cannot be replaced in one step: move the old one aside first.
+        old = temp_sibling(final)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 import zarr
 
-from wsi._files import atomic_path, temp_sibling
+from wsi._files import atomic_path, replace_path, temp_sibling
 from wsi._h5 import attrs_of, plain
 from wsi.errors import TileFileError
 
@@ -201,13 +201,7 @@ class TilePixelWriter:
         self._array.resize((self._n, *self._array.shape[1:]))
         self._array.attrs.update({**self._attrs, "format": PIXELS_FORMAT, "n_tiles": self._n})
         self._array.attrs["complete"] = True
-        if self.path.exists():
-            old = temp_sibling(self.path)
-            self.path.rename(old)
-            self._tmp.rename(self.path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            self._tmp.rename(self.path)
+        replace_path(self._tmp, self.path)
 
     def abort(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
