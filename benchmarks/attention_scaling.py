@@ -27,6 +27,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -109,11 +110,19 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
 
 
 def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
+    return run_in_process(_measure, cfg, cfg["budget_s"] * 3 + 120)
+
+
+def run_in_process(
+    target: Callable[[dict[str, Any], mp.Queue], None], cfg: dict[str, Any], limit: float
+) -> dict[str, Any]:
+    """`target(cfg, queue)` in a fresh spawned process, which must put one dict with a "status" on the
+    queue; a child that dies silently (OOM killer) or runs past `limit` seconds becomes a status too.
+    Shared with image_scaling.py."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(cfg, q))
+    proc = ctx.Process(target=target, args=(cfg, q))
     proc.start()
-    limit = cfg["budget_s"] * 3 + 120
     deadline = time.monotonic() + limit
     res: dict[str, Any] | None = None
     while res is None:

@@ -2,8 +2,9 @@
 
 Batch 1 at 224, 512, 1024 and 2048 px (196 to 16,384 tokens of 16x16 px) for every attention variant,
 with the vit-2d preset (paper widths). Each measurement runs in a fresh process so that the CPU peak
-(resident set) belongs to that configuration alone and a run past `--budget-s` can be stopped; once a
-variant runs out of time or memory, its larger sizes are skipped too (they would only take longer).
+(resident set) belongs to that configuration alone and a run past `--budget-s` can be stopped (the
+process runner is attention_scaling.py's); once a variant runs out of time or memory or fails, its
+larger sizes are skipped too (they would only take longer).
 
     python benchmarks/image_scaling.py --quick                       # CPU smoke run, seconds
     python benchmarks/image_scaling.py --device cpu --budget-s 120   # the CPU table in docs/benchmarks.md
@@ -20,7 +21,6 @@ import argparse
 import csv
 import multiprocessing as mp
 import os
-import queue
 import resource
 import statistics
 import sys
@@ -28,6 +28,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
+
+from attention_scaling import run_in_process  # benchmarks/attention_scaling.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES_PX = (224, 512, 1024, 2048)
@@ -52,65 +54,64 @@ def _rss_mb() -> float:
 
 
 def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
-    """Child process: build the model, time `repeats` forward+backward steps, report the peak memory."""
+    """Child process: build the model, time `repeats` forward+backward steps, report the peak memory.
+    Always puts one result: status ok, oom, or "failed: <error>", so the parent never waits it out."""
     import torch
 
     sys.path.insert(0, str(ROOT))
     from models import build_model
 
-    torch.set_num_threads(cfg["threads"])
-    device = torch.device(cfg["device"])
-    model = build_model("vit-2d", attention=cfg["attention"], num_classes=2, **cfg["overrides"]).to(device)
-    x = torch.randn(1, 3, cfg["size_px"], cfg["size_px"], device=device)  # (B, C, H, W)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
+    try:
+        torch.set_num_threads(cfg["threads"])
+        device = torch.device(cfg["device"])
+        model = build_model("vit-2d", attention=cfg["attention"], num_classes=2, **cfg["overrides"])
+        model = model.to(device)
+        x = torch.randn(1, 3, cfg["size_px"], cfg["size_px"], device=device)  # (B, C, H, W)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
 
-    def step() -> None:
-        with autocast:
-            loss = model(x).float().logsumexp(-1).sum()
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+        def step() -> None:
+            with autocast:
+                loss = model(x).float().logsumexp(-1).sum()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        base_mb = _rss_mb()
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    base_mb = _rss_mb()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base_mb = torch.cuda.memory_allocated(device) / 2**20
-    step()  # warm-up: allocator, kernels
-    times, cpu_times = [], []
-    for _ in range(cfg["repeats"]):
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)  # all threads' CPU seconds: robust to a busy machine
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**20 - base_mb
-    else:  # ru_maxrss: KiB on Linux; the process's high-water mark above its size before the first step
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base_mb
-    out.put(
-        {
-            "fwd_bwd_ms": statistics.median(times) * 1e3,
-            "cpu_ms": statistics.median(cpu_times) * 1e3,
-            "peak_mem_mb": peak,
-        }
-    )
+            torch.cuda.reset_peak_memory_stats(device)
+            base_mb = torch.cuda.memory_allocated(device) / 2**20
+        step()  # warm-up: allocator, kernels
+        times, cpu_times = [], []
+        for _ in range(cfg["repeats"]):
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)  # all threads' CPU seconds: robust to a busy machine
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) / 2**20 - base_mb
+        else:  # ru_maxrss: KiB on Linux; the process's high-water mark above its size before the first step
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base_mb
+        out.put(
+            {
+                "status": "ok",
+                "fwd_bwd_ms": statistics.median(times) * 1e3,
+                "cpu_ms": statistics.median(cpu_times) * 1e3,
+                "peak_mem_mb": peak,
+            }
+        )
+    except (torch.cuda.OutOfMemoryError, MemoryError):
+        out.put({"status": "oom"})
+    except Exception as exc:  # a failed point is a table entry, not the end of the run
+        out.put({"status": f"failed: {type(exc).__name__}: {exc}"[:120]})
 
 
 def run_one(cfg: dict[str, Any], budget_s: float) -> dict[str, Any]:
-    """One configuration in a spawned process; status ok | timeout | failed (e.g. out of memory)."""
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(cfg, out), daemon=True)
-    proc.start()
-    try:
-        result = out.get(timeout=budget_s)
-        status = "ok"
-    except queue.Empty:
-        result, status = {}, "timeout" if proc.is_alive() else "failed"
-    if proc.is_alive():
-        proc.kill()
-    proc.join()
-    return {"status": status, **result}
+    """One configuration in a spawned process; status ok | timeout | oom | failed: <error> | died (exit N)."""
+    result = run_in_process(_measure, cfg, budget_s)
+    if result["status"].startswith("timeout"):
+        result["status"] = "timeout"
+    return result
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -135,10 +136,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 result = run_one(cfg, args.budget_s)
                 row.update(result)
                 if result["status"] != "ok":
-                    stopped = result["status"]
-                    row["status"] = (
-                        f"{result['status']} (> {args.budget_s:.0f} s)" if stopped == "timeout" else stopped
-                    )
+                    stopped = result["status"].split(":")[0]  # "failed: <error>" -> "failed" in the note
+                    if stopped == "timeout":
+                        row["status"] = f"timeout (> {args.budget_s:.0f} s)"
             rows.append(row)
             print(f"{attention:8s} {size:5d} px {tokens:6d} tokens: {_fmt(row)}", file=sys.stderr, flush=True)
     return rows
@@ -179,17 +179,14 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
     import matplotlib.pyplot as plt
 
     sys.path.insert(0, str(ROOT))
-    from wsi._files import atomic_path, write_text_atomic
+    from wsi._files import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / f"image_scaling_{device}.csv", out_dir / f"image_scaling_{device}.png"
-    lines = [",".join(FIELDS)]
-    for r in rows:
-        buf: list[str] = []
-        writer = csv.writer(_ListWriter(buf), lineterminator="")
-        writer.writerow([r.get(k, "") if not isinstance(r.get(k), float) else f"{r[k]:.1f}" for k in FIELDS])
-        lines.append(buf[0])
-    write_text_atomic(csv_path, "\n".join(lines) + "\n")
+    with atomic_path(csv_path) as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore", restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: f"{v:.1f}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
     for v in dict.fromkeys(r["attention"] for r in rows):
@@ -209,14 +206,6 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     return csv_path, png_path
-
-
-class _ListWriter:
-    def __init__(self, buf: list[str]) -> None:
-        self.buf = buf
-
-    def write(self, text: str) -> None:
-        self.buf.append(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

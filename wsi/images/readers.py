@@ -6,7 +6,9 @@ Every reader returns an `ImageData` in one layout so the transforms never care w
 superior, rows anterior to posterior, columns patient right to left, as DICOM axial images); a folder
 of single-frame DICOM slices is read as one volume, ordered along the slice normal.
 `value_range` is the range the values are known to span (photos [0, 1], a windowed DICOM [0, 1], the
-stored-bit range of an unwindowed DICOM), or None when only the data can say (NIfTI, npy).
+stored-bit range of an unwindowed DICOM whose data fills at least half of it, e.g. 8-bit radiographs),
+or None when only the data can say (NIfTI, npy, an unwindowed 12/16-bit DICOM: its stored-bit range,
+e.g. -32768..32767, is far wider than the data and would flatten the image).
 
 pydicom and nibabel are optional (`pip install 'wsi[images]'`); a missing one raises
 `MissingReaderError`, which a dataset does not mistake for one bad file.
@@ -183,12 +185,13 @@ def _read_dicom(path: Path) -> ImageData:
     if samples > 1:  # colour: pydicom already converted YBR to RGB
         top = float(2 ** int(ds.BitsStored) - 1)
         return ImageData(arr / top, path, spacing, (0.0, 1.0))
-    pixels, value_range = _gray_values(arr, ds)
-    return ImageData(pixels, path, spacing, value_range)
+    pixels, value_range, windowed = _gray_values(arr, ds)
+    return ImageData(pixels, path, spacing, value_range if windowed else _filled_range(pixels, value_range))
 
 
-def _gray_values(arr: np.ndarray, ds) -> tuple[np.ndarray, tuple[float, float]]:  # type: ignore[no-untyped-def]
-    """Stored values -> modality units (rescale) -> VOI window/LUT -> MONOCHROME1 inverted."""
+def _gray_values(arr: np.ndarray, ds) -> tuple[np.ndarray, tuple[float, float], bool]:  # type: ignore[no-untyped-def]
+    """Stored values -> modality units (rescale) -> VOI window/LUT -> MONOCHROME1 inverted; also the
+    range the values can reach and whether a window/LUT set it."""
     from pydicom.pixels import apply_modality_lut
 
     photometric = str(getattr(ds, "PhotometricInterpretation", "MONOCHROME2")).upper()
@@ -199,7 +202,20 @@ def _gray_values(arr: np.ndarray, ds) -> tuple[np.ndarray, tuple[float, float]]:
         arr, lo, hi = windowed, 0.0, 1.0
     if photometric == "MONOCHROME1":  # low values are bright: flip so high = bright everywhere
         arr = (lo + hi) - arr
-    return arr.astype(np.float32), (lo, hi)
+    return arr.astype(np.float32), (lo, hi), windowed is not None
+
+
+_MIN_FILL = 0.5  # an unwindowed image must span this fraction of its stored-bit range to be scaled by it
+
+
+def _filled_range(pixels: np.ndarray, value_range: tuple[float, float]) -> tuple[float, float] | None:
+    """The stored-bit range if the data fills it (8-bit radiographs), else None: 12 bits of MR in a
+    16-bit signed field would use ~3% of -32768..32767, so the transforms scale by the data instead."""
+    lo, hi = value_range
+    if pixels.size == 0 or hi <= lo:
+        return None
+    spread = float(pixels.max()) - float(pixels.min())
+    return value_range if spread >= _MIN_FILL * (hi - lo) else None
 
 
 def _read_dicom_series(folder: Path) -> ImageData:
@@ -231,18 +247,20 @@ def _read_dicom_series(folder: Path) -> ImageData:
         between = math.nan
     values = []
     value_range: tuple[float, float] = (0.0, 1.0)
+    windowed = False
     first = slices[order[0]][0]
     for i in order:
         ds, stored = slices[i]
         for key in ("WindowCenter", "WindowWidth", "VOILUTFunction", "VOILUTSequence"):
             if key in first and key not in ds:  # one window for the whole volume
                 ds[key] = first[key]
-        pixels, value_range = _gray_values(stored.astype(np.float32), ds)
+        pixels, value_range, windowed = _gray_values(stored.astype(np.float32), ds)
         values.append(pixels)
     spacing = _dicom_spacing(first)
     if spacing is not None:
         spacing = (between if math.isfinite(between) else spacing[0], spacing[1], spacing[2])
-    return ImageData(np.stack(values)[..., None], folder, spacing, value_range)
+    volume = np.stack(values)[..., None]  # (D, H, W, 1)
+    return ImageData(volume, folder, spacing, value_range if windowed else _filled_range(volume, value_range))
 
 
 def _slice_position(ds) -> float | None:  # type: ignore[no-untyped-def]
@@ -346,6 +364,11 @@ def _read_npy(path: Path, spatial_dims: int) -> ImageData:
         raise ImageReadError(f"{path}: not a readable .npy array without pickles ({exc})") from exc
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
         raise ImageReadError(f"{path}: array of dtype {arr.dtype}; expected real numbers")
+    if spatial_dims == 2 and arr.ndim == 3 and arr.shape[-1] > 4:
+        raise ImageReadError(
+            f"{path}: array of shape {arr.shape} has {arr.shape[-1]} channels; it looks like a volume "
+            "(D, H, W): give it to a 3D task (spatial_dims 3), or save a 2D image as (H, W) or (H, W, C<=4)"
+        )
     if arr.ndim == spatial_dims:
         arr = arr[..., None]
     elif arr.ndim != spatial_dims + 1:
