@@ -24,6 +24,14 @@ class MILConfig(TransformerConfig):
     pos_encoding: bool = False  # add sincos(coords_um / pos_unit_um); off: order-invariant
     pos_unit_um: float = 256.0  # micrometres per encoding unit (about one tile)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attention_options.get("local"):
+            raise ConfigError(
+                "attention_options local=True needs a token grid, which a MIL bag does not have "
+                "(the local branch would never run); remove it"
+            )
+
 
 class MILTransformer(nn.Module):
     def __init__(self, config: MILConfig) -> None:
@@ -49,7 +57,10 @@ class MILTransformer(nn.Module):
                 "set in_dim to the encoder's feature width"
             )
         if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
-            raise ConfigError(f"mask must be bool {tuple(x.shape[:2])} (True = real tile), got {mask.dtype}")
+            raise ConfigError(
+                f"mask must be bool {tuple(x.shape[:2])} (True = real tile), "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
         if self.config.pos_encoding and (coords_um is None or coords_um.shape != (*x.shape[:2], 2)):
             raise ConfigError(f"pos_encoding is on: pass coords_um of shape {(*x.shape[:2], 2)}")
 

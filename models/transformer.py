@@ -21,6 +21,18 @@ from wsi.errors import ConfigError
 Grid = tuple[int, ...] | None
 
 
+# build_attention options that the model sets from its own fields: allowing them in attention_options
+# would silently override attn_dim / dropout and make config_dict describe another model.
+_SHADOWED_OPTIONS = {"inner_dim": "attn_dim", "dropout": "dropout"}
+
+
+def _refuse_shadowed_options(options: dict[str, Any]) -> None:
+    shadowed = sorted(set(options) & set(_SHADOWED_OPTIONS))
+    if shadowed:
+        use = ", ".join(f"{k} -> {_SHADOWED_OPTIONS[k]}" for k in shadowed)
+        raise ConfigError(f"attention_options must not set {shadowed}: set the model fields instead ({use})")
+
+
 @dataclass
 class TransformerConfig:
     attention: str = "seqnorm"  # variant name, see models.attention
@@ -44,6 +56,7 @@ class TransformerConfig:
                 raise ConfigError(f"model field {name} must be a positive integer, got {value!r}")
         if self.attn_dim % self.heads:
             raise ConfigError(f"attn_dim {self.attn_dim} is not divisible by heads {self.heads}")
+        _refuse_shadowed_options(self.attention_options)
         bad = set(self.attention_options) - set(attention_options(self.attention))
         if bad:
             raise ConfigError(f"attention_options {sorted(bad)} are not options of {self.attention!r}")
@@ -92,7 +105,8 @@ class Block(nn.Module):
         attention_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        opts = {"inner_dim": attn_dim, "dropout": dropout, **(attention_options or {})}
+        _refuse_shadowed_options(attention_options or {})
+        opts = {**(attention_options or {}), "inner_dim": attn_dim, "dropout": dropout}
         self.norm1 = nn.LayerNorm(dim)
         self.attn = build_attention(attention, dim, heads, **opts)
         self.norm2 = nn.LayerNorm(dim)

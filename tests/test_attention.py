@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from models.attention import available_attention, build_attention
+from models.attention._masking import count_tokens, masked_mean_var
 from wsi.errors import ConfigError
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
@@ -151,6 +152,60 @@ def test_padded_batch_equals_each_bag_alone(name: str) -> None:
         for i, b in enumerate(bags):
             torch.testing.assert_close(padded[i, : b.shape[1]], attn(b)[0], rtol=0, atol=1e-5)
     assert torch.isfinite(padded).all()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_nan_padding_cannot_leak_into_real_tokens(name: str) -> None:
+    """0 * NaN = NaN: padded rows must be zeroed, not weighted by 0, in every sum over tokens."""
+    attn = _module(name).float()
+    x = _bag(23).float().repeat(2, 1, 1)
+    mask = torch.ones(2, 23, dtype=torch.bool)
+    mask[1, 13:] = False
+    clean = x.masked_fill(~mask[..., None], 0.0)
+    nan = x.masked_fill(~mask[..., None], float("nan"))
+    with torch.no_grad():
+        want = attn(clean, mask)
+        torch.testing.assert_close(attn(nan, mask)[mask], want[mask], rtol=0, atol=1e-6)
+        terms = attn.query_contributions(nan, mask)
+        torch.testing.assert_close(terms, attn.query_contributions(clean, mask), rtol=0, atol=1e-6)
+        assert terms[1, 13:].abs().max() == 0
+        state = attn.stream_begin()
+        chunks = [slice(0, 10), slice(10, 23)]
+        for sl in chunks:
+            attn.stream_collect(state, nan[:, sl], mask[:, sl])
+        chunked = torch.cat([attn.stream_apply(state, nan[:, sl], mask[:, sl]) for sl in chunks], 1)
+    torch.testing.assert_close(chunked[mask], want[mask], rtol=0, atol=1e-5)
+
+
+def test_token_counts_and_masked_stats_stay_exact_in_bfloat16() -> None:
+    x = torch.ones(1, 12_345, 2, dtype=torch.bfloat16)
+    mask = torch.ones(1, 12_345, dtype=torch.bool)
+    n = count_tokens(mask, x)
+    assert n.dtype == torch.float32 and n.item() == 12_345  # bfloat16 would round it to 12,352
+    assert count_tokens(None, x).item() == 12_345
+    mean, var = masked_mean_var(x, mask)
+    assert mean.dtype == var.dtype == torch.bfloat16  # stats keep the activation dtype
+    assert torch.all(mean == 1) and torch.all(var == 0)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_masked_attention_runs_in_bfloat16(name: str) -> None:
+    attn = _module(name).float()
+    x = _bag(30).float().repeat(2, 1, 1)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[0, 17:] = False
+    with torch.no_grad():
+        want = attn(x, mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the GPU path's mixed precision, on CPU
+            mixed = attn(x, mask)
+            terms = attn.query_contributions(x, mask)
+        pure = attn.to(torch.bfloat16)(x.to(torch.bfloat16), mask)  # a model cast to bfloat16
+    assert pure.dtype == torch.bfloat16 and terms.shape == (2, 30, DIM)
+    # mean error: gdla's A1 - lambda A2 cancellation amplifies rounding at single tokens (up to ~30%)
+    scale = want[mask].abs().mean()
+    for got in (mixed, pure):
+        assert torch.isfinite(got).all()
+        assert (got[mask].float() - want[mask]).abs().mean() < 0.05 * scale
 
 
 @pytest.mark.parametrize("name", VARIANTS)

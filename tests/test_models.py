@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -30,6 +33,36 @@ def _padded(lengths: list[int], dim: int = 20) -> tuple[list[torch.Tensor], torc
     for i, b in enumerate(bags):
         x[i, : len(b)], mask[i, : len(b)] = b, True
     return bags, x, mask
+
+
+def _direct_path_contributions(
+    model: torch.nn.Module, run: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token contributions rebuilt as docs/api.md defines them, from the plain forward's activations.
+
+    The last block's input h and the class token entering the final LayerNorm are captured with hooks
+    during `run()`; each token's `query_contributions` term of the last block's attention goes through
+    the final LayerNorm at the class token's fixed scale and the head's weight. Returns
+    (contrib (B, N, C) without the class token, logits (B, C)).
+    """
+    seen: dict[str, object] = {}
+    last = model.transformer.blocks[-1]
+    hooks = [
+        last.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0], mask=args[1], grid=args[2])),
+        model.norm.register_forward_pre_hook(lambda _m, args: seen.update(y=args[0])),
+    ]
+    try:
+        logits = run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    terms = last.attn.query_contributions(
+        last.norm1(seen["h"]), seen["mask"], 0, seen["grid"]
+    )  # (B, 1+N, D')
+    y = seen["y"]  # (B, D') the class token after the last block
+    sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + model.norm.eps)[:, None]  # (B, 1, 1)
+    through_ln = (terms - terms.mean(-1, keepdim=True)) / sigma * model.norm.weight  # (B, 1+N, D')
+    return (through_ln @ model.head.weight.T)[:, 1:], logits
 
 
 def test_presets_build_with_the_papers_widths() -> None:
@@ -76,6 +109,15 @@ def test_config_errors_name_the_field() -> None:
         build_model("vit-2d", **TINY)(torch.zeros(1, 3, 30, 32))
     with pytest.raises(ConfigError, match=r"\(B, N, 20\)"):
         _mil("seqnorm")(torch.zeros(1, 5, 21))
+    with pytest.raises(ConfigError, match=r"torch.bool \(1, 4\)"):  # the wrong shape is named
+        _mil("seqnorm")(torch.zeros(1, 5, 20), torch.ones(1, 4, dtype=torch.bool))
+    for option, field in (("inner_dim", "attn_dim"), ("dropout", "dropout")):  # config_dict must not lie
+        with pytest.raises(ConfigError, match=rf"{option}.*{option} -> {field}"):
+            build_model("vit-wsi", attention_options={option: 8})
+        with pytest.raises(ConfigError, match=option):
+            build_model("vit-2d", attention="gdla", attention_options={option: 0.1})
+    with pytest.raises(ConfigError, match="local=True needs a token grid"):
+        build_model("vit-wsi", attention="gdla", attention_options={"local": True})
 
 
 def test_config_dict_rebuilds_the_same_model() -> None:
@@ -109,6 +151,19 @@ def test_position_encoding_uses_coordinates() -> None:
         assert not torch.allclose(m(x[:, perm], coords_um=c), m(x, coords_um=c), atol=1e-4)
     with pytest.raises(ConfigError, match="coords_um"):
         m(x)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_nan_padding_does_not_reach_the_logits(name: str) -> None:
+    m = _mil(name)
+    _, x, mask = _padded([9, 21, 4])
+    nan = x.masked_fill(~mask[..., None], float("nan"))
+    with torch.no_grad():
+        clean = m(x, mask)
+        torch.testing.assert_close(m(nan, mask), clean, rtol=0, atol=1e-6)
+        torch.testing.assert_close(m(nan, mask, max_tokens_per_chunk=6), clean, rtol=0, atol=1e-5)
+        tiles = m.tile_contributions(nan, mask)
+    torch.testing.assert_close(tiles, m.tile_contributions(x, mask), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -158,6 +213,12 @@ def test_tile_contributions_add_up_to_the_logits(name: str) -> None:
     torch.testing.assert_close(base + contrib.sum(1), logits, rtol=0, atol=1e-5)
     assert tiles[1, 14:].abs().max() == 0
     assert tiles[0].abs().sum() > 0
+    # base + contrib.sum == logits holds for ANY terms (base absorbs the rest): check the terms themselves
+    with torch.no_grad():
+        want, plain_logits = _direct_path_contributions(m, lambda: m(x, mask))
+    torch.testing.assert_close(plain_logits, logits)
+    torch.testing.assert_close(tiles, want, rtol=0, atol=1e-5)
+    assert want[:, :14].abs().amax(1).min() > 1e-4  # non-trivial terms were compared
 
 
 def test_vit_contributions_reshape_to_the_patch_grid() -> None:
@@ -168,8 +229,44 @@ def test_vit_contributions_reshape_to_the_patch_grid() -> None:
     with torch.no_grad():
         contrib, base = v.logit_decomposition(img)
         torch.testing.assert_close(base + contrib.sum(1), v(img), rtol=0, atol=1e-5)
+        want, _ = _direct_path_contributions(v, lambda: v(img))
     assert contrib.shape == (2, 15, 3)
     assert contrib[0, :, 1].reshape(v.grid_shape(img.shape)).shape == (3, 5)
+    torch.testing.assert_close(contrib, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_vit_contributions_sit_at_their_patch_in_the_grid(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swapping two patches of the image swaps exactly their two cells of the contribution grid.
+
+    The position encoding is switched off so the model is equivariant to patch order (the local branch is
+    off for the same reason); a transposed or otherwise wrong patch -> token order puts the swap in other
+    cells and fails. Which patch scores highest is not a sound property of random weights, a swap is.
+    """
+    monkeypatch.setattr(
+        "models.vit.sincos_grid",
+        lambda grid, dim, device=None: torch.zeros(math.prod(grid), dim, device=device),
+    )
+    v = build_model("vit-2d", attention=name, num_classes=3, **TINY).eval()
+    img = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
+    (r1, c1), (r2, c2), p = (0, 1), (2, 3), 16  # grid 3 x 5: rows and columns are not interchangeable
+    swapped = img.clone()
+    swapped[..., r1 * p : (r1 + 1) * p, c1 * p : (c1 + 1) * p] = img[
+        ..., r2 * p : (r2 + 1) * p, c2 * p : (c2 + 1) * p
+    ]
+    swapped[..., r2 * p : (r2 + 1) * p, c2 * p : (c2 + 1) * p] = img[
+        ..., r1 * p : (r1 + 1) * p, c1 * p : (c1 + 1) * p
+    ]
+    with torch.no_grad():
+        grid = v.grid_shape(img.shape)
+        before = v.tile_contributions(img)[0].reshape(*grid, 3)  # (3, 5, C)
+        after = v.tile_contributions(swapped)[0].reshape(*grid, 3)
+        want, _ = _direct_path_contributions(v, lambda: v(swapped))
+    torch.testing.assert_close(after.reshape(-1, 3), want[0], rtol=0, atol=1e-5)
+    expected = before.clone()
+    expected[r1, c1], expected[r2, c2] = before[r2, c2], before[r1, c1]
+    torch.testing.assert_close(after, expected, rtol=0, atol=1e-5)
+    assert (before[r1, c1] - before[r2, c2]).abs().max() > 1e-3  # the swap is visible
 
 
 def test_softmax_weights_transfer_into_seqnorm() -> None:

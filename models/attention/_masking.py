@@ -1,7 +1,8 @@
 """Masked reductions over the token axis: padded tokens take no part in any sum, mean or variance.
 
 Masks are (B, N) bool, True on real tokens. Tensors reduced here are (B, N, C); results keep the token
-axis as 1 so they broadcast back: (B, 1, C).
+axis as 1 so they broadcast back: (B, 1, C). Padded rows are zeroed (not multiplied by 0), so even
+non-finite padding (NaN, inf) cannot leak into a result.
 """
 
 from __future__ import annotations
@@ -10,36 +11,15 @@ import torch
 from torch import Tensor
 
 
-def token_weights(mask: Tensor | None, x: Tensor) -> Tensor | None:
-    """(B, N) bool mask -> (B, N, 1) float weights in x's dtype, or None when there is no mask."""
-    if mask is None:
-        return None
-    return mask.to(dtype=x.dtype).unsqueeze(-1)  # (B, N, 1)
-
-
 def count_tokens(mask: Tensor | None, x: Tensor) -> Tensor:
-    """Number of real tokens per bag as (B, 1, 1) in x's dtype."""
+    """Number of real tokens per bag as (B, 1, 1) float32.
+
+    float32 whatever x's dtype: bfloat16 holds integers exactly only up to 256 (12,345 -> 12,352).
+    Dividing by it promotes a half-precision numerator to float32; callers cast the quotient back.
+    """
     if mask is None:
-        return torch.full((x.shape[0], 1, 1), float(x.shape[1]), dtype=x.dtype, device=x.device)
-    return mask.sum(dim=1).to(dtype=x.dtype).view(-1, 1, 1)  # (B, 1, 1)
-
-
-def masked_sum(x: Tensor, mask: Tensor | None) -> Tensor:
-    """Sum over real tokens: (B, N, C) -> (B, 1, C)."""
-    w = token_weights(mask, x)
-    return (x if w is None else x * w).sum(dim=1, keepdim=True)
-
-
-def masked_mean_var(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Mean and (population) variance over real tokens, two-pass: (B, N, C) -> (B, 1, C) each."""
-    if mask is None:  # fused, no (B, N, C) temporaries: matters for 100k-token bags
-        var, mean = torch.var_mean(x, dim=1, correction=0, keepdim=True)
-        return mean, var
-    n = count_tokens(mask, x)  # (B, 1, 1)
-    mean = masked_sum(x, mask) / n  # (B, 1, C)
-    centred = x - mean
-    var = masked_sum(centred * centred, mask) / n  # (B, 1, C)
-    return mean, var
+        return torch.full((x.shape[0], 1, 1), float(x.shape[1]), dtype=torch.float32, device=x.device)
+    return mask.sum(dim=1).to(dtype=torch.float32).view(-1, 1, 1)  # (B, 1, 1)
 
 
 def zero_padded(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -47,3 +27,20 @@ def zero_padded(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return x
     return x.masked_fill(~mask.unsqueeze(-1), 0.0)
+
+
+def masked_sum(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Sum over real tokens: (B, N, C) -> (B, 1, C)."""
+    return zero_padded(x, mask).sum(dim=1, keepdim=True)
+
+
+def masked_mean_var(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Mean and (population) variance over real tokens, two-pass: (B, N, C) -> (B, 1, C) each, x's dtype."""
+    if mask is None:  # fused, no (B, N, C) temporaries: matters for 100k-token bags
+        var, mean = torch.var_mean(x, dim=1, correction=0, keepdim=True)
+        return mean, var
+    n = count_tokens(mask, x)  # (B, 1, 1) float32
+    mean = (masked_sum(x, mask) / n).to(x.dtype)  # (B, 1, C)
+    centred = x - mean
+    var = (masked_sum(centred * centred, mask) / n).to(x.dtype)  # (B, 1, C)
+    return mean, var

@@ -55,11 +55,22 @@ class GDLAttention(AttentionBase):
 
     # --- pieces --------------------------------------------------------------------------------------
     def _features(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
-        q, k, v = self.qkv(x)  # (B, N, D)
-        k = zero_padded(_phi(k), mask)  # padded keys take no part in any sum or normalizer
+        """phi(Q_1), phi(Q_2), phi(K_1), phi(K_2) (B, h, N, d/2) and V (B, h, N, d)."""
+        q, k, v = self.qkv(x)  # (B, N, D), one fused projection
+        q = self.split(_phi(q))  # (B, h, N, d)
         half = self.head_dim // 2
-        q, k, v = (self.split(t) for t in (_phi(q), k, v))  # (B, h, N, d)
-        return q[..., :half], q[..., half:], k[..., :half], k[..., half:], v
+        return (q[..., :half], q[..., half:], *self._keys_values(k, v, mask))
+
+    def _keys_values(self, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Raw K, V (B, N, D) -> phi(K_1), phi(K_2) (B, h, N, d/2), V (B, h, N, d); padded rows 0.
+
+        Padded keys take no part in any sum or normalizer; padded values are zeroed too, so NaN/inf
+        padding cannot leak through a 0 weight.
+        """
+        k = self.split(zero_padded(_phi(k), mask))
+        v = self.split(zero_padded(v, mask))
+        half = self.head_dim // 2
+        return k[..., :half], k[..., half:], v
 
     def _combine(self, a1: Tensor, a2: Tensor) -> tuple[Tensor, Tensor]:
         """A1 - lambda A2, then its per-head RMS factor: (B, h, N, d), (B, h, N, 1)."""
@@ -115,7 +126,7 @@ class GDLAttention(AttentionBase):
         return self.merge(term) * gate.unsqueeze(1)  # (B, N, D)
 
     def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
-        _, _, k1, k2, v = self._features(x, mask)
+        k1, k2, v = self._keys_values(self.project(x, 1), self.project(x, 2), mask)  # no Q needed
         for i, k in ((1, k1), (2, k2)):
             k, vv = k.double(), v.double()
             add_(state, f"kv{i}", torch.einsum("bhnd,bhne->bhde", k, vv))  # (B, h, d/2, d)

@@ -48,19 +48,21 @@ class SeqNormAttention(AttentionBase):
         return q, k, v
 
     def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
-        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1) real tokens per bag
+        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1) float32 real tokens per bag
         q, k, v = (self.split(t) for t in self._normalized(x, mask))  # (B, h, N, d) each
         # 1/N is applied to the (d x d) summary rather than the (N x d) output: same result, one
         # small kernel instead of a pass over N (the step is launch-bound on a GPU up to ~32k tokens).
-        kv = torch.matmul(k.transpose(-2, -1), v) / n  # (B, h, d, d) = K_j^T V_j / N
+        kv = torch.matmul(k.transpose(-2, -1), v)  # (B, h, d, d) = K_j^T V_j
+        kv = (kv / n).to(kv.dtype)  # divided in float32 (exact N), back to the activation dtype
         return self.merge(torch.matmul(q, kv))  # (B, h, N, d) -> (B, N, D): Q_j (K_j^T V_j) / N
 
     def query_terms(
         self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
     ) -> Tensor:
-        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1)
+        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1) float32
         q, k, v = (self.split(t) for t in self._normalized(x, mask))  # (B, h, N, d)
-        w = torch.einsum("bhd,bhnd->bhn", q[:, :, query_index], k).unsqueeze(-1) / n  # (B, h, N, 1)
+        w = torch.einsum("bhd,bhnd->bhn", q[:, :, query_index], k).unsqueeze(-1)  # (B, h, N, 1)
+        w = (w / n).to(w.dtype)
         return self.merge(w * v)  # (B, N, D): (q . k_i / N) v_i per head
 
     # --- chunked inference: one pass of float64 sums, then apply ----------------------------------------

@@ -23,7 +23,8 @@ class SimAAttention(AttentionBase):
 
     def _normalized(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv(x)  # (B, N, D)
-        q, k = self._l1(q, mask), zero_padded(self._l1(k, mask), mask)
+        # padded K and V rows are zeroed (not just weighted by 0) so NaN/inf padding cannot leak
+        q, k, v = self._l1(q, mask), zero_padded(self._l1(k, mask), mask), zero_padded(v, mask)
         return self.split(q), self.split(k), self.split(v)  # (B, h, N, d)
 
     def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:

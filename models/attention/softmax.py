@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.attention._base import AttentionBase, StreamState
+from models.attention._masking import zero_padded
 
 
 def _key_mask(mask: Tensor | None) -> Tensor | None:
@@ -20,21 +21,30 @@ def _key_mask(mask: Tensor | None) -> Tensor | None:
 class SoftmaxAttention(AttentionBase):
     """softmax(Q K^T / sqrt(d)) V per head; padded keys are masked out."""
 
+    def _qkv(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V as (B, h, N, d) with padded K and V rows zeroed.
+
+        A masked key gets weight 0, but 0 * NaN = NaN (and NaN + -inf = NaN in a score): zeroing the
+        rows keeps non-finite padding out of every real token's output.
+        """
+        q, k, v = self.qkv(x)  # (B, N, D) each
+        return self.split(q), self.split(zero_padded(k, mask)), self.split(zero_padded(v, mask))
+
     def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
-        q, k, v = (self.split(t) for t in self.qkv(x))  # (B, h, N, d)
+        q, k, v = self._qkv(x, mask)  # (B, h, N, d)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=_key_mask(mask))  # (B, h, N, d)
         return self.merge(out)
 
     def query_terms(
         self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
     ) -> Tensor:
-        q, k, v = (self.split(t) for t in self.qkv(x))  # (B, h, N, d)
+        q, k, v = self._qkv(x, mask)  # (B, h, N, d)
         p = self._weights(q[:, :, query_index], k, mask).unsqueeze(-1)  # (B, h, N, 1)
         return self.merge(p * v)  # (B, N, D)
 
     def attention_weights(self, x: Tensor, mask: Tensor | None = None, query_index: int = 0) -> Tensor:
         """The query's softmax weights over the tokens, (B, heads, N)."""
-        q, k, _ = (self.split(t) for t in self.qkv(x))
+        q, k, _ = self._qkv(x, mask)
         return self._weights(q[:, :, query_index], k, mask)
 
     def _weights(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
@@ -46,8 +56,8 @@ class SoftmaxAttention(AttentionBase):
 
     # --- chunked inference: collect K and V, then attend one chunk of queries at a time ---------------
     def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
-        k = self.split(self.project(x, 1))  # (B, h, n, d)
-        v = self.split(self.project(x, 2))
+        k = self.split(zero_padded(self.project(x, 1), mask))  # (B, h, n, d), padded rows 0
+        v = self.split(zero_padded(self.project(x, 2), mask))
         m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         state.setdefault("k", []).append(k)
         state.setdefault("v", []).append(v)
