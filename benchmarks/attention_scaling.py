@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wsi._files import atomic_path  # noqa: E402
+from wsi.files import atomic_path  # noqa: E402
 
 log = logging.getLogger("attention_scaling")
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")

@@ -58,7 +58,7 @@ from pipelines.embed.engine import (  # noqa: E402
 )
 from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
 from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead  # noqa: E402
-from wsi._files import atomic_path  # noqa: E402
+from wsi.files import atomic_path  # noqa: E402
 from wsi.samples import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
 

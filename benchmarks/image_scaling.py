@@ -179,7 +179,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
     import matplotlib.pyplot as plt
 
     sys.path.insert(0, str(ROOT))
-    from wsi._files import atomic_path
+    from wsi.files import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / f"image_scaling_{device}.csv", out_dir / f"image_scaling_{device}.png"

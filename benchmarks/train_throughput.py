@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from wsi._files import write_text_atomic  # noqa: E402
+from wsi.files import write_text_atomic  # noqa: E402
 
 log = logging.getLogger("train_throughput")
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")

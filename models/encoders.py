@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi._files import sha256_file
 from wsi.errors import ConfigError, WeightsError
+from wsi.files import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from typing import Any, Literal, Protocol
 
 from tqdm.auto import tqdm
 
-from wsi._files import write_text_atomic
 from wsi.errors import WsiError
+from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from pipelines.predict import predict
 from pipelines.tile import tile_slides
 from pipelines.train import train
-from wsi._files import write_text_atomic
+from wsi.files import write_text_atomic
 from wsi.samples import write_sample_slide
 from wsi.sources import find_slides
 from wsi.tiling import TileParams

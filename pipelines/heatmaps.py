@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi._files import atomic_path
+from wsi.files import atomic_path
 
 #: longest side of a canvas drawn without a slide
 _CANVAS_PX = 1024

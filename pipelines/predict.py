@@ -34,8 +34,8 @@ from pipelines.heatmaps import contribution_to_class, render_heatmap
 from pipelines.inputs import InputStage, Item, build_input
 from pipelines.train import checkpoints
 from pipelines.train.loop import autocast_for, pick_device
-from wsi._files import write_text_atomic
 from wsi.errors import ConfigError
+from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 

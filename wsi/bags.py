@@ -36,9 +36,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from wsi._files import atomic_path
 from wsi._h5 import attrs_of, plain
 from wsi.errors import BagFormatError
+from wsi.files import atomic_path
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1

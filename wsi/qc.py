@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
-from wsi._files import atomic_path
+from wsi.files import atomic_path
 
 KEPT_RGB = (0, 170, 0)
 BACKGROUND_RGB = (30, 90, 230)

@@ -30,7 +30,7 @@ from PIL import Image
 from scipy import fft as sfft
 from scipy import ndimage
 
-from wsi._files import atomic_path
+from wsi.files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +498,7 @@ def write_sample_cohort(
     """
     from tqdm import tqdm
 
-    from wsi._files import write_text_atomic
+    from wsi.files import write_text_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

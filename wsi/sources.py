@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi._files import is_temp_name, sanitize_slide_id, slide_id_from_path
 from wsi.errors import WsiError
+from wsi.files import is_temp_name, sanitize_slide_id, slide_id_from_path
 
 #: file endings searched for in folders (lower case); .mrxs/.vms/.vmu name multi-file formats
 SLIDE_EXTENSIONS = (

@@ -27,9 +27,9 @@ import h5py
 import numpy as np
 import zarr
 
-from wsi._files import atomic_path, replace_path, temp_sibling
 from wsi._h5 import attrs_of, plain
 from wsi.errors import TileFileError
+from wsi.files import atomic_path, replace_path, temp_sibling
 
 FORMAT = "wsi-tiles"
 FORMAT_VERSION = 1

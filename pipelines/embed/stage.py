@@ -30,9 +30,9 @@ from models.encoders import Encoder, build_encoder, encoder_id_for
 from pipelines.batch import ItemResult, describe_error, run_batch, write_manifest
 from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime, resolve_device
 from pipelines.embed.feed import slide_tiles_from_tile_file
-from wsi._files import is_temp_name
 from wsi.bags import is_complete_bag, read_bag_attrs
 from wsi.errors import WsiError
+from wsi.files import is_temp_name
 from wsi.tilefile import read_tile_file
 
 log = logging.getLogger(__name__)

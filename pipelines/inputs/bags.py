@@ -19,9 +19,9 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.inputs import Batch, Item
-from wsi._files import is_temp_name
 from wsi.bags import bag_length, load_bag, read_bag_attrs
 from wsi.errors import BagFormatError, ConfigError, WsiError
+from wsi.files import is_temp_name
 
 log = logging.getLogger(__name__)
 

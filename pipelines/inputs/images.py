@@ -29,8 +29,8 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.inputs import Batch, Item
-from wsi._files import is_temp_name, sanitize_slide_id
 from wsi.errors import ConfigError, ImageReadError
+from wsi.files import is_temp_name, sanitize_slide_id
 from wsi.images.dataset import ImageDataset, collate_images
 from wsi.images.heatmap import fit_long_side, save_heatmap
 from wsi.images.readers import (

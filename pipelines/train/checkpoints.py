@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file, save_model
 
-from wsi._files import atomic_path
 from wsi.errors import WeightsError
+from wsi.files import atomic_path
 
 RESUME_DIR = "resume"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pipelines.inputs import Item
 from pipelines.train.tasks import LabelColumns
-from wsi._files import sanitize_slide_id
 from wsi.errors import LabelError
+from wsi.files import sanitize_slide_id
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from pipelines.inputs import Batch, InputStage, Item
 from pipelines.train import checkpoints, metrics
 from pipelines.train.splits import Split
 from pipelines.train.tasks import TaskConfig
-from wsi._files import write_text_atomic
 from wsi.errors import ConfigError
+from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from wsi._files import atomic_path
+from wsi.files import atomic_path
 
 
 def binary_auroc(positive: np.ndarray, scores: np.ndarray) -> float:

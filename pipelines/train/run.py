@@ -35,8 +35,8 @@ from pipelines.train import checkpoints, loop, metrics
 from pipelines.train.labels import match_items, read_labels
 from pipelines.train.splits import Split, kfold_items, split_items
 from pipelines.train.tasks import TaskConfig, load_task, task_from_dict
-from wsi._files import write_text_atomic
 from wsi.errors import ConfigError, WeightsError
+from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 

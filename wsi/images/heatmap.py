@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from wsi._files import atomic_path
+from wsi.files import atomic_path
 
 Projection = Literal["mid", "max"]
 _MAX_ALPHA = 0.65

@@ -1,4 +1,4 @@
-"""File-system helpers shared by every stage: atomic writes, safe slide ids, digests.
+"""File-system helpers shared by every stage: atomic writes (text, bytes, CSV, JSON), safe slide ids, digests.
 
 Outputs are written under a temporary name in the destination folder and renamed into place, so an
 interrupted run never leaves a file that a re-run would mistake for a finished one.
@@ -6,14 +6,18 @@ interrupted run never leaves a file that a re-run would mistake for a finished o
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
+import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _TMP_MARK = ".tmp-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -68,6 +72,22 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def write_csv_atomic(
+    path: str | os.PathLike[str], header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> None:
+    """The one CSV writer for outputs (manifests, splits, logs, predictions): header, rows, `\\n` lines."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_text_atomic(path, buffer.getvalue())
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> None:
+    """The one JSON writer for outputs (config.json, metrics.json, run records)."""
+    write_text_atomic(path, json.dumps(data, indent=indent) + "\n")
 
 
 def sanitize_slide_id(name: str) -> str:
