@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from models.encoders import build_encoder  # noqa: E402
+from pipelines.devices import resolve_device  # noqa: E402
 from pipelines.embed.engine import (  # noqa: E402
     EmbedOptions,
     SlideJob,
@@ -54,12 +55,11 @@ from pipelines.embed.engine import (  # noqa: E402
     encode,
     prepare_runtime,
     resolve_decode,
-    resolve_device,
 )
 from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
 from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead  # noqa: E402
 from wsi.files import atomic_path  # noqa: E402
-from wsi.samples import write_sample_slide  # noqa: E402
+from wsi.synthetic import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
 
 log = logging.getLogger("embed_throughput")

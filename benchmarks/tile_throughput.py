@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
-from pipelines.batch import ItemResult, run_batch, start_local_cluster
+from pipelines.jobs import JobResult, run_jobs, start_local_cluster
 from pipelines.tile import default_threads, read_tile_chunks, tile_slides
-from wsi.samples import write_sample_slide
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
+from wsi.synthetic import write_sample_slide
 from wsi.tiling import TileParams, make_grid, tissue_fractions
 from wsi.tissue import tissue_mask
 
@@ -67,14 +67,14 @@ def candidate_coords(source: SlideSource, params: TileParams) -> np.ndarray:
         return grid.coords[frac >= params.min_tissue_fraction]
 
 
-def raw_read(source: SlideSource, *, coords: np.ndarray, backend: str, threads: int) -> ItemResult:
+def raw_read(source: SlideSource, *, coords: np.ndarray, backend: str, threads: int) -> JobResult:
     """Read the tiles and do nothing else (the stage's reader, without filters or output)."""
     params = TileParams()
     n = 0
     with open_slide(source.path, backend=backend) as slide:  # type: ignore[arg-type]
         for chunk in read_tile_chunks(slide, coords, params, threads):
             n += len(chunk)
-    return ItemResult(source.slide_id, str(source.path), "ok", n=n)
+    return JobResult(source.slide_id, str(source.path), "ok", n=n)
 
 
 def _measure(
@@ -88,20 +88,20 @@ def _measure(
     scheduler = None
     start = time.perf_counter()
     if workers > 1:
-        cluster = start_local_cluster(workers)  # the same cluster run_batch(workers=N) starts
+        cluster = start_local_cluster(workers)  # the same cluster run_jobs(workers=N) starts
         scheduler = cluster.scheduler_address
     startup_s = time.perf_counter() - start
     try:
         fn = functools.partial(raw_read, coords=coords, backend=backend, threads=threads)
         # warm-up, untimed: imports in fresh workers, the page cache, the output folder
-        run_batch(sources, fn, workers=workers, scheduler=scheduler, desc="warm-up")
+        run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc="warm-up")
         tile_slides(
             sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, threads=threads
         )
         raw_s, stage_s = float("inf"), float("inf")
         for _ in range(repeat):  # best of `repeat`: the machine is shared and noisy
             start = time.perf_counter()
-            raw = run_batch(sources, fn, workers=workers, scheduler=scheduler, desc="raw")
+            raw = run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc="raw")
             raw_s = min(raw_s, time.perf_counter() - start)
             if any(r.status != "ok" for r in raw):
                 raise SystemExit(f"raw read failed: {[r.error for r in raw if r.error]}")

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from models.encoders import encoder_id_for
-from pipelines.batch import ItemResult
 from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
+from pipelines.jobs import JobResult
 from pipelines.predict import predict
 from pipelines.tile import tile_slides
 from pipelines.train import train
 from wsi.files import write_text_atomic
-from wsi.samples import write_sample_slide
 from wsi.sources import find_slides
+from wsi.synthetic import write_sample_slide
 from wsi.tiling import TileParams
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
     return labelled, new, labels
 
 
-def _failed(stage: str, results: list[ItemResult]) -> None:
+def _failed(stage: str, results: list[JobResult]) -> None:
     bad = [r for r in results if r.status == "failed"]
     for r in bad:
         log.error("%s failed for %s: %s", stage, r.slide_id, r.error)

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.batch import ItemResult, describe_error, write_manifest
+from pipelines.devices import autocast_for, resolve_device
 from pipelines.heatmaps import contribution_to_class, render_heatmap
-from pipelines.inputs import InputStage, Item, build_input
+from pipelines.inputs import InputAdapter, Item, build_input
+from pipelines.jobs import JobResult, describe_error, write_manifest
 from pipelines.train import checkpoints
-from pipelines.train.loop import autocast_for, pick_device
 from wsi.errors import ConfigError
 from wsi.files import write_text_atomic
 
@@ -47,7 +47,7 @@ class RunModel:
     models: list[torch.nn.Module]
     config: dict[str, Any]
     classes: list[str]
-    stage: InputStage
+    stage: InputAdapter
     device: torch.device
 
     @property
@@ -92,7 +92,7 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
             f"--model {run}: a {n_folds}-fold run, but only {', '.join(have)} finished; "
             f"finish it with `wsi train ... --cv {n_folds} --resume` or predict with one fold's folder"
         )
-    dev = pick_device(device)
+    dev = resolve_device(device)
     models = []
     for ckpt in ckpts:
         model = (
@@ -112,10 +112,10 @@ class PredictResult:
     out_dir: Path
     predictions_csv: Path
     rows: list[dict[str, Any]]  # slide, prob_<class>..., predicted
-    results: list[ItemResult] = field(default_factory=list)  # one per slide, failures included
+    results: list[JobResult] = field(default_factory=list)  # one per slide, failures included
 
     @property
-    def failed(self) -> list[ItemResult]:
+    def failed(self) -> list[JobResult]:
         return [r for r in self.results if r.status == "failed"]
 
 
@@ -144,7 +144,7 @@ def predict(
     run = load_run(model_dir, device=device)
     out = Path(out_dir)
     thumbs: dict[str, tuple[Path, float | None]] = {}
-    pre_failed: list[ItemResult] = []
+    pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.stage.find([Path(features_dir)])
     else:
@@ -179,10 +179,10 @@ def _classify(
     thumbs: dict[str, tuple[Path, float | None]],
     backend: str,
     progress: bool,
-) -> tuple[list[dict[str, Any]], list[ItemResult]]:
+) -> tuple[list[dict[str, Any]], list[JobResult]]:
     dataset = run.stage.dataset(items, train=False)
     rows: list[dict[str, Any]] = []
-    results: list[ItemResult] = []
+    results: list[JobResult] = []
     for i, item in enumerate(tqdm(items, desc="predict", disable=not progress)):
         t0 = time.perf_counter()
         try:
@@ -208,11 +208,11 @@ def _classify(
                     run.stage.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
             rows.append(row)
             n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
-            results.append(ItemResult(item.id, str(item.path), "ok", n=n, seconds=time.perf_counter() - t0))
+            results.append(JobResult(item.id, str(item.path), "ok", n=n, seconds=time.perf_counter() - t0))
         except Exception as exc:  # one bad slide never stops the batch
             log.warning("%s failed: %s", item.id, describe_error(exc))
             results.append(
-                ItemResult(
+                JobResult(
                     item.id,
                     str(item.path),
                     "failed",
@@ -261,7 +261,7 @@ def _embed_raw_slides(
     scheduler: str | None,
     device: str,
     progress: bool,
-) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[ItemResult]]:
+) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
     """Tile and embed slides with the run's recorded settings; returns (bags, slide paths, failures)."""
     from models.encoders import encoder_id_for
     from pipelines.embed.engine import EmbedOptions
@@ -298,7 +298,7 @@ def _embed_raw_slides(
     by_id = {s.slide_id: s for s in sources}
     found: dict[str, Path] = {}
     thumbs: dict[str, tuple[Path, float | None]] = {}
-    failed: list[ItemResult] = []
+    failed: list[JobResult] = []
     for r in results:
         bag = folder / f"{r.slide_id}.h5"
         if r.status in ("ok", "skipped") and bag.is_file():
@@ -308,7 +308,7 @@ def _embed_raw_slides(
                 thumbs[r.slide_id] = (src.path, src.mpp if src.mpp is not None else mpp)
         else:
             failed.append(
-                ItemResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error or "no bag made")
+                JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error or "no bag made")
             )
     return found, thumbs, failed
 

@@ -5,8 +5,8 @@ Public API:
     TileJob(out_dir, params, backend="openslide", fallback_mpp=None, save_tiles=False,
             overwrite=False, threads=1)                 # picklable per-slide settings
     tile_slides(sources, *, out_dir, params=None, backend="openslide", mpp=None, workers=1,
-                scheduler=None, overwrite=False, save_tiles=False, threads=None) -> list[ItemResult]
-    tile_slide(source, job) -> ItemResult                # one slide (what each batch job runs)
+                scheduler=None, overwrite=False, save_tiles=False, threads=None) -> list[JobResult]
+    tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
     read_tile_chunks(slide, coords, params, threads) -> Iterator[(k,P,P,3) uint8]   # reads only
     default_threads(workers) -> int                     # reader threads per slide
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import wsi
-from pipelines.batch import ItemResult, run_batch, write_manifest
+from pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.errors import MissingMppError, SlideError
 from wsi.qc import render_qc, save_png
 from wsi.slide import Slide, open_slide
@@ -103,8 +103,8 @@ def tile_slides(
     overwrite: bool = False,
     save_tiles: bool = False,
     threads: int | None = None,
-) -> list[ItemResult]:
-    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one ItemResult per slide.
+) -> list[JobResult]:
+    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide.
 
     mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
     """
@@ -117,19 +117,19 @@ def tile_slides(
         overwrite=overwrite,
         threads=threads or default_threads(workers if scheduler is None else 1),
     )
-    results = run_batch(
+    results = run_jobs(
         sources, functools.partial(tile_slide, job=job), workers=workers, scheduler=scheduler, desc="tile"
     )
     write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     return results
 
 
-def tile_slide(source: SlideSource, job: TileJob) -> ItemResult:
+def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     """Tile one slide, or skip it when its complete output was made with the same settings."""
     paths = output_paths(job.out_dir, source.slide_id)
     done = _finished_kept(source, job, paths)
     if done is not None:
-        return ItemResult(source.slide_id, str(source.path), "skipped", n=done)
+        return JobResult(source.slide_id, str(source.path), "skipped", n=done)
     slide, mpp_source = _open(source, job)  # a slide that cannot be opened leaves old output alone
     with slide:
         # Drop the old tile file first: from here on only a new, complete one may say "done".
@@ -137,7 +137,7 @@ def tile_slide(source: SlideSource, job: TileJob) -> ItemResult:
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
         counts = _tile_open_slide(slide, source, job, paths, mpp_source)
-    return ItemResult(source.slide_id, str(source.path), "ok", n=counts.n_kept)
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept)
 
 
 def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str]:

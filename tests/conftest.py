@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from wsi.samples import SampleSlide
+    from wsi.synthetic import SampleSlide
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -31,13 +31,13 @@ def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------------------- generated sample slides
 @pytest.fixture(scope="session")
 def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SampleSlide]:
-    """Factory: `make_slide(**kwargs) -> wsi.samples.SampleSlide`, kwargs as `write_sample_slide`.
+    """Factory: `make_slide(**kwargs) -> wsi.synthetic.SampleSlide`, kwargs as `write_sample_slide`.
 
     Slides are written once per session into a temporary folder and shared: the same kwargs return the
     same file, so treat it as read-only (copy it before damaging it). `name=` picks the file name
     (`<name>.svs`, or `<name>-NNN.svs` when that name was used for other settings).
     """
-    from wsi.samples import write_sample_slide
+    from wsi.synthetic import write_sample_slide
 
     folder = tmp_path_factory.mktemp("sample-slides")
     made: dict[str, SampleSlide] = {}
@@ -58,5 +58,5 @@ def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Sample
 def sample_slide(make_slide: Callable[..., SampleSlide]) -> SampleSlide:
     """A 3000 x 3000 px slide at 0.5 um/px (1.5 x 1.5 mm), 5 levels, 256 px JPEG tiles: two tissue boxes,
     blank background around them and one blurred box inside the first (see its `.tissue_boxes_um`,
-    `.blur_boxes_um`). Returns `wsi.samples.SampleSlide`."""
+    `.blur_boxes_um`). Returns `wsi.synthetic.SampleSlide`."""
     return make_slide(name="sample", size_um=1500.0, mpp=0.5, seed=0)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
+from wsi.clinical_images.augment import apply_2d, augment_2d, augment_3d, draw_2d, draw_3d
+from wsi.clinical_images.readers import MissingReaderError, read_image
+from wsi.clinical_images.transforms import ImageSpec, center_crop_or_pad, prepare
 from wsi.errors import ImageReadError
-from wsi.images.augment import apply_2d, augment_2d, augment_3d, draw_2d, draw_3d
-from wsi.images.readers import MissingReaderError, read_image
-from wsi.images.transforms import ImageSpec, center_crop_or_pad, prepare
 
 pydicom = pytest.importorskip("pydicom")
 nib = pytest.importorskip("nibabel")

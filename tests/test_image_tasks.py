@@ -19,11 +19,11 @@ from pipelines.inputs import Item, build_input
 from pipelines.inputs.images import ImageInput, image_id, infer_grid
 from pipelines.train.tasks import load_task
 from wsi.cli.main import cli
+from wsi.clinical_images.dataset import ImageDataset, collate_images
+from wsi.clinical_images.heatmap import project, save_heatmap
+from wsi.clinical_images.readers import read_image
+from wsi.clinical_images.transforms import ImageSpec
 from wsi.errors import ConfigError, ImageReadError
-from wsi.images.dataset import ImageDataset, collate_images
-from wsi.images.heatmap import project, save_heatmap
-from wsi.images.readers import read_image
-from wsi.images.transforms import ImageSpec
 
 nib = pytest.importorskip("nibabel")
 

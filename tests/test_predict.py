@@ -134,8 +134,8 @@ def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> Non
     predicting their bags (so tile size, MPP, tiling parameters and encoder were all reproduced)."""
     from pipelines.embed.engine import EmbedOptions
     from pipelines.embed.stage import embed_slides
-    from wsi.samples import write_sample_cohort
     from wsi.sources import find_slides
+    from wsi.synthetic import write_sample_cohort
     from wsi.tiling import TileParams
 
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))

@@ -11,8 +11,8 @@ import tifffile
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
-from wsi.samples import write_truncated_copy
 from wsi.slide import BACKENDS, open_slide
+from wsi.synthetic import write_truncated_copy
 
 BOTH = pytest.mark.parametrize("backend", BACKENDS)
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.batch import read_manifest
+from pipelines.jobs import read_manifest
 from pipelines.tile import output_paths, tile_slides
-from wsi.samples import write_truncated_copy
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
+from wsi.synthetic import write_truncated_copy
 from wsi.tilefile import is_complete, open_tile_pixels, read_tile_file
 from wsi.tiling import TileParams
 

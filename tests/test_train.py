@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from test_train_synthetic import IN_DIM, TINY, make_cohort, write_task
 
+from pipelines.devices import resolve_device as pick_device
 from pipelines.train import load_task, train
-from pipelines.train.loop import pick_device
 from pipelines.train.run import _init_from, build_from_spec
 from wsi.cli.main import cli
 from wsi.errors import ConfigError

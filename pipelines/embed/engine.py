@@ -8,9 +8,8 @@ Public API:
   EmbedOptions                      every option of the embed stage (frozen, picklable)
   Runtime, prepare_runtime(encoder, *, device, precision, compile, threads, batch_size) -> Runtime
   encode(runtime, tiles (b,P,P,3) uint8) -> (b, D) float32 on the device
-  embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[ItemResult]
+  embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[JobResult]
       jobs: list of SlideJob (the tiles to read plus where the bag goes and what it records)
-  resolve_device(name) -> torch.device
   resolve_decode(decode, device) -> "cpu" | "device"   (EmbedOptions.decode "auto": device on CUDA)
 """
 
@@ -31,9 +30,9 @@ import torch
 from tqdm.auto import tqdm
 
 from models.encoders import Encoder
-from pipelines.batch import ItemResult, describe_error
 from pipelines.embed.feed import SlideTiles, iter_batches
 from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead
+from pipelines.jobs import JobResult, describe_error
 from wsi.bags import write_bag
 from wsi.errors import ConfigError
 
@@ -112,15 +111,6 @@ def resolve_decode(decode: str, device: torch.device) -> Literal["cpu", "device"
     if decode == "auto":
         return "device" if device.type == "cuda" else "cpu"
     return "device" if decode == "device" else "cpu"
-
-
-def resolve_device(name: str | None) -> torch.device:
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: CUDA is not available here; use --device cpu")
-    return device
 
 
 def prepare_runtime(
@@ -232,9 +222,9 @@ def embed_stream(
     readers: int,
     mode: Literal["process", "thread"] = "process",
     progress: bool = True,
-) -> list[ItemResult]:
-    """Embed every job's tiles in one stream and write the bags; one ItemResult per job, in order."""
-    results: list[ItemResult | None] = [None] * len(jobs)
+) -> list[JobResult]:
+    """Embed every job's tiles in one stream and write the bags; one JobResult per job, in order."""
+    results: list[JobResult | None] = [None] * len(jobs)
     for i, job in enumerate(jobs):
         if job.tiles.n == 0:
             results[i] = _failed(job, "the tile stage kept no tiles for this slide; nothing to embed", 0.0)
@@ -291,7 +281,7 @@ def embed_stream(
             job = jobs[i]
             try:
                 finished = future.result()
-                results[i] = ItemResult(
+                results[i] = JobResult(
                     job.tiles.slide_id, job.tiles.slide_path, "ok", n=n_ok, seconds=finished - start
                 )
             except Exception as exc:
@@ -304,6 +294,6 @@ def _write(path: Path, kwargs: dict[str, Any]) -> float:
     return time.perf_counter()
 
 
-def _failed(job: SlideJob, error: str, seconds: float) -> ItemResult:
+def _failed(job: SlideJob, error: str, seconds: float) -> JobResult:
     log.error("%s failed: %s", job.tiles.slide_id, error)
-    return ItemResult(job.tiles.slide_id, job.tiles.slide_path, "failed", seconds=seconds, error=error)
+    return JobResult(job.tiles.slide_id, job.tiles.slide_path, "failed", seconds=seconds, error=error)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipelines.batch import describe_error
+from pipelines.jobs import describe_error
 from wsi.tilefile import TileFile, pixels_complete
 
 log = logging.getLogger(__name__)

@@ -469,7 +469,7 @@ class DeviceDecoder:
     def _cpu_tiles(self, raw: RawBatch, which: np.ndarray, ok: torch.Tensor) -> torch.Tensor:
         """(len(which), P, P, 3) uint8 on the device by `read_region_um` (the CPU path); a tile that does
         not read there either gets ok=False and zeros."""
-        from pipelines.batch import describe_error
+        from pipelines.jobs import describe_error
 
         p = raw.tile_px
         tiles = np.zeros((len(which), p, p, 3), np.uint8)

@@ -6,9 +6,9 @@ its own encoder (see worker.py). Either way a failing slide becomes a manifest r
 
 Public API:
   embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None,
-              progress=True) -> list[ItemResult]
+              progress=True) -> list[JobResult]
   embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, backend="openslide",
-               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True) -> list[ItemResult]
+               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True) -> list[JobResult]
   bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id>
   find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
 """
@@ -27,9 +27,10 @@ from typing import Any
 import h5py
 
 from models.encoders import Encoder, build_encoder, encoder_id_for
-from pipelines.batch import ItemResult, describe_error, run_batch, write_manifest
-from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime, resolve_device
+from pipelines.devices import resolve_device
+from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime
 from pipelines.embed.feed import slide_tiles_from_tile_file
+from pipelines.jobs import JobResult, describe_error, run_jobs, write_manifest
 from wsi.bags import is_complete_bag, read_bag_attrs
 from wsi.errors import WsiError
 from wsi.files import is_temp_name
@@ -53,14 +54,14 @@ def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def _jobs(files: Sequence[Path], out: Path, options: EmbedOptions) -> tuple[list[SlideJob], list[ItemResult]]:
+def _jobs(files: Sequence[Path], out: Path, options: EmbedOptions) -> tuple[list[SlideJob], list[JobResult]]:
     """Tile files -> slide jobs; a tile file that cannot be read is a failed row."""
     jobs, failed = [], []
     for path in files:
         try:
             tf = read_tile_file(path)
         except WsiError as exc:
-            failed.append(ItemResult(path.stem, str(path), "failed", error=str(exc)))
+            failed.append(JobResult(path.stem, str(path), "failed", error=str(exc)))
             continue
         attrs: dict[str, Any] = {
             "tile_size_um": tf.tile_size_um,
@@ -91,7 +92,7 @@ def embed_tiles(
     workers: int = 1,
     scheduler: str | None = None,
     progress: bool = True,
-) -> list[ItemResult]:
+) -> list[JobResult]:
     """Embed every tile file under `tiles_dir`; write bags and `features/<encoder_id>/manifest.csv`."""
     start = time.perf_counter()
     files = find_tile_files(tiles_dir)
@@ -109,7 +110,7 @@ def embed_tiles(
     for job in jobs:
         done = _is_current(job, encoder, options.dtype)
         if done and not options.overwrite:
-            results.append(ItemResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
+            results.append(JobResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
         else:
             if job.bag_path.exists() and not options.overwrite:
                 log.warning("%s: redoing it (other weights or tiles, or unreadable)", job.bag_path)
@@ -168,11 +169,11 @@ def _n(job: SlideJob) -> int:
 
 def _embed_dask(
     jobs: list[SlideJob], options: EmbedOptions, workers: int, scheduler: str | None
-) -> list[ItemResult]:
+) -> list[JobResult]:
     from pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
 
     items = [EmbedItem(job.tiles.slide_id, job.tiles.slide_path, job) for job in jobs]
-    return run_batch(
+    return run_jobs(
         items,
         functools.partial(embed_item, options=options),
         workers=workers,
@@ -182,7 +183,7 @@ def _embed_dask(
     )
 
 
-def _summary(results: list[ItemResult], seconds: float, out: Path) -> None:
+def _summary(results: list[JobResult], seconds: float, out: Path) -> None:
     counts = {s: sum(r.status == s for r in results) for s in ("ok", "skipped", "failed")}
     tiles = sum(r.n for r in results if r.status == "ok")
     log.info(
@@ -203,7 +204,7 @@ def embed_slides(
     scheduler: str | None = None,
     save_tiles: bool = False,
     progress: bool = True,
-) -> list[ItemResult]:
+) -> list[JobResult]:
     """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide."""
     from pipelines.tile import tile_slides
 
@@ -213,11 +214,11 @@ def embed_slides(
     )  # fmt: skip
     ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
     failed = [
-        ItemResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=f"tiling failed: {r.error}")
+        JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=f"tiling failed: {r.error}")
         for r in tiled
         if r.status == "failed"
     ]
-    results: list[ItemResult] = []
+    results: list[JobResult] = []
     if ready:
         results = embed_tiles(
             tiles_dir=out_dir, out_dir=out_dir, options=options, slide_ids=ready, workers=workers,

@@ -6,8 +6,8 @@ then borrows it. On a machine with several GPUs, worker k uses GPU k modulo the 
 Public API:
   PLUGIN_NAME
   EncoderPlugin(options)          distributed.WorkerPlugin; .runtime, .lock after setup
-  embed_item(item, *, options)    batch function: one slide on the worker's encoder -> ItemResult
-  EmbedItem(slide_id, path, job)  what run_batch sends to a worker
+  embed_item(item, *, options)    batch function: one slide on the worker's encoder -> JobResult
+  EmbedItem(slide_id, path, job)  what run_jobs sends to a worker
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from distributed import WorkerPlugin
 
-from pipelines.batch import ItemResult, worker_plugin
+from pipelines.devices import resolve_device
 from pipelines.embed.engine import (
     EmbedOptions,
     Runtime,
     SlideJob,
     embed_stream,
     prepare_runtime,
-    resolve_device,
 )
+from pipelines.jobs import JobResult, worker_plugin
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class EncoderPlugin(WorkerPlugin):
         self.runtime = None
 
 
-def embed_item(item: EmbedItem, *, options: EmbedOptions) -> ItemResult:
+def embed_item(item: EmbedItem, *, options: EmbedOptions) -> JobResult:
     plugin: EncoderPlugin = worker_plugin(PLUGIN_NAME)
     if plugin.runtime is None:
         raise RuntimeError("the encoder plugin was not set up on this worker")

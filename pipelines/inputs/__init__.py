@@ -1,11 +1,11 @@
-"""Input stages: how a task's items (feature bags, images) reach the training loop and `predict`.
+"""Input adapters: how a task's items (feature bags, images) reach the training loop and `predict`.
 
 A task YAML names its input (`input: bags` or `input: images`) and may pass options to it
-(`input_options: {...}`, validated by the stage's constructor; unknown keys raise `ConfigError`).
-The loop and `predict` only ever talk to the stage through this protocol, so a new kind of input is
+(`input_options: {...}`, validated by the adapter's constructor; unknown keys raise `ConfigError`).
+The loop and `predict` only ever talk to the adapter through this protocol, so a new kind of input is
 one module plus one line in `_BUILTIN`.
 
-Protocol (`InputStage`):
+Protocol (`InputAdapter`):
 
   name                         "bags" | "images" | ...; also the task YAML's `input:` value
   source_option                the CLI option that gives the source ("--features", "--images")
@@ -27,7 +27,7 @@ Protocol (`InputStage`):
                                (e.g. features from another encoder).
   heatmap(item, sample, values, out_png, title="")   optional: draw per-token values (N,) (the
                                contribution of each tile/patch to the predicted class) for one item;
-                               `predict` skips heatmaps for stages without it.
+                               `predict` skips heatmaps for adapters without it.
 
 The registry maps a name to "module:Class"; modules are imported only when a task asks for them.
 """
@@ -91,7 +91,7 @@ class Batch:
 
 
 @runtime_checkable
-class InputStage(Protocol):
+class InputAdapter(Protocol):
     name: ClassVar[str]
     source_option: ClassVar[str]
 
@@ -119,8 +119,8 @@ def available_inputs() -> list[str]:
     return sorted(_BUILTIN)
 
 
-def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputStage:
-    """The input stage `name`, configured by the task's `input_options`."""
+def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAdapter:
+    """The input adapter `name`, configured by the task's `input_options`."""
     if name not in _BUILTIN:
         raise ConfigError(f"unknown input {name!r}; known inputs: {', '.join(available_inputs())}")
     module_name, cls_name = _BUILTIN[name].split(":")
@@ -134,4 +134,4 @@ def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputSta
         raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
 
 
-__all__ = ["Batch", "InputStage", "Item", "available_inputs", "build_input"]
+__all__ = ["Batch", "InputAdapter", "Item", "available_inputs", "build_input"]

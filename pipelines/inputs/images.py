@@ -6,7 +6,7 @@ Task YAML:
     input_options:
       size_px: 224            # 2D: an int or [H, W]; 3D: [D, H, W]
       channels: 3             # 1 or 3 (gray is repeated, colour turned to luma as needed)
-      normalize: imagenet     # imagenet | range | zscore (see wsi.images.transforms)
+      normalize: imagenet     # imagenet | range | zscore (see wsi.clinical_images.transforms)
       spacing_mm: null        # 3D: target voxel spacing [D, H, W] when the file gives its own
       augment: true           # the paper's augmentation while training (2D rotate + flip, 3D flips)
       projection: mid         # 3D heatmaps: middle slice (mid) or maximum-intensity projection (max)
@@ -29,11 +29,9 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.inputs import Batch, Item
-from wsi.errors import ConfigError, ImageReadError
-from wsi.files import is_temp_name, sanitize_slide_id
-from wsi.images.dataset import ImageDataset, collate_images
-from wsi.images.heatmap import fit_long_side, save_heatmap
-from wsi.images.readers import (
+from wsi.clinical_images.dataset import ImageDataset, collate_images
+from wsi.clinical_images.heatmap import fit_long_side, save_heatmap
+from wsi.clinical_images.readers import (
     DICOM_SUFFIXES,
     IMAGE_SUFFIXES,
     NIFTI_SUFFIXES,
@@ -42,7 +40,9 @@ from wsi.images.readers import (
     probe_image,
     read_image,
 )
-from wsi.images.transforms import NORMALIZE_MODES, ImageSpec
+from wsi.clinical_images.transforms import NORMALIZE_MODES, ImageSpec
+from wsi.errors import ConfigError, ImageReadError
+from wsi.files import is_temp_name, sanitize_slide_id
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from pipelines.inputs import Batch, InputStage, Item
+from pipelines.devices import autocast_for
+from pipelines.inputs import Batch, InputAdapter, Item
 from pipelines.train import checkpoints, metrics
 from pipelines.train.splits import Split
 from pipelines.train.tasks import TaskConfig
-from wsi.errors import ConfigError
 from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -46,36 +45,10 @@ LOG_COLUMNS = (
 )  # fmt: skip
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """`auto`: CUDA, then MPS, then CPU. Anything else is passed to torch (cpu, cuda, cuda:1, mps)."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for, but CUDA is not available here; use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"device {name!r} asked for, but MPS is not available here; use --device cpu")
-    return device
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # every device
-
-
-def autocast_for(device: torch.device) -> Callable[[], Any]:
-    """bf16 autocast on CUDA (no loss scaling needed); full precision elsewhere."""
-    if device.type == "cuda":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext
 
 
 def _peak_mem_mb(device: torch.device) -> float:
@@ -89,7 +62,7 @@ def _peak_mem_mb(device: torch.device) -> float:
 
 
 def make_loader(
-    stage: InputStage,
+    stage: InputAdapter,
     items: Sequence[Item],
     *,
     train: bool,
@@ -247,7 +220,7 @@ def _write_predictions(
 def fit(
     *,
     task: TaskConfig,
-    stage: InputStage,
+    stage: InputAdapter,
     split: Split,
     model: torch.nn.Module,
     run_dir: Path,

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from pipelines.inputs import InputStage, Item, build_input
+from pipelines.devices import resolve_device
+from pipelines.inputs import InputAdapter, Item, build_input
 from pipelines.train import checkpoints, loop, metrics
 from pipelines.train.labels import match_items, read_labels
 from pipelines.train.splits import Split, kfold_items, split_items
@@ -75,7 +76,7 @@ def resolve_task(
     return cfg.replace(**changes) if changes else cfg
 
 
-def _source(stage: InputStage, features_dir: Any, images_dir: Any) -> Path:
+def _source(stage: InputAdapter, features_dir: Any, images_dir: Any) -> Path:
     given = {"--features": features_dir, "--images": images_dir}
     wanted = given.get(stage.source_option)
     if wanted is None:
@@ -136,7 +137,7 @@ def run_fold(spec: dict[str, Any]) -> dict[str, Any]:
     task = task_from_dict(spec["task"], source="run config")
     stage = build_input(task.input, task.input_options)
     loop.seed_everything(task.seed)
-    device = loop.pick_device(spec["device"])
+    device = resolve_device(spec["device"])
     model = build_from_spec(spec["model"])
     run_dir = Path(spec["run_dir"])
     if spec.get("init_from") and not checkpoints.has_resume(run_dir):
@@ -215,7 +216,7 @@ def train(
     items = matched.items
     model_spec = _model_spec(cfg, stage.model_kwargs(items))
     provenance = stage.provenance(items)
-    resolved_device = loop.pick_device(device)
+    resolved_device = resolve_device(device)
     if cv:
         splits = kfold_items(
             items, k=cv, val_fraction=cfg.split.val / (cfg.split.train + cfg.split.val), seed=cfg.seed

@@ -15,7 +15,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("wsi.cli.predict:command", "Batch inference from raw slides, bags or images."),
     "info": ("wsi.cli.info:command", "Summarise a tile file or feature bag (ours, STAMP, CLAM, TRIDENT)."),
     "demo": ("wsi.cli.demo:command", "Run the whole pipeline on generated sample slides."),
-    "make-slides": ("wsi.cli.samples:command", "Write generated pyramidal sample slides (TIFF)."),
+    "make-slides": ("wsi.cli.make_slides:command", "Write generated pyramidal sample slides (TIFF)."),
 }
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from distributed import WorkerPlugin
 
-from pipelines.batch import (
-    ItemResult,
+from pipelines.jobs import (
+    JobResult,
     read_manifest,
-    run_batch,
+    run_jobs,
     start_local_cluster,
     worker_plugin,
     write_manifest,
@@ -27,12 +27,12 @@ class Item:
     path: str
 
 
-def square(item: Item) -> ItemResult:
+def square(item: Item) -> JobResult:
     if item.slide_id == "bad":
         raise SlideError(f"{item.path}: not a slide")
     if item.slide_id == "oops":
         raise ZeroDivisionError("division by zero")
-    return ItemResult(item.slide_id, item.path, "ok", n=int(item.slide_id) ** 2)
+    return JobResult(item.slide_id, item.path, "ok", n=int(item.slide_id) ** 2)
 
 
 def not_a_result(item: Item) -> int:
@@ -52,29 +52,29 @@ class Counter(WorkerPlugin):
         pass
 
 
-def uses_plugin(item: Item) -> ItemResult:
+def uses_plugin(item: Item) -> JobResult:
     plugin = worker_plugin("counter")
     plugin.calls += 1
-    return ItemResult(item.slide_id, str(plugin.pid), "ok", n=plugin.calls)
+    return JobResult(item.slide_id, str(plugin.pid), "ok", n=plugin.calls)
 
 
 ITEMS = [Item("2", "a"), Item("bad", "b.svs"), Item("3", "c"), Item("oops", "d")]
 
 
 def test_inline_failures_are_rows_in_order() -> None:
-    results = run_batch(ITEMS, square)
+    results = run_jobs(ITEMS, square)
     assert [r.slide_id for r in results] == ["2", "bad", "3", "oops"]
     assert [r.status for r in results] == ["ok", "failed", "ok", "failed"]
     assert [r.n for r in results] == [4, 0, 9, 0]
     assert results[1].error == "b.svs: not a slide"
     assert results[3].error == "ZeroDivisionError: division by zero"
     assert all(r.seconds >= 0 for r in results)
-    assert run_batch([], square) == []
-    assert run_batch([Item("1", "a")], not_a_result)[0].error.startswith("TypeError: batch function")
+    assert run_jobs([], square) == []
+    assert run_jobs([Item("1", "a")], not_a_result)[0].error.startswith("TypeError: batch function")
 
 
 def test_inline_plugin_set_up_once() -> None:
-    results = run_batch([Item(str(i), "x") for i in range(3)], uses_plugin, worker_plugin=Counter())
+    results = run_jobs([Item(str(i), "x") for i in range(3)], uses_plugin, worker_plugin=Counter())
     assert [r.n for r in results] == [1, 2, 3]
     with pytest.raises(KeyError):
         worker_plugin("counter")
@@ -83,15 +83,15 @@ def test_inline_plugin_set_up_once() -> None:
 @pytest.mark.slow
 def test_dask_local_cluster_matches_inline() -> None:
     items = [*ITEMS, Item("5", "e")]
-    inline = run_batch(items, square)
-    distributed = run_batch(items, square, workers=2)
+    inline = run_jobs(items, square)
+    distributed = run_jobs(items, square, workers=2)
     key = lambda rs: [(r.slide_id, r.status, r.n, r.error) for r in rs]  # noqa: E731
     assert key(distributed) == key(inline)
     # on an existing cluster (--scheduler ADDRESS), a plugin is set up once per worker process
     cluster = start_local_cluster(2)
     try:
         items6 = [Item(str(i), "x") for i in range(6)]
-        with_plugin = run_batch(
+        with_plugin = run_jobs(
             items6, uses_plugin, scheduler=cluster.scheduler_address, worker_plugin=Counter()
         )
     finally:
@@ -106,7 +106,7 @@ def test_dask_local_cluster_matches_inline() -> None:
 
 def test_manifest_columns_and_merge(tmp_path: Path) -> None:
     path = tmp_path / "tiles" / "manifest.csv"
-    write_manifest(path, run_batch(ITEMS, square))
+    write_manifest(path, run_jobs(ITEMS, square))
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["slide", "path", "status", "tiles", "seconds", "error"]
@@ -115,7 +115,7 @@ def test_manifest_columns_and_merge(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert rows[1]["error"] == "b.svs: not a slide"
     # a later run over one slide replaces its row and keeps the others
-    write_manifest(path, [ItemResult("bad", "b.svs", "ok", n=7)])
+    write_manifest(path, [JobResult("bad", "b.svs", "ok", n=7)])
     merged = {r.slide_id: r for r in read_manifest(path)}
     assert merged["bad"].status == "ok" and merged["bad"].n == 7 and merged["2"].n == 4
     assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.csv"]

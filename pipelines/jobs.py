@@ -2,16 +2,16 @@
 
 Public API:
 
-    ItemResult(slide_id, path, status "ok"|"skipped"|"failed", n=0, seconds=0.0, error="")
-    run_batch(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None)
-        -> list[ItemResult]          # one per item, in the order of `items`
+    JobResult(slide_id, path, status "ok"|"skipped"|"failed", n=0, seconds=0.0, error="")
+    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None)
+        -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
     start_local_cluster(workers) -> distributed.LocalCluster       # what workers>1 uses; caller closes
-    read_manifest(path) -> list[ItemResult]
+    read_manifest(path) -> list[JobResult]
 
 `items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
-is a picklable top-level callable (or functools.partial of one) returning an ItemResult. Any exception
+is a picklable top-level callable (or functools.partial of one) returning an JobResult. Any exception
 in `fn` becomes a failed row (a WsiError's message as is, anything else as `TypeName: message`); a
 batch never stops for one item. `workers=1` (or a single item) runs inline; `workers>1` starts a
 LocalCluster of worker processes; `scheduler="tcp://host:port"` uses an existing cluster. `worker_plugin` (a
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 Status = Literal["ok", "skipped", "failed"]
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error")
 
-# Plugins of the inline batch now running (scoped to run_batch; a dask worker keeps its own).
+# Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
 _INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
 
 
@@ -52,7 +52,7 @@ class BatchItem(Protocol):
 
 
 @dataclass
-class ItemResult:
+class JobResult:
     """The outcome of one item: `n` is what it produced (tiles kept, tiles embedded, ...)."""
 
     slide_id: str
@@ -71,16 +71,16 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _call(fn: Callable[[Any], ItemResult], item: Any) -> ItemResult:
+def _call(fn: Callable[[Any], JobResult], item: Any) -> JobResult:
     """Run `fn(item)`, turning any exception into a failed row; fill in the time taken."""
     start = time.perf_counter()
     try:
         result = fn(item)
-        if not isinstance(result, ItemResult):
-            raise TypeError(f"batch function returned {type(result).__name__}, expected ItemResult")
+        if not isinstance(result, JobResult):
+            raise TypeError(f"batch function returned {type(result).__name__}, expected JobResult")
     except Exception as exc:
         log.debug("%s failed", getattr(item, "slide_id", item), exc_info=True)
-        result = ItemResult(_item_id(item), _item_path(item), "failed", error=describe_error(exc))
+        result = JobResult(_item_id(item), _item_path(item), "failed", error=describe_error(exc))
     if not result.seconds:
         result.seconds = time.perf_counter() - start
     return result
@@ -112,22 +112,22 @@ def _plugin_name(plugin: Any) -> str:
     return str(getattr(plugin, "name", None) or type(plugin).__name__)
 
 
-def run_batch(
+def run_jobs(
     items: Sequence[Any],
-    fn: Callable[[Any], ItemResult],
+    fn: Callable[[Any], JobResult],
     *,
     workers: int = 1,
     scheduler: str | None = None,
     desc: str = "slides",
     worker_plugin: Any = None,
-) -> list[ItemResult]:
-    """Run `fn` on every item; return one ItemResult per item in the order of `items`."""
+) -> list[JobResult]:
+    """Run `fn` on every item; return one JobResult per item in the order of `items`."""
     items = list(items)
     if workers < 1:
         raise WsiError(f"--workers must be at least 1, got {workers}")
     start = time.perf_counter()
     if not items:
-        results: list[ItemResult] = []
+        results: list[JobResult] = []
     elif scheduler is None and (workers == 1 or len(items) == 1):  # no cluster start-up for one item
         results = _run_inline(items, fn, desc, worker_plugin)
     else:
@@ -144,7 +144,7 @@ def _progress(total: int, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False)
 
 
-def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any) -> list[ItemResult]:
+def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any) -> list[JobResult]:
     plugins = {_plugin_name(plugin): plugin} if plugin is not None else {}
     token = _INLINE_PLUGINS.set(plugins)
     try:
@@ -164,7 +164,7 @@ def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any) -> list[
 
 def _run_dask(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
-) -> list[ItemResult]:
+) -> list[JobResult]:
     with _quiet_distributed():
         return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin)
 
@@ -187,7 +187,7 @@ def _quiet_distributed() -> Iterator[None]:
 
 def _run_dask_quietly(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
-) -> list[ItemResult]:
+) -> list[JobResult]:
     from distributed import Client, as_completed
 
     cluster = None
@@ -211,14 +211,14 @@ def _run_dask_quietly(
             client.register_plugin(plugin, name=_plugin_name(plugin))
         futures = client.map(_call, [fn] * len(items), items, pure=False)
         index = {future.key: i for i, future in enumerate(futures)}
-        results: list[ItemResult | None] = [None] * len(items)
+        results: list[JobResult | None] = [None] * len(items)
         with _progress(len(items), desc) as bar:
             for future in as_completed(futures):
                 i = index[future.key]
                 try:
                     results[i] = future.result()
                 except Exception as exc:  # the worker died (e.g. a crash in a slide library)
-                    results[i] = ItemResult(
+                    results[i] = JobResult(
                         _item_id(items[i]), _item_path(items[i]), "failed", error=describe_error(exc)
                     )
                 bar.update()
@@ -253,11 +253,11 @@ def start_local_cluster(workers: int) -> Any:
         )
 
 
-def write_manifest(path: str | Path, results: Sequence[ItemResult], *, keep_others: bool = True) -> None:
+def write_manifest(path: str | Path, results: Sequence[JobResult], *, keep_others: bool = True) -> None:
     """Write the manifest CSV atomically. With `keep_others`, rows of an existing manifest for items not
     in `results` are kept (a run over some slides does not forget the others)."""
     path = Path(path)
-    rows: list[ItemResult] = []
+    rows: list[JobResult] = []
     if keep_others and path.is_file():
         mine = {r.slide_id for r in results}
         try:
@@ -273,10 +273,10 @@ def write_manifest(path: str | Path, results: Sequence[ItemResult], *, keep_othe
     write_text_atomic(path, buffer.getvalue())
 
 
-def read_manifest(path: str | Path) -> list[ItemResult]:
+def read_manifest(path: str | Path) -> list[JobResult]:
     with open(path, newline="", encoding="utf-8") as fh:
         return [
-            ItemResult(
+            JobResult(
                 slide_id=row["slide"],
                 path=row["path"],
                 status=row["status"],  # type: ignore[arg-type]

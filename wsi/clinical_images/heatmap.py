@@ -62,7 +62,7 @@ def project(
 
 def render(image: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """(H, W, C) image + (gh, gw) signed values -> (H, 2W, 3) uint8: image | overlay."""
-    from matplotlib import colormaps  # only when drawing: keeps `import wsi.images` light
+    from matplotlib import colormaps  # only when drawing: keeps `import wsi.clinical_images` light
 
     base = _to_display(image.astype(np.float32))
     h, w = base.shape[:2]

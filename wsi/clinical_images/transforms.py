@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from wsi.clinical_images.readers import ImageData
 from wsi.errors import ConfigError, ImageReadError
-from wsi.images.readers import ImageData
 
 Normalize = Literal["imagenet", "range", "zscore"]
 NORMALIZE_MODES: tuple[str, ...] = ("imagenet", "range", "zscore")

@@ -45,7 +45,7 @@ def command(
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
     from wsi.errors import ConfigError
-    from wsi.samples import write_sample_cohort
+    from wsi.synthetic import write_sample_cohort
 
     if tile_px % 16:
         raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")

@@ -11,8 +11,8 @@ import tifffile
 from click.testing import CliRunner
 from PIL import Image
 
-from wsi.samples import SampleSlide, default_scene, write_sample_slide, write_truncated_copy
 from wsi.slide import open_slide
+from wsi.synthetic import SampleSlide, default_scene, write_sample_slide, write_truncated_copy
 
 
 def _hsv(rgb: np.ndarray) -> np.ndarray:

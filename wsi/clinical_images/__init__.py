@@ -10,11 +10,11 @@ these through `pipelines.inputs.images.ImageInput` (`input: images` in a task YA
   save_heatmap(image, contributions, grid, out_png)    per-patch contributions as a PNG
 """
 
-from wsi.images.augment import augment_2d, augment_3d
-from wsi.images.dataset import ImageDataset, collate_images
-from wsi.images.heatmap import save_heatmap
-from wsi.images.readers import IMAGE_SUFFIXES, ImageData, MissingReaderError, probe_image, read_image
-from wsi.images.transforms import ImageSpec, prepare
+from wsi.clinical_images.augment import augment_2d, augment_3d
+from wsi.clinical_images.dataset import ImageDataset, collate_images
+from wsi.clinical_images.heatmap import save_heatmap
+from wsi.clinical_images.readers import IMAGE_SUFFIXES, ImageData, MissingReaderError, probe_image, read_image
+from wsi.clinical_images.transforms import ImageSpec, prepare
 
 __all__ = [
     "IMAGE_SUFFIXES",

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from wsi.clinical_images.augment import augment_2d, augment_3d
+from wsi.clinical_images.readers import read_image
+from wsi.clinical_images.transforms import ImageSpec, prepare
 from wsi.errors import ImageReadError
-from wsi.images.augment import augment_2d, augment_3d
-from wsi.images.readers import read_image
-from wsi.images.transforms import ImageSpec, prepare
 
 log = logging.getLogger(__name__)
 
