@@ -9,6 +9,7 @@ Public API:
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
     start_local_cluster(workers) -> distributed.LocalCluster       # what workers>1 uses; caller closes
     read_manifest(path) -> list[JobResult]
+    RunSummary.of(results, seconds) -> counts per status, items produced, `.line(stage)`, `.failed`
 
 `items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
 is a picklable top-level callable (or functools.partial of one) returning an JobResult. Any exception
@@ -40,6 +41,7 @@ from wsi.files import write_text_atomic
 log = logging.getLogger(__name__)
 
 Status = Literal["ok", "skipped", "failed"]
+STATUSES: tuple[Status, ...] = ("ok", "skipped", "failed")
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error")
 
 # Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
@@ -61,6 +63,42 @@ class JobResult:
     n: int = 0
     seconds: float = 0.0
     error: str = ""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The one tally of a batch: every stage's log line and exit decision come from here."""
+
+    counts: dict[str, int]  # status -> number of items
+    produced: int  # sum of `n` over items that did not fail (tiles kept, tiles embedded, ...)
+    seconds: float
+    failed: tuple[JobResult, ...]
+
+    @classmethod
+    def of(cls, results: Sequence[JobResult], seconds: float = 0.0) -> RunSummary:
+        counts = {status: 0 for status in STATUSES}
+        for r in results:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        produced = sum(r.n for r in results if r.status != "failed")
+        return cls(counts, produced, seconds, tuple(r for r in results if r.status == "failed"))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def line(
+        self, stage: str, *, noun: str = "slides", unit: str = "items", labels: dict[str, str] | None = None
+    ) -> str:
+        """`stage: N slides: a ok, b skipped, c failed; P <unit>[ in S s (R <unit>/s)]`.
+
+        `labels` renames statuses for the reader (e.g. ok -> "tiled", skipped -> "already done").
+        """
+        names = labels or {}
+        parts = ", ".join(f"{n} {names.get(status, status)}" for status, n in self.counts.items())
+        timing = ""
+        if self.seconds > 0:
+            timing = f" in {self.seconds:.1f} s ({self.produced / self.seconds:.0f} {unit}/s)"
+        return f"{stage}: {self.total} {noun}: {parts}; {self.produced} {unit}{timing}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -132,11 +170,7 @@ def run_jobs(
         results = _run_inline(items, fn, desc, worker_plugin)
     else:
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin)
-    counts = {status: sum(r.status == status for r in results) for status in ("ok", "skipped", "failed")}
-    log.info(
-        "%s: %d ok, %d skipped, %d failed of %d in %.1f s",
-        desc, counts["ok"], counts["skipped"], counts["failed"], len(results), time.perf_counter() - start,
-    )  # fmt: skip
+    log.info("%s", RunSummary.of(results, time.perf_counter() - start).line(desc))
     return results
 
 

@@ -30,7 +30,7 @@ from models.encoders import Encoder, build_encoder, encoder_id_for
 from pipelines.devices import resolve_device
 from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime
 from pipelines.embed.feed import slide_tiles_from_tile_file
-from pipelines.jobs import JobResult, describe_error, run_jobs, write_manifest
+from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
 from wsi.bags import is_complete_bag, read_bag_attrs
 from wsi.errors import WsiError
 from wsi.files import is_temp_name
@@ -184,12 +184,7 @@ def _embed_dask(
 
 
 def _summary(results: list[JobResult], seconds: float, out: Path) -> None:
-    counts = {s: sum(r.status == s for r in results) for s in ("ok", "skipped", "failed")}
-    tiles = sum(r.n for r in results if r.status == "ok")
-    log.info(
-        "embed: %d ok, %d skipped, %d failed; %d tiles in %.1f s (%.0f tiles/s); bags in %s",
-        counts["ok"], counts["skipped"], counts["failed"], tiles, seconds, tiles / max(seconds, 1e-9), out,
-    )  # fmt: skip
+    log.info("%s; bags in %s", RunSummary.of(results, seconds).line("embed", unit="tiles"), out)
 
 
 def embed_slides(

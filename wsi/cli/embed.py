@@ -200,11 +200,11 @@ def command(
             sources, out_dir=out_dir, options=options, tile_params=params, mpp=mpp, workers=workers,
             scheduler=scheduler,
         )  # fmt: skip
-    failed = [r for r in results if r.status == "failed"]
-    ok = sum(r.status == "ok" for r in results)
-    skipped = sum(r.status == "skipped" for r in results)
-    click.echo(f"embed: {ok} ok, {skipped} skipped, {len(failed)} failed -> {out_dir / 'features'}", err=True)
-    for r in failed[:10]:
+    from pipelines.jobs import RunSummary
+
+    summary = RunSummary.of(results)
+    click.echo(f"wsi {summary.line('embed', unit='tiles')} -> {out_dir / 'features'}", err=True)
+    for r in summary.failed[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
-    if failed:
+    if summary.failed:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

@@ -162,16 +162,15 @@ def command(
         save_tiles=save_tiles,
         threads=threads,
     )
-    failed = [r for r in results if r.status == "failed"]
-    n_ok = sum(r.status == "ok" for r in results)
-    n_skipped = sum(r.status == "skipped" for r in results)
-    tiles = sum(r.n for r in results if r.status != "failed")
+    from pipelines.jobs import RunSummary
+
+    summary = RunSummary.of(results)
     click.echo(
-        f"wsi tile: {len(results)} slides: {n_ok} tiled, {n_skipped} already done, {len(failed)} failed; "
-        f"{tiles} tiles kept; manifest {out_dir / 'tiles' / 'manifest.csv'}",
+        f"wsi {summary.line('tile', unit='tiles kept', labels={'ok': 'tiled', 'skipped': 'already done'})}; "
+        f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
         err=True,
     )
-    for r in failed:
+    for r in summary.failed:
         click.echo(f"  failed {r.slide_id}: {r.error}", err=True)
-    if failed:
+    if summary.failed:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
