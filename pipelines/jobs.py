@@ -2,7 +2,7 @@
 
 Public API:
 
-    JobResult(slide_id, path, status "ok"|"skipped"|"failed", n=0, seconds=0.0, error="")
+    JobResult(slide_id, path, status "ok"|"skipped"|"empty"|"failed", n=0, seconds=0.0, error="")
     run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None)
         -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
@@ -40,8 +40,10 @@ from wsi.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
-Status = Literal["ok", "skipped", "failed"]
-STATUSES: tuple[Status, ...] = ("ok", "skipped", "failed")
+# ok: done now; skipped: already done by an earlier run; empty: ran, but produced nothing usable (a slide
+# that kept no tile); failed: an error. `empty` and `failed` both make a command exit non-zero.
+Status = Literal["ok", "skipped", "empty", "failed"]
+STATUSES: tuple[Status, ...] = ("ok", "skipped", "empty", "failed")
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error")
 
 # Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
@@ -73,6 +75,7 @@ class RunSummary:
     produced: int  # sum of `n` over items that did not fail (tiles kept, tiles embedded, ...)
     seconds: float
     failed: tuple[JobResult, ...]
+    empty: tuple[JobResult, ...] = ()
 
     @classmethod
     def of(cls, results: Sequence[JobResult], seconds: float = 0.0) -> RunSummary:
@@ -80,7 +83,13 @@ class RunSummary:
         for r in results:
             counts[r.status] = counts.get(r.status, 0) + 1
         produced = sum(r.n for r in results if r.status != "failed")
-        return cls(counts, produced, seconds, tuple(r for r in results if r.status == "failed"))
+        failed = tuple(r for r in results if r.status == "failed")
+        return cls(counts, produced, seconds, failed, tuple(r for r in results if r.status == "empty"))
+
+    @property
+    def problems(self) -> tuple[JobResult, ...]:
+        """Items that make the command exit non-zero: failed, and empty (no silent success)."""
+        return self.failed + self.empty
 
     @property
     def total(self) -> int:
@@ -94,7 +103,8 @@ class RunSummary:
         `labels` renames statuses for the reader (e.g. ok -> "tiled", skipped -> "already done").
         """
         names = labels or {}
-        parts = ", ".join(f"{n} {names.get(status, status)}" for status, n in self.counts.items())
+        shown = [(status, n) for status, n in self.counts.items() if n or status != "empty"]
+        parts = ", ".join(f"{n} {names.get(status, status)}" for status, n in shown)
         timing = ""
         if self.seconds > 0:
             timing = f" in {self.seconds:.1f} s ({self.produced / self.seconds:.0f} {unit}/s)"

@@ -41,3 +41,7 @@ class LabelError(WsiError):
 
 class ImageReadError(WsiError):
     """A radiology/dermoscopy image cannot be read."""
+
+
+class SlideIdError(WsiError, ValueError):
+    """A slide id cannot be made into a usable file name, or collides with another slide's."""

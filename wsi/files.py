@@ -13,14 +13,20 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from wsi.errors import SlideIdError
+
 _TMP_MARK = ".tmp-"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX_ID_BYTES = 200  # file systems allow 255 bytes; room for suffixes like ".h5" and temp marks
+_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+)
 
 
 def temp_sibling(final: Path) -> Path:
@@ -91,15 +97,54 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | 
 
 
 def sanitize_slide_id(name: str) -> str:
-    """Make a slide id safe as a file name: letters, digits, '.', '_' and '-' only, no leading dot.
+    """Make a slide id safe as a file name on every system, keeping what a person would recognise.
 
-    Path separators and '..' can never survive, so an id from a CSV cannot escape the output folder.
+    Unicode letters, digits and marks are kept (NFC, so `ä` typed either way is one id), as are `.`,
+    `_` and `-`; anything else (path separators, whitespace, `:*?"<>|`, control characters) becomes
+    `_`, and `..` never survives, so an id from a CSV cannot escape the output folder. Where making
+    it safe changed the name, a short stable hash of the original is appended: `Präparat ä` and
+    `Präparat ö` stay apart, and `slide 1` and `slide_1` do too. Raises SlideIdError when nothing
+    usable is left.
     """
-    cleaned = _UNSAFE.sub("_", name).strip("._-")
-    cleaned = cleaned.replace("..", "_")
-    if not cleaned:
-        raise ValueError(f"slide id {name!r} has no usable characters; give a slide_id column")
-    return cleaned[:200]
+    original = unicodedata.normalize("NFC", name)
+    cleaned = "".join(ch if _keep(ch) else "_" for ch in original)
+    cleaned = re.sub(r"_+", "_", cleaned).strip("._-").replace("..", "_")
+    if not cleaned or not any(ch.isalnum() for ch in cleaned):
+        raise SlideIdError(
+            f"slide id {name!r} has no letters or digits to make a file name of; "
+            "give the slide a slide_id column in a slide list (CSV) or rename the file"
+        )
+    if cleaned.split(".")[0].upper() in _RESERVED:
+        cleaned = f"{cleaned}_"  # Windows device names (CON, NUL, COM1...) cannot be file names
+    if cleaned != original or len(cleaned.encode("utf-8")) > _MAX_ID_BYTES:
+        cleaned = f"{_truncate_utf8(cleaned, _MAX_ID_BYTES - 7)}-{short_hash(original)}"
+    return cleaned
+
+
+def short_hash(text: str) -> str:
+    """Six hex digits of the text's SHA-256: stable across runs, machines and Python versions."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:6]
+
+
+def _keep(ch: str) -> bool:
+    if ch.isascii():
+        return ch.isalnum() or ch in "._-"
+    return unicodedata.category(ch)[0] in "LNM"
+
+
+def _truncate_utf8(text: str, max_bytes: int) -> str:
+    data = text.encode("utf-8")[:max_bytes]
+    return data.decode("utf-8", errors="ignore")
+
+
+def case_collisions(ids: Iterable[str]) -> dict[str, list[str]]:
+    """Ids that differ only by case (they are one file on macOS and Windows): casefolded -> the ids."""
+    groups: dict[str, list[str]] = {}
+    for slide_id in ids:
+        folded = slide_id.casefold()
+        if slide_id not in groups.setdefault(folded, []):
+            groups[folded].append(slide_id)
+    return {key: group for key, group in groups.items() if len(group) > 1}
 
 
 def slide_id_from_path(path: str | os.PathLike[str]) -> str:
