@@ -79,7 +79,7 @@ class RunSummary:
 
     @classmethod
     def of(cls, results: Sequence[JobResult], seconds: float = 0.0) -> RunSummary:
-        counts = {status: 0 for status in STATUSES}
+        counts: dict[str, int] = {status: 0 for status in STATUSES}
         for r in results:
             counts[r.status] = counts.get(r.status, 0) + 1
         produced = sum(r.n for r in results if r.status != "failed")
