@@ -114,3 +114,11 @@ def test_bad_option_values_on_real_slides_exit_2(slides: Path, tmp_path: Path) -
     )
     assert result.exit_code == 2 and "not-an-address" in result.stderr and "tcp://" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_options_go_through_the_config_validator(slides: Path, tmp_path: Path) -> None:
+    """A value click lets through but the tissue settings refuse is a clean usage error naming it."""
+    result = _run(str(slides), "--out", str(tmp_path / "o"), "--min-saturation", "1")
+    assert result.exit_code == 2 and "wsi tile options" in result.stderr
+    assert "min_saturation must be in [0, 1)" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()  # nothing ran
