@@ -23,13 +23,13 @@ from pipelines.tile import tile_slides
 from pipelines.train import train
 from wsi.files import write_text_atomic
 from wsi.sources import find_slides
-from wsi.synthetic import write_sample_slide
+from wsi.synthetic import Style, write_sample_slide
 from wsi.tiling import TileParams
 
 log = logging.getLogger(__name__)
 
 #: style of the generated tissue for each class of the nsclc-subtype task
-_CLASS_STYLE = {"LUAD": "a", "LUSC": "b"}
+_CLASS_STYLE: dict[str, Style] = {"LUAD": "a", "LUSC": "b"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
             slide_id = f"DEMO-{i:02d}-{label}"
             path = labelled / f"{slide_id}.svs"
             if not path.exists():
-                write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp, style=style,  # type: ignore[arg-type]
+                write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp, style=style,
                                    seed=opts.seed * 1000 + i, texture="auto")
             rows.append({"slide": slide_id, "label": label, "patient": f"PATIENT-{i:02d}"})
             i += 1
@@ -78,7 +78,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
         path = new / f"NEW-{j:02d}.svs"
         if not path.exists():
             write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp,
-                               style=_CLASS_STYLE[label], seed=opts.seed * 1000 + 500 + j, texture="auto")  # type: ignore[arg-type]
+                               style=_CLASS_STYLE[label], seed=opts.seed * 1000 + 500 + j, texture="auto")
     labels = opts.out_dir / "labels.csv"
     lines = ["slide,label,patient"] + [f"{r['slide']},{r['label']},{r['patient']}" for r in rows]
     write_text_atomic(labels, "\n".join(lines) + "\n")
