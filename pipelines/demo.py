@@ -36,19 +36,19 @@ _CLASS_STYLE: dict[str, Style] = {"LUAD": "a", "LUSC": "b"}
 class DemoOptions:
     """Size of the demo. Defaults finish in a few minutes on two CPU cores."""
 
-    out_dir: Path
+    out_dir: Path  # every output goes here; re-using it resumes finished stages
     slides_per_class: int = 10  # labelled cohort: train / validation / test split by patient
     new_slides: int = 2  # unlabelled slides that `predict` reads raw (tile -> embed -> classify)
-    slide_um: float = 1536.0  # side of each sample slide in micrometres
-    slide_mpp: float = 0.5
-    tile_um: float = 256.0
+    slide_um: float = 1536.0  # side of each sample slide in micrometres: 6 x 6 tiles of 256 um
+    slide_mpp: float = 0.5  # level-0 um/px of the sample slides (a 20x scan)
+    tile_um: float = 256.0  # the tile stage's defaults: 256 um at 1 um/px
     tile_px: int = 256
-    encoder: str = "retccl"
+    encoder: str = "retccl"  # encoder name (retccl or timm:<name>)
     weights: Path | None = None  # RetCCL checkpoint; random initialisation without it
-    epochs: int = 15
-    workers: int = 1
-    seed: int = 0
-    model_overrides: tuple[tuple[str, Any], ...] = ()
+    epochs: int = 15  # enough for the two textures to separate; patience is set to this too
+    workers: int = 1  # slides processed in parallel (dask worker processes)
+    seed: int = 0  # seeds the slides and the training
+    model_overrides: tuple[tuple[str, Any], ...] = ()  # (field, value) pairs for the model preset
 
 
 @dataclass(frozen=True)
