@@ -34,8 +34,7 @@ from pipelines.tile import default_threads, read_tile_chunks, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
 from wsi.synthetic import write_sample_slide
-from wsi.tiling import TileParams, make_grid, tissue_fractions
-from wsi.tissue import tissue_mask
+from wsi.tiling import TileParams, find_tissue
 
 
 def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> list[SlideSource]:
@@ -59,12 +58,7 @@ def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> l
 def candidate_coords(source: SlideSource, params: TileParams) -> np.ndarray:
     """The tissue-candidate tiles the stage reads (same mask and grid code as the stage)."""
     with open_slide(source.path) as slide:
-        w0, h0 = slide.dimensions
-        thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
-        mask = tissue_mask(thumb, mpp=w0 * slide.mpp / thumb.shape[1], params=params.tissue)
-        grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
-        frac = tissue_fractions(grid, mask, level0_width=w0, level0_height=h0)
-        return grid.coords[frac >= params.min_tissue_fraction]
+        return find_tissue(slide, params).candidate_coords
 
 
 def raw_read(source: SlideSource, *, coords: np.ndarray, backend: str, threads: int) -> JobResult:

@@ -23,32 +23,32 @@ from pipelines.tile import tile_slides
 from pipelines.train import train
 from wsi.files import write_text_atomic
 from wsi.sources import find_slides
-from wsi.synthetic import write_sample_slide
+from wsi.synthetic import Style, write_sample_slide
 from wsi.tiling import TileParams
 
 log = logging.getLogger(__name__)
 
 #: style of the generated tissue for each class of the nsclc-subtype task
-_CLASS_STYLE = {"LUAD": "a", "LUSC": "b"}
+_CLASS_STYLE: dict[str, Style] = {"LUAD": "a", "LUSC": "b"}
 
 
 @dataclass(frozen=True)
 class DemoOptions:
     """Size of the demo. Defaults finish in a few minutes on two CPU cores."""
 
-    out_dir: Path
+    out_dir: Path  # every output goes here; re-using it resumes finished stages
     slides_per_class: int = 10  # labelled cohort: train / validation / test split by patient
     new_slides: int = 2  # unlabelled slides that `predict` reads raw (tile -> embed -> classify)
-    slide_um: float = 1536.0  # side of each sample slide in micrometres
-    slide_mpp: float = 0.5
-    tile_um: float = 256.0
+    slide_um: float = 1536.0  # side of each sample slide in micrometres: 6 x 6 tiles of 256 um
+    slide_mpp: float = 0.5  # level-0 um/px of the sample slides (a 20x scan)
+    tile_um: float = 256.0  # the tile stage's defaults: 256 um at 1 um/px
     tile_px: int = 256
-    encoder: str = "retccl"
+    encoder: str = "retccl"  # encoder name (retccl or timm:<name>)
     weights: Path | None = None  # RetCCL checkpoint; random initialisation without it
-    epochs: int = 15
-    workers: int = 1
-    seed: int = 0
-    model_overrides: tuple[tuple[str, Any], ...] = ()
+    epochs: int = 15  # enough for the two textures to separate; patience is set to this too
+    workers: int = 1  # slides processed in parallel (dask worker processes)
+    seed: int = 0  # seeds the slides and the training
+    model_overrides: tuple[tuple[str, Any], ...] = ()  # (field, value) pairs for the model preset
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
             slide_id = f"DEMO-{i:02d}-{label}"
             path = labelled / f"{slide_id}.svs"
             if not path.exists():
-                write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp, style=style,  # type: ignore[arg-type]
+                write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp, style=style,
                                    seed=opts.seed * 1000 + i, texture="auto")
             rows.append({"slide": slide_id, "label": label, "patient": f"PATIENT-{i:02d}"})
             i += 1
@@ -78,7 +78,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
         path = new / f"NEW-{j:02d}.svs"
         if not path.exists():
             write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp,
-                               style=_CLASS_STYLE[label], seed=opts.seed * 1000 + 500 + j, texture="auto")  # type: ignore[arg-type]
+                               style=_CLASS_STYLE[label], seed=opts.seed * 1000 + 500 + j, texture="auto")
     labels = opts.out_dir / "labels.csv"
     lines = ["slide,label,patient"] + [f"{r['slide']},{r['label']},{r['patient']}" for r in rows]
     write_text_atomic(labels, "\n".join(lines) + "\n")

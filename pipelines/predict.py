@@ -266,6 +266,7 @@ def _embed_raw_slides(
     from models.encoders import encoder_id_for
     from pipelines.embed.engine import EmbedOptions
     from pipelines.embed.stage import bag_dir, embed_slides
+    from wsi.config import parse_config
     from wsi.sources import find_slides
     from wsi.tiling import TileParams
 
@@ -290,8 +291,9 @@ def _embed_raw_slides(
         input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
     )  # fmt: skip
     sources = find_slides(inputs)
+    params = parse_config(TileParams, tile_params, source="the run's recorded tile_params")
     results = embed_slides(
-        sources, out_dir=work, options=options, tile_params=TileParams.from_dict(tile_params),
+        sources, out_dir=work, options=options, tile_params=params,
         backend=backend, mpp=mpp, workers=workers, scheduler=scheduler, progress=progress,
     )  # fmt: skip
     folder = bag_dir(work, encoder_id_for(encoder))

@@ -11,9 +11,11 @@ Public API:
     read_tile_chunks(slide, coords, params, threads) -> Iterator[(k,P,P,3) uint8]   # reads only
     default_threads(workers) -> int                     # reader threads per slide
 
-Per slide, every file is written atomically and the tile file (.h5) last, so a complete tile file means
-the slide is done. Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed
-the filters and the optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread.
+Per slide (`_tile_open_slide`): find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`),
+read and filter every candidate, write the QC image, then the tile file. Every file is written
+atomically and the tile file (.h5) last, so a complete tile file means the slide is done. Each
+candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
+optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import logging
 import os
 import shutil
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,13 +48,14 @@ from wsi.tiling import (
     UNREADABLE,
     TileCounts,
     TileParams,
+    TissueGrid,
     classify_tiles,
-    make_grid,
-    tissue_fractions,
+    find_tissue,
 )
-from wsi.tissue import tissue_mask
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 #: tiles read and filtered as one job; enough to vectorise the filters, few enough to spread over threads
 _CHUNK = 16
@@ -144,13 +148,13 @@ def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str]:
     """The open slide and where its mpp came from ("slide list", "metadata" or "--mpp")."""
     backend = job.backend
     if source.mpp is not None:
-        return open_slide(source.path, backend=backend, mpp=source.mpp), "slide list"  # type: ignore[arg-type]
+        return open_slide(source.path, backend=backend, mpp=source.mpp), "slide list"
     try:
-        return open_slide(source.path, backend=backend), "metadata"  # type: ignore[arg-type]
+        return open_slide(source.path, backend=backend), "metadata"
     except MissingMppError:
         if job.fallback_mpp is None:
             raise
-        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp"  # type: ignore[arg-type]
+        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp"
 
 
 def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int | None:
@@ -159,7 +163,7 @@ def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int
         return None
     meta = read_tile_file(paths.h5)
     reason = None
-    if meta.params != json.loads(job.params.to_json()):
+    if meta.params != job.params.to_dict():  # the stored JSON, decoded; files of any version compare
         reason = "tile settings changed"
     elif meta.meta.get("slide_path") != str(source.path):
         reason = f"slide path changed (was {meta.meta.get('slide_path')})"
@@ -183,45 +187,51 @@ def read_tile_chunks(
     slide: Slide, coords: np.ndarray, params: TileParams, threads: int
 ) -> Iterator[np.ndarray]:
     """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order, read on `threads` threads."""
-    for tiles, _ in _chunks(slide, coords, params, threads, classify=False):
-        yield tiles
+
+    def whole(tiles: np.ndarray, bad: np.ndarray) -> np.ndarray:
+        if bad.any():
+            raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
+        return tiles
+
+    return _map_chunks(slide, coords, params, threads, whole)
 
 
-def _chunks(
-    slide: Slide, coords: np.ndarray, params: TileParams, threads: int, *, classify: bool
-) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-    """(tiles (k, P, P, 3) uint8, reasons (k,) or None) per chunk of `coords`, in order.
+def _classified_chunks(
+    slide: Slide, coords: np.ndarray, params: TileParams, threads: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order."""
 
-    Each chunk is read AND filtered by one pool thread, so the filters run in parallel with reads
-    of other chunks (a main thread filtering while the pool reads overlapped poorly, measured); at
-    most 2 x threads chunks are in flight, which bounds memory.
-    """
-
-    def work(start: int) -> tuple[np.ndarray, np.ndarray | None]:
-        part = coords[start : start + _CHUNK]
-        tiles = np.empty((len(part), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
-        bad = np.zeros(len(part), bool)
-        for j, (x, y) in enumerate(part):
-            try:
-                tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
-            except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
-                log.warning("%s: tile skipped: %s", slide.path.name, exc)
-                tiles[j] = 255
-                bad[j] = True
-        if not classify:
-            if bad.any():
-                raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
-            return tiles, None
+    def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(tiles, params)
         reasons[bad] = UNREADABLE
         return tiles, reasons
+
+    return _map_chunks(slide, coords, params, threads, classify)
+
+
+def _map_chunks(
+    slide: Slide,
+    coords: np.ndarray,
+    params: TileParams,
+    threads: int,
+    then: Callable[[np.ndarray, np.ndarray], R],
+) -> Iterator[R]:
+    """`then(tiles, unreadable)` per chunk of `coords`, in order.
+
+    Each chunk is read AND passed to `then` (the filters) by one pool thread, so the filters run in
+    parallel with reads of other chunks (a main thread filtering while the pool reads overlapped
+    poorly, measured); at most 2 x threads chunks are in flight, which bounds memory.
+    """
+
+    def work(start: int) -> R:
+        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params))
 
     starts = range(0, len(coords), _CHUNK)
     if threads <= 1:
         yield from map(work, starts)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="tile-read") as pool:
-        pending: deque[Future[tuple[np.ndarray, np.ndarray | None]]] = deque()
+        pending: deque[Future[R]] = deque()
         for start in starts:
             pending.append(pool.submit(work, start))
             if len(pending) >= 2 * threads:
@@ -230,92 +240,131 @@ def _chunks(
             yield pending.popleft().result()
 
 
+def _read_chunk(slide: Slide, coords: np.ndarray, params: TileParams) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles (k, P, P, 3) uint8, unreadable (k,) bool); an unreadable tile is left white."""
+    tiles = np.empty((len(coords), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
+    bad = np.zeros(len(coords), bool)
+    for j, (x, y) in enumerate(coords):
+        try:
+            tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
+        except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
+            log.warning("%s: tile skipped: %s", slide.path.name, exc)
+            tiles[j] = 255
+            bad[j] = True
+    return tiles, bad
+
+
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str
 ) -> TileCounts:
-    params = job.params
-    w0, h0 = slide.dimensions
-    thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
-    thumb_mpp = w0 * slide.mpp / thumb.shape[1]
-    mask = tissue_mask(thumb, mpp=thumb_mpp, params=params.tissue)
-    grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
-    fractions = tissue_fractions(grid, mask, level0_width=w0, level0_height=h0)
-    candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
+    """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done")."""
+    found = find_tissue(slide, job.params)
+    reasons, counts = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
+    save_png(paths.qc, _qc_image(found, reasons, slide.dimensions))
+    kept = found.candidates[reasons == KEPT]
+    write_tile_file(
+        paths.h5,
+        coords=found.grid.coords[kept],
+        coords_um=found.grid.coords_um[kept],
+        attrs=_tile_file_attrs(slide, source, job.params, counts, mpp_source),
+    )
+    log.debug("%s: %s", source.slide_id, counts)
+    return counts
 
-    reasons = np.empty(len(candidates), dtype=np.int8)
-    writer = None
-    if job.save_tiles:
-        writer = TilePixelWriter(
-            paths.zarr,
-            n_max=len(candidates),
-            tile_px=params.tile_px,
-            attrs={
-                "slide_id": source.slide_id,
-                "tile_size_um": params.tile_um,
-                "tile_size_px": params.tile_px,
-                "target_mpp": params.target_mpp,
-                "params": params.to_json(),
-            },
-        )
+
+def _filter_tiles(
+    slide: Slide, found: TissueGrid, job: TileJob, zarr_path: Path, slide_id: str
+) -> tuple[np.ndarray, TileCounts]:
+    """(M,) reason code per candidate and the counts; with --save-tiles the kept pixels stream into the
+    zarr, which is committed only when the slide passes (else removed, leaving no partial pixels)."""
+    params = job.params
+    writer = _pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
+        reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0
-        for tiles, chunk_reasons in _chunks(
-            slide, grid.coords[candidates], params, job.threads, classify=True
-        ):
-            reasons[done : done + len(tiles)] = chunk_reasons  # type: ignore[assignment]
+        for tiles, chunk_reasons in _classified_chunks(slide, found.candidate_coords, params, job.threads):
+            reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        kept = candidates[reasons == KEPT]
-        counts = TileCounts(
-            n_grid=len(grid),
-            n_tissue=len(candidates),
-            n_background=int((reasons == BACKGROUND).sum()),
-            n_blurry=int((reasons == BLURRY).sum()),
-            n_unreadable=int((reasons == UNREADABLE).sum()),
-            n_kept=len(kept),
-        )
-        if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
-            raise SlideError(
-                f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
-                f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
-            )
+        counts = _count(found, reasons)
+        _check_unreadable(slide, counts, params)
         if writer is not None:  # only a slide that passed commits its tile pixels
             writer.close()
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    qc = render_qc(
-        thumb,
-        mask,
-        scale=(thumb.shape[1] / w0, thumb.shape[0] / h0),
-        step_px=grid.step_px,
-        kept=grid.coords[kept],
-        background=grid.coords[candidates[reasons == BACKGROUND]],
-        blurry=grid.coords[candidates[reasons == BLURRY]],
-    )
-    save_png(paths.qc, qc)
-    write_tile_file(
-        paths.h5,
-        coords=grid.coords[kept],
-        coords_um=grid.coords_um[kept],
+    return reasons, counts
+
+
+def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
+    return TilePixelWriter(
+        path,
+        n_max=n_max,
+        tile_px=params.tile_px,
         attrs={
-            "slide_id": source.slide_id,
-            "slide_path": str(source.path),
-            "tile_size_um": float(params.tile_um),
-            "tile_size_px": int(params.tile_px),
-            "mpp": float(slide.mpp),
-            "mpp_source": mpp_source,
-            "target_mpp": float(params.target_mpp),
-            "level0_width": int(w0),
-            "level0_height": int(h0),
-            "backend": slide.backend,
-            "vendor": slide.vendor,
-            "params": params.to_json(),
-            "wsi_version": wsi.__version__,
-            **counts.as_attrs(),
+            "slide_id": slide_id,
+            "tile_size_um": params.tile_um,
+            "tile_size_px": params.tile_px,
+            "target_mpp": params.target_mpp,
+            "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
         },
     )
-    log.debug("%s: %s", source.slide_id, counts)
-    return counts
+
+
+def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
+    return TileCounts(
+        n_grid=len(found.grid),
+        n_tissue=len(found.candidates),
+        n_background=int((reasons == BACKGROUND).sum()),
+        n_blurry=int((reasons == BLURRY).sum()),
+        n_unreadable=int((reasons == UNREADABLE).sum()),
+        n_kept=int((reasons == KEPT).sum()),
+    )
+
+
+def _check_unreadable(slide: Slide, counts: TileCounts, params: TileParams) -> None:
+    """A few corrupt JPEG tiles are skipped; a slide that is mostly unreadable is an error."""
+    if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
+        raise SlideError(
+            f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
+            f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
+        )
+
+
+def _qc_image(found: TissueGrid, reasons: np.ndarray, level0_size: tuple[int, int]) -> np.ndarray:
+    w0, h0 = level0_size
+    coords = found.candidate_coords
+    return render_qc(
+        found.thumb,
+        found.mask,
+        scale=(found.thumb.shape[1] / w0, found.thumb.shape[0] / h0),
+        step_px=found.grid.step_px,
+        kept=coords[reasons == KEPT],
+        background=coords[reasons == BACKGROUND],
+        blurry=coords[reasons == BLURRY],
+    )
+
+
+def _tile_file_attrs(
+    slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
+) -> dict[str, Any]:
+    """Every attribute of a tile file (wsi.tilefile.REQUIRED_ATTRS and `mpp_source`, `n_unreadable`)."""
+    w0, h0 = slide.dimensions
+    return {
+        "slide_id": source.slide_id,
+        "slide_path": str(source.path),
+        "tile_size_um": float(params.tile_um),
+        "tile_size_px": int(params.tile_px),
+        "mpp": float(slide.mpp),
+        "mpp_source": mpp_source,
+        "target_mpp": float(params.target_mpp),
+        "level0_width": int(w0),
+        "level0_height": int(h0),
+        "backend": slide.backend,
+        "vendor": slide.vendor,
+        "params": params.to_dict(),  # stored as sorted-key JSON by write_tile_file
+        "wsi_version": wsi.__version__,
+        **counts.to_dict(),
+    }

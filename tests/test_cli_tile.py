@@ -114,3 +114,40 @@ def test_bad_option_values_on_real_slides_exit_2(slides: Path, tmp_path: Path) -
     )
     assert result.exit_code == 2 and "not-an-address" in result.stderr and "tcp://" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_options_go_through_the_config_validator(slides: Path, tmp_path: Path) -> None:
+    """A value click lets through but the tissue settings refuse is a clean usage error naming it."""
+    result = _run(str(slides), "--out", str(tmp_path / "o"), "--min-saturation", "1")
+    assert result.exit_code == 2 and "wsi tile options" in result.stderr
+    assert "min_saturation must be in [0, 1)" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def test_help_imports_no_command_and_no_torch() -> None:
+    """`wsi --help` and `wsi tile --help` stay instant: no command module but the one asked, no torch."""
+    code = (
+        "import sys\n"
+        "from wsi.cli.main import cli\n"
+        "for args in (['--help'], ['tile', '--help']):\n"
+        "    try:\n"
+        "        cli(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    if args == ['--help']:\n"
+        "        assert not [m for m in sys.modules if m.startswith('wsi.cli.') and m != 'wsi.cli.main']\n"
+        "assert 'torch' not in sys.modules and 'pipelines' not in sys.modules, 'heavy import'\n"
+        "assert 'wsi.cli.embed' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "make-slides" in done.stdout and "--tile-um" in done.stdout
+
+
+def test_command_table_matches_the_command_modules() -> None:
+    """Every entry of the lazy table resolves to a click command of that name."""
+    from wsi.cli.main import COMMANDS, load_command
+
+    for name in COMMANDS:
+        command = load_command(name)
+        assert command.name == name, (name, command.name)

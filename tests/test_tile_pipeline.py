@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -298,3 +299,53 @@ def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, t
     assert failed.status == "failed" and "could not be decoded" in failed.error
     paths = output_paths(tmp_path / "strict", "strict")
     assert not paths.h5.exists() and not paths.zarr.exists()  # nothing a re-run or embed could trust
+
+
+#: The `params` attribute exactly as the tile stage wrote it before TileParams became a wsi.config model
+#: (`json.dumps(dataclasses.asdict(TileParams()), sort_keys=True)` at commit 6d6463e): a fixed string,
+#: so a change in how settings are serialised shows here as recomputed work, never as silent trust.
+_PREVIOUS_DEFAULT_PARAMS = (
+    '{"max_background_fraction": 0.8, "max_unreadable_fraction": 0.05, "min_blur_variance": 50.0, '
+    '"min_tissue_fraction": 0.25, "tile_px": 256, "tile_um": 256.0, "tissue": {"closing_um": 16.0, '
+    '"dark_level": 25, "max_hole_um2": 250000.0, "min_region_um2": 20000.0, "min_saturation": 0.05, '
+    '"opening_um": 8.0, "thumb_mpp": 8.0}, "white_level": 220}'
+)
+
+
+def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.ndarray) -> None:
+    """A tile file laid out as the previous code wrote it, with raw h5py (no help from wsi.tilefile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as h5:
+        h5.create_dataset("coords", data=coords.astype(np.int64))
+        h5.create_dataset("coords_um", data=(coords * 0.5).astype(np.float32))
+        attrs = {
+            "slide_id": "scene", "slide_path": str(slide_path), "tile_size_um": 256.0, "tile_size_px": 256,
+            "mpp": 0.5, "mpp_source": "metadata", "target_mpp": 1.0, "level0_width": 4096,
+            "level0_height": 4096, "backend": "openslide", "vendor": "aperio",
+            "params": _PREVIOUS_DEFAULT_PARAMS, "wsi_version": "0.1.0", "n_grid": 64, "n_tissue": 3,
+            "n_background": 0, "n_blurry": 0, "n_unreadable": 0, "n_kept": 3,
+        }  # fmt: skip
+        for name, value in attrs.items():
+            h5.attrs[name] = value
+        h5.attrs["format"] = "wsi-tiles"
+        h5.attrs["format_version"] = 1
+        h5.attrs["complete"] = True
+
+
+def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path) -> None:
+    """Resume across the config change: a finished tile file written by the previous code, with the same
+    settings, is skipped as done (not recomputed); other settings still recompute it."""
+    assert json.loads(_PREVIOUS_DEFAULT_PARAMS) == TileParams().to_dict()  # same keys, same values
+    paths = output_paths(tmp_path, "scene")
+    coords = np.array([[512, 512], [1024, 512], [512, 1024]])
+    _write_previous_version_tile_file(paths.h5, scene.path, coords)
+    paths.qc.parent.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(paths.qc)  # the QC image the previous run left
+    stamp = paths.h5.stat().st_mtime_ns
+
+    [again] = tile_slides([_src(scene)], out_dir=tmp_path)
+    assert (again.status, again.n) == ("skipped", 3)
+    assert paths.h5.stat().st_mtime_ns == stamp
+
+    [changed] = tile_slides([_src(scene)], out_dir=tmp_path, params=TileParams(min_blur_variance=10.0))
+    assert changed.status == "ok" and read_tile_file(paths.h5).params["min_blur_variance"] == 10.0

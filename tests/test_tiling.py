@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from wsi.config import parse_config
+from wsi.errors import ConfigError
 from wsi.tiling import (
     BACKGROUND,
     BLURRY,
@@ -88,8 +90,25 @@ def test_mostly_blurred_tile_is_blurry() -> None:
 def test_params_json_round_trip_and_validation() -> None:
     params = TileParams(tile_um=224, tile_px=224, tissue=TissueParams(thumb_mpp=4))
     assert params.target_mpp == 1.0
-    assert TileParams.from_dict(json.loads(params.to_json())) == params
+    stored = json.loads(json.dumps(params.to_dict(), sort_keys=True))  # as a tile file keeps it
+    assert parse_config(TileParams, stored, source="t.h5") == params
     with pytest.raises(ValueError, match="min_tissue_fraction"):
         TileParams(min_tissue_fraction=1.5)
     with pytest.raises(ValueError, match="tile_um"):
         TileParams(tile_um=0)
+
+
+def test_params_from_a_mapping_go_through_the_one_validator() -> None:
+    """Unknown keys (top level and nested) are refused by name; range rules and types are checked."""
+    with pytest.raises(ConfigError, match=r"^run\.json: ") as err:
+        parse_config(TileParams, {"tile_size": 256, "tissue": {"otsu": True}}, source="run.json")
+    assert "unknown field 'tile_size'" in str(err.value) and "unknown field 'tissue.otsu'" in str(err.value)
+    with pytest.raises(ConfigError, match=r"min_tissue_fraction must be in \[0, 1\], got 1\.5"):
+        parse_config(TileParams, {"min_tissue_fraction": 1.5}, source="run.json")
+    with pytest.raises(ConfigError, match=r"TissueParams\.thumb_mpp must be positive"):
+        parse_config(TileParams, {"tissue": {"thumb_mpp": 0}}, source="run.json")
+    with pytest.raises(ConfigError, match=r"'tile_px'.*'big'"):
+        parse_config(TileParams, {"tile_px": "big"}, source="run.json")
+    parsed = parse_config(TileParams, {"tile_um": 96, "tissue": {"thumb_mpp": 4}}, source="run.json")
+    assert parsed == TileParams(tile_um=96.0, tissue=TissueParams(thumb_mpp=4.0))
+    assert isinstance(parsed.tile_um, float) and isinstance(parsed.tissue, TissueParams)

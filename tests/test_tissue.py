@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wsi.config import parse_config
+from wsi.errors import ConfigError
 from wsi.tissue import TissueParams, cell_fractions, saturation, tissue_mask
 
 GLASS = (243, 243, 245)
@@ -71,3 +73,11 @@ def test_bad_params_rejected() -> None:
         TissueParams(thumb_mpp=0)
     with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
         tissue_mask(np.zeros((10, 10), np.uint8), mpp=8.0)
+
+
+def test_params_from_a_mapping_refuse_unknown_keys() -> None:
+    """The tissue settings parse through wsi.config like every config: a typo is named, not ignored."""
+    with pytest.raises(ConfigError, match=r"tile\.json: unknown field 'closing'"):
+        parse_config(TissueParams, {"closing": 16.0}, source="tile.json")
+    assert parse_config(TissueParams, {"thumb_mpp": 4}, source="tile.json") == TissueParams(thumb_mpp=4.0)
+    assert parse_config(TissueParams, TissueParams().to_dict(), source="tile.json") == TissueParams()

@@ -55,7 +55,8 @@ def render_qc(
             box[0, :] = box[-1, :] = colour  # outline, so neighbouring tiles stay apart
             box[:, 0] = box[:, -1] = colour
     if mask.shape != (h, w):
-        mask = np.asarray(Image.fromarray(mask.astype(np.uint8) * 255).resize((w, h), Image.NEAREST)) > 0
+        resized = Image.fromarray(mask.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)
+        mask = np.asarray(resized) > 0
     img[find_boundaries(mask, mode="inner")] = OUTLINE_RGB
     return np.clip(img + 0.5, 0, 255).astype(np.uint8)
 

@@ -1,5 +1,8 @@
 """Physical tile grid, tissue fraction per cell, and the background / blur filters on tile pixels.
 
+`TileParams` holds every setting (a `wsi.config` model); `find_tissue(slide, params)` gives the grid
+cells worth reading; `classify_tiles(tiles, params)` the fate of each read tile; `TileCounts` the tally.
+
 The grid is laid out in micrometres (cell i starts at i * tile_um) and converted to level-0 pixels
 with the slide's MPP, so one scene scanned at 0.25 and at 0.5 um/px gives the same grid in um.
 Filters run on the tile at its target resolution (tile_um / tile_px um/px), the pixels an encoder sees.
@@ -7,19 +10,29 @@ Filters run on the tile at its target resolution (tile_um / tile_px um/px), the 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from wsi.tissue import TissueParams, cell_fractions
+from wsi.config import config_dict, config_model
+from wsi.tissue import TissueParams, cell_fractions, tissue_mask
+
+if TYPE_CHECKING:
+    from wsi.slide import Slide
 
 
+@config_model
 @dataclass(frozen=True)
 class TileParams:
-    """Every setting that decides which tiles are kept; saved as JSON with each tile file."""
+    """Every setting that decides which tiles are kept; saved as JSON (`to_dict()`) in each tile file.
+
+    Built from a mapping (a tile file's `params`, a run's recorded `tile_params`, CLI options) only
+    through `wsi.config.parse_config(TileParams, data, source=...)`: types converted, unknown keys
+    refused. The range checks live in `__post_init__`, so direct construction is checked the same way.
+    Adding a field changes the stored JSON, so tile files of older runs are recomputed, never trusted.
+    """
 
     #: side of a tile in micrometres (physical size, whatever the scanner's resolution)
     tile_um: float = 256.0
@@ -38,6 +51,7 @@ class TileParams:
     #: fail the slide when more than this fraction of its tissue tiles cannot be decoded (a few corrupt
     #: JPEG tiles are skipped and counted; a slide that is mostly unreadable is an error worth seeing)
     max_unreadable_fraction: float = 0.05
+    #: how the tissue mask is computed on the slide thumbnail (see wsi.tissue)
     tissue: TissueParams = field(default_factory=TissueParams)
 
     def __post_init__(self) -> None:
@@ -58,16 +72,8 @@ class TileParams:
         return self.tile_um / self.tile_px
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TileParams:
-        data = dict(data)
-        tissue = TissueParams(**data.pop("tissue", {}))
-        return cls(**data, tissue=tissue)
+        """JSON-ready settings, `tissue` nested: what tile files store and a re-run compares."""
+        return config_dict(self)
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,33 @@ def tissue_fractions(grid: Grid, mask: np.ndarray, *, level0_width: int, level0_
     y0 = grid.coords[:, 1].astype(np.float64)
     boxes = np.stack([x0 * sx, y0 * sy, (x0 + grid.step_px) * sx, (y0 + grid.step_px) * sy], axis=1)
     return cell_fractions(mask, boxes)
+
+
+@dataclass(frozen=True)
+class TissueGrid:
+    """Where the tissue is: the thumbnail, its mask, the slide's grid and the cells worth reading."""
+
+    thumb: np.ndarray  # (h, w, 3) uint8 thumbnail at about params.tissue.thumb_mpp
+    mask: np.ndarray  # (h, w) bool tissue mask of the thumbnail
+    grid: Grid  # every whole tile of the slide, level-0 and micrometre coordinates
+    candidates: np.ndarray  # (M,) int64 indices into grid: cells with enough tissue to be read
+
+    @property
+    def candidate_coords(self) -> np.ndarray:
+        """(M, 2) int64 level-0 top-left of each candidate cell."""
+        return self.grid.coords[self.candidates]
+
+
+def find_tissue(slide: Slide, params: TileParams) -> TissueGrid:
+    """Thumbnail -> tissue mask -> physical grid -> the cells at least min_tissue_fraction tissue."""
+    w0, h0 = slide.dimensions
+    thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
+    thumb_mpp = w0 * slide.mpp / thumb.shape[1]  # the thumbnail's true um/px (sizes round)
+    mask = tissue_mask(thumb, mpp=thumb_mpp, params=params.tissue)
+    grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
+    fractions = tissue_fractions(grid, mask, level0_width=w0, level0_height=h0)
+    candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
+    return TissueGrid(thumb=thumb, mask=mask, grid=grid, candidates=candidates)
 
 
 def min_rgb(tiles: np.ndarray) -> np.ndarray:
@@ -177,8 +210,8 @@ def _blur_batch(tiles: np.ndarray, low: np.ndarray, white_level: int, grid: int)
     n_all = np.maximum(n.reshape(b, -1).sum(1), 1.0)
     whole = np.maximum(s2.reshape(b, -1).sum(1) / n_all - (s1.reshape(b, -1).sum(1) / n_all) ** 2, 0.0)
     score = whole
-    for i in np.flatnonzero(voting.any(axis=1)):
-        score[i] = np.median(block_var[i, voting[i]])
+    for t in np.flatnonzero(voting.any(axis=1)):  # tiles with at least one voting block
+        score[t] = np.median(block_var[t, voting[t]])
     return np.where(n.reshape(b, -1).sum(1) > 0, score, 0.0)
 
 
@@ -224,5 +257,6 @@ class TileCounts:
     n_unreadable: int = 0
     n_kept: int = 0
 
-    def as_attrs(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int]:
+        """Plain ints by name (stored as tile-file attributes)."""
         return {k: int(v) for k, v in asdict(self).items()}

@@ -9,17 +9,22 @@ on the thumbnail size chosen.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from skimage.filters import threshold_otsu
 from skimage.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 
+from wsi.config import config_dict, config_model
 
+
+@config_model
 @dataclass(frozen=True)
 class TissueParams:
-    """Settings of the tissue mask; defaults suit H&E."""
+    """Settings of the tissue mask; defaults suit H&E. Saved inside TileParams (`tissue`) in every tile
+    file; built from a mapping only through `wsi.config.parse_config` (unknown keys refused). The range
+    checks live in `__post_init__`, so they hold for direct construction and for parsing alike."""
 
     #: thumbnail resolution (um/px): 8 um/px gives 32 px per 256 um tile, enough for tissue fractions
     thumb_mpp: float = 8.0
@@ -44,7 +49,8 @@ class TissueParams:
             raise ValueError(f"TissueParams.min_saturation must be in [0, 1), got {self.min_saturation}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready settings (the form stored in tile files)."""
+        return config_dict(self)
 
 
 def saturation(rgb: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -29,7 +29,7 @@ def user_errors(func: F) -> F:
             click.echo(f"Error: {exc}", err=True)
             raise SystemExit(EXIT_USAGE) from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 # Options several commands share, defined once so their names, types and defaults cannot drift apart.

@@ -10,6 +10,7 @@ from wsi.cli._common import user_errors
 
 
 @click.command(
+    "demo",
     epilog="""\b
 Examples:
   wsi demo --out demo-out/                        # ~20 generated slides, a few minutes on 2 cores

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -45,13 +46,14 @@ def command(
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
     from wsi.errors import ConfigError
-    from wsi.synthetic import write_sample_cohort
+    from wsi.synthetic import Style, Texture, write_sample_cohort
 
     if tile_px % 16:
         raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")
     try:
         slides = write_sample_cohort(
-            out_dir, n=n, size_um=size_um, mpp=mpp, styles=styles or ("a",), texture=texture,  # type: ignore[arg-type]
+            out_dir, n=n, size_um=size_um, mpp=mpp, styles=cast("tuple[Style, ...]", styles or ("a",)),
+            texture=cast(Texture, texture),
             seed=seed, prefix=prefix, tile_px=tile_px, write_mpp=not no_mpp, progress=n > 1,
         )
     except FileNotFoundError as exc:  # --texture real without the source slide

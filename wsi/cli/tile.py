@@ -130,26 +130,24 @@ def command(
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from pipelines.tile import tile_slides
+    from wsi.config import parse_config
     from wsi.sources import find_slides
     from wsi.tiling import TileParams
-    from wsi.tissue import TissueParams
 
     sources = find_slides(paths)
     if not sources:
         click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
         raise SystemExit(EXIT_USAGE)
-    try:
-        params = TileParams(
-            tile_um=tile_um,
-            tile_px=tile_px,
-            min_tissue_fraction=min_tissue,
-            white_level=white_level,
-            max_background_fraction=max_background,
-            min_blur_variance=min_blur_var,
-            tissue=TissueParams(thumb_mpp=thumb_mpp, min_saturation=min_saturation),
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    options = {
+        "tile_um": tile_um,
+        "tile_px": tile_px,
+        "min_tissue_fraction": min_tissue,
+        "white_level": white_level,
+        "max_background_fraction": max_background,
+        "min_blur_variance": min_blur_var,
+        "tissue": {"thumb_mpp": thumb_mpp, "min_saturation": min_saturation},
+    }
+    params = parse_config(TileParams, options, source="wsi tile options")  # ConfigError: exit 2
     results = tile_slides(
         sources,
         out_dir=out_dir,

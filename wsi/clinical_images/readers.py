@@ -1,14 +1,11 @@
-"""Readers for radiology, dermoscopy and fundus images: PNG/JPEG/TIFF, DICOM, NIfTI and NumPy `.npy`.
+"""Reading radiology, dermoscopy and fundus images: PNG/JPEG/TIFF, DICOM, NIfTI and NumPy `.npy`.
 
-Every reader returns an `ImageData` in one layout so the transforms never care where pixels came from:
-2D images are (H, W, C), volumes (D, H, W, C), float32, channel last. Row 0 is the top of the picture
-(EXIF rotation applied); volumes are put in the radiological display order (slices inferior to
-superior, rows anterior to posterior, columns patient right to left, as DICOM axial images); a folder
-of single-frame DICOM slices is read as one volume, ordered along the slice normal.
-`value_range` is the range the values are known to span (photos [0, 1], a windowed DICOM [0, 1], the
-stored-bit range of an unwindowed DICOM whose data fills at least half of it, e.g. 8-bit radiographs),
-or None when only the data can say (NIfTI, npy, an unwindowed 12/16-bit DICOM: its stored-bit range,
-e.g. -32768..32767, is far wider than the data and would flatten the image).
+`read_image` picks the reader by suffix (the table lives in `formats`) and returns an `ImageData` in one
+layout so the transforms never care where pixels came from: 2D images (H, W, C), volumes (D, H, W, C),
+float32, channel last. Row 0 is the top of the picture (EXIF rotation applied); volumes are put in the
+radiological display order (slices inferior to superior, rows anterior to posterior, columns patient
+right to left, as DICOM axial images); a folder of single-frame DICOM slices is read as one volume
+(`dicom`). `probe_image` checks a file cheaply without decoding its pixels.
 
 pydicom and nibabel are optional (`pip install 'wsi[images]'`); a missing one raises
 `MissingReaderError`, which a dataset does not mistake for one bad file.
@@ -16,46 +13,25 @@ pydicom and nibabel are optional (`pip install 'wsi[images]'`); a missing one ra
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from wsi.clinical_images.dicom import probe_dicom, read_dicom, read_dicom_series
+from wsi.clinical_images.formats import (
+    DICOM_SUFFIXES,
+    IMAGE_SUFFIXES,
+    INSTALL_HINT,
+    NIFTI_SUFFIXES,
+    NPY_SUFFIXES,
+    PHOTO_SUFFIXES,
+    ImageData,
+    MissingReaderError,
+    image_suffix,
+    is_dicom,
+)
 from wsi.errors import ImageReadError, WsiError
-
-PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-DICOM_SUFFIXES = (".dcm", ".dicom")
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
-NPY_SUFFIXES = (".npy",)
-IMAGE_SUFFIXES = PHOTO_SUFFIXES + DICOM_SUFFIXES + NIFTI_SUFFIXES + NPY_SUFFIXES
-_INSTALL_HINT = "install the image extras: pip install 'wsi[images]'"
-
-
-class MissingReaderError(WsiError):
-    """An optional reader library (pydicom, nibabel) is not installed."""
-
-
-@dataclass(frozen=True)
-class ImageData:
-    """Pixels of one image or volume, channel last, with what is known about their scale."""
-
-    pixels: np.ndarray  # (H, W, C) or (D, H, W, C) float32
-    path: Path
-    spacing_mm: tuple[float, ...] | None = None  # per spatial axis, (H, W) or (D, H, W)
-    value_range: tuple[float, float] | None = None
-
-    @property
-    def spatial_dims(self) -> int:
-        return self.pixels.ndim - 1
-
-
-def image_suffix(path: Path) -> str:
-    """The reader-relevant suffix, lower case ('.nii.gz' counts as one)."""
-    name = path.name.lower()
-    if name.endswith(".nii.gz"):
-        return ".nii.gz"
-    return path.suffix.lower()
 
 
 def read_image(path: str | Path, *, spatial_dims: int = 2) -> ImageData:
@@ -70,11 +46,11 @@ def read_image(path: str | Path, *, spatial_dims: int = 2) -> ImageData:
         raise ImageReadError(f"image {path} does not exist")
     suffix = image_suffix(path)
     if path.is_dir():
-        data = _read_dicom_series(path)
+        data = read_dicom_series(path)
     elif suffix in PHOTO_SUFFIXES:
         data = _read_photo(path)
-    elif suffix in DICOM_SUFFIXES or (suffix == "" and _has_dicom_preamble(path)):
-        data = _read_dicom(path)
+    elif is_dicom(path):
+        data = read_dicom(path)
     elif suffix in NIFTI_SUFFIXES:
         data = _read_nifti(path)
     elif suffix in NPY_SUFFIXES:
@@ -103,12 +79,6 @@ def _fit_dims(data: ImageData, spatial_dims: int) -> ImageData:
     )
 
 
-def _has_dicom_preamble(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(132)
-    return len(head) == 132 and head[128:] == b"DICM"
-
-
 # --- photos ---------------------------------------------------------------------------------------
 
 
@@ -116,8 +86,8 @@ def _read_photo(path: Path) -> ImageData:
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
-            img = ImageOps.exif_transpose(img)  # camera rotation tag -> rows top to bottom
+        with Image.open(path) as opened:
+            img = ImageOps.exif_transpose(opened)  # camera rotation tag -> rows top to bottom
             img.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise ImageReadError(f"{path}: not a readable image ({exc})") from exc
@@ -141,198 +111,20 @@ def _read_photo(path: Path) -> ImageData:
     return ImageData(arr, path, None, (0.0, 1.0))
 
 
-# --- DICOM ----------------------------------------------------------------------------------------
-
-
-def _import_pydicom():  # type: ignore[no-untyped-def]
-    try:
-        import pydicom
-    except ImportError as exc:
-        raise MissingReaderError(f"reading DICOM needs pydicom; {_INSTALL_HINT}") from exc
-    return pydicom
-
-
-def _load_dicom(path: Path):  # type: ignore[no-untyped-def]
-    """(dataset, stored pixels) of one DICOM file; ImageReadError naming it when unreadable."""
-    pydicom = _import_pydicom()
-    try:
-        ds = pydicom.dcmread(path)
-    except Exception as exc:  # InvalidDicomError, EOFError, struct errors...: all mean "not this file"
-        raise ImageReadError(f"{path}: not a readable DICOM file ({type(exc).__name__}: {exc})") from exc
-    if "PixelData" not in ds:
-        raise ImageReadError(f"{path}: DICOM without pixel data (a report or structured document?)")
-    try:
-        stored = ds.pixel_array
-    except Exception as exc:  # missing decoder plugin, truncated or corrupt pixel data
-        raise ImageReadError(
-            f"{path}: cannot decode its pixel data ({type(exc).__name__}: {exc}); if the file is "
-            "intact, install a decoder for its transfer syntax: pip install pylibjpeg "
-            "pylibjpeg-libjpeg pylibjpeg-openjpeg"
-        ) from exc
-    return ds, stored
-
-
-def _read_dicom(path: Path) -> ImageData:
-    ds, stored = _load_dicom(path)
-    frames = int(getattr(ds, "NumberOfFrames", 1) or 1)
-    samples = int(getattr(ds, "SamplesPerPixel", 1) or 1)
-    arr = stored.astype(np.float32)
-    if samples == 1:
-        arr = arr[..., None]  # channel last
-    if frames == 1:
-        arr = arr[None]  # (1, H, W, C): one-slice volume
-    spacing = _dicom_spacing(ds)
-    if samples > 1:  # colour: pydicom already converted YBR to RGB
-        top = float(2 ** int(ds.BitsStored) - 1)
-        return ImageData(arr / top, path, spacing, (0.0, 1.0))
-    pixels, value_range, windowed = _gray_values(arr, ds)
-    return ImageData(pixels, path, spacing, value_range if windowed else _filled_range(pixels, value_range))
-
-
-def _gray_values(arr: np.ndarray, ds) -> tuple[np.ndarray, tuple[float, float], bool]:  # type: ignore[no-untyped-def]
-    """Stored values -> modality units (rescale) -> VOI window/LUT -> MONOCHROME1 inverted; also the
-    range the values can reach and whether a window/LUT set it."""
-    from pydicom.pixels import apply_modality_lut
-
-    photometric = str(getattr(ds, "PhotometricInterpretation", "MONOCHROME2")).upper()
-    arr = np.asarray(apply_modality_lut(arr, ds), dtype=np.float32)  # rescale slope/intercept -> units
-    lo, hi = _modality_range(ds)
-    windowed = _apply_voi(arr, ds)
-    if windowed is not None:
-        arr, lo, hi = windowed, 0.0, 1.0
-    if photometric == "MONOCHROME1":  # low values are bright: flip so high = bright everywhere
-        arr = (lo + hi) - arr
-    return arr.astype(np.float32), (lo, hi), windowed is not None
-
-
-_MIN_FILL = 0.5  # an unwindowed image must span this fraction of its stored-bit range to be scaled by it
-
-
-def _filled_range(pixels: np.ndarray, value_range: tuple[float, float]) -> tuple[float, float] | None:
-    """The stored-bit range if the data fills it (8-bit radiographs), else None: 12 bits of MR in a
-    16-bit signed field would use ~3% of -32768..32767, so the transforms scale by the data instead."""
-    lo, hi = value_range
-    if pixels.size == 0 or hi <= lo:
-        return None
-    spread = float(pixels.max()) - float(pixels.min())
-    return value_range if spread >= _MIN_FILL * (hi - lo) else None
-
-
-def _read_dicom_series(folder: Path) -> ImageData:
-    """A folder of single-frame DICOM slices of one series -> (D, H, W, 1), slices ordered along the
-    slice normal (inferior to superior for axial), each slice rescaled by its own slope/intercept and
-    the series windowed by the first slice's window."""
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    files = [p for p in files if image_suffix(p) in DICOM_SUFFIXES or _has_dicom_preamble(p)]
-    if not files:
-        raise ImageReadError(
-            f"{folder} is a folder without DICOM files; give an image file or a series folder"
-        )
-    slices = [_load_dicom(p) for p in files]
-    series = {str(getattr(ds, "SeriesInstanceUID", "")) for ds, _ in slices}
-    if len(series) > 1:
-        raise ImageReadError(f"{folder} holds {len(series)} DICOM series; put each series in its own folder")
-    shapes = {stored.shape for _, stored in slices}
-    if len(shapes) > 1 or len(next(iter(shapes))) != 2:
-        raise ImageReadError(
-            f"{folder}: slices differ in size or are not single-frame gray ({sorted(shapes)})"
-        )
-    positions = [_slice_position(ds) for ds, _ in slices]
-    if all(p is not None for p in positions):
-        order = np.argsort(positions, kind="stable")
-        steps = np.diff(np.sort(np.asarray(positions, dtype=np.float64)))
-        between = float(np.median(steps)) if len(steps) and np.median(steps) > 0 else math.nan
-    else:  # no geometry: the scanner's numbering
-        order = np.argsort([int(getattr(ds, "InstanceNumber", 0) or 0) for ds, _ in slices], kind="stable")
-        between = math.nan
-    values = []
-    value_range: tuple[float, float] = (0.0, 1.0)
-    windowed = False
-    first = slices[order[0]][0]
-    for i in order:
-        ds, stored = slices[i]
-        for key in ("WindowCenter", "WindowWidth", "VOILUTFunction", "VOILUTSequence"):
-            if key in first and key not in ds:  # one window for the whole volume
-                ds[key] = first[key]
-        pixels, value_range, windowed = _gray_values(stored.astype(np.float32), ds)
-        values.append(pixels)
-    spacing = _dicom_spacing(first)
-    if spacing is not None:
-        spacing = (between if math.isfinite(between) else spacing[0], spacing[1], spacing[2])
-    volume = np.stack(values)[..., None]  # (D, H, W, 1)
-    return ImageData(volume, folder, spacing, value_range if windowed else _filled_range(volume, value_range))
-
-
-def _slice_position(ds) -> float | None:  # type: ignore[no-untyped-def]
-    """Position of a slice along its normal (row x column direction), in mm."""
-    position = getattr(ds, "ImagePositionPatient", None)
-    orientation = getattr(ds, "ImageOrientationPatient", None)
-    if position is None or orientation is None:
-        return None
-    normal = np.cross(np.asarray(orientation[:3], float), np.asarray(orientation[3:], float))
-    return float(np.dot(normal, np.asarray(position, float)))
-
-
-def _modality_range(ds) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """The value range the stored bits can reach, after the rescale slope and intercept."""
-    bits = int(ds.BitsStored)
-    signed = int(getattr(ds, "PixelRepresentation", 0)) == 1
-    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
-    slope = float(getattr(ds, "RescaleSlope", 1.0) or 1.0)
-    intercept = float(getattr(ds, "RescaleIntercept", 0.0) or 0.0)
-    ends = sorted((lo * slope + intercept, hi * slope + intercept))
-    return ends[0], ends[1]
-
-
-def _first(value) -> float:  # type: ignore[no-untyped-def]
-    """WindowCenter/Width may be multi-valued; the first is the default view."""
-    try:
-        return float(value[0])
-    except TypeError:
-        return float(value)
-
-
-def _apply_voi(arr: np.ndarray, ds) -> np.ndarray | None:  # type: ignore[no-untyped-def]
-    """The VOI LUT or window (PS3.3 C.11.2) mapped to [0, 1]; None when the file defines neither."""
-    if "VOILUTSequence" in ds and len(ds.VOILUTSequence):
-        from pydicom.pixels import apply_voi_lut
-
-        item = ds.VOILUTSequence[0]
-        out_bits = int(item.LUTDescriptor[2])
-        indices = np.rint(arr).astype(np.int32)  # a LUT is indexed by (rescaled) integer values
-        out = np.asarray(apply_voi_lut(indices, ds, prefer_lut=True), dtype=np.float32)
-        return np.clip(out / float(2**out_bits - 1), 0.0, 1.0)
-    if "WindowCenter" not in ds or "WindowWidth" not in ds:
-        return None
-    center, width = _first(ds.WindowCenter), _first(ds.WindowWidth)
-    function = str(getattr(ds, "VOILUTFunction", "LINEAR") or "LINEAR").upper()
-    if function == "SIGMOID":
-        return (1.0 / (1.0 + np.exp(-4.0 * (arr - center) / width))).astype(np.float32)
-    if function == "LINEAR_EXACT":
-        return np.clip((arr - (center - width / 2)) / width, 0.0, 1.0)
-    width = max(width, 1.0)  # LINEAR needs width >= 1
-    if width == 1.0:
-        return (arr > center - 0.5).astype(np.float32)
-    return np.clip((arr - (center - 0.5)) / (width - 1.0) + 0.5, 0.0, 1.0)
-
-
-def _dicom_spacing(ds) -> tuple[float, float, float] | None:  # type: ignore[no-untyped-def]
-    """(slice, row, column) spacing in mm; NaN slice spacing when the file does not say."""
-    rows_cols = getattr(ds, "PixelSpacing", None) or getattr(ds, "ImagerPixelSpacing", None)
-    if rows_cols is None:
-        return None
-    between = getattr(ds, "SpacingBetweenSlices", None) or getattr(ds, "SliceThickness", None)
-    return (float(between) if between else math.nan, float(rows_cols[0]), float(rows_cols[1]))
-
-
 # --- NIfTI ----------------------------------------------------------------------------------------
 
 
-def _read_nifti(path: Path) -> ImageData:
+def _import_nibabel() -> Any:
+    """The nibabel module (untyped), or MissingReaderError with the install hint."""
     try:
-        import nibabel as nib
+        import nibabel
     except ImportError as exc:
-        raise MissingReaderError(f"reading NIfTI needs nibabel; {_INSTALL_HINT}") from exc
+        raise MissingReaderError(f"reading NIfTI needs nibabel; {INSTALL_HINT}") from exc
+    return nibabel
+
+
+def _read_nifti(path: Path) -> ImageData:
+    nib = _import_nibabel()
     try:
         img = nib.as_closest_canonical(nib.load(path))  # voxel axes -> (R, A, S) increasing
         data = np.asarray(img.get_fdata(dtype=np.float32))
@@ -419,18 +211,27 @@ def probe_image(path: str | Path) -> None:
             with Image.open(path) as img:
                 _ = img.size
             _check_end_marker(path, suffix)
-        elif suffix in DICOM_SUFFIXES or (suffix == "" and _has_dicom_preamble(path)):
-            pydicom = _import_pydicom()
-            pydicom.dcmread(path, stop_before_pixels=True)
+        elif is_dicom(path):
+            probe_dicom(path)
         elif suffix in NIFTI_SUFFIXES:
-            try:
-                import nibabel as nib
-            except ImportError as exc:
-                raise MissingReaderError(f"reading NIfTI needs nibabel; {_INSTALL_HINT}") from exc
-            nib.load(path)
+            _import_nibabel().load(path)
         elif suffix in NPY_SUFFIXES:
             np.load(path, mmap_mode="r", allow_pickle=False)
     except WsiError:
         raise
     except Exception as exc:  # every library has its own error types; all mean "not this file"
         raise ImageReadError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from exc
+
+
+__all__ = [  # the suffix table and ImageData are owned by `formats`; named here for readers' callers
+    "DICOM_SUFFIXES",
+    "IMAGE_SUFFIXES",
+    "NIFTI_SUFFIXES",
+    "NPY_SUFFIXES",
+    "PHOTO_SUFFIXES",
+    "ImageData",
+    "MissingReaderError",
+    "image_suffix",
+    "probe_image",
+    "read_image",
+]

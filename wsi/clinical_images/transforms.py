@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wsi.clinical_images.readers import ImageData
+from wsi.clinical_images.formats import ImageData
 from wsi.errors import ConfigError, ImageReadError
 
 Normalize = Literal["imagenet", "range", "zscore"]
@@ -85,8 +85,8 @@ def normalize_intensity(
 ) -> np.ndarray:
     """Channel-last float32 pixels to the scale the task's model expects (see module docstring)."""
     if mode == "zscore":
-        mean, std = float(pixels.mean()), float(pixels.std())
-        out = (pixels - mean) / max(std, 1e-6)
+        mu, sd = float(pixels.mean()), float(pixels.std())
+        out = (pixels - mu) / max(sd, 1e-6)
         return np.clip(out, -_ZSCORE_CLIP, _ZSCORE_CLIP).astype(np.float32)
     unit = _unit_range(pixels, value_range)
     if mode == "range":
