@@ -17,12 +17,13 @@ from PIL import Image
 
 from pipelines.inputs import Item, build_input
 from pipelines.inputs.images import ImageInput, image_id, infer_grid
-from pipelines.train.tasks import load_task
+from pipelines.tasks import load_task
 from wsi.cli.main import cli
 from wsi.clinical_images.dataset import ImageDataset, collate_images
 from wsi.clinical_images.heatmap import project, save_heatmap
 from wsi.clinical_images.readers import read_image
 from wsi.clinical_images.transforms import ImageSpec
+from wsi.config import config_dict
 from wsi.errors import ConfigError, ImageReadError
 
 nib = pytest.importorskip("nibabel")
@@ -39,7 +40,7 @@ IMAGE_TASKS = [
 
 def _tiny_task(tmp_path: Path, name: str, input_options: dict) -> Path:
     """The packaged task with a tiny model, small inputs and a short bootstrap, as a user's YAML."""
-    data = load_task(name).to_dict()
+    data = config_dict(load_task(name))
     data["model"]["overrides"] = TINY_MODEL
     data["input_options"].update(input_options)
     data.update(bootstrap=20, num_workers=0, batch_size=4)
