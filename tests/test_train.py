@@ -300,3 +300,24 @@ def test_stamp_bags_train_and_predict(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level("WARNING"):
         pred = predict(model_dir=tmp_path / "run", features_dir=bags, out_dir=tmp_path / "p", progress=False)
     assert len(pred.rows) == 12 and "cannot verify" in caplog.text
+
+
+def test_every_fold_starts_as_if_it_seeded_and_built_its_own_model() -> None:
+    """The run builds one model; each fold's copy has the weights and random stream that seeding and
+    building inside the fold gives (what a dask worker and a resumed run rely on)."""
+    from pipelines.train.folds import StartState, model_kwargs
+    from pipelines.train.state import seed_everything
+
+    task = load_task("nsclc-subtype").replace(**{"model.overrides": dict(TINY), "seed": 3})
+    kwargs = model_kwargs(task, {"in_dim": IN_DIM})
+    start = StartState.build(kwargs, seed=task.seed)
+    torch.rand(7)  # the caller's own use of the generators in between does not leak into a fold
+    folds = [start.begin() for _ in range(2)]
+    after_begin = torch.rand(3)
+    seed_everything(task.seed)
+    own = build_model(kwargs.pop("preset"), **kwargs)
+    assert torch.equal(after_begin, torch.rand(3))
+    for fold in folds:
+        assert fold is not start.model
+        for (name, a), b in zip(fold.state_dict().items(), own.state_dict().values(), strict=True):
+            assert torch.equal(a, b), name

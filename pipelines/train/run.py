@@ -141,15 +141,15 @@ def train(
     if not record_path(run_dir).is_file():
         write_run_record(run_dir, record)
 
-    specs = []
-    sequential = scheduler is None
-    for k, split in enumerate(splits):
-        specs.append(FoldSpec(
+    sequential = scheduler is None  # progress bars and the epoch hook only in this process
+    specs = [
+        FoldSpec(
             task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, k, split), start=start,
-            device=device,
-            resume=resume, init_from=Path(init_from) if init_from else None, progress=progress and sequential,
-            on_epoch_end=on_epoch_end if sequential else None,
-        ))  # fmt: skip
+            device=device, resume=resume, init_from=Path(init_from) if init_from else None,
+            progress=progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
+        )
+        for k, split in enumerate(splits)
+    ]  # fmt: skip
     fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
 
     if not cv:
