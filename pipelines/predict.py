@@ -15,44 +15,47 @@ cross-validation (fold-<k>/ folders) predicts with the mean probability of its f
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from pipelines.checkpoints import load_into
 from pipelines.devices import autocast_for, resolve_device
 from pipelines.heatmaps import contribution_to_class, render_heatmap
-from pipelines.inputs import InputAdapter, Item, build_input
-from pipelines.jobs import JobResult, describe_error, write_manifest
-from pipelines.train import checkpoints
+from pipelines.inputs import Batch, InputAdapter, Item, build_input
+from pipelines.jobs import JobResult, RunSummary, describe_error, write_manifest
+from pipelines.run_record import RunRecord, read_run_record, record_path
 from wsi.errors import ConfigError
-from wsi.files import write_text_atomic
+from wsi.files import write_csv_atomic
 
 log = logging.getLogger(__name__)
+
+_PRECISIONS: dict[str, Literal["bf16", "fp16", "fp32"]] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
 
 @dataclass
 class RunModel:
-    """A trained run ready to predict: its models (one, or one per fold), classes and input stage."""
+    """A trained run ready to predict: its models (one, or one per fold), record and input adapter."""
 
     models: list[torch.nn.Module]
-    config: dict[str, Any]
-    classes: list[str]
-    stage: InputAdapter
+    record: RunRecord
+    adapter: InputAdapter
     device: torch.device
 
     @property
+    def classes(self) -> list[str]:
+        return list(self.record.classes)
+
+    @property
     def provenance(self) -> dict[str, Any]:
-        return dict(self.config["input"].get("provenance") or {})
+        return dict(self.record.input.provenance)
 
     def _mean(self, fn: Any, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
         x = x.float() if x.dtype == torch.float16 else x
@@ -69,15 +72,26 @@ class RunModel:
 
 
 def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
-    """Rebuild a run's model(s) from config.json + best.safetensors (safetensors only, never pickle)."""
+    """Rebuild a run's model(s) from its record + best.safetensors (safetensors only, never pickle)."""
     from models.presets import build_model_from_config
-    from pipelines.train.run import build_from_spec
 
     run = Path(model_dir)
-    cfg_path = run / "config.json"
-    if not cfg_path.is_file():
+    if not record_path(run).is_file():
         raise ConfigError(f"--model {run}: no config.json; give the --out folder of `wsi train`")
-    config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    record = read_run_record(run)
+    ckpts = _checkpoints(run, record)
+    dev = resolve_device(device)
+    models = []
+    for ckpt in ckpts:
+        model = build_model_from_config(record.model, source=str(record_path(run)))
+        load_into(model, ckpt)
+        models.append(model.to(dev).eval())
+    adapter = build_input(record.input.name, record.task.input_options)
+    return RunModel(models=models, record=record, adapter=adapter, device=dev)
+
+
+def _checkpoints(run: Path, record: RunRecord) -> list[Path]:
+    """best.safetensors, or every fold's of a cross-validation run (all K must have finished)."""
     ckpts = [run / "best.safetensors"]
     if not ckpts[0].is_file():
         ckpts = sorted(run.glob("fold-*/best.safetensors"), key=lambda p: int(p.parent.name.split("-")[1]))
@@ -85,26 +99,14 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
         raise ConfigError(
             f"--model {run}: no best.safetensors (nor fold-*/best.safetensors); did training finish?"
         )
-    n_folds = config.get("cv")
-    if len(ckpts) > 1 and isinstance(n_folds, int) and len(ckpts) != n_folds:
+    n_folds = record.cv
+    if len(ckpts) > 1 and n_folds is not None and len(ckpts) != n_folds:
         have = sorted(p.parent.name for p in ckpts)
         raise ConfigError(
             f"--model {run}: a {n_folds}-fold run, but only {', '.join(have)} finished; "
             f"finish it with `wsi train ... --cv {n_folds} --resume` or predict with one fold's folder"
         )
-    dev = resolve_device(device)
-    models = []
-    for ckpt in ckpts:
-        model = (
-            build_model_from_config(config["model"])
-            if config.get("model")
-            else build_from_spec(config["model_spec"])
-        )
-        checkpoints.load_into(model, ckpt)
-        models.append(model.to(dev).eval())
-    task = config["task"]
-    stage = build_input(config["input"]["name"], task.get("input_options") or {})
-    return RunModel(models=models, config=config, classes=list(config["classes"]), stage=stage, device=dev)
+    return ckpts
 
 
 @dataclass
@@ -115,8 +117,12 @@ class PredictResult:
     results: list[JobResult] = field(default_factory=list)  # one per slide, failures included
 
     @property
+    def summary(self) -> RunSummary:
+        return RunSummary.of(self.results)
+
+    @property
     def failed(self) -> list[JobResult]:
-        return [r for r in self.results if r.status == "failed"]
+        return list(self.summary.failed)
 
 
 def predict(
@@ -141,15 +147,16 @@ def predict(
     """
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
+    t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     out = Path(out_dir)
     thumbs: dict[str, tuple[Path, float | None]] = {}
     pre_failed: list[JobResult] = []
     if features_dir is not None:
-        found = run.stage.find([Path(features_dir)])
+        found = run.adapter.find([Path(features_dir)])
     else:
-        if run.stage.name != "bags":
-            found = run.stage.find([Path(p) for p in inputs])
+        if run.adapter.name != "bags":
+            found = run.adapter.find([Path(p) for p in inputs])
         else:
             found, thumbs, pre_failed = _embed_raw_slides(
                 run, inputs, out / "work", weights=weights, mpp=mpp, backend=backend, workers=workers,
@@ -157,7 +164,7 @@ def predict(
             )  # fmt: skip
     items = [Item(id=sid, path=path) for sid, path in sorted(found.items())]
     if items:
-        run.stage.check_compatible(run.provenance, items)
+        run.adapter.check_compatible(run.provenance, items)
     rows, results = _classify(
         run, items, out, heatmaps=heatmaps, thumbs=thumbs, backend=backend, progress=progress
     )
@@ -165,8 +172,9 @@ def predict(
     csv_path = out / "predictions.csv"
     _write_rows(csv_path, rows, run.classes)
     write_manifest(out / "manifest.csv", results)
-    n_failed = sum(r.status == "failed" for r in results)
-    log.info("predicted %d slide(s), %d failed; %s", len(rows), n_failed, csv_path)
+    summary = RunSummary.of(results, time.perf_counter() - t0)
+    noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
+    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels={"ok": "predicted"}), csv_path)
     return PredictResult(out_dir=out, predictions_csv=csv_path, rows=rows, results=results)
 
 
@@ -180,14 +188,14 @@ def _classify(
     backend: str,
     progress: bool,
 ) -> tuple[list[dict[str, Any]], list[JobResult]]:
-    dataset = run.stage.dataset(items, train=False)
+    dataset = run.adapter.dataset(items, train=False)
     rows: list[dict[str, Any]] = []
     results: list[JobResult] = []
     for i, item in enumerate(tqdm(items, desc="predict", disable=not progress)):
         t0 = time.perf_counter()
         try:
             sample = dataset[i]
-            batch = run.stage.collate([sample]).to(run.device)
+            batch = run.adapter.collate([sample]).to(run.device)
             probs = run.probabilities(batch.x, batch.extra)[0].cpu().numpy()  # (C,)
             pred = int(probs.argmax())
             row = {
@@ -196,16 +204,9 @@ def _classify(
                 "predicted": run.classes[pred],
             }
             if heatmaps:
-                contrib = run.contributions(batch.x, batch.extra)[0].cpu().numpy()  # (N, C)
-                values = contribution_to_class(contrib, pred)
-                png = out / "heatmaps" / f"{item.id}.png"
                 title = f"{item.id}: {run.classes[pred]} (p={probs[pred]:.3f})"
-                if item.id in thumbs:
-                    _slide_heatmap(thumbs[item.id], item.path, sample, values, png, title, backend)
-                elif hasattr(run.stage, "heatmap"):
-                    grid = getattr(run.models[0], "grid_shape", None)
-                    extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
-                    run.stage.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
+                _heatmap(run, item, sample, batch, pred, out / "heatmaps" / f"{item.id}.png", title,
+                         thumb=thumbs.get(item.id), backend=backend)  # fmt: skip
             rows.append(row)
             n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
             results.append(JobResult(item.id, str(item.path), "ok", n=n, seconds=time.perf_counter() - t0))
@@ -223,6 +224,30 @@ def _classify(
     return rows, results
 
 
+def _heatmap(
+    run: RunModel,
+    item: Item,
+    sample: dict[str, Any],
+    batch: Batch,
+    pred: int,
+    png: Path,
+    title: str,
+    *,
+    thumb: tuple[Path, float | None] | None,
+    backend: str,
+) -> None:
+    """Each token's contribution to the predicted class: over the slide when predicting from slides,
+    else drawn by the adapter (bags: at the tile positions; images: over the image)."""
+    contrib = run.contributions(batch.x, batch.extra)[0].cpu().numpy()  # (N, C)
+    values = contribution_to_class(contrib, pred)  # (N,)
+    if thumb is not None:
+        _slide_heatmap(thumb, item.path, sample, values, png, title, backend)
+    elif hasattr(run.adapter, "heatmap"):
+        grid = getattr(run.models[0], "grid_shape", None)
+        extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
+        run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
+
+
 def _slide_heatmap(
     thumb: tuple[Path, float | None],
     bag_path: Path,
@@ -237,7 +262,7 @@ def _slide_heatmap(
     from wsi.slide import open_slide
 
     slide_path, mpp = thumb
-    with open_slide(slide_path, backend=backend, mpp=mpp) as slide:  # type: ignore[arg-type]
+    with open_slide(slide_path, backend=backend, mpp=mpp) as slide:
         w_px, h_px = slide.dimensions
         thumb_mpp = max(w_px, h_px) * slide.mpp / 2048.0
         image = slide.thumbnail_at(thumb_mpp)
@@ -284,7 +309,7 @@ def _embed_raw_slides(
             f"the model was trained on features from encoder {encoder} with weights sha256 {sha[:16]}...; "
             "give those weights with --weights PATH"
         )
-    precision = prov.get("precision") if prov.get("precision") in ("bf16", "fp16", "fp32") else "bf16"
+    precision = _PRECISIONS.get(str(prov.get("precision")), "bf16")  # bags of other tools: the default
     options = EmbedOptions(
         encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
         expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
@@ -316,9 +341,6 @@ def _embed_raw_slides(
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]], classes: Sequence[str]) -> None:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["slide", *[f"prob_{c}" for c in classes], "predicted"])
-    for row in rows:
-        writer.writerow([row["slide"], *[f"{row[f'prob_{c}']:.6f}" for c in classes], row["predicted"]])
-    write_text_atomic(path, buf.getvalue())
+    header = ["slide", *[f"prob_{c}" for c in classes], "predicted"]
+    lines = ([row["slide"], *[f"{row[f'prob_{c}']:.6f}" for c in classes], row["predicted"]] for row in rows)
+    write_csv_atomic(path, header, lines)

@@ -1,5 +1,5 @@
 """Image tasks end to end: `wsi train` / `wsi predict` on tiny sets built from the real images, the
-image input stage, heatmaps, and corrupt files being skipped by path."""
+image input adapter, heatmaps, and corrupt files being skipped by path."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from PIL import Image
 
 from pipelines.inputs import Item, build_input
 from pipelines.inputs.images import ImageInput, image_id, infer_grid
-from pipelines.train.tasks import load_task
+from pipelines.tasks import load_task
 from wsi.cli.main import cli
 from wsi.clinical_images.dataset import ImageDataset, collate_images
 from wsi.clinical_images.heatmap import project, save_heatmap
 from wsi.clinical_images.readers import read_image
 from wsi.clinical_images.transforms import ImageSpec
+from wsi.config import config_dict
 from wsi.errors import ConfigError, ImageReadError
 
 nib = pytest.importorskip("nibabel")
@@ -39,7 +40,7 @@ IMAGE_TASKS = [
 
 def _tiny_task(tmp_path: Path, name: str, input_options: dict) -> Path:
     """The packaged task with a tiny model, small inputs and a short bootstrap, as a user's YAML."""
-    data = load_task(name).to_dict()
+    data = config_dict(load_task(name))
     data["model"]["overrides"] = TINY_MODEL
     data["input_options"].update(input_options)
     data.update(bootstrap=20, num_workers=0, batch_size=4)
@@ -166,11 +167,11 @@ def test_3d_task_trains_and_predicts_on_volumes(shared_data: Path, tmp_path: Pat
 
 
 def test_predict_refuses_volumes_for_a_2d_model(shared_data: Path) -> None:
-    stage = ImageInput(size_px=64, channels=1, normalize="range")
-    prov = stage.provenance([])
+    adapter = ImageInput(size_px=64, channels=1, normalize="range")
+    prov = adapter.provenance([])
     item = Item(id="v", path=shared_data / "mri" / "example4d.nii.gz")
     with pytest.raises(ConfigError, match="2D images"):
-        stage.check_compatible(prov, [item])
+        adapter.check_compatible(prov, [item])
     with pytest.raises(ConfigError, match="size_px"):
         ImageInput(size_px=128, channels=1, normalize="range").check_compatible(prov, [])
     volumes = ImageInput(size_px=[8, 32, 32], channels=1)
@@ -185,8 +186,8 @@ def test_predict_refuses_volumes_for_a_2d_model(shared_data: Path) -> None:
 @pytest.mark.parametrize("name", IMAGE_TASKS)
 def test_packaged_image_tasks_match_the_paper(name: str) -> None:
     task = load_task(name)
-    stage = build_input(task.input, task.input_options)
-    assert isinstance(stage, ImageInput)
+    adapter = build_input(task.input, task.input_options)
+    assert isinstance(adapter, ImageInput)
     expected = {
         "isic-melanoma": ((224, 224), 3, 32, "vit-2d"),
         "cxr-cardiomegaly": ((224, 224), 1, 32, "vit-2d"),
@@ -194,12 +195,12 @@ def test_packaged_image_tasks_match_the_paper(name: str) -> None:
         "airogs-glaucoma": ((224, 224), 3, 32, "vit-2d"),
         "duke-breast-mri": ((32, 256, 256), 1, 16, "vit-3d"),
     }[name]
-    assert (stage.spec.size_px, stage.spec.channels, task.batch_size, task.model.preset) == expected
+    assert (adapter.spec.size_px, adapter.spec.channels, task.batch_size, task.model.preset) == expected
     from models import build_model
 
-    model = build_model(task.model.preset, **stage.model_kwargs([]), **TINY_MODEL)
-    grid = model.grid_shape(stage.spec.size_px)  # the paper's token counts: 196, 4,096, 8x16x16
-    assert int(np.prod(grid)) == {224: 196, 1024: 4096, 256: 2048}[stage.spec.size_px[-1]]
+    model = build_model(task.model.preset, **adapter.model_kwargs([]), **TINY_MODEL)
+    grid = model.grid_shape(adapter.spec.size_px)  # the paper's token counts: 196, 4,096, 8x16x16
+    assert int(np.prod(grid)) == {224: 196, 1024: 4096, 256: 2048}[adapter.spec.size_px[-1]]
 
 
 def test_unknown_input_option_is_a_config_error() -> None:
@@ -317,3 +318,13 @@ def test_3d_find_groups_dicom_series_folders(shared_data: Path, tmp_path: Path) 
     }
     with pytest.raises(ConfigError, match="two images with id '0'"):  # 2D: every file is an image
         ImageInput(size_px=32, channels=1).find([tmp_path])
+
+
+def test_input_kinds_come_from_the_registry() -> None:
+    from pipelines.inputs import INPUTS, available_inputs
+    from pipelines.inputs.bags import BagInput
+
+    assert available_inputs() == ["bags", "images"]
+    assert INPUTS.get("bags") is BagInput and INPUTS.get("images") is ImageInput
+    with pytest.raises(ConfigError, match=r"unknown input 'tiles'.*bags, images"):
+        build_input("tiles")

@@ -12,11 +12,11 @@ import torch
 from test_train_synthetic import make_bag, make_cohort, write_task
 
 from pipelines.inputs import Item
+from pipelines.tasks import LabelColumns
 from pipelines.train import train
 from pipelines.train.labels import default_patient, match_items, read_labels
 from pipelines.train.metrics import auroc, bootstrap_auroc, evaluate
 from pipelines.train.splits import kfold_items, split_items
-from pipelines.train.tasks import LabelColumns
 from wsi.errors import LabelError
 
 CLASSES = ("LUAD", "LUSC")

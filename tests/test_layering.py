@@ -104,7 +104,6 @@ def _parents(module: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9 in progress: run <-> cv circle")
 def test_no_import_circles() -> None:
     graph = _graph(top_level_only=False)  # a deferred import inside a function still closes a circle
     # A package importing its own submodules (re-exports) is not a circle of ideas: drop child -> parent

@@ -13,9 +13,11 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from test_train_synthetic import IN_DIM, TINY, make_cohort, write_task
 
+from models import build_model
+from models.presets import build_model_from_config
 from pipelines.devices import resolve_device as pick_device
 from pipelines.train import load_task, train
-from pipelines.train.run import _init_from, build_from_spec
+from pipelines.train.folds import init_from
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
 
@@ -180,9 +182,9 @@ def test_cross_validation_on_dask_equals_sequential(cohort, tmp_path: Path) -> N
 def test_init_from_softmax_transfers_weights(cohort, tmp_path: Path) -> None:
     task = write_task(tmp_path / "task.yaml", epochs=2, patience=0)
     _train(cohort, task, tmp_path / "softmax", attention="softmax")
-    spec = json.loads((tmp_path / "softmax" / "config.json").read_text())["model_spec"]
-    model = build_from_spec({**spec, "attention": "seqnorm"})
-    _init_from(model, tmp_path / "softmax", "seqnorm")
+    architecture = json.loads((tmp_path / "softmax" / "config.json").read_text())["model"]
+    model = build_model_from_config({**architecture, "attention": "seqnorm"})
+    init_from(model, tmp_path / "softmax", "seqnorm")
     source = load_file(tmp_path / "softmax" / "best.safetensors")
     state = model.state_dict()
     shared = [k for k in source if k in state]
@@ -216,12 +218,12 @@ def test_packaged_task_matches_the_issue() -> None:
     assert (task.optimizer.name, task.optimizer.lr, task.optimizer.weight_decay) == ("adamw", 1e-4, 1e-2)
     assert task.epochs == 100 and task.batch_size == 1 and task.input_options.get("bag_size") is None
     assert (task.split.train, task.split.val, task.split.test) == (0.60, 0.14, 0.26)
-    model = build_from_spec({"preset": "vit-wsi", "attention": "seqnorm", "num_classes": 2, "in_dim": 2048})
+    model = build_model("vit-wsi", attention="seqnorm", num_classes=2, in_dim=2048)
     assert model(torch.randn(1, 5, 2048)).shape == (1, 2)
 
 
 def test_task_yaml_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match="unknown field 'learning_rate'"):
         load_task(write_task(tmp_path / "a.yaml", learning_rate=1))
     with pytest.raises(ConfigError, match=r"optimizer\.lr"):
         load_task(write_task(tmp_path / "b.yaml", optimizer={"lr": "fast"}))
@@ -298,3 +300,24 @@ def test_stamp_bags_train_and_predict(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level("WARNING"):
         pred = predict(model_dir=tmp_path / "run", features_dir=bags, out_dir=tmp_path / "p", progress=False)
     assert len(pred.rows) == 12 and "cannot verify" in caplog.text
+
+
+def test_every_fold_starts_as_if_it_seeded_and_built_its_own_model() -> None:
+    """The run builds one model; each fold's copy has the weights and random stream that seeding and
+    building inside the fold gives (what a dask worker and a resumed run rely on)."""
+    from pipelines.train.folds import StartState, model_kwargs
+    from pipelines.train.state import seed_everything
+
+    task = load_task("nsclc-subtype").replace(**{"model.overrides": dict(TINY), "seed": 3})
+    kwargs = model_kwargs(task, {"in_dim": IN_DIM})
+    start = StartState.build(kwargs, seed=task.seed)
+    torch.rand(7)  # the caller's own use of the generators in between does not leak into a fold
+    folds = [start.begin() for _ in range(2)]
+    after_begin = torch.rand(3)
+    seed_everything(task.seed)
+    own = build_model(kwargs.pop("preset"), **kwargs)
+    assert torch.equal(after_begin, torch.rand(3))
+    for fold in folds:
+        assert fold is not start.model
+        for (name, a), b in zip(fold.state_dict().items(), own.state_dict().values(), strict=True):
+            assert torch.equal(a, b), name

@@ -3,7 +3,7 @@
 A task YAML names its input (`input: bags` or `input: images`) and may pass options to it
 (`input_options: {...}`, validated by the adapter's constructor; unknown keys raise `ConfigError`).
 The loop and `predict` only ever talk to the adapter through this protocol, so a new kind of input is
-one module plus one line in `_BUILTIN`.
+one module whose adapter class carries `@INPUTS.register("<name>")` (and that module named in `INPUTS`).
 
 Protocol (`InputAdapter`):
 
@@ -16,7 +16,7 @@ Protocol (`InputAdapter`):
   dataset(items, train=...)    -> torch Dataset over `Item`s; sample i is a dict
                                {"x": Tensor, "label": int (-1 when unlabeled), "id": str,
                                 optional "coords_um": Tensor (N, 2)}. `train=True` turns on the
-                               stage's augmentation (bag subsampling, image flips...).
+                               adapter's augmentation (bag subsampling, image flips...).
   collate(samples)             -> `Batch` (bags: pad to the longest bag, mask True = real tile;
                                images: stack).
   model_kwargs(items)          -> extra `models.build_model` kwargs the data decides (bags: in_dim;
@@ -29,13 +29,13 @@ Protocol (`InputAdapter`):
                                contribution of each tile/patch to the predicted class) for one item;
                                `predict` skips heatmaps for adapters without it.
 
-The registry maps a name to "module:Class"; modules are imported only when a task asks for them.
+`INPUTS` (a `wsi.registry.Registry`) maps a name to its adapter class; the adapter modules are imported
+on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a task asks for them.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi.errors import ConfigError
+from wsi.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -108,30 +109,23 @@ class InputAdapter(Protocol):
     def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None: ...
 
 
-# name -> "module:Class"; the class is constructed with the task's `input_options` as keywords.
-_BUILTIN: dict[str, str] = {
-    "bags": "pipelines.inputs.bags:BagInput",
-    "images": "pipelines.inputs.images:ImageInput",
-}
+# name -> adapter class, constructed with the task's `input_options` as keywords
+INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
+    "input", modules=("pipelines.inputs.bags", "pipelines.inputs.images")
+)
 
 
 def available_inputs() -> list[str]:
-    return sorted(_BUILTIN)
+    return INPUTS.names()
 
 
 def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAdapter:
     """The input adapter `name`, configured by the task's `input_options`."""
-    if name not in _BUILTIN:
-        raise ConfigError(f"unknown input {name!r}; known inputs: {', '.join(available_inputs())}")
-    module_name, cls_name = _BUILTIN[name].split(":")
+    adapter_cls = INPUTS.get(name)  # ConfigError naming the known inputs (and any that failed to load)
     try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
-    except ImportError as exc:  # e.g. an optional reader missing
-        raise ConfigError(f"input {name!r} cannot be loaded ({exc}); install what it names") from exc
-    try:
-        return cls(**dict(options or {}))
+        return adapter_cls(**dict(options or {}))
     except TypeError as exc:
         raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
 
 
-__all__ = ["Batch", "InputAdapter", "Item", "available_inputs", "build_input"]
+__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input"]

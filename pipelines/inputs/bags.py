@@ -18,7 +18,7 @@ import h5py
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.inputs import Batch, Item
+from pipelines.inputs import INPUTS, Batch, Item
 from wsi.bags import bag_length, load_bag, read_bag_attrs
 from wsi.errors import BagFormatError, ConfigError, WsiError
 from wsi.files import is_temp_name
@@ -89,6 +89,7 @@ def _feature_dim(path: Path) -> int:
         raise BagFormatError(f"{path} is not a readable feature bag ({exc})") from None
 
 
+@INPUTS.register("bags")
 class BagInput:
     """`input: bags`. Options (task YAML `input_options`):
 

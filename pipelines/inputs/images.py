@@ -1,4 +1,4 @@
-"""The image input stage: radiographs, dermoscopy, fundus photos and MRI volumes for vit-2d / vit-3d.
+"""The image input adapter: radiographs, dermoscopy, fundus photos and MRI volumes for vit-2d / vit-3d.
 
 Task YAML:
 
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.inputs import Batch, Item
+from pipelines.inputs import INPUTS, Batch, Item
 from wsi.clinical_images.dataset import ImageDataset, collate_images
 from wsi.clinical_images.heatmap import fit_long_side, save_heatmap
 from wsi.clinical_images.readers import (
@@ -58,6 +58,7 @@ def image_id(path: Path) -> str:
     return sanitize_slide_id(path.name[: -len(suffix)] if known else path.name)
 
 
+@INPUTS.register("images")
 class ImageInput:
     """`input: images`; options as in the module docstring (unknown ones raise ConfigError)."""
 
@@ -128,7 +129,7 @@ class ImageInput:
 
     def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]:
         rows = [(it.path, it.label, it.id) for it in items]
-        return ImageDataset(rows, self.spec, augment=train and self.augment)  # type: ignore[return-value]
+        return ImageDataset(rows, self.spec, augment=train and self.augment)
 
     def collate(self, samples: list[dict[str, Any]]) -> Batch:
         """Stack images; unreadable ones are dropped (logged by path), so a batch may come out smaller.

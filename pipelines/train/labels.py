@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.inputs import Item
-from pipelines.train.tasks import LabelColumns
+from pipelines.tasks import LabelColumns
 from wsi.errors import LabelError
 from wsi.files import sanitize_slide_id
 

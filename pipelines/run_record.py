@@ -1,0 +1,129 @@
+"""The run record: `config.json` of a run folder, written by `wsi train` and read by `wsi predict`.
+
+It says everything needed to use and to repeat a run: the resolved task, the model's architecture
+(what `models.presets.build_model_from_config` rebuilds), the input adapter with the provenance of
+its inputs (encoder, weights sha256, tile settings), the label table and input folder, counts, the
+splits, devices and versions. Prediction reads it through this module alone, so it never imports the
+training code.
+
+Format versions: 2 (this one) holds the model once, as `model`. Version 1 (before `format_version`
+was written) also held the build_model keyword arguments as `model_spec`; it still loads, and the
+architecture in its `model` is what predict rebuilds, as it always was.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.tasks import TaskConfig, check_task
+from wsi.config import config_dict, config_model, parse_config
+from wsi.errors import ConfigError
+from wsi.files import write_json_atomic
+
+RECORD_NAME = "config.json"
+FORMAT_VERSION = 2
+
+
+@config_model
+@dataclass(frozen=True)
+class InputRecord:
+    name: str  # the input adapter (pipelines.inputs registry): bags | images
+    options: dict[str, Any] = field(default_factory=dict)  # the task's input_options it was built with
+    provenance: dict[str, Any] = field(default_factory=dict)  # how the inputs were made (adapter's own)
+
+
+@config_model
+@dataclass(frozen=True)
+class Counts:
+    slides: int  # labelled items that have an input: what was split and trained on
+    patients: int  # distinct patients among them (the split unit)
+    labelled_without_input: int  # label rows with no input found (left out, reported)
+    inputs_without_label: int  # inputs found with no label row (left out, reported)
+
+
+@config_model
+@dataclass(frozen=True)
+class SplitIds:
+    train: tuple[str, ...]  # item ids, in splits.csv order
+    val: tuple[str, ...]
+    test: tuple[str, ...]
+
+
+@config_model
+@dataclass(frozen=True)
+class RunRecord:
+    task: TaskConfig  # the resolved task, command-line changes included
+    model: dict[str, Any]  # the architecture: model.config_dict(), rebuilt by build_model_from_config
+    input: InputRecord
+    classes: tuple[str, ...]  # output order of the model's logits (the task's classes)
+    labels_csv: str  # absolute path of the label table
+    source: str  # absolute path of the input folder (--features / --images)
+    counts: Counts
+    splits: tuple[SplitIds, ...]  # one per fold (one without cross-validation)
+    cv: int | None  # K of K-fold cross-validation; None for one split
+    init_from: str | None  # run folder or checkpoint the weights started from (--init-from)
+    device: str  # where it trained (cpu, cuda:0, mps)
+    amp: str | None  # mixed precision used: bf16 on CUDA, else None
+    created: str  # ISO 8601 UTC time the run started
+    versions: dict[str, str]  # wsi, torch, python
+    fold: int | None = None  # 1-based fold of a cross-validation run's fold-<k>/ folder
+    format_version: int = FORMAT_VERSION  # of this record's layout (see the module docstring)
+
+
+def record_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / RECORD_NAME
+
+
+def write_run_record(run_dir: str | Path, record: RunRecord) -> Path:
+    """config.json in `run_dir`, atomically; returns its path."""
+    path = record_path(run_dir)
+    write_json_atomic(path, config_dict(record))
+    return path
+
+
+def read_run_record(run_dir: str | Path) -> RunRecord:
+    """The record of a run folder written by `wsi train` (any format version)."""
+    path = record_path(run_dir)
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no {RECORD_NAME}; give the --out folder of `wsi train`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not a readable run record ({exc}); was the run interrupted?") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object (a run record of `wsi train`)")
+    data = _upgrade(data, path)
+    record = parse_config(RunRecord, data, source=str(path))
+    check_task(record.task, f"{path} (task)")
+    return record
+
+
+def _upgrade(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A record of any known format version as the current layout."""
+    version = data.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ConfigError(
+            f"{path}: run record format {version!r} is newer than this wsi reads ({FORMAT_VERSION}); "
+            "upgrade wsi"
+        )
+    if version == 1:
+        data = {k: v for k, v in data.items() if k != "model_spec"}  # the model once: its `model`
+        if not data.get("model"):
+            raise ConfigError(f"{path}: this run record holds no model architecture (`model`); retrain it")
+        data["format_version"] = FORMAT_VERSION
+    return data
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Counts",
+    "InputRecord",
+    "RunRecord",
+    "SplitIds",
+    "read_run_record",
+    "record_path",
+    "write_run_record",
+]

@@ -1,0 +1,134 @@
+"""One fold: a split trained into one folder from the run's start state, then scored.
+
+`StartState` is built once per run: the model as initialised right after seeding, and the random
+generators right after building it. Every fold (the only one of a plain run, each of K for
+cross-validation, on this process or a dask worker) trains a copy of that model from that random
+state, so folds are reproducible wherever they run and no model is built just to be thrown away.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelines.checkpoints import load_into, load_weights
+from pipelines.devices import resolve_device
+from pipelines.inputs import InputAdapter
+from pipelines.run_record import read_run_record, record_path
+from pipelines.tasks import TaskConfig
+from pipelines.train.evaluate import evaluate_best
+from pipelines.train.loop import EpochHook, fit
+from pipelines.train.splits import Split
+from pipelines.train.state import RngState, has_resume, seed_everything
+from wsi.errors import ConfigError, WeightsError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StartState:
+    """What every fold starts from: the initialised model and the random state right after building it."""
+
+    model: torch.nn.Module  # never trained itself: each fold trains a copy
+    seed: int  # the task's seed: CUDA generators stay as it seeded them (the model is built on the CPU)
+    rng: RngState  # CPU-side generators right after the model was built
+
+    @classmethod
+    def build(cls, model_kwargs: Mapping[str, Any], *, seed: int) -> StartState:
+        """Seed every generator, then build `models.build_model(**model_kwargs)`."""
+        from models import build_model
+
+        seed_everything(seed)
+        kwargs = dict(model_kwargs)
+        model = build_model(kwargs.pop("preset"), **kwargs)
+        return cls(model=model, seed=seed, rng=RngState.capture(cuda=False))
+
+    def begin(self) -> torch.nn.Module:
+        """A copy of the initial model, with every random generator as right after building it."""
+        seed_everything(self.seed)
+        self.rng.restore()
+        return copy.deepcopy(self.model)
+
+    def architecture(self) -> dict[str, Any]:
+        """The model's `config_dict()`: what the run record keeps and predict rebuilds."""
+        config_dict = getattr(self.model, "config_dict", None)
+        if not callable(config_dict):
+            name = type(self.model).__name__
+            raise ConfigError(f"{name} has no config_dict(); a run record needs the model's architecture")
+        return dict(config_dict())
+
+
+def model_kwargs(task: TaskConfig, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`models.build_model` arguments: the preset, attention, data-given sizes, then the overrides."""
+    return {
+        "preset": task.model.preset,
+        "attention": task.model.attention,
+        "num_classes": len(task.classes),
+        **dict(adapter_kwargs),
+        **task.model.overrides,
+    }
+
+
+@dataclass(frozen=True)
+class FoldSpec:
+    """One split trained into one folder: all `run_fold` needs, picklable for dask workers."""
+
+    task: TaskConfig
+    adapter: InputAdapter
+    split: Split
+    run_dir: Path  # holds config.json and splits.csv already
+    start: StartState
+    device: str  # as given ("auto" is resolved by the process that trains)
+    resume: bool  # continue from run_dir/resume/ when it is there
+    init_from: Path | None  # a run folder or .safetensors to start from (not when resuming)
+    progress: bool  # progress bars
+    on_epoch_end: EpochHook | None = None  # called with each epoch's log row (not on dask workers)
+
+
+def run_fold(spec: FoldSpec) -> dict[str, Any]:
+    """Train one split into one folder and score its best weights; returns what metrics.json holds."""
+    device = resolve_device(spec.device)
+    model = spec.start.begin()
+    if spec.init_from is not None and not has_resume(spec.run_dir):
+        init_from(model, spec.init_from, spec.task.model.attention)
+    state = fit(
+        task=spec.task, adapter=spec.adapter, split=spec.split, model=model, run_dir=spec.run_dir,
+        device=device, resume=spec.resume, progress=spec.progress, on_epoch_end=spec.on_epoch_end,
+    )  # fmt: skip
+    return evaluate_best(
+        task=spec.task, adapter=spec.adapter, split=spec.split, model=model, run_dir=spec.run_dir,
+        device=device, state=state,
+    )  # fmt: skip
+
+
+def init_from(model: torch.nn.Module, source: Path, attention: str) -> None:
+    """Start from another run's weights: same attention -> load; softmax -> transfer to softmax-free."""
+    from models.presets import transfer_softmax_to_seqnorm
+
+    source = Path(source)
+    ckpt = source / "best.safetensors" if source.is_dir() else source
+    src_attention = None
+    if record_path(ckpt.parent).is_file():
+        src_attention = read_run_record(ckpt.parent).task.model.attention
+    if src_attention == attention:
+        load_into(model, ckpt)
+        log.info("initialised from %s (same attention %s)", ckpt, attention)
+        return
+    if src_attention not in (None, "softmax"):
+        raise WeightsError(
+            f"--init-from {source}: that run used {src_attention!r} attention; give a softmax checkpoint "
+            f"(transferred to {attention!r}) or one with {attention!r} attention"
+        )
+    new_keys = transfer_softmax_to_seqnorm(load_weights(ckpt), model)
+    log.info(
+        "initialised %s model from softmax checkpoint %s (%d new tensors)", attention, ckpt, len(new_keys)
+    )
+
+
+__all__ = ["FoldSpec", "StartState", "init_from", "model_kwargs", "run_fold"]
