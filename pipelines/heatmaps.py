@@ -77,3 +77,28 @@ def render_heatmap(
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+
+
+def slide_heatmap(
+    thumb: tuple[Path, float | None],
+    coords_um: np.ndarray,
+    tile_size_um: float,
+    values: np.ndarray,
+    out_png: Path,
+    title: str,
+    backend: str = "openslide",
+) -> None:
+    """`values` (N,) over the slide's thumbnail (about 2,048 px on the long side); `thumb` is the
+    slide's (path, level-0 mpp or None for the metadata's)."""
+    from wsi.slide import open_slide
+
+    slide_path, mpp = thumb
+    with open_slide(slide_path, backend=backend, mpp=mpp) as slide:
+        w_px, h_px = slide.dimensions
+        thumb_mpp = max(w_px, h_px) * slide.mpp / 2048.0
+        image = slide.thumbnail_at(thumb_mpp)
+        thumb_mpp = max(w_px, h_px) * slide.mpp / max(image.shape[:2])  # the size actually returned
+    render_heatmap(
+        coords_um=coords_um, tile_size_um=tile_size_um, values=values, out_png=out_png,
+        thumbnail=image, thumb_mpp=thumb_mpp, title=title,
+    )  # fmt: skip

@@ -6,6 +6,11 @@ its inputs (encoder, weights sha256, tile settings), the label table and input f
 splits, devices and versions. Prediction reads it through this module alone, so it never imports the
 training code.
 
+Values fitted on a training split that predict needs besides the weights (the standardisation of
+continuous targets, the survival risk cut-off) sit beside it in `fitted.json` (`Fitted`): they are
+known only once a fold's split is made or its training ends, and a cross-validation run has one per
+fold folder.
+
 Format versions: 2 (this one) holds the model once, as `model`. Version 1 (before `format_version`
 was written) also held the build_model keyword arguments as `model_spec`; it still loads, and the
 architecture in its `model` is what predict rebuilds, as it always was.
@@ -25,6 +30,7 @@ from wsi.files import write_json_atomic
 
 RECORD_NAME = "config.json"
 FORMAT_VERSION = 2
+FITTED_NAME = "fitted.json"
 
 
 @config_model
@@ -58,7 +64,7 @@ class RunRecord:
     task: TaskConfig  # the resolved task, command-line changes included
     model: dict[str, Any]  # the architecture: model.config_dict(), rebuilt by build_model_from_config
     input: InputRecord
-    classes: tuple[str, ...]  # output order of the model's logits (the task's classes)
+    classes: tuple[str, ...]  # categorical: output order of the model's logits (other kinds: none)
     labels_csv: str  # absolute path of the label table
     source: str  # absolute path of the input folder (--features / --images)
     counts: Counts
@@ -71,6 +77,38 @@ class RunRecord:
     versions: dict[str, str]  # wsi, torch, python
     fold: int | None = None  # 1-based fold of a cross-validation run's fold-<k>/ folder
     format_version: int = FORMAT_VERSION  # of this record's layout (see the module docstring)
+
+
+@config_model
+@dataclass(frozen=True)
+class Fitted:
+    """fitted.json: values fitted on a run folder's training split that prediction needs."""
+
+    target_scaling: dict[str, tuple[float, float]] = field(default_factory=dict)  # column: (mean, std)
+    risk_cutoff: float | None = None  # survival: median training risk (best weights): the KM split
+    format_version: int = 1  # of this file's layout
+
+
+def write_fitted(run_dir: str | Path, values: dict[str, Any]) -> Path:
+    """fitted.json in `run_dir` (checked like every config), atomically; returns its path."""
+    path = Path(run_dir) / FITTED_NAME
+    fitted = parse_config(Fitted, values, source=f"values fitted for {run_dir}")
+    write_json_atomic(path, config_dict(fitted))
+    return path
+
+
+def read_fitted(run_dir: str | Path) -> dict[str, Any]:
+    """The fitted values of a run folder as the mapping `pipelines.kinds.build_kind` takes ({} when
+    the run has none: categorical runs, and runs written before fitted.json existed)."""
+    path = Path(run_dir) / FITTED_NAME
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable ({exc}); retrain the run or restore the file") from None
+    fitted = parse_config(Fitted, data, source=str(path))
+    return {k: v for k, v in config_dict(fitted).items() if k != "format_version"}
 
 
 def record_path(run_dir: str | Path) -> Path:
@@ -118,12 +156,16 @@ def _upgrade(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 __all__ = [
+    "FITTED_NAME",
     "FORMAT_VERSION",
     "Counts",
+    "Fitted",
     "InputRecord",
     "RunRecord",
     "SplitIds",
+    "read_fitted",
     "read_run_record",
     "record_path",
+    "write_fitted",
     "write_run_record",
 ]

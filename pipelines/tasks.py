@@ -1,8 +1,16 @@
 """Task configs: a YAML per task (packaged in configs/tasks/ or any path), typed and validated.
 
-A task says what is learned (classes, label columns), from which input, with which model and how it is
-trained. Training follows it; prediction reads it back from the run record (`pipelines.run_record`),
-which is why it lives beside both and not inside `pipelines.train`.
+A task says what is learned (its `kind`, classes or targets, label columns), at which `level` (one bag
+per slide or per patient), from which input, with which model and how it is trained. Kinds:
+
+  categorical   one class per case (`classes`, the label column); the default
+  regression    one or more continuous `targets` (MSE or Huber loss, optionally standardised)
+  survival      time-to-event (`survival.time`, `survival.event` columns), Cox partial likelihood
+  multi-target  several categorical and/or continuous `targets`, one slice of the outputs each
+
+The model is the same for every kind; only the number of its outputs, the loss, the batching and the
+figures change (`pipelines.kinds`). Training follows it; prediction reads it back from the run record
+(`pipelines.run_record`), which is why it lives beside both and not inside `pipelines.train`.
 
 Types and unknown keys are checked by `wsi.config.parse_config` (the one validator); the rules that tie
 fields together (split fractions summing to 1, at least two classes) are `check_task`'s. The resolved
@@ -41,8 +49,9 @@ class OptimizerConfig:
 @config_model
 @dataclass(frozen=True)
 class SplitConfig:
-    """Fractions of patients, stratified by class. Cross-validation holds out val/(train+val) of each
-    fold's training patients for early stopping."""
+    """Fractions of patients, stratified by class (survival: by event; regression: by tertile of the
+    first target). Cross-validation holds out val/(train+val) of each fold's training patients for
+    early stopping."""
 
     train: float = 0.60  # fits the weights
     val: float = 0.14  # picks the best epoch and stops early
@@ -53,15 +62,54 @@ class SplitConfig:
 @dataclass(frozen=True)
 class LabelColumns:
     slide: str = "slide"  # slide id or file name (a few common aliases are also found)
-    label: str = "label"  # class name, one of the task's classes
+    label: str = "label"  # categorical: class name, one of the task's classes (other kinds: see targets)
     patient: str | None = "patient"  # optional; absent -> TCGA barcode's first 12 chars, else slide id
+
+
+@config_model
+@dataclass(frozen=True)
+class TargetConfig:
+    """One target of a regression or multi-target task: a column of the label table."""
+
+    column: str  # label-table column holding it; also its name in outputs and figures
+    type: Literal["categorical", "continuous"] = "continuous"  # regression tasks: continuous only
+    classes: tuple[str, ...] = ()  # categorical targets: two or more names; their order fixes the outputs
+    weight: float = 1.0  # its share of the summed loss (multi-target); 0 = reported, not learned
+
+
+@config_model
+@dataclass(frozen=True)
+class RegressionConfig:
+    """How continuous targets (regression and multi-target tasks) are learned."""
+
+    loss: Literal["mse", "huber"] = "mse"  # huber: less pulled by a few extreme labels
+    huber_delta: float = 1.0  # Huber's switch from squared to absolute (in standardised units if on)
+    standardize: bool = True  # learn z-scores of the training split's values; predictions in label units
+
+
+@config_model
+@dataclass(frozen=True)
+class SurvivalConfig:
+    """Time-to-event columns and the Cox loss's settings."""
+
+    time: str = "time"  # column: follow-up time (> 0, any unit: months, days)
+    event: str = "event"  # column: 1 = event (death, progression) seen, 0 = censored (true/false, yes/no too)
+    ties: Literal["efron", "breslow"] = "efron"  # tied event times: Efron is closer to exact, Breslow older
+    bags_per_step: int = 16  # bags whose risks form one Cox loss: a loss over one bag compares nothing
+    time_unit: str = "months"  # axis labels only
+    auc_times: tuple[float, ...] = ()  # time-dependent AUC horizons; () = quartiles of the event times
 
 
 @config_model
 @dataclass(frozen=True)
 class TaskConfig:
     name: str  # shown in logs and figure titles; defaults to the YAML file's stem
-    classes: tuple[str, ...]  # two or more distinct names; the order fixes the model's outputs
+    classes: tuple[str, ...] = ()  # categorical: two or more distinct names; their order fixes the outputs
+    kind: Literal["categorical", "regression", "survival", "multi-target"] = "categorical"  # what is learned
+    level: Literal["slide", "patient"] = "slide"  # patient: every slide of a patient is one bag
+    targets: tuple[TargetConfig, ...] = ()  # regression / multi-target: the label columns learned
+    regression: RegressionConfig | None = None  # continuous targets' loss; None = the defaults
+    survival: SurvivalConfig | None = None  # survival: columns and Cox settings; None = the defaults
     description: str = ""  # free text for the reader
     input: str = "bags"  # pipelines.inputs registry: bags | images
     input_options: dict[str, Any] = field(default_factory=dict)  # validated by the input adapter
@@ -70,13 +118,14 @@ class TaskConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     epochs: int = 100  # upper bound; early stopping usually ends sooner
-    patience: int = 10  # epochs without a better validation AUROC before stopping; 0 = never stop early
+    patience: int = 10  # epochs without a better validation figure (see pipelines.kinds) before stopping;
+    # 0 = never stop early
     batch_size: int = 1  # bags per step (padded + masked when > 1)
     grad_accum: int = 1  # optimizer step every this many batches
-    class_weighting: Literal["none", "balanced"] = "none"  # loss weights inverse to class frequency
+    class_weighting: Literal["none", "balanced"] = "none"  # categorical: loss weights inverse to frequency
     seed: int = 1337  # seeds weights, splits, shuffling and augmentation: same seed, same run
     num_workers: int = 0  # DataLoader worker processes (0: read in the training process)
-    bootstrap: int = 1000  # bootstrap resamples for the test AUROC interval
+    bootstrap: int = 1000  # bootstrap resamples for every 95% interval of the test figures
 
     def replace(self, **changes: Any) -> TaskConfig:
         """A copy with dotted-key changes, e.g. {"model.attention": "sima", "epochs": 5}, re-validated."""
@@ -92,10 +141,78 @@ class TaskConfig:
         return parse_task(data, source=f"{self.name} (with overrides)")
 
 
+    @property
+    def regression_options(self) -> RegressionConfig:
+        return self.regression or RegressionConfig()
+
+    @property
+    def survival_options(self) -> SurvivalConfig:
+        return self.survival or SurvivalConfig()
+
+
+def _distinct(names: tuple[str, ...]) -> bool:
+    return len(names) >= 2 and len(set(names)) == len(names)
+
+
+def _check_kind(task: TaskConfig, source: str) -> None:
+    """The fields each kind needs, and none it would silently ignore."""
+    kind, targets = task.kind, task.targets
+    if kind == "categorical":
+        if not _distinct(task.classes):
+            got = list(task.classes)
+            raise ConfigError(f"{source}: classes must be two or more distinct names, got {got}")
+    elif task.classes:
+        raise ConfigError(
+            f"{source}: `classes` is for categorical tasks; a {kind} task "
+            + ("gives categorical targets their own classes" if kind == "multi-target" else "has none")
+        )
+    if kind in ("regression", "multi-target"):
+        if not targets:
+            raise ConfigError(f"{source}: a {kind} task needs `targets` (a list of label-table columns)")
+        columns = [t.column for t in targets]
+        if len(set(columns)) != len(columns):
+            raise ConfigError(f"{source}: targets name a column twice: {columns}")
+    elif targets:
+        raise ConfigError(f"{source}: `targets` is for regression and multi-target tasks, not {kind}")
+    for t in targets:
+        if kind == "regression" and t.type != "continuous":
+            raise ConfigError(
+                f"{source}: regression target {t.column!r} must be continuous; use kind: multi-target"
+            )
+        if t.type == "categorical" and not _distinct(t.classes):
+            raise ConfigError(
+                f"{source}: categorical target {t.column!r} needs two or more distinct classes, "
+                f"got {list(t.classes)}"
+            )
+        if t.type == "continuous" and t.classes:
+            raise ConfigError(f"{source}: continuous target {t.column!r} has classes; drop them")
+        if t.weight < 0:
+            raise ConfigError(f"{source}: target {t.column!r} has a negative loss weight {t.weight}")
+    if targets and not any(t.weight > 0 for t in targets):
+        raise ConfigError(f"{source}: every target has loss weight 0; nothing would be learned")
+    if task.survival is not None and kind != "survival":
+        raise ConfigError(f"{source}: `survival` options are for survival tasks, not {kind}")
+    if task.regression is not None and not any(t.type == "continuous" for t in targets):
+        raise ConfigError(f"{source}: `regression` options need a continuous target")
+    surv = task.survival_options
+    if surv.bags_per_step < 2 or surv.time == surv.event:
+        raise ConfigError(
+            f"{source}: survival needs bags_per_step >= 2 (a Cox loss compares bags) and distinct "
+            f"time and event columns, got {surv.bags_per_step}, {surv.time!r}, {surv.event!r}"
+        )
+    if any(t <= 0 for t in surv.auc_times) or task.regression_options.huber_delta <= 0:
+        raise ConfigError(f"{source}: survival.auc_times and regression.huber_delta must be positive")
+    if task.class_weighting != "none" and kind != "categorical":
+        raise ConfigError(f"{source}: class_weighting is for categorical tasks, not {kind}")
+    if task.level == "patient" and task.input != "bags":
+        raise ConfigError(
+            f"{source}: level: patient joins a patient's slides into one bag; it needs input: bags"
+        )
+
+
 def check_task(task: TaskConfig, source: str) -> TaskConfig:
     """The rules between fields that types cannot say; returns `task` unchanged when they hold."""
-    if len(task.classes) < 2 or len(set(task.classes)) != len(task.classes):
-        raise ConfigError(f"{source}: classes must be two or more distinct names, got {list(task.classes)}")
+    _check_kind(task, source)
     s = task.split
     if (
         min(s.train, s.val, s.test) < 0
@@ -130,7 +247,10 @@ __all__ = [
     "LabelColumns",
     "ModelConfig",
     "OptimizerConfig",
+    "RegressionConfig",
     "SplitConfig",
+    "SurvivalConfig",
+    "TargetConfig",
     "TaskConfig",
     "check_task",
     "load_task",

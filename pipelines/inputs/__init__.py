@@ -53,8 +53,10 @@ class Item:
 
     id: str
     path: Path
-    label: int = -1  # class index into the task's classes; -1 = unknown (predict)
+    label: int = -1  # class index into the task's classes (other kinds: the split stratum); -1 = unknown
     patient: str = ""  # split grouping key; defaults to `id` when empty
+    target: tuple[float, ...] = ()  # the label as the task kind's target vector (NaN = missing)
+    slides: tuple[tuple[str, Path], ...] = ()  # level: patient: (slide id, bag) of each slide, in order
 
     @property
     def group(self) -> str:
@@ -73,6 +75,7 @@ class Batch:
     labels: torch.Tensor  # (B,) int64; -1 where unknown
     ids: list[str]
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    targets: torch.Tensor | None = None  # (B, T) float32 target vectors (pipelines.cases adds them)
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
         return Batch(
@@ -80,6 +83,7 @@ class Batch:
             labels=self.labels.to(device, non_blocking=non_blocking),
             ids=self.ids,
             extra={k: v.to(device, non_blocking=non_blocking) for k, v in self.extra.items()},
+            targets=None if self.targets is None else self.targets.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
@@ -88,6 +92,7 @@ class Batch:
             labels=self.labels.pin_memory(),
             ids=self.ids,
             extra={k: v.pin_memory() for k, v in self.extra.items()},
+            targets=None if self.targets is None else self.targets.pin_memory(),
         )
 
 

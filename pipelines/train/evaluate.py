@@ -1,27 +1,32 @@
 """Score a fold's best weights once, on its test split (or on validation when the task keeps none).
 
-Writes `<split>_predictions.csv`, `roc.png` and `metrics.json` into the run folder and returns what
-metrics.json holds.
+Writes `<split>_predictions.csv`, `metrics.json`, the statistics report (`report.html` and the CSVs
+behind it in `report/`) and the kind's main figure (`roc.png`, `scatter.png` or `km.png`) into the
+run folder, and returns what metrics.json holds. A kind that reads something off the trained model's
+training outputs (survival: the median risk that splits high from low risk) gets them first, and
+fitted.json is written again with it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from pipelines.cases import make_loader
 from pipelines.checkpoints import load_into
-from pipelines.inputs import InputAdapter
+from pipelines.inputs import InputAdapter, Item
+from pipelines.kinds import PredictionSet, TaskKind
+from pipelines.report import write_report
+from pipelines.run_record import write_fitted
+from pipelines.stats.classification import json_safe, plot_roc
 from pipelines.tasks import TaskConfig
-from pipelines.train import metrics
-from pipelines.train.loop import make_loader, predict_loader
+from pipelines.train.loop import Predicted, predict_loader
 from pipelines.train.splits import Split
 from pipelines.train.state import TrainState
-from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,7 @@ log = logging.getLogger(__name__)
 def evaluate_best(
     *,
     task: TaskConfig,
+    kind: TaskKind,
     adapter: InputAdapter,
     split: Split,
     model: torch.nn.Module,
@@ -38,47 +44,46 @@ def evaluate_best(
 ) -> dict[str, Any]:
     """Load best.safetensors into `model`, predict the held-out split and write its figures."""
     load_into(model, run_dir / "best.safetensors")
+
+    def predict(items: list[Item]) -> Predicted:
+        loader = make_loader(
+            adapter, items, train=False, batch_size=task.batch_size, num_workers=task.num_workers,
+            device=device, n_targets=len(kind.target_names),
+        )  # fmt: skip
+        return predict_loader(model, loader, device=device, kind=kind)
+
+    if kind.uses_training_outputs:
+        kind.fit_outputs(predict(split.train).outputs)
+        write_fitted(run_dir, kind.fitted())
     eval_split, eval_items = ("test", split.test) if split.test else ("val", split.val)
-    loader = make_loader(
-        adapter, eval_items, train=False, batch_size=task.batch_size, num_workers=task.num_workers,
-        device=device,
+    pred = predict(eval_items)
+    preds = PredictionSet(eval_split, pred.ids, pred.targets, pred.outputs)
+    figures = kind.evaluate(preds, n_bootstrap=task.bootstrap, seed=task.seed)
+    id_column = "patient" if task.level == "patient" else "slide"
+    kind.write_predictions(run_dir / f"{eval_split}_predictions.csv", preds, id_column=id_column)
+    if kind.name == "categorical":  # the ROC figure training has always drawn (other kinds: the report's)
+        labels, title = preds.targets[:, 0].astype(int), f"{task.name}: {eval_split} ROC"
+        plot_roc(labels, preds.outputs, task.classes, run_dir / "roc.png", title=title)
+    best = state.best_row()
+    if kind.name == "categorical":
+        best_val = {"best_val_auroc": best.get("val_auroc")}
+    else:
+        best_val = {f"best_{c}": best.get(c) for c in ("val_loss", *kind.val_columns)}
+    result = json_safe(
+        {"split": eval_split, "kind": kind.name, **figures, "best_epoch": state.best_epoch,
+         "epochs_run": state.epoch, **best_val}
     )  # fmt: skip
-    ids, labels, probs = predict_loader(model, loader, device=device)
-    figures = metrics.evaluate(labels, probs, task.classes, n_bootstrap=task.bootstrap, seed=task.seed)
-    _write_predictions(run_dir / f"{eval_split}_predictions.csv", ids, labels, probs, task.classes)
-    metrics.plot_roc(labels, probs, task.classes, run_dir / "roc.png", title=f"{task.name}: {eval_split} ROC")
-    result = metrics.json_safe(
-        {
-            "split": eval_split,
-            **figures,
-            "best_epoch": state.best_epoch,
-            "epochs_run": state.epoch,
-            "best_val_auroc": state.best_row().get("val_auroc"),
-        }
-    )
     write_json_atomic(run_dir / "metrics.json", result)
-    lo, hi = figures["auroc_ci95"]
-    log.info(
-        "%s AUROC %s (95%% CI %s-%s), accuracy %s, balanced accuracy %s on %d slides",
-        eval_split, _fmt(figures["auroc"]), _fmt(lo), _fmt(hi), _fmt(figures["accuracy"]),
-        _fmt(figures["balanced_accuracy"]), figures["n"],
-    )  # fmt: skip
-    return result
-
-
-def _write_predictions(
-    path: Path, ids: list[str], labels: np.ndarray, probs: np.ndarray, classes: Sequence[str]
-) -> None:
-    header = ["slide", "label", *[f"prob_{c}" for c in classes], "predicted"]
-    rows = (
-        [sid, classes[labels[i]], *[f"{p:.6f}" for p in probs[i]], classes[int(probs[i].argmax())]]
-        for i, sid in enumerate(ids)
+    write_report(
+        run_dir,
+        kind=kind,
+        sets=[preds],
+        metrics={eval_split: result},
+        title=f"{task.name}: {eval_split} split",
     )
-    write_csv_atomic(path, header, rows)
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    unit = "patients" if task.level == "patient" else "slides"
+    log.info("%s %s on %d %s", eval_split, kind.summary_line(result), len(preds), unit)
+    return dict(result)
 
 
 __all__ = ["evaluate_best"]

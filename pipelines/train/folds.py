@@ -20,7 +20,8 @@ import torch
 from pipelines.checkpoints import load_into, load_weights
 from pipelines.devices import resolve_device
 from pipelines.inputs import InputAdapter
-from pipelines.run_record import read_run_record, record_path
+from pipelines.kinds import build_kind
+from pipelines.run_record import read_run_record, record_path, write_fitted
 from pipelines.tasks import TaskConfig
 from pipelines.train.evaluate import evaluate_best
 from pipelines.train.loop import EpochHook, fit
@@ -65,11 +66,12 @@ class StartState:
 
 
 def model_kwargs(task: TaskConfig, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """`models.build_model` arguments: the preset, attention, data-given sizes, then the overrides."""
+    """`models.build_model` arguments: the preset, attention, data-given sizes, then the overrides.
+    `num_classes` is the number of outputs the task's kind needs (classes, targets, one risk)."""
     return {
         "preset": task.model.preset,
         "attention": task.model.attention,
-        "num_classes": len(task.classes),
+        "num_classes": build_kind(task).num_outputs,
         **dict(adapter_kwargs),
         **task.model.overrides,
     }
@@ -97,13 +99,18 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
     model = spec.start.begin()
     if spec.init_from is not None and not has_resume(spec.run_dir):
         init_from(model, spec.init_from, spec.task.model.attention)
+    kind = build_kind(spec.task)
+    kind.fit(spec.split.train, device)  # class weights, standardisation: from this fold's training cases
+    if kind.fitted():
+        write_fitted(spec.run_dir, kind.fitted())
     state = fit(
-        task=spec.task, adapter=spec.adapter, split=spec.split, model=model, run_dir=spec.run_dir,
-        device=device, resume=spec.resume, progress=spec.progress, on_epoch_end=spec.on_epoch_end,
+        task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
+        run_dir=spec.run_dir, device=device, resume=spec.resume, progress=spec.progress,
+        on_epoch_end=spec.on_epoch_end,
     )  # fmt: skip
     return evaluate_best(
-        task=spec.task, adapter=spec.adapter, split=spec.split, model=model, run_dir=spec.run_dir,
-        device=device, state=state,
+        task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
+        run_dir=spec.run_dir, device=device, state=state,
     )  # fmt: skip
 
 

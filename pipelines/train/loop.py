@@ -1,10 +1,13 @@
 """The generic training loop: one model, one split, one run folder.
 
-It knows nothing about bags or images: batches come from an input adapter (`pipelines.inputs`) as
-`Batch(x, labels, ids, extra)` and go to `model(x, **extra)`. `fit` reads top to bottom: set up the
-loaders and optimizer, start (or resume), then per epoch train, validate, keep the best and last
-weights, write the log and the resume state, and stop early when validation stops improving. Scoring
-the best weights on the test split is `pipelines.train.evaluate`'s job.
+It knows nothing about bags or images, nor about what is learned: batches come from an input adapter
+(`pipelines.inputs`, through `pipelines.cases`) as `Batch(x, labels, ids, extra, targets)` and go to
+`model(x, **extra)`; the task kind (`pipelines.kinds`) turns logits into a loss (over `group_bags` bags:
+a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
+`fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
+validate, keep the best and last weights, write the log and the resume state, and stop early when
+validation stops improving. Scoring the best weights on the test split is `pipelines.train.evaluate`'s
+job.
 
 CUDA path: bf16 autocast, pinned host memory and non-blocking copies, and no host synchronisation per
 step (the loss is summed on the device and read once per epoch).
@@ -28,11 +31,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from pipelines.cases import make_loader
 from pipelines.checkpoints import save_weights
 from pipelines.devices import autocast_for
 from pipelines.inputs import Batch, InputAdapter, Item
+from pipelines.kinds import TaskKind
 from pipelines.tasks import TaskConfig
-from pipelines.train import metrics
 from pipelines.train.optim import make_optimizer, make_scheduler
 from pipelines.train.splits import Split
 from pipelines.train.state import TrainState, has_resume, load_resume, save_resume
@@ -42,34 +46,16 @@ log = logging.getLogger(__name__)
 
 LOG_COLUMNS = (
     "epoch", "train_loss", "val_loss", "val_auroc", "val_accuracy", "lr", "seconds", "peak_mem_mb",
-)  # fmt: skip
+)  # fmt: skip  (a categorical task's; other kinds put their own validation figures after val_loss)
 
 EpochHook = Callable[[dict[str, Any]], None]
 
 
+def log_columns(kind: TaskKind) -> tuple[str, ...]:
+    return ("epoch", "train_loss", "val_loss", *kind.val_columns, "lr", "seconds", "peak_mem_mb")
+
+
 # ------------------------------------------------------------------------------------ building blocks
-
-
-def make_loader(
-    adapter: InputAdapter,
-    items: Sequence[Item],
-    *,
-    train: bool,
-    batch_size: int,
-    num_workers: int,
-    device: torch.device,
-    generator: torch.Generator | None = None,
-) -> DataLoader[Any]:
-    return DataLoader(
-        adapter.dataset(items, train=train),
-        batch_size=batch_size,
-        shuffle=train,
-        generator=generator if train else None,
-        num_workers=num_workers,
-        collate_fn=adapter.collate,
-        pin_memory=device.type == "cuda",
-        persistent_workers=False,
-    )
 
 
 def _forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -88,62 +74,112 @@ def train_epoch(
     class_weights: torch.Tensor | None = None,
     progress: bool = False,
     desc: str = "train",
+    kind: TaskKind | None = None,
 ) -> float:
-    """One pass over `loader`; returns the mean loss (the only host sync of the epoch)."""
+    """One pass over `loader`; returns the mean loss per loss computed (the only host sync of the
+    epoch). Without `kind`: cross-entropy on the batch labels (a categorical task).
+
+    A kind whose loss needs a set of bags (`group_bags` > 1, survival) keeps each batch's logits until
+    the set is complete, then computes one loss over the set; the optimizer steps every `grad_accum`
+    losses (batches, when each batch is its own loss)."""
     model.train()
     autocast = autocast_for(device)
     total = torch.zeros((), device=device)
     n_batches = len(loader)
+    group_bags = kind.group_bags if kind is not None else 1
+    pending: list[tuple[torch.Tensor, Batch]] = []
+    n_losses = 0
     optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
-        if batch.x.shape[0] == 0:  # every item of this batch failed to decode (reported by the adapter)
+        last = step + 1 == n_batches
+        if batch.x.shape[0] == 0 and not (last and pending):  # every item failed to decode (reported)
             continue
-        batch = batch.to(device)
-        with autocast():
-            logits = _forward(model, batch)  # (B, C)
-        loss = F.cross_entropy(logits.float(), batch.labels, weight=class_weights)
+        if batch.x.shape[0]:
+            batch = batch.to(device)
+            with autocast():
+                pending.append((_forward(model, batch), batch))  # logits (B, C)
+        if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
+            continue
+        loss = _group_loss(pending, kind, class_weights)
+        pending = []
         (loss / grad_accum).backward()
         total += loss.detach()
-        if (step + 1) % grad_accum == 0 or step + 1 == n_batches:
+        n_losses += 1
+        counter = step + 1 if group_bags == 1 else n_losses
+        if counter % grad_accum == 0 or last:
             if grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:
                 scheduler.step()
-    return float(total.item()) / max(n_batches, 1)
+    return float(total.item()) / max(n_batches if group_bags == 1 else n_losses, 1)
+
+
+def _group_loss(
+    pending: list[tuple[torch.Tensor, Batch]], kind: TaskKind | None, class_weights: torch.Tensor | None
+) -> torch.Tensor:
+    """The loss over the batches kept for one loss (one batch, or a set of bags for a Cox loss)."""
+    if len(pending) == 1:
+        logits, batch = pending[0]
+        labels, targets = batch.labels, batch.targets
+    else:
+        logits = torch.cat([lg for lg, _ in pending])
+        labels = torch.cat([b.labels for _, b in pending])
+        targets = torch.cat([b.targets for _, b in pending if b.targets is not None])
+    if kind is None:
+        return F.cross_entropy(logits.float(), labels, weight=class_weights)
+    if targets is None:
+        raise ValueError("batches reach the loss without targets; build loaders with pipelines.cases")
+    return kind.loss(logits.float(), targets, labels)
+
+
+@dataclass
+class Predicted:
+    """A model's outputs on a loader, in loader order (host arrays)."""
+
+    ids: list[str]
+    labels: np.ndarray  # (n,) int64 batch labels (categorical: the class)
+    targets: np.ndarray  # (n, T) float target vectors
+    logits: np.ndarray  # (n, C) float32
+    outputs: np.ndarray  # (n, K) the kind's outputs (probabilities, values, risk)
 
 
 @torch.inference_mode()
 def predict_loader(
-    model: torch.nn.Module, loader: DataLoader[Any], *, device: torch.device
-) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(ids, labels (n,), probabilities (n, C)) in loader order; one host sync at the end."""
+    model: torch.nn.Module, loader: DataLoader[Any], *, device: torch.device, kind: TaskKind
+) -> Predicted:
+    """Every case of `loader` through the model; one host sync at the end."""
     model.eval()
     autocast = autocast_for(device)
     ids: list[str] = []
     labels: list[torch.Tensor] = []
-    probs: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    logits_all: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
     for batch in loader:
         if batch.x.shape[0] == 0:
             continue
         batch = batch.to(device)
         with autocast():
             logits = _forward(model, batch)
-        probs.append(torch.softmax(logits.float(), dim=-1))
+        outputs.append(kind.outputs(logits))
+        logits_all.append(logits.float())
         labels.append(batch.labels)
+        if batch.targets is not None:
+            targets.append(batch.targets)
         ids.extend(batch.ids)
+    n_t, n_o = len(kind.target_names), kind.num_outputs
     if not ids:
-        return [], np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32)
-    return ids, torch.cat(labels).cpu().numpy(), torch.cat(probs).cpu().numpy()
-
-
-def class_weights_for(task: TaskConfig, items: Sequence[Item], device: torch.device) -> torch.Tensor | None:
-    if task.class_weighting == "none":
-        return None
-    counts = np.bincount([it.label for it in items], minlength=len(task.classes)).astype(np.float64)
-    weights = len(items) / (len(task.classes) * np.maximum(counts, 1))
-    return torch.tensor(weights, dtype=torch.float32, device=device)
+        no_logits = np.zeros((0, n_o), dtype=np.float32)
+        return Predicted([], np.zeros(0, dtype=np.int64), np.zeros((0, n_t)), no_logits, no_logits.copy())
+    return Predicted(
+        ids=ids,
+        labels=torch.cat(labels).cpu().numpy(),
+        targets=torch.cat(targets).cpu().numpy().astype(np.float64) if targets else np.zeros((len(ids), n_t)),
+        logits=torch.cat(logits_all).cpu().numpy(),
+        outputs=torch.cat(outputs).cpu().numpy(),
+    )
 
 
 def _peak_mem_mb(device: torch.device) -> float:
@@ -156,42 +192,28 @@ def _peak_mem_mb(device: torch.device) -> float:
     return rss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def _val_loss(labels: np.ndarray, probs: np.ndarray) -> float:
-    if len(labels) == 0:
-        return math.nan
-    p = np.clip(probs[np.arange(len(labels)), labels], 1e-12, 1.0)
-    return float(-np.log(p).mean())
-
-
-def _score(val_auroc: float, val_loss: float) -> tuple[float, float]:
-    """Larger is better: AUROC first (NaN counts as worst), then lower loss."""
-    return (
-        -math.inf if math.isnan(val_auroc) else val_auroc,
-        -val_loss if not math.isnan(val_loss) else -math.inf,
-    )
-
-
 # ---------------------------------------------------------------------------------------------- fit
 
 
 @dataclass
 class Trainer:
-    """What every epoch of one `fit` uses: the model, its data, optimizer and schedule."""
+    """What every epoch of one `fit` uses: the model, its data, optimizer and schedule, and the kind."""
 
     task: TaskConfig
+    kind: TaskKind  # fitted on the training split (class weights, standardisation)
     model: torch.nn.Module
     device: torch.device
     train_loader: DataLoader[Any]
     val_loader: DataLoader[Any]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
-    class_weights: torch.Tensor | None
     generator: torch.Generator  # shuffles the training loader; saved with the resume state
 
     @classmethod
     def build(
         cls,
         task: TaskConfig,
+        kind: TaskKind,
         adapter: InputAdapter,
         split: Split,
         model: torch.nn.Module,
@@ -203,17 +225,18 @@ class Trainer:
         def loader(items: Sequence[Item], train: bool) -> DataLoader[Any]:
             return make_loader(
                 adapter, items, train=train, batch_size=task.batch_size, num_workers=task.num_workers,
-                device=device, generator=generator,
+                device=device, generator=generator, n_targets=len(kind.target_names),
             )  # fmt: skip
 
         train_loader = loader(split.train, train=True)
         optimizer = make_optimizer(model, task)
-        steps_per_epoch = math.ceil(len(train_loader) / task.grad_accum)
+        batches_per_loss = math.ceil(kind.group_bags / task.batch_size)
+        losses_per_epoch = math.ceil(len(train_loader) / batches_per_loss)
+        steps_per_epoch = math.ceil(losses_per_epoch / task.grad_accum)
         return cls(
-            task=task, model=model, device=device, train_loader=train_loader,
+            task=task, kind=kind, model=model, device=device, train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
-            scheduler=make_scheduler(optimizer, task, steps_per_epoch),
-            class_weights=class_weights_for(task, split.train, device), generator=generator,
+            scheduler=make_scheduler(optimizer, task, steps_per_epoch), generator=generator,
         )  # fmt: skip
 
     def start(self, run_dir: Path, *, resume: bool) -> TrainState:
@@ -235,24 +258,21 @@ class Trainer:
         t0 = time.perf_counter()
         train_loss = train_epoch(
             self.model, self.train_loader, self.optimizer, self.scheduler, device=device,
-            grad_accum=task.grad_accum, grad_clip=task.optimizer.grad_clip, class_weights=self.class_weights,
-            progress=progress, desc=f"epoch {epoch}",
+            grad_accum=task.grad_accum, grad_clip=task.optimizer.grad_clip, progress=progress,
+            desc=f"epoch {epoch}", kind=self.kind,
         )  # fmt: skip
-        _, labels, probs = predict_loader(self.model, self.val_loader, device=device)
-        val_auroc = metrics.auroc(labels, probs) if len(labels) else math.nan
-        val_loss = _val_loss(labels, probs)
-        val_acc = float((probs.argmax(1) == labels).mean()) if len(labels) else math.nan
+        val = predict_loader(self.model, self.val_loader, device=device, kind=self.kind)
+        val_loss, figures, score = self.kind.validation(val.targets, val.outputs, val.logits)
         row = {
             "epoch": epoch,
             "train_loss": round(train_loss, 6),
             "val_loss": round(val_loss, 6),
-            "val_auroc": round(val_auroc, 6),
-            "val_accuracy": round(val_acc, 6),
+            **{name: round(value, 6) for name, value in figures.items()},
             "lr": self.optimizer.param_groups[0]["lr"],
             "seconds": round(time.perf_counter() - t0, 3),
             "peak_mem_mb": round(_peak_mem_mb(device), 1),
         }
-        return row, _score(val_auroc, val_loss)
+        return row, score
 
     def end_epoch(
         self, state: TrainState, row: dict[str, Any], score: tuple[float, float], run_dir: Path
@@ -270,7 +290,8 @@ class Trainer:
         if self.task.patience and state.bad_epochs >= self.task.patience:
             state.done = True
             log.info("early stop after epoch %d (best %d)", epoch, state.best_epoch)
-        write_csv_atomic(run_dir / "log.csv", LOG_COLUMNS, ([r[c] for c in LOG_COLUMNS] for r in state.log))
+        columns = log_columns(self.kind)
+        write_csv_atomic(run_dir / "log.csv", columns, ([r[c] for c in columns] for r in state.log))
         save_resume(
             run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             loader_generator=self.generator, state=state,
@@ -280,6 +301,7 @@ class Trainer:
 def fit(
     *,
     task: TaskConfig,
+    kind: TaskKind,
     adapter: InputAdapter,
     split: Split,
     model: torch.nn.Module,
@@ -292,7 +314,7 @@ def fit(
     """Train `model` on `split` into `run_dir` (which already holds config.json); returns the final
     state. `run_dir` then holds best.safetensors (best validation epoch), last.safetensors and log.csv."""
     run_dir = Path(run_dir)
-    trainer = Trainer.build(task, adapter, split, model.to(device), device)
+    trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
     state = trainer.start(run_dir, resume=resume)
     bar = tqdm(
         total=task.epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
@@ -302,7 +324,8 @@ def fit(
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
         trainer.end_epoch(state, row, score, run_dir)
         bar.update(1)
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", val_auroc=f"{row['val_auroc']:.3f}")
+        figure = kind.val_columns[0] if kind.val_columns else "val_loss"
+        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: f"{row[figure]:.3f}"})
         if on_epoch_end is not None:
             on_epoch_end(row)
     bar.close()
@@ -312,9 +335,10 @@ def fit(
 
 __all__ = [
     "LOG_COLUMNS",
+    "Predicted",
     "Trainer",
-    "class_weights_for",
     "fit",
+    "log_columns",
     "make_loader",
     "predict_loader",
     "train_epoch",

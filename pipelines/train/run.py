@@ -4,15 +4,23 @@ Run folder (`out_dir`):
   config.json            the run record (`pipelines.run_record.RunRecord`): resolved task, model
                          architecture, input adapter + provenance (encoder id, weights sha256, tile
                          size/params), label/source paths, counts, splits, versions
-  splits.csv             slide, patient, label, split (train | val | test)
-  log.csv                per epoch: train_loss, val_loss, val_auroc, val_accuracy, lr, seconds, peak_mem_mb
-  best.safetensors       weights of the best epoch (validation AUROC, ties by validation loss)
+  fitted.json            values fitted on the training split that predict needs (regression: target
+                         mean/std; survival: the median training risk); absent for categorical tasks
+  splits.csv             slide, patient, label (other kinds: their target columns), split
+  log.csv                per epoch: train_loss, val_loss, the kind's validation figures (categorical:
+                         val_auroc, val_accuracy), lr, seconds, peak_mem_mb
+  best.safetensors       weights of the best epoch (categorical: validation AUROC, ties by validation
+                         loss; survival: validation C-index; regression and multi-target: validation loss)
   last.safetensors       weights after the last epoch
   resume/                optimizer, scheduler, RNG and early-stopping state of the last epoch (for --resume)
-  test_predictions.csv   slide, label, prob_<class>..., predicted (for the best weights)
-  metrics.json           test AUROC + 95% bootstrap CI, accuracy, balanced accuracy, confusion matrix
-  roc.png                test ROC curve
-With `cv=K`: config.json, folds.csv and metrics.json (mean/std per figure) at the top, and a full run
+  test_predictions.csv   slide (patient at level: patient), labels, outputs (prob_<class>..., predicted;
+                         pred_<target>; risk, risk_group) for the best weights
+  metrics.json           the kind's test figures with 95% bootstrap intervals (categorical: AUROC,
+                         average precision, accuracy, balanced accuracy, confusion matrix)
+  report.html, report/   the statistics report and the CSVs behind it (pipelines.report)
+  roc.png | scatter.png | km.png   the kind's main test figure
+With `cv=K`: config.json, folds.csv, metrics.json (mean/std per figure, each fold's, and the pooled
+test predictions' figures) and report.html (per-fold and pooled curves) at the top, and a full run
 folder per fold in fold-<k>/.
 
 `train` reads top to bottom: resolve the task, match inputs to labels, split, build the start state
@@ -32,8 +40,12 @@ from typing import Any
 
 import torch
 
+from pipelines.cases import group_by_patient
 from pipelines.devices import resolve_device
 from pipelines.inputs import InputAdapter, Item, build_input
+from pipelines.kinds import PredictionSet, TaskKind, build_kind
+from pipelines.labels import Matched, match_items, read_label_table
+from pipelines.report import write_report
 from pipelines.run_record import (
     Counts,
     InputRecord,
@@ -47,7 +59,6 @@ from pipelines.tasks import TaskConfig, load_task
 from pipelines.train import metrics
 from pipelines.train.cv import run_folds_on_cluster
 from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
-from pipelines.train.labels import Matched, match_items, read_labels
 from pipelines.train.loop import EpochHook
 from pipelines.train.splits import Split, kfold_items, split_items
 from wsi.config import config_dict
@@ -124,10 +135,13 @@ def train(
         model_overrides=model_overrides, overrides=overrides,
     )  # fmt: skip
     adapter = build_input(cfg.input, cfg.input_options)
+    kind = build_kind(cfg)
     source = _input_source(adapter, features_dir, images_dir)
-    rows = read_labels(labels_csv, classes=cfg.classes, columns=cfg.columns)
-    matched = match_items(rows, adapter.find([source]), classes=cfg.classes, labels_path=labels_csv)
-    splits = _make_splits(cfg, matched.items, cv)
+    rows = read_label_table(labels_csv, task=cfg, kind=kind)
+    found = adapter.find([source])
+    matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
+    cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
+    splits = _make_splits(cfg, cases, cv)
     start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
@@ -144,8 +158,8 @@ def train(
     sequential = scheduler is None  # progress bars and the epoch hook only in this process
     specs = [
         FoldSpec(
-            task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, k, split), start=start,
-            device=device, resume=resume, init_from=Path(init_from) if init_from else None,
+            task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
+            start=start, device=device, resume=resume, init_from=Path(init_from) if init_from else None,
             progress=progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
         )
         for k, split in enumerate(splits)
@@ -154,7 +168,7 @@ def train(
 
     if not cv:
         return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), run_dir / "best.safetensors")
-    return _summarise_folds(run_dir, splits, fold_metrics, cfg.classes)
+    return _summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
 
 
 def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> Path:
@@ -225,30 +239,69 @@ def _check_resumable(run_dir: Path, record: RunRecord, resume: bool) -> None:
             )
 
 
-def _fold_dir(run_dir: Path, record: RunRecord, k: int, split: Split) -> Path:
+def _split_rows(kind: TaskKind, split: Split) -> list[list[str]]:
+    """splits.csv rows: one per slide (a patient case lists each of its slides)."""
+    return [
+        [sid, it.group, *kind.format_target(it.target), part]
+        for part, items in (("train", split.train), ("val", split.val), ("test", split.test))
+        for it in items
+        for sid in ([s for s, _ in it.slides] or [it.id])
+    ]
+
+
+def _fold_dir(run_dir: Path, record: RunRecord, kind: TaskKind, k: int, split: Split) -> Path:
     """The folder fold k trains into, with its splits.csv (and for CV its own config.json)."""
     fold_dir = run_dir / f"fold-{k + 1}" if record.cv else run_dir
     fold_dir.mkdir(parents=True, exist_ok=True)
     if record.cv and not record_path(fold_dir).is_file():
         write_run_record(fold_dir, dataclasses.replace(record, fold=k + 1, splits=(record.splits[k],)))
-    rows = ([sid, patient, record.classes[label], part] for sid, patient, label, part in split.rows())
-    write_csv_atomic(fold_dir / "splits.csv", ["slide", "patient", "label", "split"], rows)
+    header = ["slide", "patient", *kind.target_names, "split"]
+    write_csv_atomic(fold_dir / "splits.csv", header, _split_rows(kind, split))
     return fold_dir
 
 
 def _summarise_folds(
-    run_dir: Path, splits: Sequence[Split], fold_metrics: list[dict[str, Any]], classes: Sequence[str]
+    run_dir: Path,
+    task: TaskConfig,
+    kind: TaskKind,
+    splits: Sequence[Split],
+    fold_metrics: list[dict[str, Any]],
 ) -> TrainResult:
-    """metrics.json (mean and std of each figure, and every fold's) and folds.csv at the top."""
-    summary = {"folds": len(splits), **metrics.summarize(fold_metrics), "per_fold": fold_metrics}
+    """metrics.json (mean and std of each figure, every fold's, and the pooled test predictions'),
+    folds.csv and the cross-validation report (per-fold and pooled curves) at the top."""
+    fold_dirs = [run_dir / f"fold-{k + 1}" for k in range(len(splits))]
+    sets = [
+        kind.read_predictions(d / f"{m.get('split', 'test')}_predictions.csv", f"fold-{k + 1}")
+        for k, (d, m) in enumerate(zip(fold_dirs, fold_metrics, strict=True))
+    ]
+    pooled = PredictionSet.pool(sets)
+    pooled_metrics = metrics.json_safe(kind.evaluate(pooled, n_bootstrap=task.bootstrap, seed=task.seed))
+    summary = {
+        "folds": len(splits), "kind": kind.name, **metrics.summarize(fold_metrics, kind.summary_keys),
+        "pooled": pooled_metrics, "per_fold": fold_metrics,
+    }  # fmt: skip
     write_json_atomic(run_dir / "metrics.json", summary)
-    fold_rows = ([it.id, it.group, classes[it.label], k + 1] for k, s in enumerate(splits) for it in s.test)
-    write_csv_atomic(run_dir / "folds.csv", ["slide", "patient", "label", "test_fold"], fold_rows)
-    auc = summary["auroc"]
-    log.info("cross-validation AUROC %s +- %s over %d folds", auc["mean"], auc["std"], len(splits))
+    fold_rows = (
+        [sid, it.group, *kind.format_target(it.target), k + 1]
+        for k, s in enumerate(splits)
+        for it in s.test
+        for sid in ([x for x, _ in it.slides] or [it.id])
+    )
+    write_csv_atomic(run_dir / "folds.csv", ["slide", "patient", *kind.target_names, "test_fold"], fold_rows)
+    by_set = {s.name: m for s, m in zip(sets, fold_metrics, strict=True)} | {"pooled": pooled_metrics}
+    summary_rows = [[key, summary[key]["mean"], summary[key]["std"]] for key in kind.summary_keys]
+    write_report(
+        run_dir, kind=kind, sets=[*sets, pooled], metrics=by_set, summary=summary_rows, seed=task.seed,
+        title=f"{task.name}: {len(splits)}-fold cross-validation",
+    )  # fmt: skip
+    head = summary[kind.summary_keys[0]]
+    log.info(
+        "cross-validation %s %s +- %s over %d folds (pooled: %s)",
+        kind.summary_keys[0], head["mean"], head["std"], len(splits), kind.summary_line(pooled_metrics),
+    )  # fmt: skip
     folds = [
         TrainResult(d, m, record_path(d), d / "best.safetensors")
-        for d, m in zip((run_dir / f"fold-{k + 1}" for k in range(len(splits))), fold_metrics, strict=True)
+        for d, m in zip(fold_dirs, fold_metrics, strict=True)
     ]
     return TrainResult(run_dir, summary, record_path(run_dir), None, folds)
 

@@ -32,7 +32,8 @@ class TrainState:
     """Where a training run stands after an epoch (saved as `progress` in resume/state.json)."""
 
     epoch: int = 0  # epochs finished
-    best_score: tuple[float, float] | None = None  # (val AUROC, -val loss) of the best epoch; larger wins
+    best_score: tuple[float, float] | None = None  # the kind's validation score of the best epoch, e.g.
+    # (val AUROC, -val loss) for a categorical task (pipelines.kinds); larger wins
     best_epoch: int = 0  # 1-based epoch of best.safetensors; 0 = none yet
     bad_epochs: int = 0  # epochs since the best one (what early stopping counts)
     log: list[dict[str, Any]] = field(default_factory=list)  # the log.csv rows so far

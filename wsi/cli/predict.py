@@ -25,6 +25,8 @@ Examples:
   wsi predict --model model/ slides.csv --out preds/ --weights best_ckpt.pth    # CSV: path[,slide_id][,mpp]
   wsi predict --model model/ --features run/features/retccl --out preds/       # bags
   wsi predict --model cv-run/ --features bags/ --out preds/    # cross-validation run: mean of the folds
+  wsi predict --model model/ --features ext/ --labels ext.csv --out val/   # external validation + report
+  wsi predict --model model/ slides/ --weights w.pth --out preds/ --top-tiles 8   # + top tiles per slide
 
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
@@ -32,9 +34,16 @@ tiling parameter, encoder and the sha256 of its weights; --weights must match it
 encoder or weights are refused.
 
 \b
-Output (under --out): predictions.csv (slide, prob_<class>..., predicted), manifest.csv (every slide's
-status and error), heatmaps/<slide>.png (each tile's contribution to the predicted class), and for
-raw slides work/ (tile files and bags).
+Output (under --out): predictions.csv (slide, or patient for patient-level runs, then the outputs:
+prob_<class>..., predicted | pred_<target> | risk, risk_group), patient_predictions.csv (slide-level
+runs: the mean over each patient's slides, when a patient has several or --labels is given),
+manifest.csv (every slide's status and error), heatmaps/<slide>.png (each tile's contribution to the
+predicted class, target or risk), and for raw slides work/ (tile files and bags).
+--labels CSV (a label table as for training): metrics.json (the task's figures with 95% CIs),
+external_predictions.csv, report.html and report/*.csv, as training writes for its test split.
+--top-tiles K: top_tiles/<slide>/ crops of the K tiles pushing each output most and least, read from
+the slide (raw slides, or the slide path a bag records; slides not reachable are listed in
+top_tiles/skipped.csv), with a contact_sheet.png, and top_tiles/index.csv.
 
 \b
 Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage error.
@@ -71,6 +80,20 @@ Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage e
 )
 @workers_option("Slides tiled/embedded in parallel (local dask workers).")
 @scheduler_option("Tile/embed on a dask.distributed cluster.")
+@click.option(
+    "--labels",
+    "labels_csv",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Label table of this cohort: score the predictions (external validation) and write the report.",
+)
+@click.option(
+    "--top-tiles",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
+)
 @click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @user_errors
@@ -85,6 +108,8 @@ def command(
     device: str,
     workers: int,
     scheduler: str | None,
+    labels_csv: Path | None,
+    top_tiles: int,
     no_heatmaps: bool,
     no_progress: bool,
 ) -> None:
@@ -96,10 +121,18 @@ def command(
     result = predict(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
         heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
-        scheduler=scheduler, progress=not no_progress,
+        scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
     )  # fmt: skip
     failed = result.failed
-    click.echo(f"{len(result.rows)} slide(s) predicted, {len(failed)} failed: {result.predictions_csv}")
+    noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"
+    click.echo(f"{len(result.rows)} {noun} predicted, {len(failed)} failed: {result.predictions_csv}")
+    if result.metrics is not None:
+        from pipelines.kinds import build_kind
+        from pipelines.run_record import read_run_record
+
+        kind = build_kind(read_run_record(model_dir).task)
+        line = kind.summary_line(result.metrics)
+        click.echo(f"external validation: {line}; report: {out_dir / 'report.html'}")
     for r in failed[:10]:
         click.echo(f"  failed {r.slide_id}: {r.error}", err=True)
     if failed:

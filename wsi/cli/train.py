@@ -21,17 +21,24 @@ Examples:
   wsi train --task nsclc-subtype ... --out model/ --resume                     # after an interruption
   wsi train --task nsclc-subtype ... --init-from softmax-run/ --attention seqnorm
   wsi train --task isic-melanoma --images isic/ --labels isic/train.csv --out derm-model/   # images
+  wsi train --task nsclc-os --features bags/ --labels clinical.csv --out os-model/   # survival (Cox)
+  wsi train --task tumor-purity --features bags/ --labels purity.csv --out purity/   # regression
+  wsi train --task nsclc-mutations --features bags/ --labels panel.csv --out panel/  # multi-target
 
 \b
-Labels CSV: a slide column (slide id or file name), a label column, optionally a patient column
-(else the first 12 characters of a TCGA barcode, else the slide id). Slides without a bag and bags
-without a label are counted, reported and left out.
+Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the
+class; regression and multi-target: each target's column, blank = missing; survival: time and event),
+optionally a patient column (else the first 12 characters of a TCGA barcode, else the slide id).
+Patient-level tasks (level: patient) may give one row per patient and no slide column. Slides without
+a bag and bags without a label are counted, reported and left out.
 
 \b
-Output (under --out): config.json, splits.csv, log.csv (per epoch), best.safetensors,
-last.safetensors, resume/, test_predictions.csv, metrics.json (test AUROC with 95% CI, accuracy,
-balanced accuracy, confusion matrix), roc.png. With --cv K: fold-<k>/ run folders and metrics.json
-with the mean and standard deviation of each figure.
+Output (under --out): config.json, fitted.json (non-categorical tasks), splits.csv, log.csv (per
+epoch), best.safetensors, last.safetensors, resume/, test_predictions.csv, metrics.json (the task's
+test figures with 95% CIs: AUROC, accuracy, ...; Pearson r, R^2, ...; C-index, time-dependent AUC,
+log-rank p), report.html + report/*.csv (the statistics report), roc.png | scatter.png | km.png.
+With --cv K: fold-<k>/ run folders, and at the top metrics.json with the mean and standard deviation
+of each figure and the pooled figures, and report.html with per-fold and pooled curves.
 """,
 )
 @click.option("--task", required=True, help="Packaged task name (e.g. nsclc-subtype) or a task YAML path.")
@@ -137,19 +144,27 @@ def command(
         epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
         overrides=overrides or None, progress=not no_progress,
     )  # fmt: skip
+    from pipelines.kinds import build_kind
+    from pipelines.run_record import read_run_record
+
+    record = read_run_record(result.run_dir)
+    kind = build_kind(record.task)
     m = result.metrics
     if cv:
-        a = m["auroc"]
+        key = kind.summary_keys[0]
+        a = m[key]
+        name = "AUROC" if key == "auroc" else key
         click.echo(
-            f"{cv}-fold AUROC {_f(a['mean'])} +- {_f(a['std'])}; results in {result.run_dir}/metrics.json"
+            f"{cv}-fold {name} {_f(a['mean'])} +- {_f(a['std'])}; results in {result.run_dir}/metrics.json"
         )
+        pooled = kind.summary_line(m["pooled"])
+        click.echo(f"pooled over the folds: {pooled}; report: {result.run_dir}/report.html")
     else:
-        lo, hi = m["auroc_ci95"]
-        click.echo(
-            f"{m['split']} AUROC {_f(m['auroc'])} (95% CI {_f(lo)}-{_f(hi)}), accuracy {_f(m['accuracy'])}, "
-            f"balanced accuracy {_f(m['balanced_accuracy'])} on {m['n']} slides; best epoch {m['best_epoch']}"
-        )
-        click.echo(f"run folder: {result.run_dir} (best.safetensors, metrics.json, roc.png, log.csv)")
+        unit = "patients" if record.task.level == "patient" else "slides"
+        click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
+        figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
+        files = f"best.safetensors, metrics.json, report.html, {figure}, log.csv"
+        click.echo(f"run folder: {result.run_dir} ({files})")
 
 
 def _f(value: float | None) -> str:
