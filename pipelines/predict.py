@@ -344,7 +344,6 @@ def _explain_case(
                     collected=tiles,
                 )  # fmt: skip
             except Exception as exc:  # the prediction stands; the crops are recorded as not made
-                log.warning("top tiles of %s failed: %s", item.id, describe_error(exc))
                 tiles.skipped.append((item.id, describe_error(exc)))
 
 

@@ -45,8 +45,15 @@ class TopTiles:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def write(self, out_dir: Path) -> None:
+        """index.csv and skipped.csv; one warning line when slides were skipped."""
         write_csv_atomic(out_dir / "index.csv", INDEX_HEADER, self.rows)
         write_csv_atomic(out_dir / "skipped.csv", ["slide", "reason"], self.skipped)
+        if self.skipped:
+            slide, why = self.skipped[0]
+            log.warning(
+                "top tiles skipped for %d slide(s) (e.g. %s: %s); see %s",
+                len(self.skipped), slide, why, out_dir / "skipped.csv",
+            )  # fmt: skip
 
 
 def pick(values: np.ndarray, k: int) -> dict[str, np.ndarray]:
@@ -92,7 +99,6 @@ def export_slide(
 
     slide_path, mpp, why = _slide_source(bag_path, slide)
     if slide_path is None:
-        log.warning("top tiles of %s skipped: %s", slide_id, why)
         collected.skipped.append((slide_id, why))
         return
     attrs = read_bag_attrs(bag_path)

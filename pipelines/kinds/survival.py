@@ -30,7 +30,10 @@ _EVENT_WORDS = {
 
 
 def parse_event(text: str | None, column: str) -> float:
+    """An event flag: 1/0, true/false, yes/no, dead/alive..., or cBioPortal's "1:DECEASED"."""
     cell = (text or "").strip().lower()
+    if ":" in cell:  # cBioPortal: "1:DECEASED", "0:LIVING", "1:Recurred/Progressed"
+        cell = cell.split(":", 1)[0].strip()
     if cell in ("", "na", "nan", "n/a", "null", "."):
         return math.nan
     if cell not in _EVENT_WORDS:

@@ -57,7 +57,7 @@ def _flatten(figures: Mapping[str, Any], target: str) -> Iterator[list[Any]]:
         elif key == "td_auc" and isinstance(value, list):
             for point in value:
                 lo, hi = point.get("auc_ci95") or [None, None]
-                yield [target, f"td_auc@{point['time']:g}", point.get("auc"), lo, hi]
+                yield [target, f"td_auc@{point['time']:.4g}", point.get("auc"), lo, hi]
         elif _is_figure(key, value):
             lo, hi = figures.get(f"{key}_ci95") or [None, None]
             yield [target, key, value, lo, hi]
@@ -155,18 +155,19 @@ table{border-collapse:collapse;margin:8px 16px 8px 0;font-size:13px;display:inli
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right} th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
 figure{display:inline-block;margin:8px 16px 8px 0} figcaption{font-size:12px;color:#555}
-img{max-width:560px;border:1px solid #eee} .meta{color:#555;font-size:13px}
+img{max-width:100%;border:1px solid #eee} .meta{color:#555;font-size:13px}
 """
 
 
-def _table(header: Sequence[Any], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
+def _table(header: Sequence[Any], rows: Sequence[Sequence[Any]], cls: str = "", blank_from: int = 99) -> str:
+    """An HTML table; cells from column `blank_from` on stay empty when undefined (no interval)."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(v if isinstance(v, str) else fmt_value(v))}</td>" for v in r)
-        + "</tr>"
-        for r in rows
-    )
+
+    def cell(j: int, v: Any) -> str:
+        text = v if isinstance(v, str) else ("" if v is None and j >= blank_from else fmt_value(v))
+        return f"<td>{html.escape(text)}</td>"
+
+    body = "".join("<tr>" + "".join(cell(j, v) for j, v in enumerate(r)) + "</tr>" for r in rows)
     attr = f' class="{cls}"' if cls else ""
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -192,7 +193,7 @@ def render_html(
     if summary:
         parts += ["<h2>Cross-validation summary</h2>", _table(["figure", "mean", "std"], summary, "summary")]
     header = ["set", "target", "metric", "value", "95% CI low", "95% CI high"]
-    parts += ["<h2>Metrics</h2>", _table(header, rows, "metrics")]
+    parts += ["<h2>Metrics</h2>", _table(header, rows, "metrics", blank_from=4)]
     for section in sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
         for what, content in section.blocks:
