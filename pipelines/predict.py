@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from pipelines.heatmaps import slide_heatmap
 from pipelines.inputs import Batch, InputAdapter, Item, build_input
 from pipelines.jobs import JobResult, RunSummary, describe_error, write_manifest
 from pipelines.kinds import TaskKind, build_kind
+from pipelines.raw_slides import embed_raw_slides
 from pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
 from pipelines.top_tiles import TopTiles, export_slide
 from pipelines.validation import (
@@ -56,8 +57,6 @@ from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
 
 log = logging.getLogger(__name__)
-
-_PRECISIONS: dict[str, Literal["bf16", "fp16", "fp32"]] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
 
 @dataclass
@@ -224,9 +223,9 @@ def predict(
         if run.adapter.name != "bags":
             found = run.adapter.find([Path(p) for p in inputs])
         else:
-            found, thumbs, pre_failed = _embed_raw_slides(
-                run, inputs, out / "work", weights=weights, mpp=mpp, backend=backend, workers=workers,
-                scheduler=scheduler, device=device, progress=progress,
+            found, thumbs, pre_failed = embed_raw_slides(
+                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=backend,
+                workers=workers, scheduler=scheduler, device=device, progress=progress,
             )  # fmt: skip
     cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
     if found:
@@ -369,72 +368,6 @@ def _heatmap(
         grid = getattr(run.models[0], "grid_shape", None)
         extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
         run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
-
-
-def _embed_raw_slides(
-    run: RunModel,
-    inputs: Sequence[str | Path],
-    work: Path,
-    *,
-    weights: str | Path | None,
-    mpp: float | None,
-    backend: str,
-    workers: int,
-    scheduler: str | None,
-    device: str,
-    progress: bool,
-) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
-    """Tile and embed slides with the run's recorded settings; returns (bags, slide paths, failures)."""
-    from models.encoders import encoder_id_for
-    from pipelines.embed.engine import EmbedOptions
-    from pipelines.embed.stage import bag_dir, embed_slides
-    from wsi.config import parse_config
-    from wsi.sources import find_slides
-    from wsi.tiling import TileParams
-
-    prov = run.provenance
-    encoder, sha = prov.get("encoder"), prov.get("weights_sha256")
-    tile_params = prov.get("tile_params")
-    if not encoder or not sha or not isinstance(tile_params, dict):
-        raise ConfigError(
-            "this run does not record how its features were made (encoder, weights sha256, tile params: "
-            "bags from another tool?); embed the slides yourself and use --features DIR"
-        )
-    random_init = sha == "random"
-    if not random_init and weights is None:
-        raise ConfigError(
-            f"the model was trained on features from encoder {encoder} with weights sha256 {sha[:16]}...; "
-            "give those weights with --weights PATH"
-        )
-    precision = _PRECISIONS.get(str(prov.get("precision")), "bf16")  # bags of other tools: the default
-    options = EmbedOptions(
-        encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
-        expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
-        input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
-    )  # fmt: skip
-    sources = find_slides(inputs)
-    params = parse_config(TileParams, tile_params, source="the run's recorded tile_params")
-    results = embed_slides(
-        sources, out_dir=work, options=options, tile_params=params,
-        backend=backend, mpp=mpp, workers=workers, scheduler=scheduler, progress=progress,
-    )  # fmt: skip
-    folder = bag_dir(work, encoder_id_for(encoder))
-    by_id = {s.slide_id: s for s in sources}
-    found: dict[str, Path] = {}
-    thumbs: dict[str, tuple[Path, float | None]] = {}
-    failed: list[JobResult] = []
-    for r in results:
-        bag = folder / f"{r.slide_id}.h5"
-        if r.status in ("ok", "skipped") and bag.is_file():
-            found[r.slide_id] = bag
-            src = by_id.get(r.slide_id)
-            if src is not None:
-                thumbs[r.slide_id] = (src.path, src.mpp if src.mpp is not None else mpp)
-        else:
-            failed.append(
-                JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error or "no bag made")
-            )
-    return found, thumbs, failed
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]], kind: TaskKind, id_column: str) -> None:
