@@ -99,7 +99,7 @@ def make_kind_cohort(
 def _row(kind: str, patient: str, frac: float, rng: np.random.Generator, missing: float) -> dict[str, str]:
     if kind == "survival":
         t = rng.exponential(1.0 / (0.05 * np.exp(BETA * frac)))  # months
-        c = rng.uniform(5, 60)
+        c = rng.uniform(0.5, 15)  # about a quarter of the patients censored
         return {"patient": patient, "os_months": f"{min(t, c):.3f}", "os_event": str(int(t <= c))}
     if kind == "regression":
         return {"patient": patient, "purity": f"{100 * frac + rng.normal(0, 2):.3f}"}

@@ -41,7 +41,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def survival_run(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("survival")
-    cohort = make_kind_cohort(root, kind="survival", n_patients=120, seed=1)
+    cohort = make_kind_cohort(root, kind="survival", n_patients=200, seed=1)
     task = write_kind_task(root / "task.yaml", "survival", epochs=12)
     result = train(
         task=task, labels_csv=cohort.labels, features_dir=cohort.bags, out_dir=root / "run", progress=False
@@ -52,6 +52,7 @@ def survival_run(tmp_path_factory: pytest.TempPathFactory):
 def test_survival_model_reaches_the_oracle_c_index(survival_run) -> None:
     """Times come from a Cox model on the fraction of texture B; an oracle Cox model fitted on the
     training patients' true fractions sets the bar on the same test patients."""
+    pytest.importorskip("lifelines", reason="lifelines is a test dependency (pip install -e '.[dev]')")
     from lifelines import CoxPHFitter
 
     pd = pytest.importorskip("pandas")
@@ -119,14 +120,11 @@ def test_survival_cli_train_summary_and_external_validation(survival_run, tmp_pa
 def test_regression_target_is_learned(tmp_path: Path) -> None:
     cohort = make_kind_cohort(tmp_path, kind="regression", n_patients=80, seed=3)
     task = write_kind_task(tmp_path / "task.yaml", "regression", epochs=12)
-    result = train(
-        task=task,
-        labels_csv=cohort.labels,
-        features_dir=cohort.bags,
-        out_dir=tmp_path / "run",
-        progress=False,
-    )
-    m = result.metrics
+    args = ["train", "--task", str(task), "--features", str(cohort.bags), "--labels", str(cohort.labels)]
+    res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "run"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "test purity: Pearson r" in res.output and "scatter.png" in res.output
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     test = _rows(tmp_path / "run" / "test_predictions.csv")
     y = np.array([float(r["purity"]) for r in test])
     p = np.array([float(r["pred_purity"]) for r in test])
@@ -136,6 +134,38 @@ def test_regression_target_is_learned(tmp_path: Path) -> None:
     assert 30 < scaling[0] < 70 and scaling[1] > 10  # mean and std of the training purities
     assert (tmp_path / "run" / "scatter.png").read_bytes()[:8] == PNG
     assert "val_pearson_r" in _rows(tmp_path / "run" / "log.csv")[0]
+
+
+def test_survival_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Bags grouped into Cox risk sets, random tile subsets and a cosine schedule: an interrupted run
+    resumed from its last epoch ends with the very weights of one that was never interrupted."""
+    from safetensors.torch import load_file
+
+    cohort = make_kind_cohort(tmp_path, kind="survival", n_patients=40, seed=11)
+    survival = {"time": "os_months", "event": "os_event", "bags_per_step": 8}
+    task = write_kind_task(
+        tmp_path / "t.yaml", "survival", epochs=3, survival=survival, input_options={"bag_size": 12}
+    )
+    kw = {"task": task, "labels_csv": cohort.labels, "features_dir": cohort.bags, "progress": False}
+    train(out_dir=tmp_path / "whole", **kw)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_epoch_1(row: dict) -> None:
+        if row["epoch"] == 1:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(out_dir=tmp_path / "cut", on_epoch_end=crash_after_epoch_1, **kw)
+    train(out_dir=tmp_path / "cut", resume=True, **kw)
+    a, b = (
+        load_file(tmp_path / "whole" / "last.safetensors"),
+        load_file(tmp_path / "cut" / "last.safetensors"),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    losses = [[r["train_loss"] for r in _rows(tmp_path / d / "log.csv")] for d in ("whole", "cut")]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
 
 
 def test_multi_target_with_missing_labels(tmp_path: Path) -> None:
