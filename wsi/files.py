@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from wsi.suffixes import NAMED_ONLY_SUFFIXES
+
 _TMP_MARK = ".tmp-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -105,7 +107,7 @@ def sanitize_slide_id(name: str) -> str:
 def slide_id_from_path(path: str | os.PathLike[str]) -> str:
     """The file name without its extension (all of '.ome.tiff'), made safe."""
     name = Path(path).name
-    for ext in (".ome.tiff", ".ome.tif"):
+    for ext in NAMED_ONLY_SUFFIXES:  # .ome.tiff, .ome.tif
         if name.lower().endswith(ext):
             return sanitize_slide_id(name[: -len(ext)])
     return sanitize_slide_id(Path(name).stem)

@@ -23,12 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from wsi.errors import ImageReadError, WsiError
+from wsi.suffixes import DICOM_SUFFIXES, IMAGE_SUFFIXES, NIFTI_SUFFIXES, NPY_SUFFIXES, PHOTO_SUFFIXES
 
-PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-DICOM_SUFFIXES = (".dcm", ".dicom")
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
-NPY_SUFFIXES = (".npy",)
-IMAGE_SUFFIXES = PHOTO_SUFFIXES + DICOM_SUFFIXES + NIFTI_SUFFIXES + NPY_SUFFIXES
 _INSTALL_HINT = "install the image extras: pip install 'wsi[images]'"
 
 
