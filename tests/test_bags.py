@@ -8,7 +8,15 @@ import h5py
 import numpy as np
 import pytest
 
-from wsi.bags import bag_layout, bag_length, is_complete_bag, load_bag, read_bag_attrs, write_bag
+from wsi.bags import (
+    BagProvenance,
+    bag_layout,
+    bag_length,
+    is_complete_bag,
+    load_bag,
+    read_bag_attrs,
+    write_bag,
+)
 from wsi.errors import BagFormatError
 
 MPP = 0.5  # level-0 um/px of the imagined slide
@@ -26,12 +34,12 @@ def _data(n: int = 7, d: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _write_ours(path: Path, dtype: str = "float32") -> None:
     feats, coords_um, coords_px = _data()
-    write_bag(
-        path, feats=feats, coords_um=coords_um, coords_px=coords_px, encoder="retccl", weights_sha256="abc",
-        tile_size_um=TILE_UM, tile_size_px=256, mpp=MPP, level0_width=5000, level0_height=3000,
-        tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, slide_id="s1", dtype=dtype,
-        extra_attrs={"n_bad_tiles": 0},
+    provenance = BagProvenance(
+        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_size_um=TILE_UM, tile_size_px=256,
+        mpp=MPP, level0_width=5000, level0_height=3000,
+        tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, n_bad_tiles=0,
     )  # fmt: skip
+    write_bag(path, feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance, dtype=dtype)
 
 
 def _write_stamp(path: Path) -> None:
@@ -165,9 +173,11 @@ def test_float16_overflow_is_refused(tmp_path: Path) -> None:
     feats, coords_um, coords_px = _data()
     feats[0, 0] = 1e6
     with pytest.raises(BagFormatError, match="float32"):
-        write_bag(
-            tmp_path / "b.h5", feats=feats, coords_um=coords_um, coords_px=coords_px, encoder="e",
-            weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1, level0_width=1, level0_height=1,
-            tile_params={}, slide_id="b",
+        provenance = BagProvenance(
+            slide_id="b", encoder="e", weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1,
+            level0_width=1, level0_height=1, tile_params={},
         )  # fmt: skip
+        write_bag(
+            tmp_path / "b.h5", feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance
+        )
     assert not (tmp_path / "b.h5").exists()

@@ -22,13 +22,8 @@ import torch
 from distributed import WorkerPlugin
 
 from pipelines.devices import resolve_device
-from pipelines.embed.engine import (
-    EmbedOptions,
-    Runtime,
-    SlideJob,
-    embed_stream,
-    prepare_runtime,
-)
+from pipelines.embed.engine import Runtime, SlideJob, embed_stream, prepare_runtime
+from pipelines.embed.options import EmbedOptions
 from pipelines.jobs import JobResult, worker_plugin
 
 log = logging.getLogger(__name__)

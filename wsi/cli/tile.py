@@ -126,7 +126,8 @@ def command(
 
     PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
     .bif .czi) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are
-    taken from the CSV's folder; DICOM .dcm slides are given this way). A failing slide is recorded in the manifest and never stops the others.
+    taken from the CSV's folder; DICOM .dcm slides are given this way). A failing slide is recorded in
+    the manifest and never stops the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from pipelines.tile import tile_slides
