@@ -32,7 +32,7 @@ def _data(n: int = 7, d: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return feats, coords_um, coords_px
 
 
-def _write_ours(path: Path, dtype: str = "float32") -> None:
+def _write_ours(path: Path, dtype: str = "float32") -> BagProvenance:
     feats, coords_um, coords_px = _data()
     provenance = BagProvenance(
         slide_id="s1", encoder="retccl", weights_sha256="abc", tile_size_um=TILE_UM, tile_size_px=256,
@@ -40,6 +40,7 @@ def _write_ours(path: Path, dtype: str = "float32") -> None:
         tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, n_bad_tiles=0,
     )  # fmt: skip
     write_bag(path, feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance, dtype=dtype)
+    return provenance
 
 
 def _write_stamp(path: Path) -> None:
@@ -78,7 +79,7 @@ def _write_trident(path: Path) -> None:
 
 def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
     path = tmp_path / "features" / "retccl" / "s1.h5"
-    _write_ours(path, dtype="float16")
+    provenance = _write_ours(path, dtype="float16")
     feats, coords_um, coords_px = _data()
     with h5py.File(path, "r") as h5:  # the on-disk contract other tools rely on
         assert h5["feats"].dtype == np.float16 and h5["feats"].shape == (7, 16)
@@ -99,6 +100,8 @@ def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
     assert bag.tile_size_um == TILE_UM and bag.meta["encoder"] == "retccl"
     assert bag_length(path) == 7 and bag_layout(path) == "wsi"
     assert read_bag_attrs(path)["n_bad_tiles"] == 0
+    assert bag.provenance == provenance  # written whole, read back whole
+    assert BagProvenance.from_dict(provenance.to_dict(), source="t") == provenance
     assert is_complete_bag(path, encoder="retccl", weights_sha256="abc")
     assert not is_complete_bag(path, encoder="retccl", weights_sha256="other")
     assert not is_complete_bag(tmp_path / "missing.h5", encoder="retccl", weights_sha256="abc")
