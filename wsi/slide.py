@@ -62,7 +62,8 @@ class Slide:
         self._handle: Any = h
         self.properties = {str(k): str(v) for k, v in dict(h.properties).items() if v is not None}
         self.vendor = str(self.properties.get(f"{backend}.vendor") or "generic")
-        self.dimensions = tuple(int(v) for v in h.dimensions)  # type: ignore[assignment]
+        width, height = h.dimensions
+        self.dimensions = (int(width), int(height))
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
         if mpp is not None:
@@ -274,10 +275,12 @@ def open_slide(
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _positive_float(value: object) -> float | None:
+def _positive_float(value: str | float | None) -> float | None:
+    if value is None:
+        return None
     try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        f = float(value)
+    except ValueError:
         return None
     return f if math.isfinite(f) and f > 0 else None
 
@@ -341,7 +344,7 @@ def _mpp_from_tiff_tags(path: Path) -> float | None:
 
     try:
         with tifffile.TiffFile(path) as tif:
-            tags = tif.pages[0].tags  # type: ignore[union-attr]
+            tags = tif.pages.first.tags
             unit = tags.get("ResolutionUnit")
             xres = tags.get("XResolution")
             if unit is None or xres is None:
