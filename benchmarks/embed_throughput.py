@@ -18,7 +18,7 @@ repeated as several slide jobs to reach --tiles; each job writes its own bag.
     python benchmarks/embed_throughput.py --device cuda --decode cpu     # openslide decoding, to compare
 
 --decode device (the default on CUDA): readers only slice the compressed JPEG tiles out of the file and
-the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (gpu_decode.py); the
+the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (device_decode/); the
 "read" row then includes that decoding, so it is the whole feed.
 
 Writes embed_throughput_<device>.csv into --out (default docs/) and prints a markdown table with the
@@ -48,6 +48,8 @@ import torch  # noqa: E402
 
 from models.encoders import build_encoder  # noqa: E402
 from pipelines.devices import resolve_device  # noqa: E402
+from pipelines.embed.batches import SlideTiles  # noqa: E402
+from pipelines.embed.device_decode import DeviceDecoder, decode_ahead  # noqa: E402
 from pipelines.embed.engine import (  # noqa: E402
     EmbedOptions,
     SlideJob,
@@ -56,8 +58,7 @@ from pipelines.embed.engine import (  # noqa: E402
     prepare_runtime,
     resolve_decode,
 )
-from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
-from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead  # noqa: E402
+from pipelines.embed.feed import iter_batches  # noqa: E402
 from wsi.files import atomic_path  # noqa: E402
 from wsi.synthetic import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
@@ -131,14 +132,7 @@ def measure_end2end(rt, slides: list[SlideTiles], out: Path, options: EmbedOptio
             tiles=st,
             bag_path=out / f"{st.slide_id}.h5",
             coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
-            attrs={
-                "tile_size_um": TILE_UM,
-                "tile_size_px": st.tile_px,
-                "mpp": SLIDE_MPP,
-                "level0_width": 0,
-                "level0_height": 0,
-                "tile_params": {"benchmark": True},
-            },
+            tile_params={"benchmark": True},
         )
         for st in slides
     ]
