@@ -17,15 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.data import Dataset
 
-<<<<<<< HEAD
 from pipelines.inputs import INPUTS, Batch, Item
-from wsi.bags import bag_length, load_bag, read_bag_attrs
-from wsi.errors import BagFormatError, ConfigError, WsiError
-=======
-from pipelines.inputs import Batch, Item
 from wsi.bags import bag_length, load_bag, read_bag_attrs, read_bag_header
 from wsi.errors import ConfigError, WsiError
->>>>>>> h-slides
 from wsi.files import is_temp_name
 from wsi.suffixes import BAG_SUFFIX
 
@@ -86,19 +80,7 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     return Batch(x=x, labels=labels, ids=ids, extra={"mask": mask, "coords_um": coords})
 
 
-<<<<<<< HEAD
-def _feature_dim(path: Path) -> int:
-    try:
-        with h5py.File(path, "r") as h5:
-            ds = h5["feats"] if "feats" in h5 else h5["features"]
-            return int(ds.shape[1])
-    except (OSError, KeyError) as exc:
-        raise BagFormatError(f"{path} is not a readable feature bag ({exc})") from None
-
-
 @INPUTS.register("bags")
-=======
->>>>>>> h-slides
 class BagInput:
     """`input: bags`. Options (task YAML `input_options`):
 

@@ -1,4 +1,4 @@
-"""What every image reader shares: `ImageData`, the missing-reader error, suffix helpers (the suffix table is wsi.suffixes).
+"""What image readers share: `ImageData`, the missing-reader error, suffix helpers (table: wsi.suffixes).
 
 Pixels come in one layout whatever the file: 2D images (H, W, C), volumes (D, H, W, C), float32,
 channel last. `value_range` is the range the values are known to span (photos [0, 1], a windowed DICOM
