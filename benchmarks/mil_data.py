@@ -196,7 +196,7 @@ def write_cohort(
     models ignore unless a preset turns on position encoding. Lets a benchmark run the real
     `wsi train` / cross-validation on the cohort, exactly as a user's own bags.
     """
-    from wsi.bags import write_bag  # deferred: the in-memory loaders need only numpy
+    from wsi.bags import BagProvenance, write_bag  # deferred: the in-memory loaders need only numpy
     from wsi.files import write_text_atomic
 
     bag_dir = Path(out_dir) / "bags"
@@ -205,11 +205,13 @@ def write_cohort(
         n = feats.shape[0]
         side = int(np.ceil(np.sqrt(n)))
         grid = np.stack([np.arange(n) % side, np.arange(n) // side], axis=1)  # (N, 2) x, y
+        provenance = BagProvenance(
+            slide_id=bag_id, encoder=f"mil-data:{cohort.name}", weights_sha256="none", tile_size_um=1.0,
+            tile_size_px=1, mpp=1.0, level0_width=side, level0_height=side, tile_params={},
+        )  # fmt: skip
         write_bag(
             bag_dir / f"{bag_id}.h5", feats=feats, coords_um=grid.astype(np.float32), coords_px=grid,
-            encoder=f"mil-data:{cohort.name}", weights_sha256="none", tile_size_um=1.0, tile_size_px=1,
-            mpp=1.0, level0_width=side, level0_height=side, tile_params="{}", slide_id=bag_id,
-            dtype="float32",
+            provenance=provenance, dtype="float32",
         )  # fmt: skip
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
