@@ -195,24 +195,29 @@ def build_encoder(
             raise ConfigError(f"input_px {input_px} is too small for a CNN/ViT encoder")
     if arch_overrides:
         name = f"{name}@test"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(RANDOM_SEED)
-        backbone = build_backbone(recipe, arch_overrides)
-        enc = Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px)
     if weights is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_SEED)
+            backbone = build_backbone(recipe, arch_overrides)
+            enc = Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px)
         log.warning(
             "encoder %r has RANDOM weights (random_init): its features carry no pathology knowledge; "
             "use this only for tests and demos",
             name,
         )
         return enc.eval()
-    path = resolve_weights_path(weights, recipe, name)
+    with torch.device("meta"):  # the architecture without memory: its facts, then storage for the load
+        skeleton = build_backbone(recipe, arch_overrides)
+    path = resolve_weights_path(weights, recipe, name, arch_facts(skeleton))
     state = load_state_dict_file(path)
     digest = sha256_file(path)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise WeightsError(f"{path} has sha256 {digest}, expected {expected_sha256}; wrong or damaged file")
+    enc = Encoder(
+        recipe, _materialise(skeleton, recipe, arch_overrides), name=name, weights_sha256=digest,
+        input_px=input_px or recipe.input_px,
+    )  # fmt: skip
     load_checked(enc, state, recipe, path, name)
-    enc.weights_sha256 = digest
     published = recipe.published_sha256
     if expected_sha256 is None and published and digest != published:
         log.warning(
@@ -221,6 +226,37 @@ def build_encoder(
             path, name, digest[:12], published[:12], name,
         )  # fmt: skip
     return enc.eval()
+
+
+def arch_facts(backbone: nn.Module) -> dict[str, int]:
+    """Width, depth, patch, heads and registers of a ViT (what a hub folder's config.json states)."""
+    facts: dict[str, int] = {}
+    blocks = getattr(backbone, "blocks", None)
+    if isinstance(blocks, nn.Sequential | nn.ModuleList) and len(blocks):
+        facts["depth"] = len(blocks)
+        heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None)
+        if isinstance(heads, int):
+            facts["num_heads"] = heads
+    for key, attr in (("embed_dim", "embed_dim"), ("reg_tokens", "num_reg_tokens")):
+        if isinstance(getattr(backbone, attr, None), int):
+            facts[key] = getattr(backbone, attr)
+    patch = getattr(getattr(backbone, "patch_embed", None), "patch_size", None)
+    if isinstance(patch, tuple) and patch and isinstance(patch[0], int):
+        facts["patch_size"] = patch[0]
+    return facts
+
+
+def _materialise(skeleton: nn.Module, recipe: EncoderRecipe, overrides: Mapping[str, Any] | None) -> nn.Module:
+    """Storage for a meta-built backbone without initialising it: every persistent tensor is loaded next.
+
+    A giant's random initialisation costs half a minute on a CPU for numbers that are overwritten at once.
+    Buffers a module derives itself and does not save (Swin's attention masks) would stay garbage, so such
+    architectures are built the ordinary way.
+    """
+    saved = set(skeleton.state_dict())
+    if any(name not in saved for name, _ in skeleton.named_buffers()):
+        return build_backbone(recipe, overrides)
+    return skeleton.to_empty(device="cpu")
 
 
 def count_parameters(name: str, overrides: Mapping[str, Any] | None = None) -> int:

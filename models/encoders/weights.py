@@ -89,14 +89,20 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
     return _unwrap(obj, path)
 
 
-def resolve_weights_path(path: str | os.PathLike[str], recipe: EncoderRecipe, name: str) -> Path:
-    """The weights file itself, or the one inside a model folder laid out as the authors' hub repository."""
+def resolve_weights_path(
+    path: str | os.PathLike[str], recipe: EncoderRecipe, name: str, facts: dict[str, int] | None = None
+) -> Path:
+    """The weights file itself, or the one inside a model folder laid out as the authors' hub repository.
+
+    facts: the built architecture's embed_dim, depth, patch_size, num_heads, reg_tokens, checked against
+    the folder's config.json so that a folder of another model is named as such before any tensor is read.
+    """
     path = Path(path)
     if path.is_file():
         return path
     if not path.is_dir():
         raise WeightsError(f"weights {path} does not exist; give the weights file or the model folder")
-    _check_folder_config(path, recipe, name)
+    _check_folder_config(path, recipe, name, facts or {})
     for candidate in recipe.weights_files:
         if (path / candidate).is_file():
             return path / candidate
@@ -107,7 +113,7 @@ def resolve_weights_path(path: str | os.PathLike[str], recipe: EncoderRecipe, na
     )
 
 
-def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str) -> None:
+def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: dict[str, int]) -> None:
     """A hub folder's config.json must describe this architecture (catches UNI weights given as UNI2-h)."""
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -127,7 +133,7 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str) -> None
     args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
     hf = {"embed_dim": "hidden_size", "depth": "num_hidden_layers", "patch_size": "patch_size"}
     for key in ("embed_dim", "depth", "patch_size", "reg_tokens", "num_heads"):
-        want = recipe.kwargs.get(key)
+        want = facts.get(key)
         got = args.get(key, config.get(hf.get(key, "")))  # transformers layout names the same facts
         if isinstance(want, int) and isinstance(got, int) and want != got:
             raise WeightsError(
