@@ -34,9 +34,11 @@ def encoder_id_for(name: str) -> str:
 
     A recipe file gives its stem ("recipes/my-encoder.yaml" -> "my-encoder").
     """
+    name, _, tag = name.partition("@")  # "uni@test": an architecture changed for tests
     if is_recipe_path(name):
         name = Path(name).stem
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace(":", "-")).strip("-.")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace(":", "-")).strip("-.")
+    return f"{safe}-{tag}" if tag else safe
 
 
 def build_backbone(recipe: EncoderRecipe, overrides: Mapping[str, Any] | None = None) -> nn.Module:

@@ -37,7 +37,7 @@ def retccl() -> EncoderRecipe:
         published_sha256=RETCCL_SHA256,
         params=23_508_032,
         training_mpp=1.0,
-        licence="no licence file in Xiyue-Wang/RetCCL: academic use, ask the authors otherwise",
+        licence="none stated (no licence file in Xiyue-Wang/RetCCL: academic use; ask the authors otherwise)",
         source="best_ckpt.pth linked from github.com/Xiyue-Wang/RetCCL",
         reference="Xiyue-Wang/RetCCL get_feature.py",
         channels_last=True,

@@ -11,6 +11,7 @@ import click
 _COMMANDS: dict[str, tuple[str, str]] = {
     "tile": ("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),
     "embed": ("wsi.cli.embed:command", "Embed tiles with an encoder into per-slide HDF5 feature bags."),
+    "encoders": ("wsi.cli.encoders:command", "List the named tile encoders: width, input, parameters, licence."),
     "train": ("wsi.cli.train:command", "Train an attention MIL model (or image ViT) for a task."),
     "predict": ("wsi.cli.predict:command", "Batch inference from raw slides, bags or images."),
     "info": ("wsi.cli.info:command", "Summarise a tile file or feature bag (ours, STAMP, CLAM, TRIDENT)."),
