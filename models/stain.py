@@ -182,7 +182,9 @@ def rgb_to_lab(rgb: torch.Tensor) -> torch.Tensor:
     lin = torch.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
     xyz = lin @ _RGB_TO_XYZ.to(rgb.device).T / _WHITE.to(rgb.device)
     f = torch.where(xyz > 0.008856, xyz.clamp(min=1e-12) ** (1 / 3), 7.787 * xyz + 16 / 116)
-    return torch.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], -1)
+    return torch.stack(
+        [116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], -1
+    )
 
 
 def lab_to_rgb(lab: torch.Tensor) -> torch.Tensor:
@@ -274,19 +276,28 @@ def fit_reference(method: str, tiles: torch.Tensor, *, source: str = "fitted") -
     if method == "reinhard":
         mean, std = _lab_stats(rgb_to_lab(rgb), mask)
         return StainReference(
-            method="reinhard", lab_mean=_floats(mean[0]), lab_std=_floats(std[0]), source=source  # type: ignore[arg-type]
+            method="reinhard", lab_mean=_three(mean[0]), lab_std=_three(std[0]), source=source
         )
     stains, max_conc, ok = _macenko_fit(od, mask)
     if not bool(ok[0]):
         raise ConfigError("cannot fit a macenko reference: the tiles show fewer than two distinct stains")
-    matrix = tuple(_floats(row) for row in stains[0])
+    rows = [_two(row) for row in stains[0]]
     return StainReference(
-        method="macenko", stain_matrix=matrix, max_concentrations=_floats(max_conc[0]), source=source  # type: ignore[arg-type]
+        method="macenko",
+        stain_matrix=(rows[0], rows[1], rows[2]),
+        max_concentrations=_two(max_conc[0]),
+        source=source,
     )
 
 
-def _floats(t: torch.Tensor) -> tuple[float, ...]:
-    return tuple(round(float(v), 5) for v in t)
+def _two(t: torch.Tensor) -> tuple[float, float]:
+    a, b = (round(float(v), 5) for v in t)
+    return a, b
+
+
+def _three(t: torch.Tensor) -> tuple[float, float, float]:
+    a, b, c = (round(float(v), 5) for v in t)
+    return a, b, c
 
 
 __all__ = [

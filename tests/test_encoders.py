@@ -208,7 +208,9 @@ class _StemForTest(torch.nn.Module):
         return self.norm(self.proj(x).permute(0, 2, 3, 1))  # (B, H/4, W/4, C)
 
 
-def test_ctranspath_loads_its_published_timm05_layout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_ctranspath_loads_its_published_timm05_layout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The TransPath checkpoint: {"model": ...}, patch merging at the END of stages 0-2, derived buffers."""
     import re
 
@@ -223,7 +225,9 @@ def test_ctranspath_loads_its_published_timm05_layout(tmp_path: Path, caplog: py
             m.running_var.uniform_(0.5, 1.5)
     old = {}
     for key, value in ref.state_dict().items():
-        old[re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) - 1}.downsample", key)] = value
+        old[re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) - 1}.downsample", key)] = (
+            value
+        )
         if key.endswith("attn.proj.weight"):  # the old layout saved these buffers too
             old[key.replace("proj.weight", "relative_position_index")] = torch.zeros(49, 49, dtype=torch.long)
     old["layers.0.blocks.1.attn_mask"] = torch.zeros(64, 49, 49)
@@ -279,8 +283,12 @@ def test_model_folder_is_checked_against_its_config(tmp_path: Path) -> None:
         build_encoder("uni2-h", weights=folder)
     phikon = tmp_path / "phikon-v2"
     phikon.mkdir()
-    (phikon / "config.json").write_text('{"model_type": "dinov2", "hidden_size": 768, "num_hidden_layers": 12}')
-    with pytest.raises(WeightsError, match="says embed_dim = 768, but encoder .phikon-v2. has embed_dim = 1024"):
+    (phikon / "config.json").write_text(
+        '{"model_type": "dinov2", "hidden_size": 768, "num_hidden_layers": 12}'
+    )
+    with pytest.raises(
+        WeightsError, match=r"says embed_dim = 768, but encoder 'phikon-v2' has embed_dim = 1024"
+    ):
         build_encoder("phikon-v2", weights=phikon)
 
 
@@ -324,9 +332,13 @@ def test_mpp_far_from_training_warns(caplog: pytest.LogCaptureFixture) -> None:
 def test_preprocess_resizes_and_crops_on_the_device_like_torchvision() -> None:
     from torchvision.transforms.v2 import functional as TF
 
-    enc = build_encoder("prov-gigapath", random_init=True, arch_overrides={"depth": 1})  # 256 bicubic, crop 224
+    enc = build_encoder(
+        "prov-gigapath", random_init=True, arch_overrides={"depth": 1}
+    )  # 256 bicubic, crop 224
     tiles = torch.randint(0, 256, (2, 300, 300, 3), dtype=torch.uint8)  # noise: the hardest case
-    img = TF.resize(tiles.permute(0, 3, 1, 2), [256], interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
+    img = TF.resize(
+        tiles.permute(0, 3, 1, 2), [256], interpolation=TF.InterpolationMode.BICUBIC, antialias=True
+    )
     ref = TF.normalize(TF.center_crop(img, [224]).float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     diff = (enc.preprocess(tiles) - ref).abs() * std * 255  # in grey levels

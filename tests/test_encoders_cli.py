@@ -1,4 +1,4 @@
-"""`wsi encoders`: the table a user picks from, one recipe in full, and a YAML that rebuilds the same model."""
+"""`wsi encoders`: the table a user picks from, one recipe in full, a YAML that rebuilds the same model."""
 
 from __future__ import annotations
 

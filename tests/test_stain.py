@@ -69,7 +69,7 @@ def test_reinhard_maps_lab_mean_and_std_onto_the_reference_exactly() -> None:
     reference = StainReference(method="reinhard", lab_mean=(60.0, 25.0, -10.0), lab_std=(6.0, 4.0, 3.0))
     norm = StainNormalizer(reference)
     out = norm.normalize(tiles)  # float RGB, before rounding to uint8
-    assert 0 < float(out.min()) and float(out.max()) < 255  # nothing clipped: the answer is exact
+    assert float(out.min()) > 0 and float(out.max()) < 255  # nothing clipped: the answer is exact
     for tile in out.numpy():
         lab = rgb2lab(tile / 255.0).reshape(-1, 3)  # scikit-image, independent of our conversion
         np.testing.assert_allclose(lab.mean(0), reference.lab_mean, atol=1e-3)
@@ -105,7 +105,13 @@ def test_reference_fit_save_and_load(tmp_path: Path, shared_data: Path) -> None:
     step = int(256 / slide.mpp)
     w, h = slide.dimensions
     tiles = torch.from_numpy(
-        np.stack([slide.read_region_um(x, y, 256.0, 1.0) for y in range(0, h - step, step) for x in range(0, w - step, step)])
+        np.stack(
+            [
+                slide.read_region_um(x, y, 256.0, 1.0)
+                for y in range(0, h - step, step)
+                for x in range(0, w - step, step)
+            ]
+        )
     )
     reinhard = fit_reference("reinhard", tiles, source="CMU-1-Small-Region")
     # the shipped default is this fit, rounded

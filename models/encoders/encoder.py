@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +66,7 @@ def use_fused_attention(module: nn.Module) -> int:
     n = 0
     for m in module.modules():
         if hasattr(m, "fused_attn"):
-            m.fused_attn = True
+            cast(Any, m).fused_attn = True
             n += 1
     return n
 
@@ -74,12 +74,17 @@ def use_fused_attention(module: nn.Module) -> int:
 class Encoder(nn.Module):
     """A backbone, its pooling head and its preprocessing; `embed(uint8 tiles) -> (B, dim)` features."""
 
+    _scale: torch.Tensor  # (1, 3, 1, 1) buffers: 1 / (255 std) and -mean / std
+    _shift: torch.Tensor
+
     def __init__(
         self, recipe: EncoderRecipe, backbone: nn.Module, *, name: str, weights_sha256: str, input_px: int
     ) -> None:
         super().__init__()
         self.backbone = backbone
-        self.pool = POOLINGS.get(recipe.pooling)(backbone, recipe.dim or int(getattr(backbone, "num_features")))
+        self.pool = POOLINGS.get(recipe.pooling)(
+            backbone, recipe.dim or int(cast(Any, backbone).num_features)
+        )
         self.recipe = recipe
         self.name = name
         self.encoder_id = encoder_id_for(name)
@@ -89,7 +94,7 @@ class Encoder(nn.Module):
         self.interpolation = recipe.interpolation
         self.mean = recipe.mean
         self.std = recipe.std
-        self.dim = recipe.dim or int(getattr(backbone, "num_features"))
+        self.dim = recipe.dim or int(cast(Any, backbone).num_features)
         self.fused_attention_layers = use_fused_attention(backbone)
         # (1, 3, 1, 1) scale/shift so normalisation is one fused multiply-add on the device
         std_t = torch.tensor(recipe.std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -112,12 +117,14 @@ class Encoder(nn.Module):
             # resize (width first): within one grey level of them even on noise, where one 2D pass with
             # a single rounding differs by up to 23 levels after bicubic overshoot
             for pass_size in ((h, size[1]), size):
-                x = F.interpolate(x, size=pass_size, mode=self.interpolation, antialias=True, align_corners=False)
+                x = F.interpolate(
+                    x, size=pass_size, mode=self.interpolation, antialias=True, align_corners=False
+                )
                 x = x.clamp_(0.0, 255.0).round_()
             h, w = size
         if h != self.input_px or w != self.input_px:
-            top = int(round((h - self.input_px) / 2.0))
-            left = int(round((w - self.input_px) / 2.0))
+            top = round((h - self.input_px) / 2.0)  # torchvision's CenterCrop offsets
+            left = round((w - self.input_px) / 2.0)
             x = x[..., top : top + self.input_px, left : left + self.input_px]
         return x * self._scale + self._shift
 
@@ -142,16 +149,19 @@ class Encoder(nn.Module):
             "recipe": self.recipe.as_dict(),
         }
 
-    def inference_fn(self, device: torch.device, *, compile: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Move to `device` in inference form and return the embed function (channels_last for CNNs on GPU)."""
+    def inference_fn(
+        self, device: torch.device, *, compile: bool = False
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Move to `device` for inference and return the embed function (channels_last for CNNs on a GPU)."""
         if device.type == "cuda" and self.recipe.channels_last:
-            self.to(device=device, memory_format=torch.channels_last)
+            self.to(device)
+            self.to(memory_format=torch.channels_last)
         else:
             self.to(device)
         self.eval()
         fn: Callable[[torch.Tensor], torch.Tensor] = self.embed
         if compile:
-            fn = torch.compile(self.embed, dynamic=False)  # type: ignore[assignment]
+            fn = torch.compile(self.embed, dynamic=False)
         return fn
 
 
@@ -164,8 +174,9 @@ def mpp_warning(recipe: EncoderRecipe, tile_mpp: float, *, name: str, factor: fl
     if 1 / factor <= ratio <= factor:
         return None
     msg = (
-        f"encoder {name!r} was trained on tiles at {trained:g} um/px but these tiles are at {tile_mpp:g} um/px "
-        f"({ratio:.2g}x); its features may be poor: tile with --mpp {trained:g} (and --tile-px {recipe.input_px})"
+        f"encoder {name!r} was trained on tiles at {trained:g} um/px but these tiles are at "
+        f"{tile_mpp:g} um/px ({ratio:.2g}x); its features may be poor: tile at {trained:g} um/px "
+        f"(wsi tile --mpp {trained:g})"
     )
     log.warning(msg)
     return msg
@@ -205,7 +216,9 @@ def build_encoder(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(RANDOM_SEED)
             backbone = build_backbone(recipe, arch_overrides)
-            enc = Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px)
+            enc = Encoder(
+                recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px
+            )
         log.warning(
             "encoder %r has RANDOM weights (random_init): its features carry no pathology knowledge; "
             "use this only for tests and demos",
@@ -252,7 +265,9 @@ def arch_facts(backbone: nn.Module) -> dict[str, int]:
     return facts
 
 
-def _materialise(skeleton: nn.Module, recipe: EncoderRecipe, overrides: Mapping[str, Any] | None) -> nn.Module:
+def _materialise(
+    skeleton: nn.Module, recipe: EncoderRecipe, overrides: Mapping[str, Any] | None
+) -> nn.Module:
     """Storage for a meta-built backbone without initialising it: every persistent tensor is loaded next.
 
     A giant's random initialisation costs half a minute on a CPU for numbers that are overwritten at once.
@@ -299,7 +314,10 @@ def pick_batch_size(
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     tiles = torch.zeros(probe, side, side, 3, dtype=torch.uint8, device=device)
-    with torch.inference_mode(), torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None):
+    with (
+        torch.inference_mode(),
+        torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None),
+    ):
         encoder.embed(tiles)
     torch.cuda.synchronize(device)
     per_tile = max(1, (torch.cuda.max_memory_allocated(device) - base) // probe)

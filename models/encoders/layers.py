@@ -6,7 +6,7 @@ name a recipe gives in `pooling`, and sees the backbone so it can ask for the to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,7 +37,9 @@ class ConvStem(nn.Module):
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         patch = patch_size if isinstance(patch_size, int) else patch_size[0]
         if patch != 4 or embed_dim % 8:
-            raise ValueError(f"ConvStem needs patch_size 4 and embed_dim divisible by 8, got {patch}, {embed_dim}")
+            raise ValueError(
+                f"ConvStem needs patch_size 4 and embed_dim divisible by 8, got {patch}, {embed_dim}"
+            )
         self.img_size = size
         self.patch_size = (4, 4)
         self.grid_size = (size[0] // 4, size[1] // 4)
@@ -65,6 +67,12 @@ class ConvStem(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------- pooling
+def _tokens(backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The token sequence after the final norm, (B, N, D), from a timm ViT."""
+    tokens: torch.Tensor = cast(Any, backbone).forward_features(x)
+    return tokens
+
+
 POOLINGS: Registry[type[nn.Module]] = Registry("pooling")
 
 
@@ -87,7 +95,7 @@ class ClassToken(nn.Module):
         super().__init__()
 
     def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return backbone.forward_features(x)[:, 0]  # (B, N, D) -> (B, D)
+        return _tokens(backbone, x)[:, 0]  # (B, N, D) -> (B, D)
 
 
 @POOLINGS.register("cls+mean")
@@ -99,7 +107,7 @@ class ClassAndPatchMean(nn.Module):
         self.skip = int(getattr(backbone, "num_prefix_tokens", 1))  # class + register tokens
 
     def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        tokens = backbone.forward_features(x)  # (B, 1 + R + P, D)
+        tokens = _tokens(backbone, x)  # (B, 1 + R + P, D)
         return torch.cat([tokens[:, 0], tokens[:, self.skip :].mean(dim=1)], dim=-1)  # (B, 2D)
 
 
@@ -117,7 +125,7 @@ class AttentionPool(nn.Module):
 
     def __init__(self, backbone: nn.Module, dim: int) -> None:
         super().__init__()
-        context = int(getattr(backbone, "num_features"))
+        context = int(cast(Any, backbone).num_features)
         self.query = nn.Parameter(torch.zeros(1, dim))
         self.ln_q = nn.LayerNorm(dim)
         self.ln_k = nn.LayerNorm(context)
@@ -127,7 +135,7 @@ class AttentionPool(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.ln_k(backbone.forward_features(x))  # (B, N, C)
+        tokens = self.ln_k(_tokens(backbone, x))  # (B, N, C)
         b, n, _ = tokens.shape
         h = self.heads
         q = self.to_q(self.ln_q(self.query)).view(1, h, 1, -1).expand(b, -1, -1, -1)  # (B, h, 1, d)

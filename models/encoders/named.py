@@ -48,7 +48,8 @@ def retccl() -> EncoderRecipe:
 def uni() -> EncoderRecipe:
     # UNI (Chen et al. 2024, Nature Medicine): ViT-L/16, LayerScale 1e-5, class token, 224 px.
     # TRIDENT UNIInferenceEncoder (trident/patch_encoder_models/load.py): vit_large_patch16_224, init_values
-    # 1e-5, Resize(224) + CenterCrop(224) (bilinear), ImageNet mean/std; same in lazyslide-models vision/uni.py
+    # 1e-5, Resize(224) + CenterCrop(224) (bilinear), ImageNet mean/std; the same in lazyslide-models
+    # vision/uni.py
     # and STAMP preprocessing/extractor/uni.py.
     return EncoderRecipe(
         arch="vit_large_patch16_224",
@@ -76,10 +77,18 @@ def uni2_h() -> EncoderRecipe:
         dim=1536,
         input_px=224,
         kwargs={
-            "img_size": 224, "patch_size": 14, "depth": 24, "num_heads": 24, "init_values": 1e-5,
-            "embed_dim": 1536, "mlp_ratio": 2.66667 * 2, "no_embed_class": True,
-            "mlp_layer": "swiglu_packed", "act_layer": "silu", "reg_tokens": 8,
-        },  # fmt: skip
+            "img_size": 224,
+            "patch_size": 14,
+            "depth": 24,
+            "num_heads": 24,
+            "init_values": 1e-5,
+            "embed_dim": 1536,
+            "mlp_ratio": 2.66667 * 2,
+            "no_embed_class": True,
+            "mlp_layer": "swiglu_packed",
+            "act_layer": "silu",
+            "reg_tokens": 8,
+        },
         pooling="cls",
         weights_files=("pytorch_model.bin",),
         params=681_394_176,
@@ -102,9 +111,13 @@ def virchow2() -> EncoderRecipe:
         dim=2560,
         input_px=224,
         kwargs={
-            "img_size": 224, "init_values": 1e-5, "reg_tokens": 4, "mlp_ratio": 5.3375,
-            "mlp_layer": "swiglu_packed", "act_layer": "silu",
-        },  # fmt: skip
+            "img_size": 224,
+            "init_values": 1e-5,
+            "reg_tokens": 4,
+            "mlp_ratio": 5.3375,
+            "mlp_layer": "swiglu_packed",
+            "act_layer": "silu",
+        },
         interpolation="bicubic",
         pooling="cls+mean",
         weights_files=("model.safetensors", "pytorch_model.bin"),
@@ -135,7 +148,8 @@ def _h_optimus(version: str, licence: str) -> EncoderRecipe:
         training_mpp=0.5,
         licence=licence,
         source=f"huggingface.co/bioptimus/H-optimus-{version}: model.safetensors or pytorch_model.bin",
-        reference=f"mahmoodlab/TRIDENT trident/patch_encoder_models/load.py (HOptimus{version}InferenceEncoder)",
+        reference="mahmoodlab/TRIDENT trident/patch_encoder_models/load.py "
+        f"(HOptimus{version}InferenceEncoder)",
     )
 
 
@@ -162,9 +176,15 @@ def prov_gigapath() -> EncoderRecipe:
         resize_px=256,
         interpolation="bicubic",
         kwargs={
-            "img_size": 224, "in_chans": 3, "patch_size": 16, "embed_dim": 1536, "depth": 40,
-            "num_heads": 24, "init_values": 1e-5, "mlp_ratio": 5.33334,
-        },  # fmt: skip
+            "img_size": 224,
+            "in_chans": 3,
+            "patch_size": 16,
+            "embed_dim": 1536,
+            "depth": 40,
+            "num_heads": 24,
+            "init_values": 1e-5,
+            "mlp_ratio": 5.33334,
+        },
         pooling="cls",
         weights_files=("pytorch_model.bin",),
         params=1_134_953_984,
@@ -178,7 +198,8 @@ def prov_gigapath() -> EncoderRecipe:
 @ENCODERS.register("ctranspath")
 def ctranspath() -> EncoderRecipe:
     # CTransPath (Wang et al. 2022): Swin-T/4 window 7 whose patch embedding is a convolutional stem; the
-    # head is removed and the globally averaged last stage (768) is the feature. Resize(224), no crop, ImageNet
+    # head is removed and the globally averaged last stage (768) is the feature. Resize(224), no crop,
+    # ImageNet
     # mean/std (Xiyue-Wang/TransPath get_features_CTransPath.py; TRIDENT CTransPathInferenceEncoder). The
     # checkpoint uses timm 0.5's Swin layout ("swin-v1": downsample at the end of a stage) and carries
     # relative_position_index / attn_mask buffers that timm derives itself.
@@ -196,7 +217,8 @@ def ctranspath() -> EncoderRecipe:
         training_mpp=1.0,  # TCGA + PAIP regions at 20x resized for pretraining; STAMP tiles it at ~1.14 um/px
         licence="GPL-3.0 (Xiyue-Wang/TransPath)",
         source="ctranspath.pth linked from github.com/Xiyue-Wang/TransPath",
-        reference="KatherLab/STAMP src/stamp/preprocessing/extractor/ctranspath.py; Xiyue-Wang/TransPath ctran.py",
+        reference="KatherLab/STAMP src/stamp/preprocessing/extractor/ctranspath.py; "
+        "Xiyue-Wang/TransPath ctran.py",
     )
 
 
@@ -225,8 +247,9 @@ def phikon_v2() -> EncoderRecipe:
 
 @ENCODERS.register("conch-v1.5")
 def conch_v15() -> EncoderRecipe:
-    # CONCH v1.5 (the TITAN paper's tile encoder): ViT-L/16 trunk (qkv bias, LayerScale) at 448 px, its 14 x 14
-    # position table interpolated DINO-style, then an attentional pooler (1 query, 8 heads) + LayerNorm to 768.
+    # CONCH v1.5 (the TITAN paper's tile encoder): ViT-L/16 trunk (qkv bias, LayerScale) at 448 px, its
+    # 14 x 14 position table interpolated DINO-style, then an attentional pooler (1 query, 8 heads) +
+    # LayerNorm to 768.
     # TRIDENT model_zoo/conchv1_5/conchv1_5.py: Resize(448, bilinear) + CenterCrop(448), ImageNet mean/std;
     # lazyslide-models multimodal/titan.py resizes bicubic: we follow the authors' own TRIDENT.
     return EncoderRecipe(

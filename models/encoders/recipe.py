@@ -151,7 +151,9 @@ def get_recipe(name: str) -> EncoderRecipe:
     """A named recipe, a YAML file's recipe, or "timm:<arch>" (any timm model, its own preprocessing)."""
     if is_recipe_path(name):
         if not Path(name).is_file():
-            raise ConfigError(f"encoder recipe {name} does not exist; give a YAML file or a name (wsi encoders)")
+            raise ConfigError(
+                f"encoder recipe {name} does not exist; give a YAML file or a name (wsi encoders)"
+            )
         return load_recipe_yaml(name)
     prefix, sep, arch = name.partition(":")
     if sep and prefix == "timm":
@@ -180,8 +182,8 @@ def _timm_recipe(arch: str) -> EncoderRecipe:
         arch=arch,
         dim=0,  # known once built (num_features)
         input_px=int(cfg_dict.get("input_size", (3, 224, 224))[-1]),
-        mean=tuple(cfg_dict.get("mean", IMAGENET_MEAN)),  # type: ignore[arg-type]
-        std=tuple(cfg_dict.get("std", IMAGENET_STD)),  # type: ignore[arg-type]
+        mean=tuple(cfg_dict.get("mean", IMAGENET_MEAN)),
+        std=tuple(cfg_dict.get("std", IMAGENET_STD)),
         ignore_keys=tuple(f"^{re.escape(c)}\\." for c in classifiers),
         channels_last=True,
         fixed_input_px=False,
@@ -198,8 +200,8 @@ __all__ = [
     "ENCODERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "EncoderRecipe",
     "LAYER_NAMES",
+    "EncoderRecipe",
     "available_encoders",
     "get_recipe",
     "is_recipe_path",

@@ -16,6 +16,7 @@ import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +79,9 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln]
         if not found:  # not a pickle of objects at all: damaged or some other file
-            raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({text.strip()[:200]})") from None
+            raise WeightsError(
+                f"{path} is not a readable PyTorch checkpoint ({text.strip()[:200]})"
+            ) from None
         what = f" ({found[0].split(' was not an allowed')[0]})"
         raise WeightsError(
             f"{path} contains Python objects other than tensors{what}; they are not loaded because "
@@ -130,7 +133,8 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: 
             f"{config_path} is for architecture {found!r}, but encoder {name!r} is {recipe.arch!r}; "
             "is this the folder of another model?"
         )
-    args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
+    model_args = config.get("model_args")
+    args: dict[str, object] = model_args if isinstance(model_args, dict) else {}
     hf = {"embed_dim": "hidden_size", "depth": "num_hidden_layers", "patch_size": "patch_size"}
     for key in ("embed_dim", "depth", "patch_size", "reg_tokens", "num_heads"):
         want = facts.get(key)
@@ -200,7 +204,7 @@ def _swin_v1_layout(state: StateDict, encoder: nn.Module) -> StateDict:
 
 @KEY_LAYOUTS.register("conch-v1.5")
 def _conch_layout(state: StateDict, encoder: nn.Module) -> StateDict:
-    """CONCH v1.5's vision tower (trunk + attn_pool_contrast + ln_contrast), position grid fitted to 448 px."""
+    """CONCH v1.5's vision tower (trunk, attn_pool_contrast, ln_contrast); position grid fitted to 448 px."""
     out: StateDict = {}
     for key, value in state.items():
         if key.startswith("trunk."):
@@ -212,7 +216,7 @@ def _conch_layout(state: StateDict, encoder: nn.Module) -> StateDict:
         else:
             out[key] = value
     if "backbone.pos_embed" in out:
-        grid = getattr(getattr(encoder, "backbone"), "patch_embed").grid_size
+        grid = cast(Any, encoder).backbone.patch_embed.grid_size
         out["backbone.pos_embed"] = dino_pos_embed(out["backbone.pos_embed"], grid)
     return out
 
@@ -262,7 +266,13 @@ def load_checked(encoder: nn.Module, state: StateDict, recipe: EncoderRecipe, pa
     ignore = [re.compile(p) for p in recipe.ignore_keys]
     dropped = sorted(k for k in state if any(p.search(k) for p in ignore))
     if dropped:
-        log.info("%s: ignoring %d tensors that are not part of %s (%s)", path, len(dropped), name, _few(set(dropped)))
+        log.info(
+            "%s: ignoring %d tensors that are not part of %s (%s)",
+            path,
+            len(dropped),
+            name,
+            _few(set(dropped)),
+        )
     kept = {k: v for k, v in state.items() if k not in set(dropped)}
     given = KEY_LAYOUTS.get(recipe.key_layout)(kept, encoder)
     expected = encoder.state_dict()

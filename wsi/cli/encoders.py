@@ -32,7 +32,9 @@ Tile at the encoder's training resolution (the mpp column): wsi tile slides/ --o
 """,
 )
 @click.argument("name", required=False)
-@click.option("--yaml", "as_yaml", is_flag=True, help="Print the recipe(s) as YAML (a template for your own).")
+@click.option(
+    "--yaml", "as_yaml", is_flag=True, help="Print the recipe(s) as YAML (a template for your own)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the recipe(s) as JSON.")
 @user_errors
 def command(name: str | None, as_yaml: bool, as_json: bool) -> None:
@@ -73,15 +75,20 @@ def _millions(params: int | None) -> str:
 
 
 def _describe(name: str, r: EncoderRecipe) -> None:
-    resize = f"resize shorter side to {r.resize_to} px ({r.interpolation}), " if r.resize_to != r.input_px else ""
+    resize = (
+        f"resize shorter side to {r.resize_to} px ({r.interpolation}), " if r.resize_to != r.input_px else ""
+    )
     lines = [
         f"{name}: {r.arch}, {_millions(r.params)} parameters, {r.dim}-d features ({r.pooling} pooling)",
-        f"  input:     {resize}{r.input_px} px ({r.interpolation} resize, centre crop), mean {r.mean}, std {r.std}",
+        f"  input:     {resize}{r.input_px} px ({r.interpolation}, centre crop); mean {r.mean}, std {r.std}",
         f"  arguments: {r.kwargs or '(the architecture defaults)'}",
-        f"  trained:   {r.training_mpp:g} um/px tiles" if r.training_mpp else "  trained:   resolution not stated",
+        f"  trained:   {r.training_mpp:g} um/px tiles"
+        if r.training_mpp
+        else "  trained:   resolution not stated",
         f"  weights:   {r.source}",
         f"  licence:   {r.licence}",
         f"  checked:   {r.reference}",
-        f"  command:   wsi embed --tiles run/ --out run/ --encoder {name} --weights /path/{r.weights_files[0]}",
+        f"  command:   wsi embed --tiles run/ --out run/ --encoder {name} "
+        f"--weights /path/{r.weights_files[0]}",
     ]
     click.echo("\n".join(lines))
