@@ -343,3 +343,18 @@ def test_preprocess_resizes_and_crops_on_the_device_like_torchvision() -> None:
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     diff = (enc.preprocess(tiles) - ref).abs() * std * 255  # in grey levels
     assert diff.max() < 1.01 and diff.mean() < 0.02  # PIL-style uint8 rounding: a level apart, rarely
+
+
+def test_runtime_helpers_on_the_cpu() -> None:
+    from models.encoders import pick_batch_size
+
+    enc = build_encoder("timm:test_resnet", random_init=True)
+    assert pick_batch_size(enc, torch.device("cpu"), cpu_batch=16) == 16  # measured on a GPU only
+    fn = enc.inference_fn(torch.device("cpu"))
+    x = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
+    with torch.inference_mode():
+        torch.testing.assert_close(fn(x), enc.embed(x))
+    vit = build_encoder("timm:test_vit", random_init=True)
+    assert vit.fused_attention_layers > 0  # F.scaled_dot_product_attention in every attention layer
+    prov = build_encoder("uni", random_init=True, arch_overrides={"depth": 1}).provenance()
+    assert prov["encoder"] == "uni@test" and prov["recipe"]["pooling"] == "cls" and prov["dim"] == 1024

@@ -135,7 +135,13 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: 
         )
     model_args = config.get("model_args")
     args: dict[str, object] = model_args if isinstance(model_args, dict) else {}
-    hf = {"embed_dim": "hidden_size", "depth": "num_hidden_layers", "patch_size": "patch_size"}
+    hf = {  # transformers' names for the same facts (Dinov2Config)
+        "embed_dim": "hidden_size",
+        "depth": "num_hidden_layers",
+        "patch_size": "patch_size",
+        "num_heads": "num_attention_heads",
+        "reg_tokens": "num_register_tokens",
+    }
     for key in ("embed_dim", "depth", "patch_size", "reg_tokens", "num_heads"):
         want = facts.get(key)
         got = args.get(key, config.get(hf.get(key, "")))  # transformers layout names the same facts
