@@ -293,7 +293,7 @@ def main() -> None:
                 rate = n / seconds
                 tflops = rate * flops / 1e12 if measure != "read" else None
                 row = {"encoder": name, "measure": measure, "tiles": n, "seconds": round(seconds, 3),
-                       "tiles_per_s": round(rate, 1), "gflop_per_tile": round(flops / 1e9, 1),
+                       "tiles_per_s": round(rate, 3), "gflop_per_tile": round(flops / 1e9, 1),
                        "tflops": round(tflops, 2) if tflops is not None else "",
                        "mfu": round(tflops / peak, 3) if tflops is not None and peak else "",
                        "device": args.device, "device_name": device_name, "precision": precision,
@@ -329,7 +329,7 @@ def _report(rows: list[dict], args: argparse.Namespace, *, cuda: bool, device_na
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         cells = [r["encoder"], r["gflop_per_tile"], r["measure"], r["batch_size"], r["tiles"],
-                 f"{r['seconds']:.2f}", f"{r['tiles_per_s']:.1f}", r["tflops"], r["mfu"]]  # fmt: skip
+                 f"{r['seconds']:.2f}", f"{r['tiles_per_s']:.2f}", r["tflops"], r["mfu"]]  # fmt: skip
         print("| " + " | ".join(str(c) for c in cells) + " |")
     for name in dict.fromkeys(r["encoder"] for r in rows):
         rate = {r["measure"]: r["tiles_per_s"] for r in rows if r["encoder"] == name}
