@@ -89,14 +89,16 @@ redoes them (and replaces the tiles of another slide with the same id).
     type=click.FloatRange(0, 1),
     default=0.8,
     show_default=True,
-    help="Reject a tile when more than this fraction of its pixels is near-white.",
+    help="Reject a tile when more than this fraction of its pixels is background (near-white; near-black "
+    "on a dark-background slide).",
 )
 @click.option(
     "--white-level",
     type=click.IntRange(0, 255),
     default=220,
     show_default=True,
-    help="A pixel is near-white when R, G and B are all at least this.",
+    help="A pixel is near-white when R, G and B are all at least this (dark-background slides: near-black "
+    "when its brightest channel is at most 255 minus this).",
 )
 @click.option(
     "--min-blur-var",
