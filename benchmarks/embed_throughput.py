@@ -1,11 +1,13 @@
-"""Embedding throughput: tiles/s end to end beside reading alone and the forward pass alone.
+"""Embedding throughput per encoder: tiles/s end to end beside reading alone and the forward pass alone.
 
-Three measurements on the same tiles, so the bottleneck is visible:
+Three measurements on the same tiles, so the bottleneck is visible (for every encoder of --encoders;
+random weights: speed does not depend on their values):
   read      the feed only: read + decode + resize to (B, 256, 256, 3) uint8 batches in --readers
             background processes (pinned memory on CUDA), nothing encoded
-  forward   the encoder only, on pre-decoded uint8 tensors already on the device: normalise +
-            ResNet-50 (retccl, random init) under the stage's runtime (bf16 autocast + channels_last
-            on CUDA, fp32 on CPU)
+  forward   the encoder only, on pre-decoded uint8 tensors already on the device: resize/crop/normalise
+            + the network under the stage's runtime (bf16 autocast + fused attention, channels_last for
+            CNNs on CUDA, fp32 on CPU); with its FLOPs per tile (counted on the meta device) the achieved
+            TFLOP/s and, on a GPU, the model FLOP utilisation (MFU = achieved / the device's dense bf16 peak)
   end2end   `embed_stream` exactly as `wsi embed` runs it: feed -> device -> NaN check -> HDF5 bags
 
 Tiles are 256 um at 1 um/px from a generated pyramidal JPEG slide at 0.46 um/px (so every tile is read
@@ -16,13 +18,16 @@ repeated as several slide jobs to reach --tiles; each job writes its own bag.
     python benchmarks/embed_throughput.py --device cpu            # the CPU table in docs/benchmarks.md
     python benchmarks/embed_throughput.py --device cuda --readers 15 --tiles 30000   # one H100
     python benchmarks/embed_throughput.py --device cuda --decode cpu     # openslide decoding, to compare
+    python benchmarks/embed_throughput.py --device cpu --encoders all --forward-only --tiles 4
+    python benchmarks/embed_throughput.py --device cuda --encoders all --tiles 20000   # one GPU
 
 --decode device (the default on CUDA): readers only slice the compressed JPEG tiles out of the file and
-the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (gpu_decode.py); the
+the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (device_decode/); the
 "read" row then includes that decoding, so it is the whole feed.
 
 Writes embed_throughput_<device>.csv into --out (default docs/) and prints a markdown table with the
-goal check: end2end >= 80% of min(read, forward), and >= 3,000 tiles/s on one H100.
+goal check: end2end >= 80% of min(read, forward); aims on one H100 (issue 12): retccl >= 10,000 tiles/s,
+uni >= 3,000, uni2-h >= 1,000 end to end.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
@@ -46,8 +53,11 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from models.encoders import build_encoder  # noqa: E402
+from models.encoders import ENCODERS, Encoder, build_encoder, get_recipe  # noqa: E402
+from models.encoders.encoder import build_backbone  # noqa: E402
 from pipelines.devices import resolve_device  # noqa: E402
+from pipelines.embed.batches import SlideTiles  # noqa: E402
+from pipelines.embed.device_decode import DeviceDecoder, decode_ahead  # noqa: E402
 from pipelines.embed.engine import (  # noqa: E402
     EmbedOptions,
     SlideJob,
@@ -56,16 +66,26 @@ from pipelines.embed.engine import (  # noqa: E402
     prepare_runtime,
     resolve_decode,
 )
-from pipelines.embed.feed import SlideTiles, iter_batches  # noqa: E402
-from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead  # noqa: E402
+from pipelines.embed.feed import iter_batches  # noqa: E402
 from wsi.files import atomic_path  # noqa: E402
 from wsi.synthetic import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
 
 log = logging.getLogger("embed_throughput")
 TILE_UM, TARGET_MPP, SLIDE_MPP = 256.0, 1.0, 0.46
-FIELDS = ("measure", "tiles", "seconds", "tiles_per_s", "device", "device_name", "precision", "batch_size",
-          "readers", "threads", "decode")  # fmt: skip
+FIELDS = ("encoder", "measure", "tiles", "seconds", "tiles_per_s", "gflop_per_tile", "tflops", "mfu",
+          "device", "device_name", "precision", "batch_size", "readers", "threads", "decode")  # fmt: skip
+# dense bf16 peak TFLOP/s by device name (vendor data sheets; sparsity excluded); --peak-tflops overrides
+PEAK_BF16_TFLOPS = {
+    "H200": 989.4,
+    "H100 PCIe": 756.0,
+    "H100": 989.4,
+    "A100": 312.0,
+    "L40S": 362.1,
+    "L4": 121.0,
+}
+AIMS = {"retccl": 10_000, "uni": 3_000, "uni2-h": 1_000}  # end-to-end tiles/s on one H100 (issue 12)
+BIG_ON_CPU = 100e9  # FLOPs per tile above which the CPU forward runs a handful of tiles only
 
 
 def _slide_jobs(folder: Path, side_mm: float, n_tiles: int) -> tuple[list[SlideTiles], Path]:
@@ -131,14 +151,7 @@ def measure_end2end(rt, slides: list[SlideTiles], out: Path, options: EmbedOptio
             tiles=st,
             bag_path=out / f"{st.slide_id}.h5",
             coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
-            attrs={
-                "tile_size_um": TILE_UM,
-                "tile_size_px": st.tile_px,
-                "mpp": SLIDE_MPP,
-                "level0_width": 0,
-                "level0_height": 0,
-                "tile_params": {"benchmark": True},
-            },
+            tile_params={"benchmark": True},
         )
         for st in slides
     ]
@@ -153,10 +166,51 @@ def measure_end2end(rt, slides: list[SlideTiles], out: Path, options: EmbedOptio
     return sum(r.n for r in results), seconds
 
 
+def flops_per_tile(name: str) -> float:
+    """Forward FLOPs of one tile (matmuls, convolutions, attention), counted on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    recipe = get_recipe(name)
+    with torch.device("meta"):
+        enc = Encoder(recipe, build_backbone(recipe), name=name, weights_sha256="-", input_px=recipe.input_px)
+        with FlopCounterMode(display=False) as counter:
+            enc(torch.empty(1, 3, recipe.input_px, recipe.input_px))
+    return float(counter.get_total_flops())
+
+
+def random_encoder(name: str, device: torch.device) -> Encoder:
+    """Random weights without timm's slow initialisation (half a minute for a giant on a CPU)."""
+    recipe = get_recipe(name)
+    with torch.device("meta"):
+        backbone = build_backbone(recipe)
+    if any(n not in backbone.state_dict() for n, _ in backbone.named_buffers()):  # derived buffers (Swin)
+        return build_encoder(name, random_init=True)
+    backbone = backbone.to_empty(device=device)
+    with torch.no_grad():
+        for pname, param in backbone.named_parameters():
+            param.normal_(
+                1.0 if pname.endswith(("norm.weight", "norm1.weight", "norm2.weight")) else 0.0, 0.02
+            )
+        for bname, buf in backbone.named_buffers():
+            buf.fill_(1.0 if bname.endswith("running_var") else 0.0)
+    return Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=recipe.input_px)
+
+
+def peak_tflops(device_name: str, override: float | None) -> float | None:
+    if override:
+        return override
+    for key, value in PEAK_BF16_TFLOPS.items():  # longest names first in the table where they overlap
+        if key in device_name:
+            return value
+    return None
+
+
 def main() -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default=default_device)
+    ap.add_argument("--encoders", default="retccl", help="comma-separated names, or all [retccl]")
+    ap.add_argument("--forward-only", action="store_true", help="skip read and end2end (encoder speed only)")
     ap.add_argument("--quick", action="store_true", help="a small run (seconds on CPU)")
     ap.add_argument("--tiles", type=int, default=None, help="tiles per measurement [cpu 192, cuda 20000]")
     ap.add_argument(
@@ -165,9 +219,10 @@ def main() -> None:
     ap.add_argument("--readers", type=int, default=None, help="reader processes [cores - 1, at least 1]")
     ap.add_argument("--reader-mode", choices=["process", "thread"], default="process")
     ap.add_argument("--threads", type=int, default=None, help="CPU torch threads [all cores]")
-    ap.add_argument("--batch-size", type=int, default=None, help="[cpu 32, cuda 256]")
+    ap.add_argument("--batch-size", type=int, default=None, help="[cpu 32 (4 for giants), cuda 256]")
     ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--compile", action="store_true", help="torch.compile the encoder (CUDA)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="device dense bf16 peak [by device name]")
     ap.add_argument(
         "--decode",
         choices=["auto", "device", "cpu"],
@@ -185,73 +240,100 @@ def main() -> None:
     side_mm = args.slide_mm or (2.0 if args.quick else (12.0 if cuda else 4.0))
     readers = args.readers if args.readers is not None else max(1, cores - 1)
     threads = args.threads or cores
-    batch_size = args.batch_size or (256 if cuda else 32)
     device = resolve_device(args.device)
     device_name = torch.cuda.get_device_name(device) if cuda else cpu_model()
     precision = args.precision if cuda else "fp32"
-
-    encoder = build_encoder("retccl", random_init=True)
-    rt = prepare_runtime(
-        encoder, device=device, precision=args.precision, compile=args.compile, threads=threads,
-        batch_size=batch_size,
-    )  # fmt: skip
-    options = EmbedOptions(
-        encoder="retccl", random_init=True, precision=args.precision, compile=args.compile, threads=threads,
-        batch_size=batch_size, readers=readers, reader_mode=args.reader_mode, dtype="float16",
-        decode=args.decode,
-    )  # fmt: skip
+    peak = peak_tflops(device_name, args.peak_tflops) if cuda else None
+    names = ENCODERS.names() if args.encoders == "all" else [n.strip() for n in args.encoders.split(",")]
     decode = resolve_decode(args.decode, device)
-    rows = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="embed-bench-") as tmp:
-        slides, _ = _slide_jobs(Path(tmp), side_mm, n_tiles)
-        # trim the last pass so every measurement sees about n_tiles
-        extra = sum(st.n for st in slides) - n_tiles
-        if extra > 0:
-            last = slides[-1]
-            slides[-1] = dataclasses.replace(last, coords_px=last.coords_px[: max(1, last.n - extra)])
-        slides = [dataclasses.replace(st, decode=decode) for st in slides]
-        measures = {
-            "read": lambda: measure_read(
-                slides, batch_size=batch_size, readers=readers, pin=cuda, mode=args.reader_mode, device=device
-            ),
-            "forward": lambda: measure_forward(rt, batch_size=batch_size, n_tiles=n_tiles),
-            "end2end": lambda: measure_end2end(rt, slides, Path(tmp) / "bags", options),
-        }
-        for name, fn in measures.items():
-            n, seconds = fn()
-            row = {"measure": name, "tiles": n, "seconds": round(seconds, 3)}
-            row["tiles_per_s"] = round(n / seconds, 1)
-            row.update(
-                device=args.device, device_name=device_name, precision=precision, batch_size=batch_size
-            )
-            row.update(readers=readers, threads=threads if not cuda else "", decode=decode)
-            rows.append(row)
-            log.info("%s: %d tiles in %.2f s = %.1f tiles/s", name, n, seconds, n / seconds)
+        slides: list[SlideTiles] = []
+        if not args.forward_only:
+            slides, _ = _slide_jobs(Path(tmp), side_mm, n_tiles)
+            extra = sum(st.n for st in slides) - n_tiles  # trim the last pass: every measurement sees n_tiles
+            if extra > 0:
+                last = slides[-1]
+                slides[-1] = dataclasses.replace(last, coords_px=last.coords_px[: max(1, last.n - extra)])
+            slides = [dataclasses.replace(st, decode=decode) for st in slides]
+        for name in names:
+            flops = flops_per_tile(name)
+            giant = not cuda and flops > BIG_ON_CPU
+            batch_size = args.batch_size or (256 if cuda else (2 if giant else 32))
+            encoder = random_encoder(name, device if cuda else torch.device("cpu"))
+            rt = prepare_runtime(
+                encoder, device=device, precision=args.precision, compile=args.compile, threads=threads,
+                batch_size=batch_size,
+            )  # fmt: skip
+            options = EmbedOptions(
+                encoder=name, random_init=True, precision=args.precision, compile=args.compile,
+                threads=threads, batch_size=batch_size, readers=readers, reader_mode=args.reader_mode,
+                dtype="float16", decode=args.decode,
+            )  # fmt: skip
+            forward_tiles = min(n_tiles, 2 * batch_size) if giant else n_tiles
+            measures: dict[str, Callable[[], tuple[int, float]]] = {
+                "forward": partial(measure_forward, rt, batch_size=batch_size, n_tiles=forward_tiles)
+            }
+            if not args.forward_only:
+                measures["read"] = partial(
+                    measure_read, slides, batch_size=batch_size, readers=readers, pin=cuda,
+                    mode=args.reader_mode, device=device,
+                )  # fmt: skip
+                measures["end2end"] = partial(
+                    measure_end2end, rt, slides, Path(tmp) / f"bags-{name}", options
+                )
+            for measure, fn in measures.items():
+                n, seconds = fn()
+                rate = n / seconds
+                tflops = rate * flops / 1e12 if measure != "read" else None
+                row = {"encoder": name, "measure": measure, "tiles": n, "seconds": round(seconds, 3),
+                       "tiles_per_s": round(rate, 3), "gflop_per_tile": round(flops / 1e9, 1),
+                       "tflops": round(tflops, 2) if tflops is not None else "",
+                       "mfu": round(tflops / peak, 3) if tflops is not None and peak else "",
+                       "device": args.device, "device_name": device_name, "precision": precision,
+                       "batch_size": batch_size, "readers": readers, "threads": threads if not cuda else "",
+                       "decode": decode}  # fmt: skip
+                rows.append(row)
+                log.info("%s %s: %d tiles in %.2f s = %.1f tiles/s", name, measure, n, seconds, rate)
+            del rt, encoder
+            if cuda:
+                torch.cuda.empty_cache()
+    _report(rows, args, cuda=cuda, device_name=device_name, cores=cores, readers=readers, threads=threads,
+            decode=decode, precision=precision, peak=peak)  # fmt: skip
 
+
+def _report(rows: list[dict], args: argparse.Namespace, *, cuda: bool, device_name: str, cores: int,
+            readers: int, threads: int, decode: str, precision: str, peak: float | None) -> None:  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.decode == "auto" else f"_{args.decode}"
+    if args.encoders != "retccl":
+        suffix += "_encoders"
     csv_path = args.out / f"embed_throughput_{args.device}{suffix}.csv"
     with atomic_path(csv_path) as tmp_csv, open(tmp_csv, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-
-    rate = {r["measure"]: r["tiles_per_s"] for r in rows}
-    slower = min(rate["read"], rate["forward"])
-    print(f"\nretccl (ResNet-50, random init), 256 um tiles at 1 um/px; {device_name}; nproc {cores}")
+    print(f"\nrandom weights, 256 um tiles at 1 um/px; {device_name}; nproc {cores}; precision {precision}")
     print(
-        f"batch {batch_size}, readers {readers} ({args.reader_mode}), decode {decode}, precision {precision}"
-        + ("" if cuda else f", threads {threads}")
+        f"readers {readers} ({args.reader_mode}), decode {decode}" + ("" if cuda else f", threads {threads}")
     )
-    print("\n| measure | tiles | seconds | tiles/s |\n|---|---:|---:|---:|")
+    if peak:
+        print(f"MFU against a dense bf16 peak of {peak:g} TFLOP/s")
+    print("\n| encoder | GFLOP/tile | measure | batch | tiles | seconds | tiles/s | TFLOP/s | MFU |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['measure']} | {r['tiles']} | {r['seconds']:.2f} | {r['tiles_per_s']:.1f} |")
-    ratio = rate["end2end"] / slower
-    print(
-        f"\nend2end / min(read, forward) = {ratio:.2f} (goal >= 0.80): {'met' if ratio >= 0.8 else 'NOT met'}"
-    )
-    if cuda:
-        print(f"end2end {rate['end2end']:.0f} tiles/s (goal on one H100: >= 3,000)")
+        cells = [r["encoder"], r["gflop_per_tile"], r["measure"], r["batch_size"], r["tiles"],
+                 f"{r['seconds']:.2f}", f"{r['tiles_per_s']:.2f}", r["tflops"], r["mfu"]]  # fmt: skip
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    for name in dict.fromkeys(r["encoder"] for r in rows):
+        rate = {r["measure"]: r["tiles_per_s"] for r in rows if r["encoder"] == name}
+        if "end2end" not in rate:
+            continue
+        ratio = rate["end2end"] / min(rate["read"], rate["forward"])
+        aim = f"; aim on one H100 >= {AIMS[name]:,}" if cuda and name in AIMS else ""
+        verdict = "met" if ratio >= 0.8 else "NOT met"
+        print(f"{name}: end2end / min(read, forward) = {ratio:.2f} (goal >= 0.80: {verdict}); "
+              f"end2end {rate['end2end']:.0f} tiles/s{aim}")  # fmt: skip
     print(f"CSV: {csv_path}")
 
 

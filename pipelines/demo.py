@@ -17,7 +17,7 @@ from typing import Any
 
 from models.encoders import encoder_id_for
 from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
-from pipelines.jobs import JobResult
+from pipelines.jobs import JobResult, RunSummary
 from pipelines.predict import predict
 from pipelines.tile import tile_slides
 from pipelines.train import train
@@ -86,11 +86,12 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
 
 
 def _failed(stage: str, results: list[JobResult]) -> None:
-    bad = [r for r in results if r.status == "failed"]
+    """Stop the demo when a stage failed a slide or left one empty (no silent success)."""
+    bad = RunSummary.of(results).problems
     for r in bad:
-        log.error("%s failed for %s: %s", stage, r.slide_id, r.error)
+        log.error("%s %s for %s: %s", stage, r.status, r.slide_id, r.error)
     if bad:
-        raise RuntimeError(f"{stage}: {len(bad)} slide(s) failed; see the manifest")
+        raise RuntimeError(f"{stage}: {len(bad)} slide(s) failed or produced nothing; see the manifest")
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextvars
 import csv
-import io
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +35,7 @@ from typing import Any, Literal, Protocol
 from tqdm.auto import tqdm
 
 from wsi.errors import WsiError
-from wsi.files import write_text_atomic
+from wsi.files import write_csv_atomic
 
 log = logging.getLogger(__name__)
 
@@ -299,22 +298,33 @@ def start_local_cluster(workers: int) -> Any:
 
 def write_manifest(path: str | Path, results: Sequence[JobResult], *, keep_others: bool = True) -> None:
     """Write the manifest CSV atomically. With `keep_others`, rows of an existing manifest for items not
-    in `results` are kept (a run over some slides does not forget the others)."""
+    in `results` are kept (a run over some slides does not forget the others), and so is a row that a
+    new failure of the same id but another file would replace: refusing a second slide whose id is
+    taken must not erase the record of the first."""
     path = Path(path)
     rows: list[JobResult] = []
     if keep_others and path.is_file():
-        mine = {r.slide_id for r in results}
         try:
-            rows = [r for r in read_manifest(path) if r.slide_id not in mine]
+            rows = [old for old in read_manifest(path) if not any(_supersedes(new, old) for new in results)]
         except (OSError, ValueError, KeyError):
             rows = []
     rows.extend(results)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(MANIFEST_COLUMNS)
-    for r in rows:
-        writer.writerow([r.slide_id, r.path, r.status, r.n, f"{r.seconds:.3f}", r.error])
-    write_text_atomic(path, buffer.getvalue())
+    write_csv_atomic(
+        path,
+        MANIFEST_COLUMNS,
+        ([r.slide_id, r.path, r.status, r.n, f"{r.seconds:.3f}", r.error] for r in rows),
+    )
+
+
+def _supersedes(new: JobResult, old: JobResult) -> bool:
+    return new.slide_id == old.slide_id and (new.path == old.path or new.status != "failed")
+
+
+def _status(value: str) -> Status:
+    for status in STATUSES:
+        if value == status:
+            return status
+    raise ValueError(f"unknown status {value!r} in a manifest")
 
 
 def read_manifest(path: str | Path) -> list[JobResult]:
@@ -323,7 +333,7 @@ def read_manifest(path: str | Path) -> list[JobResult]:
             JobResult(
                 slide_id=row["slide"],
                 path=row["path"],
-                status=row["status"],  # type: ignore[arg-type]
+                status=_status(row["status"]),
                 n=int(row["tiles"] or 0),
                 seconds=float(row["seconds"] or 0.0),
                 error=row["error"],

@@ -28,6 +28,7 @@ from pipelines.inputs import Item
 from pipelines.tasks import LabelColumns, TaskConfig
 from wsi.errors import LabelError
 from wsi.files import sanitize_slide_id
+from wsi.suffixes import strip_suffix  # the suffixes a slide column may carry
 
 if TYPE_CHECKING:
     from pipelines.kinds import TaskKind
@@ -37,11 +38,6 @@ log = logging.getLogger(__name__)
 _SLIDE_ALIASES = ("slide", "slide_id", "FILENAME", "filename", "file", "image", "image_id", "path")
 _PATIENT_ALIASES = ("patient", "PATIENT", "patient_id", "case_id", "case", "subject")
 _TCGA = re.compile(r"^TCGA-[A-Z0-9]{2}-[A-Z0-9]{4}", re.IGNORECASE)
-# file suffixes a slide column may carry (longest first); stripped when the bare name does not match
-_SUFFIXES = (
-    ".ome.tiff", ".ome.tif", ".nii.gz", ".svs", ".tiff", ".tif", ".ndpi", ".mrxs", ".scn", ".vms", ".vmu",
-    ".bif", ".czi", ".dicom", ".dcm", ".h5", ".bmp", ".png", ".jpg", ".jpeg", ".npy", ".nii", ".zarr",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,21 +59,13 @@ class Matched:
 def default_patient(slide: str) -> str:
     """First 12 characters of a TCGA barcode (TCGA-XX-XXXX), else the slide id itself."""
     name = Path(slide).name
-    return name[:12] if _TCGA.match(name) else _strip_suffix(name)
-
-
-def _strip_suffix(name: str) -> str:
-    lower = name.lower()
-    for ext in _SUFFIXES:
-        if lower.endswith(ext):
-            return name[: -len(ext)]
-    return name
+    return name[:12] if _TCGA.match(name) else strip_suffix(name)
 
 
 def slide_keys(value: str) -> list[str]:
     """Ids a slide-column value may match, best first: as written, then without a known file suffix."""
     name = Path(value.strip()).name
-    keys = [name, _strip_suffix(name)]
+    keys = [name, strip_suffix(name)]
     out: list[str] = []
     for key in keys:
         for k in (key, _safe(key)):

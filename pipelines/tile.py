@@ -3,19 +3,23 @@
 Public API:
 
     TileJob(out_dir, params, backend="openslide", fallback_mpp=None, save_tiles=False,
-            overwrite=False, threads=1)                 # picklable per-slide settings
+            overwrite=False, threads=1, background="auto")   # picklable per-slide settings
     tile_slides(sources, *, out_dir, params=None, backend="openslide", mpp=None, workers=1,
-                scheduler=None, overwrite=False, save_tiles=False, threads=None) -> list[JobResult]
+                scheduler=None, overwrite=False, save_tiles=False, threads=None,
+                background="auto") -> list[JobResult]
     tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
-    read_tile_chunks(slide, coords, params, threads) -> Iterator[(k,P,P,3) uint8]   # reads only
-    default_threads(workers) -> int                     # reader threads per slide
+    read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
 
-Per slide (`_tile_open_slide`): find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`),
-read and filter every candidate, write the QC image, then the tile file. Every file is written
-atomically and the tile file (.h5) last, so a complete tile file means the slide is done. Each
-candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
-optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread.
+Per slide (`_tile_open_slide`): find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
+which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
+candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`), then the tile file. Every file is
+written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+
+Statuses: ok (tiles kept), skipped (done by an earlier run), empty (ran, kept no tile: the row says which
+filter rejected most and which option controls it), failed. Before any slide runs, ids that are unusable,
+repeated, or equal but for case are refused per slide (`pipelines.tile_checks`); an id whose finished
+tile file in --out came from another slide file is refused without --overwrite, naming both files.
 """
 
 from __future__ import annotations
@@ -25,40 +29,50 @@ import json
 import logging
 import os
 import shutil
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 import wsi
 from pipelines.jobs import JobResult, run_jobs, write_manifest
-from wsi.errors import MissingMppError, SlideError
-from wsi.qc import render_qc, save_png
+from pipelines.tile_checks import (
+    check_same_slide,
+    check_usable_id,
+    explain_empty,
+    ignored_fallback_mpp,
+    mpp_disagreement,
+    refuse_id_clashes,
+    same_id_message,
+)
+from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
+from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.qc import save_png, tile_qc_image
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
-from wsi.tilefile import TilePixelWriter, is_complete, pixels_complete, read_tile_file, write_tile_file
-from wsi.tiling import (
-    BACKGROUND,
-    BLURRY,
-    KEPT,
-    UNREADABLE,
-    TileCounts,
-    TileParams,
-    TissueGrid,
-    classify_tiles,
-    find_tissue,
+from wsi.tilefile import (
+    TileFile,
+    TilePixelWriter,
+    is_complete,
+    pixels_complete,
+    read_tile_file,
+    write_tile_file,
 )
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TileParams, TissueGrid, find_tissue
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
-
-#: tiles read and filtered as one job; enough to vectorise the filters, few enough to spread over threads
-_CHUNK = 16
+__all__ = [
+    "TileJob",
+    "TileOutputs",
+    "default_threads",
+    "output_paths",
+    "read_tile_chunks",
+    "tile_slide",
+    "tile_slides",
+]
 
 
 @dataclass(frozen=True)
@@ -88,11 +102,9 @@ class TileJob:
     overwrite: bool = False
     #: reader threads per slide
     threads: int = 1
-
-
-def default_threads(workers: int) -> int:
-    """Reader threads per slide: the cores left to each worker process, at most 4."""
-    return max(1, min(4, (os.cpu_count() or 1) // max(1, workers)))
+    #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
+    #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
+    background: str = "auto"
 
 
 def tile_slides(
@@ -107,10 +119,13 @@ def tile_slides(
     overwrite: bool = False,
     save_tiles: bool = False,
     threads: int | None = None,
+    background: str = "auto",
 ) -> list[JobResult]:
-    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide.
+    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
     mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
+    background: "auto", "light" or "dark" (see TileJob). A slide whose id is unusable, repeats an earlier
+    slide's id (or differs from it only by case) is a failed row naming both files; the others run.
     """
     job = TileJob(
         out_dir=Path(out_dir).absolute(),
@@ -120,48 +135,103 @@ def tile_slides(
         save_tiles=save_tiles,
         overwrite=overwrite,
         threads=threads or default_threads(workers if scheduler is None else 1),
+        background=background,
     )
-    results = run_jobs(
-        sources, functools.partial(tile_slide, job=job), workers=workers, scheduler=scheduler, desc="tile"
-    )
+    sources = list(sources)
+    refused = refuse_id_clashes(sources, job.out_dir)
+    for i, reason in refused.items():
+        log.warning("%s: refused: %s", sources[i].slide_id, reason)
+    todo = [src for i, src in enumerate(sources) if i not in refused]
+    work = functools.partial(tile_slide, job=job)
+    ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
+    results = [
+        JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
+        for i, src in enumerate(sources)
+    ]
     write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     return results
 
 
 def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
-    """Tile one slide, or skip it when its complete output was made with the same settings."""
+    """Tile one slide, or skip it when its complete output was made with the same settings.
+
+    Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok".
+    """
+    check_usable_id(source.slide_id)  # a batch checked this already; a direct caller may not have
     paths = output_paths(job.out_dir, source.slide_id)
-    done = _finished_kept(source, job, paths)
-    if done is not None:
-        return JobResult(source.slide_id, str(source.path), "skipped", n=done)
-    slide, mpp_source = _open(source, job)  # a slide that cannot be opened leaves old output alone
+    previous = read_tile_file(paths.h5) if is_complete(paths.h5) else None
+    # another slide file made these tiles: refused while it exists; gone, it was probably moved
+    moved = previous is not None and check_same_slide(
+        source, previous.meta, paths.h5, overwrite=job.overwrite
+    )
+    if previous is not None and not moved:
+        done = _finished(source, job, paths, previous)
+        if done is not None:
+            return done
+    slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
     with slide:
+        if moved and previous is not None:
+            _check_moved(slide, source, previous, paths.h5)
         # Drop the old tile file first: from here on only a new, complete one may say "done".
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts = _tile_open_slide(slide, source, job, paths, mpp_source)
+        counts, empty = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
+    if empty:
+        log.warning("%s: %s", source.slide_id, empty)
+        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
     return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept)
 
 
-def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str]:
-    """The open slide and where its mpp came from ("slide list", "metadata" or "--mpp")."""
+def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
+    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
+    meta = previous.meta
+    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
+        raise SlideIdError(same_id_message(source, meta, tile_file))
+    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+
+
+def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
+    """The open slide, where its mpp came from ("slide list", "metadata" or "--mpp"), and a warning
+    ("" if none) when a given mpp is more than 2x from the slide's metadata."""
     backend = job.backend
     if source.mpp is not None:
-        return open_slide(source.path, backend=backend, mpp=source.mpp), "slide list"
+        slide = open_slide(source.path, backend=backend, mpp=source.mpp)
+        found = _metadata_mpp(source.path, backend)
+        note = mpp_disagreement(source.mpp, found, "the slide list (mpp column)")
+        _warn(source, note)
+        return slide, "slide list", note
     try:
-        return open_slide(source.path, backend=backend), "metadata"
+        slide = open_slide(source.path, backend=backend)
     except MissingMppError:
         if job.fallback_mpp is None:
             raise
-        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp"
+        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp", ""
+    if job.fallback_mpp is not None:
+        _warn(source, ignored_fallback_mpp(job.fallback_mpp, slide.mpp))
+    return slide, "metadata", ""
 
 
-def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int | None:
-    """Kept-tile count of a complete, valid output made with these settings; None to (re)compute."""
-    if job.overwrite or not is_complete(paths.h5):
+def _warn(source: SlideSource, note: str) -> None:
+    if note:
+        log.warning("%s: %s", source.slide_id, note)
+
+
+def _metadata_mpp(path: Path, backend: str) -> float | None:
+    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
+    mpp in use)."""
+    try:
+        with open_slide(path, backend=backend) as slide:
+            return slide.mpp
+    except SlideError:
         return None
-    meta = read_tile_file(paths.h5)
+
+
+def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
+    """The result of a complete, valid output made with these settings (skipped, or empty again with its
+    reason); None to (re)compute."""
+    if job.overwrite:
+        return None
     reason = None
     if meta.params != job.params.to_dict():  # the stored JSON, decoded; files of any version compare
         reason = "tile settings changed"
@@ -177,99 +247,59 @@ def _finished_kept(source: SlideSource, job: TileJob, paths: TileOutputs) -> int
         reason = "tile pixels (--save-tiles) missing or incomplete"
     elif not paths.qc.is_file():
         reason = "QC image missing"
+    elif meta.meta.get("background_choice", "auto") != job.background:
+        reason = f"--background changed to {job.background}"
+    elif len(meta) == 0 and "empty_reason" not in meta.meta:
+        reason = "no tile kept by a version that did not say why"
     if reason:
         log.info("%s: recomputing (%s)", source.slide_id, reason)
         return None
-    return len(meta)
-
-
-def read_tile_chunks(
-    slide: Slide, coords: np.ndarray, params: TileParams, threads: int
-) -> Iterator[np.ndarray]:
-    """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order, read on `threads` threads."""
-
-    def whole(tiles: np.ndarray, bad: np.ndarray) -> np.ndarray:
-        if bad.any():
-            raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
-        return tiles
-
-    return _map_chunks(slide, coords, params, threads, whole)
-
-
-def _classified_chunks(
-    slide: Slide, coords: np.ndarray, params: TileParams, threads: int
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order."""
-
-    def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        reasons = classify_tiles(tiles, params)
-        reasons[bad] = UNREADABLE
-        return tiles, reasons
-
-    return _map_chunks(slide, coords, params, threads, classify)
-
-
-def _map_chunks(
-    slide: Slide,
-    coords: np.ndarray,
-    params: TileParams,
-    threads: int,
-    then: Callable[[np.ndarray, np.ndarray], R],
-) -> Iterator[R]:
-    """`then(tiles, unreadable)` per chunk of `coords`, in order.
-
-    Each chunk is read AND passed to `then` (the filters) by one pool thread, so the filters run in
-    parallel with reads of other chunks (a main thread filtering while the pool reads overlapped
-    poorly, measured); at most 2 x threads chunks are in flight, which bounds memory.
-    """
-
-    def work(start: int) -> R:
-        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params))
-
-    starts = range(0, len(coords), _CHUNK)
-    if threads <= 1:
-        yield from map(work, starts)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="tile-read") as pool:
-        pending: deque[Future[R]] = deque()
-        for start in starts:
-            pending.append(pool.submit(work, start))
-            if len(pending) >= 2 * threads:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _read_chunk(slide: Slide, coords: np.ndarray, params: TileParams) -> tuple[np.ndarray, np.ndarray]:
-    """(tiles (k, P, P, 3) uint8, unreadable (k,) bool); an unreadable tile is left white."""
-    tiles = np.empty((len(coords), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
-    bad = np.zeros(len(coords), bool)
-    for j, (x, y) in enumerate(coords):
-        try:
-            tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
-        except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
-            log.warning("%s: tile skipped: %s", slide.path.name, exc)
-            tiles[j] = 255
-            bad[j] = True
-    return tiles, bad
+    if len(meta) == 0:
+        why = str(meta.meta["empty_reason"])
+        log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
+        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta))
 
 
 def _tile_open_slide(
-    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str
-) -> TileCounts:
-    """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done")."""
-    found = find_tissue(slide, job.params)
+    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str
+) -> tuple[TileCounts, str]:
+    """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
+
+    Returns the counts and, when no tile was kept, why ("" otherwise).
+    """
+    found = find_tissue(slide, job.params, background=job.background)
+    if found.background.dark:
+        log.warning(
+            "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
+            "the brightest channel; --background light|dark forces a kind). Encoders trained on H&E may not "
+            "suit fluorescence.",
+            source.slide_id, found.background.reason,
+        )  # fmt: skip
     reasons, counts = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
-    save_png(paths.qc, _qc_image(found, reasons, slide.dimensions))
+    empty = ""
+    if counts.n_kept == 0:
+        w0, h0 = slide.dimensions
+        empty = explain_empty(
+            counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
+            size_um=(w0 * slide.mpp, h0 * slide.mpp),
+        )  # fmt: skip
+        if mpp_note:
+            empty += f"; also: {mpp_note}"
+    picture = tile_qc_image(slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source,
+                            params=job.params)  # fmt: skip
+    save_png(paths.qc, picture)
     kept = found.candidates[reasons == KEPT]
+    attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
+    attrs.update(
+        background=found.background.kind, background_reason=found.background.reason,
+        background_choice=job.background, empty_reason=empty,
+    )  # fmt: skip
     write_tile_file(
-        paths.h5,
-        coords=found.grid.coords[kept],
-        coords_um=found.grid.coords_um[kept],
-        attrs=_tile_file_attrs(slide, source, job.params, counts, mpp_source),
+        paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
     )
     log.debug("%s: %s", source.slide_id, counts)
-    return counts
+    return counts, empty
 
 
 def _filter_tiles(
@@ -282,7 +312,11 @@ def _filter_tiles(
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0
-        for tiles, chunk_reasons in _classified_chunks(slide, found.candidate_coords, params, job.threads):
+        kind = found.background
+        chunks = classified_chunks(
+            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain
+        )
+        for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)
             if writer is not None:
@@ -333,24 +367,11 @@ def _check_unreadable(slide: Slide, counts: TileCounts, params: TileParams) -> N
         )
 
 
-def _qc_image(found: TissueGrid, reasons: np.ndarray, level0_size: tuple[int, int]) -> np.ndarray:
-    w0, h0 = level0_size
-    coords = found.candidate_coords
-    return render_qc(
-        found.thumb,
-        found.mask,
-        scale=(found.thumb.shape[1] / w0, found.thumb.shape[0] / h0),
-        step_px=found.grid.step_px,
-        kept=coords[reasons == KEPT],
-        background=coords[reasons == BACKGROUND],
-        blurry=coords[reasons == BLURRY],
-    )
-
-
 def _tile_file_attrs(
     slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
 ) -> dict[str, Any]:
-    """Every attribute of a tile file (wsi.tilefile.REQUIRED_ATTRS and `mpp_source`, `n_unreadable`)."""
+    """The attributes of a tile file: wsi.tilefile.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
+    adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
     w0, h0 = slide.dimensions
     return {
         "slide_id": source.slide_id,

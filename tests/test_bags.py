@@ -8,7 +8,15 @@ import h5py
 import numpy as np
 import pytest
 
-from wsi.bags import bag_layout, bag_length, is_complete_bag, load_bag, read_bag_attrs, write_bag
+from wsi.bags import (
+    BagProvenance,
+    bag_layout,
+    bag_length,
+    is_complete_bag,
+    load_bag,
+    read_bag_attrs,
+    write_bag,
+)
 from wsi.errors import BagFormatError
 
 MPP = 0.5  # level-0 um/px of the imagined slide
@@ -24,14 +32,15 @@ def _data(n: int = 7, d: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return feats, coords_um, coords_px
 
 
-def _write_ours(path: Path, dtype: str = "float32") -> None:
+def _write_ours(path: Path, dtype: str = "float32") -> BagProvenance:
     feats, coords_um, coords_px = _data()
-    write_bag(
-        path, feats=feats, coords_um=coords_um, coords_px=coords_px, encoder="retccl", weights_sha256="abc",
-        tile_size_um=TILE_UM, tile_size_px=256, mpp=MPP, level0_width=5000, level0_height=3000,
-        tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, slide_id="s1", dtype=dtype,
-        extra_attrs={"n_bad_tiles": 0},
+    provenance = BagProvenance(
+        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_size_um=TILE_UM, tile_size_px=256,
+        mpp=MPP, level0_width=5000, level0_height=3000,
+        tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, n_bad_tiles=0,
     )  # fmt: skip
+    write_bag(path, feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance, dtype=dtype)
+    return provenance
 
 
 def _write_stamp(path: Path) -> None:
@@ -70,7 +79,7 @@ def _write_trident(path: Path) -> None:
 
 def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
     path = tmp_path / "features" / "retccl" / "s1.h5"
-    _write_ours(path, dtype="float16")
+    provenance = _write_ours(path, dtype="float16")
     feats, coords_um, coords_px = _data()
     with h5py.File(path, "r") as h5:  # the on-disk contract other tools rely on
         assert h5["feats"].dtype == np.float16 and h5["feats"].shape == (7, 16)
@@ -91,6 +100,8 @@ def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
     assert bag.tile_size_um == TILE_UM and bag.meta["encoder"] == "retccl"
     assert bag_length(path) == 7 and bag_layout(path) == "wsi"
     assert read_bag_attrs(path)["n_bad_tiles"] == 0
+    assert bag.provenance == provenance  # written whole, read back whole
+    assert BagProvenance.from_dict(provenance.to_dict(), source="t") == provenance
     assert is_complete_bag(path, encoder="retccl", weights_sha256="abc")
     assert not is_complete_bag(path, encoder="retccl", weights_sha256="other")
     assert not is_complete_bag(tmp_path / "missing.h5", encoder="retccl", weights_sha256="abc")
@@ -165,9 +176,11 @@ def test_float16_overflow_is_refused(tmp_path: Path) -> None:
     feats, coords_um, coords_px = _data()
     feats[0, 0] = 1e6
     with pytest.raises(BagFormatError, match="float32"):
-        write_bag(
-            tmp_path / "b.h5", feats=feats, coords_um=coords_um, coords_px=coords_px, encoder="e",
-            weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1, level0_width=1, level0_height=1,
-            tile_params={}, slide_id="b",
+        provenance = BagProvenance(
+            slide_id="b", encoder="e", weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1,
+            level0_width=1, level0_height=1, tile_params={},
         )  # fmt: skip
+        write_bag(
+            tmp_path / "b.h5", feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance
+        )
     assert not (tmp_path / "b.h5").exists()

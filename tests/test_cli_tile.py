@@ -151,3 +151,50 @@ def test_command_table_matches_the_command_modules() -> None:
     for name in COMMANDS:
         command = load_command(name)
         assert command.name == name, (name, command.name)
+
+
+def test_unwritable_out_is_a_usage_error_before_any_work(slides: Path, tmp_path: Path) -> None:
+    """--out under a regular file cannot be created, for root too: exit 2, folder and fix named."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = _run(str(slides), "--out", str(blocker / "sub"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(blocker / "sub") in result.stderr and "a-file is a file" in result.stderr
+
+
+def test_read_only_out_is_a_usage_error(slides: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    out = tmp_path / "read-only"
+    out.mkdir()
+    out.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        probe = out / "probe"
+        try:
+            probe.write_text("x")  # root (and some file systems) ignore the mode bits
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            pytest.skip(f"uid {os.getuid()} can write into a read-only folder; see the test above")
+        result = _run(str(slides), "--out", str(out))
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert str(out) in result.stderr and "cannot write" in result.stderr and "chmod" in result.stderr
+    finally:
+        out.chmod(stat.S_IRWXU)
+
+
+def test_write_probe_failure_is_reported_even_as_root(
+    slides: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a read-only folder does for a normal user, simulated where the mode bits cannot (root)."""
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("wsi.cli._common.tempfile.NamedTemporaryFile", refuse)
+    result = _run(str(slides), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "cannot write into the folder (Permission denied)" in result.stderr and "chmod" in result.stderr
+    assert not list((tmp_path / "o").iterdir())  # no slide was tiled

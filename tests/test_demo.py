@@ -51,3 +51,11 @@ def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
 def test_demo_help_has_examples() -> None:
     result = CliRunner().invoke(cli, ["demo", "--help"])
     assert result.exit_code == 0 and "Examples:" in result.output and "--weights" in result.output
+
+
+def test_demo_refuses_an_unwritable_out_before_generating_anything(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(cli, ["demo", "--out", str(blocker / "demo")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(blocker / "demo") in result.output and "a-file is a file" in result.output

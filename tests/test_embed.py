@@ -19,6 +19,7 @@ from pipelines.embed import EmbedOptions, embed_tiles
 from pipelines.tile import tile_slides
 from wsi.bags import load_bag
 from wsi.cli.main import cli
+from wsi.errors import ConfigError
 from wsi.slide import open_slide
 from wsi.sources import find_slides
 from wsi.tilefile import read_tile_file, write_tile_file
@@ -71,6 +72,12 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
         assert bag.meta["encoder"] == ENCODER and bag.meta["weights_sha256"] == "random"
         assert bag.meta["n_bad_tiles"] == 0 and bag.meta["pixel_source"] == "tile-cache"
         assert '"tile_um": 128.0' in bag.meta["tile_params"]
+        # the whole provenance, as one typed record, every field filled by the embed stage
+        prov = bag.provenance
+        assert prov is not None and prov.tile_params == tf.params and prov.tile_file == str(tf.path)
+        assert (prov.encoder_id, prov.input_px, prov.precision) == ("timm-test_resnet", 64, "fp32")
+        assert (prov.n_tiles_requested, prov.target_mpp, prov.slide_path) == (len(tf), 4.0, tf.slide_path)
+        assert (prov.level0_width, prov.level0_height) == (tf.meta["level0_width"], tf.meta["level0_height"])
         # the same pixels the tile stage saw, through the one reading function
         with open_slide(tf.slide_path) as slide:
             pixels = np.stack([slide.read_region_um(int(x), int(y), 128.0, 4.0) for x, y in tf.coords[:6]])
@@ -249,6 +256,21 @@ def test_cli_embeds_slides_directly(make_slide, tmp_path: Path) -> None:
     assert (tmp_path / "tiles" / "emb-direct.h5").is_file()
     bag = load_bag(tmp_path / BAGS / "emb-direct.h5")
     assert len(bag) == len(read_tile_file(tmp_path / "tiles" / "emb-direct.h5")) > 0
+
+
+def test_embed_options_are_a_validated_config() -> None:
+    from wsi.config import config_dict, parse_config
+
+    given = {"encoder": ENCODER, "batch_size": "16", "decode": "cpu"}
+    options = parse_config(EmbedOptions, given, source="t")
+    assert options.batch_size == 16 and options.decode == "cpu" and options.readers >= 1
+    with pytest.raises(ConfigError, match="unknown field 'batch'"):
+        parse_config(EmbedOptions, {"batch": 16}, source="t")
+    with pytest.raises(ConfigError, match="precision"):
+        parse_config(EmbedOptions, {"precision": "fp8"}, source="t")
+    with pytest.raises(ConfigError, match="--max-bad-tiles"):
+        parse_config(EmbedOptions, {"max_bad_tiles": 1.5}, source="t")
+    assert parse_config(EmbedOptions, config_dict(OPTIONS), source="t") == OPTIONS
 
 
 def test_padding_and_autocast_paths_match_plain_fp32() -> None:

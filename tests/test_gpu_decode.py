@@ -1,4 +1,4 @@
-"""Device decode (pipelines/embed/gpu_decode.py): raw JPEG tiles decoded, assembled and resized by torch
+"""Device decode (pipelines/embed/device_decode/): raw JPEG tiles decoded, assembled and resized by torch
 give the tiles `Slide.read_region_um` gives, with the right colours; damaged tiles and non-JPEG slides
 fall back to the CPU path. Run with device="cpu" (libjpeg-turbo through the same torchvision call)."""
 
@@ -13,9 +13,10 @@ import torch
 from click.testing import CliRunner
 
 from pipelines.embed import EmbedOptions, embed_tiles
+from pipelines.embed.batches import SlideTiles
+from pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, complete_jpeg, decode_ahead
 from pipelines.embed.engine import resolve_decode
-from pipelines.embed.feed import BatchReader, SlideTiles
-from pipelines.embed.gpu_decode import DeviceDecoder, RawSlideReader, complete_jpeg, decode_ahead
+from pipelines.embed.feed import BatchReader
 from pipelines.tile import tile_slides
 from wsi.bags import load_bag
 from wsi.cli.main import cli

@@ -119,3 +119,20 @@ def test_manifest_columns_and_merge(tmp_path: Path) -> None:
     merged = {r.slide_id: r for r in read_manifest(path)}
     assert merged["bad"].status == "ok" and merged["bad"].n == 7 and merged["2"].n == 4
     assert sorted(p.name for p in path.parent.iterdir()) == ["manifest.csv"]
+
+
+def test_a_refused_duplicate_keeps_the_first_slides_manifest_row(tmp_path: Path) -> None:
+    """Refusing a second slide whose id is taken must not erase the first slide's record."""
+    from pipelines.jobs import JobResult, read_manifest, write_manifest
+
+    manifest = tmp_path / "manifest.csv"
+    write_manifest(manifest, [JobResult("s1", "/a/s1.svs", "ok", n=5)])
+    write_manifest(manifest, [JobResult("s1", "/b/s1.svs", "failed", error="id taken by /a/s1.svs")])
+    rows = {(r.path, r.status) for r in read_manifest(manifest)}
+    assert rows == {("/a/s1.svs", "ok"), ("/b/s1.svs", "failed")}
+    # the same file failing now does replace its own row
+    write_manifest(manifest, [JobResult("s1", "/a/s1.svs", "failed", error="truncated")])
+    assert {(r.path, r.status) for r in read_manifest(manifest)} == {
+        ("/a/s1.svs", "failed"),
+        ("/b/s1.svs", "failed"),
+    }

@@ -76,7 +76,8 @@ def test_kept_tiles_on_tissue_blur_rejected_counts_add_up(scene, tmp_path: Path)
             np.testing.assert_array_equal(pixels[i], slide.read_region_um(int(x), int(y), 256.0, 1.0))
 
     qc = np.asarray(Image.open(output_paths(tmp_path, "scene").qc))
-    assert qc.shape[2] == 3 and qc.shape[0] == qc.shape[1] == 256  # 2048 um at 8 um/px
+    # was 256 x 256 (the 8 um/px tissue thumbnail); issue 10 item 10: 1200 px on the long side + legend
+    assert qc.shape[2] == 3 and qc.shape[1] == 1200 and qc.shape[0] > 1200
     assert ((qc[..., 0] == 220) & (qc[..., 1] == 30)).any()  # blurry tiles outlined red
     assert ((qc[..., 0] == 0) & (qc[..., 1] == 170)).any()  # kept tiles outlined green
 

@@ -112,3 +112,22 @@ def test_params_from_a_mapping_go_through_the_one_validator() -> None:
     parsed = parse_config(TileParams, {"tile_um": 96, "tissue": {"thumb_mpp": 4}}, source="run.json")
     assert parsed == TileParams(tile_um=96.0, tissue=TissueParams(thumb_mpp=4.0))
     assert isinstance(parsed.tile_um, float) and isinstance(parsed.tissue, TissueParams)
+
+
+def test_dark_mode_filters_fit_a_fluorescence_tile() -> None:
+    """On a dark-background slide a black tile is background (not "tissue" that looks blurry), sharp
+    blue dots are sharp (luminance would weigh them 0.114), and the same dots blurred are blurry."""
+    params = TileParams()
+    black = np.full((1, 64, 64, 3), 5, np.uint8)
+    rng = np.random.default_rng(0)
+    dots = np.full((64, 64, 3), 5, np.float32)
+    dots[..., 1] = 50  # dim tissue signal everywhere
+    for y, x in rng.integers(4, 60, (40, 2)):
+        dots[y - 2 : y + 2, x - 2 : x + 2, 2] = 230
+    sharp = dots.astype(np.uint8)[None]
+    blurred = ndimage.gaussian_filter(dots, (4, 4, 0)).astype(np.uint8)[None]
+    assert classify_tiles(black, params, dark=True).tolist() == [BACKGROUND]
+    assert classify_tiles(black, params).tolist() == [BLURRY]  # the H&E filters' silent verdict
+    assert classify_tiles(sharp, params, dark=True).tolist() == [KEPT]
+    assert classify_tiles(blurred, params, dark=True).tolist() == [BLURRY]
+    assert blur_variance(sharp, white_level=220, dark=True)[0] > 10 * blur_variance(sharp, white_level=220)[0]

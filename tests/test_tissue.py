@@ -81,3 +81,16 @@ def test_params_from_a_mapping_refuse_unknown_keys() -> None:
         parse_config(TissueParams, {"closing": 16.0}, source="tile.json")
     assert parse_config(TissueParams, {"thumb_mpp": 4}, source="tile.json") == TissueParams(thumb_mpp=4.0)
     assert parse_config(TissueParams, TissueParams().to_dict(), source="tile.json") == TissueParams()
+
+
+def test_dark_background_mask_finds_what_shines() -> None:
+    """Fluorescence-like: a dim green fragment with bright blue dots on black is tissue; the saturation
+    mask of H&E would see every saturated speck and nothing of what makes a fragment."""
+    rng = np.random.default_rng(3)
+    img = np.full((200, 300, 3), 6, np.float32)
+    img[40:160, 30:150, 1] = 60 + rng.normal(0, 8, (120, 120))  # dim FITC-like tissue
+    img[rng.integers(40, 160, 60), rng.integers(30, 150, 60), 2] = 220  # sparse DAPI-like nuclei
+    thumb = np.clip(img + rng.normal(0, 2, img.shape), 0, 255).astype(np.uint8)
+    mask = tissue_mask(thumb, mpp=8.0, dark=True)
+    assert mask[50:150, 40:140].mean() > 0.98 and mask[:, 170:].mean() == 0.0
+    assert not tissue_mask(np.full((100, 100, 3), 8, np.uint8), mpp=8.0, dark=True).any()  # blank: none

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.bags import load_bag, read_bag_attrs, write_bag
+from wsi.bags import BagProvenance, load_bag, read_bag_attrs, write_bag
 
 IN_DIM = 16
 TINY = {"dim": 32, "attn_dim": 32, "depth": 1, "heads": 4, "mlp_dim": 32}
@@ -44,11 +44,8 @@ def make_bag(
     feats[: max(1, n // 5), :4] += 2.0 * sign
     grid = rng.permutation(64)[:n]
     coords_um = np.stack([grid % 8, grid // 8], axis=1).astype(np.float32) * 256.0  # (N, 2)
-    write_bag(
-        path,
-        feats=feats,
-        coords_um=coords_um,
-        coords_px=(coords_um / 0.5).astype(np.int64),
+    provenance = BagProvenance(
+        slide_id=path.stem,
         encoder=encoder,
         weights_sha256=sha,
         tile_size_um=256.0,
@@ -57,7 +54,13 @@ def make_bag(
         level0_width=4096,
         level0_height=4096,
         tile_params={"tile_um": 256.0, "tile_px": 256},
-        slide_id=path.stem,
+    )
+    write_bag(
+        path,
+        feats=feats,
+        coords_um=coords_um,
+        coords_px=(coords_um / 0.5).astype(np.int64),
+        provenance=provenance,
     )
 
 

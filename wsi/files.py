@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from wsi.errors import SlideIdError
+from wsi.suffixes import NAMED_ONLY_SUFFIXES
 
 _TMP_MARK = ".tmp-"
 _MAX_ID_BYTES = 200  # file systems allow 255 bytes; room for suffixes like ".h5" and temp marks
@@ -150,7 +151,7 @@ def case_collisions(ids: Iterable[str]) -> dict[str, list[str]]:
 def slide_id_from_path(path: str | os.PathLike[str]) -> str:
     """The file name without its extension (all of '.ome.tiff'), made safe."""
     name = Path(path).name
-    for ext in (".ome.tiff", ".ome.tif"):
+    for ext in NAMED_ONLY_SUFFIXES:  # .ome.tiff, .ome.tif
         if name.lower().endswith(ext):
             return sanitize_slide_id(name[: -len(ext)])
     return sanitize_slide_id(Path(name).stem)

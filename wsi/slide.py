@@ -2,8 +2,9 @@
 
 `Slide.read_region_um` is the ONE function that turns slide pixels into tiles: tiling, embedding and
 prediction all call it, so a tile of `size_um` at `target_mpp` looks the same in every stage whatever
-pyramid the scanner wrote. It reads from the cheapest level at least as fine as asked and resizes with
-an antialiasing filter; parts outside the slide come back white (glass), never an error.
+pyramid the scanner wrote. What it reads and how it resizes (level, window, filter) is planned by
+`wsi.region.plan_region`, which the embed stage's device decoder follows too; parts outside the slide
+come back white (glass), never an error.
 """
 
 from __future__ import annotations
@@ -19,20 +20,14 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
+from wsi.region import RegionKind, best_level, plan_region, resample_filter
+from wsi.suffixes import SLIDE_SUFFIXES
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["openslide", "tiffslide"]
 _XY = tuple[int, int]
 BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
-
-#: a level counts as "at least as fine" as the target when its um/px is within this fraction above it
-#: (scanners write downsamples like 4.0005, which must still serve a target of 4 x level 0)
-LEVEL_TOLERANCE = 0.01
-#: scale error accepted to read a level directly (or reduce it by a whole factor) instead of resampling:
-#: 0.3% is under 1.5 px across a 512 px tile, and serves the common 0.499 / 0.2527 um/px scans at the
-#: usual 0.5 / 1.0 / 2.0 targets at the raw read rate
-SNAP_TOLERANCE = 0.003
 #: resolution tags outside this range (um/px) are defaults such as 72 dpi, not a scan resolution
 _PLAUSIBLE_MPP = (0.01, 50.0)
 _WHITE = 255
@@ -63,12 +58,12 @@ class Slide:
     def __init__(self, path: Path, backend: str, mpp: float | None) -> None:
         self.path = path
         self.backend = backend
-        self._handle: Any = None
-        self._open_handle()
-        h = self._handle
+        h = self._new_handle()
+        self._handle: Any = h
         self.properties = {str(k): str(v) for k, v in dict(h.properties).items() if v is not None}
         self.vendor = str(self.properties.get(f"{backend}.vendor") or "generic")
-        self.dimensions = tuple(int(v) for v in h.dimensions)  # type: ignore[assignment]
+        width, height = h.dimensions
+        self.dimensions = (int(width), int(height))
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
         if mpp is not None:
@@ -87,9 +82,6 @@ class Slide:
             self.mpp = found
 
     # ------------------------------------------------------------------------------------------- open
-    def _open_handle(self) -> None:
-        self._handle = self._new_handle()
-
     def _new_handle(self) -> Any:
         try:
             if self.backend == "openslide":
@@ -102,7 +94,7 @@ class Slide:
         except Exception as exc:  # each backend raises its own types; the user needs file + reason
             raise SlideError(
                 f"{self.path}: not a slide {self.backend} can read ({type(exc).__name__}: {exc}); "
-                "check that the file is a complete whole-slide image (e.g. .svs, .tiff, .ndpi, .mrxs)"
+                f"check that the file is a complete whole-slide image ({' '.join(SLIDE_SUFFIXES)})"
             ) from exc
 
     def _mpp_from_metadata(self) -> float | None:
@@ -123,13 +115,8 @@ class Slide:
         return self.mpp * self.level_downsamples[level]
 
     def best_level_for_mpp(self, target_mpp: float) -> int:
-        """The cheapest (coarsest) level whose um/px is at most `target_mpp` (within LEVEL_TOLERANCE)."""
-        best = 0
-        for level in range(len(self.level_downsamples)):
-            lm = self.level_mpp(level)
-            if lm <= target_mpp * (1 + LEVEL_TOLERANCE) and lm > self.level_mpp(best):
-                best = level
-        return best
+        """The cheapest (coarsest) level whose um/px is at most `target_mpp` (`wsi.region.best_level`)."""
+        return best_level(self.mpp, self.level_downsamples, target_mpp)
 
     def read_level(self, level: int, x_px: int, y_px: int, w_px: int, h_px: int) -> np.ndarray:
         """(h, w, 3) uint8 RGB of a rectangle given in LEVEL pixels; outside the slide is white.
@@ -194,39 +181,25 @@ class Slide:
     def read_region_um(self, x0_px: int, y0_px: int, size_um: float, target_mpp: float) -> np.ndarray:
         """(P, P, 3) uint8 RGB of the square of `size_um` whose top-left is (x0_px, y0_px) at level 0.
 
-        P = round(size_um / target_mpp). Read from `best_level_for_mpp(target_mpp)`, then resized with
-        an antialiasing filter; regions partly outside the slide are padded white.
+        P = round(size_um / target_mpp). Read from `best_level_for_mpp(target_mpp)`, then copied, reduced
+        by whole blocks or resized with an antialiasing filter, as `wsi.region.plan_region` plans it;
+        regions partly outside the slide are padded white.
         """
-        if size_um <= 0 or target_mpp <= 0:
-            raise ValueError(f"size_um ({size_um}) and target_mpp ({target_mpp}) must be positive")
-        p = round(size_um / target_mpp)
-        if p < 1:
-            raise ValueError(f"size_um {size_um} at target_mpp {target_mpp} is less than one pixel")
-        level = self.best_level_for_mpp(target_mpp)
-        where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {level})"
-        ds = self.level_downsamples[level]
-        lx, ly = x0_px / ds, y0_px / ds  # top-left in level pixels (float)
-        side = size_um / self.level_mpp(level)  # region side in level pixels (float)
-        ix, iy = math.floor(lx + 1e-6), math.floor(ly + 1e-6)
-        # openslide shifts levels with a non-integer downsample by a fraction of a pixel
-        exact_grid = self.backend != "openslide" or float(ds).is_integer()
-        k = max(1, round(side / p))
-        if exact_grid and abs(side - k * p) <= SNAP_TOLERANCE * side and lx - ix < 1e-3 and ly - iy < 1e-3:
-            # the region sits on the level's pixel grid and the level is (within SNAP_TOLERANCE) the target
-            # or a whole multiple of it: read k*P px and average k x k blocks, no general resampling
-            raw = self._read(level, ix, iy, k * p, k * p, where)[0]
-            return raw if k == 1 else np.asarray(Image.fromarray(raw).reduce(k))
-        # one pixel of margin where the backend's grid may be shifted, so it still covers the region
-        margin = 0 if exact_grid else 1
-        ix, iy = ix - margin, iy - margin
-        n_w = math.ceil(lx - ix + side - 1e-6) + margin
-        n_h = math.ceil(ly - iy + side - 1e-6) + margin
-        raw, sx, sy = self._read(level, ix, iy, n_w, n_h, where)
-        bx, by = max(0.0, lx - ix - sx), max(0.0, ly - iy - sy)  # region top-left within `raw`
-        off_grid = max(abs(bx - round(bx)), abs(by - round(by)))
+        plan = plan_region(
+            x0_px, y0_px, size_um=size_um, target_mpp=target_mpp, mpp=self.mpp,
+            downsamples=self.level_downsamples, shifts_fractional_levels=self.backend == "openslide",
+        )  # fmt: skip
+        where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
+        raw, sx, sy = self._read(plan.level, *plan.window, where)
+        if plan.kind == RegionKind.COPY:
+            return raw
+        if plan.kind == RegionKind.REDUCE:
+            return np.asarray(Image.fromarray(raw).reduce(plan.factor))
+        bx, by, side = plan.box((sx, sy))
         img = Image.fromarray(raw).resize(
-            (p, p), resample=_filter_for(side / p, off_grid), box=(bx, by, bx + side, by + side)
-        )
+            (plan.tile_px, plan.tile_px), resample=plan.resample_filter((sx, sy)),
+            box=(bx, by, bx + side, by + side),
+        )  # fmt: skip
         return np.asarray(img)
 
     def thumbnail_at(self, mpp: float) -> np.ndarray:
@@ -242,7 +215,7 @@ class Slide:
         raw = self.read_level(level, 0, 0, lw, lh)
         if size == (lw, lh):
             return raw
-        return np.asarray(Image.fromarray(raw).resize(size, resample=_filter_for(lw / size[0])))
+        return np.asarray(Image.fromarray(raw).resize(size, resample=resample_filter(lw / size[0])))
 
     def _thumbnail_by_blocks(self, mpp: float, size: tuple[int, int], read_px: int = 4096) -> np.ndarray:
         """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid).
@@ -302,27 +275,12 @@ def open_slide(
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _filter_for(reduction: float, off_grid: float = 0.0) -> Image.Resampling:
-    """Resampling filter for shrinking by `reduction` (input px per output px), the box `off_grid` px
-    away from the input's pixel grid.
-
-    PIL widens every filter by the reduction factor, so all of these antialias. Area averaging (BOX) is
-    exact and about 4x cheaper than Lanczos for whole-number reductions on the pixel grid (2x, 4x); off
-    the grid BOX snaps to whole pixels, so the triangle filter (smooth in sub-pixel shifts) is used;
-    bicubic when enlarging.
-    """
-    on_grid = abs(reduction - round(reduction)) < 1e-3 and off_grid < 1e-3
-    if reduction >= 1.0 and on_grid:
-        return Image.Resampling.BOX
-    if reduction >= 1.0:
-        return Image.Resampling.BILINEAR
-    return Image.Resampling.BICUBIC
-
-
-def _positive_float(value: object) -> float | None:
+def _positive_float(value: str | float | None) -> float | None:
+    if value is None:
+        return None
     try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        f = float(value)
+    except ValueError:
         return None
     return f if math.isfinite(f) and f > 0 else None
 
@@ -347,14 +305,15 @@ def _loc_for(level_px: int, downsample: float) -> int:
     return loc
 
 
-def _is_tiff(path: Path) -> bool:
+def is_tiff(path: Path) -> bool:
+    """Whether the file starts like a TIFF (classic or BigTIFF, either byte order)."""
     with open(path, "rb") as fh:
         return fh.read(4) in _TIFF_MAGIC
 
 
 def _check_tiff_complete(path: Path) -> None:
     """A TIFF whose IFDs or tile data run past the end of the file is truncated: say so at open time."""
-    if not _is_tiff(path):
+    if not is_tiff(path):
         return
     import tifffile
 
@@ -363,8 +322,8 @@ def _check_tiff_complete(path: Path) -> None:
         with tifffile.TiffFile(path) as tif:
             end = 0
             for page in tif.pages:
-                offsets = page.dataoffsets  # type: ignore[union-attr]
-                counts = page.databytecounts  # type: ignore[union-attr]
+                offsets = page.dataoffsets
+                counts = page.databytecounts
                 if len(offsets):
                     end = max(end, max(o + c for o, c in zip(offsets, counts, strict=False)))
     except Exception:  # a TIFF variant tifffile does not parse: let the backend decide
@@ -379,13 +338,13 @@ def _check_tiff_complete(path: Path) -> None:
 
 def _mpp_from_tiff_tags(path: Path) -> float | None:
     """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only)."""
-    if not _is_tiff(path):
+    if not is_tiff(path):
         return None
     import tifffile
 
     try:
         with tifffile.TiffFile(path) as tif:
-            tags = tif.pages[0].tags  # type: ignore[union-attr]
+            tags = tif.pages.first.tags
             unit = tags.get("ResolutionUnit")
             xres = tags.get("XResolution")
             if unit is None or xres is None:

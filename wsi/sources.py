@@ -16,13 +16,7 @@ from pathlib import Path
 
 from wsi.errors import WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_id_from_path
-
-#: file endings searched for in folders (lower case); .mrxs/.vms/.vmu name multi-file formats
-SLIDE_EXTENSIONS = (
-    ".svs", ".tif", ".tiff", ".ndpi", ".mrxs", ".scn", ".bif", ".vms", ".vmu", ".svslide", ".dcm",
-)  # fmt: skip
-#: folder search skips DICOM by default: one WSI is many .dcm files; list them in a CSV instead
-_FOLDER_EXTENSIONS = tuple(e for e in SLIDE_EXTENSIONS if e != ".dcm")
+from wsi.suffixes import FOLDER_SLIDE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -35,7 +29,8 @@ class SlideSource:
 
 
 def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
-    """Slide records for PATHs: slide files, folders (searched recursively) and CSV slide lists."""
+    """Slide records for PATHs: slide files, folders (searched recursively for the suffixes in
+    `wsi.suffixes.FOLDER_SLIDE_SUFFIXES`) and CSV slide lists."""
     sources: list[SlideSource] = []
     for raw in paths:
         path = Path(raw).expanduser()
@@ -54,7 +49,7 @@ def _from_folder(folder: Path) -> list[SlideSource]:
     found = sorted(
         p
         for p in folder.rglob("*")
-        if p.suffix.lower() in _FOLDER_EXTENSIONS
+        if p.suffix.lower() in FOLDER_SLIDE_SUFFIXES
         and not is_temp_name(p)
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
         and (p.is_file() or p.is_symlink())

@@ -6,6 +6,8 @@ Public API (the layout is the contract in docs/architecture.md):
     write_tile_file(path, *, coords, coords_um, attrs) -> None       # atomic; `complete` attr last
     read_tile_file(path) -> TileFile            # TileFileError if missing, incomplete or foreign
     is_complete(path) -> bool                   # True only for a finished file of our format
+    is_tile_file(path) -> bool                  # says it is one of ours (finished or not); never raises
+    tile_file_info(path) -> dict                # the summary `wsi info` prints
     TilePixelWriter(path, *, n_max, tile_px, attrs)   # streams (k,P,P,3) uint8 batches; atomic folder
     open_tile_pixels(path) -> zarr.Array        # (N,P,P,3) uint8, one chunk per tile; TileFileError
     pixels_complete(path, n=None) -> bool
@@ -26,10 +28,12 @@ from typing import Any
 import h5py
 import numpy as np
 import zarr
+from zarr.codecs import BloscCodec
 
-from wsi._h5 import attrs_of, plain
 from wsi.errors import TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
+from wsi.hdf5 import attrs_of, plain
+from wsi.suffixes import TILE_PIXELS_SUFFIX
 
 FORMAT = "wsi-tiles"
 FORMAT_VERSION = 1
@@ -162,6 +166,40 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     return True
 
 
+def is_tile_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is an HDF5 file that says it is a wsi tile file (finished or not; `read_tile_file`
+    says what is wrong with it). False for anything else, never raises: tells tile files from bags."""
+    try:
+        with h5py.File(path, "r") as h5:
+            return bool(plain(h5.attrs.get("format")) == FORMAT)
+    except OSError:
+        return False
+
+
+#: tile-file attributes `wsi info` shows, in this order
+_INFO_KEYS = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "backend",
+              "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept",
+              "wsi_version")  # fmt: skip
+
+
+def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An ordered summary of one tile file, as `wsi info` prints it (TileFileError if unreadable)."""
+    path = Path(path)
+    tf = read_tile_file(path)
+    m = tf.meta
+    out: dict[str, Any] = {"file": str(path), "kind": f"tile file ({FORMAT})", "tiles": len(tf)}
+    for key in _INFO_KEYS:
+        if key in m:
+            out[key] = m[key]
+    out["level0_size_px"] = f"{m.get('level0_width')} x {m.get('level0_height')}"
+    if len(tf):
+        lo, hi = tf.coords_um.min(axis=0), tf.coords_um.max(axis=0) + tf.tile_size_um
+        out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
+    cache = path.with_suffix(TILE_PIXELS_SUFFIX)
+    out["pixel_cache"] = str(cache) if cache.is_dir() else "none"
+    return out
+
+
 class TilePixelWriter:
     """Stream kept tiles into `tiles/<slide_id>.zarr`: (N, P, P, 3) uint8, one compressed chunk per tile.
 
@@ -182,7 +220,7 @@ class TilePixelWriter:
             shape=(max(n_max, 0), tile_px, tile_px, 3),
             chunks=(1, tile_px, tile_px, 3),
             dtype="uint8",
-            compressors=zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle="noshuffle"),
+            compressors=BloscCodec(cname="zstd", clevel=1, shuffle="noshuffle"),
             fill_value=0,
             dimension_names=("tile", "y", "x", "channel"),
         )

@@ -4,6 +4,9 @@ Stained tissue is saturated and glass is grey-white, so saturation separates the
 white balance; Otsu picks the split per slide, with a floor so that a blank slide yields no tissue.
 Sizes are in micrometres and converted with the thumbnail's resolution, so the result does not depend
 on the thumbnail size chosen.
+
+A dark-background (fluorescence-like) slide is the other way round: tissue is what shines, so there the
+split is on brightness (the brightest channel, Otsu, floored at `dark_level`); the cleanup is the same.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ class TissueParams:
     thumb_mpp: float = 8.0
     #: lowest saturation threshold; Otsu below it means there is no tissue to split from glass
     min_saturation: float = 0.05
-    #: pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black borders)
+    #: pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black borders);
+    #: on a dark-background (fluorescence-like) slide, the least brightness that counts as tissue
     dark_level: int = 25
     #: closing radius (um): joins nuclei and stroma of one fragment across pale gaps
     closing_um: float = 16.0
@@ -65,19 +69,43 @@ def _max_rgb(rgb: np.ndarray) -> np.ndarray:
     return np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
 
 
-def tissue_mask(rgb: np.ndarray, *, mpp: float, params: TissueParams | None = None) -> np.ndarray:
-    """Boolean (H, W) tissue mask of an (H, W, 3) uint8 thumbnail at `mpp` um/px."""
+def tissue_mask(
+    rgb: np.ndarray, *, mpp: float, params: TissueParams | None = None, dark: bool = False
+) -> np.ndarray:
+    """Boolean (H, W) tissue mask of an (H, W, 3) uint8 thumbnail at `mpp` um/px.
+
+    dark: the slide has a dark background (fluorescence-like, `wsi.background`): tissue is bright.
+    """
     params = params or TissueParams()
     if rgb.ndim != 3 or rgb.shape[2] < 3:
         raise ValueError(f"expected an (H, W, 3) RGB thumbnail, got shape {rgb.shape}")
+    mask = _bright_pixels(rgb, params) if dark else _saturated_pixels(rgb, params)
+    return _clean(mask, mpp, params)
+
+
+def _saturated_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
+    """Stained pixels of a brightfield thumbnail: saturation above Otsu's split (floored)."""
     sat = saturation(rgb)
     usable = _max_rgb(rgb) > params.dark_level
     values = sat[usable]
     threshold = params.min_saturation
     if values.size and float(values.max()) > float(values.min()):
         threshold = max(threshold, float(threshold_otsu(values)))
-    mask = (sat > threshold) & usable
+    return (sat > threshold) & usable
 
+
+def _bright_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
+    """Pixels with signal on a dark-background thumbnail: brightest channel above Otsu's split, and
+    above `dark_level` always (a blank dark slide yields no tissue)."""
+    high = _max_rgb(rgb)
+    threshold = float(params.dark_level)
+    if high.size and int(high.max()) > int(high.min()):
+        threshold = max(threshold, float(threshold_otsu(high)))
+    return high > threshold
+
+
+def _clean(mask: np.ndarray, mpp: float, params: TissueParams) -> np.ndarray:
+    """Join fragments, drop dust and small regions, fill holes; sizes in micrometres."""
     px_area = mpp * mpp
     if params.closing_um > 0:
         mask = closing(mask, disk(max(1, round(params.closing_um / mpp))))

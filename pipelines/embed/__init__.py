@@ -1,6 +1,15 @@
 """The embed stage (`wsi embed`): tiles -> encoder -> per-slide HDF5 feature bags.
 
-Public API (modules: feed.py reading, engine.py device + bag writing, stage.py batches, worker.py dask):
+Modules, in the order a tile meets them:
+  options.py         EmbedOptions, the stage's typed config
+  stage.py           tile files (or slides, tiled first) -> slide jobs -> bags + manifest; skip/redo
+  batches.py         the types that flow: SlideTiles, TileBatch, RawBatch
+  feed.py            reader workers: batches of tiles (pixels, or raw JPEG tiles for device decode)
+  device_decode/     raw JPEG tiles -> tiles on the device (nvjpeg / libjpeg-turbo + torch resizing)
+  engine.py          the device side: encoder runtime, encoding, provenance, bag writing thread
+  worker.py          the dask side: one encoder per worker
+
+Public API:
   embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None)
   embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, ...)   tile, then embed
   EmbedOptions        encoder, weights, random_init, device, precision, compile, threads, batch_size,
@@ -9,7 +18,7 @@ Public API (modules: feed.py reading, engine.py device + bag writing, stage.py b
   bag_dir(out_dir, encoder_id) -> Path
 """
 
-from pipelines.embed.engine import EmbedOptions
+from pipelines.embed.options import EmbedOptions
 from pipelines.embed.stage import bag_dir, embed_slides, embed_tiles
 
 __all__ = ["EmbedOptions", "bag_dir", "embed_slides", "embed_tiles"]

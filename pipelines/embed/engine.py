@@ -5,11 +5,12 @@ normalisation. Features stay on the device until a slide is complete (one synchr
 and bags are written by a writer thread, so neither the copy back nor HDF5 stalls the next batch.
 
 Public API:
-  EmbedOptions                      every option of the embed stage (frozen, picklable)
+  EmbedOptions                      every option of the embed stage (options.py)
   Runtime, prepare_runtime(encoder, *, device, precision, compile, threads, batch_size) -> Runtime
   encode(runtime, tiles (b,P,P,3) uint8) -> (b, D) float32 on the device
+  SlideJob                          one slide: tiles to read, bag path, tile-file facts for provenance
+  bag_provenance(job, runtime, options, n_bad) -> BagProvenance   the bag's provenance, all of it
   embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[JobResult]
-      jobs: list of SlideJob (the tiles to read plus where the bag goes and what it records)
   resolve_decode(decode, device) -> "cpu" | "device"   (EmbedOptions.decode "auto": device on CUDA)
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,71 +30,33 @@ import torch
 from tqdm.auto import tqdm
 
 from models.encoders import Encoder
-from pipelines.embed.feed import SlideTiles, iter_batches
-from pipelines.embed.gpu_decode import DeviceDecoder, decode_ahead
+from pipelines.embed.batches import SlideTiles
+from pipelines.embed.device_decode import DeviceDecoder, decode_ahead
+from pipelines.embed.feed import iter_batches
+from pipelines.embed.options import EmbedOptions, Precision
 from pipelines.jobs import JobResult, describe_error
-from wsi.bags import write_bag
-from wsi.errors import ConfigError
+from wsi.bags import BagProvenance, write_bag
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["bf16", "fp16", "fp32"]
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
-
-def default_readers() -> int:
-    """Reader processes: every core but the one feeding the device, at most 16."""
-    return max(1, min(16, (os.cpu_count() or 1) - 1))
-
-
-@dataclass(frozen=True)
-class EmbedOptions:
-    """Options of the embed stage; defaults are what `wsi embed` uses."""
-
-    encoder: str = "retccl"
-    weights: str | None = None
-    random_init: bool = False  # explicit: a bag of random features must never happen by accident
-    expected_sha256: str | None = None
-    input_px: int | None = None  # timm encoders only; retccl is fixed at 256
-    device: str | None = None  # "cuda", "cuda:1", "cpu"; None: CUDA when available
-    precision: Precision = "bf16"  # CUDA autocast; the CPU always runs fp32
-    compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
-    threads: int | None = None  # CPU threads for torch (None: torch's default)
-    batch_size: int = 128  # tiles per forward pass; 128 x 256 px fills an H100 in bf16
-    #: background readers (threads inside dask workers, which may not fork); default: the cores but one
-    readers: int = field(default_factory=lambda: default_readers())
-    reader_mode: Literal["process", "thread"] = "process"  # threads: no shared memory (small /dev/shm)
-    dtype: Literal["float16", "float32"] = "float16"  # feats on disk
-    max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails
-    use_cache: bool = True  # read the --save-tiles zarr cache when it is complete
-    overwrite: bool = False
-    # where JPEG tiles are decoded and resized: "device" (readers send compressed tiles; gpu_decode.py),
-    # "cpu" (readers decode with openslide/tiffslide), "auto" (device on CUDA for JPEG TIFFs, else cpu)
-    decode: Literal["cpu", "device", "auto"] = "auto"
-
-    def __post_init__(self) -> None:
-        if self.precision not in _AUTOCAST:
-            raise ConfigError(f"--precision {self.precision!r} unknown; choose bf16, fp16 or fp32")
-        if self.dtype not in ("float16", "float32"):
-            raise ConfigError(f"--dtype {self.dtype!r} unknown; choose float16 or float32")
-        if not 0.0 <= self.max_bad_tiles < 1.0:
-            raise ConfigError(f"--max-bad-tiles is a fraction in [0, 1), got {self.max_bad_tiles}")
-        if self.reader_mode not in ("process", "thread"):
-            raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
-        if self.decode not in ("cpu", "device", "auto"):
-            raise ConfigError(f"--decode {self.decode!r} unknown; choose cpu, device or auto")
-        if self.batch_size < 1 or self.readers < 0:
-            raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 and --readers >= 0")
+__all__ = [
+    "EmbedOptions", "Runtime", "SlideJob", "bag_provenance", "embed_stream", "encode", "prepare_runtime",
+    "resolve_decode",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SlideJob:
-    """One slide: the tiles to read, the bag to write and the attributes it records."""
+    """One slide: the tiles to read, the bag to write, and the tile-file facts its provenance records."""
 
     tiles: SlideTiles
     bag_path: Path
     coords_um: np.ndarray  # (N, 2) float32, from the tile file
-    attrs: dict[str, Any] = field(default_factory=dict)  # tile-file facts for write_bag
+    tile_params: dict[str, Any]  # the tile stage's parameters, which made these coordinates
+    level0_size: tuple[int, int] = (0, 0)  # the slide's (width, height) at level 0, px
+    tile_file: str | None = None  # the tile file the coordinates came from
 
 
 @dataclass
@@ -126,7 +88,7 @@ def prepare_runtime(
     autocast = _AUTOCAST[precision]
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest kernels
-        encoder = encoder.to(device=device, memory_format=torch.channels_last)
+        encoder = encoder.to(device).to(memory_format=torch.channels_last)
     else:
         if autocast is not None:
             log.info("precision %s applies to CUDA; the CPU runs fp32", precision)
@@ -167,6 +129,31 @@ class _Acc:
     done: int = 0
 
 
+def bag_provenance(job: SlideJob, rt: Runtime, options: EmbedOptions, n_bad: int) -> BagProvenance:
+    """How this slide's bag was made: the tile file's facts, the encoder's and this run's, in one place."""
+    st, enc = job.tiles, rt.encoder
+    return BagProvenance(
+        slide_id=st.slide_id,
+        encoder=enc.name,
+        weights_sha256=enc.weights_sha256,
+        tile_size_um=st.tile_size_um,
+        tile_size_px=st.tile_px,
+        mpp=st.mpp,
+        level0_width=job.level0_size[0],
+        level0_height=job.level0_size[1],
+        tile_params=job.tile_params,
+        target_mpp=st.target_mpp,
+        encoder_id=enc.encoder_id,
+        input_px=enc.input_px,
+        precision="fp32" if rt.autocast is None else options.precision,
+        n_tiles_requested=st.n,
+        n_bad_tiles=n_bad,
+        pixel_source="tile-cache" if st.pixels_path else "slide",
+        slide_path=st.slide_path,
+        tile_file=job.tile_file,
+    )
+
+
 def _finish(job: SlideJob, acc: _Acc, rt: Runtime, options: EmbedOptions) -> dict[str, Any]:
     """Check a finished slide and return write_bag's arguments; raises a message for a failed slide."""
     if acc.error:
@@ -187,26 +174,12 @@ def _finish(job: SlideJob, acc: _Acc, rt: Runtime, options: EmbedOptions) -> dic
             f"the encoder produced NaN or infinite features for {n_bad_feats} of {len(feats)} tiles "
             "(weights broken, or --precision fp16 overflowing: try --precision bf16 or fp32)"
         )
-    enc = rt.encoder
     return {
         "feats": feats.cpu().numpy(),
         "coords_um": job.coords_um[ok],
         "coords_px": job.tiles.coords_px[ok],
-        "encoder": enc.name,
-        "weights_sha256": enc.weights_sha256,
+        "provenance": bag_provenance(job, rt, options, n_bad),
         "dtype": options.dtype,
-        "slide_id": job.tiles.slide_id,
-        **job.attrs,
-        "extra_attrs": {
-            **job.attrs.get("extra_attrs", {}),
-            "encoder_id": enc.encoder_id,
-            "input_px": enc.input_px,
-            "precision": "fp32" if rt.autocast is None else options.precision,
-            "n_bad_tiles": n_bad,
-            "n_tiles_requested": n,
-            "pixel_source": "tile-cache" if job.tiles.pixels_path else "slide",
-            "slide_path": job.tiles.slide_path,
-        },
     }
 
 

@@ -8,13 +8,12 @@ Pixels come from the tile stage's `--save-tiles` zarr cache when it is complete,
 through `Slide.read_region_um`, the same function the tile stage used. A tile that cannot be read or
 decoded comes back as zeros with `ok=False`; the slide's caller decides whether that is too many.
 
+With SlideTiles.decode="device" on a tiled JPEG TIFF, readers send the compressed JPEG tiles in
+`TileBatch.raw` (tiles is then (b,0,0,3)) and the consumer decodes them with
+`device_decode.DeviceDecoder`; other slides come as pixels. The types are in batches.py.
+
 Public API:
-  SlideTiles      picklable description of one slide's tiles (coords, reading parameters, cache path)
-  slide_tiles_from_tile_file(tile_file, *, use_cache=True) -> SlideTiles
-  TileBatch       (slide_index, start, tiles (b,P,P,3) uint8 tensor, ok (b,) bool tensor, error str,
-                   raw: gpu_decode.RawBatch | None; with SlideTiles.decode="device" on a tiled JPEG TIFF,
-                   readers send the compressed JPEG tiles in `raw` (tiles is then (b,0,0,3)) and the
-                   consumer decodes them with gpu_decode.DeviceDecoder; other slides come as pixels)
+  BatchReader(slides, batch_size)   map-style dataset: item i = the i-th batch of the whole stream
   iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=2)
       -> Iterator[TileBatch] in slide order, then tile order
 """
@@ -26,62 +25,19 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from pipelines.embed.batches import SlideTiles, TileBatch
+from pipelines.embed.device_decode.raw_tiles import RawSlideReader
 from pipelines.jobs import describe_error
-from wsi.tilefile import TileFile, pixels_complete
+from wsi.slide import open_slide
+from wsi.tilefile import open_tile_pixels
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SlideTiles:
-    """Everything a reader needs for one slide; small and picklable (sent to reader processes)."""
-
-    slide_id: str
-    slide_path: str
-    backend: str
-    mpp: float  # level-0 um/px used by the tile stage (may have come from --mpp)
-    tile_size_um: float
-    target_mpp: float
-    tile_px: int
-    coords_px: np.ndarray  # (N, 2) int64 level-0 top-left
-    pixels_path: str | None = None  # complete zarr cache of (N, P, P, 3), or None: read the slide
-    decode: Literal["cpu", "device"] = "cpu"  # device: readers send raw JPEG tiles (gpu_decode.py)
-
-    @property
-    def n(self) -> int:
-        return len(self.coords_px)
-
-
-def slide_tiles_from_tile_file(tile_file: TileFile, *, use_cache: bool = True) -> SlideTiles:
-    pixels = tile_file.path.with_suffix(".zarr")
-    cached = use_cache and pixels_complete(pixels, len(tile_file))
-    return SlideTiles(
-        slide_id=tile_file.slide_id,
-        slide_path=tile_file.slide_path,
-        backend=str(tile_file.meta.get("backend", "openslide")),
-        mpp=tile_file.mpp,
-        tile_size_um=tile_file.tile_size_um,
-        target_mpp=tile_file.target_mpp,
-        tile_px=tile_file.tile_size_px,
-        coords_px=np.asarray(tile_file.coords, dtype=np.int64),
-        pixels_path=str(pixels) if cached else None,
-    )
-
-
-class TileBatch(NamedTuple):
-    slide_index: int
-    start: int
-    tiles: torch.Tensor  # (b, P, P, 3) uint8
-    ok: torch.Tensor  # (b,) bool; False: the tile could not be read (its pixels are zeros)
-    error: str  # non-empty: the whole slide could not be opened
-    raw: Any = None  # gpu_decode.RawBatch when the slide is decoded on the device; `tiles` is then empty
 
 
 class _Handles:
@@ -98,15 +54,11 @@ class _Handles:
             self.key = index
             try:
                 if st.pixels_path is not None:
-                    from wsi.tilefile import open_tile_pixels
-
                     self.source = open_tile_pixels(st.pixels_path)
                 elif st.decode == "device" and (raw := _raw_reader(st)) is not None:
                     self.source = raw
                 else:
-                    from wsi.slide import open_slide
-
-                    self.source = open_slide(st.slide_path, backend=st.backend, mpp=st.mpp)  # type: ignore[arg-type]
+                    self.source = open_slide(st.slide_path, backend=st.backend, mpp=st.mpp)
             except Exception as exc:
                 self.error = describe_error(exc)
         return self.source, self.error
@@ -147,7 +99,7 @@ class BatchReader(Dataset):
         stop = min(start + self.batch_size, st.n)
         b, p = stop - start, st.tile_px
         source, error = self._handles().get(s, st)
-        if st.decode == "device" and not error and _is_raw_reader(source):
+        if st.decode == "device" and not error and isinstance(source, RawSlideReader):
             raw = source.read(start, stop)  # compressed JPEG tiles, decoded where the encoder runs
             empty = torch.empty((b, 0, 0, 3), dtype=torch.uint8)
             return TileBatch(s, start, empty, torch.ones(b, dtype=torch.bool), "", raw)
@@ -193,21 +145,13 @@ class BatchReader(Dataset):
                 )  # fmt: skip
 
 
-def _raw_reader(st: SlideTiles) -> Any:
-    """gpu_decode.RawSlideReader for a tiled JPEG TIFF slide, else None (the CPU path reads it)."""
-    from pipelines.embed.gpu_decode import RawSlideReader
-
+def _raw_reader(st: SlideTiles) -> RawSlideReader | None:
+    """The raw JPEG tile reader for a tiled JPEG TIFF slide, else None (the CPU path reads it)."""
     try:
         return RawSlideReader.open(st)
     except Exception as exc:  # the CPU path will open it and report what is wrong
         log.info("%s: no device decode (%s); reading on the CPU", st.slide_path, describe_error(exc))
         return None
-
-
-def _is_raw_reader(source: Any) -> bool:
-    from pipelines.embed.gpu_decode import RawSlideReader
-
-    return isinstance(source, RawSlideReader)
 
 
 def iter_batches(

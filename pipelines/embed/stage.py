@@ -16,7 +16,6 @@ Public API:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
@@ -24,16 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import h5py
-
 from models.encoders import Encoder, build_encoder, encoder_id_for
 from pipelines.devices import resolve_device
-from pipelines.embed.engine import EmbedOptions, SlideJob, embed_stream, prepare_runtime
-from pipelines.embed.feed import slide_tiles_from_tile_file
+from pipelines.embed.batches import slide_tiles_from_tile_file
+from pipelines.embed.engine import SlideJob, embed_stream, prepare_runtime
+from pipelines.embed.options import EmbedOptions
 from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.bags import is_complete_bag, read_bag_attrs
+from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header
 from wsi.errors import WsiError
 from wsi.files import is_temp_name
+from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 from wsi.tilefile import read_tile_file
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,7 @@ def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
     folder = root / "tiles" if (root / "tiles").is_dir() else root
     if not folder.is_dir():
         raise WsiError(f"--tiles {root}: folder not found; give the --out folder of `wsi tile`")
-    files = sorted(p for p in folder.glob("*.h5") if not is_temp_name(p))
+    files = sorted(p for p in folder.glob(f"*{TILE_FILE_SUFFIX}") if not is_temp_name(p))
     if not files:
         raise WsiError(f"--tiles {root}: no tile files (tiles/<slide_id>.h5); run `wsi tile` first")
     return files
@@ -63,21 +62,14 @@ def _jobs(files: Sequence[Path], out: Path, options: EmbedOptions) -> tuple[list
         except WsiError as exc:
             failed.append(JobResult(path.stem, str(path), "failed", error=str(exc)))
             continue
-        attrs: dict[str, Any] = {
-            "tile_size_um": tf.tile_size_um,
-            "tile_size_px": tf.tile_size_px,
-            "mpp": tf.mpp,
-            "level0_width": int(tf.meta["level0_width"]),
-            "level0_height": int(tf.meta["level0_height"]),
-            "tile_params": tf.params,
-            "extra_attrs": {"target_mpp": tf.target_mpp, "tile_file": str(path)},
-        }
         jobs.append(
             SlideJob(
                 tiles=slide_tiles_from_tile_file(tf, use_cache=options.use_cache),
-                bag_path=out / f"{tf.slide_id}.h5",
+                bag_path=out / f"{tf.slide_id}{BAG_SUFFIX}",
                 coords_um=tf.coords_um,
-                attrs=attrs,
+                tile_params=tf.params,
+                level0_size=(int(tf.meta["level0_width"]), int(tf.meta["level0_height"])),
+                tile_file=str(path),
             )
         )
     return jobs, failed
@@ -144,23 +136,19 @@ def _is_current(job: SlideJob, encoder: Encoder, dtype: str) -> bool:
     if not is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256):
         return False
     try:
-        attrs = read_bag_attrs(job.bag_path)
-        same_tiles = json.loads(attrs.get("tile_params", "null")) == job.attrs["tile_params"]
-        with h5py.File(job.bag_path, "r") as h5:
-            same_dtype = str(h5["feats"].dtype) == dtype
-        return (
-            same_tiles
-            and same_dtype
-            and attrs.get("n_tiles_requested") == job.tiles.n
-            and attrs.get("input_px") == encoder.input_px
-        )
-    except (WsiError, ValueError, OSError, KeyError):
+        header = read_bag_header(job.bag_path)
+        made = BagProvenance.from_dict(header.attrs, source=str(job.bag_path))
+    except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
         return False
+    return (
+        made.tile_params == job.tile_params
+        and header.dtype == dtype
+        and made.n_tiles_requested == job.tiles.n
+        and made.input_px == encoder.input_px
+    )
 
 
 def _n(job: SlideJob) -> int:
-    from wsi.bags import bag_length
-
     try:
         return bag_length(job.bag_path)
     except WsiError:

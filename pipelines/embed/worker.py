@@ -22,13 +22,8 @@ import torch
 from distributed import WorkerPlugin
 
 from pipelines.devices import resolve_device
-from pipelines.embed.engine import (
-    EmbedOptions,
-    Runtime,
-    SlideJob,
-    embed_stream,
-    prepare_runtime,
-)
+from pipelines.embed.engine import Runtime, SlideJob, embed_stream, prepare_runtime
+from pipelines.embed.options import EmbedOptions
 from pipelines.jobs import JobResult, worker_plugin
 
 log = logging.getLogger(__name__)
@@ -59,6 +54,9 @@ class EncoderPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self, options: EmbedOptions) -> None:
+        self._start(options)
+
+    def _start(self, options: EmbedOptions) -> None:
         self.options = options
         self.runtime: Runtime | None = None
         self.lock = threading.Lock()
@@ -67,7 +65,7 @@ class EncoderPlugin(WorkerPlugin):
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self._start(state["options"])
 
     def setup(self, worker: Any = None) -> None:
         from models.encoders import build_encoder

@@ -14,14 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import h5py
 import torch
 from torch.utils.data import Dataset
 
 from pipelines.inputs import INPUTS, Batch, Item
-from wsi.bags import bag_length, load_bag, read_bag_attrs
-from wsi.errors import BagFormatError, ConfigError, WsiError
+from wsi.bags import bag_length, load_bag, read_bag_attrs, read_bag_header
+from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
+from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +80,6 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     return Batch(x=x, labels=labels, ids=ids, extra={"mask": mask, "coords_um": coords})
 
 
-def _feature_dim(path: Path) -> int:
-    try:
-        with h5py.File(path, "r") as h5:
-            ds = h5["feats"] if "feats" in h5 else h5["features"]
-            return int(ds.shape[1])
-    except (OSError, KeyError) as exc:
-        raise BagFormatError(f"{path} is not a readable feature bag ({exc})") from None
-
-
 @INPUTS.register("bags")
 class BagInput:
     """`input: bags`. Options (task YAML `input_options`):
@@ -110,13 +101,13 @@ class BagInput:
         found: dict[str, Path] = {}
         for source in map(Path, sources):
             if source.is_dir():
-                files = sorted(p for p in source.glob("*.h5") if not is_temp_name(p))
+                files = sorted(p for p in source.glob(f"*{BAG_SUFFIX}") if not is_temp_name(p))
                 if not files:
                     raise ConfigError(
                         f"no feature bags (*.h5) in {source}; give the folder `wsi embed` wrote, "
                         "e.g. RUN/features/<encoder>"
                     )
-            elif source.is_file() and source.suffix == ".h5":
+            elif source.is_file() and source.suffix == BAG_SUFFIX:
                 files = [source]
             else:
                 raise ConfigError(f"{source} is neither a folder of bags nor an .h5 bag")
@@ -136,7 +127,7 @@ class BagInput:
     def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
         dims: dict[int, str] = {}
         for item in items:
-            dims.setdefault(_feature_dim(item.path), item.path.name)
+            dims.setdefault(read_bag_header(item.path).dim, item.path.name)
         if len(dims) > 1:
             listed = "; ".join(f"{d}-d (e.g. {name})" for d, name in sorted(dims.items()))
             raise ConfigError(f"bags of different feature widths cannot train one model: {listed}")
@@ -170,7 +161,7 @@ class BagInput:
             "target_mpp": first.get("target_mpp"),
             "input_px": first.get("input_px"),
             "precision": first.get("precision"),
-            "feature_dim": _feature_dim(items[0].path),
+            "feature_dim": read_bag_header(items[0].path).dim,
             "bag_format": first.get("format"),
         }
 
@@ -182,8 +173,8 @@ class BagInput:
         unverified = 0
         for item in items:
             try:
-                attrs = read_bag_attrs(item.path)
-                item_dim = _feature_dim(item.path)
+                header = read_bag_header(item.path)
+                attrs, item_dim = header.attrs, header.dim
             except WsiError:
                 continue  # unreadable: that one item fails on its own later, the batch goes on
             if dim is not None and item_dim != dim:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
@@ -30,6 +33,36 @@ def user_errors(func: F) -> F:
             raise SystemExit(EXIT_USAGE) from None
 
     return cast(F, wrapper)
+
+
+def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """Create the output folder `path` if missing and prove it writable, before any work starts.
+
+    Raises WsiError (a `@user_errors` command prints it and exits 2) naming the folder and the fix. The
+    check writes and removes a temporary file, because permission bits are not the answer: root writes
+    into read-only folders, and ACLs, read-only mounts and full disks only show when writing.
+    """
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise WsiError(f"{option} {folder}: exists and is not a folder; give a folder path") from None
+    except OSError as exc:  # a parent is a file, no permission, a read-only mount
+        blocker = next((p for p in folder.parents if p.exists()), None)
+        why = f"{blocker} is a file, not a folder" if blocker and not blocker.is_dir() else exc.strerror
+        raise WsiError(
+            f"{option} {folder}: cannot create the folder ({why or exc}); choose a folder you can write "
+            "to, or create it first"
+        ) from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".wsi-write-test-"):
+            pass
+    except OSError as exc:
+        raise WsiError(
+            f"{option} {folder}: cannot write into the folder ({exc.strerror or exc}); choose a folder you "
+            f"can write to, or fix its permissions (e.g. chmod u+w {folder})"
+        ) from None
+    return folder
 
 
 # Options several commands share, defined once so their names, types and defaults cannot drift apart.

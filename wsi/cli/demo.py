@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import user_errors
+from wsi.cli._common import ensure_writable_dir, user_errors
 
 
 @click.command(
@@ -34,6 +34,7 @@ def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class:
     """Run tile -> embed -> train -> predict on a generated two-class cohort and say where it all went."""
     from pipelines.demo import DemoOptions, run_demo
 
+    ensure_writable_dir(out_dir)  # exit 2 with the folder named, before any slide is generated
     if weights is None:
         click.echo(
             f"Note: no --weights given: {encoder} is randomly initialised (features are not RetCCL's).",

@@ -165,21 +165,21 @@ def command(
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
     from pipelines.embed import EmbedOptions, embed_slides, embed_tiles
-    from pipelines.embed.engine import default_readers
+    from pipelines.embed.options import default_readers
+    from wsi.config import parse_config
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
-    if readers is None:
-        readers = default_readers()
-    options = EmbedOptions(
-        encoder=encoder, weights=str(weights) if weights else None, random_init=random_init,
-        expected_sha256=expected_sha256, input_px=input_px, device=device, precision=precision,  # type: ignore[arg-type]
-        compile=compile_, threads=threads, batch_size=batch_size, readers=readers,
-        reader_mode=reader_mode, decode=decode,  # type: ignore[arg-type]
-        dtype=dtype, max_bad_tiles=max_bad_tiles, use_cache=not no_cache,  # type: ignore[arg-type]
-        overwrite=overwrite,
-    )  # fmt: skip
+    given = {
+        "encoder": encoder, "weights": str(weights) if weights else None, "random_init": random_init,
+        "expected_sha256": expected_sha256, "input_px": input_px, "device": device, "precision": precision,
+        "compile": compile_, "threads": threads, "batch_size": batch_size,
+        "readers": default_readers() if readers is None else readers, "reader_mode": reader_mode,
+        "decode": decode, "dtype": dtype, "max_bad_tiles": max_bad_tiles, "use_cache": not no_cache,
+        "overwrite": overwrite,
+    }  # fmt: skip
+    options = parse_config(EmbedOptions, given, source="wsi embed options")
     if tiles_dir is not None:
         results = embed_tiles(
             tiles_dir=tiles_dir, out_dir=out_dir, options=options, workers=workers, scheduler=scheduler

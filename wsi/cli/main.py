@@ -21,6 +21,9 @@ class _Entry(NamedTuple):
 COMMANDS: dict[str, _Entry] = {
     "tile": _Entry("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),
     "embed": _Entry("wsi.cli.embed:command", "Embed tiles with an encoder into per-slide HDF5 feature bags."),
+    "encoders": _Entry(
+        "wsi.cli.encoders:command", "List the named tile encoders: width, input, parameters, licence."
+    ),
     "train": _Entry("wsi.cli.train:command", "Train an attention MIL model (or image ViT) for a task."),
     "predict": _Entry("wsi.cli.predict:command", "Batch inference from raw slides, bags or images."),
     "info": _Entry(

@@ -10,6 +10,7 @@ from wsi.cli._common import (
     EXIT_PARTIAL_FAILURE,
     EXIT_USAGE,
     backend_option,
+    ensure_writable_dir,
     mpp_option,
     scheduler_option,
     tile_size_options,
@@ -35,12 +36,20 @@ Examples:
 Output (under --out):
   tiles/<slide_id>.h5     kept tiles' coords (level-0 px) and coords_um, settings, counts
   tiles/<slide_id>.zarr   kept tiles' pixels (with --save-tiles)
-  qc/<slide_id>.png       thumbnail: tissue outline; kept green, background blue, blurry red
+  qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
+                          blurry red, unreadable magenta; legend with counts, slide id, mpp
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
 
 \b
-Exit code: 0 all slides done (or skipped as already done), 1 some slides failed (see the
-manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --overwrite redoes them.
+Status per slide: ok, skipped (done before), empty (kept no tile: the error column names the
+filter that rejected most tiles and the option to change), failed. A slide whose id is taken in
+--out by another slide file, or that differs only by case from another slide's id, is failed.
+Fluorescence and other dark-background slides are detected and tiled with filters that fit them.
+
+\b
+Exit code: 0 all slides done (or skipped as already done), 1 some slides failed or kept no tile
+(see the manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --overwrite
+redoes them (and replaces the tiles of another slide with the same id).
 """,
 )
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -59,7 +68,15 @@ manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --ov
     help="Reader threads per slide [default: cores / workers, at most 4].",
 )
 @click.option("--save-tiles", is_flag=True, help="Also store the kept tiles' pixels (zarr) for embedding.")
-@click.option("--overwrite", is_flag=True, help="Redo slides whose output is already complete.")
+@click.option(
+    "--overwrite", is_flag=True,
+    help="Redo slides whose output is already complete (also replaces another slide's tiles of the same id).",
+)  # fmt: skip
+@click.option(
+    "--background", type=click.Choice(["auto", "light", "dark"]), default="auto", show_default=True,
+    help="Slide background: auto detects per slide; light = brightfield (H&E on glass); dark = "
+    "fluorescence-like (tissue shines on black).",
+)  # fmt: skip
 @click.option(
     "--min-tissue",
     type=click.FloatRange(0, 1),
@@ -72,14 +89,16 @@ manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --ov
     type=click.FloatRange(0, 1),
     default=0.8,
     show_default=True,
-    help="Reject a tile when more than this fraction of its pixels is near-white.",
+    help="Reject a tile when more than this fraction of its pixels is background (near-white; near-black "
+    "on a dark-background slide).",
 )
 @click.option(
     "--white-level",
     type=click.IntRange(0, 255),
     default=220,
     show_default=True,
-    help="A pixel is near-white when R, G and B are all at least this.",
+    help="A pixel is near-white when R, G and B are all at least this (dark-background slides: near-black "
+    "when its brightest channel is at most 255 minus this).",
 )
 @click.option(
     "--min-blur-var",
@@ -115,6 +134,7 @@ def command(
     threads: int | None,
     save_tiles: bool,
     overwrite: bool,
+    background: str,
     min_tissue: float,
     max_background: float,
     white_level: int,
@@ -124,9 +144,10 @@ def command(
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
-    PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .mrxs .scn .bif .vms .svslide)
-    or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are taken
-    from the CSV's folder). A failing slide is recorded in the manifest and never stops the others.
+    PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
+    .bif .czi) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are
+    taken from the CSV's folder; DICOM .dcm slides are given this way). A failing slide is recorded in
+    the manifest and never stops the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from pipelines.tile import tile_slides
@@ -148,6 +169,7 @@ def command(
         "tissue": {"thumb_mpp": thumb_mpp, "min_saturation": min_saturation},
     }
     params = parse_config(TileParams, options, source="wsi tile options")  # ConfigError: exit 2
+    ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     results = tile_slides(
         sources,
         out_dir=out_dir,
@@ -159,6 +181,7 @@ def command(
         overwrite=overwrite,
         save_tiles=save_tiles,
         threads=threads,
+        background=background,
     )
     from pipelines.jobs import RunSummary
 
@@ -168,7 +191,7 @@ def command(
         f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
         err=True,
     )
-    for r in summary.failed:
-        click.echo(f"  failed {r.slide_id}: {r.error}", err=True)
-    if summary.failed:
+    for r in summary.problems:
+        click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
+    if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

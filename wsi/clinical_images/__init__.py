@@ -12,10 +12,11 @@ these through `pipelines.inputs.images.ImageInput` (`input: images` in a task YA
 
 from wsi.clinical_images.augment import augment_2d, augment_3d
 from wsi.clinical_images.dataset import ImageDataset, collate_images
-from wsi.clinical_images.formats import IMAGE_SUFFIXES, ImageData, MissingReaderError
+from wsi.clinical_images.formats import ImageData, MissingReaderError
 from wsi.clinical_images.heatmap import save_heatmap
 from wsi.clinical_images.readers import probe_image, read_image
 from wsi.clinical_images.transforms import ImageSpec, prepare
+from wsi.suffixes import IMAGE_SUFFIXES
 
 __all__ = [
     "IMAGE_SUFFIXES",

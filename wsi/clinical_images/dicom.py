@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from wsi.clinical_images.formats import (
-    DICOM_SUFFIXES,
     INSTALL_HINT,
     ImageData,
     MissingReaderError,
@@ -23,6 +22,7 @@ from wsi.clinical_images.formats import (
     image_suffix,
 )
 from wsi.errors import ImageReadError
+from wsi.suffixes import DICOM_SUFFIXES
 
 _MIN_FILL = 0.5  # an unwindowed image must span this fraction of its stored-bit range to be scaled by it
 

@@ -1,4 +1,4 @@
-"""What every image reader shares: the one table of image suffixes, `ImageData`, the missing-reader error.
+"""What image readers share: `ImageData`, the missing-reader error, suffix helpers (table: wsi.suffixes).
 
 Pixels come in one layout whatever the file: 2D images (H, W, C), volumes (D, H, W, C), float32,
 channel last. `value_range` is the range the values are known to span (photos [0, 1], a windowed DICOM
@@ -15,13 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from wsi.errors import WsiError
-
-# The image suffixes, by reader: the one owner of this list (slide suffixes live with the slide reader).
-PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
-DICOM_SUFFIXES = (".dcm", ".dicom")
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
-NPY_SUFFIXES = (".npy",)
-IMAGE_SUFFIXES = PHOTO_SUFFIXES + DICOM_SUFFIXES + NIFTI_SUFFIXES + NPY_SUFFIXES
+from wsi.suffixes import DICOM_SUFFIXES
 
 #: what to tell a user whose optional reader library is missing
 INSTALL_HINT = "install the image extras: pip install 'wsi[images]'"

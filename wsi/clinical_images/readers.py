@@ -19,19 +19,9 @@ from typing import Any
 import numpy as np
 
 from wsi.clinical_images.dicom import probe_dicom, read_dicom, read_dicom_series
-from wsi.clinical_images.formats import (
-    DICOM_SUFFIXES,
-    IMAGE_SUFFIXES,
-    INSTALL_HINT,
-    NIFTI_SUFFIXES,
-    NPY_SUFFIXES,
-    PHOTO_SUFFIXES,
-    ImageData,
-    MissingReaderError,
-    image_suffix,
-    is_dicom,
-)
+from wsi.clinical_images.formats import INSTALL_HINT, ImageData, MissingReaderError, image_suffix, is_dicom
 from wsi.errors import ImageReadError, WsiError
+from wsi.suffixes import DICOM_SUFFIXES, IMAGE_SUFFIXES, NIFTI_SUFFIXES, NPY_SUFFIXES, PHOTO_SUFFIXES
 
 
 def read_image(path: str | Path, *, spatial_dims: int = 2) -> ImageData:

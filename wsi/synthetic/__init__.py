@@ -4,17 +4,19 @@ Tests, the demo and the benchmarks need slides whose tissue, blank background an
 at KNOWN places, at any size and resolution, that openslide and tiffslide both open with the right MPP.
 
   scene.py    where things are: tissue / blur boxes in micrometres, `SampleSlide`, `default_scene`
-  texture.py  what tissue looks like: periodic H&E-like atlases (procedural or real) and the painter
+  texture.py  what tissue looks like: periodic H&E-like (procedural or real) or fluorescence-like atlases
+              and the painter
   writer.py   the TIFF: `write_sample_slide`, `write_sample_cohort`, `write_truncated_copy`
 """
 
-from wsi.synthetic.scene import Box, SampleSlide, Style, Texture, default_scene
+from wsi.synthetic.scene import Box, SampleSlide, Stain, Style, Texture, default_scene
 from wsi.synthetic.texture import find_real_he_source
 from wsi.synthetic.writer import write_sample_cohort, write_sample_slide, write_truncated_copy
 
 __all__ = [
     "Box",
     "SampleSlide",
+    "Stain",
     "Style",
     "Texture",
     "default_scene",

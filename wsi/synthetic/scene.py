@@ -17,6 +17,7 @@ import numpy as np
 Box = tuple[float, float, float, float]  # (x0_um, y0_um, x1_um, y1_um), half-open
 Style = Literal["a", "b"]  # two tissue classes (see wsi.synthetic.texture)
 Texture = Literal["procedural", "real", "auto"]
+Stain = Literal["he", "fluorescence"]  # brightfield H&E, or a dark-background fluorescence scan
 
 
 def as_box(values: Iterable[float]) -> Box:
@@ -42,6 +43,7 @@ class SampleSlide:
     n_levels: int = 1
     mpp_written: bool = True
     corrupt_tiles: tuple[tuple[int, int], ...] = field(default=())  # level-0 (col, row) tile indices
+    stain: str = "he"  # "he" or "fluorescence" (dark background)
 
     @property
     def width_um(self) -> float:

@@ -3,7 +3,8 @@
 Content is a seeded function of position in micrometres (a periodic atlas sampled per tile), so the
 same scene written at 0.25 and at 0.5 um/px shows the same tissue in the same micrometres, and a slide
 of any size is painted tile by tile without holding it in memory. Atlases are procedural (two styles
-differing in nuclei density/size and stain hue) or cut from a real H&E slide (CMU-1-Small-Region.svs).
+differing in nuclei density/size and stain hue) or cut from a real H&E slide (CMU-1-Small-Region.svs);
+a fluorescence atlas paints a dark-background scan (sparse bright DAPI nuclei on dim FITC tissue).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ _REF_MPP = 0.25
 _PERIOD_UM = 512.0
 #: near-white slide background (glass), as scanners record it
 _BACKGROUND_RGB = (243, 243, 245)
+#: the near-black background of a fluorescence scan (no light where there is no dye)
+_DARK_BACKGROUND_RGB = (6, 7, 10)
 #: blur applied to the blurred regions (Gaussian sigma, micrometres): out of focus at any tile size
 _BLUR_SIGMA_UM = 4.0
 #: the real H&E slide whose pixels paint "real" textures (looked up in ../shared/data/slides)
@@ -55,6 +58,10 @@ _STYLES: dict[str, _StyleParams] = {
 }
 #: the tissue styles a slide can be painted in
 STYLE_NAMES = tuple(sorted(_STYLES))
+#: how a slide was imaged: brightfield H&E, or a two-channel fluorescence scan (DAPI nuclei, FITC tissue)
+STAIN_NAMES = ("fluorescence", "he")
+#: fluorescence nuclei: sparse (a third of 20 um cells), 3-5 um; DAPI shows blue, FITC autofluorescence green
+_FLUO_NUCLEI = _StyleParams(20.0, 0.35, (3.0, 5.0), (0, 0, 0), (0, 0, 0), (0, 0, 0))
 
 
 def _periodic_blur(img: np.ndarray, sigma_px: float | tuple[float, float]) -> np.ndarray:
@@ -122,10 +129,34 @@ def _nuclei_mask(p: _StyleParams, n: int, rng: np.random.Generator) -> np.ndarra
     return mask
 
 
+def _fluorescence_atlas(style: str) -> np.ndarray:
+    """A periodic two-channel fluorescence-like texture, (N, N, 3) uint8 at _REF_MPP, as a viewer shows it:
+    DAPI (blue) bright, sparse nuclei with chromatin grain; FITC (green) dim, patchy tissue
+    autofluorescence; red empty. Dark wherever there is no dye, like the glass around the tissue."""
+    n = round(_PERIOD_UM / _REF_MPP)
+    rng = np.random.default_rng(ord(style) + 1000)
+
+    def noise() -> np.ndarray:
+        return rng.standard_normal((n, n), dtype=np.float32)
+
+    nuclei = _nuclei_mask(_FLUO_NUCLEI, n, rng)  # (n, n) in [0, 1]
+    chromatin = _periodic_blur(noise(), 1.0)
+    chromatin *= 0.25 / (chromatin.std() + 1e-9)
+    cloud = _periodic_blur(noise(), 24.0)
+    cloud = np.clip(cloud * (0.5 / (cloud.std() + 1e-9)) + 0.5, 0, 1)  # patchy cytoplasm, 0..1
+    grain = noise() * 2.0
+    dapi = _DARK_BACKGROUND_RGB[2] + 210.0 * nuclei * (0.85 + chromatin) + grain
+    fitc = _DARK_BACKGROUND_RGB[1] + 20.0 + 45.0 * cloud + 30.0 * nuclei + grain
+    red = _DARK_BACKGROUND_RGB[0] + 4.0 * cloud + grain
+    return np.clip(np.stack([red, fitc, dapi], axis=-1), 0, 255).astype(np.uint8)
+
+
 @functools.lru_cache(maxsize=4)
 def _atlases(kind: str, style: str, source: str | None) -> tuple[np.ndarray, np.ndarray, float]:
     """(sharp, out-of-focus, um/px) periodic atlases; built once per process and kind."""
-    if kind == "real" and source:
+    if kind == "fluorescence":
+        atlas, atlas_mpp = _fluorescence_atlas(style), _REF_MPP
+    elif kind == "real" and source:
         atlas, atlas_mpp = _real_atlas(Path(source), style), _REAL_MPP
     else:
         atlas, atlas_mpp = _procedural_atlas(style), _REF_MPP
@@ -189,17 +220,29 @@ def _resample_periodic(atlas: np.ndarray, factor: float) -> np.ndarray:
 
 
 def make_painter(
-    tissue: Sequence[Box], blur: Sequence[Box], *, texture: str, style: str, source: Path | None, seed: int
+    tissue: Sequence[Box],
+    blur: Sequence[Box],
+    *,
+    texture: str,
+    style: str,
+    source: Path | None,
+    seed: int,
+    stain: str = "he",
 ) -> Painter:
-    """The painter of a scene: `texture` "real" paints pixels of `source`, anything else procedural ones.
+    """The painter of a scene: `texture` "real" paints pixels of `source`, anything else procedural ones;
+    `stain` "fluorescence" paints a dark-background fluorescence scan instead (procedural only).
 
     Each tissue box starts at its own place in the texture: a multiple of 64 um, a whole number of pixels
     at every level of 0.25 * 2**k um/px (k <= 8), so all levels show the same content at the same um.
     """
-    atlas, blurred, atlas_mpp = _atlases(texture, style, str(source) if texture == "real" else None)
+    if stain not in STAIN_NAMES:
+        raise ValueError(f"stain must be one of {list(STAIN_NAMES)}, not {stain!r}")
+    kind = "fluorescence" if stain == "fluorescence" else texture
+    atlas, blurred, atlas_mpp = _atlases(kind, style, str(source) if kind == "real" else None)
     rng = np.random.default_rng([seed, 7])
     offsets = [(64.0 * a, 64.0 * b) for a, b in (rng.integers(0, round(_PERIOD_UM / 64), 2) for _ in tissue)]
-    return Painter(tissue, blur, offsets, atlas, blurred, atlas_mpp)
+    background = _DARK_BACKGROUND_RGB if stain == "fluorescence" else _BACKGROUND_RGB
+    return Painter(tissue, blur, offsets, atlas, blurred, atlas_mpp, background)
 
 
 @dataclass
@@ -212,6 +255,7 @@ class Painter:
     atlas_ref: np.ndarray  # at atlas_mpp
     blurred_ref: np.ndarray
     atlas_mpp: float
+    background_rgb: tuple[int, int, int] = _BACKGROUND_RGB  # what lies outside the tissue boxes
     _cache: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def _atlases(self, mpp: float) -> tuple[np.ndarray, np.ndarray]:
@@ -228,7 +272,7 @@ class Painter:
         """(h, w, 3) uint8 of the scene's pixels [x, x+w) x [y, y+h) at `mpp` um/px."""
         sharp, blurred = self._atlases(mpp)
         tile = np.empty((h_px, w_px, 3), np.uint8)
-        tile[:] = _BACKGROUND_RGB
+        tile[:] = self.background_rgb
         for box, (ox_um, oy_um) in zip(self.tissue_boxes_um, self.offsets_um, strict=True):
             self._paint(tile, sharp, box, ox_um, oy_um, x_px, y_px, mpp)
             for blur in self.blur_boxes_um:

@@ -19,7 +19,7 @@ import numpy as np
 import tifffile
 
 from wsi.files import atomic_path, write_text_atomic
-from wsi.synthetic.scene import Box, SampleSlide, Style, Texture, as_box, default_scene
+from wsi.synthetic.scene import Box, SampleSlide, Stain, Style, Texture, as_box, default_scene
 from wsi.synthetic.texture import REAL_SOURCE_NAME, STYLE_NAMES, Painter, find_real_he_source, make_painter
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ def write_sample_slide(
     corrupt_tiles: Sequence[tuple[int, int]] = (),
     real_source: str | os.PathLike[str] | None = None,
     bigtiff: bool | None = None,
+    stain: Stain = "he",
 ) -> SampleSlide:
     """Write one sample slide, tile by tile, and say where its tissue and blur are.
 
@@ -55,6 +56,9 @@ def write_sample_slide(
     corrupt_tiles: level-0 (col, row) tile indices whose JPEG bytes are damaged so decoding them fails
         (only level 0: coarser levels keep an intact copy of that area).
     bigtiff: 64-bit offsets; default when the uncompressed pixels exceed 2 GiB.
+    stain: "he" (brightfield H&E on white glass) or "fluorescence": a dark background with sparse bright
+        DAPI-like nuclei (blue) on dim FITC-like tissue (green), procedural texture only; the description
+        then also carries `Channels = DAPI,FITC` (the metadata hint of a fluorescence scan).
     """
     if style not in STYLE_NAMES:
         raise ValueError(f"style must be one of {list(STYLE_NAMES)}, not {style!r}")
@@ -75,7 +79,11 @@ def write_sample_slide(
     if texture == "real" and (source is None or not source.is_file()):
         raise FileNotFoundError(f"texture='real' needs {REAL_SOURCE_NAME}; not found (give real_source=)")
     used_texture = "real" if texture == "real" or (texture == "auto" and source is not None) else "procedural"
-    painter = make_painter(tissue, blur, texture=used_texture, style=style, source=source, seed=seed)
+    if stain == "fluorescence":
+        used_texture = "procedural"  # the real H&E source has no fluorescence counterpart
+    painter = make_painter(
+        tissue, blur, texture=used_texture, style=style, source=source, seed=seed, stain=stain
+    )
     if n_levels is None:
         n_levels = 1
         while max(w, h) / 2 ** (n_levels - 1) > tile_px:
@@ -86,6 +94,7 @@ def write_sample_slide(
         _write_pyramid(
             tmp, painter, (w, h), (width_um, height_um), mpp=mpp, tile_px=tile_px, n_levels=n_levels,
             jpeg_quality=jpeg_quality, write_mpp=write_mpp, bigtiff=big,
+            channels=("DAPI", "FITC") if stain == "fluorescence" else (),
         )  # fmt: skip
         if corrupt_tiles:
             _damage_tiles(tmp, corrupt_tiles)
@@ -94,6 +103,7 @@ def write_sample_slide(
         path=Path(path), mpp=mpp, width_px=w, height_px=h, tissue_boxes_um=tissue, blur_boxes_um=blur,
         style=style, texture=used_texture, seed=seed, tile_px=tile_px, n_levels=n_levels,
         mpp_written=write_mpp, corrupt_tiles=tuple((int(c), int(r)) for c, r in corrupt_tiles),
+        stain=stain,
     )  # fmt: skip
 
 
@@ -109,6 +119,7 @@ def _write_pyramid(
     jpeg_quality: int,
     write_mpp: bool,
     bigtiff: bool,
+    channels: Sequence[str] = (),
 ) -> None:
     """Level 0, the Aperio thumbnail (IFD 1), then the halved levels, each streamed tile by tile."""
     w, h = size_px
@@ -128,7 +139,9 @@ def _write_pyramid(
                 shape=(lh, lw, 3),
                 dtype=np.uint8,
                 tile=(tile_px, tile_px),
-                description=_aperio_description(w, h, tile_px, jpeg_quality, mpp if write_mpp else None)
+                description=_aperio_description(
+                    w, h, tile_px, jpeg_quality, mpp if write_mpp else None, channels
+                )
                 if level == 0
                 else None,
                 resolution=(res[0] / 2**level, res[1] / 2**level) if res else None,
@@ -141,7 +154,9 @@ def _write_pyramid(
             )
 
 
-def _aperio_description(w: int, h: int, tile_px: int, quality: int, mpp: float | None) -> str:
+def _aperio_description(
+    w: int, h: int, tile_px: int, quality: int, mpp: float | None, channels: Sequence[str] = ()
+) -> str:
     text = (
         f"Aperio Image Library v12.0.0 (wsi sample)\r\n"
         f"{w}x{h} [0,0 {w}x{h}] ({tile_px}x{tile_px}) JPEG/RGB Q={quality}"
@@ -149,6 +164,8 @@ def _aperio_description(w: int, h: int, tile_px: int, quality: int, mpp: float |
     fields = [text, f"AppMag = {round(10 / mpp) if mpp else 20}", "Filename = wsi-sample"]
     if mpp is not None:
         fields.append(f"MPP = {mpp:.6g}")
+    if channels:  # openslide shows it as the property aperio.Channels
+        fields.append(f"Channels = {','.join(channels)}")
     return "|".join(fields)
 
 

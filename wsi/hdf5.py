@@ -1,4 +1,8 @@
-"""HDF5 attribute values as plain Python, shared by the tile-file and bag readers."""
+"""HDF5 attribute values as plain Python, for the tile-file and bag modules (their one h5py helper).
+
+h5py hands back numpy scalars, arrays and (for strings written by other tools) bytes; the file modules
+compare and serialise attributes, so they read them through `attrs_of` as str, int, float and lists.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,308 @@
+"""Weights from a file or a model folder, read as tensors only and checked key by key.
+
+A checkpoint is an untrusted file: it is read with `torch.load(weights_only=True)` or safetensors, never
+unpickled into objects. The authors' tensor names are mapped to ours by the recipe's key layout (a
+registry below, one small function per layout); then every key is checked against the architecture and
+the load is all or nothing: missing, unexpected and wrongly shaped tensors are listed by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pickle
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.encoders.recipe import EncoderRecipe
+from wsi.errors import WeightsError
+from wsi.registry import Registry
+
+log = logging.getLogger("models.encoders")
+
+StateDict = dict[str, torch.Tensor]
+
+
+# ----------------------------------------------------------------------------------------- reading
+def _unwrap(obj: object, path: Path) -> StateDict:
+    for _ in range(3):  # {"state_dict": {...}}, {"model": {...}}, {"model": {"state_dict": ...}}
+        if isinstance(obj, dict):
+            for key in ("state_dict", "model", "model_state_dict", "module"):
+                if isinstance(obj.get(key), dict):
+                    obj = obj[key]
+                    break
+            else:
+                break
+    if not isinstance(obj, dict) or not obj:
+        raise WeightsError(f"{path} holds no state dict (found {type(obj).__name__}); give a weights file")
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise WeightsError(f"{path} holds a dict without tensors (keys {list(obj)[:5]}); not a weights file")
+    out: StateDict = {}
+    for key, value in tensors.items():
+        for prefix in ("module.", "_orig_mod."):  # DataParallel / torch.compile wrappers
+            while key.startswith(prefix):
+                key = key[len(prefix) :]
+        out[key] = value
+    return out
+
+
+def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
+    """Tensors from a checkpoint without ever unpickling objects (weights_only / safetensors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return _unwrap(load_file(str(path), device="cpu"), path)
+        except Exception as exc:  # safetensors raises its own error types
+            raise WeightsError(f"{path} is not a readable safetensors file ({exc})") from None
+    try:
+        try:  # memory-mapped: a 4 GB giant is not copied before load_state_dict copies it
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (pre-zip) format
+    except pickle.UnpicklingError as exc:
+        # torch's message is long and coloured; keep only the line naming the refused object
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln]
+        if not found:  # not a pickle of objects at all: damaged or some other file
+            raise WeightsError(
+                f"{path} is not a readable PyTorch checkpoint ({text.strip()[:200]})"
+            ) from None
+        what = f" ({found[0].split(' was not an allowed')[0]})"
+        raise WeightsError(
+            f"{path} contains Python objects other than tensors{what}; they are not loaded because "
+            "unpickling can run arbitrary code. Save only the state dict: torch.save(model.state_dict(), ...)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({exc})") from None
+    return _unwrap(obj, path)
+
+
+def resolve_weights_path(
+    path: str | os.PathLike[str], recipe: EncoderRecipe, name: str, facts: dict[str, int] | None = None
+) -> Path:
+    """The weights file itself, or the one inside a model folder laid out as the authors' hub repository.
+
+    facts: the built architecture's embed_dim, depth, patch_size, num_heads, reg_tokens, checked against
+    the folder's config.json so that a folder of another model is named as such before any tensor is read.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise WeightsError(f"weights {path} does not exist; give the weights file or the model folder")
+    _check_folder_config(path, recipe, name, facts or {})
+    for candidate in recipe.weights_files:
+        if (path / candidate).is_file():
+            return path / candidate
+    present = sorted(p.name for p in path.iterdir())[:10]
+    raise WeightsError(
+        f"model folder {path} has none of {', '.join(recipe.weights_files)} for encoder {name!r} "
+        f"(it holds {', '.join(present) or 'nothing'}); give the weights file itself"
+    )
+
+
+def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: dict[str, int]) -> None:
+    """A hub folder's config.json must describe this architecture (catches UNI weights given as UNI2-h)."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        return
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{config_path} is not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        return
+    found = config.get("architecture")  # timm hub layout: {"architecture": ..., "model_args": {...}}
+    if isinstance(found, str) and found.split(".")[0] != recipe.arch.split(".")[0]:
+        raise WeightsError(
+            f"{config_path} is for architecture {found!r}, but encoder {name!r} is {recipe.arch!r}; "
+            "is this the folder of another model?"
+        )
+    model_args = config.get("model_args")
+    args: dict[str, object] = model_args if isinstance(model_args, dict) else {}
+    hf = {  # transformers' names for the same facts (Dinov2Config)
+        "embed_dim": "hidden_size",
+        "depth": "num_hidden_layers",
+        "patch_size": "patch_size",
+        "num_heads": "num_attention_heads",
+        "reg_tokens": "num_register_tokens",
+    }
+    for key in ("embed_dim", "depth", "patch_size", "reg_tokens", "num_heads"):
+        want = facts.get(key)
+        got = args.get(key, config.get(hf.get(key, "")))  # transformers layout names the same facts
+        if isinstance(want, int) and isinstance(got, int) and want != got:
+            raise WeightsError(
+                f"{config_path} says {key} = {got}, but encoder {name!r} has {key} = {want}; "
+                "is this the folder of another model?"
+            )
+
+
+# ------------------------------------------------------------------------------------- key layouts
+# Each layout maps the authors' tensor names to ours: backbone.* (the timm model) and pool.* (pooling head).
+KEY_LAYOUTS: Registry[Callable[[StateDict, nn.Module], StateDict]] = Registry("weights key layout")
+
+
+@KEY_LAYOUTS.register("timm")
+def _timm_layout(state: StateDict, encoder: nn.Module) -> StateDict:
+    """The checkpoint is the timm/torchvision model's own state dict (UNI, Virchow2, H-optimus, RetCCL)."""
+    return {f"backbone.{k}": v for k, v in state.items()}
+
+
+_HF_DINOV2 = [  # transformers Dinov2Model names -> timm VisionTransformer names
+    (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.position_embeddings$", "pos_embed"),
+    (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"^encoder\.layer\.(\d+)\.norm(\d)\.", r"blocks.\1.norm\2."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layer\.(\d+)\.layer_scale(\d)\.lambda1$", r"blocks.\1.ls\2.gamma"),
+    (r"^encoder\.layer\.(\d+)\.mlp\.fc(\d)\.", r"blocks.\1.mlp.fc\2."),
+    (r"^layernorm\.", "norm."),
+]
+
+
+@KEY_LAYOUTS.register("hf-dinov2")
+def _hf_dinov2_layout(state: StateDict, encoder: nn.Module) -> StateDict:
+    """A transformers Dinov2Model checkpoint (Phikon-v2): separate q/k/v become timm's packed qkv."""
+    out: StateDict = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        m = re.match(r"^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$", key)
+        if m:
+            qkv.setdefault(f"backbone.blocks.{m[1]}.attn.qkv.{m[3]}", {})[m[2]] = value
+            continue
+        for pattern, repl in _HF_DINOV2:
+            if re.match(pattern, key):
+                key = "backbone." + re.sub(pattern, repl, key)
+                break
+        out[key] = value  # unmatched names stay as they are and are reported as unexpected
+    for key, parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            missing = sorted({"query", "key", "value"} - set(parts))
+            raise WeightsError(f"attention tensors {key} lack {', '.join(missing)} in the checkpoint")
+        out[key] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)  # (3D, D) / (3D,)
+    return out
+
+
+@KEY_LAYOUTS.register("swin-v1")
+def _swin_v1_layout(state: StateDict, encoder: nn.Module) -> StateDict:
+    """The Swin layout of timm < 0.6 (CTransPath): a stage's patch merging moved to the start of the next."""
+    out: StateDict = {}
+    for key, value in state.items():
+        key = re.sub(r"^layers\.(\d+)\.downsample\.", lambda m: f"layers.{int(m[1]) + 1}.downsample.", key)
+        out[f"backbone.{key}"] = value
+    return out
+
+
+@KEY_LAYOUTS.register("conch-v1.5")
+def _conch_layout(state: StateDict, encoder: nn.Module) -> StateDict:
+    """CONCH v1.5's vision tower (trunk, attn_pool_contrast, ln_contrast); position grid fitted to 448 px."""
+    out: StateDict = {}
+    for key, value in state.items():
+        if key.startswith("trunk."):
+            out["backbone." + key[len("trunk.") :]] = value
+        elif key.startswith("attn_pool_contrast."):
+            out["pool." + key[len("attn_pool_contrast.") :]] = value
+        elif key.startswith("ln_contrast."):
+            out["pool.norm." + key[len("ln_contrast.") :]] = value
+        else:
+            out[key] = value
+    if "backbone.pos_embed" in out:
+        grid = cast(Any, encoder).backbone.patch_embed.grid_size
+        out["backbone.pos_embed"] = dino_pos_embed(out["backbone.pos_embed"], grid)
+    return out
+
+
+def dino_pos_embed(pos: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """A (1, 1 + n*n, D) class + square position table at the (H, W) grid the way CONCH's tower does it.
+
+    The published tower keeps a 14 x 14 table (224 px) and interpolates it for every forward pass with
+    DINO's recipe: bicubic with scale factors (H + 0.1) / 14, not a target size; a table of another size is
+    first resampled to 14 x 14 bilinearly (TRIDENT's resize_pos_embed). Doing that once at load time gives
+    the same numbers at the fixed 448 px input.
+    """
+    from timm.layers import resample_abs_pos_embed
+
+    n = pos.shape[1] - 1
+    side = math.isqrt(n)
+    if side * side != n:
+        return pos  # not a square grid: left for the shape check to report
+    if side != 14:
+        pos = resample_abs_pos_embed(pos, new_size=(14, 14), num_prefix_tokens=1, antialias=False)
+        side = 14
+    if tuple(grid) == (side, side):
+        return pos
+    cls, patches = pos[:, :1], pos[:, 1:]
+    dim = pos.shape[-1]
+    scale = ((grid[0] + 0.1) / side, (grid[1] + 0.1) / side)
+    patches = F.interpolate(
+        patches.reshape(1, side, side, dim).permute(0, 3, 1, 2).float(), scale_factor=scale, mode="bicubic"
+    )  # (1, D, H, W)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos.dtype)
+    return torch.cat([cls, patches], dim=1)
+
+
+# ------------------------------------------------------------------------------------------ checking
+def _few(keys: set[str], n: int = 5) -> str:
+    items = sorted(keys)
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _ours_to_theirs(key: str) -> str:
+    return key.removeprefix("backbone.")
+
+
+def load_checked(encoder: nn.Module, state: StateDict, recipe: EncoderRecipe, path: Path, name: str) -> None:
+    """Load all of `state` into `encoder` or nothing: every key and shape is checked first."""
+    ignore = [re.compile(p) for p in recipe.ignore_keys]
+    dropped = sorted(k for k in state if any(p.search(k) for p in ignore))
+    if dropped:
+        log.info(
+            "%s: ignoring %d tensors that are not part of %s (%s)",
+            path,
+            len(dropped),
+            name,
+            _few(set(dropped)),
+        )
+    kept = {k: v for k, v in state.items() if k not in set(dropped)}
+    given = KEY_LAYOUTS.get(recipe.key_layout)(kept, encoder)
+    expected = encoder.state_dict()
+    missing = set(expected) - set(given)
+    unexpected = set(given) - set(expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing: {_few({_ours_to_theirs(k) for k in missing})}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected: {_few({_ours_to_theirs(k) for k in unexpected})}")
+        raise WeightsError(
+            f"{path} does not fit encoder {name!r} ({'; '.join(parts)}); "
+            "is it a checkpoint of this architecture?"
+        )
+    wrong = {k for k in expected if tuple(given[k].shape) != tuple(expected[k].shape)}
+    if wrong:
+        k = sorted(wrong)[0]
+        raise WeightsError(
+            f"{path} has tensors of the wrong shape for encoder {name!r}: "
+            f"{_few({_ours_to_theirs(w) for w in wrong})} "
+            f"(e.g. {_ours_to_theirs(k)}: file {tuple(given[k].shape)}, model {tuple(expected[k].shape)})"
+        )
+    encoder.load_state_dict(given, strict=True)
+
+
+__all__ = ["KEY_LAYOUTS", "dino_pos_embed", "load_checked", "load_state_dict_file", "resolve_weights_path"]

@@ -1,0 +1,116 @@
+"""Reading a slide's candidate tiles in chunks on a thread pool, for the tile stage and benchmarks.
+
+    read_tile_chunks(slide, coords, params, threads) -> Iterator[(k, P, P, 3) uint8]   # reads only
+    classified_chunks(slide, coords, params, threads, dark=False)
+        -> Iterator[(tiles (k, P, P, 3) uint8, reasons (k,) int8)]                  # reads + filters
+    default_threads(workers) -> int                                                # threads per slide
+
+Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
+optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread. A tile that cannot be
+decoded is marked UNREADABLE (left white), never an error for the whole slide here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+
+from wsi.errors import SlideError
+from wsi.slide import Slide
+from wsi.tiling import UNREADABLE, TileParams, classify_tiles
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+#: tiles read and filtered as one job; enough to vectorise the filters, few enough to spread over threads
+_CHUNK = 16
+
+
+def default_threads(workers: int) -> int:
+    """Reader threads per slide: the cores left to each worker process, at most 4."""
+    return max(1, min(4, (os.cpu_count() or 1) // max(1, workers)))
+
+
+def read_tile_chunks(
+    slide: Slide, coords: np.ndarray, params: TileParams, threads: int
+) -> Iterator[np.ndarray]:
+    """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order, read on `threads` threads."""
+
+    def whole(tiles: np.ndarray, bad: np.ndarray) -> np.ndarray:
+        if bad.any():
+            raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
+        return tiles
+
+    return _map_chunks(slide, coords, params, threads, whole)
+
+
+def classified_chunks(
+    slide: Slide,
+    coords: np.ndarray,
+    params: TileParams,
+    threads: int,
+    *,
+    dark: bool = False,
+    gain: float = 1.0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
+    dark-background slide and its signal gain (`wsi.tiling.classify_tiles`)."""
+
+    def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        reasons = classify_tiles(tiles, params, dark=dark, gain=gain)
+        reasons[bad] = UNREADABLE
+        return tiles, reasons
+
+    return _map_chunks(slide, coords, params, threads, classify)
+
+
+def _map_chunks(
+    slide: Slide,
+    coords: np.ndarray,
+    params: TileParams,
+    threads: int,
+    then: Callable[[np.ndarray, np.ndarray], R],
+) -> Iterator[R]:
+    """`then(tiles, unreadable)` per chunk of `coords`, in order.
+
+    Each chunk is read AND passed to `then` (the filters) by one pool thread, so the filters run in
+    parallel with reads of other chunks (a main thread filtering while the pool reads overlapped
+    poorly, measured); at most 2 x threads chunks are in flight, which bounds memory.
+    """
+
+    def work(start: int) -> R:
+        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params))
+
+    starts = range(0, len(coords), _CHUNK)
+    if threads <= 1:
+        yield from map(work, starts)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="tile-read") as pool:
+        pending: deque[Future[R]] = deque()
+        for start in starts:
+            pending.append(pool.submit(work, start))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _read_chunk(slide: Slide, coords: np.ndarray, params: TileParams) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles (k, P, P, 3) uint8, unreadable (k,) bool); an unreadable tile is left white."""
+    tiles = np.empty((len(coords), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
+    bad = np.zeros(len(coords), bool)
+    for j, (x, y) in enumerate(coords):
+        try:
+            tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
+        except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
+            log.warning("%s: tile skipped: %s", slide.path.name, exc)
+            tiles[j] = 255
+            bad[j] = True
+    return tiles, bad

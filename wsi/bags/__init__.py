@@ -1,0 +1,64 @@
+"""Feature bags: the one module that writes ours, reads and sniffs ours, STAMP's, CLAM's and TRIDENT's,
+and summarises a bag. Nothing else in the project opens a bag with h5py.
+
+Bags from different tools disagree on names (`feats` vs `features`) and units (micrometres vs level-0
+pixels). Everything downstream (training, prediction, heatmaps) reads bags only through `load_bag`, so
+it sees one shape: features (N, D) and top-left coordinates in micrometres.
+
+Public API:
+  Bag                                    in-memory bag: feats (N,D), coords_um (N,2) float32, tile_size_um,
+                                         meta (dict of file attributes + "layout"), path, slide_id,
+                                         coords_px (N,2) int64 | None, provenance (ours) | None;
+                                         len(bag) == N, bag.dim == D
+  BagProvenance                          how a bag of ours was made (encoder, weights, tiles, slide);
+                                         .to_dict() -> root attributes, .from_dict(attrs, source=)
+  load_bag(path, *, mpp=None, rows=None) -> Bag
+        ours ("wsi-bag"), STAMP (`feats`, coords in um, `tile_size_um`), CLAM (`features`, level-0 px
+        coords with `patch_size`/`patch_level`), TRIDENT (`features`, coords with `patch_size_level0`).
+        CLAM and TRIDENT coords need the slide's level-0 `mpp` (argument, or an `mpp` attribute).
+        `rows` (int indices or a slice) reads only those tiles, e.g. a random sample for training.
+  read_bag_header(path) -> BagHeader     layout, n_tiles, dim, dtype, attrs (no arrays loaded)
+  bag_length(path) -> int                number of tiles, read from the dataset shape (no data loaded)
+  bag_layout(path) -> str                "wsi" | "stamp" | "clam" | "trident"
+  read_bag_attrs(path) -> dict           root attributes of a bag (ours: encoder, weights_sha256, ...)
+  is_complete_bag(path, *, encoder, weights_sha256) -> bool
+                                         True for a readable bag of ours made by that encoder + weights
+  write_bag(path, *, feats, coords_um, coords_px, provenance, dtype="float16") -> Path
+                                         writes the `wsi-bag` layout atomically (see docs/architecture.md)
+  bag_info(path, *, mpp=None) -> dict    the summary `wsi info` prints
+  FORMAT, FORMAT_VERSION, LAYOUTS
+Errors: `BagFormatError` naming the file and the missing dataset or attribute.
+"""
+
+from wsi.bags.format import FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
+from wsi.bags.info import bag_info
+from wsi.bags.read import (
+    Bag,
+    BagHeader,
+    Rows,
+    bag_layout,
+    bag_length,
+    is_complete_bag,
+    load_bag,
+    read_bag_attrs,
+    read_bag_header,
+)
+from wsi.bags.write import write_bag
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LAYOUTS",
+    "Bag",
+    "BagHeader",
+    "BagProvenance",
+    "Rows",
+    "bag_info",
+    "bag_layout",
+    "bag_length",
+    "is_complete_bag",
+    "load_bag",
+    "read_bag_attrs",
+    "read_bag_header",
+    "write_bag",
+]

@@ -1,0 +1,51 @@
+"""A bag's summary, as `wsi info` prints it: counts, sizes, provenance and extent, for any layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wsi.bags.read import load_bag, read_bag_header
+from wsi.errors import BagFormatError
+
+#: attributes shown when present (ours, and STAMP's `extractor` / `stamp_version`)
+_SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles", "precision",
+          "created", "wsi_version", "extractor", "stamp_version")  # fmt: skip
+
+
+def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[str, Any]:
+    """An ordered summary of one bag: file, kind, tiles, then what its layout lets us know.
+
+    A CLAM/TRIDENT bag without `mpp` still gets a summary: its attributes and a `note` saying why its
+    tiles cannot be placed. Raises BagFormatError when the file is not a bag at all.
+    """
+    path = Path(path)
+    header = read_bag_header(path)
+    out: dict[str, Any] = {
+        "file": str(path),
+        "kind": f"feature bag ({header.layout} layout)",
+        "tiles": header.n_tiles,
+    }
+    try:
+        bag = load_bag(path, mpp=mpp)
+    except BagFormatError as exc:  # e.g. CLAM without mpp: still say what is there
+        out["note"] = str(exc)
+        out.update({k: v for k, v in header.attrs.items() if isinstance(v, str | int | float)})
+        return out
+    out["dim"] = bag.dim
+    out["dtype"] = str(bag.feats.dtype)
+    out["tile_size_um"] = bag.tile_size_um
+    for key in _SHOWN:
+        if key in bag.meta:
+            out[key] = bag.meta[key]
+    if len(bag):
+        lo = bag.coords_um.min(axis=0)
+        hi = bag.coords_um.max(axis=0) + (bag.tile_size_um or 0.0)
+        out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
+        feats = bag.feats.astype(np.float32)
+        out["finite"] = bool(np.isfinite(feats).all())
+        out["feature_mean_std"] = f"{float(feats.mean()):.4g} / {float(feats.std()):.4g}"
+    return out

@@ -1,0 +1,252 @@
+"""Reading and sniffing bags: ours and the layouts of STAMP, CLAM and TRIDENT, into one `Bag`.
+
+Bags from different tools disagree on names (`feats` vs `features`) and units (micrometres vs level-0
+pixels). Everything downstream (training, prediction, heatmaps, `wsi info`) reads bags only through
+this module, so it sees one shape: features (N, D) and top-left coordinates in micrometres.
+
+Layouts, told apart by `bag_layout`:
+  wsi      ours: `format` = "wsi-bag" (see write.py), coords in um, provenance attributes
+  stamp    `feats`, coords in um, `tile_size_um` (KatherLab/STAMP >= 2)
+  clam     `features`, level-0 px coords with `patch_size` / `patch_level` (/ `downsample`) on `coords`
+  trident  `features`, level-0 px coords with `patch_size_level0` on `coords`
+CLAM and TRIDENT coordinates need the slide's level-0 `mpp` (argument, or an `mpp` attribute).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from wsi.bags.format import FORMAT, BagProvenance
+from wsi.errors import BagFormatError, ConfigError
+from wsi.hdf5 import attrs_of, plain
+
+log = logging.getLogger(__name__)
+
+Rows = slice | np.ndarray | list[int] | None
+
+
+@dataclass
+class Bag:
+    """One slide's features with top-left tile coordinates in micrometres."""
+
+    feats: np.ndarray  # (N, D)
+    coords_um: np.ndarray  # (N, 2) float32, top-left x, y in micrometres
+    tile_size_um: float | None
+    meta: dict[str, Any]  # every attribute of the file (and of `coords`), plus "layout"
+    path: Path
+    slide_id: str
+    coords_px: np.ndarray | None = field(default=None)  # (N, 2) int64 level-0 px, when the file has them
+    provenance: BagProvenance | None = None  # ours: how the features were made; other layouts: None
+
+    def __len__(self) -> int:
+        return int(self.feats.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.feats.shape[1])
+
+
+@dataclass(frozen=True)
+class BagHeader:
+    """What a bag holds, read without its arrays (cheap on thousands of bags)."""
+
+    path: Path
+    layout: str  # wsi | stamp | clam | trident
+    n_tiles: int
+    dim: int  # feature width D
+    dtype: str  # of the stored features: float16, float32, ...
+    attrs: dict[str, Any]  # root attributes
+
+
+def _open(path: Path) -> h5py.File:
+    if not path.is_file():
+        raise BagFormatError(f"bag {path} does not exist")
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise BagFormatError(f"{path} is not a readable HDF5 bag ({exc}); re-create it") from None
+
+
+def _layout(h5: h5py.File, path: Path) -> str:
+    if plain(h5.attrs.get("format")) == FORMAT:
+        return "wsi"
+    if "coords" not in h5:
+        raise BagFormatError(f"{path} has no `coords` dataset; it is not a feature bag this tool can read")
+    coord_attrs = {**attrs_of(h5), **attrs_of(h5["coords"])}
+    if "features" in h5 and "feats" not in h5:
+        if "patch_size_level0" in coord_attrs:
+            return "trident"
+        return "clam"
+    if "feats" in h5:
+        return "stamp"
+    raise BagFormatError(f"{path} has neither a `feats` nor a `features` dataset; it is not a feature bag")
+
+
+def _feats_ds(h5: h5py.File, path: Path) -> h5py.Dataset:
+    for name in ("feats", "features"):
+        if name in h5:
+            return h5[name]
+    raise BagFormatError(f"{path} has neither a `feats` nor a `features` dataset")
+
+
+def bag_layout(path: str | os.PathLike[str]) -> str:
+    """The layout: "wsi", "stamp", "clam" or "trident"; BagFormatError for anything else."""
+    path = Path(path)
+    with _open(path) as h5:
+        return _layout(h5, path)
+
+
+def read_bag_header(path: str | os.PathLike[str]) -> BagHeader:
+    """Layout, tile count, feature width and dtype, and root attributes of a bag of any layout."""
+    path = Path(path)
+    with _open(path) as h5:
+        layout = _layout(h5, path)
+        ds = _feats_ds(h5, path)
+        if ds.ndim != 2:
+            raise BagFormatError(f"{path}: features of shape {ds.shape}, expected (N, D)")
+        return BagHeader(path, layout, int(ds.shape[0]), int(ds.shape[1]), str(ds.dtype), attrs_of(h5))
+
+
+def bag_length(path: str | os.PathLike[str]) -> int:
+    """Number of tiles, from the dataset shape alone (cheap on thousands of bags)."""
+    path = Path(path)
+    with _open(path) as h5:
+        return int(_feats_ds(h5, path).shape[0])
+
+
+def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python."""
+    path = Path(path)
+    with _open(path) as h5:
+        return attrs_of(h5)
+
+
+def is_complete_bag(path: str | os.PathLike[str], *, encoder: str, weights_sha256: str) -> bool:
+    """Whether a re-run may skip `path`: one of ours, readable, from the same encoder and weights."""
+    try:
+        with h5py.File(path, "r") as h5:
+            attrs = attrs_of(h5)
+            n = int(h5["feats"].shape[0])
+            return (
+                attrs.get("format") == FORMAT
+                and attrs.get("encoder") == encoder
+                and attrs.get("weights_sha256") == weights_sha256
+                and h5["coords"].shape == (n, 2)
+                and attrs.get("n_tiles", n) == n
+            )
+    except (OSError, KeyError):
+        return False
+
+
+def _read_rows(ds: h5py.Dataset, rows: Rows) -> np.ndarray:
+    if rows is None:
+        return ds[()]
+    if isinstance(rows, slice):
+        return ds[rows]
+    idx = np.asarray(rows, dtype=np.int64)
+    if idx.size and (idx.min() < -ds.shape[0] or idx.max() >= ds.shape[0]):
+        raise IndexError(f"rows out of range for a bag of {ds.shape[0]} tiles")
+    idx = np.where(idx < 0, idx + ds.shape[0], idx)
+    # h5py fancy indexing wants unique increasing indices: read those, then restore the asked order.
+    uniq, inverse = np.unique(idx, return_inverse=True)
+    return ds[uniq][inverse] if uniq.size else ds[:0]
+
+
+def _need(attrs: dict[str, Any], name: str, path: Path, layout: str, hint: str = "") -> Any:
+    if name not in attrs or attrs[name] is None:
+        raise BagFormatError(
+            f"{path} ({layout} layout) lacks the `{name}` attribute needed to place its tiles{hint}"
+        )
+    return attrs[name]
+
+
+def _mpp_for(mpp: float | None, attrs: dict[str, Any], path: Path, layout: str) -> float:
+    if mpp is not None:
+        return float(mpp)
+    if attrs.get("mpp") is not None:
+        return float(attrs["mpp"])
+    raise BagFormatError(
+        f"{path} ({layout} layout) stores coordinates in level-0 pixels and no `mpp` attribute; "
+        "give the slide's level-0 resolution (load_bag(path, mpp=...), or an mpp column / --mpp)"
+    )
+
+
+def _pixel_layout_size_um(attrs: dict[str, Any], path: Path, layout: str, level0_mpp: float) -> float:
+    """Tile side in um of a CLAM / TRIDENT bag (their patch size is in pixels)."""
+    if layout == "trident":
+        return float(_need(attrs, "patch_size_level0", path, layout)) * level0_mpp
+    # CLAM: patch_size is at patch_level; scale by that level's downsample
+    patch_size = float(_need(attrs, "patch_size", path, layout))
+    level = int(_need(attrs, "patch_level", path, layout))
+    downsample = attrs.get("downsample")
+    if downsample is None:
+        if level != 0:
+            _need(attrs, "downsample", path, layout, f" (patch_level is {level})")
+        downsample = 1.0
+    return patch_size * float(np.mean(np.atleast_1d(downsample))) * level0_mpp
+
+
+def _provenance(root: dict[str, Any], path: Path) -> BagProvenance | None:
+    try:
+        return BagProvenance.from_dict(root, source=str(path))
+    except ConfigError as exc:  # the features still load; what made them is not fully known
+        log.warning("%s: incomplete provenance attributes (%s)", path, exc)
+        return None
+
+
+def load_bag(path: str | os.PathLike[str], *, mpp: float | None = None, rows: Rows = None) -> Bag:
+    """Read a bag of any supported layout into features and top-left coordinates in micrometres.
+
+    mpp: the slide's level-0 um/px, for CLAM/TRIDENT bags without an `mpp` attribute. rows: int
+    indices or a slice to read only those tiles (e.g. a random sample for training), in that order.
+    """
+    path = Path(path)
+    with _open(path) as h5:
+        layout = _layout(h5, path)
+        feats_ds = _feats_ds(h5, path)
+        coords_ds = h5["coords"]
+        if feats_ds.ndim != 2 or coords_ds.ndim != 2 or coords_ds.shape != (feats_ds.shape[0], 2):
+            raise BagFormatError(
+                f"{path}: features {feats_ds.shape} and coords {coords_ds.shape} do not match; "
+                "expected (N, D) and (N, 2)"
+            )
+        root = attrs_of(h5)
+        attrs = {**root, **attrs_of(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
+        feats = _read_rows(feats_ds, rows)
+        coords = _read_rows(coords_ds, rows)
+        coords_px: np.ndarray | None = None
+        if layout == "wsi" and "coords_px" in h5:
+            coords_px = _read_rows(h5["coords_px"], rows).astype(np.int64)
+    if layout == "wsi":
+        tile_size_um = float(_need(attrs, "tile_size_um", path, layout))
+        coords_um = coords.astype(np.float32)
+    elif layout == "stamp":
+        unit = attrs.get("unit", "um")
+        if unit not in ("um", "micron", "microns"):
+            raise BagFormatError(f"{path} (stamp layout) has coords in unit {unit!r}; only um is known")
+        hint = " (older STAMP bags: re-extract with STAMP>=2)"
+        tile_size_um = float(_need(attrs, "tile_size_um", path, layout, hint))
+        coords_um = coords.astype(np.float32)
+    else:
+        coords_px = np.asarray(coords).astype(np.int64)
+        level0_mpp = _mpp_for(mpp, attrs, path, layout)
+        tile_size_um = _pixel_layout_size_um(attrs, path, layout, level0_mpp)
+        coords_um = (coords_px * level0_mpp).astype(np.float32)
+        attrs["mpp"] = level0_mpp
+    return Bag(
+        feats=np.asarray(feats),
+        coords_um=coords_um,
+        tile_size_um=tile_size_um,
+        meta={**attrs, "layout": layout},
+        path=path,
+        slide_id=str(root.get("slide_id") or path.stem),
+        coords_px=coords_px,
+        provenance=_provenance(root, path) if layout == "wsi" else None,
+    )

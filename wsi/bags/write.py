@@ -1,0 +1,71 @@
+"""Writing our bags: `features/<encoder_id>/<slide_id>.h5` in the `wsi-bag` layout, atomically.
+
+Layout (docs/architecture.md "Bags"): `feats` (N, D) float16|float32, `coords` (N, 2) float32 top-left
+in micrometres, `coords_px` (N, 2) int64 level-0 pixels, a soft link `features -> feats` (what CLAM and
+TRIDENT readers look for), and as root attributes the `BagProvenance` plus unit, n_tiles, format and
+format_version. The file appears only when complete (temporary name, then rename).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from wsi.bags.format import FORMAT, FORMAT_VERSION, BagProvenance
+from wsi.errors import BagFormatError
+from wsi.files import atomic_path
+
+#: on-disk feature types: float16 halves the size; float32 for features beyond its range
+DTYPES = ("float16", "float32")
+_CHUNK_ROWS = 1024  # feats rows per HDF5 chunk: a random subset of tiles reads few chunks
+
+
+def write_bag(
+    path: str | os.PathLike[str],
+    *,
+    feats: np.ndarray,
+    coords_um: np.ndarray,
+    coords_px: np.ndarray,
+    provenance: BagProvenance,
+    dtype: str = "float16",
+) -> Path:
+    """Write a bag in our layout; the file appears only when complete (temp file + rename).
+
+    feats (N, D); coords_um (N, 2) top-left in micrometres; coords_px (N, 2) top-left in level-0 px.
+    Raises BagFormatError for an unknown dtype or features that overflow float16 (nothing is written).
+    """
+    if dtype not in DTYPES:
+        raise BagFormatError(f"bag dtype {dtype!r} is not supported; use float16 or float32")
+    feats = np.asarray(feats)
+    n = feats.shape[0]
+    if feats.ndim != 2 or np.shape(coords_um) != (n, 2) or np.shape(coords_px) != (n, 2):
+        raise ValueError(
+            f"bag arrays disagree: feats {feats.shape}, coords_um {np.shape(coords_um)}, "
+            f"coords_px {np.shape(coords_px)}"
+        )
+    with np.errstate(over="ignore"):  # overflow is detected just below, with a useful message
+        feats_out = feats.astype(dtype)
+    if not np.isfinite(feats_out).all():
+        raise BagFormatError(
+            f"features for {provenance.slide_id} do not fit {dtype} (values beyond its range); "
+            "use --dtype float32"
+        )
+    attrs = {
+        **provenance.to_dict(),
+        "unit": "um",
+        "n_tiles": int(n),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+    }
+    final = Path(path)
+    with atomic_path(final) as tmp, h5py.File(tmp, "w") as h5:
+        h5.create_dataset("feats", data=feats_out, chunks=(min(max(n, 1), _CHUNK_ROWS), feats.shape[1]))
+        h5.create_dataset("coords", data=np.asarray(coords_um, dtype=np.float32))
+        h5.create_dataset("coords_px", data=np.asarray(coords_px, dtype=np.int64))
+        h5["features"] = h5py.SoftLink("/feats")  # CLAM / TRIDENT readers look for `features`
+        for key, value in attrs.items():
+            h5.attrs[key] = value
+    return final

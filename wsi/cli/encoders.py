@@ -1,0 +1,94 @@
+"""`wsi encoders`: the named tile encoders, their recipes, and where their weights come from."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import click
+
+from wsi.cli._common import user_errors
+
+if TYPE_CHECKING:
+    from models.encoders import EncoderRecipe
+
+
+@click.command(
+    "encoders",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  wsi encoders                          # every named encoder: width, input, parameters, mpp, licence
+  wsi encoders uni2-h                   # one recipe in full, where its weights come from, the command
+  wsi encoders virchow2 --yaml > my.yaml   # a recipe as YAML: edit it into your own --encoder my.yaml
+  wsi encoders --json                   # all recipes, machine-readable
+
+\b
+Weights are never downloaded: get them from the authors' page (most need you to accept their terms),
+then give the file or the model folder:
+  wsi embed --tiles run/ --out run/ --encoder uni --weights /models/UNI/pytorch_model.bin
+  wsi embed --tiles run/ --out run/ --encoder phikon-v2 --weights /models/phikon-v2/
+Tile at the encoder's training resolution (the mpp column): wsi tile slides/ --out run/ --mpp 0.5
+""",
+)
+@click.argument("name", required=False)
+@click.option(
+    "--yaml", "as_yaml", is_flag=True, help="Print the recipe(s) as YAML (a template for your own)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the recipe(s) as JSON.")
+@user_errors
+def command(name: str | None, as_yaml: bool, as_json: bool) -> None:
+    """List the named tile encoders, or show one recipe."""
+    from models.encoders import ENCODERS, get_recipe
+
+    names = [name] if name else ENCODERS.names()
+    recipes = {n: get_recipe(n) for n in names}  # unknown NAME: a ConfigError listing the choices
+    if as_json or as_yaml:
+        data = {n: r.as_dict() for n, r in recipes.items()}
+        if as_yaml:
+            import yaml
+
+            body = data[name] if name else data
+            click.echo(yaml.safe_dump(body, sort_keys=False), nl=False)
+        else:
+            click.echo(json.dumps(data[name] if name else data, indent=2))
+        return
+    if name:
+        _describe(name, recipes[name])
+        return
+    rows = [("name", "width", "input", "params", "mpp", "licence")]
+    for n, r in recipes.items():
+        resize = f"{r.resize_to}>" if r.resize_to != r.input_px else ""
+        rows.append((n, str(r.dim), f"{resize}{r.input_px} px", _millions(r.params), f"{r.training_mpp:g}"
+                     if r.training_mpp else "?", r.licence.split(" (")[0]))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    click.echo("\nAlso: --encoder timm:<architecture> (any timm model) or --encoder my-encoder.yaml.")
+    click.echo("`wsi encoders NAME` shows where a model's weights come from.")
+
+
+def _millions(params: int | None) -> str:
+    if not params:
+        return "?"
+    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+
+
+def _describe(name: str, r: EncoderRecipe) -> None:
+    resize = (
+        f"resize shorter side to {r.resize_to} px ({r.interpolation}), " if r.resize_to != r.input_px else ""
+    )
+    lines = [
+        f"{name}: {r.arch}, {_millions(r.params)} parameters, {r.dim}-d features ({r.pooling} pooling)",
+        f"  input:     {resize}{r.input_px} px ({r.interpolation}, centre crop); mean {r.mean}, std {r.std}",
+        f"  arguments: {r.kwargs or '(the architecture defaults)'}",
+        f"  trained:   {r.training_mpp:g} um/px tiles"
+        if r.training_mpp
+        else "  trained:   resolution not stated",
+        f"  weights:   {r.source}",
+        f"  licence:   {r.licence}",
+        f"  checked:   {r.reference}",
+        f"  command:   wsi embed --tiles run/ --out run/ --encoder {name} "
+        f"--weights /path/{r.weights_files[0]}",
+    ]
+    click.echo("\n".join(lines))
