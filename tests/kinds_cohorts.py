@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from wsi.bags import write_bag
+from wsi.bags import BagProvenance, write_bag
 
 IN_DIM = 16
 TINY = {"dim": 32, "attn_dim": 32, "depth": 1, "heads": 4, "mlp_dim": 32}
@@ -45,12 +45,13 @@ def texture_bag(
     feats[:, :4] += np.where(is_b, 1.5, -1.5)[:, None]
     cells = rng.permutation(100)[:n]
     coords_um = np.stack([cells % 10, cells // 10], axis=1).astype(np.float32) * 256.0  # (N, 2)
-    write_bag(
-        path, feats=feats, coords_um=coords_um, coords_px=(coords_um / 0.5).astype(np.int64),
-        encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=256.0, tile_size_px=256, mpp=0.5,
-        level0_width=5120, level0_height=5120, tile_params={"tile_um": 256.0, "tile_px": 256},
-        slide_id=path.stem, extra_attrs={"slide_path": slide_path, "target_mpp": 1.0} if slide_path else None,
+    provenance = BagProvenance(
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=256.0,
+        tile_size_px=256, mpp=0.5, level0_width=5120, level0_height=5120,
+        tile_params={"tile_um": 256.0, "tile_px": 256}, target_mpp=1.0, slide_path=slide_path or None,
     )  # fmt: skip
+    write_bag(path, feats=feats, coords_um=coords_um, coords_px=(coords_um / 0.5).astype(np.int64),
+              provenance=provenance)  # fmt: skip
     return n_b
 
 

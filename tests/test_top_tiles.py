@@ -18,7 +18,7 @@ from pipelines.heatmaps import contribution_to_class
 from pipelines.predict import load_run
 from pipelines.top_tiles import pick
 from pipelines.train import train
-from wsi.bags import load_bag, write_bag
+from wsi.bags import BagProvenance, load_bag, write_bag
 from wsi.cli.main import cli
 from wsi.slide import open_slide
 
@@ -31,12 +31,13 @@ def _bag_on_slide(path: Path, slide_path: str, mpp: float, rng: np.random.Genera
     grid = np.array([(x, y) for y in range(5) for x in range(5)], dtype=np.float32) * TILE_UM  # (25, 2)
     feats = rng.normal(size=(25, IN_DIM)).astype(np.float32)
     feats[:, :4] += np.linspace(-2, 2, 25)[:, None]  # some tiles look like each class
-    write_bag(
-        path, feats=feats, coords_um=grid, coords_px=np.round(grid / mpp).astype(np.int64),
-        encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=TILE_UM, tile_size_px=256, mpp=mpp,
-        level0_width=3000, level0_height=3000, tile_params={"tile_um": TILE_UM, "tile_px": 256},
-        slide_id=path.stem, extra_attrs={"slide_path": slide_path, "target_mpp": TARGET_MPP},
+    provenance = BagProvenance(
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=TILE_UM,
+        tile_size_px=256, mpp=mpp, level0_width=3000, level0_height=3000,
+        tile_params={"tile_um": TILE_UM, "tile_px": 256}, target_mpp=TARGET_MPP, slide_path=slide_path,
     )  # fmt: skip
+    coords_px = np.round(grid / mpp).astype(np.int64)
+    write_bag(path, feats=feats, coords_um=grid, coords_px=coords_px, provenance=provenance)
 
 
 @pytest.fixture(autouse=True)
