@@ -1,4 +1,4 @@
-"""The end-to-end demo: generated two-class cohort -> tile -> embed -> train -> predict.
+"""The end-to-end demo: two-class cohort -> tile -> embed -> train -> predict, and a survival study.
 
 It exercises the same library calls a user's run makes, on slides the project generates itself, so it
 works on a fresh machine with no data and no weights. The two classes differ in tissue texture (nuclei
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from models.encoders import encoder_id_for
+from pipelines.demo_survival import run_survival_demo
 from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from pipelines.jobs import JobResult, RunSummary
 from pipelines.predict import predict
@@ -56,6 +57,8 @@ class DemoResult:
     test_auroc: float | None  # None when the test split holds one class only
     outputs: dict[str, Path]
     seconds: float
+    survival_c_index: float | None = None  # test C-index of the survival study (None: too few events)
+    survival_logrank_p: float | None = None  # log-rank p of its Kaplan-Meier split
 
 
 def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
@@ -98,14 +101,14 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     start = time.perf_counter()
     out = opts.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    log.info("demo 1/5: writing %d sample slides to %s", 2 * opts.slides_per_class + opts.new_slides, out)
+    log.info("demo 1/6: writing %d sample slides to %s", 2 * opts.slides_per_class + opts.new_slides, out)
     labelled, new, labels = _make_cohort(opts)
 
-    log.info("demo 2/5: tile")
+    log.info("demo 2/6: tile")
     params = TileParams(tile_um=opts.tile_um, tile_px=opts.tile_px)
     _failed("tile", tile_slides(find_slides([labelled]), out_dir=out, params=params, workers=opts.workers))
 
-    log.info("demo 3/5: embed with %s (%s)", opts.encoder,
+    log.info("demo 3/6: embed with %s (%s)", opts.encoder,
              opts.weights if opts.weights else "random initialisation: no weights given")
     options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
                            random_init=opts.weights is None, batch_size=32)
@@ -114,19 +117,24 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
     run_dir = out / "model"
     if (run_dir / "metrics.json").is_file():  # a finished run: re-use it, as the stages above do
-        log.info("demo 4/5: train: finished run found in %s, re-used", run_dir)
+        log.info("demo 4/6: train: finished run found in %s, re-used", run_dir)
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     else:
-        log.info("demo 4/5: train (task nsclc-subtype, whole bags)")
+        log.info("demo 4/6: train (task nsclc-subtype, whole bags)")
         metrics = train(
             task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
             epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
             overrides={"patience": opts.epochs}, resume=True,  # continues an interrupted demo
         ).metrics  # fmt: skip
 
-    log.info("demo 5/5: predict new slides from raw pixels (tile -> embed -> classify)")
+    log.info("demo 5/6: predict new slides from raw pixels (tile -> embed -> classify)")
     pred_dir = out / "predictions"
     predict(model_dir=run_dir, inputs=[new], out_dir=pred_dir, weights=opts.weights, workers=opts.workers)
+    log.info("demo 6/6: survival study on the same bags (task nsclc-os, Cox)")
+    survival = run_survival_demo(
+        features_dir=features, labels_csv=labels, out_dir=out, epochs=opts.epochs, seed=opts.seed,
+        model_overrides=dict(opts.model_overrides),
+    )  # fmt: skip
     auroc = metrics.get("auroc")
     outputs = {
         "sample slides": labelled,
@@ -138,9 +146,12 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         "metrics": run_dir / "metrics.json",
         "predictions": pred_dir / "predictions.csv",
         "heatmaps": pred_dir / "heatmaps",
+        **survival.outputs,
     }
     return DemoResult(
         test_auroc=None if auroc is None else float(auroc),
+        survival_c_index=survival.c_index,
+        survival_logrank_p=survival.logrank_p,
         outputs=outputs,
         seconds=time.perf_counter() - start,
     )

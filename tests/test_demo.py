@@ -42,6 +42,11 @@ def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
         assert r["predicted"] in ("LUAD", "LUSC")
         assert (out["heatmaps"] / f"{r['slide']}.png").is_file()
 
+    survival = json.loads(out["survival metrics"].read_text())
+    assert survival["kind"] == "survival"
+    assert out["Kaplan-Meier curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["survival report"].is_file()
+
     # a second run re-uses the finished slides, tiles and bags
     stamps = {p: p.stat().st_mtime_ns for p in bags}
     run_demo(opts)

@@ -47,5 +47,7 @@ def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class:
     result = run_demo(options)
     auroc = "n/a (one class in the test split)" if result.test_auroc is None else f"{result.test_auroc:.3f}"
     click.echo(f"\nDemo finished in {result.seconds:.0f} s. Test AUROC: {auroc}")
+    c = "n/a (too few events)" if result.survival_c_index is None else f"{result.survival_c_index:.3f}"
+    click.echo(f"Survival study (Cox, task nsclc-os, same bags): test C-index {c}")
     for name, path in result.outputs.items():
         click.echo(f"  {name:<18} {path}")
