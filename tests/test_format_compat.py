@@ -109,7 +109,8 @@ def test_the_new_writer_writes_the_old_layout(tmp_path: Path) -> None:
     write_bag(new, feats=feats, coords_um=coords_um, coords_px=coords_px,
               provenance=load_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
     with h5py.File(old) as a, h5py.File(new) as b:
-        assert set(a.attrs) == set(b.attrs)
+        # the old layout, plus STAMP's `feat_type` (issue 10: STAMP refuses bags without it)
+        assert set(a.attrs) | {"feat_type"} == set(b.attrs) and b.attrs["feat_type"] == "tile"
         for key in a.attrs:  # same values and the same HDF5 types (float64 stays float64, ...)
             va, vb = a.attrs[key], b.attrs[key]
             assert va == vb and type(va) is type(vb), (key, va, vb)

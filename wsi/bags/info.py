@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from wsi.bags.check import count_nonfinite_rows
 from wsi.bags.read import load_bag, read_bag_header
 from wsi.errors import BagFormatError
 
@@ -41,11 +42,19 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
     for key in _SHOWN:
         if key in bag.meta:
             out[key] = bag.meta[key]
-    if len(bag):
+    if bag.mpp_source and bag.mpp_source != "bag attribute mpp":
+        out["mpp"], out["mpp_source"] = bag.mpp, bag.mpp_source
+    if len(bag) and bag.coords_um is not None:
         lo = bag.coords_um.min(axis=0)
         hi = bag.coords_um.max(axis=0) + (bag.tile_size_um or 0.0)
         out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
+    if len(bag):
         feats = bag.feats.astype(np.float32)
-        out["finite"] = bool(np.isfinite(feats).all())
-        out["feature_mean_std"] = f"{float(feats.mean()):.4g} / {float(feats.std()):.4g}"
+        n_bad = count_nonfinite_rows(feats)
+        out["finite"] = not n_bad
+        if n_bad:
+            out["nonfinite_tiles"] = n_bad
+        ok = feats[np.isfinite(feats).all(axis=1)]
+        if len(ok):
+            out["feature_mean_std"] = f"{float(ok.mean()):.4g} / {float(ok.std()):.4g}"
     return out
