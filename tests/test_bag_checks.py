@@ -97,7 +97,10 @@ def test_mpp_order_slide_column_then_run_wide_then_the_bag(tmp_path: Path) -> No
 
 
 def test_bags_in_pixels_need_no_mpp_when_the_model_uses_no_positions(tmp_path: Path) -> None:
-    items = [Item("c1", _clam(tmp_path / "c1.h5"), label=0), Item("c2", _clam(tmp_path / "c2.h5", n=4), label=1)]
+    items = [
+        Item("c1", _clam(tmp_path / "c1.h5"), label=0),
+        Item("c2", _clam(tmp_path / "c2.h5", n=4), label=1),
+    ]
     with pytest.raises(BagFormatError, match=r"--mpp") as err:  # positions used: refused, fix named
         BagInput().dataset(items, train=False)[0]
     assert "c1.h5" in str(err.value) and "`mpp` column" in str(err.value)

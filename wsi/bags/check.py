@@ -42,8 +42,8 @@ class BadBag:
 
 def nonfinite_message(path: Path, n_bad: int, n_rows: int) -> str:
     return (
-        f"{path}: {n_bad} of {n_rows} tiles have NaN or infinite features; a model trained or "
-        "evaluated on them is meaningless: re-embed the slide (`wsi embed ... --overwrite`) or leave the bag out"
+        f"{path}: {n_bad} of {n_rows} tiles have NaN or infinite features; a model trained or evaluated "
+        "on them is meaningless: re-embed the slide (`wsi embed ... --overwrite`) or leave the bag out"
     )
 
 
