@@ -20,8 +20,9 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
-from wsi.region import RegionKind, best_level, plan_region, resample_filter
+from wsi.region import RegionKind, best_level, plan_region
 from wsi.suffixes import SLIDE_SUFFIXES
+from wsi.thumbnail import Thumbnail, read_thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
 #: resolution tags outside this range (um/px) are defaults such as 72 dpi, not a scan resolution
 _PLAUSIBLE_MPP = (0.01, 50.0)
 _WHITE = 255
-#: thumbnails from a level larger than this (pixels) are assembled block by block (memory)
-_MAX_THUMB_READ_PX = 1 << 26
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
@@ -203,34 +202,15 @@ class Slide:
         return np.asarray(img)
 
     def thumbnail_at(self, mpp: float) -> np.ndarray:
-        """The whole slide as RGB uint8 at about `mpp` um/px, read from the coarsest level fine enough."""
-        if mpp <= 0:
-            raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
-        level = self.best_level_for_mpp(mpp)
-        lw, lh = self.level_dimensions[level]
-        w0, h0 = self.dimensions
-        size = (max(1, round(w0 * self.mpp / mpp)), max(1, round(h0 * self.mpp / mpp)))
-        if lw * lh > _MAX_THUMB_READ_PX:
-            return self._thumbnail_by_blocks(mpp, size)
-        raw = self.read_level(level, 0, 0, lw, lh)
-        if size == (lw, lh):
-            return raw
-        return np.asarray(Image.fromarray(raw).resize(size, resample=resample_filter(lw / size[0])))
+        """The whole slide as RGB uint8 at about `mpp` um/px, read from the coarsest level fine enough.
 
-    def _thumbnail_by_blocks(self, mpp: float, size: tuple[int, int], read_px: int = 4096) -> np.ndarray:
-        """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid).
+        Parts that cannot be decoded are white (see `thumbnail` for where they are)."""
+        return self.thumbnail(mpp).image
 
-        Blocks are sized so that each read is at most `read_px` pixels a side at the level read.
-        """
-        level = self.best_level_for_mpp(mpp)
-        block_px = max(1, int(read_px * self.level_mpp(level) / mpp))  # thumbnail px per block
-        out = np.empty((size[1], size[0], 3), np.uint8)
-        for by in range(0, size[1], block_px):
-            for bx in range(0, size[0], block_px):
-                block = self.read_region_um(round(bx * mpp / self.mpp), round(by * mpp / self.mpp),
-                                            block_px * mpp, mpp)
-                out[by : by + block_px, bx : bx + block_px] = block[: size[1] - by, : size[0] - bx]
-        return out
+    def thumbnail(self, mpp: float) -> Thumbnail:
+        """The whole slide at about `mpp` um/px, with what could not be decoded marked unknown, not fatal
+        (`wsi.thumbnail.read_thumbnail`). Only a slide of which nothing can be read raises SlideError."""
+        return read_thumbnail(self, mpp)
 
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:
