@@ -49,6 +49,7 @@ class Slide:
     backend: str
     vendor: str
     mpp: float  # level-0 um/px
+    mpp_source: str  # "given", "metadata (openslide.mpp-x)", "TIFF resolution tags"
     dimensions: tuple[int, int]  # (width, height) of level 0, px
     level_dimensions: tuple[tuple[int, int], ...]
     level_downsamples: tuple[float, ...]
@@ -69,16 +70,16 @@ class Slide:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
                 raise SlideError(f"{path}: mpp must be a positive number of um/px, not {mpp!r}")
-            self.mpp = float(mpp)
-            found = self._mpp_from_metadata()
+            self.mpp, self.mpp_source = float(mpp), "given"
+            found, _ = self._mpp_from_metadata()
             if found is not None and abs(found - self.mpp) > 0.01 * found:
                 log.info("%s: using the given mpp %.4g instead of %.4g from its metadata", path, mpp, found)
         else:
-            found = self._mpp_from_metadata()
+            found, source = self._mpp_from_metadata()
             if found is None:
                 self.close()
                 raise MissingMppError(_mpp_hint(path))
-            self.mpp = found
+            self.mpp, self.mpp_source = found, source
 
     # ------------------------------------------------------------------------------------------- open
     def _new_handle(self) -> Any:
@@ -96,8 +97,8 @@ class Slide:
                 f"check that the file is a complete whole-slide image ({' '.join(SLIDE_SUFFIXES)})"
             ) from exc
 
-    def _mpp_from_metadata(self) -> float | None:
-        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units)."""
+    def _mpp_from_metadata(self) -> tuple[float | None, str]:
+        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units); and which."""
         props = self.properties
         for key in (f"{self.backend}.mpp-x", "openslide.mpp-x", "tiffslide.mpp-x"):
             value = _positive_float(props.get(key))
@@ -105,8 +106,9 @@ class Slide:
                 y = _positive_float(props.get(key.replace("mpp-x", "mpp-y")))
                 if y is not None and abs(y - value) > 0.01 * value:
                     log.warning("%s: mpp-x %.4g differs from mpp-y %.4g; using mpp-x", self.path, value, y)
-                return value
-        return _mpp_from_tiff_tags(self.path)
+                return value, f"metadata ({key})"
+        tags = _mpp_from_tiff_tags(self.path)
+        return tags, "TIFF resolution tags" if tags is not None else ""
 
     # ------------------------------------------------------------------------------------------- read
     def level_mpp(self, level: int) -> float:
