@@ -127,3 +127,30 @@ def test_heatmap_of_a_bag_in_pixels(tmp_path: Path) -> None:
     png = tmp_path / "c1.png"
     adapter.heatmap(items[0], sample, torch.linspace(-1, 1, 6), png, title="c1")
     assert png.is_file() and png.stat().st_size > 0
+
+
+def test_predict_fails_the_non_finite_slide_and_goes_on(tmp_path: Path) -> None:
+    from test_train_synthetic import make_bag, make_cohort, write_task
+
+    from pipelines.predict import predict
+    from pipelines.train import train
+
+    torch.set_num_threads(1)
+    cohort = make_cohort(tmp_path, n_patients=6)
+    run = train(
+        task=write_task(tmp_path / "task.yaml", epochs=1), labels_csv=cohort.labels,
+        features_dir=cohort.bags, out_dir=tmp_path / "run", progress=False,
+    ).run_dir  # fmt: skip
+    bags = tmp_path / "new"
+    bags.mkdir()
+    for slide in cohort.slides[:2]:
+        (bags / f"{slide}.h5").write_bytes((cohort.bags / f"{slide}.h5").read_bytes())
+    make_bag(bags / "nan-slide.h5", label=0, rng=np.random.default_rng(0), n=5)
+    with h5py.File(bags / "nan-slide.h5", "a") as h5:
+        h5["feats"][2, 0] = np.nan
+    result = predict(model_dir=run, features_dir=bags, out_dir=tmp_path / "out", progress=False)
+    status = {r.slide_id: r for r in result.results}
+    assert status["nan-slide"].status == "failed" and "1 of 5 tiles" in status["nan-slide"].error
+    assert "nan-slide.h5" in status["nan-slide"].error
+    assert [status[s].status for s in cohort.slides[:2]] == ["ok", "ok"]
+    assert sorted(row["slide"] for row in result.rows) == sorted(cohort.slides[:2])  # no prob=nan row
