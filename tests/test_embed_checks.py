@@ -153,3 +153,15 @@ def test_the_summary_names_the_slides_with_bad_tiles(make_slide, tmp_path: Path)
     )
     assert res.exit_code == 0, res.output
     assert f"emb-clean: 1 of {n} tiles unreadable, left out of its bag" in res.output
+
+
+def test_a_rerun_gives_older_bags_stamps_feat_type(slides: tuple[Path, Path], tmp_path: Path) -> None:
+    import h5py
+
+    run = _tile([slides[0]], tmp_path / "run")
+    embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)
+    bag = run / BAGS / "chk-a.h5"
+    with h5py.File(bag, "a") as h5:  # as written before issue 10
+        del h5.attrs["feat_type"]
+    [row] = embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)
+    assert row.status == "skipped" and read_bag_attrs(bag)["feat_type"] == "tile"

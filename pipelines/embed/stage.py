@@ -35,7 +35,7 @@ from pipelines.embed.checks import bad_tile_lines, bad_tiles, other_slide, refus
 from pipelines.embed.engine import SlideJob, embed_stream, prepare_runtime
 from pipelines.embed.options import EmbedOptions
 from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header
+from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
 from wsi.errors import WsiError
 from wsi.files import is_temp_name
 from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
@@ -115,6 +115,7 @@ def embed_tiles(
             continue
         done = _is_current(job, encoder, options.dtype)
         if done and not options.overwrite:
+            _upgrade(job.bag_path)
             results.append(JobResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
         else:
             if job.bag_path.exists() and not options.overwrite:
@@ -159,6 +160,15 @@ def _is_current(job: SlideJob, encoder: Encoder, dtype: str) -> bool:
         and made.n_tiles_requested == job.tiles.n
         and made.input_px == encoder.input_px
     )
+
+
+def _upgrade(bag: Path) -> None:
+    """An older finished bag gains STAMP's feat_type, so that its folder stays one feature type."""
+    try:
+        if upgrade_bag(bag):
+            log.info("%s: added feat_type='tile' (what STAMP needs) to the finished bag", bag)
+    except OSError as exc:  # read-only, say: the bag is still fine for us
+        log.warning("%s: could not add feat_type for STAMP (%s)", bag, exc)
 
 
 def _n(job: SlideJob) -> int:

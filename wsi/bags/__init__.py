@@ -32,6 +32,7 @@ Public API:
                                          True for a readable bag of ours made by that encoder + weights
   write_bag(path, *, feats, coords_um, coords_px, provenance, dtype="float16") -> Path
                                          writes the `wsi-bag` layout atomically (see docs/architecture.md)
+  upgrade_bag(path) -> bool              adds `feat_type` to a bag of ours written before it existed
   bag_info(path, *, mpp=None) -> dict    the summary `wsi info` prints
   FORMAT, FORMAT_VERSION, LAYOUTS, FEAT_TYPE
 Errors: `BagFormatError` naming the file and the missing dataset or attribute; its subclass
@@ -53,7 +54,7 @@ from wsi.bags.read import (
     read_bag_attrs,
     read_bag_header,
 )
-from wsi.bags.write import write_bag
+from wsi.bags.write import upgrade_bag, write_bag
 
 __all__ = [
     "FEAT_TYPE",
@@ -77,5 +78,6 @@ __all__ = [
     "read_bag_attrs",
     "read_bag_header",
     "scan_bag",
+    "upgrade_bag",
     "write_bag",
 ]

@@ -10,6 +10,7 @@ complete (temporary name, then rename).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import h5py
@@ -73,3 +74,21 @@ def write_bag(
         for key, value in attrs.items():
             h5.attrs[key] = value
     return final
+
+
+def upgrade_bag(path: str | os.PathLike[str]) -> bool:
+    """Give a bag of ours written before `feat_type` existed that attribute; True when it was added.
+
+    Without it STAMP refuses the whole folder (old bags count as type "None", new ones as "tile"), so a
+    re-run that skips finished bags upgrades them. The arrays are untouched; the file is copied, the
+    attribute added to the copy, and the copy renamed over the original (never a half-written bag).
+    """
+    final = Path(path)
+    with h5py.File(final, "r") as h5:
+        if h5.attrs.get("format") != FORMAT or "feat_type" in h5.attrs:
+            return False
+    with atomic_path(final) as tmp:
+        shutil.copy2(final, tmp)
+        with h5py.File(tmp, "a") as h5:
+            h5.attrs["feat_type"] = FEAT_TYPE
+    return True
