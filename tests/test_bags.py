@@ -66,7 +66,7 @@ def _write_clam(path: Path, *, level: int = 0, with_attrs: bool = True) -> None:
             ds.attrs["downsample"] = np.array([downsample, downsample])
 
 
-def _write_trident(path: Path) -> None:
+def _write_trident(path: Path, *, magnification: bool = True) -> None:
     feats, _, coords_px = _data()
     with h5py.File(path, "w") as h5:
         h5["features"] = feats
@@ -74,7 +74,8 @@ def _write_trident(path: Path) -> None:
         ds.attrs["patch_size"] = 256
         ds.attrs["patch_size_level0"] = TILE_PX0
         ds.attrs["target_magnification"] = 10
-        ds.attrs["level0_magnification"] = 20
+        if magnification:  # 20x: TRIDENT's nominal 10 / 20 = 0.5 um/px, which is MPP
+            ds.attrs["level0_magnification"] = 20
 
 
 def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
@@ -141,16 +142,22 @@ def test_foreign_layouts_load_to_the_same_bag(tmp_path: Path, layout: str) -> No
 @pytest.mark.parametrize("layout", ["clam", "trident"])
 def test_pixel_layouts_need_the_mpp(tmp_path: Path, layout: str) -> None:
     path = tmp_path / f"{layout}.h5"
-    (_write_clam if layout == "clam" else _write_trident)(path)
+    if layout == "clam":
+        _write_clam(path)
+    else:
+        _write_trident(path, magnification=False)  # with it, TRIDENT's bag gives its own mpp
     with pytest.raises(BagFormatError, match=r"mpp") as err:
         load_bag(path)
     assert str(path) in str(err.value)
+    assert "--mpp" in str(err.value) and "`mpp` column" in str(err.value)  # the options that fix it
 
 
 def test_missing_attribute_is_named(tmp_path: Path) -> None:
     path = tmp_path / "clam.h5"
-    _write_clam(path, with_attrs=False)
-    with pytest.raises(BagFormatError, match=r"`patch_size`") as err:
+    _write_clam(path, level=1)
+    with h5py.File(path, "a") as h5:  # a level-1 patch size means nothing without that level's downsample
+        del h5["coords"].attrs["downsample"]
+    with pytest.raises(BagFormatError, match=r"`downsample`") as err:
         load_bag(path, mpp=MPP)
     assert str(path) in str(err.value)
     stamp = tmp_path / "old_stamp.h5"
@@ -184,3 +191,74 @@ def test_float16_overflow_is_refused(tmp_path: Path) -> None:
             tmp_path / "b.h5", feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance
         )
     assert not (tmp_path / "b.h5").exists()
+
+
+def test_trident_mpp_comes_from_its_magnification_and_a_given_mpp_wins(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "trident.h5"
+    _write_trident(path)  # level0_magnification 20 -> 10 / 20 = 0.5 um/px
+    with caplog.at_level("INFO", logger="wsi.bags"):
+        bag = load_bag(path)
+    assert bag.mpp == 0.5 and "level0_magnification=20" in bag.mpp_source
+    assert bag.tile_size_um == pytest.approx(TILE_UM) and bag.tile_size_px0 == TILE_PX0
+    np.testing.assert_allclose(bag.coords_um, bag.coords_px * 0.5)
+    assert "derived from TRIDENT's level0_magnification=20" in caplog.text  # the log says so
+    given = load_bag(path, mpp=0.25)  # a real scanner mpp beats the nominal one
+    assert given.mpp == 0.25 and given.mpp_source == "given" and given.tile_size_um == TILE_PX0 * 0.25
+    np.testing.assert_allclose(given.coords_um, given.coords_px * 0.25)
+
+
+def test_clam_feature_bag_without_attributes_gets_its_tile_size_from_the_grid(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "clam.h5"
+    _write_clam(path, with_attrs=False)  # as CLAM's extract_features_fp.py writes it: no attributes
+    with caplog.at_level("INFO", logger="wsi.bags"):
+        bag = load_bag(path, mpp=MPP)
+    assert bag.tile_size_px0 == TILE_PX0 and bag.tile_size_um == pytest.approx(TILE_UM)
+    assert f"inferred {TILE_PX0} level-0 px from the coordinate grid" in caplog.text
+    np.testing.assert_allclose(bag.coords_um, _data()[1])
+
+
+def test_pixel_bag_without_mpp_loads_in_pixels_when_positions_are_not_needed(tmp_path: Path) -> None:
+    path = tmp_path / "clam.h5"
+    _write_clam(path, with_attrs=False)
+    bag = load_bag(path, require_um=False)
+    assert bag.coords_um is None and bag.tile_size_um is None and bag.mpp is None
+    np.testing.assert_array_equal(bag.coords_px, _data()[2])
+    assert bag.tile_size_px0 == TILE_PX0 and len(bag) == 7
+
+
+def test_grid_step_is_the_most_common_step() -> None:
+    from wsi.bags import grid_step
+
+    xs = np.array([0, 224, 448, 672, 1120, 1344])  # a gap (missing tiles) does not change the step
+    coords = np.stack([xs, np.zeros_like(xs)], axis=1)
+    assert grid_step(coords) == 224.0
+    assert grid_step(coords[:1]) is None
+    assert grid_step(np.array([[0.0, 0.0], [112.5, 112.5]], np.float32)) == 112.5
+
+
+def test_older_stamp_layouts_load(tmp_path: Path) -> None:
+    feats, coords_um, _ = _data()
+    v20 = tmp_path / "v20.h5"  # STAMP 2.0: `tile_size` + unit "um" (stamp/modeling/data.py:764-770)
+    with h5py.File(v20, "w") as h5:
+        h5["feats"], h5["coords"] = feats, coords_um
+        h5.attrs["tile_size"], h5.attrs["unit"] = TILE_UM, "um"
+    assert load_bag(v20).tile_size_um == TILE_UM
+    no_size = tmp_path / "unit_only.h5"  # micrometres, but no size: inferred from the grid
+    with h5py.File(no_size, "w") as h5:
+        h5["feats"], h5["coords"] = feats, coords_um
+        h5.attrs["unit"] = "um"
+    assert load_bag(no_size).tile_size_um == TILE_UM
+
+
+def test_an_empty_trident_bag_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "empty.h5"
+    with h5py.File(path, "w") as h5:  # TRIDENT's empty slide (WSI.py:953-978)
+        h5["features"] = np.zeros((0,), np.float32)
+        h5.create_dataset("coords", data=np.zeros((0, 2), np.int64)).attrs["patch_size_level0"] = 512
+    with pytest.raises(BagFormatError, match="no tiles") as err:
+        load_bag(path, mpp=MPP)
+    assert str(path) in str(err.value)

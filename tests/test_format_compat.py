@@ -109,7 +109,8 @@ def test_the_new_writer_writes_the_old_layout(tmp_path: Path) -> None:
     write_bag(new, feats=feats, coords_um=coords_um, coords_px=coords_px,
               provenance=load_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
     with h5py.File(old) as a, h5py.File(new) as b:
-        assert set(a.attrs) == set(b.attrs)
+        # the old layout, plus STAMP's `feat_type` (issue 10: STAMP refuses bags without it)
+        assert set(a.attrs) | {"feat_type"} == set(b.attrs) and b.attrs["feat_type"] == "tile"
         for key in a.attrs:  # same values and the same HDF5 types (float64 stays float64, ...)
             va, vb = a.attrs[key], b.attrs[key]
             assert va == vb and type(va) is type(vb), (key, va, vb)
@@ -170,3 +171,21 @@ def test_an_old_tile_file_loads_and_is_told_from_a_bag(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     kinds = [json.loads(line)["kind"] for line in result.output.splitlines()]
     assert kinds == ["tile file (wsi-tiles)", "feature bag (wsi layout)"]
+
+
+def test_an_old_bag_gains_stamps_feat_type_and_nothing_else(tmp_path: Path) -> None:
+    from wsi.bags import upgrade_bag
+
+    path = tmp_path / "old-1.h5"
+    _write_old_bag(path)
+    before = load_bag(path)
+    assert upgrade_bag(path) and not upgrade_bag(path)  # once
+    with h5py.File(path) as h5:
+        assert h5.attrs["feat_type"] == "tile" and type(h5.attrs["feat_type"]) is str
+        assert {k: h5.attrs[k] for k in OLD_ATTRS} == OLD_ATTRS  # every old attribute as it was
+    after = load_bag(path)
+    np.testing.assert_array_equal(after.feats, before.feats)
+    np.testing.assert_array_equal(after.coords_um, before.coords_um)
+    assert after.provenance == before.provenance
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+

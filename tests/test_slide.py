@@ -152,11 +152,11 @@ def test_thumbnail_at(sample_slide, backend):
 
 
 def test_thumbnail_of_a_level_too_big_to_read_at_once(sample_slide, monkeypatch):
-    import wsi.slide
+    import wsi.thumbnail
 
     with open_slide(sample_slide.path) as slide:
         whole = slide.thumbnail_at(3.0).astype(np.int16)
-        monkeypatch.setattr(wsi.slide, "_MAX_THUMB_READ_PX", 1000)
+        monkeypatch.setattr(wsi.thumbnail, "MAX_THUMB_READ_PX", 1000)
         blocks = slide.thumbnail_at(3.0).astype(np.int16)
     assert whole.shape == blocks.shape == (500, 500, 3)
     assert np.abs(whole - blocks).mean() < 2.0

@@ -161,11 +161,6 @@ def test_unusable_or_repeated_ids_fail_alone(good, tmp_path: Path) -> None:
     assert {r.status for r in read_manifest(tmp_path / "run" / "tiles" / "manifest.csv")} == {"ok", "failed"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wsi.sources.find_slides raises SlideIdError for a file name with no letter or digit, which "
-    "aborts the whole batch (exit 2); the lead moves that per slide into the batch (issue 10 item 2)",
-)
 def test_a_file_name_without_letters_fails_that_slide_only(good, tmp_path: Path) -> None:
     folder = tmp_path / "slides"
     folder.mkdir()

@@ -148,13 +148,18 @@ def case_collisions(ids: Iterable[str]) -> dict[str, list[str]]:
     return {key: group for key, group in groups.items() if len(group) > 1}
 
 
-def slide_id_from_path(path: str | os.PathLike[str]) -> str:
-    """The file name without its extension (all of '.ome.tiff'), made safe."""
+def slide_name_from_path(path: str | os.PathLike[str]) -> str:
+    """The file name without its extension (all of '.ome.tiff'), as it is (NFC), not yet made safe."""
     name = Path(path).name
     for ext in NAMED_ONLY_SUFFIXES:  # .ome.tiff, .ome.tif
         if name.lower().endswith(ext):
-            return sanitize_slide_id(name[: -len(ext)])
-    return sanitize_slide_id(Path(name).stem)
+            return unicodedata.normalize("NFC", name[: -len(ext)])
+    return unicodedata.normalize("NFC", Path(name).stem)
+
+
+def slide_id_from_path(path: str | os.PathLike[str]) -> str:
+    """The file name without its extension (all of '.ome.tiff'), made safe (SlideIdError if it cannot be)."""
+    return sanitize_slide_id(slide_name_from_path(path))
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:

@@ -20,8 +20,9 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
-from wsi.region import RegionKind, best_level, plan_region, resample_filter
+from wsi.region import RegionKind, best_level, plan_region
 from wsi.suffixes import SLIDE_SUFFIXES
+from wsi.thumbnail import Thumbnail, read_thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
 #: resolution tags outside this range (um/px) are defaults such as 72 dpi, not a scan resolution
 _PLAUSIBLE_MPP = (0.01, 50.0)
 _WHITE = 255
-#: thumbnails from a level larger than this (pixels) are assembled block by block (memory)
-_MAX_THUMB_READ_PX = 1 << 26
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
@@ -50,6 +49,7 @@ class Slide:
     backend: str
     vendor: str
     mpp: float  # level-0 um/px
+    mpp_source: str  # "given", "metadata (openslide.mpp-x)", "TIFF resolution tags"
     dimensions: tuple[int, int]  # (width, height) of level 0, px
     level_dimensions: tuple[tuple[int, int], ...]
     level_downsamples: tuple[float, ...]
@@ -70,16 +70,16 @@ class Slide:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
                 raise SlideError(f"{path}: mpp must be a positive number of um/px, not {mpp!r}")
-            self.mpp = float(mpp)
-            found = self._mpp_from_metadata()
+            self.mpp, self.mpp_source = float(mpp), "given"
+            found, _ = self._mpp_from_metadata()
             if found is not None and abs(found - self.mpp) > 0.01 * found:
                 log.info("%s: using the given mpp %.4g instead of %.4g from its metadata", path, mpp, found)
         else:
-            found = self._mpp_from_metadata()
+            found, source = self._mpp_from_metadata()
             if found is None:
                 self.close()
                 raise MissingMppError(_mpp_hint(path))
-            self.mpp = found
+            self.mpp, self.mpp_source = found, source
 
     # ------------------------------------------------------------------------------------------- open
     def _new_handle(self) -> Any:
@@ -97,8 +97,8 @@ class Slide:
                 f"check that the file is a complete whole-slide image ({' '.join(SLIDE_SUFFIXES)})"
             ) from exc
 
-    def _mpp_from_metadata(self) -> float | None:
-        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units)."""
+    def _mpp_from_metadata(self) -> tuple[float | None, str]:
+        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units); and which."""
         props = self.properties
         for key in (f"{self.backend}.mpp-x", "openslide.mpp-x", "tiffslide.mpp-x"):
             value = _positive_float(props.get(key))
@@ -106,8 +106,9 @@ class Slide:
                 y = _positive_float(props.get(key.replace("mpp-x", "mpp-y")))
                 if y is not None and abs(y - value) > 0.01 * value:
                     log.warning("%s: mpp-x %.4g differs from mpp-y %.4g; using mpp-x", self.path, value, y)
-                return value
-        return _mpp_from_tiff_tags(self.path)
+                return value, f"metadata ({key})"
+        tags = _mpp_from_tiff_tags(self.path)
+        return tags, "TIFF resolution tags" if tags is not None else ""
 
     # ------------------------------------------------------------------------------------------- read
     def level_mpp(self, level: int) -> float:
@@ -203,34 +204,15 @@ class Slide:
         return np.asarray(img)
 
     def thumbnail_at(self, mpp: float) -> np.ndarray:
-        """The whole slide as RGB uint8 at about `mpp` um/px, read from the coarsest level fine enough."""
-        if mpp <= 0:
-            raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
-        level = self.best_level_for_mpp(mpp)
-        lw, lh = self.level_dimensions[level]
-        w0, h0 = self.dimensions
-        size = (max(1, round(w0 * self.mpp / mpp)), max(1, round(h0 * self.mpp / mpp)))
-        if lw * lh > _MAX_THUMB_READ_PX:
-            return self._thumbnail_by_blocks(mpp, size)
-        raw = self.read_level(level, 0, 0, lw, lh)
-        if size == (lw, lh):
-            return raw
-        return np.asarray(Image.fromarray(raw).resize(size, resample=resample_filter(lw / size[0])))
+        """The whole slide as RGB uint8 at about `mpp` um/px, read from the coarsest level fine enough.
 
-    def _thumbnail_by_blocks(self, mpp: float, size: tuple[int, int], read_px: int = 4096) -> np.ndarray:
-        """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid).
+        Parts that cannot be decoded are white (see `thumbnail` for where they are)."""
+        return self.thumbnail(mpp).image
 
-        Blocks are sized so that each read is at most `read_px` pixels a side at the level read.
-        """
-        level = self.best_level_for_mpp(mpp)
-        block_px = max(1, int(read_px * self.level_mpp(level) / mpp))  # thumbnail px per block
-        out = np.empty((size[1], size[0], 3), np.uint8)
-        for by in range(0, size[1], block_px):
-            for bx in range(0, size[0], block_px):
-                block = self.read_region_um(round(bx * mpp / self.mpp), round(by * mpp / self.mpp),
-                                            block_px * mpp, mpp)
-                out[by : by + block_px, bx : bx + block_px] = block[: size[1] - by, : size[0] - bx]
-        return out
+    def thumbnail(self, mpp: float) -> Thumbnail:
+        """The whole slide at about `mpp` um/px, with what could not be decoded marked unknown, not fatal
+        (`wsi.thumbnail.read_thumbnail`). Only a slide of which nothing can be read raises SlideError."""
+        return read_thumbnail(self, mpp)
 
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:

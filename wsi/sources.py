@@ -2,7 +2,10 @@
 
 A missing command-line PATH, a CSV without a `path` column or two slides with one id are user
 mistakes found before any work starts (WsiError). A CSV row whose file is missing or broken is not: it
-becomes a record that fails in the batch, so one bad row never blocks the others.
+becomes a record that fails in the batch, so one bad row never blocks the others. Neither is a slide
+whose id cannot be made a file name (a file named `!!!.svs`, a `slide_id` of `---`): its record keeps
+the name as given and says why in `error`; the stages refuse that one slide (the tile stage's id check
+fails it, naming the file) and run the others.
 """
 
 from __future__ import annotations
@@ -10,22 +13,36 @@ from __future__ import annotations
 import csv
 import math
 import os
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.errors import WsiError
-from wsi.files import is_temp_name, sanitize_slide_id, slide_id_from_path
+from wsi.errors import SlideIdError, WsiError
+from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
 from wsi.suffixes import FOLDER_SLIDE_SUFFIXES
 
 
 @dataclass(frozen=True)
 class SlideSource:
-    """One slide to process. `mpp` (level-0 um/px) overrides the slide's metadata when given."""
+    """One slide to process. `mpp` (level-0 um/px) overrides the slide's metadata when given.
+
+    `error` non-empty: the slide cannot be processed (its id is unusable); `slide_id` is then the name
+    as given, for the failed manifest row, and must never become a file name.
+    """
 
     slide_id: str
     path: Path
     mpp: float | None = None
+    error: str = ""
+
+
+def _source(name: str, path: Path, mpp: float | None = None, where: str = "") -> SlideSource:
+    """A record for `path` with the id made from `name`; an unusable id gives a record with `error`."""
+    try:
+        return SlideSource(sanitize_slide_id(name), path, mpp)
+    except SlideIdError as exc:
+        return SlideSource(unicodedata.normalize("NFC", name), path, mpp, error=f"{where or path}: {exc}")
 
 
 def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
@@ -41,7 +58,7 @@ def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
         elif path.suffix.lower() == ".csv":
             sources.extend(_from_csv(path))
         else:
-            sources.append(SlideSource(slide_id_from_path(path), path.absolute()))
+            sources.append(_source(slide_name_from_path(path), path.absolute()))
     return _dedupe(sources)
 
 
@@ -54,7 +71,7 @@ def _from_folder(folder: Path) -> list[SlideSource]:
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
         and (p.is_file() or p.is_symlink())
     )
-    return [SlideSource(slide_id_from_path(p), p.absolute()) for p in found]
+    return [_source(slide_name_from_path(p), p.absolute()) for p in found]
 
 
 def _from_csv(csv_path: Path) -> list[SlideSource]:
@@ -83,11 +100,9 @@ def _from_csv(csv_path: Path) -> list[SlideSource]:
         path = Path(row["path"]).expanduser()
         if not path.is_absolute():
             path = csv_path.parent / path
-        try:
-            slide_id = sanitize_slide_id(row["slide_id"]) if row.get("slide_id") else slide_id_from_path(path)
-        except ValueError as exc:
-            raise WsiError(f"{csv_path} line {line}: {exc}") from exc
-        sources.append(SlideSource(slide_id, path.absolute(), _parse_mpp(row.get("mpp", ""), csv_path, line)))
+        name = row["slide_id"] if row.get("slide_id") else slide_name_from_path(path)
+        mpp = _parse_mpp(row.get("mpp", ""), csv_path, line)
+        sources.append(_source(name, path.absolute(), mpp, where=f"{csv_path} line {line} ({path})"))
     return sources
 
 
@@ -108,6 +123,9 @@ def _dedupe(sources: list[SlideSource]) -> list[SlideSource]:
     by_id: dict[str, SlideSource] = {}
     clashes: dict[str, set[str]] = {}
     for src in sources:
+        if src.error:  # refused on its own by the stage; its name is not an id that can clash
+            by_id.setdefault(f"\0{src.path}", src)
+            continue
         seen = by_id.get(src.slide_id)
         if seen is None:
             by_id[src.slide_id] = src

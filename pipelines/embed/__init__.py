@@ -3,6 +3,7 @@
 Modules, in the order a tile meets them:
   options.py         EmbedOptions, the stage's typed config
   stage.py           tile files (or slides, tiled first) -> slide jobs -> bags + manifest; skip/redo
+  checks.py          ids that clash by case or belong to another slide's bag; bad tiles per slide
   batches.py         the types that flow: SlideTiles, TileBatch, RawBatch
   feed.py            reader workers: batches of tiles (pixels, or raw JPEG tiles for device decode)
   device_decode/     raw JPEG tiles -> tiles on the device (nvjpeg / libjpeg-turbo + torch resizing)
@@ -16,9 +17,10 @@ Public API:
                       readers, reader_mode, decode ("cpu" | "device" | "auto"), dtype, max_bad_tiles,
                       use_cache, overwrite
   bag_dir(out_dir, encoder_id) -> Path
+  bad_tile_report(results, *, out_dir, encoder) -> list[str]   slides whose bags left out unreadable tiles
 """
 
 from pipelines.embed.options import EmbedOptions
-from pipelines.embed.stage import bag_dir, embed_slides, embed_tiles
+from pipelines.embed.stage import bad_tile_report, bag_dir, embed_slides, embed_tiles
 
-__all__ = ["EmbedOptions", "bag_dir", "embed_slides", "embed_tiles"]
+__all__ = ["EmbedOptions", "bad_tile_report", "bag_dir", "embed_slides", "embed_tiles"]

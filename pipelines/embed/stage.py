@@ -11,6 +11,11 @@ Public API:
                mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True) -> list[JobResult]
   bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id>
   find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
+  bad_tile_report(results, *, out_dir, encoder) -> list[str]   "slide: 3 of 120 tiles unreadable, ..."
+
+A slide is refused (a failed row naming both files, logged as a warning) when its id differs only by
+case from another's in the batch or in the bag folder, or when the bag of its id was made from another
+slide file (unless --overwrite); see checks.py.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Any
 from models.encoders import Encoder, build_encoder, encoder_id_for
 from pipelines.devices import resolve_device
 from pipelines.embed.batches import slide_tiles_from_tile_file
+from pipelines.embed.checks import bad_tile_lines, bad_tiles, other_slide, refuse_case_clashes
 from pipelines.embed.engine import SlideJob, embed_stream, prepare_runtime
 from pipelines.embed.options import EmbedOptions
 from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header
+from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
 from wsi.errors import WsiError
 from wsi.files import is_temp_name
 from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
@@ -97,11 +103,19 @@ def embed_tiles(
         expected_sha256=options.expected_sha256, input_px=options.input_px,
     )  # fmt: skip
     out = bag_dir(out_dir, encoder.encoder_id)
-    jobs, results = _jobs(files, out, options)
+    refused = refuse_case_clashes(files, out)
+    results = [_refused(f.stem, str(f), why) for f, why in refused.items()]
+    jobs, failed = _jobs([f for f in files if f not in refused], out, options)
+    results += failed
     todo = []
     for job in jobs:
+        clash = other_slide(job, overwrite=options.overwrite)
+        if clash:  # another slide's bag under this id: never silently replaced, nor skipped as done
+            results.append(_refused(job.tiles.slide_id, job.tiles.slide_path, clash))
+            continue
         done = _is_current(job, encoder, options.dtype)
         if done and not options.overwrite:
+            _upgrade(job.bag_path)
             results.append(JobResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
         else:
             if job.bag_path.exists() and not options.overwrite:
@@ -148,6 +162,15 @@ def _is_current(job: SlideJob, encoder: Encoder, dtype: str) -> bool:
     )
 
 
+def _upgrade(bag: Path) -> None:
+    """An older finished bag gains STAMP's feat_type, so that its folder stays one feature type."""
+    try:
+        if upgrade_bag(bag):
+            log.info("%s: added feat_type='tile' (what STAMP needs) to the finished bag", bag)
+    except OSError as exc:  # read-only, say: the bag is still fine for us
+        log.warning("%s: could not add feat_type for STAMP (%s)", bag, exc)
+
+
 def _n(job: SlideJob) -> int:
     try:
         return bag_length(job.bag_path)
@@ -171,8 +194,15 @@ def _embed_dask(
     )
 
 
+def _refused(slide_id: str, path: str, why: str) -> JobResult:
+    log.warning("%s: refused: %s", slide_id, why)
+    return JobResult(slide_id, path, "failed", error=why)
+
+
 def _summary(results: list[JobResult], seconds: float, out: Path) -> None:
     log.info("%s; bags in %s", RunSummary.of(results, seconds).line("embed", unit="tiles"), out)
+    for line in bad_tile_lines(bad_tiles([r for r in results if r.status == "ok"], out)):
+        log.warning("%s", line)
 
 
 def embed_slides(
@@ -188,12 +218,15 @@ def embed_slides(
     save_tiles: bool = False,
     progress: bool = True,
 ) -> list[JobResult]:
-    """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide."""
+    """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide.
+
+    A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed
+    row here too, with the tile stage's reason; `options.overwrite` redoes the tiles as well."""
     from pipelines.tile import tile_slides
 
     tiled = tile_slides(
         sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
-        scheduler=scheduler, save_tiles=save_tiles,
+        scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite,
     )  # fmt: skip
     ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
     failed = [
@@ -215,3 +248,10 @@ def embed_slides(
         except OSError as exc:
             log.error("could not write the manifest: %s", describe_error(exc))
     return results
+
+
+def bad_tile_report(
+    results: Sequence[JobResult], *, out_dir: str | os.PathLike[str], encoder: str
+) -> list[str]:
+    """One line per finished slide whose bag left out unreadable tiles (for the command's summary)."""
+    return bad_tile_lines(bad_tiles(results, bag_dir(out_dir, encoder_id_for(encoder))))

@@ -1,11 +1,16 @@
 """The dask side of the embed stage: one encoder per worker, on that worker's own device.
 
-A worker plugin builds the encoder once when the worker starts (not once per slide); each slide job
-then borrows it. On a machine with several GPUs, worker k uses GPU k modulo the GPU count.
+A worker plugin holds one encoder per worker (not one per slide); each slide job borrows it. The
+plugin's `setup` only picks the device: dask runs `setup` on the worker's event loop, and building an
+encoder (reading hundreds of MB of weights, moving them to a GPU) there stalls the worker's heartbeats
+("Event loop was unresponsive for 24 s"). The encoder is built by the first slide job instead, in the
+task's own thread, under the plugin's lock. On a machine with several GPUs, worker k uses GPU k modulo
+the GPU count.
 
 Public API:
   PLUGIN_NAME
-  EncoderPlugin(options)          distributed.WorkerPlugin; .runtime, .lock after setup
+  EncoderPlugin(options)          distributed.WorkerPlugin; .device after setup, .get_runtime() builds the
+                                  encoder once (call it holding .lock), .runtime None until then
   embed_item(item, *, options)    batch function: one slide on the worker's encoder -> JobResult
   EmbedItem(slide_id, path, job)  what run_jobs sends to a worker
 """
@@ -49,7 +54,8 @@ def worker_device(requested: str | None, worker: Any) -> torch.device:
 
 
 class EncoderPlugin(WorkerPlugin):
-    """Builds the encoder on the worker's device once; slide jobs share it under a lock."""
+    """One encoder per worker, built by the first slide job (not in `setup`, which runs on the worker's
+    event loop); slide jobs share it under a lock."""
 
     name = PLUGIN_NAME
 
@@ -59,6 +65,8 @@ class EncoderPlugin(WorkerPlugin):
     def _start(self, options: EmbedOptions) -> None:
         self.options = options
         self.runtime: Runtime | None = None
+        self.device: torch.device | None = None
+        self.worker_name = "inline"
         self.lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:  # sent to workers before setup: only the options travel
@@ -68,19 +76,27 @@ class EncoderPlugin(WorkerPlugin):
         self._start(state["options"])
 
     def setup(self, worker: Any = None) -> None:
-        from models.encoders import build_encoder
+        """Pick the device only: fast, because dask calls this on the worker's event loop."""
+        self.device = worker_device(self.options.device, worker)
+        self.worker_name = str(getattr(worker, "name", "inline"))
 
-        o = self.options
-        device = worker_device(o.device, worker)
-        encoder = build_encoder(
-            o.encoder, weights=o.weights, random_init=o.random_init, expected_sha256=o.expected_sha256,
-            input_px=o.input_px,
-        )  # fmt: skip
-        self.runtime = prepare_runtime(
-            encoder, device=device, precision=o.precision, compile=o.compile, threads=o.threads,
-            batch_size=o.batch_size,
-        )  # fmt: skip
-        log.info("worker %s: encoder %s on %s", getattr(worker, "name", "inline"), o.encoder, device)
+    def get_runtime(self) -> Runtime:
+        """The worker's encoder on its device, built on the first call (hold `lock` while calling)."""
+        if self.runtime is None:
+            from models.encoders import build_encoder
+
+            o = self.options
+            device = self.device if self.device is not None else worker_device(o.device, None)
+            encoder = build_encoder(
+                o.encoder, weights=o.weights, random_init=o.random_init, expected_sha256=o.expected_sha256,
+                input_px=o.input_px,
+            )  # fmt: skip
+            self.runtime = prepare_runtime(
+                encoder, device=device, precision=o.precision, compile=o.compile, threads=o.threads,
+                batch_size=o.batch_size,
+            )  # fmt: skip
+            log.info("worker %s: encoder %s on %s", self.worker_name, o.encoder, device)
+        return self.runtime
 
     def teardown(self, worker: Any = None) -> None:
         self.runtime = None
@@ -88,12 +104,11 @@ class EncoderPlugin(WorkerPlugin):
 
 def embed_item(item: EmbedItem, *, options: EmbedOptions) -> JobResult:
     plugin: EncoderPlugin = worker_plugin(PLUGIN_NAME)
-    if plugin.runtime is None:
-        raise RuntimeError("the encoder plugin was not set up on this worker")
-    with plugin.lock:  # one model per device: slides take turns
+    with plugin.lock:  # one model per device: slides take turns (and the first one builds it)
+        runtime = plugin.get_runtime()
         # dask workers are daemonic and may not start processes: read with threads
         return embed_stream(
-            plugin.runtime,
+            runtime,
             [item.job],
             options=options,
             readers=options.readers,

@@ -3,6 +3,12 @@
 Bags are read only through `wsi.bags.load_bag`, so every layout looks the same here. Whole bags are
 the default; `bag_size` turns on random subsampling of at most that many tiles per training bag
 (STAMP-style augmentation; validation, test and prediction always see every tile).
+
+Every bag is checked for NaN / infinite features as it is loaded (`wsi.bags.check_finite`), and
+`BagInput.bad_items` scans a whole list before a run starts. CLAM and TRIDENT bags store level-0
+pixels: their slide's resolution is, in this order, the per-slide `mpp_by_slide` (an `mpp` column of the
+labels CSV), the run-wide `mpp` (--mpp), then the bag's own attributes (TRIDENT: 10 / magnification,
+logged). A model that uses no tile positions (`uses_positions=False`) needs none of them.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,7 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.inputs import INPUTS, Batch, Item
-from wsi.bags import bag_length, load_bag, read_bag_attrs, read_bag_header
+from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag_attrs, read_bag_header
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 from wsi.suffixes import BAG_SUFFIX
@@ -29,16 +36,43 @@ log = logging.getLogger(__name__)
 _ENCODER_KEYS = ("encoder", "weights_sha256")
 
 
-class BagDataset(Dataset[dict[str, Any]]):
-    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str}."""
+def _check_mpp(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ConfigError(f"{what} must be a positive number of um/px (level 0), not {value!r}")
+    return float(value)
 
-    def __init__(self, items: Sequence[Item], *, bag_size: int | None, mpp: float | None = None) -> None:
+
+class BagDataset(Dataset[dict[str, Any]]):
+    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_size_um"}.
+
+    A pixel-layout bag of unknown resolution (allowed only when `uses_positions` is False) gives
+    "coords_px" (N, 2) and "tile_size_px0" instead of "coords_um" and "tile_size_um".
+    """
+
+    def __init__(
+        self,
+        items: Sequence[Item],
+        *,
+        bag_size: int | None,
+        mpp: float | None = None,
+        mpp_by_slide: Mapping[str, float] | None = None,
+        uses_positions: bool = True,
+    ) -> None:
         self.items = list(items)
         self.bag_size = bag_size
         self.mpp = mpp
+        self.mpp_by_slide = dict(mpp_by_slide or {})
+        self.uses_positions = uses_positions
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def mpp_for(self, item: Item) -> float | None:
+        """The slide's level-0 um/px given from outside: its own (CSV column), else the run-wide one."""
+        return self.mpp_by_slide.get(item.id, self.mpp)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = self.items[index]
@@ -48,13 +82,20 @@ class BagDataset(Dataset[dict[str, Any]]):
             if n > self.bag_size:
                 # torch's RNG: seeded per epoch by the loop (and per worker by the DataLoader).
                 rows = torch.randperm(n)[: self.bag_size].sort().values.numpy()
-        bag = load_bag(item.path, mpp=self.mpp, rows=rows)
-        return {
+        bag = load_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
+        check_finite(bag)  # NonFiniteFeaturesError naming the bag: never train or predict on NaN
+        sample: dict[str, Any] = {
             "x": torch.from_numpy(bag.feats),  # (N, D) float16|float32 as stored; cast on the device
-            "coords_um": torch.from_numpy(bag.coords_um),  # (N, 2)
             "label": item.label,
             "id": item.id,
         }
+        if bag.coords_um is not None:
+            sample["coords_um"] = torch.from_numpy(bag.coords_um)  # (N, 2)
+            sample["tile_size_um"] = bag.tile_size_um
+        elif bag.coords_px is not None:  # positions unused by the model: only heatmaps draw them
+            sample["coords_px"] = torch.from_numpy(bag.coords_px)  # (N, 2) level-0 px
+            sample["tile_size_px0"] = bag.tile_size_px0
+        return sample
 
 
 def collate_bags(samples: list[dict[str, Any]]) -> Batch:
@@ -63,39 +104,84 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     n_max, dim = max(lengths), samples[0]["x"].shape[1]
     labels = torch.tensor([s["label"] for s in samples], dtype=torch.long)
     ids = [s["id"] for s in samples]
+    # micrometres only when every bag has them (a model without positions may get bags in pixels)
+    with_um = all("coords_um" in s for s in samples)
     if len(samples) == 1:  # the usual case (whole bags, batch 1): views, no copy
         s = samples[0]
-        return Batch(x=s["x"][None], labels=labels, ids=ids, extra={"coords_um": s["coords_um"][None]})
+        extra = {"coords_um": s["coords_um"][None]} if with_um else {}
+        return Batch(x=s["x"][None], labels=labels, ids=ids, extra=extra)
     if all(n == n_max for n in lengths):
         x = torch.stack([s["x"] for s in samples])  # (B, N, D)
-        coords = torch.stack([s["coords_um"] for s in samples])  # (B, N, 2)
-        return Batch(x=x, labels=labels, ids=ids, extra={"coords_um": coords})
+        extra = {"coords_um": torch.stack([s["coords_um"] for s in samples])} if with_um else {}  # (B, N, 2)
+        return Batch(x=x, labels=labels, ids=ids, extra=extra)
     x = samples[0]["x"].new_zeros((len(samples), n_max, dim))  # (B, N_max, D)
     coords = torch.zeros((len(samples), n_max, 2), dtype=torch.float32)
     mask = torch.zeros((len(samples), n_max), dtype=torch.bool)
     for i, (s, n) in enumerate(zip(samples, lengths, strict=True)):
         x[i, :n] = s["x"]
-        coords[i, :n] = s["coords_um"]
+        if with_um:
+            coords[i, :n] = s["coords_um"]
         mask[i, :n] = True
-    return Batch(x=x, labels=labels, ids=ids, extra={"mask": mask, "coords_um": coords})
+    extra = {"mask": mask, "coords_um": coords} if with_um else {"mask": mask}
+    return Batch(x=x, labels=labels, ids=ids, extra=extra)
 
 
 @INPUTS.register("bags")
 class BagInput:
-    """`input: bags`. Options (task YAML `input_options`):
+    """`input: bags`. Options (task YAML `input_options`, or keywords from the train/predict code):
 
     bag_size: at most this many randomly chosen tiles per training bag (None = whole bags, default).
-    mpp: level-0 um/px for CLAM/TRIDENT bags that store pixel coordinates and no `mpp` attribute.
+    mpp: run-wide level-0 um/px (`--mpp`) for CLAM/TRIDENT bags that store pixel coordinates.
+    mpp_by_slide: {slide id: level-0 um/px} (an `mpp` column of the labels CSV); wins over `mpp`, and
+        both win over what a bag's attributes say (TRIDENT's nominal 10 / level0_magnification).
+    uses_positions: False when the model ignores tile positions (no positional encoding): bags in
+        pixels then need no mpp at all. True (default) refuses such a bag, naming the options above.
     """
 
     name: ClassVar[str] = "bags"
     source_option: ClassVar[str] = "--features"
 
-    def __init__(self, *, bag_size: int | None = None, mpp: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bag_size: int | None = None,
+        mpp: float | None = None,
+        mpp_by_slide: Mapping[str, float] | None = None,
+        uses_positions: bool = True,
+    ) -> None:
         if bag_size is not None and (not isinstance(bag_size, int) or bag_size < 1):
             raise ConfigError(f"input_options.bag_size must be a positive integer or null, not {bag_size!r}")
         self.bag_size = bag_size
-        self.mpp = mpp
+        self.mpp = _check_mpp(mpp, "mpp (--mpp)")
+        by_slide: dict[str, float] = {}
+        for slide_id, value in (mpp_by_slide or {}).items():
+            checked = _check_mpp(value, f"the mpp of slide {slide_id!r} (labels CSV `mpp` column)")
+            if checked is not None:
+                by_slide[str(slide_id)] = checked
+        self.mpp_by_slide = by_slide
+        self.uses_positions = bool(uses_positions)
+
+    def with_resolution(
+        self,
+        *,
+        mpp: float | None = None,
+        mpp_by_slide: Mapping[str, float] | None = None,
+        uses_positions: bool | None = None,
+    ) -> BagInput:
+        """A copy with the run's resolution facts, for code that built the adapter from the task YAML
+        before reading the labels CSV; None keeps this adapter's value."""
+        return BagInput(
+            bag_size=self.bag_size,
+            mpp=self.mpp if mpp is None else mpp,
+            mpp_by_slide=self.mpp_by_slide if mpp_by_slide is None else mpp_by_slide,
+            uses_positions=self.uses_positions if uses_positions is None else uses_positions,
+        )
+
+    def bad_items(self, items: Sequence[Item]) -> list[tuple[Item, str]]:
+        """Every item whose bag cannot be used (NaN/infinite features, unreadable, empty), with the reason
+        naming the file. Bounded memory per bag; call it before training to refuse the run at once."""
+        bad = {b.path: b.reason for b in find_bad_bags(item.path for item in items)}
+        return [(item, bad[item.path]) for item in items if item.path in bad]
 
     def find(self, sources: Sequence[Path]) -> dict[str, Path]:
         found: dict[str, Path] = {}
@@ -119,7 +205,10 @@ class BagInput:
         return found
 
     def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]:
-        return BagDataset(items, bag_size=self.bag_size if train else None, mpp=self.mpp)
+        return BagDataset(
+            items, bag_size=self.bag_size if train else None, mpp=self.mpp, mpp_by_slide=self.mpp_by_slide,
+            uses_positions=self.uses_positions,
+        )  # fmt: skip
 
     def collate(self, samples: list[dict[str, Any]]) -> Batch:
         return collate_bags(samples)
@@ -127,10 +216,14 @@ class BagInput:
     def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
         dims: dict[int, str] = {}
         for item in items:
-            dims.setdefault(read_bag_header(item.path).dim, item.path.name)
+            header = read_bag_header(item.path)
+            if header.n_tiles:  # an empty bag has no width to agree on (bad_items names it)
+                dims.setdefault(header.dim, item.path.name)
         if len(dims) > 1:
             listed = "; ".join(f"{d}-d (e.g. {name})" for d, name in sorted(dims.items()))
             raise ConfigError(f"bags of different feature widths cannot train one model: {listed}")
+        if not dims:
+            raise ConfigError(f"every one of the {len(items)} bags is empty: no features to train on")
         return {"in_dim": next(iter(dims))}
 
     def provenance(self, items: Sequence[Item]) -> dict[str, Any]:
@@ -205,17 +298,21 @@ class BagInput:
         out_png: Path,
         title: str = "",
     ) -> None:
-        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here)."""
+        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here).
+
+        Bags whose resolution is unknown are drawn in level-0 pixels (the picture is the same, only the
+        unit differs)."""
         from pipelines.heatmaps import render_heatmap
 
-        bag_attrs = read_bag_attrs(item.path)
-        tile_size_um = bag_attrs.get("tile_size_um")
-        coords = sample["coords_um"].numpy()
-        if tile_size_um is None:  # other layouts: infer the grid step from the coordinates
-            tile_size_um = load_bag(item.path, mpp=self.mpp, rows=slice(0, 1)).tile_size_um
+        if "coords_um" in sample:
+            coords, size = sample["coords_um"].numpy(), sample.get("tile_size_um")
+        else:
+            coords, size = sample["coords_px"].numpy(), sample.get("tile_size_px0")
+        if size is None:  # samples from older code, or one tile: the bag's own statement
+            size = read_bag_attrs(item.path).get("tile_size_um")
         render_heatmap(
             coords_um=coords,
-            tile_size_um=float(tile_size_um or 1.0),
+            tile_size_um=float(size or 1.0),
             values=contributions.float().numpy(),
             out_png=out_png,
             title=title,

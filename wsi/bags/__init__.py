@@ -6,17 +6,24 @@ pixels). Everything downstream (training, prediction, heatmaps) reads bags only 
 it sees one shape: features (N, D) and top-left coordinates in micrometres.
 
 Public API:
-  Bag                                    in-memory bag: feats (N,D), coords_um (N,2) float32, tile_size_um,
-                                         meta (dict of file attributes + "layout"), path, slide_id,
-                                         coords_px (N,2) int64 | None, provenance (ours) | None;
-                                         len(bag) == N, bag.dim == D
+  Bag                                    in-memory bag: feats (N,D), coords_um (N,2) float32 | None,
+                                         tile_size_um, meta (dict of file attributes + "layout"), path,
+                                         slide_id, coords_px (N,2) int64 | None, provenance (ours) | None,
+                                         mpp, mpp_source, tile_size_px0; len(bag) == N, bag.dim == D
   BagProvenance                          how a bag of ours was made (encoder, weights, tiles, slide);
                                          .to_dict() -> root attributes, .from_dict(attrs, source=)
-  load_bag(path, *, mpp=None, rows=None) -> Bag
-        ours ("wsi-bag"), STAMP (`feats`, coords in um, `tile_size_um`), CLAM (`features`, level-0 px
-        coords with `patch_size`/`patch_level`), TRIDENT (`features`, coords with `patch_size_level0`).
-        CLAM and TRIDENT coords need the slide's level-0 `mpp` (argument, or an `mpp` attribute).
+  load_bag(path, *, mpp=None, rows=None, require_um=True) -> Bag
+        ours ("wsi-bag"), STAMP (`feats`, coords in um, `tile_size_um` | `tile_size`+`unit`), CLAM
+        (`features` + level-0 px `coords`, no attributes needed), TRIDENT (`features`, coords with
+        `patch_size_level0`, `level0_magnification`). Pixel coordinates become micrometres with the
+        first of: `mpp` argument, an `mpp` attribute, TRIDENT's 10 / level0_magnification (geometry.py);
+        without one: BagFormatError, or with require_um=False `coords_um` None (models without
+        positions). A tile size no attribute gives is inferred from the coordinate grid (logged).
         `rows` (int indices or a slice) reads only those tiles, e.g. a random sample for training.
+  grid_step(coords) -> float | None      the most common positive step of a tile grid
+  check_finite(bag)                      NonFiniteFeaturesError (a BagFormatError) naming file + count
+  find_bad_bags(paths) -> list[BadBag]   every non-finite, unreadable or empty bag (bounded memory)
+  scan_bag(path) -> BadBag | None
   read_bag_header(path) -> BagHeader     layout, n_tiles, dim, dtype, attrs (no arrays loaded)
   bag_length(path) -> int                number of tiles, read from the dataset shape (no data loaded)
   bag_layout(path) -> str                "wsi" | "stamp" | "clam" | "trident"
@@ -25,12 +32,16 @@ Public API:
                                          True for a readable bag of ours made by that encoder + weights
   write_bag(path, *, feats, coords_um, coords_px, provenance, dtype="float16") -> Path
                                          writes the `wsi-bag` layout atomically (see docs/architecture.md)
+  upgrade_bag(path) -> bool              adds `feat_type` to a bag of ours written before it existed
   bag_info(path, *, mpp=None) -> dict    the summary `wsi info` prints
-  FORMAT, FORMAT_VERSION, LAYOUTS
-Errors: `BagFormatError` naming the file and the missing dataset or attribute.
+  FORMAT, FORMAT_VERSION, LAYOUTS, FEAT_TYPE
+Errors: `BagFormatError` naming the file and the missing dataset or attribute; its subclass
+`NonFiniteFeaturesError` for NaN / infinite features.
 """
 
-from wsi.bags.format import FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
+from wsi.bags.check import BadBag, NonFiniteFeaturesError, check_finite, find_bad_bags, scan_bag
+from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
+from wsi.bags.geometry import grid_step
 from wsi.bags.info import bag_info
 from wsi.bags.read import (
     Bag,
@@ -43,22 +54,30 @@ from wsi.bags.read import (
     read_bag_attrs,
     read_bag_header,
 )
-from wsi.bags.write import write_bag
+from wsi.bags.write import upgrade_bag, write_bag
 
 __all__ = [
+    "FEAT_TYPE",
     "FORMAT",
     "FORMAT_VERSION",
     "LAYOUTS",
+    "BadBag",
     "Bag",
     "BagHeader",
     "BagProvenance",
+    "NonFiniteFeaturesError",
     "Rows",
     "bag_info",
     "bag_layout",
     "bag_length",
+    "check_finite",
+    "find_bad_bags",
+    "grid_step",
     "is_complete_bag",
     "load_bag",
     "read_bag_attrs",
     "read_bag_header",
+    "scan_bag",
+    "upgrade_bag",
     "write_bag",
 ]

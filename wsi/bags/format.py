@@ -20,8 +20,10 @@ FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
 #: the bag layouts `load_bag` reads: ours, then STAMP's, CLAM's and TRIDENT's
 LAYOUTS = ("wsi", "stamp", "clam", "trident")
+#: STAMP's name for per-tile features; STAMP's readers need it as the root attribute `feat_type`
+FEAT_TYPE = "tile"
 #: root attributes that describe the file rather than how its features were made
-FILE_ATTRS = ("unit", "n_tiles", "format", "format_version")
+FILE_ATTRS = ("unit", "n_tiles", "format", "format_version", "feat_type")
 #: numeric fields stored as float64 / int64 attributes whatever number type the caller gave
 _FLOATS = ("tile_size_um", "mpp", "target_mpp")
 _INTS = ("tile_size_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles")

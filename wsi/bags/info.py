@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from wsi.bags.check import count_nonfinite_rows
 from wsi.bags.read import load_bag, read_bag_header
 from wsi.errors import BagFormatError
 
@@ -19,8 +20,9 @@ _SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad
 def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[str, Any]:
     """An ordered summary of one bag: file, kind, tiles, then what its layout lets us know.
 
-    A CLAM/TRIDENT bag without `mpp` still gets a summary: its attributes and a `note` saying why its
-    tiles cannot be placed. Raises BagFormatError when the file is not a bag at all.
+    A CLAM/TRIDENT bag without `mpp` is summarised in level-0 pixels, with a `note` saying how to place
+    it in micrometres. A bag that cannot be loaded (an empty one, say) still gets its attributes and a
+    `note` with the reason. Raises BagFormatError when the file is not a bag at all.
     """
     path = Path(path)
     header = read_bag_header(path)
@@ -30,8 +32,8 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
         "tiles": header.n_tiles,
     }
     try:
-        bag = load_bag(path, mpp=mpp)
-    except BagFormatError as exc:  # e.g. CLAM without mpp: still say what is there
+        bag = load_bag(path, mpp=mpp, require_um=False)
+    except BagFormatError as exc:  # e.g. an empty bag: still say what is there
         out["note"] = str(exc)
         out.update({k: v for k, v in header.attrs.items() if isinstance(v, str | int | float)})
         return out
@@ -41,11 +43,25 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
     for key in _SHOWN:
         if key in bag.meta:
             out[key] = bag.meta[key]
-    if len(bag):
+    if bag.mpp_source and bag.mpp_source != "bag attribute mpp":
+        out["mpp"], out["mpp_source"] = bag.mpp, bag.mpp_source
+    if bag.coords_um is not None:
         lo = bag.coords_um.min(axis=0)
         hi = bag.coords_um.max(axis=0) + (bag.tile_size_um or 0.0)
         out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
+    elif bag.coords_px is not None:
+        out["tile_size_px0"] = bag.tile_size_px0
+        lo = bag.coords_px.min(axis=0)
+        hi = bag.coords_px.max(axis=0) + (bag.tile_size_px0 or 0.0)
+        out["extent_px"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f} (level 0)"
+        out["note"] = "coordinates in level-0 pixels and no resolution in the bag; --mpp places them in um"
+    if len(bag):
         feats = bag.feats.astype(np.float32)
-        out["finite"] = bool(np.isfinite(feats).all())
-        out["feature_mean_std"] = f"{float(feats.mean()):.4g} / {float(feats.std()):.4g}"
+        n_bad = count_nonfinite_rows(feats)
+        out["finite"] = not n_bad
+        if n_bad:
+            out["nonfinite_tiles"] = n_bad
+        ok = feats[np.isfinite(feats).all(axis=1)]
+        if len(ok):
+            out["feature_mean_std"] = f"{float(ok.mean()):.4g} / {float(ok.std()):.4g}"
     return out

@@ -9,7 +9,8 @@ Layouts, told apart by `bag_layout`:
   stamp    `feats`, coords in um, `tile_size_um` (KatherLab/STAMP >= 2)
   clam     `features`, level-0 px coords with `patch_size` / `patch_level` (/ `downsample`) on `coords`
   trident  `features`, level-0 px coords with `patch_size_level0` on `coords`
-CLAM and TRIDENT coordinates need the slide's level-0 `mpp` (argument, or an `mpp` attribute).
+CLAM and TRIDENT coordinates are placed in micrometres with the slide's level-0 mpp (geometry.py says
+where it comes from); without one, and with `require_um=False`, they stay in pixels (`coords_um` None).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import h5py
 import numpy as np
 
 from wsi.bags.format import FORMAT, BagProvenance
+from wsi.bags.geometry import Placement, place_pixel_layout, place_um_layout
 from wsi.errors import BagFormatError, ConfigError
 from wsi.hdf5 import attrs_of, plain
 
@@ -34,16 +36,23 @@ Rows = slice | np.ndarray | list[int] | None
 
 @dataclass
 class Bag:
-    """One slide's features with top-left tile coordinates in micrometres."""
+    """One slide's features with top-left tile coordinates in micrometres.
+
+    `coords_um` is None only for a pixel-layout bag (CLAM, TRIDENT) whose resolution is unknown, loaded
+    with `require_um=False`; its positions are then `coords_px` with tiles `tile_size_px0` px wide.
+    """
 
     feats: np.ndarray  # (N, D)
-    coords_um: np.ndarray  # (N, 2) float32, top-left x, y in micrometres
+    coords_um: np.ndarray | None  # (N, 2) float32, top-left x, y in micrometres
     tile_size_um: float | None
     meta: dict[str, Any]  # every attribute of the file (and of `coords`), plus "layout"
     path: Path
     slide_id: str
     coords_px: np.ndarray | None = field(default=None)  # (N, 2) int64 level-0 px, when the file has them
     provenance: BagProvenance | None = None  # ours: how the features were made; other layouts: None
+    mpp: float | None = None  # the slide's level-0 um/px, when known
+    mpp_source: str = ""  # where `mpp` came from: "given", "bag attribute mpp", "TRIDENT ... (nominal)"
+    tile_size_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
 
     def __len__(self) -> int:
         return int(self.feats.shape[0])
@@ -109,6 +118,8 @@ def read_bag_header(path: str | os.PathLike[str]) -> BagHeader:
     with _open(path) as h5:
         layout = _layout(h5, path)
         ds = _feats_ds(h5, path)
+        if ds.shape == (0,):  # TRIDENT's empty slide: no tiles, and no width either
+            return BagHeader(path, layout, 0, 0, str(ds.dtype), attrs_of(h5))
         if ds.ndim != 2:
             raise BagFormatError(f"{path}: features of shape {ds.shape}, expected (N, D)")
         return BagHeader(path, layout, int(ds.shape[0]), int(ds.shape[1]), str(ds.dtype), attrs_of(h5))
@@ -159,40 +170,6 @@ def _read_rows(ds: h5py.Dataset, rows: Rows) -> np.ndarray:
     return ds[uniq][inverse] if uniq.size else ds[:0]
 
 
-def _need(attrs: dict[str, Any], name: str, path: Path, layout: str, hint: str = "") -> Any:
-    if name not in attrs or attrs[name] is None:
-        raise BagFormatError(
-            f"{path} ({layout} layout) lacks the `{name}` attribute needed to place its tiles{hint}"
-        )
-    return attrs[name]
-
-
-def _mpp_for(mpp: float | None, attrs: dict[str, Any], path: Path, layout: str) -> float:
-    if mpp is not None:
-        return float(mpp)
-    if attrs.get("mpp") is not None:
-        return float(attrs["mpp"])
-    raise BagFormatError(
-        f"{path} ({layout} layout) stores coordinates in level-0 pixels and no `mpp` attribute; "
-        "give the slide's level-0 resolution (load_bag(path, mpp=...), or an mpp column / --mpp)"
-    )
-
-
-def _pixel_layout_size_um(attrs: dict[str, Any], path: Path, layout: str, level0_mpp: float) -> float:
-    """Tile side in um of a CLAM / TRIDENT bag (their patch size is in pixels)."""
-    if layout == "trident":
-        return float(_need(attrs, "patch_size_level0", path, layout)) * level0_mpp
-    # CLAM: patch_size is at patch_level; scale by that level's downsample
-    patch_size = float(_need(attrs, "patch_size", path, layout))
-    level = int(_need(attrs, "patch_level", path, layout))
-    downsample = attrs.get("downsample")
-    if downsample is None:
-        if level != 0:
-            _need(attrs, "downsample", path, layout, f" (patch_level is {level})")
-        downsample = 1.0
-    return patch_size * float(np.mean(np.atleast_1d(downsample))) * level0_mpp
-
-
 def _provenance(root: dict[str, Any], path: Path) -> BagProvenance | None:
     try:
         return BagProvenance.from_dict(root, source=str(path))
@@ -201,17 +178,23 @@ def _provenance(root: dict[str, Any], path: Path) -> BagProvenance | None:
         return None
 
 
-def load_bag(path: str | os.PathLike[str], *, mpp: float | None = None, rows: Rows = None) -> Bag:
+def load_bag(
+    path: str | os.PathLike[str], *, mpp: float | None = None, rows: Rows = None, require_um: bool = True
+) -> Bag:
     """Read a bag of any supported layout into features and top-left coordinates in micrometres.
 
-    mpp: the slide's level-0 um/px, for CLAM/TRIDENT bags without an `mpp` attribute. rows: int
-    indices or a slice to read only those tiles (e.g. a random sample for training), in that order.
+    mpp: the slide's level-0 um/px for CLAM/TRIDENT bags (wins over their attributes; ignored by
+    layouts that store micrometres). rows: int indices or a slice to read only those tiles (e.g. a
+    random sample for training), in that order. require_um=False: a pixel-layout bag whose resolution
+    is unknown loads with `coords_um` None instead of raising (for models that use no tile positions).
     """
     path = Path(path)
     with _open(path) as h5:
         layout = _layout(h5, path)
         feats_ds = _feats_ds(h5, path)
         coords_ds = h5["coords"]
+        if feats_ds.shape[:1] == (0,):  # TRIDENT writes (0,) or (0, D) for a slide without tissue
+            raise BagFormatError(f"{path} holds no tiles: an empty slide, nothing to learn or predict from")
         if feats_ds.ndim != 2 or coords_ds.ndim != 2 or coords_ds.shape != (feats_ds.shape[0], 2):
             raise BagFormatError(
                 f"{path}: features {feats_ds.shape} and coords {coords_ds.shape} do not match; "
@@ -224,29 +207,30 @@ def load_bag(path: str | os.PathLike[str], *, mpp: float | None = None, rows: Ro
         coords_px: np.ndarray | None = None
         if layout == "wsi" and "coords_px" in h5:
             coords_px = _read_rows(h5["coords_px"], rows).astype(np.int64)
-    if layout == "wsi":
-        tile_size_um = float(_need(attrs, "tile_size_um", path, layout))
-        coords_um = coords.astype(np.float32)
-    elif layout == "stamp":
-        unit = attrs.get("unit", "um")
-        if unit not in ("um", "micron", "microns"):
-            raise BagFormatError(f"{path} (stamp layout) has coords in unit {unit!r}; only um is known")
-        hint = " (older STAMP bags: re-extract with STAMP>=2)"
-        tile_size_um = float(_need(attrs, "tile_size_um", path, layout, hint))
-        coords_um = coords.astype(np.float32)
-    else:
-        coords_px = np.asarray(coords).astype(np.int64)
-        level0_mpp = _mpp_for(mpp, attrs, path, layout)
-        tile_size_um = _pixel_layout_size_um(attrs, path, layout, level0_mpp)
-        coords_um = (coords_px * level0_mpp).astype(np.float32)
-        attrs["mpp"] = level0_mpp
+
+        def all_coords() -> np.ndarray:  # the whole grid, for a tile size inferred from it
+            return np.asarray(coords_ds[()]) if rows is not None else np.asarray(coords)
+
+        place: Placement
+        if layout in ("wsi", "stamp"):
+            place = place_um_layout(layout, coords, attrs, path, all_coords)
+        else:
+            coords_px = np.asarray(coords).astype(np.int64)
+            place = place_pixel_layout(
+                layout, coords, attrs, path, all_coords, mpp=mpp, require_um=require_um
+            )
+            if place.mpp is not None:
+                attrs["mpp"] = place.mpp
     return Bag(
         feats=np.asarray(feats),
-        coords_um=coords_um,
-        tile_size_um=tile_size_um,
+        coords_um=place.coords_um,
+        tile_size_um=place.tile_size_um,
         meta={**attrs, "layout": layout},
         path=path,
         slide_id=str(root.get("slide_id") or path.stem),
         coords_px=coords_px,
         provenance=_provenance(root, path) if layout == "wsi" else None,
+        mpp=place.mpp,
+        mpp_source=place.mpp_source,
+        tile_size_px0=place.tile_size_px0,
     )

@@ -2,19 +2,21 @@
 
 Layout (docs/architecture.md "Bags"): `feats` (N, D) float16|float32, `coords` (N, 2) float32 top-left
 in micrometres, `coords_px` (N, 2) int64 level-0 pixels, a soft link `features -> feats` (what CLAM and
-TRIDENT readers look for), and as root attributes the `BagProvenance` plus unit, n_tiles, format and
-format_version. The file appears only when complete (temporary name, then rename).
+TRIDENT readers look for), and as root attributes the `BagProvenance` plus unit, n_tiles, format,
+format_version and feat_type ("tile", what STAMP's readers require). The file appears only when
+complete (temporary name, then rename).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from wsi.bags.format import FORMAT, FORMAT_VERSION, BagProvenance
+from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, BagProvenance
 from wsi.errors import BagFormatError
 from wsi.files import atomic_path
 
@@ -59,6 +61,9 @@ def write_bag(
         "n_tiles": int(n),
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        # STAMP's train/crossval/deploy refuse a folder whose bags lack it (stamp/modeling/data.py:424-457
+        # reads it when an `encoder` attribute is present); a Python str, so h5py stores UTF-8 text
+        "feat_type": FEAT_TYPE,
     }
     final = Path(path)
     with atomic_path(final) as tmp, h5py.File(tmp, "w") as h5:
@@ -69,3 +74,21 @@ def write_bag(
         for key, value in attrs.items():
             h5.attrs[key] = value
     return final
+
+
+def upgrade_bag(path: str | os.PathLike[str]) -> bool:
+    """Give a bag of ours written before `feat_type` existed that attribute; True when it was added.
+
+    Without it STAMP refuses the whole folder (old bags count as type "None", new ones as "tile"), so a
+    re-run that skips finished bags upgrades them. The arrays are untouched; the file is copied, the
+    attribute added to the copy, and the copy renamed over the original (never a half-written bag).
+    """
+    final = Path(path)
+    with h5py.File(final, "r") as h5:
+        if h5.attrs.get("format") != FORMAT or "feat_type" in h5.attrs:
+            return False
+    with atomic_path(final) as tmp:
+        shutil.copy2(final, tmp)
+        with h5py.File(tmp, "a") as h5:
+            h5.attrs["feat_type"] = FEAT_TYPE
+    return True

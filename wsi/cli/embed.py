@@ -9,6 +9,7 @@ import click
 from wsi.cli._common import (
     EXIT_PARTIAL_FAILURE,
     EXIT_USAGE,
+    ensure_writable_dir,
     mpp_option,
     scheduler_option,
     tile_size_options,
@@ -37,8 +38,11 @@ Output (under --out):
 
 \b
 Tiles come from the --save-tiles cache (tiles/<slide_id>.zarr) when complete, else from the slide.
-Exit code: 0 all slides done (or skipped), 1 some slides failed (see the manifest), 2 usage error.
-Re-running skips bags made by the same encoder and weights; --overwrite redoes them.
+Exit code: 0 all slides done (or skipped), 1 some slides failed (see the manifest), 2 usage error
+(including an --out that cannot be written). Re-running skips bags made by the same encoder and
+weights; --overwrite redoes them. A bag of the same slide id made from another slide file is never
+replaced without --overwrite (the slide fails, naming both files); nor are ids differing only by case.
+Unreadable tiles are left out of a bag and counted (summary, bag attribute n_bad_tiles).
 """,
 )
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
@@ -164,13 +168,14 @@ def command(
     are tiled first into --out. A slide with unreadable tiles is embedded without them unless more than
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
-    from pipelines.embed import EmbedOptions, embed_slides, embed_tiles
+    from pipelines.embed import EmbedOptions, bad_tile_report, embed_slides, embed_tiles
     from pipelines.embed.options import default_readers
     from wsi.config import parse_config
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
+    ensure_writable_dir(out_dir)  # before any work: a read-only --out is a usage error (exit 2)
     given = {
         "encoder": encoder, "weights": str(weights) if weights else None, "random_init": random_init,
         "expected_sha256": expected_sha256, "input_px": input_px, "device": device, "precision": precision,
@@ -204,6 +209,8 @@ def command(
 
     summary = RunSummary.of(results)
     click.echo(f"wsi {summary.line('embed', unit='tiles')} -> {out_dir / 'features'}", err=True)
+    for line in bad_tile_report([r for r in results if r.status == "ok"], out_dir=out_dir, encoder=encoder):
+        click.echo(f"  {line}", err=True)
     for r in summary.failed[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
     if summary.failed:

@@ -1,4 +1,4 @@
-"""`wsi info`: summarise a tile file or a feature bag (ours, STAMP, CLAM, TRIDENT)."""
+"""`wsi info`: summarise a slide, a tile file or a feature bag (ours, STAMP, CLAM, TRIDENT)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import user_errors
+from wsi.cli._common import backend_option, user_errors
 
 
 @click.command(
@@ -15,6 +15,7 @@ from wsi.cli._common import user_errors
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="""\b
 Examples:
+  wsi info slides/slide1.svs                      # vendor, levels, size, mpp and its source, objective
   wsi info run/tiles/slide1.h5
   wsi info run/features/retccl/slide1.h5
   wsi info clam_features/slide1.h5 --mpp 0.25     # CLAM/TRIDENT coords are level-0 pixels
@@ -26,20 +27,27 @@ Examples:
     "--mpp",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Level-0 um/px, for CLAM/TRIDENT bags (their coordinates are in pixels).",
+    help="Level-0 um/px: for CLAM/TRIDENT bags (their coordinates are in pixels), or a slide without one.",
 )
+@backend_option()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per file instead of text.")
 @user_errors
-def command(files: tuple[Path, ...], mpp: float | None, as_json: bool) -> None:
-    """Print a summary of tile files and feature bags: counts, sizes, provenance, extent."""
+def command(files: tuple[Path, ...], mpp: float | None, backend: str, as_json: bool) -> None:
+    """Print a summary of slides, tile files and feature bags: sizes, resolution, provenance, extent."""
+    import h5py
+
     from wsi.bags import bag_info
     from wsi.errors import BagFormatError
+    from wsi.slide_info import slide_info
     from wsi.tilefile import is_tile_file, tile_file_info
 
     for i, path in enumerate(files):
         if not path.is_file():
             raise BagFormatError(f"{path}: file not found")
-        summary = tile_file_info(path) if is_tile_file(path) else bag_info(path, mpp=mpp)
+        if not h5py.is_hdf5(path):  # not a tile file or a bag: a slide, or a SlideError naming it
+            summary = slide_info(path, backend=backend, mpp=mpp)
+        else:
+            summary = tile_file_info(path) if is_tile_file(path) else bag_info(path, mpp=mpp)
         if as_json:
             click.echo(json.dumps(summary, default=str))
             continue

@@ -1,0 +1,185 @@
+"""Whole-slide thumbnails that survive a corrupt tile: what cannot be decoded is marked, not fatal.
+
+The tissue mask is computed on a thumbnail, so one corrupt JPEG tile in the level the thumbnail is read
+from used to fail the whole slide, with the error placed at x=0 y=0 (the whole level was one read).
+Here a level that fails as a whole is read again tile by tile of the file's own grid: only the tiles
+that fail are lost, white in the image and True in `unknown`, and each is reported at its real level-0
+place. The tile stage treats unknown as "maybe tissue": it tries those tiles one by one and counts the
+ones that fail as unreadable, so the rest of the slide is tiled.
+
+Public API:
+  read_thumbnail(slide, mpp) -> Thumbnail      (also `Slide.thumbnail(mpp)`)
+  Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
+  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe()
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+
+from wsi.errors import SlideError
+from wsi.region import resample_filter
+
+if TYPE_CHECKING:
+    from wsi.slide import Slide
+
+log = logging.getLogger(__name__)
+
+#: thumbnails from a level larger than this (pixels) are assembled block by block (memory)
+MAX_THUMB_READ_PX = 1 << 26
+_WHITE = 255
+#: read size when the backend does not say how the file is tiled
+_DEFAULT_TILE_PX = 512
+
+
+@dataclass(frozen=True)
+class UnreadableRegion:
+    """A part of a slide that could not be decoded (e.g. a corrupt JPEG tile), in level-0 px."""
+
+    x_px: int  # level-0 left
+    y_px: int  # level-0 top
+    w_px: int  # level-0 width
+    h_px: int  # level-0 height
+    level: int  # the pyramid level whose read failed
+    error: str  # the backend's message
+
+    def describe(self) -> str:
+        return f"level-0 x={self.x_px} y={self.y_px} ({self.w_px} x {self.h_px} px, level {self.level})"
+
+
+@dataclass(frozen=True)
+class Thumbnail:
+    """A whole-slide thumbnail and what of it could not be read."""
+
+    image: np.ndarray  # (h, w, 3) uint8 RGB; unreadable parts white
+    unknown: np.ndarray  # (h, w) bool: True where the slide could not be read (not "background")
+    mpp: float  # um/px of the thumbnail (level-0 width * mpp / w)
+    unreadable: tuple[UnreadableRegion, ...] = ()  # where and why, in level-0 px
+
+    @property
+    def n_unreadable(self) -> int:
+        return len(self.unreadable)
+
+
+def read_thumbnail(slide: Slide, mpp: float) -> Thumbnail:
+    """The whole slide at about `mpp` um/px, read from the coarsest level fine enough.
+
+    Unreadable parts are white in `image`, True in `unknown`, listed in `unreadable` and named in a
+    warning. Only a slide of which nothing can be read raises SlideError.
+    """
+    if mpp <= 0:
+        raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
+    level = slide.best_level_for_mpp(mpp)
+    lw, lh = slide.level_dimensions[level]
+    w0, h0 = slide.dimensions
+    size = (max(1, round(w0 * slide.mpp / mpp)), max(1, round(h0 * slide.mpp / mpp)))
+    if lw * lh > MAX_THUMB_READ_PX:
+        image, unknown, bad = _by_blocks(slide, mpp, size, level)
+    else:
+        image, unknown, bad = _level_recovering(slide, level)
+        if size != (lw, lh):
+            image = np.asarray(Image.fromarray(image).resize(size, resample=resample_filter(lw / size[0])))
+            # a thumbnail pixel is unknown when any level pixel under it is
+            mask = Image.fromarray(unknown.astype(np.uint8) * 255).resize(size, Image.Resampling.BOX)
+            unknown = np.asarray(mask) > 0
+    if bad:
+        if unknown.all():
+            raise SlideError(f"{slide.path}: no part of the slide can be read: {bad[0].error}")
+        where = "; ".join(r.describe() for r in bad[:5]) + ("; ..." if len(bad) > 5 else "")
+        log.warning(
+            "%s: %d region(s) cannot be decoded; marked unknown on the tissue thumbnail (their tiles are "
+            "tried one by one, and counted unreadable when they fail): %s (%s)",
+            slide.path, len(bad), where, bad[0].error,
+        )  # fmt: skip
+    return Thumbnail(image, unknown, w0 * slide.mpp / image.shape[1], tuple(bad))
+
+
+def storage_tile_px(slide: Slide, level: int) -> tuple[int, int]:
+    """The file's own tile size at `level` (px) as the backend reports it; 512 x 512 when it does not."""
+    sizes = []
+    for side in ("width", "height"):
+        try:
+            sizes.append(int(float(slide.properties.get(f"{slide.backend}.level[{level}].tile-{side}", ""))))
+        except ValueError:
+            return _DEFAULT_TILE_PX, _DEFAULT_TILE_PX
+    w, h = sizes
+    return (w, h) if w > 0 and h > 0 else (_DEFAULT_TILE_PX, _DEFAULT_TILE_PX)
+
+
+def _level_recovering(slide: Slide, level: int) -> tuple[np.ndarray, np.ndarray, list[UnreadableRegion]]:
+    """A whole level; when that fails, again tile by tile of the file's own grid, so that a corrupt
+    tile costs only itself and is reported where it is. (image, unknown mask, unreadable regions)"""
+    lw, lh = slide.level_dimensions[level]
+    unknown = np.zeros((lh, lw), bool)
+    try:
+        return slide.read_level(level, 0, 0, lw, lh), unknown, []
+    except SlideError:
+        log.debug("%s: level %d unreadable as a whole; reading it tile by tile", slide.path, level)
+    image = np.full((lh, lw, 3), _WHITE, np.uint8)
+    bad: list[UnreadableRegion] = []
+    tw, th = storage_tile_px(slide, level)
+    ds = slide.level_downsamples[level]
+    for y in range(0, lh, th):
+        for x in range(0, lw, tw):
+            w, h = min(tw, lw - x), min(th, lh - y)
+            try:
+                image[y : y + h, x : x + w] = slide.read_level(level, x, y, w, h)
+            except SlideError as exc:
+                unknown[y : y + h, x : x + w] = True
+                box = (round(x * ds), round(y * ds), round(w * ds), round(h * ds))
+                bad.append(UnreadableRegion(*box, level=level, error=str(exc)))
+    return image, unknown, bad
+
+
+def _by_blocks(
+    slide: Slide, mpp: float, size: tuple[int, int], level: int, read_px: int = 4096
+) -> tuple[np.ndarray, np.ndarray, list[UnreadableRegion]]:
+    """Thumbnail of a slide whose suitable level is too big to read at once (no pyramid).
+
+    Blocks are sized so that each read is at most `read_px` pixels a side at the level read; a block
+    that fails is read again in pieces of about the file's tile size, so a corrupt tile costs about
+    itself only.
+    """
+    block_px = max(1, int(read_px * slide.level_mpp(level) / mpp))  # thumbnail px per block
+    piece_px = max(1, int(max(storage_tile_px(slide, level)) * slide.level_mpp(level) / mpp))
+    out = np.full((size[1], size[0], 3), _WHITE, np.uint8)
+    unknown = np.zeros((size[1], size[0]), bool)
+    bad: list[UnreadableRegion] = []
+    for by in range(0, size[1], block_px):
+        for bx in range(0, size[0], block_px):
+            if _block(slide, out, mpp, (bx, by), block_px, level, None):
+                continue
+            for py in range(by, min(by + block_px, size[1]), piece_px):
+                for px in range(bx, min(bx + block_px, size[0]), piece_px):
+                    if not _block(slide, out, mpp, (px, py), piece_px, level, bad):
+                        unknown[py : py + piece_px, px : px + piece_px] = True
+    return out, unknown, bad
+
+
+def _block(
+    slide: Slide,
+    out: np.ndarray,
+    mpp: float,
+    at: tuple[int, int],
+    side: int,
+    level: int,
+    bad: list[UnreadableRegion] | None,
+) -> bool:
+    """Read one square of the thumbnail into `out`; False (and, given `bad`, a region) when it fails."""
+    bx, by = at
+    x0, y0 = round(bx * mpp / slide.mpp), round(by * mpp / slide.mpp)
+    try:
+        block = slide.read_region_um(x0, y0, side * mpp, mpp)
+    except SlideError as exc:
+        if bad is not None:
+            side0 = round(side * mpp / slide.mpp)
+            bad.append(UnreadableRegion(x0, y0, side0, side0, level=level, error=str(exc)))
+        return False
+    h, w = out.shape[:2]
+    out[by : by + side, bx : bx + side] = block[: h - by, : w - bx]
+    return True
