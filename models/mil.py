@@ -8,21 +8,26 @@ same at any magnification) is added to each projected feature.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
+from models.kinds import MODEL_KINDS, KindModel
 from models.posenc import sincos_from_coords_um
-from models.transformer import Transformer, TransformerConfig, _chunks, decompose_cls_logits
+from models.transformer import PositiveInt, Transformer, TransformerConfig, chunk_slices, decompose_cls_logits
+from wsi.config import config_model
 from wsi.errors import ConfigError
 
 
+@config_model
 @dataclass
 class MILConfig(TransformerConfig):
-    kind: str = "mil"
-    in_dim: int = 2048  # bag feature width (RetCCL: 2048)
+    kind: Literal["mil"] = "mil"  # model class (models.kinds)
+    in_dim: PositiveInt = 2048  # bag feature width (RetCCL: 2048)
     pos_encoding: bool = False  # add sincos(coords_um / pos_unit_um); off: order-invariant
-    pos_unit_um: float = 256.0  # micrometres per encoding unit (about one tile)
+    pos_unit_um: Annotated[float, Field(gt=0)] = 256.0  # micrometres per encoding unit (about one tile)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -33,7 +38,11 @@ class MILConfig(TransformerConfig):
             )
 
 
-class MILTransformer(nn.Module):
+@MODEL_KINDS.register("mil")
+class MILTransformer(KindModel):
+    config_class = MILConfig
+    config: MILConfig
+
     def __init__(self, config: MILConfig) -> None:
         super().__init__()
         self.config = config
@@ -45,9 +54,6 @@ class MILTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(config.dim)
         self.head = nn.Linear(config.dim, config.num_classes)
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
     # --- inputs --------------------------------------------------------------------------------------
     def _check(self, x: Tensor, mask: Tensor | None, coords_um: Tensor | None) -> None:
@@ -105,7 +111,7 @@ class MILTransformer(nn.Module):
         b, n, _ = x.shape
         buf = torch.empty(b, n + 1, self.config.dim, dtype=self.proj.weight.dtype, device=x.device)
         buf[:, 0] = self.cls_token[:, 0]
-        for sl in _chunks(n, chunk):
+        for sl in chunk_slices(n, chunk):
             c = None if coords_um is None else coords_um[:, sl]
             buf[:, sl.start + 1 : sl.stop + 1] = self._embed(x[:, sl], c)
         if mask is not None:
@@ -120,7 +126,8 @@ class MILTransformer(nn.Module):
         """(contrib (B, N, C), base (B, C)) with logits == base + contrib.sum(1); see docs/api.md."""
         self._check(x, mask, coords_um)
         tokens, full_mask = self._tokens(x, mask, coords_um)
-        contrib, base = decompose_cls_logits(self.transformer.blocks, self.norm, self.head, tokens, full_mask)
+        blocks = self.transformer.layers()
+        contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, full_mask)
         return contrib[:, 1:], base
 
     def tile_contributions(

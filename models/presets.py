@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,15 +10,9 @@ import torch
 from torch import nn
 
 import configs
-from models.mil import MILConfig, MILTransformer
-from models.vit import ViT2D, ViT3D, ViTConfig
+from models.kinds import MODEL_KINDS, KindModel
+from wsi.config import parse_config
 from wsi.errors import ConfigError, WeightsError
-
-_KINDS: dict[str, tuple[type, type[nn.Module]]] = {
-    "mil": (MILConfig, MILTransformer),
-    "vit2d": (ViTConfig, ViT2D),
-    "vit3d": (ViTConfig, ViT3D),
-}
 
 
 def available_presets() -> list[str]:
@@ -33,7 +26,7 @@ def build_model(
     in_dim: int | None = None,
     num_classes: int | None = None,
     **overrides: Any,
-) -> nn.Module:
+) -> KindModel:
     """Model of a preset (packaged name or YAML path); arguments left None keep the preset's value.
 
     For the ViTs `in_dim` means the number of input channels.
@@ -50,23 +43,15 @@ def build_model(
     return build_model_from_config(data, source=source)
 
 
-def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> nn.Module:
-    """Rebuild a model from `model.config_dict()` (or a preset mapping)."""
+def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> KindModel:
+    """Rebuild a model from `model.to_dict()` (or a preset mapping)."""
     kind = config.get("kind", "mil")
-    if kind not in _KINDS:
-        raise ConfigError(f"{source}: unknown model kind {kind!r}; choose one of {', '.join(_KINDS)}")
-    cfg_cls, model_cls = _KINDS[kind]
-    names = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = set(config) - names
-    if unknown:
-        raise ConfigError(
-            f"{source}: unknown field(s) {', '.join(sorted(unknown))} for a {kind} model; "
-            f"valid fields: {', '.join(sorted(names))}"
-        )
     try:
-        cfg = cfg_cls(**config)
-    except TypeError as exc:
-        raise ConfigError(f"{source}: {exc}") from exc
+        model_cls = MODEL_KINDS.get(kind)
+        cfg = parse_config(model_cls.config_class, config, source=source)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
     return model_cls(cfg)
 
 

@@ -7,18 +7,21 @@ without warm-up tricks. The stack offers three ways to run: plain, with activati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, cast
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.attention import attention_options, available_attention, build_attention
+from models.attention import AttentionBase, attention_options, available_attention, build_attention
+from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 
 Grid = tuple[int, ...] | None
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
 
 
 # build_attention options that the model sets from its own fields: allowing them in attention_options
@@ -33,38 +36,39 @@ def _refuse_shadowed_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"attention_options must not set {shadowed}: set the model fields instead ({use})")
 
 
+@config_model
 @dataclass
 class TransformerConfig:
+    """Fields every transformer kind shares (defaults: the paper's Table 1 widths for vit-wsi).
+
+    Types and ranges are checked by `wsi.config.parse_config`; `__post_init__` checks what spans fields.
+    """
+
     attention: str = "seqnorm"  # variant name, see models.attention
     attention_options: dict[str, Any] = field(default_factory=dict)  # extra build_attention options
-    dim: int = 512  # token width D'
-    attn_dim: int = 512  # inner attention width D (Q, K, V live here)
-    depth: int = 2
-    heads: int = 8
-    mlp_dim: int = 512
-    num_classes: int = 2
-    dropout: float = 0.0
+    dim: PositiveInt = 512  # token width D'
+    attn_dim: PositiveInt = 512  # inner attention width D (Q, K, V live here)
+    depth: PositiveInt = 2  # transformer blocks
+    heads: PositiveInt = 8  # attention heads; attn_dim must be divisible by it
+    mlp_dim: PositiveInt = 512  # hidden width of each block's MLP
+    num_classes: PositiveInt = 2  # logits
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # in the MLPs and after attention
     checkpointing: bool = False  # recompute blocks in backward: memory for very long bags
-    max_tokens_per_chunk: int | None = None  # chunked no-grad inference (exact), None = plain
+    max_tokens_per_chunk: PositiveInt | None = None  # chunked no-grad inference (exact), None = plain
 
     def __post_init__(self) -> None:
         if self.attention not in available_attention():
             raise ConfigError(f"unknown attention {self.attention!r}; choose one of {available_attention()}")
-        for name in ("dim", "attn_dim", "depth", "heads", "mlp_dim", "num_classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model field {name} must be a positive integer, got {value!r}")
         if self.attn_dim % self.heads:
             raise ConfigError(f"attn_dim {self.attn_dim} is not divisible by heads {self.heads}")
         _refuse_shadowed_options(self.attention_options)
         bad = set(self.attention_options) - set(attention_options(self.attention))
         if bad:
             raise ConfigError(f"attention_options {sorted(bad)} are not options of {self.attention!r}")
-        if self.max_tokens_per_chunk is not None and self.max_tokens_per_chunk < 1:
-            raise ConfigError(f"max_tokens_per_chunk must be >= 1 or null, got {self.max_tokens_per_chunk}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-ready data; `models.presets.build_model_from_config` turns it back into a model."""
+        return config_dict(self)
 
     def block_options(self) -> dict[str, Any]:
         return {
@@ -108,7 +112,7 @@ class Block(nn.Module):
         _refuse_shadowed_options(attention_options or {})
         opts = {**(attention_options or {}), "inner_dim": attn_dim, "dropout": dropout}
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = build_attention(attention, dim, heads, **opts)
+        self.attn: AttentionBase = build_attention(attention, dim, heads, **opts)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
 
@@ -117,7 +121,8 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def _chunks(n: int, size: int) -> Iterator[slice]:
+def chunk_slices(n: int, size: int) -> Iterator[slice]:
+    """Consecutive slices of at most `size` covering range(n): the chunks of the two-pass scheme."""
     for start in range(0, n, size):
         yield slice(start, min(start + size, n))
 
@@ -131,10 +136,14 @@ class Transformer(nn.Module):
             raise ConfigError(f"depth must be at least 1, got {depth}")
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, **block_options) for _ in range(depth))
 
+    def layers(self) -> list[Block]:
+        """The blocks, typed (nn.ModuleList yields plain Modules)."""
+        return [cast(Block, blk) for blk in self.blocks]
+
     def forward(
         self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None, *, checkpointing: bool = False
     ) -> Tensor:
-        for blk in self.blocks:
+        for blk in self.layers():
             if checkpointing and torch.is_grad_enabled():
                 x = checkpoint(blk, x, mask, grid_shape, use_reentrant=False)
             else:
@@ -150,13 +159,13 @@ class Transformer(nn.Module):
         """
         if chunk < 1:
             raise ConfigError(f"max_tokens_per_chunk must be at least 1, got {chunk}")
-        for blk in self.blocks:
+        for blk in self.layers():
             if grid_shape is not None and getattr(blk.attn, "local", None) is not None:
                 raise ConfigError("gdla with a local branch cannot run chunked; unset max_tokens_per_chunk")
             state = blk.attn.stream_begin()
-            for sl in _chunks(x.shape[1], chunk):
+            for sl in chunk_slices(x.shape[1], chunk):
                 blk.attn.stream_collect(state, blk.norm1(x[:, sl]), None if mask is None else mask[:, sl])
-            for sl in _chunks(x.shape[1], chunk):
+            for sl in chunk_slices(x.shape[1], chunk):
                 xc = x[:, sl]
                 y = xc + blk.attn.stream_apply(state, blk.norm1(xc), None if mask is None else mask[:, sl])
                 x[:, sl] = y + blk.mlp(blk.norm2(y))
@@ -165,7 +174,7 @@ class Transformer(nn.Module):
 
 
 def decompose_cls_logits(
-    blocks: nn.ModuleList,
+    blocks: Sequence[Block],
     norm: nn.LayerNorm,
     head: nn.Linear,
     tokens: Tensor,

@@ -14,12 +14,15 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from wsi.errors import ConfigError
+from wsi.registry import Registry
 
 StreamState = dict[str, Any]
 
 
 class AttentionBase(nn.Module):
     """Multi-head attention skeleton: fused QKV projection, head split/merge, output projection."""
+
+    linear: bool = True  # cost linear in the number of tokens (False: quadratic, e.g. softmax)
 
     def __init__(
         self, dim: int, heads: int, *, inner_dim: int | None = None, bias: bool = True, dropout: float = 0.0
@@ -117,3 +120,16 @@ def add_(state: StreamState, key: str, value: Tensor) -> None:
     """Accumulate a float64 running sum in the stream state."""
     value = value.to(torch.float64)
     state[key] = value if key not in state else state[key] + value
+
+
+# Every variant registers itself beside its class (`@ATTENTION.register("name")`); the modules listed
+# here are imported on the first lookup, so adding a variant is a new file plus one line below.
+ATTENTION: Registry[type[AttentionBase]] = Registry(
+    "attention",
+    modules=(
+        "models.attention.seqnorm",
+        "models.attention.softmax",
+        "models.attention.sima",
+        "models.attention.gdla",
+    ),
+)

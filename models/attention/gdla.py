@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.attention._base import AttentionBase, StreamState, add_
+from models.attention._base import ATTENTION, AttentionBase, StreamState, add_
 from models.attention._masking import zero_padded
 from wsi.errors import ConfigError
 
@@ -26,6 +26,7 @@ def _phi(t: Tensor) -> Tensor:
     return F.elu(t) + 1.0
 
 
+@ATTENTION.register("gdla")
 class GDLAttention(AttentionBase):
     def __init__(
         self,
@@ -44,6 +45,7 @@ class GDLAttention(AttentionBase):
         if grid_ndim not in (2, 3):
             raise ConfigError(f"gdla grid_ndim must be 2 or 3, got {grid_ndim}")
         self.eps = float(eps)
+        self.grid_ndim = grid_ndim
         self.lam = nn.Parameter(torch.full((heads, self.head_dim), float(lambda_init)))
         self.rms_weight = nn.Parameter(torch.ones(heads, self.head_dim))
         self.to_gate = nn.Linear(dim, self.inner_dim)
@@ -83,7 +85,7 @@ class GDLAttention(AttentionBase):
         if self.local is None or grid_shape is None:
             return None
         g = math.prod(grid_shape)
-        if len(grid_shape) != self.local[0].weight.ndim - 2 or g > v.shape[1]:
+        if len(grid_shape) != self.grid_ndim or g > v.shape[1]:
             raise ConfigError(f"grid {grid_shape} does not fit {v.shape[1]} tokens / this local branch")
         on_grid = zero_padded(v, mask)[:, -g:].transpose(1, 2)  # (B, D, g)
         y = self.local(on_grid.reshape(*on_grid.shape[:2], *grid_shape)).flatten(2).transpose(1, 2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.attention._base import AttentionBase, StreamState, add_
+from models.attention._base import ATTENTION, AttentionBase, StreamState, add_
 from models.attention._masking import count_tokens, masked_mean_var, zero_padded
 
 
@@ -24,6 +24,7 @@ class ChannelAffine(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
 
+@ATTENTION.register("seqnorm")
 class SeqNormAttention(AttentionBase):
     """Softmax-free attention with Q, K, V normalized across the sequence; linear in N."""
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention._base import AttentionBase, StreamState, add_
+from models.attention._base import ATTENTION, AttentionBase, StreamState, add_
 from models.attention._masking import masked_sum, zero_padded
 
 
+@ATTENTION.register("sima")
 class SimAAttention(AttentionBase):
     def __init__(self, dim: int, heads: int, *, eps: float = 1e-6, **options: object) -> None:
         super().__init__(dim, heads, **options)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.attention._base import AttentionBase, StreamState
+from models.attention._base import ATTENTION, AttentionBase, StreamState
 from models.attention._masking import zero_padded
 
 
@@ -18,8 +18,11 @@ def _key_mask(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask[:, None, None, :]
 
 
+@ATTENTION.register("softmax")
 class SoftmaxAttention(AttentionBase):
     """softmax(Q K^T / sqrt(d)) V per head; padded keys are masked out."""
+
+    linear = False
 
     def _qkv(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V as (B, h, N, d) with padded K and V rows zeroed.
