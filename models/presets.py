@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import configs
+from models.attention import AttentionBase
 from models.kinds import MODEL_KINDS, KindModel
 from wsi.config import parse_config
 from wsi.errors import ConfigError, WeightsError
@@ -55,22 +56,52 @@ def build_model_from_config(config: Mapping[str, Any], *, source: str = "model c
     return model_cls(cfg)
 
 
+def _variant_keys(target: nn.Module) -> tuple[set[str], set[str]]:
+    """(keys only the target's attention variants have, dead keys they drop), as full state-dict names.
+
+    A softmax model has the shared skeleton of every attention module (`to_qkv`, `to_out`); whatever
+    else a variant owns (seqnorm's gamma/beta, gdla's gate, lambdas, local mixer) is its own and new.
+    """
+    own, dead = set(), set()
+    for name, module in target.named_modules():
+        if isinstance(module, AttentionBase):
+            prefix = f"{name}." if name else ""
+            shared = {"to_qkv.weight", "to_qkv.bias", "to_out.weight", "to_out.bias"}
+            own |= {prefix + k for k in module.state_dict() if k not in shared}
+            dead |= {prefix + k for k in module.dead_keys}
+    return own, dead
+
+
 def transfer_softmax_to_seqnorm(
     source: nn.Module | Mapping[str, torch.Tensor], target: nn.Module
 ) -> list[str]:
     """Load a softmax model's weights into a same-shape seqnorm (or other variant) model, in place.
 
-    Shared keys (projections `to_qkv`, `to_out`, norms, MLPs, head) are copied; parameters only the
-    target has keep their initial values, which for seqnorm's gamma/beta is the identity. Returns the
-    sorted target keys that were new.
+    The paper's section 3.4 recipe: every shared weight (projections `to_qkv`, `to_out`, norms, MLPs,
+    class token, head) is copied exactly; the target variant's own new parameters keep their initial
+    values (seqnorm's gamma = 1, beta = 0: the identity). Source weights the target drops because they
+    cancel in it (seqnorm's Q/K/V biases) are skipped. Returns the sorted target keys that were new.
+    Raises WeightsError naming the keys when the source lacks anything else the target needs (a
+    shallower model, another width) or has weights the target lacks.
     """
-    state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
+    state = dict(source.state_dict() if isinstance(source, nn.Module) else source)
     own = target.state_dict()
+    new_params, dead = _variant_keys(target)
+    for key in dead:
+        state.pop(key, None)
     extra = sorted(set(state) - set(own))
     if extra:
         raise WeightsError(
-            f"the source has weights the target lacks ({', '.join(extra[:5])}...): "
+            f"the source has {len(extra)} weight(s) the target lacks ({', '.join(extra[:5])}): "
             "build the target with the same preset and overrides"
+        )
+    missing = sorted(set(own) - set(state) - new_params)
+    if missing:
+        raise WeightsError(
+            f"the source lacks {len(missing)} weight(s) the target needs beyond its attention variant's "
+            f"own new parameters, which would stay random: {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}; "
+            "build the target with the source's preset, depth and widths"
         )
     bad = [k for k, v in state.items() if own[k].shape != v.shape]
     if bad:

@@ -7,7 +7,7 @@ without warm-up tricks. The stack offers three ways to run: plain, with activati
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, cast
 
@@ -17,11 +17,15 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from models.attention import AttentionBase, attention_options, available_attention, build_attention
+from models.chunked import run_chunked
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 
-Grid = tuple[int, ...] | None
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
+
+# Measured (docs/benchmarks.md, "Bounded memory"): the defaults of the two length thresholds below.
+CHUNK_ABOVE_TOKENS = 16384
+CHECKPOINT_ABOVE_TOKENS = 16384
 
 
 # build_attention options that the model sets from its own fields: allowing them in attention_options
@@ -53,8 +57,14 @@ class TransformerConfig:
     mlp_dim: PositiveInt = 512  # hidden width of each block's MLP
     num_classes: PositiveInt = 2  # logits
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # in the MLPs and after attention
-    checkpointing: bool = False  # recompute blocks in backward: memory for very long bags
-    max_tokens_per_chunk: PositiveInt | None = None  # chunked no-grad inference (exact), None = plain
+    checkpointing: bool = False  # always recompute blocks in backward while training (else: see below)
+    # With gradients on, bags longer than this recompute each block in backward (activation
+    # checkpointing, same outputs and gradients): memory per tile drops to the block inputs.
+    checkpoint_above_tokens: PositiveInt | None = CHECKPOINT_ABOVE_TOKENS
+    max_tokens_per_chunk: PositiveInt | None = None  # chunk size for every no-grad pass; None = automatic
+    # Without gradients, bags longer than this run chunked (exact) in chunks of this many tokens, so
+    # inference memory stays bounded (docs/benchmarks.md); None: plain unless max_tokens_per_chunk.
+    chunk_above_tokens: PositiveInt | None = CHUNK_ABOVE_TOKENS
 
     def __post_init__(self) -> None:
         if self.attention not in available_attention():
@@ -69,6 +79,21 @@ class TransformerConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; `models.presets.build_model_from_config` turns it back into a model."""
         return config_dict(self)
+
+    def chunk_for(self, n_tokens: int, requested: int | None = None) -> int | None:
+        """Chunk size for a no-grad pass over `n_tokens` tokens, or None for the plain pass."""
+        if requested or self.max_tokens_per_chunk:
+            return requested or self.max_tokens_per_chunk
+        if self.chunk_above_tokens and n_tokens > self.chunk_above_tokens:
+            return self.chunk_above_tokens
+        return None
+
+    def checkpoint_for(self, n_tokens: int, training: bool) -> bool:
+        """Whether a pass with gradients over `n_tokens` tokens recomputes its blocks in backward."""
+        if not torch.is_grad_enabled():
+            return False
+        forced = self.checkpointing and training
+        return forced or bool(self.checkpoint_above_tokens and n_tokens > self.checkpoint_above_tokens)
 
     def block_options(self) -> dict[str, Any]:
         return {
@@ -116,15 +141,10 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None) -> Tensor:
-        x = x + self.attn(self.norm1(x), mask, grid_shape)
+    def forward(self, x: Tensor, mask: Tensor | None = None, neighbours: Tensor | None = None) -> Tensor:
+        """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table (models.layout)."""
+        x = x + self.attn(self.norm1(x), mask, neighbours=neighbours)
         return x + self.mlp(self.norm2(x))
-
-
-def chunk_slices(n: int, size: int) -> Iterator[slice]:
-    """Consecutive slices of at most `size` covering range(n): the chunks of the two-pass scheme."""
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
 
 
 class Transformer(nn.Module):
@@ -140,37 +160,45 @@ class Transformer(nn.Module):
         """The blocks, typed (nn.ModuleList yields plain Modules)."""
         return [cast(Block, blk) for blk in self.blocks]
 
+    @property
+    def needs_neighbours(self) -> bool:
+        """Whether any block mixes grid neighbours (gdla's local path): callers build a table only then."""
+        return any(blk.attn.needs_neighbours for blk in self.layers())
+
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None, *, checkpointing: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        neighbours: Tensor | None = None,
+        *,
+        checkpointing: bool = False,
     ) -> Tensor:
         for blk in self.layers():
             if checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x, mask, grid_shape, use_reentrant=False)
+                x = checkpoint(blk, x, mask, neighbours, use_reentrant=False)
             else:
-                x = blk(x, mask, grid_shape)
+                x = blk(x, mask, neighbours)
         return x
 
     @torch.no_grad()
-    def forward_chunked_(self, x: Tensor, mask: Tensor | None, chunk: int, grid_shape: Grid = None) -> Tensor:
-        """Run every block in two passes over chunks of `chunk` tokens, overwriting x (B, N, dim) in place.
+    def forward_chunked_(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        chunk: int,
+        neighbours: Tensor | None = None,
+        order: Tensor | None = None,
+    ) -> Tensor:
+        """Every block in two passes over chunks of `chunk` tokens, overwriting x (B, N, dim) in place.
 
-        Pass 1 lets the attention accumulate its exact summaries (sums, sums of squares, K^T V); pass 2
-        computes each chunk's output and MLP. Peak memory: x plus one chunk's activations.
+        Pass 1 lets the attention accumulate its exact summaries (sums, covariances, K^T V); pass 2
+        computes each chunk's output and MLP. Chunks follow `order` (B, N) (raster order for slide
+        tiles: a chunk's grid neighbours are then at most one grid row away); `neighbours` is indexed by
+        positions in that order. Peak memory: x plus one chunk (and its neighbour rows) of activations.
         """
         if chunk < 1:
             raise ConfigError(f"max_tokens_per_chunk must be at least 1, got {chunk}")
-        for blk in self.layers():
-            if grid_shape is not None and getattr(blk.attn, "local", None) is not None:
-                raise ConfigError("gdla with a local branch cannot run chunked; unset max_tokens_per_chunk")
-            state = blk.attn.stream_begin()
-            for sl in chunk_slices(x.shape[1], chunk):
-                blk.attn.stream_collect(state, blk.norm1(x[:, sl]), None if mask is None else mask[:, sl])
-            for sl in chunk_slices(x.shape[1], chunk):
-                xc = x[:, sl]
-                y = xc + blk.attn.stream_apply(state, blk.norm1(xc), None if mask is None else mask[:, sl])
-                x[:, sl] = y + blk.mlp(blk.norm2(y))
-            del state
-        return x
+        return run_chunked(self.layers(), x, mask, chunk, neighbours, order)
 
 
 def decompose_cls_logits(
@@ -179,7 +207,7 @@ def decompose_cls_logits(
     head: nn.Linear,
     tokens: Tensor,
     mask: Tensor | None = None,
-    grid_shape: Grid = None,
+    neighbours: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Split the class-token logits (token 0) into per-token terms of the last block's attention.
 
@@ -190,11 +218,11 @@ def decompose_cls_logits(
     """
     h = tokens
     for blk in blocks[:-1]:
-        h = blk(h, mask, grid_shape)
+        h = blk(h, mask, neighbours)
     last = blocks[-1]
-    terms = last.attn.query_contributions(last.norm1(h), mask, 0, grid_shape)  # (B, N, dim)
+    terms = last.attn.query_contributions(last.norm1(h), mask, 0, neighbours=neighbours)  # (B, N, dim)
     terms = torch.cat([torch.zeros_like(terms[:, :1]), terms[:, 1:]], dim=1)  # class token -> base
-    y = last(h, mask, grid_shape)[:, 0]  # (B, dim) the class token after the last block
+    y = last(h, mask, neighbours)[:, 0]  # (B, dim) the class token after the last block
     sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (B, 1) fixed LN scale
 
     def affine_part(t: Tensor, scale: Tensor) -> Tensor:  # linear part of head(LN(.)) at fixed scale

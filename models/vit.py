@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from models.kinds import MODEL_KINDS, KindModel
+from models.layout import grid_neighbours
 from models.posenc import sincos_grid
 from models.transformer import PositiveInt, Transformer, TransformerConfig, decompose_cls_logits
 from wsi.config import config_model
@@ -48,6 +49,7 @@ class ViTConfig(TransformerConfig):
 class _ViT(KindModel):
     config_class = ViTConfig
     config: ViTConfig
+    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)
     ndim = 2
 
     def __init__(self, config: ViTConfig) -> None:
@@ -91,24 +93,30 @@ class _ViT(KindModel):
         cls = self.cls_token.expand(images.shape[0], -1, -1).to(patches.dtype)
         return torch.cat([cls, patches], dim=1), grid  # (B, 1 + P, dim)
 
+    def _neighbours(self, tokens: Tensor, grid: tuple[int, ...]) -> Tensor | None:
+        """The patch grid's neighbour table (1, 1 + P, T) behind the class token, if a block mixes it."""
+        if not self.transformer.needs_neighbours:
+            return None
+        return grid_neighbours(grid, tokens.shape[1], tokens.device)
+
     def forward(self, images: Tensor, *, max_tokens_per_chunk: int | None = None) -> Tensor:
         """(B, C, H, W) or (B, C, D, H, W) -> logits (B, num_classes)."""
         tokens, grid = self._tokens(images)
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
-        if chunk and not torch.is_grad_enabled():
-            h = self.transformer.forward_chunked_(tokens, None, chunk, grid)
+        neighbours = self._neighbours(tokens, grid)
+        chunk = self.config.chunk_for(tokens.shape[1], max_tokens_per_chunk)
+        if chunk and not torch.is_grad_enabled():  # row-major patches: already in raster order
+            h = self.transformer.forward_chunked_(tokens, None, chunk, neighbours)
         else:
-            h = self.transformer(
-                tokens, None, grid, checkpointing=self.config.checkpointing and self.training
-            )
+            ckpt = self.config.checkpoint_for(tokens.shape[1], self.training)
+            h = self.transformer(tokens, None, neighbours, checkpointing=ckpt)
         return self.head(self.norm(h[:, 0]))
 
     def logit_decomposition(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """(contrib (B, P, C), base (B, C)) with logits == base + contrib.sum(1)."""
         tokens, grid = self._tokens(images)
-        contrib, base = decompose_cls_logits(
-            self.transformer.layers(), self.norm, self.head, tokens, None, grid
-        )
+        blocks = self.transformer.layers()
+        neighbours = self._neighbours(tokens, grid)
+        contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, None, neighbours)
         return contrib[:, 1:], base
 
     def tile_contributions(self, images: Tensor) -> Tensor:
