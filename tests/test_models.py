@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from models.param_groups import param_groups
 from models.presets import (
     available_presets,
     build_model,
@@ -312,3 +314,43 @@ def test_transfer_refuses_a_source_that_leaves_shared_weights_random() -> None:
     partial = {k: v for k, v in _mil("softmax").state_dict().items() if not k.startswith("head.")}
     with pytest.raises(WeightsError, match=r"head\.bias, head\.weight"):
         transfer_softmax_to_seqnorm(partial, dst)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_param_groups_decay_only_weight_matrices(name: str) -> None:
+    m = _mil(name)
+    decay, keep = param_groups(m, 0.05)
+    assert (decay["weight_decay"], keep["weight_decay"]) == (0.05, 0.0)
+    everything = dict(m.named_parameters())
+    assert sorted(decay["names"] + keep["names"]) == sorted(everything)  # each parameter exactly once
+    assert [id(p) for p in decay["params"]] == [id(everything[n]) for n in decay["names"]]
+    assert all(everything[n].ndim == 2 and n.endswith("weight") and "norm" not in n for n in decay["names"])
+    for n in keep["names"]:  # norms, gains, biases, class token, lambdas
+        assert n.endswith(("bias", "gamma", "beta", "cls_token", "lam", "lam_local", "rms_weight")) or (
+            "norm" in n and n.endswith("weight")
+        ), n
+    assert "cls_token" in keep["names"] and "head.weight" in decay["names"]
+    v = build_model("vit-2d", attention=name, **TINY)
+    names = param_groups(v, 0.1)[0]["names"]
+    assert "patch_embed.weight" in names and "cls_token" not in names
+
+
+def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -> None:
+    """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
+    from safetensors.torch import save_file
+
+    from pipelines.train.checkpoints import load_into
+
+    m = _mil("seqnorm")
+    old = {k: v.clone() for k, v in m.state_dict().items()}
+    for i in range(TINY["depth"]):
+        old[f"transformer.blocks.{i}.attn.to_qkv.bias"] = torch.randn(3 * TINY["attn_dim"])
+    save_file(old, tmp_path / "best.safetensors")
+    fresh = _mil("seqnorm")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_into(fresh, tmp_path / "best.safetensors")
+    x = torch.randn(1, 13, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), m(x), rtol=0, atol=0)
