@@ -25,11 +25,16 @@ from models.chunked import chunk_slices
 from models.kinds import MODEL_KINDS, KindModel
 from models.layout import TileLayout, tile_layout
 from models.posenc import sincos_from_coords_um
-from models.transformer import PositiveInt, Transformer, TransformerConfig, decompose_cls_logits
+from models.transformer import (
+    AUTO_CHUNK_TOKENS,
+    PositiveInt,
+    Transformer,
+    TransformerConfig,
+    decompose_cls_logits,
+)
 from wsi.config import config_model
 from wsi.errors import ConfigError
 
-STREAM_CHUNK = 8192  # tokens per chunk of `logits_from_chunks` when the config sets no chunk size
 
 
 @config_model
@@ -166,7 +171,7 @@ class MILTransformer(KindModel):
         """
         if n_tiles < 1:
             raise ConfigError(f"n_tiles must be at least 1, got {n_tiles}")
-        chunk = self.config.chunk_for(n_tiles + 1, max_tokens_per_chunk) or STREAM_CHUNK
+        chunk = self.config.chunk_for(n_tiles + 1, max_tokens_per_chunk) or AUTO_CHUNK_TOKENS
         device, dtype = self.proj.weight.device, self.proj.weight.dtype
         buf = torch.empty(1, n_tiles + 1, self.config.dim, dtype=dtype, device=device)
         buf[:, 0] = self.cls_token[:, 0]
@@ -189,9 +194,9 @@ class MILTransformer(KindModel):
                 coords_all = torch.empty(1, n_tiles, 2, device=device)
             if c is not None and coords_all is not None:
                 coords_all[0, done : done + len(feats)] = c
-            buf[:, 1 + done : 1 + done + len(feats)] = self._embed(
-                feats[None], None if c is None else c[None]
-            )
+            for sl in chunk_slices(len(feats), chunk):  # float32 copies of one model chunk at a time
+                rows = slice(1 + done + sl.start, 1 + done + sl.stop)
+                buf[:, rows] = self._embed(feats[None, sl], None if c is None else c[None, sl])
             done += len(feats)
         if done != n_tiles:
             raise ConfigError(f"the chunks held {done} tiles, not n_tiles={n_tiles}")

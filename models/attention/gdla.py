@@ -76,7 +76,9 @@ class GDLAttention(AttentionBase):
     # --- pieces --------------------------------------------------------------------------------------
     def _project(self, x: Tensor) -> Tensor:
         """(B, N, D') -> [Q; K; V; G] (B, N, 4D)."""
-        return torch.cat([self.to_qkv(x), self.to_gate(x)], -1)
+        weight = torch.cat([self.to_qkv.weight, self.to_gate.weight])  # (4D, D'): one output, no copy
+        bias = None if self.to_qkv.bias is None else torch.cat([self.to_qkv.bias, self.to_gate.bias])
+        return F.linear(x, weight, bias)
 
     def _mix_local(self, u: Tensor, index: Tensor | None, parts: tuple[int, ...] = (0, 1, 2, 3)) -> Tensor:
         """f = PWC(DWC(u)) for u (B, M, 4D) weighted by presence; only the `parts` of [Q; K; V; G] asked."""

@@ -3,7 +3,8 @@
 On a full patch grid this equals a zero-padded depthwise `nn.Conv2d` / `nn.Conv3d` without bias; on a
 slide's sparse tile grid it is the same convolution with empty cells read as zero. Gathering by index
 keeps the cost linear in the number of tokens whatever the grid's extent. Backward recomputes the
-gathers instead of saving one (N, C) copy per tap, so memory stays at a few (N, C) tensors.
+gathers instead of saving one (N, C) copy per tap, so memory stays at a few (N, C) tensors. An empty
+cell reads an extra zero row, so no tap needs a mask.
 """
 
 from __future__ import annotations
@@ -17,39 +18,44 @@ from torch import Tensor
 from wsi.errors import ConfigError
 
 
-def _taps(index: Tensor, t: int, batch: int, channels: int) -> tuple[Tensor, Tensor]:
-    """Gather index (B, N, C) for tap t (empty cells pointed at row 0) and its validity (B, N, 1)."""
-    idx = index[..., t]  # (B|1, N)
-    valid = (idx >= 0).unsqueeze(-1)
-    gather = idx.clamp_min(0).unsqueeze(-1).expand(batch, -1, channels)
-    return gather, valid
+def _flat_index(index: Tensor, batch: int, rows: int) -> Tensor:
+    """(B|1, N, T) rows of u (-1: empty) -> (T, B * N) rows of u flattened to (B * (rows + 1), C), where
+    each bag's extra last row is zero: an empty cell reads it."""
+    index = index.expand(batch, -1, -1)
+    flat = torch.where(index >= 0, index, rows) + (rows + 1) * torch.arange(batch, device=index.device).view(
+        -1, 1, 1
+    )
+    return flat.flatten(0, 1).T.contiguous()  # (T, B * N)
 
 
 class _Depthwise(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, u: Tensor, index: Tensor, weight: Tensor) -> Tensor:
-        b, _, c = u.shape
+        b, m, c = u.shape
         weight = weight.to(u.dtype)
-        out = u.new_zeros(b, index.shape[1], c)
-        for t in range(index.shape[-1]):
-            gather, valid = _taps(index, t, b, c)
-            out += u.gather(1, gather).masked_fill(~valid, 0.0) * weight[:, t]
-        ctx.save_for_backward(u, index, weight)
-        return out
+        padded = torch.cat([u, u.new_zeros(b, 1, c)], 1).flatten(0, 1)  # (B * (M + 1), C)
+        flat = _flat_index(index, b, m)
+        out = u.new_zeros(b * index.shape[1], c)
+        for t in range(flat.shape[0]):  # row gathers (memcpy per row), one (B * N, C) temporary
+            out.addcmul_(padded.index_select(0, flat[t]), weight[:, t])
+        ctx.save_for_backward(padded, flat, weight)
+        ctx.shape = (b, m, c)
+        return out.view(b, -1, c)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None]:
-        u, index, weight = ctx.saved_tensors
-        b, _, c = u.shape
-        grad_u = torch.zeros_like(u) if ctx.needs_input_grad[0] else None
+        padded, flat, weight = ctx.saved_tensors
+        b, m, c = ctx.shape
+        grad = grad.reshape(-1, c)  # (B * N, C)
+        grad_u = torch.zeros_like(padded) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[2] else None
-        for t in range(index.shape[-1]):
-            gather, valid = _taps(index, t, b, c)
-            g = grad.masked_fill(~valid, 0.0)  # (B, N, C) empty cells pass nothing back
+        for t in range(flat.shape[0]):
             if grad_u is not None:
-                grad_u.scatter_add_(1, gather, g * weight[:, t])
+                grad_u.index_add_(0, flat[t], grad * weight[:, t])
             if grad_w is not None:
-                grad_w[:, t] = (g * u.gather(1, gather)).sum((0, 1))
+                grad_w[:, t] = (grad * padded.index_select(0, flat[t])).sum(0)
+        if grad_u is not None:
+            grad_u = grad_u.view(b, m + 1, c)[:, :m]  # the zero rows take no gradient
         return grad_u, None, grad_w
 
 
