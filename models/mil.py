@@ -36,7 +36,6 @@ from wsi.config import config_model
 from wsi.errors import ConfigError
 
 
-
 @config_model
 @dataclass
 class MILConfig(TransformerConfig):
