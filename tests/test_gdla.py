@@ -134,3 +134,32 @@ def test_tile_layout_orders_by_grid_rows_and_finds_neighbours() -> None:
     assert table[4].tolist() == [-1, -1, -1, -1, 4, -1, -1, -1, -1]  # padding: alone
     with pytest.raises(ConfigError, match="grid_um"):
         tile_layout(coords, mask, grid_um=-1.0)
+
+
+def test_contributions_add_up_with_the_local_path_on_a_slide_grid() -> None:
+    torch.manual_seed(0)
+    m = build_model("vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48).eval()
+    coords, _ = _holey_slide()
+    x = torch.randn(1, coords.shape[0], 20)
+    with torch.no_grad():
+        contrib, base = m.logit_decomposition(x, coords_um=coords[None].float())
+        logits = m(x, coords_um=coords[None].float())
+    torch.testing.assert_close(base + contrib.sum(1), logits, rtol=0, atol=1e-5)
+    assert contrib.abs().amax() > 1e-4
+
+
+def test_a_padded_batch_of_slides_runs_chunked_like_each_slide_alone() -> None:
+    torch.manual_seed(0)
+    m = build_model("vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48).eval()
+    slides = [_holey_slide(4)[0].float(), _holey_slide(7)[0].float()]
+    n = max(len(c) for c in slides)
+    coords, mask = torch.zeros(2, n, 2), torch.zeros(2, n, dtype=torch.bool)
+    x = torch.full((2, n, 20), float("nan"))  # NaN padding must reach nothing
+    for i, c in enumerate(slides):
+        coords[i, : len(c)], mask[i, : len(c)], x[i, : len(c)] = c, True, torch.randn(len(c), 20)
+    with torch.no_grad():
+        alone = torch.cat([m(x[i : i + 1, : len(c)], coords_um=c[None]) for i, c in enumerate(slides)])
+        for chunk in (3, 7, 100):
+            torch.testing.assert_close(
+                m(x, mask, coords, max_tokens_per_chunk=chunk), alone, rtol=0, atol=1e-5
+            )
