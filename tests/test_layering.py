@@ -176,7 +176,6 @@ def _private_breaches() -> list[str]:
     return sorted(set(out))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9 in progress: private names crossing")
 def test_private_names_stay_in_their_package() -> None:
     assert _private_breaches() == []
 

@@ -339,7 +339,7 @@ def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -
     """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
     from safetensors.torch import save_file
 
-    from pipelines.train.checkpoints import load_into
+    from pipelines.checkpoints import load_into
 
     m = _mil("seqnorm")
     old = {k: v.clone() for k, v in m.state_dict().items()}
