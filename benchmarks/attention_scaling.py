@@ -336,7 +336,8 @@ def plot(rows: list[dict[str, Any]], path: Path, device: str) -> None:
                 n, t, m = zip(*ok, strict=True)
                 axes[i][0].loglog(n, t, "o-", label=att)
                 axes[i][1].loglog(n, m, "o-", label=att)
-        for j, what in enumerate(("fwd+bwd time (s)", "peak memory (MB)")):
+        step = "forward time (s)" if rows[0].get("mode") == "infer" else "fwd+bwd time (s)"
+        for j, what in enumerate((step, "peak memory (MB)")):
             axes[i][j].set(xlabel="tokens N", ylabel=what, title=f"{model} on {device}")
             axes[i][j].grid(True, which="both", alpha=0.3)
             axes[i][j].legend()

@@ -23,10 +23,11 @@ from wsi.errors import ConfigError
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
 
-# Measured on the CPU (docs/benchmarks.md, "Bounded memory"), vit-wsi with 2048-d input: a plain
-# no-grad pass holds 20 KB (seqnorm) to 42 KB (gdla) of activations per token and a training step about
-# 90 KB, so above 16,384 tokens inference runs chunked and training recomputes blocks in backward;
-# chunks of 4,096 tokens keep a 100,000-token gdla forward under 2 GiB of resident memory in all.
+# Measured on the CPU (docs/benchmarks.md, "Long bags"), vit-wsi with 2048-d input: a plain no-grad
+# pass holds 20 KB (seqnorm) to 42 KB (gdla) of activations per token and a plain seqnorm training step
+# 56 KB (34 KB recomputing blocks in backward), so above 16,384 tokens inference runs chunked and
+# training recomputes; chunks of 4,096 tokens keep a 100,000-token forward (2048-d float32 input
+# included) under 2 GiB of resident memory for every linear variant.
 CHUNK_ABOVE_TOKENS = 16384
 AUTO_CHUNK_TOKENS = 4096
 CHECKPOINT_ABOVE_TOKENS = 16384
