@@ -11,10 +11,16 @@ Public API:
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
     read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
 
-Per slide (`_tile_open_slide`): find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
+Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
+(`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
 candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`), then the tile file. Every file is
 written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+
+A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
+stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
+and the QC picture. The slide fails only when the file is damaged beyond `max_unreadable_fraction` of
+its own tiles under the tissue (`pipelines.tile_checks.check_damage`).
 
 Statuses: ok (tiles kept), skipped (done by an earlier run), empty (ran, kept no tile: the row says which
 filter rejected most and which option controls it), failed. Before any slide runs, ids that are unusable,
@@ -39,9 +45,13 @@ import numpy as np
 import wsi
 from pipelines.jobs import JobResult, run_jobs, write_manifest
 from pipelines.tile_checks import (
+    check_damage,
     check_same_slide,
     check_usable_id,
+    damage_attrs,
+    damage_note,
     explain_empty,
+    file_damage,
     ignored_fallback_mpp,
     mpp_disagreement,
     refuse_id_clashes,
@@ -49,9 +59,11 @@ from pipelines.tile_checks import (
 )
 from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
 from wsi.errors import MissingMppError, SlideError, SlideIdError
-from wsi.qc import save_png, tile_qc_image
+from wsi.file_tiles import FileDamage, FileTileProbe
+from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
+from wsi.thumbnail import read_thumbnails
 from wsi.tilefile import (
     TileFile,
     TilePixelWriter,
@@ -155,7 +167,8 @@ def tile_slides(
 def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     """Tile one slide, or skip it when its complete output was made with the same settings.
 
-    Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok".
+    Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok". An ok
+    slide of which some part could not be decoded says where in `error`.
     """
     check_usable_id(source.slide_id)  # a batch checked this already; a direct caller may not have
     paths = output_paths(job.out_dir, source.slide_id)
@@ -176,11 +189,11 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
+        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept)
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note)
 
 
 def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
@@ -263,12 +276,15 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
 
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str
-) -> tuple[TileCounts, str]:
+) -> tuple[TileCounts, str, str]:
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
-    Returns the counts and, when no tile was kept, why ("" otherwise).
+    Returns the counts, why no tile was kept ("" when some were), and what could not be decoded ("").
     """
-    found = find_tissue(slide, job.params, background=job.background)
+    thumb_mpp = job.params.tissue.thumb_mpp
+    qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
+    thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
+    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -276,7 +292,10 @@ def _tile_open_slide(
             "suit fluorescence.",
             source.slide_id, found.background.reason,
         )  # fmt: skip
-    reasons, counts = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
+    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
+    note = damage_note(counts, damage, found)
+    if note:
+        log.warning("%s: %s", source.slide_id, note)
     empty = ""
     if counts.n_kept == 0:
         w0, h0 = slide.dimensions
@@ -286,35 +305,39 @@ def _tile_open_slide(
         )  # fmt: skip
         if mpp_note:
             empty += f"; also: {mpp_note}"
-    picture = tile_qc_image(slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source,
-                            params=job.params)  # fmt: skip
+    picture = tile_qc_image(
+        slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
+        picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
+    )  # fmt: skip
     save_png(paths.qc, picture)
     kept = found.candidates[reasons == KEPT]
     attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
-        background_choice=job.background, empty_reason=empty,
+        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage),
     )  # fmt: skip
     write_tile_file(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
     )
     log.debug("%s: %s", source.slide_id, counts)
-    return counts, empty
+    return counts, empty, note
 
 
 def _filter_tiles(
     slide: Slide, found: TissueGrid, job: TileJob, zarr_path: Path, slide_id: str
-) -> tuple[np.ndarray, TileCounts]:
-    """(M,) reason code per candidate and the counts; with --save-tiles the kept pixels stream into the
-    zarr, which is committed only when the slide passes (else removed, leaving no partial pixels)."""
+) -> tuple[np.ndarray, TileCounts, FileDamage | None]:
+    """(M,) reason code per candidate, the counts and what could not be decoded (None: all was); with
+    --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
+    (else removed, leaving no partial pixels)."""
     params = job.params
     writer = _pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0
         kind = found.background
+        probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
         chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain
+            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe
         )
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
@@ -322,14 +345,16 @@ def _filter_tiles(
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
         counts = _count(found, reasons)
-        _check_unreadable(slide, counts, params)
+        damage = file_damage(slide, found, probe) if counts.n_unreadable else None
+        if damage is not None:
+            check_damage(slide.path, counts, damage, params)
         if writer is not None:  # only a slide that passed commits its tile pixels
             writer.close()
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    return reasons, counts
+    return reasons, counts, damage
 
 
 def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
@@ -356,15 +381,6 @@ def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
         n_unreadable=int((reasons == UNREADABLE).sum()),
         n_kept=int((reasons == KEPT).sum()),
     )
-
-
-def _check_unreadable(slide: Slide, counts: TileCounts, params: TileParams) -> None:
-    """A few corrupt JPEG tiles are skipped; a slide that is mostly unreadable is an error."""
-    if counts.n_unreadable > params.max_unreadable_fraction * max(1, counts.n_tissue):
-        raise SlideError(
-            f"{slide.path}: {counts.n_unreadable} of {counts.n_tissue} tissue tiles could not be decoded "
-            f"(more than max_unreadable_fraction={params.max_unreadable_fraction}); the file is damaged"
-        )
 
 
 def _tile_file_attrs(

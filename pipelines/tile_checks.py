@@ -9,21 +9,41 @@ that fixes it:
 - `check_same_slide(...)`: an id whose tile file in `out_dir` was made from another slide file.
 - `mpp_disagreement(...)`: a given mpp more than 2x from the slide's metadata.
 - `explain_empty(...)`: why a slide kept no tile, naming the filter and the option that controls it.
+- `file_damage(...)`, `check_damage(...)`: how much of the file could not be decoded, counted in the
+  file's own tiles; a slide fails only when that is beyond `max_unreadable_fraction`
+  (`wsi.file_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
+  warning and the manifest row (`damage_note`), the tile file (`damage_attrs`) and the QC picture.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from wsi.background import Background, looks_dark_maybe
-from wsi.errors import SlideIdError
+from wsi.errors import SlideError, SlideIdError
+from wsi.file_tiles import (
+    FileDamage,
+    FileTileProbe,
+    describe_regions,
+    distinct_regions,
+    file_tile_px,
+    file_tiles_under,
+)
 from wsi.files import sanitize_slide_id
 from wsi.sources import SlideSource
-from wsi.tiling import TileCounts, TileParams
+from wsi.tiling import TileCounts, TileParams, TissueGrid
 
+if TYPE_CHECKING:
+    from wsi.slide import Slide
+
+#: undecodable regions listed in a tile file (`unreadable_regions`); the count says how many in all
+MAX_STORED_REGIONS = 1000
 #: a given mpp further than this factor from the slide's metadata is most likely a typo or a wrong unit
 MPP_RATIO_WARN = 2.0
 
@@ -205,3 +225,57 @@ def _why_empty(
             f"of their pixels {pixel}): raise --max-background or adjust --white-level"
         )
     return f"{head}; most could not be decoded: the slide file is damaged"
+
+
+def file_damage(slide: Slide, found: TissueGrid, probe: FileTileProbe) -> FileDamage:
+    """What the tile reads found undecodable (`probe`), against the stored tiles under the tissue tiles
+    at the level they are read from."""
+    coords = found.candidate_coords.astype(np.float64)  # (M, 2) level-0 top-left
+    boxes = np.concatenate([coords, coords + found.grid.step_px], axis=1)  # (M, 4) x0, y0, x1, y1
+    regions = probe.regions
+    return FileDamage(
+        n_bad=len(regions), n_tissue=file_tiles_under(slide, probe.level, boxes), level=probe.level,
+        tile_px=file_tile_px(slide, probe.level), regions=regions,
+    )  # fmt: skip
+
+
+def check_damage(path: Path, counts: TileCounts, damage: FileDamage, params: TileParams) -> None:
+    """SlideError when the file is damaged beyond `max_unreadable_fraction` of its tiles under the tissue
+    (`FileDamage.too_much`): a slide that is mostly unreadable is an error worth seeing, not a few tiles
+    quietly lost."""
+    if damage.too_much(params.max_unreadable_fraction):
+        raise SlideError(
+            f"{path}: the file is damaged: {damage.describe()}, more than max_unreadable_fraction="
+            f"{params.max_unreadable_fraction:g}; {counts.n_unreadable} of {counts.n_tissue} tissue tiles "
+            f"lost. Copy or download the slide again. Bad: {describe_regions(damage.regions)}"
+        )
+
+
+def damage_note(counts: TileCounts, damage: FileDamage | None, found: TissueGrid) -> str:
+    """One line on what could not be decoded in a slide that was tiled anyway ("" when all was read):
+    for the warning and the manifest row."""
+    parts = []
+    if damage is not None and counts.n_unreadable:
+        lost = f"{counts.n_unreadable} of {counts.n_tissue} tissue tiles"
+        parts.append(f"{lost} unreadable, skipped: {damage.describe()}: {describe_regions(damage.regions)}")
+    named = {r.key for r in damage.regions} if damage is not None else set()
+    others = [r for r in found.unreadable if r.key not in named]  # the tiles' own findings say the rest
+    if others:
+        parts.append(
+            f"{len(others)} region(s) of the tissue thumbnail could not be decoded (marked unknown, their "
+            f"tiles tried): {describe_regions(others)}"
+        )
+    return "; ".join(parts)
+
+
+def damage_attrs(found: TissueGrid, damage: FileDamage | None) -> dict[str, Any]:
+    """Tile-file attributes on what could not be decoded (absent from files of older versions): the
+    count of the tissue thumbnail's undecodable regions, the bad stored tiles against those under the
+    tissue, and every region as JSON [[x, y, w, h, level], ...] in level-0 px."""
+    regions = distinct_regions(found.unreadable, damage.regions if damage else ())
+    return {
+        "n_thumbnail_unreadable": len(found.unreadable),
+        "n_file_tiles_unreadable": damage.n_bad if damage else 0,
+        "n_file_tiles_tissue": damage.n_tissue if damage else 0,
+        "unreadable_regions": json.dumps([r.as_list() for r in regions[:MAX_STORED_REGIONS]]),
+    }

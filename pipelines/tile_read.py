@@ -1,13 +1,15 @@
 """Reading a slide's candidate tiles in chunks on a thread pool, for the tile stage and benchmarks.
 
     read_tile_chunks(slide, coords, params, threads) -> Iterator[(k, P, P, 3) uint8]   # reads only
-    classified_chunks(slide, coords, params, threads, dark=False)
+    classified_chunks(slide, coords, params, threads, dark=False, gain=1.0, probe=None)
         -> Iterator[(tiles (k, P, P, 3) uint8, reasons (k,) int8)]                  # reads + filters
     default_threads(workers) -> int                                                # threads per slide
 
 Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
 optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread. A tile that cannot be
-decoded is marked UNREADABLE (left white), never an error for the whole slide here.
+decoded is marked UNREADABLE (left white), never an error for the whole slide here; given a
+`wsi.file_tiles.FileTileProbe`, its window is read again stored tile by stored tile to find which of the
+file's tiles are bad (the caller judges the damage from those).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TypeVar
 import numpy as np
 
 from wsi.errors import SlideError
+from wsi.file_tiles import FileTileProbe, describe_regions
 from wsi.slide import Slide
 from wsi.tiling import UNREADABLE, TileParams, classify_tiles
 
@@ -59,16 +62,18 @@ def classified_chunks(
     *,
     dark: bool = False,
     gain: float = 1.0,
+    probe: FileTileProbe | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
-    dark-background slide and its signal gain (`wsi.tiling.classify_tiles`)."""
+    dark-background slide and its signal gain (`wsi.tiling.classify_tiles`); probe: locates the bad
+    stored tiles behind each unreadable tile (it collects them)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(tiles, params, dark=dark, gain=gain)
         reasons[bad] = UNREADABLE
         return tiles, reasons
 
-    return _map_chunks(slide, coords, params, threads, classify)
+    return _map_chunks(slide, coords, params, threads, classify, probe)
 
 
 def _map_chunks(
@@ -77,6 +82,7 @@ def _map_chunks(
     params: TileParams,
     threads: int,
     then: Callable[[np.ndarray, np.ndarray], R],
+    probe: FileTileProbe | None = None,
 ) -> Iterator[R]:
     """`then(tiles, unreadable)` per chunk of `coords`, in order.
 
@@ -86,7 +92,7 @@ def _map_chunks(
     """
 
     def work(start: int) -> R:
-        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params))
+        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params, probe))
 
     starts = range(0, len(coords), _CHUNK)
     if threads <= 1:
@@ -102,15 +108,24 @@ def _map_chunks(
             yield pending.popleft().result()
 
 
-def _read_chunk(slide: Slide, coords: np.ndarray, params: TileParams) -> tuple[np.ndarray, np.ndarray]:
-    """(tiles (k, P, P, 3) uint8, unreadable (k,) bool); an unreadable tile is left white."""
+def _read_chunk(
+    slide: Slide, coords: np.ndarray, params: TileParams, probe: FileTileProbe | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles (k, P, P, 3) uint8, unreadable (k,) bool); an unreadable tile is left white (and, given a
+    probe, the stored tiles behind it are located; the caller reports them once per slide)."""
     tiles = np.empty((len(coords), params.tile_px, params.tile_px, 3), np.uint8)  # (k, P, P, 3)
     bad = np.zeros(len(coords), bool)
     for j, (x, y) in enumerate(coords):
         try:
             tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
         except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
-            log.warning("%s: tile skipped: %s", slide.path.name, exc)
+            where = str(exc)
+            if probe is not None:
+                plan = slide.region_plan(int(x), int(y), params.tile_um, params.target_mpp)
+                where = f"at level-0 x={x} y={y}: {describe_regions(probe.locate(plan.window, str(exc)))}"
+            # with a probe the caller sums the damage up in one warning per slide
+            level = logging.DEBUG if probe is not None else logging.WARNING
+            log.log(level, "%s: tile skipped: %s", slide.path.name, where)
             tiles[j] = 255
             bad[j] = True
     return tiles, bad

@@ -343,6 +343,8 @@ def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path
     paths.qc.parent.mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(paths.qc)  # the QC image the previous run left
     stamp = paths.h5.stat().st_mtime_ns
+    old = read_tile_file(paths.h5).meta  # loads without the attributes on undecodable parts added since
+    assert "n_thumbnail_unreadable" not in old and "unreadable_regions" not in old
 
     [again] = tile_slides([_src(scene)], out_dir=tmp_path)
     assert (again.status, again.n) == ("skipped", 3)
@@ -350,3 +352,5 @@ def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path
 
     [changed] = tile_slides([_src(scene)], out_dir=tmp_path, params=TileParams(min_blur_variance=10.0))
     assert changed.status == "ok" and read_tile_file(paths.h5).params["min_blur_variance"] == 10.0
+    new = read_tile_file(paths.h5).meta
+    assert new["n_thumbnail_unreadable"] == 0 and json.loads(new["unreadable_regions"]) == []

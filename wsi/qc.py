@@ -3,15 +3,19 @@ under a title (slide id, mpp, tile size) and a legend with the count of each fat
 
 One glance tells whether the mask found the tissue and whether the filters threw away good tiles: kept
 tiles are green, mostly-background ones blue, blurry ones red, undecodable ones magenta, and the tissue
-outline is yellow; grid cells outside the tissue are counted in the legend but not drawn. The map sits
-at the top-left corner at `scale` pixels per level-0 pixel, so a tile at level-0 (x, y) is drawn at
-(x * sx, y * sy); the legend panel lies below it.
+outline is yellow; grid cells outside the tissue are counted in the legend but not drawn. Parts of the
+slide that could not be decoded are hatched grey, counted in the legend and named (level-0 px) under it.
+The map sits at the top-left corner at `scale` pixels per level-0 pixel, so a tile at level-0 (x, y) is
+drawn at (x * sx, y * sy); the legend panel lies below it.
+
+The QC never reads the slide: the tile stage reads the picture with the tissue thumbnail
+(`wsi.thumbnail.read_thumbnails`, at `qc_picture_mpp`), so each level is read, and each undecodable
+region reported, once.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,20 +26,24 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from skimage.segmentation import find_boundaries
 
-from wsi.errors import SlideError
+from wsi.file_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.files import atomic_path
 from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileParams, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
-
-log = logging.getLogger(__name__)
+    from wsi.thumbnail import Thumbnail
 
 KEPT_RGB = (0, 170, 0)
 BACKGROUND_RGB = (30, 90, 230)
 BLURRY_RGB = (220, 30, 30)
 UNREADABLE_RGB = (200, 0, 200)
 OUTLINE_RGB = (255, 210, 0)
+#: hatching over what could not be decoded (slate-grey stripes: "no data", not glass; not a neutral
+#: grey, which anti-aliased text also makes)
+UNKNOWN_RGB = (95, 105, 120)
+#: legend key of the count of undecodable regions on the tissue thumbnail
+UNKNOWN_KEY = "undecodable regions"
 #: colour of each fate, in the order tiles are drawn (kept last: on top where boxes touch)
 FATE_RGB: dict[str, tuple[int, int, int]] = {
     "background": BACKGROUND_RGB,
@@ -61,7 +69,16 @@ class QcLegend:
 
     title: str  # first line, e.g. the slide id
     subtitle: str  # second line, e.g. "mpp 0.499 um/px (metadata) | tiles 256 um at 256 px"
-    counts: Mapping[str, int]  # fate -> number of tiles; "outside tissue" for grid cells not drawn
+    counts: Mapping[str, int]  # fate -> number of tiles; "outside tissue" for grid cells not drawn;
+    # UNKNOWN_KEY: undecodable regions of the tissue thumbnail (an item only when there are some)
+    notes: tuple[str, ...] = ()  # lines under the legend, e.g. where the slide could not be decoded
+
+
+def qc_picture_mpp(level0_size: tuple[int, int], mpp: float, thumb_mpp: float) -> float | None:
+    """um/px of the QC map of a slide (`qc_size`) when it is finer than the tissue thumbnail at
+    `thumb_mpp`, i.e. worth reading with it; None when the tissue thumbnail serves."""
+    qc_mpp = level0_size[0] * mpp / qc_size(level0_size)[0]
+    return qc_mpp if qc_mpp < thumb_mpp else None
 
 
 def tile_qc_image(
@@ -72,16 +89,25 @@ def tile_qc_image(
     slide_id: str,
     mpp_source: str,
     params: TileParams,
+    picture: Thumbnail | None = None,
+    unreadable: Sequence[UnreadableRegion] = (),
 ) -> np.ndarray:
     """The tile stage's QC picture of one slide: the slide at `qc_size` (QC_LONG_SIDE_PX on its long
     side, its own size where smaller), each candidate tile coloured by its reason code in `reasons`
-    (`wsi.tiling` KEPT, BACKGROUND, BLURRY, UNREADABLE), a legend with the counts, the id and the mpp."""
+    (`wsi.tiling` KEPT, BACKGROUND, BLURRY, UNREADABLE), a legend with the counts, the id and the mpp.
+
+    picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
+    unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
+    legend with the thumbnail's."""
     w0, h0 = slide.dimensions
-    thumb = _qc_thumbnail(slide, found, qc_size((w0, h0)), slide_id)
+    thumb, unknown = _qc_thumbnail(found, picture, qc_size((w0, h0)))
     coords = found.candidate_coords
     fates = {"kept": KEPT, "background": BACKGROUND, "blurry": BLURRY, "unreadable": UNREADABLE}
     counts = {name: int((reasons == code).sum()) for name, code in fates.items()}
     counts["outside tissue"] = len(found.grid) - len(found.candidates)
+    regions = distinct_regions(found.unreadable, picture.unreadable if picture else (), unreadable)
+    if found.unreadable:
+        counts[UNKNOWN_KEY] = len(found.unreadable)
     legend = QcLegend(
         title=slide_id,
         subtitle=(
@@ -89,6 +115,7 @@ def tile_qc_image(
             f"  |  {found.background.kind} background  |  {len(found.grid):,} grid cells"
         ),
         counts=counts,
+        notes=(f"cannot be decoded: {describe_regions(regions)}",) if regions else (),
     )
     return render_qc(
         thumb,
@@ -97,19 +124,24 @@ def tile_qc_image(
         step_px=found.grid.step_px,
         tiles={name: coords[reasons == code] for name, code in fates.items()},
         legend=legend,
+        unknown=unknown,
     )
 
 
-def _qc_thumbnail(slide: Slide, found: TissueGrid, size: tuple[int, int], slide_id: str) -> np.ndarray:
-    """The slide at `size` (w, h): the tissue thumbnail where that is as large, else a finer read; the
-    tissue thumbnail enlarged where that read fails (a QC picture never costs a slide its tiles)."""
+def _qc_thumbnail(
+    found: TissueGrid, picture: Thumbnail | None, size: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The map's image and its unknown mask (None: all read): the picture read for the QC, else the
+    tissue thumbnail, enlarged to `size` where smaller (a QC picture never reads the slide again)."""
+    if picture is not None:
+        return picture.image, picture.unknown if picture.unknown.any() else None
     if size[0] <= found.thumb.shape[1]:
-        return found.thumb
-    try:
-        return slide.thumbnail_at(slide.dimensions[0] * slide.mpp / size[0])
-    except SlideError as exc:
-        log.warning("%s: QC picture drawn from the coarser tissue thumbnail (%s)", slide_id, exc)
-        return np.asarray(Image.fromarray(found.thumb).resize(size, Image.Resampling.BILINEAR))
+        return found.thumb, found.unknown
+    image = np.asarray(Image.fromarray(found.thumb).resize(size, Image.Resampling.BILINEAR))
+    if found.unknown is None:
+        return image, None
+    mask = Image.fromarray(found.unknown.astype(np.uint8) * 255).resize(size, Image.Resampling.NEAREST)
+    return image, np.asarray(mask) > 0
 
 
 def render_qc(
@@ -120,15 +152,21 @@ def render_qc(
     step_px: float,
     tiles: Mapping[str, np.ndarray],
     legend: QcLegend | None = None,
+    unknown: np.ndarray | None = None,
 ) -> np.ndarray:
     """(H, W, 3) uint8 QC image: the map (the thumbnail, its size) on top, the legend panel below.
 
     thumb: (h, w, 3) uint8; mask: tissue mask, any size (resized to the thumbnail); scale: thumbnail
     pixels per level-0 pixel (sx, sy); step_px: tile side in level-0 pixels; tiles: fate (a key of
-    FATE_RGB) -> (N, 2) level-0 top-left coordinates. Without `legend` only the map is returned.
+    FATE_RGB) -> (N, 2) level-0 top-left coordinates; unknown: (h, w) bool, what could not be decoded
+    (hatched). Without `legend` only the map is returned.
     """
     img = np.ascontiguousarray(thumb[..., :3], dtype=np.uint8).copy()  # (h, w, 3); blended box by box
     h, w = img.shape[:2]
+    if unknown is not None and unknown.shape == (h, w):
+        rows, cols = np.nonzero(unknown)
+        stripe = (rows + cols) // 4 % 2 == 0  # diagonal hatching, 4 px stripes
+        img[rows[stripe], cols[stripe]] = UNKNOWN_RGB
     sx, sy = scale
     line = 2 if step_px * min(sx, sy) >= 24 else 1  # thicker outlines where boxes are big enough
     for fate, rgb in FATE_RGB.items():
@@ -173,6 +211,8 @@ def _legend_items(counts: Mapping[str, int]) -> list[_Item]:
         items.append((f"{fate} {counts.get(fate, 0):,}", FATE_RGB[fate]))
     items.append((f"outside tissue {counts.get('outside tissue', 0):,} (not drawn)", None))
     items.append(("tissue outline", OUTLINE_RGB))
+    if counts.get(UNKNOWN_KEY):
+        items.append((f"{UNKNOWN_KEY} {counts[UNKNOWN_KEY]:,} (hatched)", UNKNOWN_RGB))
     return items
 
 
@@ -182,8 +222,9 @@ def _with_legend(picture: np.ndarray, legend: QcLegend) -> np.ndarray:
     big, small = _font(_FONT_PX + 4), _font(_FONT_PX)
     width = max(w, _MIN_WIDTH_PX)
     rows = _layout(_legend_items(legend.counts), small, width)
+    notes = [part for note in legend.notes for part in _wrap(note, small, width - 2 * _PAD_PX)]
     line_h = _FONT_PX + 10
-    panel_h = _PAD_PX + (line_h + 4) + line_h + len(rows) * line_h + _PAD_PX
+    panel_h = _PAD_PX + (line_h + 4) + line_h + (len(rows) + len(notes)) * line_h + _PAD_PX
     canvas = Image.new("RGB", (width, h + panel_h), (255, 255, 255))
     canvas.paste(Image.fromarray(picture), (0, 0))
     draw = ImageDraw.Draw(canvas)
@@ -199,7 +240,21 @@ def _with_legend(picture: np.ndarray, legend: QcLegend) -> np.ndarray:
                 draw.rectangle((x, y + 3, x + sw, y + 3 + sw), fill=rgb, outline=_TEXT_RGB)
             draw.text((x + sw + 6, y), text, fill=_TEXT_RGB, font=small)
         y += line_h
+    for note in notes:
+        draw.text((_PAD_PX, y), note, fill=_TEXT_RGB, font=small)
+        y += line_h
     return np.asarray(canvas)
+
+
+def _wrap(text: str, font: _Font, width: int) -> list[str]:
+    """`text` cut at spaces into lines that fit `width` pixels (a single long word keeps its line)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and font.getlength(f"{lines[-1]} {word}") <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
 
 
 def _layout(

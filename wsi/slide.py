@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
-from wsi.region import RegionKind, best_level, plan_region
+from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.suffixes import SLIDE_SUFFIXES
 from wsi.thumbnail import Thumbnail, read_thumbnail
 
@@ -179,6 +179,13 @@ class Slide:
         self._handle = fresh
         return part
 
+    def region_plan(self, x0_px: int, y0_px: int, size_um: float, target_mpp: float) -> RegionPlan:
+        """What `read_region_um` reads for this square (level, window in level px) and how it resizes."""
+        return plan_region(
+            x0_px, y0_px, size_um=size_um, target_mpp=target_mpp, mpp=self.mpp,
+            downsamples=self.level_downsamples, shifts_fractional_levels=self.backend == "openslide",
+        )  # fmt: skip
+
     def read_region_um(self, x0_px: int, y0_px: int, size_um: float, target_mpp: float) -> np.ndarray:
         """(P, P, 3) uint8 RGB of the square of `size_um` whose top-left is (x0_px, y0_px) at level 0.
 
@@ -186,10 +193,7 @@ class Slide:
         by whole blocks or resized with an antialiasing filter, as `wsi.region.plan_region` plans it;
         regions partly outside the slide are padded white.
         """
-        plan = plan_region(
-            x0_px, y0_px, size_um=size_um, target_mpp=target_mpp, mpp=self.mpp,
-            downsamples=self.level_downsamples, shifts_fractional_levels=self.backend == "openslide",
-        )  # fmt: skip
+        plan = self.region_plan(x0_px, y0_px, size_um, target_mpp)
         where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
         raw, sx, sy = self._read(plan.level, *plan.window, where)
         if plan.kind == RegionKind.COPY:

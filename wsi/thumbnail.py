@@ -2,20 +2,22 @@
 
 The tissue mask is computed on a thumbnail, so one corrupt JPEG tile in the level the thumbnail is read
 from used to fail the whole slide, with the error placed at x=0 y=0 (the whole level was one read).
-Here a level that fails as a whole is read again tile by tile of the file's own grid: only the tiles
-that fail are lost, white in the image and True in `unknown`, and each is reported at its real level-0
-place. The tile stage treats unknown as "maybe tissue": it tries those tiles one by one and counts the
-ones that fail as unreadable, so the rest of the slide is tiled.
+Here a level that fails as a whole is read again tile by tile of the file's own grid
+(`wsi.file_tiles`): only the tiles that fail are lost, white in the image and True in `unknown`, and each
+is reported at its real level-0 place. The tile stage treats unknown as "maybe tissue": it tries those
+tiles one by one and counts the ones that fail as unreadable, so the rest of the slide is tiled.
 
 Public API:
   read_thumbnail(slide, mpp) -> Thumbnail      (also `Slide.thumbnail(mpp)`)
+  read_thumbnails(slide, mpps) -> tuple[Thumbnail, ...]   several sizes, each level read once, one warning
   Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
-  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe()
+  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.file_tiles`)
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,33 +25,26 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import SlideError
+from wsi.file_tiles import (
+    UnreadableRegion,
+    describe_regions,
+    distinct_regions,
+    file_tile_px,
+    read_by_file_tiles,
+)
 from wsi.region import resample_filter
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
+
+__all__ = ["MAX_THUMB_READ_PX", "Thumbnail", "UnreadableRegion", "read_thumbnail", "read_thumbnails"]
 
 log = logging.getLogger(__name__)
 
 #: thumbnails from a level larger than this (pixels) are assembled block by block (memory)
 MAX_THUMB_READ_PX = 1 << 26
 _WHITE = 255
-#: read size when the backend does not say how the file is tiled
-_DEFAULT_TILE_PX = 512
-
-
-@dataclass(frozen=True)
-class UnreadableRegion:
-    """A part of a slide that could not be decoded (e.g. a corrupt JPEG tile), in level-0 px."""
-
-    x_px: int  # level-0 left
-    y_px: int  # level-0 top
-    w_px: int  # level-0 width
-    h_px: int  # level-0 height
-    level: int  # the pyramid level whose read failed
-    error: str  # the backend's message
-
-    def describe(self) -> str:
-        return f"level-0 x={self.x_px} y={self.y_px} ({self.w_px} x {self.h_px} px, level {self.level})"
+_Read = tuple[np.ndarray, np.ndarray, list[UnreadableRegion]]  # image, unknown mask, unreadable regions
 
 
 @dataclass(frozen=True)
@@ -72,68 +67,76 @@ def read_thumbnail(slide: Slide, mpp: float) -> Thumbnail:
     Unreadable parts are white in `image`, True in `unknown`, listed in `unreadable` and named in a
     warning. Only a slide of which nothing can be read raises SlideError.
     """
-    if mpp <= 0:
-        raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
-    level = slide.best_level_for_mpp(mpp)
-    lw, lh = slide.level_dimensions[level]
-    w0, h0 = slide.dimensions
-    size = (max(1, round(w0 * slide.mpp / mpp)), max(1, round(h0 * slide.mpp / mpp)))
-    if lw * lh > MAX_THUMB_READ_PX:
-        image, unknown, bad = _by_blocks(slide, mpp, size, level)
-    else:
-        image, unknown, bad = _level_recovering(slide, level)
-        if size != (lw, lh):
-            image = np.asarray(Image.fromarray(image).resize(size, resample=resample_filter(lw / size[0])))
-            # a thumbnail pixel is unknown when any level pixel under it is
-            mask = Image.fromarray(unknown.astype(np.uint8) * 255).resize(size, Image.Resampling.BOX)
-            unknown = np.asarray(mask) > 0
+    return read_thumbnails(slide, (mpp,))[0]
+
+
+def read_thumbnails(slide: Slide, mpps: Sequence[float]) -> tuple[Thumbnail, ...]:
+    """The whole slide at each of `mpps` um/px (e.g. the tissue-mask thumbnail and a finer QC picture),
+    with each level read once, and one warning naming every unreadable region of them all."""
+    for mpp in mpps:
+        if not mpp > 0:
+            raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
+    levels = [slide.best_level_for_mpp(mpp) for mpp in mpps]
+    thumbs: dict[int, Thumbnail] = {}
+    for level in dict.fromkeys(levels):  # one level at a time: at most one level image in memory
+        whole: _Read | None = None
+        for i, mpp in enumerate(mpps):
+            if levels[i] != level:
+                continue
+            lw, lh = slide.level_dimensions[level]
+            if lw * lh > MAX_THUMB_READ_PX:
+                thumbs[i] = _finish(slide, mpp, _by_blocks(slide, mpp, _size(slide, mpp), level))
+                continue
+            if whole is None:
+                whole = _level_recovering(slide, level)
+            thumbs[i] = _finish(slide, mpp, _resized(whole, _size(slide, mpp)))
+    out = tuple(thumbs[i] for i in range(len(mpps)))
+    bad = distinct_regions(*(t.unreadable for t in out))
     if bad:
-        if unknown.all():
-            raise SlideError(f"{slide.path}: no part of the slide can be read: {bad[0].error}")
-        where = "; ".join(r.describe() for r in bad[:5]) + ("; ..." if len(bad) > 5 else "")
         log.warning(
             "%s: %d region(s) cannot be decoded; marked unknown on the tissue thumbnail (their tiles are "
             "tried one by one, and counted unreadable when they fail): %s (%s)",
-            slide.path, len(bad), where, bad[0].error,
+            slide.path, len(bad), describe_regions(bad, 5), bad[0].error,
         )  # fmt: skip
-    return Thumbnail(image, unknown, w0 * slide.mpp / image.shape[1], tuple(bad))
+    return out
 
 
-def storage_tile_px(slide: Slide, level: int) -> tuple[int, int]:
-    """The file's own tile size at `level` (px) as the backend reports it; 512 x 512 when it does not."""
-    sizes = []
-    for side in ("width", "height"):
-        try:
-            sizes.append(int(float(slide.properties.get(f"{slide.backend}.level[{level}].tile-{side}", ""))))
-        except ValueError:
-            return _DEFAULT_TILE_PX, _DEFAULT_TILE_PX
-    w, h = sizes
-    return (w, h) if w > 0 and h > 0 else (_DEFAULT_TILE_PX, _DEFAULT_TILE_PX)
+def _size(slide: Slide, mpp: float) -> tuple[int, int]:
+    w0, h0 = slide.dimensions
+    return max(1, round(w0 * slide.mpp / mpp)), max(1, round(h0 * slide.mpp / mpp))
 
 
-def _level_recovering(slide: Slide, level: int) -> tuple[np.ndarray, np.ndarray, list[UnreadableRegion]]:
+def _resized(read: _Read, size: tuple[int, int]) -> _Read:
+    """A level read brought to `size` (w, h); a pixel is unknown when any level pixel under it is."""
+    image, unknown, bad = read
+    lh, lw = image.shape[:2]
+    if size == (lw, lh):
+        return read
+    image = np.asarray(Image.fromarray(image).resize(size, resample=resample_filter(lw / size[0])))
+    if unknown.any():
+        mask = Image.fromarray(unknown.astype(np.uint8) * 255).resize(size, Image.Resampling.BOX)
+        unknown = np.asarray(mask) > 0
+    else:
+        unknown = np.zeros((size[1], size[0]), bool)
+    return image, unknown, bad
+
+
+def _finish(slide: Slide, mpp: float, read: _Read) -> Thumbnail:
+    image, unknown, bad = read
+    if bad and unknown.all():
+        raise SlideError(f"{slide.path}: no part of the slide can be read: {bad[0].error}")
+    return Thumbnail(image, unknown, slide.dimensions[0] * slide.mpp / image.shape[1], tuple(bad))
+
+
+def _level_recovering(slide: Slide, level: int) -> _Read:
     """A whole level; when that fails, again tile by tile of the file's own grid, so that a corrupt
     tile costs only itself and is reported where it is. (image, unknown mask, unreadable regions)"""
     lw, lh = slide.level_dimensions[level]
-    unknown = np.zeros((lh, lw), bool)
     try:
-        return slide.read_level(level, 0, 0, lw, lh), unknown, []
+        return slide.read_level(level, 0, 0, lw, lh), np.zeros((lh, lw), bool), []
     except SlideError:
         log.debug("%s: level %d unreadable as a whole; reading it tile by tile", slide.path, level)
-    image = np.full((lh, lw, 3), _WHITE, np.uint8)
-    bad: list[UnreadableRegion] = []
-    tw, th = storage_tile_px(slide, level)
-    ds = slide.level_downsamples[level]
-    for y in range(0, lh, th):
-        for x in range(0, lw, tw):
-            w, h = min(tw, lw - x), min(th, lh - y)
-            try:
-                image[y : y + h, x : x + w] = slide.read_level(level, x, y, w, h)
-            except SlideError as exc:
-                unknown[y : y + h, x : x + w] = True
-                box = (round(x * ds), round(y * ds), round(w * ds), round(h * ds))
-                bad.append(UnreadableRegion(*box, level=level, error=str(exc)))
-    return image, unknown, bad
+    return read_by_file_tiles(slide, level, (0, 0, lw, lh))
 
 
 def _by_blocks(
@@ -146,7 +149,7 @@ def _by_blocks(
     itself only.
     """
     block_px = max(1, int(read_px * slide.level_mpp(level) / mpp))  # thumbnail px per block
-    piece_px = max(1, int(max(storage_tile_px(slide, level)) * slide.level_mpp(level) / mpp))
+    piece_px = max(1, int(max(file_tile_px(slide, level)) * slide.level_mpp(level) / mpp))
     out = np.full((size[1], size[0], 3), _WHITE, np.uint8)
     unknown = np.zeros((size[1], size[0]), bool)
     bad: list[UnreadableRegion] = []

@@ -23,7 +23,9 @@ from wsi.config import config_dict, config_model
 from wsi.tissue import TissueParams, cell_fractions, tissue_mask
 
 if TYPE_CHECKING:
+    from wsi.file_tiles import UnreadableRegion
     from wsi.slide import Slide
+    from wsi.thumbnail import Thumbnail
 
 
 @config_model
@@ -51,8 +53,11 @@ class TileParams:
     #: Sharp H&E at 1 um/px scores in the thousands (CMU-1: 2,000-10,000), a 1 um Gaussian blur
     #: 100-600, a 2 um blur 20-50 and a 4 um blur under 5.
     min_blur_variance: float = 50.0
-    #: fail the slide when more than this fraction of its tissue tiles cannot be decoded (a few corrupt
-    #: JPEG tiles are skipped and counted; a slide that is mostly unreadable is an error worth seeing)
+    #: fail the slide as damaged when more than this fraction of the file's own (JPEG) tiles under its
+    #: tissue tiles cannot be decoded, and always beyond one such tile when 0 (`wsi.file_tiles.FileDamage`).
+    #: Counted in the file's tiles, not ours: one bad 240 px JPEG tile spoils up to four 256 um tiles, 40%
+    #: of a small slide's ten, yet it is one defect among the ~60 file tiles there. The few tiles it
+    #: spoils are skipped and counted; a file mostly unreadable is an error worth seeing.
     max_unreadable_fraction: float = 0.05
     #: how the tissue mask is computed on the slide thumbnail (see wsi.tissue)
     tissue: TissueParams = field(default_factory=TissueParams)
@@ -127,8 +132,12 @@ class TissueGrid:
     thumb: np.ndarray  # (h, w, 3) uint8 thumbnail at about params.tissue.thumb_mpp
     mask: np.ndarray  # (h, w) bool tissue mask of the thumbnail
     grid: Grid  # every whole tile of the slide, level-0 and micrometre coordinates
-    candidates: np.ndarray  # (M,) int64 indices into grid: cells with enough tissue to be read
+    candidates: np.ndarray  # (M,) int64 indices into grid: cells with enough tissue (or unknown) to be read
     background: Background = field(default_factory=lambda: Background("light", "not checked"))
+    #: (h, w) bool: parts of the thumbnail that could not be decoded (None: all of it was read)
+    unknown: np.ndarray | None = None
+    #: where the thumbnail could not be decoded, level-0 px (`wsi.thumbnail.Thumbnail.unreadable`)
+    unreadable: tuple[UnreadableRegion, ...] = ()
 
     @property
     def candidate_coords(self) -> np.ndarray:
@@ -136,20 +145,37 @@ class TissueGrid:
         return self.grid.coords[self.candidates]
 
 
-def find_tissue(slide: Slide, params: TileParams, *, background: str = "auto") -> TissueGrid:
+def find_tissue(
+    slide: Slide, params: TileParams, *, background: str = "auto", thumbnail: Thumbnail | None = None
+) -> TissueGrid:
     """Thumbnail -> light or dark background -> tissue mask -> physical grid -> the cells at least
-    min_tissue_fraction tissue. background: "auto" (detect, `wsi.background`), "light" or "dark"."""
+    min_tissue_fraction tissue. background: "auto" (detect, `wsi.background`), "light" or "dark".
+
+    thumbnail: the slide at about params.tissue.thumb_mpp, when the caller read it already (the tile
+    stage reads it with its QC picture, `wsi.thumbnail.read_thumbnails`). What of it could not be decoded
+    is unknown, not background: it takes no part in telling light from dark nor in the mask's threshold
+    (it is painted the background's colour), and counts as tissue for the cells' fractions, so a cell
+    with a hole at the tissue edge is still tried (and its tiles counted unreadable when they fail).
+    """
     w0, h0 = slide.dimensions
-    thumb = slide.thumbnail_at(params.tissue.thumb_mpp)
-    thumb_mpp = w0 * slide.mpp / thumb.shape[1]  # the thumbnail's true um/px (sizes round)
-    kind = detect_background(thumb, slide.properties, choice=background)
-    mask = tissue_mask(thumb, mpp=thumb_mpp, params=params.tissue, dark=kind.dark)
+    thumb = thumbnail if thumbnail is not None else slide.thumbnail(params.tissue.thumb_mpp)
+    image, unknown = thumb.image, thumb.unknown
+    known = image[~unknown][None] if unknown.any() else image  # (1, n, 3): only pixels that were read
+    kind = detect_background(known, slide.properties, choice=background)
+    if unknown.any():
+        image = image.copy()
+        image[unknown] = 0 if kind.dark else 255  # as the background looks: neither tissue nor a vote
+    mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
     if kind.dark:
-        kind = with_signal_gain(kind, thumb, mask)
+        kind = with_signal_gain(kind, image, mask)
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
-    fractions = tissue_fractions(grid, mask, level0_width=w0, level0_height=h0)
+    maybe = mask | unknown  # unknown: maybe tissue, to be tried
+    fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
     candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
-    return TissueGrid(thumb=thumb, mask=mask, grid=grid, candidates=candidates, background=kind)
+    return TissueGrid(
+        thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
+        unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable,
+    )  # fmt: skip
 
 
 def _max_rgb(tiles: np.ndarray) -> np.ndarray:

@@ -37,13 +37,16 @@ Output (under --out):
   tiles/<slide_id>.h5     kept tiles' coords (level-0 px) and coords_um, settings, counts
   tiles/<slide_id>.zarr   kept tiles' pixels (with --save-tiles)
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
-                          blurry red, unreadable magenta; legend with counts, slide id, mpp
+                          blurry red, unreadable magenta, undecodable parts of the file hatched;
+                          legend with counts, slide id, mpp
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
 
 \b
 Status per slide: ok, skipped (done before), empty (kept no tile: the error column names the
 filter that rejected most tiles and the option to change), failed. A slide whose id is taken in
 --out by another slide file, or that differs only by case from another slide's id, is failed.
+A corrupt tile in a slide file costs only the tiles it touches: the slide is ok, and the error
+column names where (level-0 px); a file with over 5% of its tiles under the tissue corrupt fails.
 Fluorescence and other dark-background slides are detected and tiled with filters that fit them.
 
 \b
