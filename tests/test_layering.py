@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("wsi", "models", "pipelines", "configs")
 # wsi modules (and packages, with their submodules) that must stay free of models/pipelines
