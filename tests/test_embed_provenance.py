@@ -35,7 +35,7 @@ TILE_UM, TILE_PX = 128.0, 32
 
 @pytest.fixture(scope="module")
 def run_dir(make_slide, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    slide = make_slide(name="prov-a", size_um=800.0, mpp=1.0, seed=3)
+    slide = make_slide(name="prov-a", size_um=800.0, mpp=1.0, seed=6)
     out = tmp_path_factory.mktemp("prov-run")
     params = TileParams(tile_um=TILE_UM, tile_px=TILE_PX, min_blur_variance=0)
     assert [r.status for r in tile_slides(find_slides([slide.path]), out_dir=out, params=params)] == ["ok"]
