@@ -2,7 +2,8 @@
 
 Modules, in the order a tile meets them:
   options.py         EmbedOptions (+ EncoderChoice per encoder of a multi-encoder run), the stage's config
-  stage.py           tile files (or slides, tiled first) -> slide works -> bags + manifests; skip/redo
+  stage.py           tile files (or slides, tiled first) -> slide works -> bags + manifests
+  plan.py            per slide and encoder: empty, refused, current (skipped) or a bag to make
   checks.py          ids that clash by case or belong to another slide's bag; bad tiles per slide
   batches.py         the types that flow: SlideTiles, TileBatch, RawBatch
   feed.py            reader workers: batches of tiles (pixels, or raw JPEG tiles for device decode)

@@ -15,12 +15,13 @@ Public API:
       -> list[JobResult]          one BagResult per slide and encoder, encoder by encoder, in order
   BagResult(JobResult)            + encoder_id: the bag folder features/<encoder_id>/ the row is about
   results_by_encoder(results) -> dict[encoder_id, list[JobResult]]
-  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id>
+  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id> (from plan.py)
   find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
   bad_tile_report(results, *, out_dir, encoder) -> list[str]   "slide: 3 of 120 tiles unreadable, ..."
 
-A bag is redone when its encoder (name, weights, recipe digest, input size), stain normalisation (method
-and reference), tiles or dtype differ from this run's. A slide is refused (a failed row naming both files,
+What each slide needs from each encoder is decided first (plan.py): a bag is redone when its encoder
+(name, weights, recipe digest, input size), stain normalisation (method and reference), tiles or dtype
+differ from this run's. A slide is refused (a failed row naming both files,
 logged as a warning) when its id differs only by case from another's in the batch or in the bag folder,
 or when the bag of its id was made from another slide file (unless --overwrite); see checks.py. A slide
 whose tiling kept no tile is an `empty` row ("tiling kept no tile: <why>"), which makes the run exit 1.
@@ -41,19 +42,17 @@ from typing import Any, TypeVar
 from models.encoders import Encoder, encoder_id_for
 from models.stain import StainReference
 from pipelines.devices import resolve_device
-from pipelines.embed.batches import slide_tiles_from_tile_file
-from pipelines.embed.checks import bad_tile_lines, bad_tiles, other_slide, refuse_case_clashes
-from pipelines.embed.engine import SlideJob, SlideWork, WorkResult, embed_works
+from pipelines.embed.checks import bad_tile_lines, bad_tiles
+from pipelines.embed.engine import SlideWork, WorkResult, embed_works
 from pipelines.embed.gpus import Gpus, assign_gpus
 from pipelines.embed.options import EmbedOptions
+from pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from pipelines.embed.runtime import build_encoders, prepare_runtimes
-from pipelines.embed.stain import resolve_stain_reference, stain_fields
+from pipelines.embed.stain import resolve_stain_reference
 from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
-from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
-from wsi.tilefile import read_tile_file
+from wsi.suffixes import TILE_FILE_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +73,6 @@ def results_by_encoder(results: Sequence[R]) -> dict[str, list[R]]:
     for r in results:
         out.setdefault(getattr(r, "encoder_id", ""), []).append(r)
     return out
-
-
-def bag_dir(out_dir: str | os.PathLike[str], encoder_id: str) -> Path:
-    return Path(out_dir) / "features" / encoder_id
 
 
 def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
@@ -109,30 +104,7 @@ def check_gpus(gpus: Gpus | None, options: EmbedOptions, workers: int, scheduler
     return assign_gpus(gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def _read_tile_files(
-    files: Sequence[Path], options: EmbedOptions
-) -> tuple[list[tuple[Path, SlideJob, str]], list[JobResult]]:
-    """Tile files -> (file, slide job without its bag path, why it kept no tile); unreadable: failed rows."""
-    slides, failed = [], []
-    for path in files:
-        try:
-            tf = read_tile_file(path)
-        except WsiError as exc:
-            failed.append(JobResult(path.stem, str(path), "failed", error=str(exc)))
-            continue
-        job = SlideJob(
-            tiles=slide_tiles_from_tile_file(tf, use_cache=options.use_cache),
-            bag_path=Path(),
-            coords_um=tf.coords_um,
-            tile_params=tf.params,
-            level0_size=(int(tf.meta["level0_width"]), int(tf.meta["level0_height"])),
-            tile_file=str(path),
-        )
-        slides.append((path, job, str(tf.meta.get("empty_reason") or "the tile file holds no tile")))
-    return slides, failed
-
-
-def _check_mpp(encoders: Sequence[Encoder], slides: Sequence[tuple[Path, SlideJob, str]]) -> None:
+def _check_mpp(encoders: Sequence[Encoder], slides: Sequence[Slide]) -> None:
     """Warn (once per encoder and resolution) when tiles are >2x from an encoder's training mpp."""
     for mpp in sorted({round(job.tiles.target_mpp, 4) for _, job, _ in slides}):
         for enc in encoders:
@@ -163,9 +135,9 @@ def embed_tiles(
     encoders = build_encoders(options)
     stain = resolve_stain_reference(options.stain_norm, options.stain_reference)
     ids = [enc.encoder_id for enc in encoders]
-    slides, unreadable = _read_tile_files(files, options)
+    slides, unreadable = read_tile_files(files, options)
     _check_mpp(encoders, slides)
-    rows, works = _plan(files, slides, encoders, options, stain, out_dir)
+    rows, works = plan(files, slides, encoders, options, stain, out_dir)
     for enc_rows in rows:
         enc_rows += unreadable  # a tile file that cannot be read fails for every encoder
     if works:
@@ -185,81 +157,6 @@ def embed_tiles(
         _summary(tagged, seconds, out, encoder_id if len(ids) > 1 else "")
         results += tagged
     return results
-
-
-def _plan(
-    files: Sequence[Path],
-    slides: Sequence[tuple[Path, SlideJob, str]],
-    encoders: Sequence[Encoder],
-    options: EmbedOptions,
-    stain: StainReference | None,
-    out_dir: str | os.PathLike[str],
-) -> tuple[list[list[JobResult]], list[SlideWork]]:
-    """Per encoder, the rows of slides that need no work; and the slides to read, each with the bags of
-    the encoders that need it (a finished bag of one encoder is not recomputed for another)."""
-    rows: list[list[JobResult]] = [[] for _ in encoders]
-    needed: dict[Path, list[SlideJob | None]] = {}
-    for k, enc in enumerate(encoders):
-        out = bag_dir(out_dir, enc.encoder_id)
-        refused = refuse_case_clashes(files, out)
-        rows[k] += [_refused(f.stem, str(f), why) for f, why in refused.items()]
-        for path, base, empty_reason in slides:
-            if path in refused:
-                continue
-            job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
-            row = _decide(job, enc, options, stain, empty_reason)
-            if row is None:
-                needed.setdefault(path, [None] * len(encoders))[k] = job
-            else:
-                rows[k].append(row)
-    return rows, [SlideWork(tuple(jobs)) for jobs in needed.values()]
-
-
-def _decide(
-    job: SlideJob, enc: Encoder, options: EmbedOptions, stain: StainReference | None, empty_reason: str
-) -> JobResult | None:
-    """This encoder's row for a slide that needs no work (empty, refused, already done); None: embed it."""
-    st = job.tiles
-    if st.n == 0:
-        return JobResult(st.slide_id, st.slide_path, "empty", error=f"tiling kept no tile: {empty_reason}")
-    clash = other_slide(job, overwrite=options.overwrite)
-    if clash:  # another slide's bag under this id: never silently replaced, nor skipped as done
-        return _refused(st.slide_id, st.slide_path, clash)
-    stale = _stale(job, enc, options.dtype, stain)
-    if stale is None and not options.overwrite:
-        _upgrade(job.bag_path)
-        return JobResult(st.slide_id, st.slide_path, "skipped", n=_n(job))
-    if stale and not options.overwrite and job.bag_path.exists():
-        log.warning("%s: redoing it (%s)", job.bag_path, stale)
-    return None
-
-
-def _stale(job: SlideJob, encoder: Encoder, dtype: str, stain: StainReference | None) -> str | None:
-    """Why the bag must be made (again), or None when it is current: a finished bag from this encoder
-    (name, weights, recipe, input size), this stain normalisation and dtype, from the tile file as it is."""
-    if not job.bag_path.exists():
-        return "no bag yet"
-    if not is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256):
-        return "another encoder or weights, or unreadable"
-    try:
-        header = read_bag_header(job.bag_path)
-        made = BagProvenance.from_dict(header.attrs, source=str(job.bag_path))
-    except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
-        return "incomplete provenance"
-    want = stain_fields(stain, None)
-    checks = (
-        (made.tile_params == job.tile_params and made.n_tiles_requested == job.tiles.n, "the tiles changed"),
-        (header.dtype == dtype, f"dtype {header.dtype} -> {dtype}"),
-        (made.input_px == encoder.input_px, f"input size {made.input_px} -> {encoder.input_px} px"),
-        (made.recipe_sha256 == encoder.recipe.digest(), "the encoder's recipe changed (or was not recorded)"),
-        (
-            (made.stain_norm, made.stain_reference_sha256)
-            == (want["stain_norm"], want["stain_reference_sha256"]),
-            f"stain normalisation {made.stain_norm or 'none'} -> {want['stain_norm'] or 'none'} "
-            "(or another reference)",
-        ),
-    )
-    return next((why for current, why in checks if not current), None)
 
 
 def _run(
@@ -313,27 +210,6 @@ def _embed_dask(
             out.append([None if job is None else JobResult(r.slide_id, r.path, "failed", seconds=r.seconds,
                                                            error=r.error) for job in work.jobs])  # fmt: skip
     return out
-
-
-def _upgrade(bag: Path) -> None:
-    """An older finished bag gains STAMP's feat_type, so that its folder stays one feature type."""
-    try:
-        if upgrade_bag(bag):
-            log.info("%s: added feat_type='tile' (what STAMP needs) to the finished bag", bag)
-    except OSError as exc:  # read-only, say: the bag is still fine for us
-        log.warning("%s: could not add feat_type for STAMP (%s)", bag, exc)
-
-
-def _n(job: SlideJob) -> int:
-    try:
-        return bag_length(job.bag_path)
-    except WsiError:
-        return 0
-
-
-def _refused(slide_id: str, path: str, why: str) -> JobResult:
-    log.warning("%s: refused: %s", slide_id, why)
-    return JobResult(slide_id, path, "failed", error=why)
 
 
 def _summary(results: list[BagResult], seconds: float, out: Path, label: str) -> None:
