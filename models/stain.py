@@ -19,12 +19,15 @@ Public API:
   fit_reference(method, tiles) -> StainReference          tiles: (B,H,W,3) uint8 (pooled over all)
   load_reference(path) / save_reference(ref, path)         JSON, validated with wsi.config
   StainNormalizer(reference): __call__(tiles uint8) -> uint8, normalize(tiles) -> float RGB 0..255,
+      apply(tiles) -> (uint8, fitted (B,) bool, on the device, counters untouched),
       .n_tiles, .n_fallback, provenance() -> dict
+  StainReference.digest() -> sha256 of its numbers (the bag records it)
   macenko_stains(tiles) -> (stain_matrix (B,3,2), max_conc (B,2), ok (B,));  rgb_to_lab, lab_to_rgb
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +63,11 @@ class StainReference:
             raise ConfigError("a macenko stain reference needs stain_matrix and max_concentrations")
         if self.method == "reinhard" and (self.lab_mean is None or self.lab_std is None):
             raise ConfigError("a reinhard stain reference needs lab_mean and lab_std")
+
+    def digest(self) -> str:
+        """sha256 of the numbers tiles are mapped onto (`source` is a note and left out)."""
+        data = {k: v for k, v in config_dict(self).items() if k != "source"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # The H&E reference of Macenko's reference implementation, used by torchstain and staintools alike.
@@ -220,15 +228,28 @@ class StainNormalizer:
 
     def normalize(self, tiles: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> float RGB in 0..255 (clipped), same shape."""
+        out, ok = self._normalize(tiles)
+        self.n_tiles += int(ok.numel())
+        self.n_fallback += int((~ok).sum())
+        return out
+
+    def apply(self, tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, W, 3) uint8 -> (normalised uint8 tiles, fitted (B,) bool on the tiles' device).
+
+        Without a host synchronisation (the counters are not touched): the embed stage keeps `fitted`
+        on the device and counts a slide's fallback tiles once, among the tiles that were readable.
+        """
+        out, ok = self._normalize(tiles)
+        return out.round_().to(torch.uint8), ok
+
+    def _normalize(self, tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rgb = _pixels(tiles)  # (B, N, 3)
         if self.reference.method == "macenko":
             out, ok = self._macenko(rgb)
         else:
             out, ok = self._reinhard(rgb)
         out = torch.where(ok.view(-1, 1, 1), out.clamp(0.0, 255.0), rgb)  # fallback: the tile as it was
-        self.n_tiles += int(ok.numel())
-        self.n_fallback += int((~ok).sum())
-        return out.reshape(tiles.shape)
+        return out.reshape(tiles.shape), ok
 
     def _macenko(self, rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         od = _od(rgb)

@@ -165,3 +165,35 @@ def test_a_rerun_gives_older_bags_stamps_feat_type(slides: tuple[Path, Path], tm
         del h5.attrs["feat_type"]
     [row] = embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)
     assert row.status == "skipped" and read_bag_attrs(bag)["feat_type"] == "tile"
+
+
+def test_a_slide_that_kept_no_tile_is_an_empty_row_that_fails_the_run(
+    slides: tuple[Path, Path], make_slide, tmp_path: Path
+) -> None:
+    """embed_slides carries the tile stage's `empty` row (it used to vanish from embed's and predict's
+    results and the exit code was 0); `embed --tiles` says the same of an empty tile file."""
+    from pipelines.embed import embed_slides
+    from pipelines.jobs import RunSummary
+
+    tiny = make_slide(name="chk-tiny", size_um=100.0, mpp=1.0, seed=5)  # smaller than one 128 um tile
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["embed", str(slides[0]), str(tiny.path), "--out", str(out), *EMBED_ARGS,
+                                   "--tile-um", "128", "--tile-px", "32"])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    rows = _manifest(out / BAGS / "manifest.csv")
+    assert rows["chk-a"]["status"] == "ok"
+    assert rows["chk-tiny"]["status"] == "empty" and rows["chk-tiny"]["tiles"] == "0"
+    assert rows["chk-tiny"]["error"].startswith("tiling kept no tile: ")
+    assert "smaller than one tile" in rows["chk-tiny"]["error"]
+    assert "1 empty" in res.output and "chk-tiny: tiling kept no tile" in res.output
+
+    results = embed_slides(find_slides([slides[0], tiny.path]), out_dir=tmp_path / "lib", options=OPTIONS,
+                           tile_params=PARAMS, progress=False)  # fmt: skip
+    assert [(r.slide_id, r.status) for r in results] == [("chk-a", "ok"), ("chk-tiny", "empty")]
+    assert [r.slide_id for r in RunSummary.of(results).problems] == ["chk-tiny"]
+
+    # the tile file of the empty slide, embedded directly: an empty row with the tile stage's reason
+    res = CliRunner().invoke(cli, ["embed", "--tiles", str(out), "--out", str(tmp_path / "o2"), *EMBED_ARGS])
+    assert res.exit_code == 1, res.output
+    row = _manifest(tmp_path / "o2" / BAGS / "manifest.csv")["chk-tiny"]
+    assert row["status"] == "empty" and "smaller than one tile" in row["error"]

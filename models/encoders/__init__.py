@@ -23,7 +23,8 @@ Public API:
       forward(x (B,3,S,S) float) -> (B,dim);   embed(x uint8) = forward(preprocess(x))
       check_mpp(tile_mpp) -> warning text | None (logged) when >2x from the training resolution
       provenance() -> dict for the bag;  inference_fn(device, compile=False) -> embed function
-  EncoderRecipe, ENCODERS (registry of named recipes), get_recipe(name), load_recipe_yaml(path)
+  EncoderRecipe (.digest(): sha256 of the fields that decide the features; provenance() carries it as
+      recipe_sha256), ENCODERS (registry of named recipes), get_recipe(name), load_recipe_yaml(path)
   available_encoders() -> list[str];  encoder_id_for(name) -> str ("timm:x" -> "timm-x")
   count_parameters(name) -> int (built on the meta device);  pick_batch_size(encoder, device, ...)
   load_state_dict_file(path) -> dict[str, Tensor];  RETCCL_SHA256, CTRANSPATH_SHA256

@@ -147,6 +147,7 @@ class Encoder(nn.Module):
             "input_px": self.input_px,
             "dim": self.dim,
             "recipe": self.recipe.as_dict(),
+            "recipe_sha256": self.recipe.digest(),
         }
 
     def inference_fn(

@@ -13,6 +13,8 @@ so every recipe, named or YAML, is plain data that `wsi encoders` can print and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +29,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 Pooling = Literal["model", "cls", "cls+mean", "attn-pool"]
+#: recipe fields that change no feature value (facts for people, where to find files, how to run fast):
+#: left out of `EncoderRecipe.digest`, so a licence note edited in a recipe does not re-embed a cohort
+DESCRIPTIVE_FIELDS = (
+    "params", "training_mpp", "licence", "source", "reference", "published_sha256", "weights_files",
+    "channels_last", "fixed_input_px",
+)  # fmt: skip
 
 
 @config_model
@@ -81,6 +89,13 @@ class EncoderRecipe:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for `wsi encoders` and the bag's provenance."""
         return config_dict(self)
+
+    def digest(self) -> str:
+        """sha256 of the fields that decide the features (not DESCRIPTIVE_FIELDS): the embed stage redoes
+        a bag whose recipe digest differs, e.g. a YAML encoder edited under the same name."""
+        data = {k: v for k, v in self.as_dict().items() if k not in DESCRIPTIVE_FIELDS}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 # One registry for the named encoders: a small factory per name, registered beside its recipe.
@@ -197,6 +212,7 @@ def available_encoders() -> list[str]:
 
 
 __all__ = [
+    "DESCRIPTIVE_FIELDS",
     "ENCODERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

@@ -3,10 +3,17 @@
 `wsi embed` parses its command-line options into `EmbedOptions` with `parse_config` (unknown keys
 refused, types checked); library callers may build it directly, which runs the same value checks.
 
+One encoder is `encoder` + `weights` (+ `expected_sha256`, `input_px`), as always. Several encoders in one
+pass (each tile read and decoded once, one bag per encoder) are `encoders`, a tuple of `EncoderChoice`;
+then the single-encoder fields stay at their defaults. `choices()` gives the list either way.
+
 Public API:
   EmbedOptions                      frozen, picklable (sent to dask workers); defaults are `wsi embed`'s
+      .choices() -> tuple[EncoderChoice, ...]     the encoders of this run, in order
+  EncoderChoice(name, weights=None, expected_sha256=None, input_px=None)   one encoder of a run
   default_readers() -> int          reader processes: every core but one, 1 to 16
-  PRECISIONS, DTYPES, DECODES       the allowed values of precision, dtype and decode
+  PRECISIONS, DTYPES, DECODES, STAIN_NORMS    the allowed values of precision, dtype, decode, stain_norm
+  CPU_BATCH                         tiles per pass on a CPU when batch_size is "auto" (the old default)
 """
 
 from __future__ import annotations
@@ -22,6 +29,19 @@ Precision = Literal["bf16", "fp16", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 DTYPES: tuple[str, ...] = ("float16", "float32")
 DECODES: tuple[str, ...] = ("cpu", "device", "auto")
+STAIN_NORMS: tuple[str, ...] = ("macenko", "reinhard")
+CPU_BATCH = 128  # batch_size "auto" off CUDA: what `wsi embed` always used
+
+
+@config_model
+@dataclass(frozen=True)
+class EncoderChoice:
+    """One encoder of a multi-encoder run (the single-encoder fields of EmbedOptions, per encoder)."""
+
+    name: str  # a named encoder (`wsi encoders`), timm:<architecture>, or a recipe file my-encoder.yaml
+    weights: str | None = None  # weights file, or the model folder as the authors' hub repository lays it out
+    expected_sha256: str | None = None  # refuse weights whose sha256 differs
+    input_px: int | None = None  # timm:<name> encoders only; named encoders fix their input size
 
 
 def default_readers() -> int:
@@ -34,16 +54,20 @@ def default_readers() -> int:
 class EmbedOptions:
     """Options of the embed stage; defaults are what `wsi embed` uses."""
 
-    encoder: str = "retccl"  # retccl, or timm:<architecture>
-    weights: str | None = None  # weights file (.pth/.pt/.bin state dict, or .safetensors)
+    encoder: str = "retccl"  # a named encoder (`wsi encoders`), timm:<architecture>, or my-encoder.yaml
+    weights: str | None = None  # weights file (.pth/.pt/.bin/.safetensors) or the authors' model folder
     random_init: bool = False  # explicit: a bag of random features must never happen by accident
     expected_sha256: str | None = None  # refuse weights whose sha256 differs
-    input_px: int | None = None  # timm encoders only; retccl is fixed at 256
+    input_px: int | None = None  # timm encoders only; named encoders fix theirs (retccl 256)
+    # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
+    encoders: tuple[EncoderChoice, ...] = ()
     device: str | None = None  # "cuda", "cuda:1", "cpu"; None: CUDA when available
     precision: Precision = "bf16"  # CUDA autocast; the CPU always runs fp32
     compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
     threads: int | None = None  # CPU threads for torch (None: torch's default)
-    batch_size: int = 128  # tiles per forward pass; 128 x 256 px fills an H100 in bf16
+    # tiles per forward pass; "auto": measured from free memory on CUDA (every encoder's probe, the
+    # smallest wins, at most 256), CPU_BATCH elsewhere; 128 x 256 px fills an H100 for RetCCL in bf16
+    batch_size: int | Literal["auto"] = 128
     #: background readers (threads inside dask workers, which may not fork); default: the cores but one
     readers: int = field(default_factory=lambda: default_readers())
     reader_mode: Literal["process", "thread"] = "process"  # threads: no shared memory (small /dev/shm)
@@ -54,6 +78,17 @@ class EmbedOptions:
     # where JPEG tiles are decoded and resized: "device" (readers send compressed tiles; device_decode/),
     # "cpu" (readers decode with openslide/tiffslide), "auto" (device on CUDA for JPEG TIFFs, else cpu)
     decode: Literal["cpu", "device", "auto"] = "auto"
+    # stain normalisation on the tiles' device before the encoders (opt-in): macenko | reinhard | None
+    stain_norm: Literal["macenko", "reinhard"] | None = None
+    # the reference to map onto: a saved reference (.json), an image, a folder of images, or a tile file
+    # (tiles/<slide_id>.h5) to fit it from; None: the shipped default of the method (models/stain.py)
+    stain_reference: str | None = None
+
+    def choices(self) -> tuple[EncoderChoice, ...]:
+        """The encoders of this run, in order (without `encoders`: the one of the single-encoder fields)."""
+        if self.encoders:
+            return self.encoders
+        return (EncoderChoice(self.encoder, self.weights, self.expected_sha256, self.input_px),)
 
     def __post_init__(self) -> None:
         """Value checks for direct construction too (parse_config also checks the types)."""
@@ -67,5 +102,32 @@ class EmbedOptions:
             raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
         if self.decode not in DECODES:
             raise ConfigError(f"--decode {self.decode!r} unknown; choose cpu, device or auto")
-        if self.batch_size < 1 or self.readers < 0:
-            raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 and --readers >= 0")
+        if (self.batch_size != "auto" and self.batch_size < 1) or self.readers < 0:
+            raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 or auto, and --readers >= 0")
+        if self.stain_norm is not None and self.stain_norm not in STAIN_NORMS:
+            raise ConfigError(f"--stain-norm {self.stain_norm!r} unknown; choose macenko or reinhard")
+        if self.stain_reference is not None and self.stain_norm is None:
+            raise ConfigError("--stain-reference needs --stain-norm macenko|reinhard")
+        if self.encoders:
+            single = (self.encoder, self.weights, self.expected_sha256, self.input_px)
+            if single != ("retccl", None, None, None):
+                raise ConfigError(
+                    "give the encoders either as `encoders` or as encoder/weights/expected_sha256/input_px, "
+                    "not both"
+                )
+            _check_unique(self.encoders)
+
+
+def _check_unique(choices: tuple[EncoderChoice, ...]) -> None:
+    """Two choices writing into one bag folder would overwrite each other's bags."""
+    from models.encoders import encoder_id_for
+
+    seen: dict[str, str] = {}
+    for choice in choices:
+        folder = encoder_id_for(choice.name)
+        if folder in seen:
+            raise ConfigError(
+                f"--encoder {choice.name!r} and {seen[folder]!r} would write into the same bag folder "
+                f"features/{folder}/; give each encoder once"
+            )
+        seen[folder] = choice.name

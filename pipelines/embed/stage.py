@@ -1,51 +1,78 @@
 """The embed stage: tile files (or slides, tiled first) -> `features/<encoder_id>/<slide_id>.h5` bags.
 
-Locally, all slides go through one stream (feed -> device -> writer thread), so reading never waits for
-a slide boundary. With `workers > 1` or a `scheduler`, each slide is a dask job on a worker that holds
-its own encoder (see worker.py). Either way a failing slide becomes a manifest row, never an abort.
+One or several encoders per run: each slide's tiles are read and decoded once and fed to every encoder
+whose bag of that slide is missing or stale, so adding an encoder to a finished run computes only its
+bags. Locally, all slides go through one stream (feed -> device -> writer thread), so reading never waits
+for a slide boundary. With `workers > 1`, `gpus` (one worker per GPU) or a `scheduler`, each slide is a
+dask job on a worker that holds its own encoders (see worker.py). Either way a failing slide becomes a
+manifest row per encoder, never an abort.
 
 Public API:
   embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None,
-              progress=True) -> list[JobResult]
+              progress=True, gpus=None) -> list[JobResult]   (each a BagResult)
   embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, backend="openslide",
-               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True) -> list[JobResult]
-  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id>
+               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True, gpus=None)
+      -> list[JobResult]          one BagResult per slide and encoder, encoder by encoder, in order
+  BagResult(JobResult)            + encoder_id: the bag folder features/<encoder_id>/ the row is about
+  results_by_encoder(results) -> dict[encoder_id, list[JobResult]]
+  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id> (from plan.py)
   find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
   bad_tile_report(results, *, out_dir, encoder) -> list[str]   "slide: 3 of 120 tiles unreadable, ..."
 
-A slide is refused (a failed row naming both files, logged as a warning) when its id differs only by
-case from another's in the batch or in the bag folder, or when the bag of its id was made from another
-slide file (unless --overwrite); see checks.py.
+What each slide needs from each encoder is decided first (plan.py): a bag is redone when its encoder
+(name, weights, recipe digest, input size), stain normalisation (method and reference), tiles or dtype
+differ from this run's. A slide is refused (a failed row naming both files,
+logged as a warning) when its id differs only by case from another's in the batch or in the bag folder,
+or when the bag of its id was made from another slide file (unless --overwrite); see checks.py. A slide
+whose tiling kept no tile is an `empty` row ("tiling kept no tile: <why>"), which makes the run exit 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from models.encoders import Encoder, build_encoder, encoder_id_for
+from models.encoders import Encoder, encoder_id_for
+from models.stain import StainReference
 from pipelines.devices import resolve_device
-from pipelines.embed.batches import slide_tiles_from_tile_file
-from pipelines.embed.checks import bad_tile_lines, bad_tiles, other_slide, refuse_case_clashes
-from pipelines.embed.engine import SlideJob, embed_stream, prepare_runtime
+from pipelines.embed.checks import bad_tile_lines, bad_tiles
+from pipelines.embed.engine import SlideWork, WorkResult, embed_works
+from pipelines.embed.gpus import Gpus, assign_gpus
 from pipelines.embed.options import EmbedOptions
+from pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
+from pipelines.embed.runtime import build_encoders, prepare_runtimes
+from pipelines.embed.stain import resolve_stain_reference
 from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
-from wsi.errors import WsiError
+from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
-from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
-from wsi.tilefile import read_tile_file
+from wsi.suffixes import TILE_FILE_SUFFIX
 
 log = logging.getLogger(__name__)
 
 
-def bag_dir(out_dir: str | os.PathLike[str], encoder_id: str) -> Path:
-    return Path(out_dir) / "features" / encoder_id
+@dataclass
+class BagResult(JobResult):
+    """A slide's row for one encoder: `encoder_id` names the bag folder (and manifest) it belongs to."""
+
+    encoder_id: str = ""
+
+
+R = TypeVar("R", bound=JobResult)
+
+
+def results_by_encoder(results: Sequence[R]) -> dict[str, list[R]]:
+    """Rows grouped by encoder_id, in the order the encoders first appear."""
+    out: dict[str, list[R]] = {}
+    for r in results:
+        out.setdefault(getattr(r, "encoder_id", ""), []).append(r)
+    return out
 
 
 def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
@@ -59,26 +86,29 @@ def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def _jobs(files: Sequence[Path], out: Path, options: EmbedOptions) -> tuple[list[SlideJob], list[JobResult]]:
-    """Tile files -> slide jobs; a tile file that cannot be read is a failed row."""
-    jobs, failed = [], []
-    for path in files:
-        try:
-            tf = read_tile_file(path)
-        except WsiError as exc:
-            failed.append(JobResult(path.stem, str(path), "failed", error=str(exc)))
-            continue
-        jobs.append(
-            SlideJob(
-                tiles=slide_tiles_from_tile_file(tf, use_cache=options.use_cache),
-                bag_path=out / f"{tf.slide_id}{BAG_SUFFIX}",
-                coords_um=tf.coords_um,
-                tile_params=tf.params,
-                level0_size=(int(tf.meta["level0_width"]), int(tf.meta["level0_height"])),
-                tile_file=str(path),
-            )
+def check_gpus(gpus: Gpus | None, options: EmbedOptions, workers: int, scheduler: str | None) -> list[Any]:
+    """The devices of a `--gpus` run ([] without it); ConfigError for a combination that cannot work."""
+    if gpus is None:
+        return []
+    if scheduler is not None:
+        raise ConfigError(
+            "--gpus starts local workers; with --scheduler, start one dask worker per GPU yourself, each "
+            "pinned with CUDA_VISIBLE_DEVICES=k (see `wsi embed --help`)"
         )
-    return jobs, failed
+    if workers > 1:
+        raise ConfigError("give --gpus N (one worker per GPU) or --workers N, not both")
+    if options.device not in (None, "auto", "cuda"):
+        raise ConfigError(f"--gpus picks the devices itself; drop --device {options.device}")
+    import torch
+
+    return assign_gpus(gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def _check_mpp(encoders: Sequence[Encoder], slides: Sequence[Slide]) -> None:
+    """Warn (once per encoder and resolution) when tiles are >2x from an encoder's training mpp."""
+    for mpp in sorted({round(job.tiles.target_mpp, 4) for _, job, _ in slides}):
+        for enc in encoders:
+            enc.check_mpp(mpp)
 
 
 def embed_tiles(
@@ -90,117 +120,101 @@ def embed_tiles(
     workers: int = 1,
     scheduler: str | None = None,
     progress: bool = True,
+    gpus: Gpus | None = None,
 ) -> list[JobResult]:
-    """Embed every tile file under `tiles_dir`; write bags and `features/<encoder_id>/manifest.csv`."""
+    """Embed every tile file under `tiles_dir` with every encoder of `options`; write the bags and one
+    `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder, slides in file order."""
     start = time.perf_counter()
+    devices = check_gpus(gpus, options, workers, scheduler)
     files = find_tile_files(tiles_dir)
     if slide_ids is not None:
         wanted = set(slide_ids)
         files = [f for f in files if f.stem in wanted]
-    # Build (and so validate) the encoder before any work: bad weights are a usage error, not N failures.
-    encoder = build_encoder(
-        options.encoder, weights=options.weights, random_init=options.random_init,
-        expected_sha256=options.expected_sha256, input_px=options.input_px,
-    )  # fmt: skip
-    out = bag_dir(out_dir, encoder.encoder_id)
-    refused = refuse_case_clashes(files, out)
-    results = [_refused(f.stem, str(f), why) for f, why in refused.items()]
-    jobs, failed = _jobs([f for f in files if f not in refused], out, options)
-    results += failed
-    todo = []
-    for job in jobs:
-        clash = other_slide(job, overwrite=options.overwrite)
-        if clash:  # another slide's bag under this id: never silently replaced, nor skipped as done
-            results.append(_refused(job.tiles.slide_id, job.tiles.slide_path, clash))
-            continue
-        done = _is_current(job, encoder, options.dtype)
-        if done and not options.overwrite:
-            _upgrade(job.bag_path)
-            results.append(JobResult(job.tiles.slide_id, job.tiles.slide_path, "skipped", n=_n(job)))
-        else:
-            if job.bag_path.exists() and not options.overwrite:
-                log.warning("%s: redoing it (other weights or tiles, or unreadable)", job.bag_path)
-            todo.append(job)
-    if todo:
-        if scheduler is None and workers == 1:
-            rt = prepare_runtime(
-                encoder, device=resolve_device(options.device), precision=options.precision,
-                compile=options.compile, threads=options.threads, batch_size=options.batch_size,
-            )  # fmt: skip
-            results += embed_stream(
-                rt,
-                todo,
-                options=options,
-                readers=options.readers,
-                mode=options.reader_mode,
-                progress=progress,
-            )
-        else:
-            del encoder  # each worker builds its own
-            results += _embed_dask(todo, options, workers, scheduler)
+    # Build (and so validate) the encoders and the stain reference before any work: bad weights or a bad
+    # reference file are usage errors, not N failed slides.
+    encoders = build_encoders(options)
+    stain = resolve_stain_reference(options.stain_norm, options.stain_reference)
+    ids = [enc.encoder_id for enc in encoders]
+    slides, unreadable = read_tile_files(files, options)
+    _check_mpp(encoders, slides)
+    rows, works = plan(files, slides, encoders, options, stain, out_dir)
+    for enc_rows in rows:
+        enc_rows += unreadable  # a tile file that cannot be read fails for every encoder
+    if works:
+        done = _run(works, encoders, options, stain, devices, workers, scheduler, progress)
+        for work_rows in done:
+            for k, row in enumerate(work_rows):
+                if row is not None:
+                    rows[k].append(row)
     order = {f.stem: i for i, f in enumerate(files)}
-    results.sort(key=lambda r: order.get(r.slide_id, len(order)))
-    write_manifest(out / "manifest.csv", results)
-    _summary(results, time.perf_counter() - start, out)
+    results: list[JobResult] = []
+    seconds = time.perf_counter() - start
+    for encoder_id, enc_rows in zip(ids, rows, strict=True):
+        enc_rows.sort(key=lambda r: order.get(r.slide_id, len(order)))
+        tagged = [BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in enc_rows]
+        out = bag_dir(out_dir, encoder_id)
+        write_manifest(out / "manifest.csv", tagged)
+        _summary(tagged, seconds, out, encoder_id if len(ids) > 1 else "")
+        results += tagged
     return results
 
 
-def _is_current(job: SlideJob, encoder: Encoder, dtype: str) -> bool:
-    """A finished bag from this encoder, weights, input size and dtype, from the tile file as it is now."""
-    if not is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256):
-        return False
-    try:
-        header = read_bag_header(job.bag_path)
-        made = BagProvenance.from_dict(header.attrs, source=str(job.bag_path))
-    except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
-        return False
-    return (
-        made.tile_params == job.tile_params
-        and header.dtype == dtype
-        and made.n_tiles_requested == job.tiles.n
-        and made.input_px == encoder.input_px
-    )
-
-
-def _upgrade(bag: Path) -> None:
-    """An older finished bag gains STAMP's feat_type, so that its folder stays one feature type."""
-    try:
-        if upgrade_bag(bag):
-            log.info("%s: added feat_type='tile' (what STAMP needs) to the finished bag", bag)
-    except OSError as exc:  # read-only, say: the bag is still fine for us
-        log.warning("%s: could not add feat_type for STAMP (%s)", bag, exc)
-
-
-def _n(job: SlideJob) -> int:
-    try:
-        return bag_length(job.bag_path)
-    except WsiError:
-        return 0
+def _run(
+    works: list[SlideWork],
+    encoders: list[Encoder],
+    options: EmbedOptions,
+    stain: StainReference | None,
+    devices: list[Any],
+    workers: int,
+    scheduler: str | None,
+    progress: bool,
+) -> list[list[JobResult | None]]:
+    """Embed the works: one local stream, or one dask job per slide (workers, --gpus, a scheduler)."""
+    if scheduler is None and workers == 1 and len(devices) <= 1:
+        device = devices[0] if devices else resolve_device(options.device)
+        tile_px = max(work.tiles.tile_px for work in works)
+        runtimes, batch = prepare_runtimes(encoders, device=device, options=options, tile_px=tile_px)
+        return embed_works(
+            runtimes, works, options=options, readers=options.readers, mode=options.reader_mode,
+            progress=progress, stain=stain, batch_size=batch,
+        )  # fmt: skip
+    encoders.clear()  # each worker builds its own: free the main process's copies
+    names = [str(d) for d in devices]
+    return _embed_dask(works, options, stain, names, max(workers, len(devices)), scheduler)
 
 
 def _embed_dask(
-    jobs: list[SlideJob], options: EmbedOptions, workers: int, scheduler: str | None
-) -> list[JobResult]:
+    works: list[SlideWork],
+    options: EmbedOptions,
+    stain: StainReference | None,
+    devices: list[str],
+    workers: int,
+    scheduler: str | None,
+) -> list[list[JobResult | None]]:
     from pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
 
-    items = [EmbedItem(job.tiles.slide_id, job.tiles.slide_path, job) for job in jobs]
-    return run_jobs(
+    items = [EmbedItem(w.tiles.slide_id, w.tiles.slide_path, w) for w in works]
+    results = run_jobs(
         items,
         functools.partial(embed_item, options=options),
         workers=workers,
         scheduler=scheduler,
         desc="embed",
-        worker_plugin=EncoderPlugin(options),
+        worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
     )
+    out: list[list[JobResult | None]] = []
+    for work, r in zip(works, results, strict=True):
+        if isinstance(r, WorkResult):
+            out.append(list(r.bags))
+        else:  # the worker died, or the job raised: every bag of the slide failed with its reason
+            out.append([None if job is None else JobResult(r.slide_id, r.path, "failed", seconds=r.seconds,
+                                                           error=r.error) for job in work.jobs])  # fmt: skip
+    return out
 
 
-def _refused(slide_id: str, path: str, why: str) -> JobResult:
-    log.warning("%s: refused: %s", slide_id, why)
-    return JobResult(slide_id, path, "failed", error=why)
-
-
-def _summary(results: list[JobResult], seconds: float, out: Path) -> None:
-    log.info("%s; bags in %s", RunSummary.of(results, seconds).line("embed", unit="tiles"), out)
+def _summary(results: list[BagResult], seconds: float, out: Path, label: str) -> None:
+    stage = f"embed {label}" if label else "embed"
+    log.info("%s; bags in %s", RunSummary.of(results, seconds).line(stage, unit="tiles"), out)
     for line in bad_tile_lines(bad_tiles([r for r in results if r.status == "ok"], out)):
         log.warning("%s", line)
 
@@ -217,37 +231,52 @@ def embed_slides(
     scheduler: str | None = None,
     save_tiles: bool = False,
     progress: bool = True,
+    gpus: Gpus | None = None,
 ) -> list[JobResult]:
-    """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide.
+    """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide and encoder.
 
-    A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed
-    row here too, with the tile stage's reason; `options.overwrite` redoes the tiles as well."""
+    A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed row
+    here too, with the tile stage's reason, and one whose tiling kept no tile an `empty` row ("tiling kept
+    no tile: <why>"); `options.overwrite` redoes the tiles as well. `workers` is the tile stage's too."""
     from pipelines.tile import tile_slides
 
+    check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
     tiled = tile_slides(
         sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
         scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite,
     )  # fmt: skip
     ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
-    failed = [
-        JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=f"tiling failed: {r.error}")
-        for r in tiled
-        if r.status == "failed"
-    ]
+    carried = [_carried(r) for r in tiled if r.status in ("failed", "empty")]
     results: list[JobResult] = []
     if ready:
         results = embed_tiles(
             tiles_dir=out_dir, out_dir=out_dir, options=options, slide_ids=ready, workers=workers,
-            scheduler=scheduler, progress=progress,
+            scheduler=scheduler, progress=progress, gpus=gpus,
         )  # fmt: skip
-    if failed:
-        encoder_id = encoder_id_for(options.encoder)
-        results = results + failed
+    if not carried:
+        return results
+    by_encoder = results_by_encoder(results)
+    merged: list[JobResult] = []
+    for choice in options.choices():
+        encoder_id = encoder_id_for(choice.name)
+        rows: list[JobResult] = [
+            *by_encoder.get(encoder_id, []),
+            *(BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in carried),
+        ]
         try:
-            write_manifest(bag_dir(out_dir, encoder_id) / "manifest.csv", results)
+            write_manifest(bag_dir(out_dir, encoder_id) / "manifest.csv", rows)
         except OSError as exc:
             log.error("could not write the manifest: %s", describe_error(exc))
-    return results
+        merged += rows
+    return merged
+
+
+def _carried(r: JobResult) -> JobResult:
+    """A slide the tile stage did not hand on, as the embed stage's row: failed, or empty with why."""
+    if r.status == "empty":
+        why = f"tiling kept no tile: {r.error}"
+        return JobResult(r.slide_id, r.path, "empty", seconds=r.seconds, error=why)
+    return JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=f"tiling failed: {r.error}")
 
 
 def bad_tile_report(

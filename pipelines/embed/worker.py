@@ -1,34 +1,40 @@
-"""The dask side of the embed stage: one encoder per worker, on that worker's own device.
+"""The dask side of the embed stage: the run's encoders once per worker, on that worker's own device.
 
-A worker plugin holds one encoder per worker (not one per slide); each slide job borrows it. The
+A worker plugin holds the encoders per worker (not per slide); each slide job borrows them. The
 plugin's `setup` only picks the device: dask runs `setup` on the worker's event loop, and building an
 encoder (reading hundreds of MB of weights, moving them to a GPU) there stalls the worker's heartbeats
-("Event loop was unresponsive for 24 s"). The encoder is built by the first slide job instead, in the
-task's own thread, under the plugin's lock. On a machine with several GPUs, worker k uses GPU k modulo
-the GPU count.
+("Event loop was unresponsive for 24 s"). The encoders are built by the first slide job instead, in the
+task's own thread, under the plugin's lock. Which GPU a worker takes: `--gpus` gives each LocalCluster
+worker its own (`devices`); on a cluster of your own, one worker per GPU pinned by CUDA_VISIBLE_DEVICES
+(gpus.py).
 
 Public API:
   PLUGIN_NAME
-  EncoderPlugin(options)          distributed.WorkerPlugin; .device after setup, .get_runtime() builds the
-                                  encoder once (call it holding .lock), .runtime None until then
-  embed_item(item, *, options)    batch function: one slide on the worker's encoder -> JobResult
-  EmbedItem(slide_id, path, job)  what run_jobs sends to a worker
+  EncoderPlugin(options, *, stain=None, devices=None)   distributed.WorkerPlugin; .device after setup,
+                                  .get_runtimes() builds the encoders once (call it holding .lock),
+                                  .get_runtime() the first of them, .runtimes None until then
+  embed_item(item, *, options)    batch function: one slide on the worker's encoders -> WorkResult
+  EmbedItem(slide_id, path, work) what run_jobs sends to a worker
+  worker_device(requested, worker, devices=None) -> torch.device
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from distributed import WorkerPlugin
 
+from models.stain import StainReference
 from pipelines.devices import resolve_device
-from pipelines.embed.engine import Runtime, SlideJob, embed_stream, prepare_runtime
+from pipelines.embed.engine import Runtime, SlideWork, WorkResult, embed_works
+from pipelines.embed.gpus import worker_gpu
 from pipelines.embed.options import EmbedOptions
+from pipelines.embed.runtime import build_encoders, prepare_runtimes
 from pipelines.jobs import JobResult, worker_plugin
 
 log = logging.getLogger(__name__)
@@ -40,78 +46,94 @@ PLUGIN_NAME = "wsi-embed-encoder"
 class EmbedItem:
     slide_id: str
     path: str
-    job: SlideJob
+    work: SlideWork
 
 
-def worker_device(requested: str | None, worker: Any) -> torch.device:
-    """The device for this worker: an explicit index as given, else GPU (worker index mod GPU count)."""
+def worker_device(requested: str | None, worker: Any, devices: Sequence[str] | None = None) -> torch.device:
+    """The device of this worker: `devices` by worker number (--gpus), an explicit index as given, else a
+    GPU by worker number (gpus.worker_gpu), else the CPU."""
+    name = getattr(worker, "name", 0) if worker is not None else 0
+    if devices:
+        return worker_gpu(name, devices, len(devices))
     device = resolve_device(requested)
     if device.type != "cuda" or device.index is not None:
         return device
-    name = getattr(worker, "name", 0) if worker is not None else 0
-    index = int(name) if str(name).isdigit() else zlib.crc32(str(name).encode())
-    return torch.device("cuda", index % torch.cuda.device_count())
+    return worker_gpu(name, None, torch.cuda.device_count())
 
 
 class EncoderPlugin(WorkerPlugin):
-    """One encoder per worker, built by the first slide job (not in `setup`, which runs on the worker's
-    event loop); slide jobs share it under a lock."""
+    """The run's encoders once per worker, built by the first slide job (not in `setup`, which runs on the
+    worker's event loop); slide jobs share them under a lock."""
 
     name = PLUGIN_NAME
 
-    def __init__(self, options: EmbedOptions) -> None:
-        self._start(options)
+    def __init__(
+        self,
+        options: EmbedOptions,
+        *,
+        stain: StainReference | None = None,
+        devices: Sequence[str] | None = None,
+    ) -> None:
+        self._start(options, stain, tuple(devices or ()))
 
-    def _start(self, options: EmbedOptions) -> None:
+    def _start(self, options: EmbedOptions, stain: StainReference | None, devices: tuple[str, ...]) -> None:
         self.options = options
-        self.runtime: Runtime | None = None
+        self.stain = stain
+        self.devices = devices
+        self.runtimes: list[Runtime] | None = None
+        self.batch_size = 0
         self.device: torch.device | None = None
         self.worker_name = "inline"
         self.lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:  # sent to workers before setup: only the options travel
-        return {"options": self.options}
+    def __getstate__(self) -> dict[str, Any]:  # sent to workers before setup: only the settings travel
+        return {"options": self.options, "stain": self.stain, "devices": self.devices}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._start(state["options"])
+        self._start(state["options"], state.get("stain"), tuple(state.get("devices") or ()))
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The first encoder's runtime (None until built)."""
+        return self.runtimes[0] if self.runtimes else None
 
     def setup(self, worker: Any = None) -> None:
         """Pick the device only: fast, because dask calls this on the worker's event loop."""
-        self.device = worker_device(self.options.device, worker)
+        self.device = worker_device(self.options.device, worker, self.devices)
         self.worker_name = str(getattr(worker, "name", "inline"))
 
-    def get_runtime(self) -> Runtime:
-        """The worker's encoder on its device, built on the first call (hold `lock` while calling)."""
-        if self.runtime is None:
-            from models.encoders import build_encoder
-
+    def get_runtimes(self) -> list[Runtime]:
+        """The worker's encoders on its device, built on the first call (hold `lock` while calling)."""
+        if self.runtimes is None:
             o = self.options
-            device = self.device if self.device is not None else worker_device(o.device, None)
-            encoder = build_encoder(
-                o.encoder, weights=o.weights, random_init=o.random_init, expected_sha256=o.expected_sha256,
-                input_px=o.input_px,
-            )  # fmt: skip
-            self.runtime = prepare_runtime(
-                encoder, device=device, precision=o.precision, compile=o.compile, threads=o.threads,
-                batch_size=o.batch_size,
-            )  # fmt: skip
-            log.info("worker %s: encoder %s on %s", self.worker_name, o.encoder, device)
-        return self.runtime
+            device = self.device if self.device is not None else worker_device(o.device, None, self.devices)
+            encoders = build_encoders(o)
+            self.runtimes, self.batch_size = prepare_runtimes(encoders, device=device, options=o)
+            names = ", ".join(c.name for c in o.choices())
+            log.info("worker %s: encoder%s %s on %s", self.worker_name, "s" * (len(encoders) > 1), names,
+                     device)  # fmt: skip
+        return self.runtimes
+
+    def get_runtime(self) -> Runtime:
+        """The first encoder's runtime, built with the others on the first call (hold `lock`)."""
+        return self.get_runtimes()[0]
 
     def teardown(self, worker: Any = None) -> None:
-        self.runtime = None
+        self.runtimes = None
 
 
 def embed_item(item: EmbedItem, *, options: EmbedOptions) -> JobResult:
+    """One slide, read once, through every encoder its work names; one JobResult per bag in `.bags`."""
     plugin: EncoderPlugin = worker_plugin(PLUGIN_NAME)
-    with plugin.lock:  # one model per device: slides take turns (and the first one builds it)
-        runtime = plugin.get_runtime()
+    with plugin.lock:  # one set of models per device: slides take turns (and the first one builds them)
+        runtimes = plugin.get_runtimes()
         # dask workers are daemonic and may not start processes: read with threads
-        return embed_stream(
-            runtime,
-            [item.job],
-            options=options,
-            readers=options.readers,
-            mode="thread",
-            progress=False,
-        )[0]
+        [bags] = embed_works(
+            runtimes, [item.work], options=options, readers=options.readers, mode="thread", progress=False,
+            stain=plugin.stain, batch_size=plugin.batch_size or None,
+        )  # fmt: skip
+    done = [b for b in bags if b is not None]
+    worst = next((b for b in done if b.status == "failed"), None) or done[0]
+    n, seconds = sum(b.n for b in done), max(b.seconds for b in done)
+    return WorkResult(item.slide_id, item.path, worst.status, n=n, seconds=seconds, error=worst.error,
+                      bags=tuple(bags))  # fmt: skip

@@ -26,7 +26,10 @@ FEAT_TYPE = "tile"
 FILE_ATTRS = ("unit", "n_tiles", "format", "format_version", "feat_type")
 #: numeric fields stored as float64 / int64 attributes whatever number type the caller gave
 _FLOATS = ("tile_size_um", "mpp", "target_mpp")
-_INTS = ("tile_size_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles")
+_INTS = ("tile_size_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles",
+         "stain_fallback_tiles")  # fmt: skip
+#: mapping fields, stored as JSON text attributes
+_JSON = ("tile_params", "encoder_recipe", "stain_reference")
 
 
 def _wsi_version() -> str:
@@ -63,6 +66,12 @@ class BagProvenance:
     pixel_source: str | None = None  # where the pixels came from: "tile-cache" or "slide"
     slide_path: str | None = None  # the slide file embedded
     tile_file: str | None = None  # the tile file (tiles/<slide_id>.h5) the coordinates came from
+    encoder_recipe: dict[str, Any] | None = None  # the encoder's recipe (models/encoders), stored as JSON
+    recipe_sha256: str | None = None  # digest of the recipe fields that decide the features
+    stain_norm: str | None = None  # stain normalisation before the encoder: macenko | reinhard; None: none
+    stain_reference: dict[str, Any] | None = None  # the stain reference tiles were mapped onto, as JSON
+    stain_reference_sha256: str | None = None  # digest of that reference's numbers
+    stain_fallback_tiles: int | None = None  # tiles left as they were (no stable fit: background, pen)
     wsi_version: str = field(default_factory=_wsi_version)  # the wsi that wrote the bag
     created: str = field(default_factory=_now)  # UTC time of writing, ISO 8601 to the second
 
@@ -74,9 +83,11 @@ class BagProvenance:
                     object.__setattr__(self, name, kind(value))  # numpy scalars too
 
     def to_dict(self) -> dict[str, Any]:
-        """The root attributes of the bag: `tile_params` as JSON, fields left at None not written."""
+        """The root attributes of the bag: mappings (`tile_params`...) as JSON, fields at None not written."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-        out["tile_params"] = json.dumps(self.tile_params)
+        for name in _JSON:
+            if name in out:
+                out[name] = json.dumps(out[name])
         return out
 
     @classmethod
@@ -85,7 +96,8 @@ class BagProvenance:
         of ours lacks a field or holds a value of the wrong type."""
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in attrs.items() if k in known}
-        if isinstance(data.get("tile_params"), str):
-            with contextlib.suppress(json.JSONDecodeError):  # else parse_config names field and value
-                data["tile_params"] = json.loads(data["tile_params"])
+        for name in _JSON:
+            if isinstance(data.get(name), str):
+                with contextlib.suppress(json.JSONDecodeError):  # else parse_config names field and value
+                    data[name] = json.loads(data[name])
         return parse_config(cls, data, source=source)

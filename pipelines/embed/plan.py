@@ -1,0 +1,167 @@
+"""What each slide needs from each encoder of a run, decided before any tile is read.
+
+Per encoder and slide: an `empty` row (the tiling kept no tile), a refusal (a case clash, or the bag of
+this id belongs to another slide file; checks.py), `skipped` (its bag is current), or a bag to make. The
+slides with bags to make become `SlideWork`s that name only the encoders that need them, so a slide is
+read once for all of them and a finished bag of one encoder is never recomputed for another.
+
+A bag is current when it is complete and made by this encoder (name, weights, recipe digest, input size),
+with this stain normalisation (method and reference digest), dtype and tile file; else `stale` says why.
+
+Public API:
+  bag_dir(out_dir, encoder_id) -> Path                   out_dir/features/<encoder_id>
+  read_tile_files(files, options) -> ([(file, SlideJob without bag path, empty reason)], failed rows)
+  plan(files, slides, encoders, options, stain, out_dir) -> (rows per encoder, works)
+  stale(job, encoder, dtype, stain) -> str | None        why the bag must be made, None when current
+  refused_row(slide_id, path, why) -> JobResult          a failed row, logged as a warning
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from models.encoders import Encoder
+from models.stain import StainReference
+from pipelines.embed.batches import slide_tiles_from_tile_file
+from pipelines.embed.checks import other_slide, refuse_case_clashes
+from pipelines.embed.engine import SlideJob, SlideWork
+from pipelines.embed.options import EmbedOptions
+from pipelines.embed.stain import stain_fields
+from pipelines.jobs import JobResult
+from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
+from wsi.errors import WsiError
+from wsi.suffixes import BAG_SUFFIX
+from wsi.tilefile import read_tile_file
+
+log = logging.getLogger(__name__)
+
+Slide = tuple[Path, SlideJob, str]  # tile file, its slide job (bag path not set yet), why it kept no tile
+
+
+def bag_dir(out_dir: str | os.PathLike[str], encoder_id: str) -> Path:
+    """An encoder's bag folder: out_dir/features/<encoder_id>."""
+    return Path(out_dir) / "features" / encoder_id
+
+
+def read_tile_files(files: Sequence[Path], options: EmbedOptions) -> tuple[list[Slide], list[JobResult]]:
+    """Tile files -> (file, slide job without its bag path, why it kept no tile); unreadable: failed rows."""
+    slides, failed = [], []
+    for path in files:
+        try:
+            tf = read_tile_file(path)
+        except WsiError as exc:
+            failed.append(JobResult(path.stem, str(path), "failed", error=str(exc)))
+            continue
+        job = SlideJob(
+            tiles=slide_tiles_from_tile_file(tf, use_cache=options.use_cache),
+            bag_path=Path(),
+            coords_um=tf.coords_um,
+            tile_params=tf.params,
+            level0_size=(int(tf.meta["level0_width"]), int(tf.meta["level0_height"])),
+            tile_file=str(path),
+        )
+        slides.append((path, job, str(tf.meta.get("empty_reason") or "the tile file holds no tile")))
+    return slides, failed
+
+
+def plan(
+    files: Sequence[Path],
+    slides: Sequence[Slide],
+    encoders: Sequence[Encoder],
+    options: EmbedOptions,
+    stain: StainReference | None,
+    out_dir: str | os.PathLike[str],
+) -> tuple[list[list[JobResult]], list[SlideWork]]:
+    """Per encoder, the rows of slides that need no work; and the slides to read, each with the bags of
+    the encoders that need it (a finished bag of one encoder is not recomputed for another)."""
+    rows: list[list[JobResult]] = [[] for _ in encoders]
+    needed: dict[Path, list[SlideJob | None]] = {}
+    for k, enc in enumerate(encoders):
+        out = bag_dir(out_dir, enc.encoder_id)
+        refused = refuse_case_clashes(files, out)
+        rows[k] += [refused_row(f.stem, str(f), why) for f, why in refused.items()]
+        for path, base, empty_reason in slides:
+            if path in refused:
+                continue
+            job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
+            row = _decide(job, enc, options, stain, empty_reason)
+            if row is None:
+                needed.setdefault(path, [None] * len(encoders))[k] = job
+            else:
+                rows[k].append(row)
+    return rows, [SlideWork(tuple(jobs)) for jobs in needed.values()]
+
+
+def _decide(
+    job: SlideJob, enc: Encoder, options: EmbedOptions, stain: StainReference | None, empty_reason: str
+) -> JobResult | None:
+    """This encoder's row for a slide that needs no work (empty, refused, already done); None: embed it."""
+    st = job.tiles
+    if st.n == 0:
+        return JobResult(st.slide_id, st.slide_path, "empty", error=f"tiling kept no tile: {empty_reason}")
+    clash = other_slide(job, overwrite=options.overwrite)
+    if clash:  # another slide's bag under this id: never silently replaced, nor skipped as done
+        return refused_row(st.slide_id, st.slide_path, clash)
+    why = stale(job, enc, options.dtype, stain)
+    if why is None and not options.overwrite:
+        _upgrade(job.bag_path)
+        return JobResult(st.slide_id, st.slide_path, "skipped", n=_n(job))
+    if why and not options.overwrite and job.bag_path.exists():
+        log.warning("%s: redoing it (%s)", job.bag_path, why)
+    return None
+
+
+def stale(job: SlideJob, encoder: Encoder, dtype: str, stain: StainReference | None) -> str | None:
+    """Why the bag must be made (again), or None when it is current: a finished bag from this encoder
+    (name, weights, recipe, input size), this stain normalisation and dtype, from the tile file as it is."""
+    if not job.bag_path.exists():
+        return "no bag yet"
+    if not is_complete_bag(job.bag_path, encoder=encoder.name, weights_sha256=encoder.weights_sha256):
+        return "another encoder or weights, or unreadable"
+    try:
+        header = read_bag_header(job.bag_path)
+        made = BagProvenance.from_dict(header.attrs, source=str(job.bag_path))
+    except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
+        return "incomplete provenance"
+    want = stain_fields(stain, None)
+    checks = (
+        (made.tile_params == job.tile_params and made.n_tiles_requested == job.tiles.n, "the tiles changed"),
+        (header.dtype == dtype, f"dtype {header.dtype} -> {dtype}"),
+        (made.input_px == encoder.input_px, f"input size {made.input_px} -> {encoder.input_px} px"),
+        (made.recipe_sha256 == encoder.recipe.digest(), "the encoder's recipe changed (or was not recorded)"),
+        (
+            (made.stain_norm, made.stain_reference_sha256)
+            == (want["stain_norm"], want["stain_reference_sha256"]),
+            f"stain normalisation {made.stain_norm or 'none'} -> {want['stain_norm'] or 'none'} "
+            "(or another reference)",
+        ),
+    )
+    return next((why for current, why in checks if not current), None)
+
+
+def _upgrade(bag: Path) -> None:
+    """An older finished bag gains STAMP's feat_type, so that its folder stays one feature type."""
+    try:
+        if upgrade_bag(bag):
+            log.info("%s: added feat_type='tile' (what STAMP needs) to the finished bag", bag)
+    except OSError as exc:  # read-only, say: the bag is still fine for us
+        log.warning("%s: could not add feat_type for STAMP (%s)", bag, exc)
+
+
+def _n(job: SlideJob) -> int:
+    try:
+        return bag_length(job.bag_path)
+    except WsiError:
+        return 0
+
+
+def refused_row(slide_id: str, path: str, why: str) -> JobResult:
+    log.warning("%s: refused: %s", slide_id, why)
+    return JobResult(slide_id, path, "failed", error=why)
+
+
+__all__ = ["Slide", "bag_dir", "plan", "read_tile_files", "refused_row", "stale"]
