@@ -6,6 +6,7 @@ interrupted run never leaves a file that a re-run would mistake for a finished o
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -50,6 +51,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = temp_sibling(final)
     try:
         yield tmp
+        _honour_umask(tmp)
         replace_path(tmp, final)
     finally:
         if tmp.exists() or tmp.is_symlink():
@@ -57,6 +59,35 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tmp.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux /proc), else by
+    setting and restoring it (the only portable way)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(tmp: Path) -> None:
+    """Give a finished file the mode a plain `open(..., "w")` would: 0666 (0777 if executable) & ~umask.
+
+    Some writers (safetensors, `tempfile`) create files 0600, so colleagues on shared storage could not
+    read checkpoints; every output is written through `atomic_path`, so fixing it here fixes them all.
+    Folders (zarr stores) are made with mkdir, which already honours the umask."""
+    if tmp.is_symlink() or not tmp.is_file():
+        return
+    mode = tmp.stat().st_mode & 0o777
+    wanted = (0o777 if mode & 0o111 else 0o666) & ~current_umask()
+    if mode != wanted:
+        with contextlib.suppress(OSError):  # not our file to chmod (another owner): leave it as made
+            os.chmod(tmp, wanted)
 
 
 def replace_path(tmp: Path, final: Path) -> None:
