@@ -128,6 +128,26 @@ def test_the_cli_reports_a_diverged_run_without_a_traceback(
     assert res.exit_code == 2 and "training stopped" in res.output and "Traceback" not in res.output
 
 
+def test_on_an_accelerator_the_flags_are_read_every_few_steps_and_at_the_end() -> None:
+    """No host synchronisation per step on CUDA: a NaN is found at the next read, still by its bags."""
+    from pipelines.train.finite import CUDA_CHECK_EVERY, FiniteWatch
+
+    watch = FiniteWatch(torch.device("cuda"), epoch_desc="epoch 3")  # only its type is read
+    for step in range(CUDA_CHECK_EVERY - 1):
+        watch.loss(torch.tensor(torch.nan if step == 4 else 1.0), [f"bag{step}"])
+        watch.gradient(torch.tensor(1.0))  # not read yet: no error
+    watch.loss(torch.tensor(1.0), ["last"])
+    with pytest.raises(
+        NonFiniteTrainingError, match=r"in epoch 3: the loss is NaN or infinite on bag\(s\) bag4;"
+    ):
+        watch.gradient(torch.tensor(1.0))  # the CUDA_CHECK_EVERY-th step reads them
+    watch = FiniteWatch(torch.device("cuda"))
+    watch.loss(torch.tensor(2.0), ["a", "b"])
+    watch.gradient(torch.tensor(torch.inf))
+    with pytest.raises(NonFiniteTrainingError, match=r"the gradient is NaN or infinite on bag\(s\) a, b;"):
+        watch.check()  # the end of the epoch reads the rest
+
+
 def test_no_class_or_figure_comes_from_a_nan_output() -> None:
     check_outputs(["a", "b"], np.array([[0.3, 0.7], [0.6, 0.4]]))
     with pytest.raises(NonFiniteTrainingError, match=r"case\(s\) b\b"):
@@ -179,6 +199,15 @@ def test_clam_bags_train_and_predict_with_mpp(tmp_path: Path, monkeypatch: pytes
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert set().union(*seen.values()) == {0.25}  # --mpp at predict time wins over the record's
+    seen.clear()
+    table = tmp_path / "external.csv"
+    table.write_text("slide,label,mpp\nslide-00,LUAD,0.3\nslide-01,LUSC,\n")
+    res = CliRunner().invoke(
+        cli, ["predict", "--model", str(run), "--features", str(bags), "--out", str(tmp_path / "p3"),
+              "--mpp", "0.25", "--labels", str(table), "--no-progress", "--no-heatmaps"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert seen["slide-00"] == {0.3} and seen["slide-01"] == {0.25}  # the column wins per slide
 
 
 def test_clam_bags_without_mpp_are_refused_for_a_model_with_positions(tmp_path: Path) -> None:
@@ -244,19 +273,28 @@ def test_a_one_class_test_split_draws_no_roc_and_leaks_no_warning(tmp_path: Path
 
 
 def test_outputs_honour_the_umask(tmp_path: Path) -> None:
+    """Checkpoints, the resume state and every other output: 0666 & ~umask (safetensors makes 0600)."""
     from pipelines.checkpoints import save_weights
-    from wsi.files import write_text_atomic
+    from wsi.files import atomic_path, write_text_atomic
 
     before = os.umask(0o022)
     try:
-        save_weights(torch.nn.Linear(2, 2), tmp_path / "a.safetensors")  # safetensors itself makes 0600
+        save_weights(torch.nn.Linear(2, 2), tmp_path / "a.safetensors")
         write_text_atomic(tmp_path / "a.txt", "x")
+        with atomic_path(tmp_path / "state") as folder:  # a folder of files, as the resume state
+            folder.mkdir()
+            save_weights(torch.nn.Linear(2, 2), folder / "model.safetensors")
         os.umask(0o027)
         save_weights(torch.nn.Linear(2, 2), tmp_path / "b.safetensors")
     finally:
         os.umask(before)
-    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
-    assert mode == {"a.safetensors": 0o644, "a.txt": 0o644, "b.safetensors": 0o640}
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*") if p.is_file()}
+    assert mode == {
+        "a.safetensors": 0o644,
+        "a.txt": 0o644,
+        "model.safetensors": 0o644,
+        "b.safetensors": 0o640,
+    }
 
 
 def test_an_out_folder_that_cannot_be_written_is_refused_at_once(tmp_path: Path) -> None:

@@ -80,14 +80,20 @@ def _honour_umask(tmp: Path) -> None:
 
     Some writers (safetensors, `tempfile`) create files 0600, so colleagues on shared storage could not
     read checkpoints; every output is written through `atomic_path`, so fixing it here fixes them all.
-    Folders (zarr stores) are made with mkdir, which already honours the umask."""
-    if tmp.is_symlink() or not tmp.is_file():
-        return
-    mode = tmp.stat().st_mode & 0o777
-    wanted = (0o777 if mode & 0o111 else 0o666) & ~current_umask()
-    if mode != wanted:
-        with contextlib.suppress(OSError):  # not our file to chmod (another owner): leave it as made
-            os.chmod(tmp, wanted)
+    A folder (the resume state) has its files fixed; folders themselves are made with mkdir, which
+    already honours the umask."""
+    umask = current_umask()
+    files = [tmp] if tmp.is_file() and not tmp.is_symlink() else []
+    if tmp.is_dir() and not tmp.is_symlink():
+        files = [Path(root) / name for root, _, names in os.walk(tmp) for name in names]
+    for path in files:
+        with contextlib.suppress(OSError):  # gone, a link, or not ours to chmod: leave it as made
+            if path.is_symlink():
+                continue
+            mode = path.stat().st_mode & 0o777
+            wanted = (0o777 if mode & 0o111 else 0o666) & ~umask
+            if mode != wanted:
+                os.chmod(path, wanted)
 
 
 def replace_path(tmp: Path, final: Path) -> None:
