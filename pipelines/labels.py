@@ -9,6 +9,8 @@ What a row's label is depends on the task's kind (`pipelines.kinds`): a class, c
 time and event, or several targets with blanks allowed. A `level: patient` task may also give one row
 per patient and no slide column (a clinical table): every input whose id is the patient id, or starts
 with it followed by a separator (TCGA-05-4244 -> TCGA-05-4244-01Z-00-DX1), is that patient's.
+An optional `mpp` column gives a slide's level-0 um/px (blank = unknown): bags that store level-0 pixel
+coordinates (CLAM, TRIDENT) need it when the model uses tile positions; it wins over `--mpp`.
 Shared by training and `wsi predict --labels`.
 """
 
@@ -20,7 +22,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _SLIDE_ALIASES = ("slide", "slide_id", "FILENAME", "filename", "file", "image", "image_id", "path")
 _PATIENT_ALIASES = ("patient", "PATIENT", "patient_id", "case_id", "case", "subject")
+#: the column of a slide's level-0 um/px (as in a slide list for `wsi tile`)
+MPP_COLUMN = "mpp"
 _TCGA = re.compile(r"^TCGA-[A-Z0-9]{2}-[A-Z0-9]{4}", re.IGNORECASE)
 
 
@@ -47,6 +51,7 @@ class LabelRow:
     patient: str
     row: int  # 1-based line number in the file, header = 1
     target: tuple[float, ...] = ()  # the label as the kind's target vector (NaN = missing)
+    mpp: float | None = None  # the `mpp` column: the slide's level-0 um/px, when given
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Matched:
     items: list[Item]
     missing_inputs: list[str]  # labelled slides with no input file
     unlabelled: list[str]  # input files with no label row
+    mpp_by_slide: dict[str, float] = field(default_factory=dict)  # item id -> the row's `mpp`, when given
 
 
 def default_patient(slide: str) -> str:
@@ -156,6 +162,7 @@ def _read_table(
         )
     rows: list[LabelRow] = []
     bad: list[str] = []
+    bad_mpp: list[str] = []
     unlabelled = 0
     for i, rec in records:
         slide = (rec.get(slide_col) or "").strip() if slide_col else ""
@@ -172,9 +179,15 @@ def _read_table(
             unlabelled += 1
             continue
         label = (rec.get(columns.label) or "").strip() if classes is not None else ""
+        try:
+            mpp = _parse_mpp(rec.get(MPP_COLUMN))
+        except ValueError as exc:
+            bad_mpp.append(f"row {i} ({key}: {exc})")
+            continue
         rows.append(
             LabelRow(
-                slide=slide, label=label, patient=patient or default_patient(slide), row=i, target=target
+                slide=slide, label=label, patient=patient or default_patient(slide), row=i, target=target,
+                mpp=mpp,
             )
         )
     if bad:
@@ -185,12 +198,32 @@ def _read_table(
                 "; fix the labels or use a task with these classes"
             )
         raise LabelError(f"{path}: {len(bad)} row(s) with labels the task cannot read: {listed}; fix them")
+    if bad_mpp:
+        listed = ", ".join(bad_mpp[:10]) + (", ..." if len(bad_mpp) > 10 else "")
+        raise LabelError(
+            f"{path}: {len(bad_mpp)} row(s) whose `{MPP_COLUMN}` is not a positive number of um/px "
+            f"(level 0): {listed}; fix them or leave the cell blank"
+        )
     if unlabelled:
         log.warning("%s: %d row(s) without any label are left out", path, unlabelled)
     _refuse_duplicates(path, rows)
     if not rows:
         raise LabelError(f"{path}: no labelled rows")
     return rows
+
+
+def _parse_mpp(text: str | None) -> float | None:
+    """A cell of the `mpp` column: blank = unknown, else a positive finite number (ValueError)."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"mpp {text!r}")
+    return value
 
 
 def _refuse_duplicates(path: Path, rows: Sequence[LabelRow]) -> None:
@@ -232,6 +265,7 @@ def match_items(
     items: list[Item] = []
     missing: list[str] = []
     used: set[str] = set()
+    mpp_by_slide: dict[str, float] = {}
     by_patient = {r.patient: r for r in rows if not r.slide}
     for r in rows:
         if not r.slide:
@@ -242,6 +276,8 @@ def match_items(
             continue
         used.add(key)
         items.append(_item(key, found[key], r, classes, kind))
+        if r.mpp is not None:
+            mpp_by_slide[key] = r.mpp
     if by_patient:
         matched_patients: set[str] = set()
         for key in sorted(set(found) - used):
@@ -250,6 +286,9 @@ def match_items(
                 used.add(key)
                 matched_patients.add(patient)
                 items.append(_item(key, found[key], by_patient[patient], classes, kind))
+                patient_mpp = by_patient[patient].mpp
+                if patient_mpp is not None:
+                    mpp_by_slide[key] = patient_mpp
         missing += [f"patient {p}" for p in by_patient if p not in matched_patients]
     unlabelled = sorted(set(found) - used)
     if missing:
@@ -268,7 +307,7 @@ def match_items(
         if check:
             kind.check_cohort(items, str(labels_path))
         log.info("%d slides from %d patients", len(items), len({it.group for it in items}))
-        return Matched(items=items, missing_inputs=missing, unlabelled=unlabelled)
+        return Matched(items, missing, unlabelled, mpp_by_slide)
     patients: dict[int, set[str]] = defaultdict(set)
     for it in items:
         patients[it.label].add(it.group)
@@ -280,7 +319,7 @@ def match_items(
         )
     counts = Counter(classes[it.label] for it in items)
     log.info("%d slides from %d patients: %s", len(items), len({it.group for it in items}), dict(counts))
-    return Matched(items=items, missing_inputs=missing, unlabelled=unlabelled)
+    return Matched(items, missing, unlabelled, mpp_by_slide)
 
 
 def _item(key: str, path: Path, row: LabelRow, classes: Sequence[str], kind: TaskKind | None) -> Item:

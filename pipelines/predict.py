@@ -5,10 +5,14 @@
                            predicted; pred_<target>; risk, risk_group), one row per case that succeeded
   patient_predictions.csv  (slide-level runs whose cohort has a patient with several slides, or with
                            --labels) patient, slides, the mean of its slides' outputs
-  manifest.csv             slide, path, status (ok | failed), tiles, seconds, error (every case)
+  manifest.csv             slide, path, status (ok | skipped | empty | failed), tiles, seconds, error
+                           (every case; `empty`: a raw slide that kept no tile, with the tiling reason)
   heatmaps/<slide>.png     each tile's contribution to the predicted class / target / risk (over the
-                           slide thumbnail when predicting from slides, on a blank canvas at the tile
-                           positions for bags); <slide>.<target>.png per target of multi-target runs
+                           slide thumbnail when predicting from slides or from bags whose recorded
+                           `slide_path` is reachable, else on a blank canvas at the tile positions);
+                           <slide>.<target>.png per target of multi-target runs
+  predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
+                           manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
                            slide, and a contact sheet per slide (pipelines.top_tiles)
   metrics.json, external_predictions.csv, report.html, report/
@@ -21,6 +25,9 @@ and embed stages' own code, and bags made by another encoder or weights are refu
 cross-validation (fold-<k>/ folders) predicts with the mean output (probability, value, risk) of its
 folds' best weights, each fold's outputs in label units by its own fitted values (fitted.json); a
 survival ensemble splits high from low risk at the mean of the folds' training-median risks.
+
+A case whose outputs are not finite (NaN features that slipped through, an overflow) fails in the
+manifest with that reason: no row and no class is ever written from a NaN output.
 """
 
 from __future__ import annotations
@@ -30,22 +37,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from pipelines.cases import CaseCollate, CaseDataset
-from pipelines.checkpoints import load_into
-from pipelines.devices import autocast_for, resolve_device
 from pipelines.heatmaps import slide_heatmap
-from pipelines.inputs import Batch, InputAdapter, Item, build_input
-from pipelines.jobs import JobResult, RunSummary, describe_error, write_manifest
-from pipelines.kinds import TaskKind, build_kind
+from pipelines.inputs import Batch, InputAdapter, Item
+from pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from pipelines.kinds import TaskKind
+from pipelines.predict_progress import Finished, Flusher, Progress, case_key, model_digest
 from pipelines.raw_slides import embed_raw_slides
-from pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
-from pipelines.top_tiles import TopTiles, export_slide
+from pipelines.run_model import RunModel, load_run
+from pipelines.run_record import model_uses_positions
+from pipelines.top_tiles import TopTiles, export_slide, recorded_slide
 from pipelines.validation import (
     Cohort,
     aggregate_by_patient,
@@ -53,115 +60,10 @@ from pipelines.validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
-from wsi.errors import ConfigError
+from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunModel:
-    """A trained run ready to predict: its models (one, or one per fold) with each one's kind (fitted
-    values of its own training split), the run's kind (for files and figures), record and adapter."""
-
-    models: list[torch.nn.Module]
-    kinds: list[TaskKind]  # one per model
-    kind: TaskKind  # the run's: columns, derived cells, figures (survival: the mean risk cut-off)
-    record: RunRecord
-    adapter: InputAdapter
-    device: torch.device
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.record.classes)
-
-    @property
-    def provenance(self) -> dict[str, Any]:
-        return dict(self.record.input.provenance)
-
-    def _mean(self, fn: Any, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        x = x.float() if x.dtype == torch.float16 else x
-        with torch.inference_mode(), autocast_for(self.device)():
-            pairs = zip(self.models, self.kinds, strict=True)
-            return torch.stack([fn(m, k, x, extra).float() for m, k in pairs]).mean(0)
-
-    def outputs(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, K): the kind's outputs (mean over the folds' models for a CV run)."""
-        return self._mean(lambda m, k, x, e: k.outputs(m(x, **e).float()), x, extra)
-
-    def probabilities(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, C) class probabilities of a categorical run (its outputs)."""
-        return self.outputs(x, extra)
-
-    def contributions(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, N, C): each token's contribution to each logit (mean over the folds' models)."""
-        return self._mean(lambda m, k, x, e: m.tile_contributions(x, **e), x, extra)
-
-    def explain(
-        self, x: torch.Tensor, extra: dict[str, torch.Tensor], output: np.ndarray
-    ) -> tuple[list[tuple[str, np.ndarray, str]], dict[str, np.ndarray]]:
-        """(heatmaps: (file suffix, (N,) values, title), maps: {output: (N,)}) of the first case. Folds
-        fitted alike share one mean contribution; else each fold's maps (in label units) are averaged."""
-        if all(k.fitted() == self.kind.fitted() for k in self.kinds):
-            contrib = self.contributions(x, extra)[0].cpu().numpy()  # (N, C)
-            return self.kind.heatmap_maps(contrib, output), self.kind.contribution_maps(contrib)
-        heat: dict[str, list[np.ndarray]] = {}
-        titles: dict[str, str] = {}
-        maps: dict[str, list[np.ndarray]] = {}
-        for model, kind in zip(self.models, self.kinds, strict=True):
-            xx = x.float() if x.dtype == torch.float16 else x
-            with torch.inference_mode(), autocast_for(self.device)():
-                contrib = cast(Any, model).tile_contributions(xx, **extra)[0].float().cpu().numpy()
-            for suffix, values, title in kind.heatmap_maps(contrib, output):
-                heat.setdefault(suffix, []).append(values)
-                titles.setdefault(suffix, title)
-            for name, values in kind.contribution_maps(contrib).items():
-                maps.setdefault(name, []).append(values)
-        mean = {k: np.mean(v, axis=0) for k, v in heat.items()}
-        return [(k, mean[k], titles[k]) for k in heat], {k: np.mean(v, axis=0) for k, v in maps.items()}
-
-
-def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
-    """Rebuild a run's model(s) from its record + best.safetensors (safetensors only, never pickle)."""
-    from models.presets import build_model_from_config
-
-    run = Path(model_dir)
-    if not record_path(run).is_file():
-        raise ConfigError(f"--model {run}: no config.json; give the --out folder of `wsi train`")
-    record = read_run_record(run)
-    ckpts = _checkpoints(run, record)
-    dev = resolve_device(device)
-    models, kinds = [], []
-    for ckpt in ckpts:
-        model = build_model_from_config(record.model, source=str(record_path(run)))
-        load_into(model, ckpt)
-        models.append(model.to(dev).eval())
-        kinds.append(build_kind(record.task, read_fitted(ckpt.parent)))
-    fitted = kinds[0].fitted()
-    cutoffs = [k.fitted().get("risk_cutoff") for k in kinds]
-    if all(c is not None for c in cutoffs) and cutoffs:
-        fitted["risk_cutoff"] = float(np.mean([float(c) for c in cutoffs if c is not None]))
-    adapter = build_input(record.input.name, record.task.input_options)
-    return RunModel(models, kinds, build_kind(record.task, fitted), record, adapter, dev)
-
-
-def _checkpoints(run: Path, record: RunRecord) -> list[Path]:
-    """best.safetensors, or every fold's of a cross-validation run (all K must have finished)."""
-    ckpts = [run / "best.safetensors"]
-    if not ckpts[0].is_file():
-        ckpts = sorted(run.glob("fold-*/best.safetensors"), key=lambda p: int(p.parent.name.split("-")[1]))
-    if not ckpts:
-        raise ConfigError(
-            f"--model {run}: no best.safetensors (nor fold-*/best.safetensors); did training finish?"
-        )
-    n_folds = record.cv
-    if len(ckpts) > 1 and n_folds is not None and len(ckpts) != n_folds:
-        have = sorted(p.parent.name for p in ckpts)
-        raise ConfigError(
-            f"--model {run}: a {n_folds}-fold run, but only {', '.join(have)} finished; "
-            f"finish it with `wsi train ... --cv {n_folds} --resume` or predict with one fold's folder"
-        )
-    return ckpts
 
 
 @dataclass
@@ -180,6 +82,11 @@ class PredictResult:
     def failed(self) -> list[JobResult]:
         return list(self.summary.failed)
 
+    @property
+    def problems(self) -> list[JobResult]:
+        """Cases that make `wsi predict` exit non-zero: failed ones and empty slides."""
+        return list(self.summary.problems)
+
 
 def predict(
     *,
@@ -197,21 +104,36 @@ def predict(
     progress: bool = True,
     labels_csv: str | Path | None = None,
     top_tiles: int = 0,
+    overwrite: bool = False,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
     `weights`: the encoder's weights file for raw slides (checked against the sha256 the run recorded;
-    not needed when the run's features came from a random-initialised encoder). `labels_csv`: score
-    the predictions against this label table (external validation). `top_tiles`: export the K tiles
-    pushing each output most and least per slide (0 = off).
+    refused where no encoder runs: bags, images, a run whose encoder was random). `mpp`: level-0 um/px
+    of slides whose metadata has none, and of bags in level-0 pixels (CLAM, TRIDENT) when the model
+    uses tile positions; default the run's recorded one; a labels CSV `mpp` column wins per slide.
+    `labels_csv`: score the predictions against this label table (external validation). `top_tiles`:
+    export the K tiles pushing each output most and least per slide (0 = off). Cases finished by an
+    earlier call into the same `out_dir` with the same model, inputs and options are skipped unless
+    `overwrite`.
     """
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
     if top_tiles < 0:
         raise ConfigError(f"top_tiles must be 0 (off) or a positive number of tiles, not {top_tiles}")
+    if weights is not None and features_dir is not None:
+        raise ConfigError(
+            "--weights are the encoder's weights for embedding raw slides; bags given with --features are "
+            "embedded already: leave --weights out"
+        )
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
+    if weights is not None and run.adapter.name != "bags":
+        raise ConfigError(
+            f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
+            "directly, with no encoder: leave --weights out"
+        )
     if labels_csv is not None and not Path(labels_csv).is_file():
         raise ConfigError(f"--labels {labels_csv} does not exist")
     out = Path(out_dir)
@@ -219,26 +141,26 @@ def predict(
     pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
+    elif run.adapter.name != "bags":
+        found = run.adapter.find([Path(p) for p in inputs])
     else:
-        if run.adapter.name != "bags":
-            found = run.adapter.find([Path(p) for p in inputs])
-        else:
-            found, thumbs, pre_failed = embed_raw_slides(
-                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=backend,
-                workers=workers, scheduler=scheduler, device=device, progress=progress,
-            )  # fmt: skip
+        found, thumbs, pre_failed = embed_raw_slides(
+            run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=backend,
+            workers=workers, scheduler=scheduler, device=device, progress=progress,
+        )  # fmt: skip
     cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
+    run.adapter = _with_resolution(run, mpp, cohort.mpp_by_slide)
     if found:
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
     options = _CaseOptions(heatmaps=heatmaps, top_tiles=top_tiles, thumbs=thumbs, backend=backend)
-    rows, outputs, results, tiles = _predict_cases(run, cohort.cases, out, options, progress=progress)
+    rows, outputs, results, tiles = _predict_cases(
+        run, cohort.cases, out, options, progress=progress, pre_failed=pre_failed, overwrite=overwrite
+    )
     results = pre_failed + results
-    id_column = "patient" if task.level == "patient" else "slide"
     csv_path = out / "predictions.csv"
-    _write_rows(csv_path, rows, run.kind, id_column)
-    write_manifest(out / "manifest.csv", results)
     if tiles is not None:
         tiles.write(out / "top_tiles")
+    id_column = "patient" if task.level == "patient" else "slide"
     ids = [r[id_column] for r in rows]
     if task.level == "slide":
         patients, slides, means = aggregate_by_patient(ids, outputs, cohort.patient_of)
@@ -251,8 +173,27 @@ def predict(
         )
     summary = RunSummary.of(results, time.perf_counter() - t0)
     noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
-    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels={"ok": "predicted"}), csv_path)
+    labels = {"ok": "predicted", "skipped": "already predicted"}
+    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
     return PredictResult(out_dir=out, predictions_csv=csv_path, rows=rows, results=results, metrics=figures)
+
+
+def _with_resolution(run: RunModel, mpp: float | None, mpp_by_slide: dict[str, float]) -> InputAdapter:
+    """The run's adapter told the slides' resolution, by the rules training used: a labels CSV `mpp`
+    column per slide, then --mpp, then what the run recorded; and whether the model reads positions."""
+    with_resolution = getattr(run.adapter, "with_resolution", None)
+    if with_resolution is None:
+        if mpp is not None:
+            name = run.adapter.name
+            raise ConfigError(f"--mpp gives slides' level-0 um/px; this run reads {name}: leave it out")
+        return run.adapter
+    recorded = run.record.input
+    adapter: InputAdapter = with_resolution(
+        mpp=mpp if mpp is not None else recorded.mpp,
+        mpp_by_slide={**recorded.mpp_by_slide, **mpp_by_slide} or None,
+        uses_positions=model_uses_positions(run.record.model),
+    )
+    return adapter
 
 
 @dataclass(frozen=True)
@@ -264,43 +205,115 @@ class _CaseOptions:
 
 
 def _predict_cases(
-    run: RunModel, cases: Sequence[Item], out: Path, options: _CaseOptions, *, progress: bool
+    run: RunModel,
+    cases: Sequence[Item],
+    out: Path,
+    options: _CaseOptions,
+    *,
+    progress: bool,
+    pre_failed: Sequence[JobResult] = (),
+    overwrite: bool = False,
 ) -> tuple[list[dict[str, Any]], np.ndarray, list[JobResult], TopTiles | None]:
-    """Each case through the model (a failure is recorded and the batch goes on); heatmaps and top
-    tiles per slide. Returns (rows, (n, K) outputs of those rows, job results, top tiles)."""
+    """Each case through the model (a failure is recorded and the batch goes on), skipping cases a
+    previous call finished; predictions.csv and manifest.csv are rewritten as cases finish (and when
+    interrupted). Returns (rows, (n, K) outputs of those rows, job results, top tiles)."""
     kind = run.kind
     dataset = CaseDataset(run.adapter, cases, train=False, n_targets=len(kind.target_names))
-    collate = CaseCollate(run.adapter)
     tiles = TopTiles() if options.top_tiles and run.adapter.name == "bags" else None
     if options.top_tiles and tiles is None:
         log.warning("top tiles are read from slides: input %r has none; skipped", run.adapter.name)
     rows: list[dict[str, Any]] = []
     outputs: list[np.ndarray] = []
     results: list[JobResult] = []
-    patient_level = run.record.task.level == "patient"
-    for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
-        t0 = time.perf_counter()
-        try:
-            sample = dataset[i]
-            batch = collate([sample]).to(run.device)
-            output = run.outputs(batch.x, batch.extra)[0].cpu().numpy()  # (K,)
-            row: dict[str, Any] = {"patient" if patient_level else "slide": case.id}
-            if patient_level:
-                row["slides"] = ";".join(sid for sid, _ in case.slides)
-            row.update({c: float(v) for c, v in zip(kind.output_columns, output, strict=True)})
-            row.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
-            if options.heatmaps or tiles is not None:
-                _explain_case(run, case, sample, batch, output, out, options, tiles)
-            rows.append(row)
-            outputs.append(output)
-            n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
-            results.append(JobResult(case.id, str(case.path), "ok", n=n, seconds=time.perf_counter() - t0))
-        except Exception as exc:  # one bad slide never stops the batch
-            log.warning("%s failed: %s", case.id, describe_error(exc))
-            seconds, why = time.perf_counter() - t0, describe_error(exc)
-            results.append(JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why))
-    stacked = np.stack(outputs) if outputs else np.zeros((0, kind.num_outputs))
+    id_column = "patient" if run.record.task.level == "patient" else "slide"
+
+    def write() -> None:
+        _write_rows(out / "predictions.csv", rows, kind, id_column)
+        write_manifest(out / "manifest.csv", [*pre_failed, *results])
+
+    done = Progress(out, fresh=overwrite)
+    digest = model_digest(run.run_dir, run.checkpoints)
+    flusher = Flusher(write)
+    try:
+        for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
+            key = case_key(digest, case, _settings(run, case, options))
+            finished = done.get(key)
+            status: Status = "skipped"
+            t0 = time.perf_counter()
+            if finished is None:
+                try:
+                    finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
+                except Exception as exc:  # one bad slide never stops the batch
+                    why = describe_error(exc)
+                    log.warning("%s failed: %s", case.id, why)
+                    seconds = time.perf_counter() - t0
+                    results.append(JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why))
+                    continue
+                done.add(finished)
+                status = "ok"
+            elif tiles is not None:
+                tiles.rows.extend(finished.top_rows)
+                tiles.skipped.extend((str(a), str(b)) for a, b in finished.top_skipped)
+            rows.append(finished.row)
+            outputs.append(np.asarray(finished.output, dtype=np.float32))
+            seconds = time.perf_counter() - t0
+            results.append(JobResult(case.id, str(case.path), status, n=finished.n, seconds=seconds))
+            flusher.maybe()
+    finally:
+        flusher.now()  # what finished is on disk, also after an interruption
+    stacked = np.stack(outputs) if outputs else np.zeros((0, kind.num_outputs), dtype=np.float32)
     return rows, stacked, results, tiles
+
+
+def _settings(run: RunModel, case: Item, options: _CaseOptions) -> dict[str, Any]:
+    """What a case's result depends on besides the model and its input files (see predict_progress)."""
+    mpp_for = getattr(run.adapter, "mpp_by_slide", {})
+    run_mpp = getattr(run.adapter, "mpp", None)
+    slide_ids = [sid for sid, _ in case.slides] or [case.id]
+    return {
+        "mpp": [mpp_for.get(sid, run_mpp) for sid in slide_ids],
+        "heatmaps": options.heatmaps,
+        "top_tiles": options.top_tiles,
+        "backend": options.backend,
+        "thumbs": [str(options.thumbs.get(sid, ("", None))[0]) for sid in slide_ids],
+    }
+
+
+def _predict_case(
+    run: RunModel,
+    case: Item,
+    sample: dict[str, Any],
+    key: str,
+    out: Path,
+    options: _CaseOptions,
+    tiles: TopTiles | None,
+) -> Finished:
+    """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
+    kind = run.kind
+    batch = CaseCollate(run.adapter)([sample]).to(run.device)
+    output = run.outputs(batch.x, batch.extra)[0].float().cpu().numpy()  # (K,)
+    if not np.isfinite(output).all():
+        values = ", ".join(f"{v:.3g}" for v in output)
+        raise WsiError(
+            f"{case.path}: the model's outputs are NaN or infinite ({values}); no prediction is made from "
+            "them: check this input (`wsi info` on it) or re-create it"
+        )
+    patient_level = run.record.task.level == "patient"
+    row: dict[str, Any] = {"patient" if patient_level else "slide": case.id}
+    if patient_level:
+        row["slides"] = ";".join(sid for sid, _ in case.slides)
+    row.update({c: float(v) for c, v in zip(kind.output_columns, output, strict=True)})
+    row.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
+    files: list[str] = []
+    top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
+    if options.heatmaps or tiles is not None:
+        files = _explain_case(run, case, sample, batch, output, out, options, tiles)
+    n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
+    return Finished(
+        key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, files=files,
+        top_rows=tiles.rows[top_from[0] :] if tiles is not None else [],
+        top_skipped=[list(x) for x in tiles.skipped[top_from[1] :]] if tiles is not None else [],
+    )  # fmt: skip
 
 
 def _parts(case: Item, sample: dict[str, Any]) -> list[tuple[Item, dict[str, Any], slice]]:
@@ -326,15 +339,18 @@ def _explain_case(
     out: Path,
     options: _CaseOptions,
     tiles: TopTiles | None,
-) -> None:
-    """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions."""
+) -> list[str]:
+    """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions; returns
+    the heatmap files written (relative to `out`)."""
     heatmaps, maps = run.explain(batch.x, batch.extra, output)
+    files: list[str] = []
     for item, part_sample, sl in _parts(case, sample):
         thumb = options.thumbs.get(item.id)
         if options.heatmaps:
             for suffix, values, title in heatmaps:
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
+                files.append(str(png.relative_to(out)))
         if tiles is not None:
             try:
                 export_slide(
@@ -344,6 +360,7 @@ def _explain_case(
                 )  # fmt: skip
             except Exception as exc:  # the prediction stands; the crops are recorded as not made
                 tiles.skipped.append((item.id, describe_error(exc)))
+    return files
 
 
 def _heatmap(
@@ -357,14 +374,22 @@ def _heatmap(
     thumb: tuple[Path, float | None] | None,
     options: _CaseOptions,
 ) -> None:
-    """Values (N,) over the slide when predicting from slides, else drawn by the adapter (bags: at the
-    tile positions; images: over the image)."""
-    if thumb is not None:
+    """Values (N,) over the slide when it is reachable (the raw slide predicted, or the `slide_path` a
+    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image)."""
+    if thumb is None and run.adapter.name == "bags" and "coords_um" in sample:
+        slide_path, slide_mpp, _ = recorded_slide(item.path)
+        thumb = None if slide_path is None else (slide_path, slide_mpp)
+    if thumb is not None and "coords_um" in sample:
         from wsi.bags import read_bag_attrs
 
-        tile_um = float(read_bag_attrs(item.path)["tile_size_um"])
-        slide_heatmap(thumb, sample["coords_um"].numpy(), tile_um, values, png, title, options.backend)
-    elif hasattr(run.adapter, "heatmap"):
+        try:
+            tile_um = float(sample.get("tile_size_um") or read_bag_attrs(item.path)["tile_size_um"])
+            coords = sample["coords_um"].numpy()
+            slide_heatmap(thumb, coords, tile_um, values, png, title, options.backend)
+            return
+        except Exception as exc:  # the slide is there but unreadable: the heatmap without it
+            log.warning("%s: heatmap drawn without the slide (%s)", item.id, describe_error(exc))
+    if hasattr(run.adapter, "heatmap"):
         grid = getattr(run.models[0], "grid_shape", None)
         extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
         run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)

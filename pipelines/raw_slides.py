@@ -2,11 +2,15 @@
 
 The run's config.json records how its features were made (encoder, weights sha256, tile size and every
 tiling parameter); the tile and embed stages' own code makes the bags again with those settings, and
-weights that are not the recorded ones are refused.
+weights that are not the recorded ones are refused (and so are weights given to a run whose encoder was
+randomly initialised: there is nothing for them to match). Every slide given comes back: with its bag,
+or as a failed row with the tile or embed stage's reason, or as `empty` (kept no tile) with the
+tiling's reason, never silently left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +52,11 @@ def embed_raw_slides(
             "bags from another tool?); embed the slides yourself and use --features DIR"
         )
     random_init = sha == "random"
+    if random_init and weights is not None:
+        raise ConfigError(
+            f"the model was trained on features from a randomly initialised {encoder} (no weights file); "
+            "--weights cannot apply: leave it out"
+        )
     if not random_init and weights is None:
         raise ConfigError(
             f"the model was trained on features from encoder {encoder} with weights sha256 {sha[:16]}...; "
@@ -77,11 +86,38 @@ def embed_raw_slides(
             src = by_id.get(r.slide_id)
             if src is not None:
                 thumbs[r.slide_id] = (src.path, src.mpp if src.mpp is not None else mpp)
+        else:  # an embed stage that reports empty slides itself keeps that status here
+            status: Literal["empty", "failed"] = "empty" if r.status == "empty" else "failed"
+            why = r.error or "no bag made"
+            failed.append(JobResult(r.slide_id, r.path, status, seconds=r.seconds, error=why))
+    return found, thumbs, failed + _unreported(sources, results, work)
+
+
+def _unreported(sources: Sequence[Any], results: Sequence[JobResult], work: Path) -> list[JobResult]:
+    """Rows for the slides the embed stage returned nothing for: an `empty` slide (the tile stage kept
+    no tile; its reason from work/tiles/manifest.csv), else a failure saying so."""
+    from pipelines.jobs import read_manifest
+
+    reported = {r.slide_id for r in results}
+    missing = [s for s in sources if s.slide_id not in reported]
+    if not missing:
+        return []
+    tiled: dict[str, JobResult] = {}
+    manifest = work / "tiles" / "manifest.csv"
+    if manifest.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            tiled = {r.slide_id: r for r in read_manifest(manifest)}
+    rows = []
+    for src in missing:
+        tile = tiled.get(src.slide_id)
+        if tile is not None and tile.status == "empty":
+            rows.append(JobResult(src.slide_id, str(src.path), "empty", error=tile.error or "kept no tile"))
         else:
-            failed.append(
-                JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error or "no bag made")
-            )
-    return found, thumbs, failed
+            why = "the tile stage made no tiles"
+            if tile is not None and tile.error:
+                why = f"tiling: {tile.error}"
+            rows.append(JobResult(src.slide_id, str(src.path), "failed", error=f"no bag made ({why})"))
+    return rows
 
 
 __all__ = ["embed_raw_slides"]

@@ -11,9 +11,10 @@ continuous targets, the survival risk cut-off) sit beside it in `fitted.json` (`
 known only once a fold's split is made or its training ends, and a cross-validation run has one per
 fold folder.
 
-Format versions: 2 (this one) holds the model once, as `model`. Version 1 (before `format_version`
-was written) also held the build_model keyword arguments as `model_spec`; it still loads, and the
-architecture in its `model` is what predict rebuilds, as it always was.
+Format versions: 3 (this one) adds the resolution given to bags in level-0 pixels (`input.mpp`,
+`input.mpp_by_slide`); 2 holds the model once, as `model`. Version 1 (before `format_version` was
+written) also held the build_model keyword arguments as `model_spec`; older versions still load (no
+mpp given), and the architecture in their `model` is what predict rebuilds, as it always was.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
 
 RECORD_NAME = "config.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FITTED_NAME = "fitted.json"
 
 
@@ -39,6 +40,8 @@ class InputRecord:
     name: str  # the input adapter (pipelines.inputs registry): bags | images
     options: dict[str, Any] = field(default_factory=dict)  # the task's input_options it was built with
     provenance: dict[str, Any] = field(default_factory=dict)  # how the inputs were made (adapter's own)
+    mpp: float | None = None  # --mpp: run-wide level-0 um/px for bags in pixels (CLAM, TRIDENT)
+    mpp_by_slide: dict[str, float] = field(default_factory=dict)  # the labels CSV `mpp` column, per slide
 
 
 @config_model
@@ -151,8 +154,16 @@ def _upgrade(data: dict[str, Any], path: Path) -> dict[str, Any]:
         data = {k: v for k, v in data.items() if k != "model_spec"}  # the model once: its `model`
         if not data.get("model"):
             raise ConfigError(f"{path}: this run record holds no model architecture (`model`); retrain it")
-        data["format_version"] = FORMAT_VERSION
+    # 1, 2 -> 3: no resolution was given to bags in pixels then (the InputRecord defaults say so)
+    data["format_version"] = FORMAT_VERSION
     return data
+
+
+def model_uses_positions(model: dict[str, Any]) -> bool:
+    """Whether a model (its architecture, `RunRecord.model`) reads tile positions: vit-wsi with
+    `pos_encoding` on. Bags in level-0 pixels then need a resolution (--mpp, an `mpp` column); a model
+    without positions (vit-wsi by default, abmil) needs none."""
+    return bool(model.get("pos_encoding", False))
 
 
 __all__ = [
@@ -163,6 +174,7 @@ __all__ = [
     "InputRecord",
     "RunRecord",
     "SplitIds",
+    "model_uses_positions",
     "read_fitted",
     "read_run_record",
     "record_path",

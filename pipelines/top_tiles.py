@@ -66,10 +66,17 @@ def pick(values: np.ndarray, k: int) -> dict[str, np.ndarray]:
 def _slide_source(
     bag_path: Path, slide: tuple[Path, float | None] | None
 ) -> tuple[Path | None, float | None, str]:
-    """(slide path, level-0 mpp, why not) for the bag's slide."""
-    attrs = read_bag_attrs(bag_path)
+    """(slide path, level-0 mpp, why not) for the bag's slide: the raw slide predicted, else the
+    one the bag records."""
     if slide is not None:
         return Path(slide[0]), slide[1], ""
+    return recorded_slide(bag_path)
+
+
+def recorded_slide(bag_path: Path) -> tuple[Path | None, float | None, str]:
+    """(slide path, level-0 mpp, why not) of the slide a bag of ours records (`slide_path`, `mpp`)
+    when that file is reachable from here; (None, None, why) otherwise (bags moved, other tools')."""
+    attrs = read_bag_attrs(bag_path)
     recorded = attrs.get("slide_path")
     if not recorded:
         return (
@@ -107,6 +114,8 @@ def export_slide(
     picks = {name: pick(np.asarray(values, dtype=np.float64), k) for name, values in maps.items()}
     rows = sorted({int(i) for p in picks.values() for idx in p.values() for i in idx})
     bag = load_bag(bag_path, mpp=mpp, rows=rows)
+    if bag.coords_um is None:  # load_bag refuses a bag it cannot place unless told not to
+        raise ValueError(f"{bag_path}: tile positions in micrometres unknown")
     where = {r: j for j, r in enumerate(rows)}
     folder = out_dir / sanitize_slide_id(slide_id)
     crops: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = {}
@@ -176,4 +185,4 @@ def contact_sheet(crops: Mapping[tuple[str, str], list[tuple[np.ndarray, float]]
     return png_bytes(fig)
 
 
-__all__ = ["INDEX_HEADER", "TopTiles", "contact_sheet", "export_slide", "pick"]
+__all__ = ["INDEX_HEADER", "TopTiles", "contact_sheet", "export_slide", "pick", "recorded_slide"]

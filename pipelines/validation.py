@@ -41,6 +41,7 @@ class Cohort:
     patient_of: dict[str, str]  # slide id -> patient
     labelled: bool  # a label table was given
     missing: list[str] = field(default_factory=list)  # labelled slides / patients with no input
+    mpp_by_slide: dict[str, float] = field(default_factory=dict)  # the label table's `mpp` column
 
 
 def build_cohort(
@@ -50,6 +51,7 @@ def build_cohort(
     target_of: dict[str, tuple[float, ...]] = {}
     patient_of = {sid: default_patient(sid) for sid in found}
     missing: list[str] = []
+    mpp_by_slide: dict[str, float] = {}
     if labels_csv is not None:
         rows = read_label_table(labels_csv, task=task, kind=kind)
         matched = match_items(
@@ -60,7 +62,7 @@ def build_cohort(
                 f"{labels_csv}: none of its {len(rows)} row(s) matches an input (ids like "
                 f"{', '.join(sorted(found)[:3])}); check the slide / patient column"
             )
-        missing = matched.missing_inputs
+        missing, mpp_by_slide = matched.missing_inputs, matched.mpp_by_slide
         for it in matched.items:
             target_of[it.id] = it.target
             patient_of[it.id] = it.group
@@ -69,13 +71,12 @@ def build_cohort(
         for sid, path in sorted(found.items())
     ]
     if task.level != "patient":
-        return Cohort(slides, patient_of, labels_csv is not None, missing)
+        return Cohort(slides, patient_of, labels_csv is not None, missing, mpp_by_slide)
     # a patient's label from any of its labelled slides (the table may list only some of them)
     label_of = {it.group: it.target for it in slides if it.target}
     slides = [replace(it, target=label_of.get(it.group, ())) for it in slides]
-    return Cohort(
-        group_by_patient(slides, str(labels_csv or "inputs")), patient_of, labels_csv is not None, missing
-    )
+    cases = group_by_patient(slides, str(labels_csv or "inputs"))
+    return Cohort(cases, patient_of, labels_csv is not None, missing, mpp_by_slide)
 
 
 def aggregate_by_patient(

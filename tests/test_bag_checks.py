@@ -3,6 +3,7 @@ documented order and needs none when the model uses no tile positions."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import h5py
@@ -154,3 +155,9 @@ def test_predict_fails_the_non_finite_slide_and_goes_on(tmp_path: Path) -> None:
     assert "nan-slide.h5" in status["nan-slide"].error
     assert [status[s].status for s in cohort.slides[:2]] == ["ok", "ok"]
     assert sorted(row["slide"] for row in result.rows) == sorted(cohort.slides[:2])  # no prob=nan row
+    # and so say the files: the slide failed in the manifest, no row for it in predictions.csv
+    with (tmp_path / "out" / "manifest.csv").open() as fh:
+        manifest = {row["slide"]: row["status"] for row in csv.DictReader(fh)}
+    assert manifest == {"nan-slide": "failed", **{s: "ok" for s in cohort.slides[:2]}}
+    with (tmp_path / "out" / "predictions.csv").open() as fh:
+        assert sorted(row["slide"] for row in csv.DictReader(fh)) == sorted(cohort.slides[:2])

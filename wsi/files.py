@@ -6,6 +6,7 @@ interrupted run never leaves a file that a re-run would mistake for a finished o
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -50,6 +51,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = temp_sibling(final)
     try:
         yield tmp
+        _honour_umask(tmp)
         replace_path(tmp, final)
     finally:
         if tmp.exists() or tmp.is_symlink():
@@ -57,6 +59,41 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tmp.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux /proc), else by
+    setting and restoring it (the only portable way)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(tmp: Path) -> None:
+    """Give a finished file the mode a plain `open(..., "w")` would: 0666 (0777 if executable) & ~umask.
+
+    Some writers (safetensors, `tempfile`) create files 0600, so colleagues on shared storage could not
+    read checkpoints; every output is written through `atomic_path`, so fixing it here fixes them all.
+    A folder (the resume state) has its files fixed; folders themselves are made with mkdir, which
+    already honours the umask."""
+    umask = current_umask()
+    files = [tmp] if tmp.is_file() and not tmp.is_symlink() else []
+    if tmp.is_dir() and not tmp.is_symlink():
+        files = [Path(root) / name for root, _, names in os.walk(tmp) for name in names]
+    for path in files:
+        with contextlib.suppress(OSError):  # gone, a link, or not ours to chmod: leave it as made
+            if path.is_symlink():
+                continue
+            mode = path.stat().st_mode & 0o777
+            wanted = (0o777 if mode & 0o111 else 0o666) & ~umask
+            if mode != wanted:
+                os.chmod(path, wanted)
 
 
 def replace_path(tmp: Path, final: Path) -> None:

@@ -133,7 +133,8 @@ class CategoricalKind(TaskKind):
         return ("predicted",)
 
     def derived_cells(self, output: np.ndarray) -> list[str]:
-        return [self.classes[int(output.argmax())]]
+        """The predicted class; blank for probabilities that are not finite (argmax of NaN would pick one)."""
+        return [self.classes[int(output.argmax())] if np.isfinite(output).all() else ""]
 
 
 __all__ = ["CategoricalKind", "cross_entropy_of_probs"]

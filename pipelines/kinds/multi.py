@@ -273,7 +273,12 @@ class MultiTargetKind(TaskKind):
         return tuple(f"predicted_{self.targets[i].column}" for i in self.categorical)
 
     def derived_cells(self, output: np.ndarray) -> list[str]:
-        return [self.targets[i].classes[int(output[self.slices[i]].argmax())] for i in self.categorical]
+        """Each categorical target's class; blank where its probabilities are not finite."""
+        cells = []
+        for i in self.categorical:
+            probs = output[self.slices[i]]
+            cells.append(self.targets[i].classes[int(probs.argmax())] if np.isfinite(probs).all() else "")
+        return cells
 
 
 __all__ = ["MultiTargetKind"]

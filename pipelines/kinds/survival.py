@@ -163,7 +163,9 @@ class SurvivalKind(TaskKind):
 
     def derived_cells(self, output: np.ndarray) -> list[str]:
         cutoff = self.risk_cutoff
-        return [] if cutoff is None else ["high" if output[0] > cutoff else "low"]
+        if cutoff is None:
+            return []
+        return ["" if not np.isfinite(output[0]) else "high" if output[0] > cutoff else "low"]
 
 
 __all__ = ["SurvivalKind", "parse_event"]

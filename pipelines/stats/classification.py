@@ -120,19 +120,22 @@ def json_safe(value: Any) -> Any:
 
 def plot_roc(
     labels: np.ndarray, probs: np.ndarray, classes: Sequence[str], out_png: Path, title: str
-) -> None:
-    """ROC curve(s): the positive class for binary tasks, one-vs-rest per class otherwise."""
+) -> bool:
+    """ROC curve(s): the positive class for binary tasks, one-vs-rest per class otherwise. Returns False,
+    drawing nothing, when no class has both positive and negative cases (a test split too small for an
+    AUROC): an empty plot would only look like a result."""
+    targets = [1] if len(classes) == 2 else range(len(classes))
+    drawable = [c for c in targets if 0 < int((np.asarray(labels) == c).sum()) < len(labels)]
+    if not drawable:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=120)
-    targets = [1] if len(classes) == 2 else range(len(classes))
-    for c in targets:
+    for c in drawable:
         y = np.asarray(labels) == c
-        if y.all() or not y.any():
-            continue
         fpr, tpr, _ = roc_curve(y, probs[:, c])
         ax.plot(fpr, tpr, label=f"{classes[c]} (AUROC {binary_auroc(y, probs[:, c]):.3f})")
     ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=0.8)
@@ -142,6 +145,7 @@ def plot_roc(
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+    return True
 
 
 def positive_targets(n_classes: int) -> list[int]:

@@ -63,7 +63,12 @@ def evaluate_best(
     kind.write_predictions(run_dir / f"{eval_split}_predictions.csv", preds, id_column=id_column)
     if kind.name == "categorical":  # the ROC figure training has always drawn (other kinds: the report's)
         labels, title = preds.targets[:, 0].astype(int), f"{task.name}: {eval_split} ROC"
-        plot_roc(labels, preds.outputs, task.classes, run_dir / "roc.png", title=title)
+        if not plot_roc(labels, preds.outputs, task.classes, run_dir / "roc.png", title=title):
+            (run_dir / "roc.png").unlink(missing_ok=True)  # a resumed run's older figure is not this one
+            log.warning(
+                "no ROC curve: the %s split's %d case(s) hold only one class, too few for an AUROC; "
+                "use a larger split or --cv", eval_split, len(preds),
+            )  # fmt: skip
     best = state.best_row()
     if kind.name == "categorical":
         best_val = {"best_val_auroc": best.get("val_auroc")}

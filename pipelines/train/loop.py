@@ -37,6 +37,7 @@ from pipelines.devices import autocast_for
 from pipelines.inputs import Batch, InputAdapter, Item
 from pipelines.kinds import TaskKind
 from pipelines.tasks import TaskConfig
+from pipelines.train.finite import FiniteWatch, check_outputs
 from pipelines.train.optim import make_optimizer, make_scheduler
 from pipelines.train.splits import Split
 from pipelines.train.state import TrainState, has_resume, load_resume, save_resume
@@ -89,6 +90,7 @@ def train_epoch(
     group_bags = kind.group_bags if kind is not None else 1
     pending: list[tuple[torch.Tensor, Batch]] = []
     n_losses = 0
+    watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
         last = step + 1 == n_batches
@@ -101,6 +103,7 @@ def train_epoch(
         if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
             continue
         loss = _group_loss(pending, kind, class_weights)
+        watch.loss(loss, [i for _, b in pending for i in b.ids])
         pending = []
         (loss / grad_accum).backward()
         total += loss.detach()
@@ -108,11 +111,16 @@ def train_epoch(
         counter = step + 1 if group_bags == 1 else n_losses
         if counter % grad_accum == 0 or last:
             if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            else:
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                norm = torch.nn.utils.get_total_norm(grads)
+            watch.gradient(norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:
                 scheduler.step()
+    watch.check()
     return float(total.item()) / max(n_batches if group_bags == 1 else n_losses, 1)
 
 
@@ -173,12 +181,14 @@ def predict_loader(
     if not ids:
         no_logits = np.zeros((0, n_o), dtype=np.float32)
         return Predicted([], np.zeros(0, dtype=np.int64), np.zeros((0, n_t)), no_logits, no_logits.copy())
+    out = torch.cat(outputs).cpu().numpy()
+    check_outputs(ids, out)  # no figure and no class from a NaN output
     return Predicted(
         ids=ids,
         labels=torch.cat(labels).cpu().numpy(),
         targets=torch.cat(targets).cpu().numpy().astype(np.float64) if targets else np.zeros((len(ids), n_t)),
         logits=torch.cat(logits_all).cpu().numpy(),
-        outputs=torch.cat(outputs).cpu().numpy(),
+        outputs=out,
     )
 
 

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -51,6 +51,7 @@ from pipelines.run_record import (
     InputRecord,
     RunRecord,
     SplitIds,
+    model_uses_positions,
     read_run_record,
     record_path,
     write_run_record,
@@ -60,6 +61,7 @@ from pipelines.train import metrics
 from pipelines.train.cv import run_folds_on_cluster
 from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from pipelines.train.loop import EpochHook
+from pipelines.train.preflight import refuse_unusable
 from pipelines.train.splits import Split, kfold_items, split_items
 from wsi.config import config_dict
 from wsi.errors import ConfigError
@@ -123,12 +125,16 @@ def train(
     overrides: Mapping[str, Any] | None = None,
     progress: bool = True,
     on_epoch_end: EpochHook | None = None,
+    mpp: float | None = None,
 ) -> TrainResult:
     """Train a task's model on labelled inputs; see the module docstring for what `out_dir` receives.
 
     `model_overrides` go to `models.build_model` (e.g. {"dim": 32, "depth": 1}); `overrides` change any
     task field by dotted key (e.g. {"optimizer.lr": 3e-4, "input_options.bag_size": 512}).
     `on_epoch_end(row)` is called after every epoch with the log row (sequential runs only).
+    `mpp`: level-0 um/px of every slide whose bag stores pixel coordinates (CLAM, TRIDENT); an `mpp`
+    column of the labels CSV wins per slide. Only a model that uses tile positions needs one.
+    Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
     """
     cfg = resolve_task(
         task, attention=attention, epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
@@ -140,6 +146,8 @@ def train(
     rows = read_label_table(labels_csv, task=cfg, kind=kind)
     found = adapter.find([source])
     matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
+    adapter = _with_resolution(adapter, cfg, mpp, matched.mpp_by_slide)
+    refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, cv)
     start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
@@ -184,6 +192,33 @@ def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> 
     return Path(wanted)
 
 
+def _with_resolution(
+    adapter: InputAdapter, task: TaskConfig, mpp: float | None, mpp_by_slide: Mapping[str, float]
+) -> InputAdapter:
+    """The adapter told the slides' resolution (--mpp, the labels CSV `mpp` column) and whether the
+    model reads tile positions (only then do bags in level-0 pixels need one)."""
+    with_resolution = getattr(adapter, "with_resolution", None)
+    if with_resolution is None:
+        if mpp is not None:
+            raise ConfigError(f"--mpp is for feature bags in level-0 pixels; input {adapter.name!r} has none")
+        if mpp_by_slide:
+            log.warning("the labels CSV `mpp` column is not used by input %r", adapter.name)
+        return adapter
+    resolved = with_resolution(
+        mpp=mpp, mpp_by_slide=dict(mpp_by_slide) or None, uses_positions=_uses_positions(task)
+    )
+    return cast(InputAdapter, resolved)
+
+
+def _uses_positions(task: TaskConfig) -> bool:
+    """Whether the task's model reads tile positions, from its preset and overrides (known before the
+    model is built, so the input check can say which bags lack a resolution)."""
+    import configs
+
+    preset, _ = configs.load_yaml("models", task.model.preset)
+    return model_uses_positions({**preset, **task.model.overrides})
+
+
 def _make_splits(task: TaskConfig, items: Sequence[Item], cv: int | None) -> list[Split]:
     """K patient-grouped folds, or the task's one train/val/test split."""
     s = task.split
@@ -194,7 +229,10 @@ def _make_splits(task: TaskConfig, items: Sequence[Item], cv: int | None) -> lis
 
 def _input_record(task: TaskConfig, adapter: InputAdapter, items: Sequence[Item]) -> InputRecord:
     provenance = adapter.provenance(items)
-    return InputRecord(name=adapter.name, options=dict(task.input_options), provenance=provenance)
+    return InputRecord(
+        name=adapter.name, options=dict(task.input_options), provenance=provenance,
+        mpp=getattr(adapter, "mpp", None), mpp_by_slide=dict(getattr(adapter, "mpp_by_slide", {})),
+    )  # fmt: skip
 
 
 def _counts(matched: Matched) -> Counts:
@@ -231,7 +269,7 @@ def _check_resumable(run_dir: Path, record: RunRecord, resume: bool) -> None:
             f"{run_dir} already holds a training run; use --resume to continue it or another --out"
         )
     saved, wanted = config_dict(read_run_record(run_dir)), config_dict(record)
-    for key in ("task", "model", "splits"):
+    for key in ("task", "model", "splits", "input"):
         if saved[key] != wanted[key]:
             raise ConfigError(
                 f"cannot resume {run_dir}: its {key} differs from this call's "

@@ -9,6 +9,7 @@ import click
 from wsi.cli._common import (
     EXIT_PARTIAL_FAILURE,
     backend_option,
+    ensure_writable_dir,
     mpp_option,
     scheduler_option,
     user_errors,
@@ -31,7 +32,15 @@ Examples:
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
 tiling parameter, encoder and the sha256 of its weights; --weights must match it). Bags from another
-encoder or weights are refused.
+encoder or weights are refused. --weights is refused where no encoder runs (bags, images, a run whose
+encoder was random). Bags in level-0 pixels (CLAM, TRIDENT) get their resolution as in training: an
+`mpp` column in --labels, else --mpp, else the run's recorded one.
+
+\b
+Results are written as slides finish (predictions.csv, manifest.csv, predict_progress.jsonl); a re-run
+into the same --out skips slides already predicted with the same model, inputs and options
+(--overwrite redoes them). A slide with NaN features or outputs fails in the manifest; a raw slide
+that kept no tile shows there as `empty`, with the tiling's reason.
 
 \b
 Output (under --out): predictions.csv (slide, or patient for patient-level runs, then the outputs:
@@ -46,7 +55,8 @@ the slide (raw slides, or the slide path a bag records; slides not reachable are
 top_tiles/skipped.csv), with a contact_sheet.png, and top_tiles/index.csv.
 
 \b
-Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage error.
+Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv), 2 a usage error
+(also a read-only --out, found before any work).
 """,
 )
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
@@ -73,7 +83,10 @@ Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage e
     default=None,
     help="Encoder weights for raw slides (must match the run's recorded sha256).",
 )
-@mpp_option("Level-0 um/px for slides whose metadata has none.")
+@mpp_option(
+    "Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, TRIDENT) "
+    "[default: the run's]."
+)
 @backend_option()
 @click.option(
     "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
@@ -95,6 +108,9 @@ Exit code: 0 all slides predicted, 1 some failed (see manifest.csv), 2 a usage e
     help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
 )
 @click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
+@click.option(
+    "--overwrite", is_flag=True, help="Predict every slide again, also those finished by a run into --out."
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @user_errors
 def command(
@@ -111,21 +127,27 @@ def command(
     labels_csv: Path | None,
     top_tiles: int,
     no_heatmaps: bool,
+    overwrite: bool,
     no_progress: bool,
 ) -> None:
     """Predict slides (PATHS: slides, folders, CSV lists) or bags (--features) with a trained run."""
-    from pipelines.predict import predict
-
     if bool(paths) == (features_dir is not None):
         raise click.UsageError("give slide PATHS or --features DIR (one of the two)")
+    ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
+    from pipelines.predict import predict
+
     result = predict(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
         heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
         scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
+        overwrite=overwrite,
     )  # fmt: skip
-    failed = result.failed
+    failed = result.problems  # failed and empty slides: both make the exit code 1
     noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"
-    click.echo(f"{len(result.rows)} {noun} predicted, {len(failed)} failed: {result.predictions_csv}")
+    n_empty = len(result.summary.empty)
+    empty = f", {n_empty} empty (kept no tile)" if n_empty else ""
+    counts = f"{len(result.rows)} {noun} predicted, {len(failed) - n_empty} failed{empty}"
+    click.echo(f"{counts}: {result.predictions_csv}")
     if result.metrics is not None:
         from pipelines.kinds import build_kind
         from pipelines.run_record import read_run_record
@@ -134,6 +156,6 @@ def command(
         line = kind.summary_line(result.metrics)
         click.echo(f"external validation: {line}; report: {out_dir / 'report.html'}")
     for r in failed[:10]:
-        click.echo(f"  failed {r.slide_id}: {r.error}", err=True)
+        click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
     if failed:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

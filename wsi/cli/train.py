@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import scheduler_option, user_errors
+from wsi.cli._common import ensure_writable_dir, mpp_option, scheduler_option, user_errors
 
 
 @click.command(
@@ -24,13 +24,21 @@ Examples:
   wsi train --task nsclc-os --features bags/ --labels clinical.csv --out os-model/   # survival (Cox)
   wsi train --task tumor-purity --features bags/ --labels purity.csv --out purity/   # regression
   wsi train --task nsclc-mutations --features bags/ --labels panel.csv --out panel/  # multi-target
+  wsi train --task my-task.yaml --features clam/h5_files --labels labels.csv --out m/ --mpp 0.25  # CLAM
 
 \b
 Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the
 class; regression and multi-target: each target's column, blank = missing; survival: time and event),
 optionally a patient column (else the first 12 characters of a TCGA barcode, else the slide id).
 Patient-level tasks (level: patient) may give one row per patient and no slide column. Slides without
-a bag and bags without a label are counted, reported and left out.
+a bag and bags without a label are counted, reported and left out. An optional `mpp` column gives a
+slide's level-0 um/px (wins over --mpp).
+
+\b
+Before training, every bag is checked: one with NaN or infinite features, an unreadable or empty one,
+or (for a model that uses tile positions) one in level-0 pixels with no resolution stops the run with
+exit code 2 and a list of every such bag; nothing is trained. A loss or gradient that turns NaN while
+training stops the run (exit 2) naming the bags of that step.
 
 \b
 Output (under --out): config.json, fitted.json (non-categorical tasks), splits.csv, log.csv (per
@@ -106,6 +114,10 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     default=None,
     help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
 )
+@mpp_option(
+    "Level-0 um/px of the slides behind bags that store pixel coordinates (CLAM, TRIDENT); needed only "
+    "when the model uses tile positions. An `mpp` column in --labels wins per slide."
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @user_errors
 def command(
@@ -126,13 +138,15 @@ def command(
     scheduler: str | None,
     resume: bool,
     init_from: Path | None,
+    mpp: float | None,
     no_progress: bool,
 ) -> None:
     """Train a model for TASK on labelled feature bags (or images) and test it."""
-    from pipelines.train import train
-
     if scheduler and not cv:
         raise click.UsageError("--scheduler runs cross-validation folds in parallel; give --cv K too")
+    ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
+    from pipelines.train import train
+
     overrides: dict[str, object] = {}
     if bag_size is not None:
         overrides["input_options.bag_size"] = bag_size
@@ -142,7 +156,7 @@ def command(
         task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
         attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,
         epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
-        overrides=overrides or None, progress=not no_progress,
+        overrides=overrides or None, progress=not no_progress, mpp=mpp,
     )  # fmt: skip
     from pipelines.kinds import build_kind
     from pipelines.run_record import read_run_record
@@ -163,7 +177,8 @@ def command(
         unit = "patients" if record.task.level == "patient" else "slides"
         click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
         figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
-        files = f"best.safetensors, metrics.json, report.html, {figure}, log.csv"
+        drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
+        files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
         click.echo(f"run folder: {result.run_dir} ({files})")
 
 

@@ -1,0 +1,132 @@
+"""A trained run ready to predict: its model(s) rebuilt from the run record and best weights.
+
+`load_run(RUN_DIR)` reads config.json (`pipelines.run_record`) and best.safetensors (safetensors only,
+never pickle); a cross-validation run gives one model per fold, and `RunModel` averages their outputs
+(probability, value, risk) and contributions. Prediction uses it without importing the training code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from pipelines.checkpoints import load_into
+from pipelines.devices import autocast_for, resolve_device
+from pipelines.inputs import InputAdapter, build_input
+from pipelines.kinds import TaskKind, build_kind
+from pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
+from wsi.errors import ConfigError
+
+
+@dataclass
+class RunModel:
+    """A trained run ready to predict: its models (one, or one per fold) with each one's kind (fitted
+    values of its own training split), the run's kind (for files and figures), record and adapter."""
+
+    models: list[torch.nn.Module]
+    kinds: list[TaskKind]  # one per model
+    kind: TaskKind  # the run's: columns, derived cells, figures (survival: the mean risk cut-off)
+    record: RunRecord
+    adapter: InputAdapter
+    device: torch.device
+    run_dir: Path  # the run folder given
+    checkpoints: list[Path]  # the weights loaded: best.safetensors, or each fold's
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.record.classes)
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.record.input.provenance)
+
+    def _mean(self, fn: Any, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = x.float() if x.dtype == torch.float16 else x
+        with torch.inference_mode(), autocast_for(self.device)():
+            pairs = zip(self.models, self.kinds, strict=True)
+            return torch.stack([fn(m, k, x, extra).float() for m, k in pairs]).mean(0)
+
+    def outputs(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, K): the kind's outputs (mean over the folds' models for a CV run)."""
+        return self._mean(lambda m, k, x, e: k.outputs(m(x, **e).float()), x, extra)
+
+    def probabilities(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, C) class probabilities of a categorical run (its outputs)."""
+        return self.outputs(x, extra)
+
+    def contributions(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, N, C): each token's contribution to each logit (mean over the folds' models)."""
+        return self._mean(lambda m, k, x, e: m.tile_contributions(x, **e), x, extra)
+
+    def explain(
+        self, x: torch.Tensor, extra: dict[str, torch.Tensor], output: np.ndarray
+    ) -> tuple[list[tuple[str, np.ndarray, str]], dict[str, np.ndarray]]:
+        """(heatmaps: (file suffix, (N,) values, title), maps: {output: (N,)}) of the first case. Folds
+        fitted alike share one mean contribution; else each fold's maps (in label units) are averaged."""
+        if all(k.fitted() == self.kind.fitted() for k in self.kinds):
+            contrib = self.contributions(x, extra)[0].cpu().numpy()  # (N, C)
+            return self.kind.heatmap_maps(contrib, output), self.kind.contribution_maps(contrib)
+        heat: dict[str, list[np.ndarray]] = {}
+        titles: dict[str, str] = {}
+        maps: dict[str, list[np.ndarray]] = {}
+        for model, kind in zip(self.models, self.kinds, strict=True):
+            xx = x.float() if x.dtype == torch.float16 else x
+            with torch.inference_mode(), autocast_for(self.device)():
+                contrib = cast(Any, model).tile_contributions(xx, **extra)[0].float().cpu().numpy()
+            for suffix, values, title in kind.heatmap_maps(contrib, output):
+                heat.setdefault(suffix, []).append(values)
+                titles.setdefault(suffix, title)
+            for name, values in kind.contribution_maps(contrib).items():
+                maps.setdefault(name, []).append(values)
+        mean = {k: np.mean(v, axis=0) for k, v in heat.items()}
+        return [(k, mean[k], titles[k]) for k in heat], {k: np.mean(v, axis=0) for k, v in maps.items()}
+
+
+def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
+    """Rebuild a run's model(s) from its record + best.safetensors (safetensors only, never pickle)."""
+    from models.presets import build_model_from_config
+
+    run = Path(model_dir)
+    if not record_path(run).is_file():
+        raise ConfigError(f"--model {run}: no config.json; give the --out folder of `wsi train`")
+    record = read_run_record(run)
+    ckpts = _checkpoints(run, record)
+    dev = resolve_device(device)
+    models, kinds = [], []
+    for ckpt in ckpts:
+        model = build_model_from_config(record.model, source=str(record_path(run)))
+        load_into(model, ckpt)
+        models.append(model.to(dev).eval())
+        kinds.append(build_kind(record.task, read_fitted(ckpt.parent)))
+    fitted = kinds[0].fitted()
+    cutoffs = [k.fitted().get("risk_cutoff") for k in kinds]
+    if all(c is not None for c in cutoffs) and cutoffs:
+        fitted["risk_cutoff"] = float(np.mean([float(c) for c in cutoffs if c is not None]))
+    adapter = build_input(record.input.name, record.task.input_options)
+    return RunModel(models, kinds, build_kind(record.task, fitted), record, adapter, dev, run, ckpts)
+
+
+def _checkpoints(run: Path, record: RunRecord) -> list[Path]:
+    """best.safetensors, or every fold's of a cross-validation run (all K must have finished)."""
+    ckpts = [run / "best.safetensors"]
+    if not ckpts[0].is_file():
+        ckpts = sorted(run.glob("fold-*/best.safetensors"), key=lambda p: int(p.parent.name.split("-")[1]))
+    if not ckpts:
+        raise ConfigError(
+            f"--model {run}: no best.safetensors (nor fold-*/best.safetensors); did training finish?"
+        )
+    n_folds = record.cv
+    if len(ckpts) > 1 and n_folds is not None and len(ckpts) != n_folds:
+        have = sorted(p.parent.name for p in ckpts)
+        raise ConfigError(
+            f"--model {run}: a {n_folds}-fold run, but only {', '.join(have)} finished; "
+            f"finish it with `wsi train ... --cv {n_folds} --resume` or predict with one fold's folder"
+        )
+    return ckpts
+
+
+__all__ = ["RunModel", "load_run"]
