@@ -96,7 +96,8 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
     record = read_run_record(run)
     ckpts = _checkpoints(run, record)
     dev = resolve_device(device)
-    models, kinds = [], []
+    models: list[torch.nn.Module] = []
+    kinds = []
     for ckpt in ckpts:
         model = build_model_from_config(record.model, source=str(record_path(run)))
         load_into(model, ckpt)
