@@ -1,17 +1,22 @@
-"""The paper's scaling experiment: forward + backward time and peak memory against sequence length.
+"""The paper's scaling experiment: time and peak memory against sequence length, every variant.
 
-For every attention variant, batch 1, with MILTransformer (preset vit-wsi, 2048-d tile features) and
-ViT2D (preset vit-2d, an image of N 16x16 patches). Each point runs in a fresh process, so the CPU peak
-(resident set, whole process) belongs to that point alone; on a GPU the peak is
-torch.cuda.max_memory_allocated. Sizes a variant would not finish within --budget-s (estimated from
-its previous sizes) are skipped and marked so in the table.
+`--mode train` (default): one forward + backward step, batch 1, with MILTransformer (preset vit-wsi,
+2048-d tile features) and ViT2D (preset vit-2d, an image of N 16x16 patches). `--mode infer`: one
+no-grad forward of vit-wsi over a bag read chunk by chunk (`logits_from_chunks`, float16 features as
+from disk), up to a million tiles. Models keep their defaults (chunked inference and activation
+checkpointing above 16,384 tokens) unless `--plain`. Each point runs in a fresh process, so the CPU peak
+(resident set, whole process) belongs to that point alone; `base` is the resident set before the step
+(interpreter, torch, model, inputs), so (peak - base) / tokens is the memory per token of the step. On a
+GPU the peak is torch.cuda.max_memory_allocated. Sizes a variant would not finish within --budget-s
+(estimated from its previous sizes) are skipped and marked so in the table.
 
     python benchmarks/attention_scaling.py --quick                        # smoke run, a minute on CPU
     python benchmarks/attention_scaling.py --device cpu --budget-s 150    # CPU table, docs/benchmarks.md
     python benchmarks/attention_scaling.py --device cuda --bf16           # GPU, bf16 autocast
+    python benchmarks/attention_scaling.py --mode infer --device cpu --threads 1 --budget-s 900
 
-Writes attention_scaling_<device>.csv and .png into --out (default docs/) and prints a markdown table
-followed by the paper's expectations (seqnorm time(65,536)/time(16,384); softmax/seqnorm at 32,768).
+Writes attention_scaling_<device>[_infer].csv and .png into --out (default docs/) and prints a markdown
+table followed by the paper's expectations (seqnorm time(65,536)/time(16,384); softmax/seqnorm at 32,768).
 """
 
 from __future__ import annotations
@@ -41,8 +46,81 @@ log = logging.getLogger("attention_scaling")
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
 MODELS = ("mil", "vit2d")
 SIZES = (196, 1024, 4096, 16384, 32768, 65536, 131072)
+INFER_SIZES = (16384, 100_000, 1_000_000)
 QUICK_SIZES = (196, 1024, 4096)
-FIELDS = ("model", "attention", "tokens", "status", "fwd_bwd_s", "peak_mem_mb", "est_s", "device", "dtype")
+FIELDS = (
+    "mode",
+    "model",
+    "attention",
+    "tokens",
+    "status",
+    "fwd_bwd_s",
+    "peak_mem_mb",
+    "base_mem_mb",
+    "kb_per_token",
+    "est_s",
+    "device",
+    "dtype",
+)  # fwd_bwd_s: the timed step (forward only in --mode infer)
+
+
+def _rss_mb() -> float:
+    """Resident set now (not the peak), MB; Linux /proc."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _memory(device: Any, base_mb: float, tokens: int) -> dict[str, Any]:
+    import torch
+
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # kB -> MB
+    return {"peak_mem_mb": peak, "base_mem_mb": base_mb, "kb_per_token": (peak - base_mb) * 1024 / tokens}
+
+
+def _build(cfg: dict[str, Any]) -> Any:
+    from models.presets import build_model
+
+    preset = "vit-wsi" if cfg["model"] == "mil" else "vit-2d"
+    plain = {"chunk_above_tokens": None, "checkpoint_above_tokens": None} if cfg.get("plain") else {}
+    return build_model(preset, attention=cfg["attention"], num_classes=2, **plain)
+
+
+def _measure_infer(cfg: dict[str, Any], out: mp.Queue) -> None:
+    """Child process: a no-grad forward of one bag streamed in chunks of float16 features."""
+    import torch
+
+    try:
+        torch.set_num_threads(cfg["threads"])
+        device = torch.device(cfg["device"])
+        torch.manual_seed(0)
+        model = _build(cfg).to(device).eval()
+        n, read = cfg["tokens"], 16384
+        block = torch.randn(min(n, read), 2048, device=device).half()  # one block, read again and again
+        side = math.isqrt(n - 1) + 1  # tiles on a square grid
+
+        def chunks(n: int) -> Any:
+            for start in range(0, n, read):
+                cells = torch.arange(start, min(start + read, n), device=device)
+                yield block[: len(cells)], torch.stack([cells % side, cells // side], -1).float() * 256.0
+
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg["bf16"] else nullcontext()
+        with torch.no_grad(), autocast:
+            model.logits_from_chunks(chunks(64), n_tiles=64)  # warm up, untimed
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else _rss_mb()
+            t0 = time.perf_counter()
+            model.logits_from_chunks(chunks(n), n_tiles=n).float().cpu()
+            seconds = time.perf_counter() - t0
+        out.put({"status": "ok", "fwd_bwd_s": seconds, **_memory(device, base, n)})
+    except (torch.cuda.OutOfMemoryError, MemoryError):
+        out.put({"status": "oom"})
+    except Exception as exc:  # a failed point is a table entry, not the end of the run
+        out.put({"status": f"failed: {type(exc).__name__}: {exc}"[:120]})
 
 
 def grid_for(tokens: int) -> tuple[int, int]:
@@ -55,14 +133,11 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
     """Child process: build the model, time forward+backward, report the peak memory."""
     import torch
 
-    from models.presets import build_model
-
     try:
         torch.set_num_threads(cfg["threads"])
         device = torch.device(cfg["device"])
         torch.manual_seed(0)
-        preset = "vit-wsi" if cfg["model"] == "mil" else "vit-2d"
-        model = build_model(preset, attention=cfg["attention"], num_classes=2).to(device)
+        model = _build(cfg).to(device)
         if cfg.get("compile"):  # fuses the small elementwise kernels; one compile per token count
             model = torch.compile(model, dynamic=False)
 
@@ -89,18 +164,16 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
                 return start.elapsed_time(end) / 1000.0
             return time.perf_counter() - t0
 
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         x = inputs(cfg["tokens"])
         step(x if cfg.get("compile") else inputs(64))  # warm up (and compile), untimed
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else _rss_mb()
         times = [step(x)]
         if times[0] < cfg["budget_s"] / 20:  # fast points: median of a few more steps
             times = [step(x) for _ in range(cfg["repeats"])]
-        if device.type == "cuda":
-            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-        else:
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # kB -> MB
-        out.put({"status": "ok", "fwd_bwd_s": statistics.median(times), "peak_mem_mb": peak_mb})
+        memory = _memory(device, base, cfg["tokens"])
+        out.put({"status": "ok", "fwd_bwd_s": statistics.median(times), **memory})
     except torch.cuda.OutOfMemoryError:
         out.put({"status": "oom"})
     except MemoryError:
@@ -110,7 +183,8 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
 
 
 def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
-    return run_in_process(_measure, cfg, cfg["budget_s"] * 3 + 120)
+    target = _measure_infer if cfg.get("mode") == "infer" else _measure
+    return run_in_process(target, cfg, cfg["budget_s"] * 3 + 120)
 
 
 def run_in_process(
@@ -159,28 +233,30 @@ def estimate(done: list[tuple[int, float]], tokens: int, attention: str) -> floa
 
 def _fmt(row: dict[str, Any]) -> str:
     if row["status"] == "ok":
-        return f"{row['fwd_bwd_s']:.3g} s / {row['peak_mem_mb']:.0f} MB"
+        per_token = (
+            f" ({row['kb_per_token']:.1f} KB/token)" if row.get("kb_per_token") not in (None, "") else ""
+        )
+        return f"{row['fwd_bwd_s']:.3g} s / {row['peak_mem_mb']:.0f} MB{per_token}"
     if row["status"] == "skipped":
         return f"skipped (est. {row['est_s']:.0f} s)"
     return row["status"]
 
 
-def read_rows(path: Path, device: str, dtype: str) -> list[dict[str, Any]]:
-    """Measured rows of an earlier run (same device and dtype), for --resume."""
+def read_rows(path: Path, device: str, dtype: str, mode: str = "train") -> list[dict[str, Any]]:
+    """Measured rows of an earlier run (same mode, device and dtype), for --resume."""
     if not path.is_file():
         return []
     with path.open(newline="") as fh:
         rows = [
             r
             for r in csv.DictReader(fh)
-            if r["status"] == "ok" and (r["device"], r["dtype"]) == (device, dtype)
+            if r["status"] == "ok"
+            and (r.get("mode") or "train", r["device"], r["dtype"]) == (mode, device, dtype)
         ]
     for r in rows:
-        r["tokens"], r["fwd_bwd_s"], r["peak_mem_mb"] = (
-            int(r["tokens"]),
-            float(r["fwd_bwd_s"]),
-            float(r["peak_mem_mb"]),
-        )
+        r["mode"], r["tokens"] = mode, int(r["tokens"])
+        for key in ("fwd_bwd_s", "peak_mem_mb", "base_mem_mb", "kb_per_token"):
+            r[key] = float(r[key]) if r.get(key) not in (None, "") else ""
     return rows
 
 
@@ -201,7 +277,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         sub = [r for r in rows if r["model"] == model]
         if not sub:
             continue
-        lines += [f"**{model}** (fwd+bwd time / peak memory, batch 1)", ""]
+        what = (
+            "forward time / peak memory, bag streamed in chunks"
+            if sub[0].get("mode") == "infer"
+            else "fwd+bwd time / peak memory"
+        )
+        lines += [f"**{model}** ({what}, batch 1)", ""]
         lines.append("| tokens | " + " | ".join(variants) + " |")
         lines.append("|---:|" + "---|" * len(variants))
         for n in sorted({r["tokens"] for r in sub}):
@@ -265,6 +346,62 @@ def plot(rows: list[dict[str, Any]], path: Path, device: str) -> None:
     plt.close(fig)
 
 
+def _series(
+    args: argparse.Namespace,
+    model: str,
+    att: str,
+    sizes: list[int],
+    budget: float,
+    dtype: str,
+    measured: dict[tuple[str, str, int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Measure one (model, variant) over the sizes, skipping those estimated above the budget."""
+    rows: list[dict[str, Any]] = []
+    done: list[tuple[int, float]] = []
+    stop = False
+    for n in sizes:
+        if (model, att, n) in measured:  # --resume: measured before
+            done.append((n, measured[model, att, n]["fwd_bwd_s"]))
+            continue
+        est = estimate(done, n, att)
+        row: dict[str, Any] = {
+            "mode": args.mode,
+            "model": model,
+            "attention": att,
+            "tokens": n,
+            "device": args.device,
+            "dtype": dtype,
+            "fwd_bwd_s": "",
+            "peak_mem_mb": "",
+            "est_s": "" if est is None else round(est, 1),
+        }
+        if stop or (est is not None and est > budget):
+            row["status"] = "skipped"
+            stop = True
+        else:
+            cfg = {
+                "mode": args.mode,
+                "model": model,
+                "attention": att,
+                "tokens": n,
+                "device": args.device,
+                "bf16": args.bf16,
+                "compile": args.compile,
+                "plain": args.plain,
+                "threads": args.threads,
+                "repeats": args.repeats,
+                "budget_s": budget,
+            }
+            row.update(run_point(cfg))
+            if row["status"] == "ok":
+                done.append((n, row["fwd_bwd_s"]))
+            else:
+                stop = True  # out of memory or time: larger sizes would only be worse
+        log.info("%s %s N=%d: %s", model, att, n, _fmt(row))
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -276,76 +413,57 @@ def main(argv: list[str] | None = None) -> None:
         default_device = "cuda" if torch.cuda.is_available() else "cpu"
     except ImportError:
         pass
+    parser.add_argument(
+        "--mode",
+        choices=("train", "infer"),
+        default="train",
+        help="train: forward + backward step; infer: no-grad forward of a streamed bag (mil)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device)
     parser.add_argument("--quick", action="store_true", help="sizes 196-4,096, short budget")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the CSV and PNG")
-    parser.add_argument("--sizes", type=int, nargs="+", help=f"token counts (default {SIZES})")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", help=f"token counts (default {SIZES}; infer {INFER_SIZES})"
+    )
+    parser.add_argument("--models", nargs="+", choices=MODELS, help="default: both (infer: mil)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument(
         "--budget-s", type=float, help="skip points estimated above this (default 60; quick 10)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed steps for fast points (median)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="switch off automatic chunking and checkpointing (the models' old defaults)",
+    )
     parser.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 16))
     parser.add_argument("--resume", action="store_true", help="keep measured points of the CSV in --out")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (compile not timed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
-    sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else SIZES))
+    infer = args.mode == "infer"
+    sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else INFER_SIZES if infer else SIZES))
+    models = args.models or (["mil"] if infer else list(MODELS))
+    if infer and models != ["mil"]:
+        parser.error("--mode infer streams a bag of tiles: --models mil")
     budget = args.budget_s or (10.0 if args.quick else 60.0)
     dtype = ("bf16-autocast" if args.bf16 else "float32") + ("+compile" if args.compile else "")
+    dtype += "+plain" if args.plain else ""
     args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / f"attention_scaling_{args.device}.csv"
-    rows = read_rows(csv_path, args.device, dtype) if args.resume else []
+    stem = f"attention_scaling_{args.device}{'_infer' if infer else ''}"
+    csv_path = args.out / f"{stem}.csv"
+    rows = read_rows(csv_path, args.device, dtype, args.mode) if args.resume else []
     measured = {(r["model"], r["attention"], r["tokens"]): r for r in rows}
     started = time.perf_counter()
-    for model in args.models:
+    for model in models:
         for att in args.variants:
-            done: list[tuple[int, float]] = []
-            stop = False
-            for n in sizes:
-                if (model, att, n) in measured:  # --resume: measured before
-                    done.append((n, measured[model, att, n]["fwd_bwd_s"]))
-                    continue
-                est = estimate(done, n, att)
-                row = {
-                    "model": model,
-                    "attention": att,
-                    "tokens": n,
-                    "device": args.device,
-                    "dtype": dtype,
-                    "fwd_bwd_s": "",
-                    "peak_mem_mb": "",
-                    "est_s": "" if est is None else round(est, 1),
-                }
-                if stop or (est is not None and est > budget):
-                    row["status"] = "skipped"
-                    stop = True
-                else:
-                    cfg = {
-                        "model": model,
-                        "attention": att,
-                        "tokens": n,
-                        "device": args.device,
-                        "bf16": args.bf16,
-                        "compile": args.compile,
-                        "threads": args.threads,
-                        "repeats": args.repeats,
-                        "budget_s": budget,
-                    }
-                    row.update(run_point(cfg))
-                    if row["status"] == "ok":
-                        done.append((n, row["fwd_bwd_s"]))
-                    else:
-                        stop = True  # out of memory or time: larger sizes would only be worse
-                log.info("%s %s N=%d: %s", model, att, n, _fmt(row))
-                rows.append(row)
-                write_csv(csv_path, rows)  # after every point: a long run that dies keeps its numbers
+            rows += _series(args, model, att, sizes, budget, dtype, measured)
+            write_csv(csv_path, rows)  # after every series: a long run that dies keeps its numbers
 
     write_csv(csv_path, rows)
-    plot(rows, args.out / f"attention_scaling_{args.device}.png", args.device)
+    plot(rows, args.out / f"{stem}.png", args.device)
     print(markdown(rows))
     for line in expectations(rows):
         print(f"- {line}")

@@ -4,17 +4,25 @@ Public API (see docs/api.md):
   build_attention(name, dim, heads, **options)  -> nn.Module, forward(x, mask=None)
   build_model(preset, attention=..., in_dim=..., num_classes=..., **overrides) -> nn.Module
   build_encoder(name, weights=..., random_init=...) -> Encoder
+  param_groups(model, weight_decay) -> AdamW parameter groups (no decay on norms, biases, tokens)
+  tile_effects(model, x, mask, coords_um) -> each tile's leave-one-out effect on the logits
+  base_share(contrib, base) -> the share of a logit decomposition that `base` carries
 """
 
 from models.attention import available_attention, build_attention
+from models.attribution import base_share, tile_effects
 from models.encoders import available_encoders, build_encoder
+from models.param_groups import param_groups
 from models.presets import available_presets, build_model
 
 __all__ = [
     "available_attention",
     "available_encoders",
     "available_presets",
+    "base_share",
     "build_attention",
     "build_encoder",
     "build_model",
+    "param_groups",
+    "tile_effects",
 ]

@@ -2,38 +2,58 @@
 
 Tiles are unordered: without position encoding the model is invariant to their order. With
 `pos_encoding` on, a fixed 2D sine-cosine encoding of the tile coordinates (micrometres, so it means the
-same at any magnification) is added to each projected feature.
+same at any magnification) is added to each projected feature. gdla's local path places the tiles on
+their slide grid by their coordinates (models.layout); a bag given without coordinates has every tile
+alone in its neighbourhood.
+
+Long bags: without gradients a bag longer than `chunk_above_tokens` runs through the exact two-pass
+chunked scheme (bounded memory); `logits_from_chunks` does the same for a bag streamed from disk; with
+gradients a bag longer than `checkpoint_above_tokens` recomputes its blocks in backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
+from models.chunked import chunk_slices
+from models.kinds import MODEL_KINDS, KindModel
+from models.layout import TileLayout, tile_layout
 from models.posenc import sincos_from_coords_um
-from models.transformer import Transformer, TransformerConfig, _chunks, decompose_cls_logits
+from models.transformer import (
+    AUTO_CHUNK_TOKENS,
+    PositiveInt,
+    Transformer,
+    TransformerConfig,
+    decompose_cls_logits,
+)
+from wsi.config import config_model
 from wsi.errors import ConfigError
 
 
+@config_model
 @dataclass
 class MILConfig(TransformerConfig):
-    kind: str = "mil"
-    in_dim: int = 2048  # bag feature width (RetCCL: 2048)
+    kind: Literal["mil"] = "mil"  # model class (models.kinds)
+    in_dim: PositiveInt = 2048  # bag feature width (RetCCL: 2048)
     pos_encoding: bool = False  # add sincos(coords_um / pos_unit_um); off: order-invariant
-    pos_unit_um: float = 256.0  # micrometres per encoding unit (about one tile)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.attention_options.get("local"):
-            raise ConfigError(
-                "attention_options local=True needs a token grid, which a MIL bag does not have "
-                "(the local branch would never run); remove it"
-            )
+    pos_unit_um: Annotated[float, Field(gt=0)] = 256.0  # micrometres per encoding unit (about one tile)
+    # Pitch of the tile grid (gdla's local path: tiles one pitch apart are neighbours); None reads it
+    # off each bag as the smallest gap between distinct coordinates (the tile size, or the stride).
+    grid_um: Annotated[float, Field(gt=0)] | None = None
 
 
-class MILTransformer(nn.Module):
+@MODEL_KINDS.register("mil")
+class MILTransformer(KindModel):
+    config_class = MILConfig
+    config: MILConfig
+    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)
+
     def __init__(self, config: MILConfig) -> None:
         super().__init__()
         self.config = config
@@ -46,9 +66,6 @@ class MILTransformer(nn.Module):
         self.norm = nn.LayerNorm(config.dim)
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
-
     # --- inputs --------------------------------------------------------------------------------------
     def _check(self, x: Tensor, mask: Tensor | None, coords_um: Tensor | None) -> None:
         if x.ndim != 3 or x.shape[-1] != self.config.in_dim:
@@ -56,12 +73,18 @@ class MILTransformer(nn.Module):
                 f"bag features must be (B, N, {self.config.in_dim}), got {tuple(x.shape)}; "
                 "set in_dim to the encoder's feature width"
             )
-        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+        if mask is not None and (
+            not (mask.dtype == torch.bool or mask.is_floating_point()) or mask.shape != x.shape[:2]
+        ):
             raise ConfigError(
-                f"mask must be bool {tuple(x.shape[:2])} (True = real tile), "
+                f"mask must be bool {tuple(x.shape[:2])} (True = real tile) or float presence weights, "
                 f"got {mask.dtype} {tuple(mask.shape)}"
             )
-        if self.config.pos_encoding and (coords_um is None or coords_um.shape != (*x.shape[:2], 2)):
+        if coords_um is not None and coords_um.shape != (*x.shape[:2], 2):
+            raise ConfigError(
+                f"coords_um must be {(*x.shape[:2], 2)} micrometres, got {tuple(coords_um.shape)}"
+            )
+        if self.config.pos_encoding and coords_um is None:
             raise ConfigError(f"pos_encoding is on: pass coords_um of shape {(*x.shape[:2], 2)}")
 
     def _embed(self, x: Tensor, coords_um: Tensor | None) -> Tensor:
@@ -79,6 +102,12 @@ class MILTransformer(nn.Module):
             mask = torch.cat([mask.new_ones(x.shape[0], 1), mask], dim=1)  # (B, 1 + N)
         return tokens, mask  # (B, 1 + N, dim)
 
+    def layout(self, coords_um: Tensor | None, mask: Tensor | None) -> TileLayout | None:
+        """The class token and the tiles on their grid (raster order, neighbours), if a block needs it."""
+        if coords_um is None or not self.transformer.needs_neighbours:
+            return None
+        return tile_layout(coords_um, mask, self.config.grid_um).with_leading(1)
+
     # --- forward -------------------------------------------------------------------------------------
     def forward(
         self,
@@ -88,14 +117,17 @@ class MILTransformer(nn.Module):
         *,
         max_tokens_per_chunk: int | None = None,
     ) -> Tensor:
-        """x (B, N, in_dim), mask (B, N) bool True = real, coords_um (B, N, 2) -> logits (B, C)."""
+        """x (B, N, in_dim), mask (B, N) True = real (or float presence weights), coords_um (B, N, 2)
+        -> logits (B, C)."""
         self._check(x, mask, coords_um)
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
+        chunk = self.config.chunk_for(x.shape[1] + 1, max_tokens_per_chunk)
         if chunk and not torch.is_grad_enabled():
             return self._forward_chunked(x, mask, coords_um, chunk)
-        tokens, mask = self._tokens(x, mask, coords_um)
-        use_ckpt = self.config.checkpointing and self.training
-        h = self.transformer(tokens, mask, checkpointing=use_ckpt)
+        layout = self.layout(coords_um, mask)
+        tokens, full_mask = self._tokens(x, mask, coords_um)
+        ckpt = self.config.checkpoint_for(tokens.shape[1], self.training)
+        neighbours = None if layout is None else layout.in_token_order()
+        h = self.transformer(tokens, full_mask, neighbours, checkpointing=ckpt)
         return self.head(self.norm(h[:, 0]))
 
     @torch.no_grad()
@@ -103,15 +135,71 @@ class MILTransformer(nn.Module):
         self, x: Tensor, mask: Tensor | None, coords_um: Tensor | None, chunk: int
     ) -> Tensor:
         b, n, _ = x.shape
+        layout = self.layout(coords_um, mask)
         buf = torch.empty(b, n + 1, self.config.dim, dtype=self.proj.weight.dtype, device=x.device)
         buf[:, 0] = self.cls_token[:, 0]
-        for sl in _chunks(n, chunk):
+        for sl in chunk_slices(n, chunk):
             c = None if coords_um is None else coords_um[:, sl]
             buf[:, sl.start + 1 : sl.stop + 1] = self._embed(x[:, sl], c)
         if mask is not None:
             mask = torch.cat([mask.new_ones(b, 1), mask], dim=1)
-        h = self.transformer.forward_chunked_(buf, mask, chunk)
+        return self._run_chunked(buf, mask, layout, chunk)
+
+    def _run_chunked(self, buf: Tensor, mask: Tensor | None, layout: TileLayout | None, chunk: int) -> Tensor:
+        """Tokens (B, 1 + N, dim) -> logits through the exact two-pass scheme, in raster order if laid out."""
+        if layout is None:
+            h = self.transformer.forward_chunked_(buf, mask, chunk)
+        else:
+            h = self.transformer.forward_chunked_(buf, mask, chunk, layout.neighbours, layout.order)
         return self.head(self.norm(h[:, 0]))
+
+    @torch.no_grad()
+    def logits_from_chunks(
+        self,
+        chunks: Iterable[tuple[Tensor, Tensor | None]],
+        *,
+        n_tiles: int,
+        max_tokens_per_chunk: int | None = None,
+    ) -> Tensor:
+        """Logits (1, C) of ONE bag read chunk by chunk, e.g. from disk: `chunks` yields
+        (feats (n, in_dim) any float dtype, coords_um (n, 2) or None) until `n_tiles` tiles came.
+
+        Equal to `model(all_feats[None], coords_um=all_coords[None])` (the same two-pass scheme), with
+        memory for the tokens at model width (n_tiles x dim float32) plus one chunk: a million-tile
+        bag of 2048-d features is 4 GB of float16 on disk and about 2 GB here. Call in eval mode.
+        """
+        if n_tiles < 1:
+            raise ConfigError(f"n_tiles must be at least 1, got {n_tiles}")
+        chunk = self.config.chunk_for(n_tiles + 1, max_tokens_per_chunk) or AUTO_CHUNK_TOKENS
+        device, dtype = self.proj.weight.device, self.proj.weight.dtype
+        buf = torch.empty(1, n_tiles + 1, self.config.dim, dtype=dtype, device=device)
+        buf[:, 0] = self.cls_token[:, 0]
+        coords_all: Tensor | None = None
+        done = 0
+        for i, (feats, coords) in enumerate(chunks):
+            feats = torch.as_tensor(feats, device=device)
+            c = None if coords is None else torch.as_tensor(coords, device=device, dtype=torch.float32)
+            if feats.ndim != 2 or (c is not None and c.shape != (len(feats), 2)):
+                raise ConfigError(
+                    f"chunk {i}: expected feats (n, {self.config.in_dim}) and coords_um (n, 2), got "
+                    f"{tuple(feats.shape)} and {None if c is None else tuple(c.shape)}"
+                )
+            if done + len(feats) > n_tiles:
+                raise ConfigError(f"chunk {i}: the chunks hold more than n_tiles={n_tiles} tiles")
+            self._check(feats[None], None, None if c is None else c[None])
+            if (c is None) != (coords_all is None) and done:
+                raise ConfigError(f"chunk {i}: give coords_um with every chunk or with none")
+            if c is not None and coords_all is None:
+                coords_all = torch.empty(1, n_tiles, 2, device=device)
+            if c is not None and coords_all is not None:
+                coords_all[0, done : done + len(feats)] = c
+            for sl in chunk_slices(len(feats), chunk):  # float32 copies of one model chunk at a time
+                rows = slice(1 + done + sl.start, 1 + done + sl.stop)
+                buf[:, rows] = self._embed(feats[None, sl], None if c is None else c[None, sl])
+            done += len(feats)
+        if done != n_tiles:
+            raise ConfigError(f"the chunks held {done} tiles, not n_tiles={n_tiles}")
+        return self._run_chunked(buf, None, self.layout(coords_all, None), chunk)
 
     # --- explanations --------------------------------------------------------------------------------
     def logit_decomposition(
@@ -119,15 +207,19 @@ class MILTransformer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """(contrib (B, N, C), base (B, C)) with logits == base + contrib.sum(1); see docs/api.md."""
         self._check(x, mask, coords_um)
+        layout = self.layout(coords_um, mask)
         tokens, full_mask = self._tokens(x, mask, coords_um)
-        contrib, base = decompose_cls_logits(self.transformer.blocks, self.norm, self.head, tokens, full_mask)
+        neighbours = None if layout is None else layout.in_token_order()
+        blocks = self.transformer.layers()
+        contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, full_mask, neighbours)
         return contrib[:, 1:], base
 
     def tile_contributions(
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
     ) -> Tensor:
-        """Each tile's exact additive share of each logit through the last block's attention: (B, N, C).
+        """Each tile's additive share of each logit along the last block's direct attention path: (B, N, C).
 
-        0 at padded tiles. Call in eval mode (dropout off).
+        0 at padded tiles. Call in eval mode (dropout off). See docs/api.md for what it leaves out and
+        `models.attribution.tile_effects` for each tile's whole effect.
         """
         return self.logit_decomposition(x, mask, coords_um)[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,15 +10,10 @@ import torch
 from torch import nn
 
 import configs
-from models.mil import MILConfig, MILTransformer
-from models.vit import ViT2D, ViT3D, ViTConfig
+from models.attention import AttentionBase
+from models.kinds import MODEL_KINDS, KindModel
+from wsi.config import parse_config
 from wsi.errors import ConfigError, WeightsError
-
-_KINDS: dict[str, tuple[type, type[nn.Module]]] = {
-    "mil": (MILConfig, MILTransformer),
-    "vit2d": (ViTConfig, ViT2D),
-    "vit3d": (ViTConfig, ViT3D),
-}
 
 
 def available_presets() -> list[str]:
@@ -33,7 +27,7 @@ def build_model(
     in_dim: int | None = None,
     num_classes: int | None = None,
     **overrides: Any,
-) -> nn.Module:
+) -> KindModel:
     """Model of a preset (packaged name or YAML path); arguments left None keep the preset's value.
 
     For the ViTs `in_dim` means the number of input channels.
@@ -50,24 +44,32 @@ def build_model(
     return build_model_from_config(data, source=source)
 
 
-def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> nn.Module:
-    """Rebuild a model from `model.config_dict()` (or a preset mapping)."""
+def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> KindModel:
+    """Rebuild a model from `model.to_dict()` (or a preset mapping)."""
     kind = config.get("kind", "mil")
-    if kind not in _KINDS:
-        raise ConfigError(f"{source}: unknown model kind {kind!r}; choose one of {', '.join(_KINDS)}")
-    cfg_cls, model_cls = _KINDS[kind]
-    names = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = set(config) - names
-    if unknown:
-        raise ConfigError(
-            f"{source}: unknown field(s) {', '.join(sorted(unknown))} for a {kind} model; "
-            f"valid fields: {', '.join(sorted(names))}"
-        )
     try:
-        cfg = cfg_cls(**config)
-    except TypeError as exc:
-        raise ConfigError(f"{source}: {exc}") from exc
+        model_cls = MODEL_KINDS.get(kind)
+        cfg = parse_config(model_cls.config_class, config, source=source)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
     return model_cls(cfg)
+
+
+def _variant_keys(target: nn.Module) -> tuple[set[str], set[str]]:
+    """(keys only the target's attention variants have, dead keys they drop), as full state-dict names.
+
+    A softmax model has the shared skeleton of every attention module (`to_qkv`, `to_out`); whatever
+    else a variant owns (seqnorm's gamma/beta, gdla's gate, lambdas, local mixer) is its own and new.
+    """
+    own, dead = set(), set()
+    for name, module in target.named_modules():
+        if isinstance(module, AttentionBase):
+            prefix = f"{name}." if name else ""
+            shared = {"to_qkv.weight", "to_qkv.bias", "to_out.weight", "to_out.bias"}
+            own |= {prefix + k for k in module.state_dict() if k not in shared}
+            dead |= {prefix + k for k in module.dead_keys}
+    return own, dead
 
 
 def transfer_softmax_to_seqnorm(
@@ -75,17 +77,31 @@ def transfer_softmax_to_seqnorm(
 ) -> list[str]:
     """Load a softmax model's weights into a same-shape seqnorm (or other variant) model, in place.
 
-    Shared keys (projections `to_qkv`, `to_out`, norms, MLPs, head) are copied; parameters only the
-    target has keep their initial values, which for seqnorm's gamma/beta is the identity. Returns the
-    sorted target keys that were new.
+    The paper's section 3.4 recipe: every shared weight (projections `to_qkv`, `to_out`, norms, MLPs,
+    class token, head) is copied exactly; the target variant's own new parameters keep their initial
+    values (seqnorm's gamma = 1, beta = 0: the identity). Source weights the target drops because they
+    cancel in it (seqnorm's Q/K/V biases) are skipped. Returns the sorted target keys that were new.
+    Raises WeightsError naming the keys when the source lacks anything else the target needs (a
+    shallower model, another width) or has weights the target lacks.
     """
-    state = source.state_dict() if isinstance(source, nn.Module) else dict(source)
+    state = dict(source.state_dict() if isinstance(source, nn.Module) else source)
     own = target.state_dict()
+    new_params, dead = _variant_keys(target)
+    for key in dead:
+        state.pop(key, None)
     extra = sorted(set(state) - set(own))
     if extra:
         raise WeightsError(
-            f"the source has weights the target lacks ({', '.join(extra[:5])}...): "
+            f"the source has {len(extra)} weight(s) the target lacks ({', '.join(extra[:5])}): "
             "build the target with the same preset and overrides"
+        )
+    missing = sorted(set(own) - set(state) - new_params)
+    if missing:
+        raise WeightsError(
+            f"the source lacks {len(missing)} weight(s) the target needs beyond its attention variant's "
+            f"own new parameters, which would stay random: {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}; "
+            "build the target with the source's preset, depth and widths"
         )
     bad = [k for k, v in state.items() if own[k].shape != v.shape]
     if bad:

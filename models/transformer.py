@@ -7,18 +7,29 @@ without warm-up tricks. The stack offers three ways to run: plain, with activati
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, cast
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.attention import attention_options, available_attention, build_attention
+from models.attention import AttentionBase, attention_options, available_attention, build_attention
+from models.chunked import run_chunked
+from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 
-Grid = tuple[int, ...] | None
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
+
+# Measured on the CPU (docs/benchmarks.md, "Bounded memory"), vit-wsi with 2048-d input: a plain
+# no-grad pass holds 20 KB (seqnorm) to 42 KB (gdla) of activations per token and a training step about
+# 90 KB, so above 16,384 tokens inference runs chunked and training recomputes blocks in backward;
+# chunks of 4,096 tokens keep a 100,000-token gdla forward under 2 GiB of resident memory in all.
+CHUNK_ABOVE_TOKENS = 16384
+AUTO_CHUNK_TOKENS = 4096
+CHECKPOINT_ABOVE_TOKENS = 16384
 
 
 # build_attention options that the model sets from its own fields: allowing them in attention_options
@@ -33,38 +44,60 @@ def _refuse_shadowed_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"attention_options must not set {shadowed}: set the model fields instead ({use})")
 
 
+@config_model
 @dataclass
 class TransformerConfig:
+    """Fields every transformer kind shares (defaults: the paper's Table 1 widths for vit-wsi).
+
+    Types and ranges are checked by `wsi.config.parse_config`; `__post_init__` checks what spans fields.
+    """
+
     attention: str = "seqnorm"  # variant name, see models.attention
     attention_options: dict[str, Any] = field(default_factory=dict)  # extra build_attention options
-    dim: int = 512  # token width D'
-    attn_dim: int = 512  # inner attention width D (Q, K, V live here)
-    depth: int = 2
-    heads: int = 8
-    mlp_dim: int = 512
-    num_classes: int = 2
-    dropout: float = 0.0
-    checkpointing: bool = False  # recompute blocks in backward: memory for very long bags
-    max_tokens_per_chunk: int | None = None  # chunked no-grad inference (exact), None = plain
+    dim: PositiveInt = 512  # token width D'
+    attn_dim: PositiveInt = 512  # inner attention width D (Q, K, V live here)
+    depth: PositiveInt = 2  # transformer blocks
+    heads: PositiveInt = 8  # attention heads; attn_dim must be divisible by it
+    mlp_dim: PositiveInt = 512  # hidden width of each block's MLP
+    num_classes: PositiveInt = 2  # logits
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # in the MLPs and after attention
+    checkpointing: bool = False  # always recompute blocks in backward while training (else: see below)
+    # With gradients on, bags longer than this recompute each block in backward (activation
+    # checkpointing, same outputs and gradients): memory per tile drops to the block inputs.
+    checkpoint_above_tokens: PositiveInt | None = CHECKPOINT_ABOVE_TOKENS
+    max_tokens_per_chunk: PositiveInt | None = None  # chunk size for every no-grad pass; None = automatic
+    # Without gradients, bags longer than this run chunked (exact; chunks of max_tokens_per_chunk or
+    # AUTO_CHUNK_TOKENS), so inference memory stays bounded; None: plain unless max_tokens_per_chunk.
+    chunk_above_tokens: PositiveInt | None = CHUNK_ABOVE_TOKENS
 
     def __post_init__(self) -> None:
         if self.attention not in available_attention():
             raise ConfigError(f"unknown attention {self.attention!r}; choose one of {available_attention()}")
-        for name in ("dim", "attn_dim", "depth", "heads", "mlp_dim", "num_classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model field {name} must be a positive integer, got {value!r}")
         if self.attn_dim % self.heads:
             raise ConfigError(f"attn_dim {self.attn_dim} is not divisible by heads {self.heads}")
         _refuse_shadowed_options(self.attention_options)
         bad = set(self.attention_options) - set(attention_options(self.attention))
         if bad:
             raise ConfigError(f"attention_options {sorted(bad)} are not options of {self.attention!r}")
-        if self.max_tokens_per_chunk is not None and self.max_tokens_per_chunk < 1:
-            raise ConfigError(f"max_tokens_per_chunk must be >= 1 or null, got {self.max_tokens_per_chunk}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-ready data; `models.presets.build_model_from_config` turns it back into a model."""
+        return config_dict(self)
+
+    def chunk_for(self, n_tokens: int, requested: int | None = None) -> int | None:
+        """Chunk size for a no-grad pass over `n_tokens` tokens, or None for the plain pass."""
+        if requested or self.max_tokens_per_chunk:
+            return requested or self.max_tokens_per_chunk
+        if self.chunk_above_tokens and n_tokens > self.chunk_above_tokens:
+            return AUTO_CHUNK_TOKENS
+        return None
+
+    def checkpoint_for(self, n_tokens: int, training: bool) -> bool:
+        """Whether a pass with gradients over `n_tokens` tokens recomputes its blocks in backward."""
+        if not torch.is_grad_enabled():
+            return False
+        forced = self.checkpointing and training
+        return forced or bool(self.checkpoint_above_tokens and n_tokens > self.checkpoint_above_tokens)
 
     def block_options(self) -> dict[str, Any]:
         return {
@@ -108,18 +141,14 @@ class Block(nn.Module):
         _refuse_shadowed_options(attention_options or {})
         opts = {**(attention_options or {}), "inner_dim": attn_dim, "dropout": dropout}
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = build_attention(attention, dim, heads, **opts)
+        self.attn: AttentionBase = build_attention(attention, dim, heads, **opts)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None) -> Tensor:
-        x = x + self.attn(self.norm1(x), mask, grid_shape)
+    def forward(self, x: Tensor, mask: Tensor | None = None, neighbours: Tensor | None = None) -> Tensor:
+        """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table (models.layout)."""
+        x = x + self.attn(self.norm1(x), mask, neighbours=neighbours)
         return x + self.mlp(self.norm2(x))
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
 
 
 class Transformer(nn.Module):
@@ -131,46 +160,58 @@ class Transformer(nn.Module):
             raise ConfigError(f"depth must be at least 1, got {depth}")
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_dim, **block_options) for _ in range(depth))
 
+    def layers(self) -> list[Block]:
+        """The blocks, typed (nn.ModuleList yields plain Modules)."""
+        return [cast(Block, blk) for blk in self.blocks]
+
+    @property
+    def needs_neighbours(self) -> bool:
+        """Whether any block mixes grid neighbours (gdla's local path): callers build a table only then."""
+        return any(blk.attn.needs_neighbours for blk in self.layers())
+
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, grid_shape: Grid = None, *, checkpointing: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        neighbours: Tensor | None = None,
+        *,
+        checkpointing: bool = False,
     ) -> Tensor:
-        for blk in self.blocks:
+        for blk in self.layers():
             if checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x, mask, grid_shape, use_reentrant=False)
+                x = checkpoint(blk, x, mask, neighbours, use_reentrant=False)
             else:
-                x = blk(x, mask, grid_shape)
+                x = blk(x, mask, neighbours)
         return x
 
     @torch.no_grad()
-    def forward_chunked_(self, x: Tensor, mask: Tensor | None, chunk: int, grid_shape: Grid = None) -> Tensor:
-        """Run every block in two passes over chunks of `chunk` tokens, overwriting x (B, N, dim) in place.
+    def forward_chunked_(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        chunk: int,
+        neighbours: Tensor | None = None,
+        order: Tensor | None = None,
+    ) -> Tensor:
+        """Every block in two passes over chunks of `chunk` tokens, overwriting x (B, N, dim) in place.
 
-        Pass 1 lets the attention accumulate its exact summaries (sums, sums of squares, K^T V); pass 2
-        computes each chunk's output and MLP. Peak memory: x plus one chunk's activations.
+        Pass 1 lets the attention accumulate its exact summaries (sums, covariances, K^T V); pass 2
+        computes each chunk's output and MLP. Chunks follow `order` (B, N) (raster order for slide
+        tiles: a chunk's grid neighbours are then at most one grid row away); `neighbours` is indexed by
+        positions in that order. Peak memory: x plus one chunk (and its neighbour rows) of activations.
         """
         if chunk < 1:
             raise ConfigError(f"max_tokens_per_chunk must be at least 1, got {chunk}")
-        for blk in self.blocks:
-            if grid_shape is not None and getattr(blk.attn, "local", None) is not None:
-                raise ConfigError("gdla with a local branch cannot run chunked; unset max_tokens_per_chunk")
-            state = blk.attn.stream_begin()
-            for sl in _chunks(x.shape[1], chunk):
-                blk.attn.stream_collect(state, blk.norm1(x[:, sl]), None if mask is None else mask[:, sl])
-            for sl in _chunks(x.shape[1], chunk):
-                xc = x[:, sl]
-                y = xc + blk.attn.stream_apply(state, blk.norm1(xc), None if mask is None else mask[:, sl])
-                x[:, sl] = y + blk.mlp(blk.norm2(y))
-            del state
-        return x
+        return run_chunked(self.layers(), x, mask, chunk, neighbours, order)
 
 
 def decompose_cls_logits(
-    blocks: nn.ModuleList,
+    blocks: Sequence[Block],
     norm: nn.LayerNorm,
     head: nn.Linear,
     tokens: Tensor,
     mask: Tensor | None = None,
-    grid_shape: Grid = None,
+    neighbours: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Split the class-token logits (token 0) into per-token terms of the last block's attention.
 
@@ -181,11 +222,11 @@ def decompose_cls_logits(
     """
     h = tokens
     for blk in blocks[:-1]:
-        h = blk(h, mask, grid_shape)
+        h = blk(h, mask, neighbours)
     last = blocks[-1]
-    terms = last.attn.query_contributions(last.norm1(h), mask, 0, grid_shape)  # (B, N, dim)
+    terms = last.attn.query_contributions(last.norm1(h), mask, 0, neighbours=neighbours)  # (B, N, dim)
     terms = torch.cat([torch.zeros_like(terms[:, :1]), terms[:, 1:]], dim=1)  # class token -> base
-    y = last(h, mask, grid_shape)[:, 0]  # (B, dim) the class token after the last block
+    y = last(h, mask, neighbours)[:, 0]  # (B, dim) the class token after the last block
     sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (B, 1) fixed LN scale
 
     def affine_part(t: Tensor, scale: Tensor) -> Tensor:  # linear part of head(LN(.)) at fixed scale

@@ -8,43 +8,56 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from models.kinds import MODEL_KINDS, KindModel
+from models.layout import grid_neighbours
 from models.posenc import sincos_grid
-from models.transformer import Transformer, TransformerConfig, decompose_cls_logits
+from models.transformer import PositiveInt, Transformer, TransformerConfig, decompose_cls_logits
+from wsi.config import config_model
 from wsi.errors import ConfigError
 
 
+@config_model
 @dataclass
 class ViTConfig(TransformerConfig):
-    kind: str = "vit2d"  # "vit2d" | "vit3d"
-    in_channels: int = 3
-    patch_size: list[int] = field(default_factory=lambda: [16, 16])  # (depth,) height, width in pixels
-    dim: int = 1024
-    depth: int = 8
-    mlp_dim: int = 1024
+    kind: Literal["vit2d", "vit3d"] = "vit2d"  # model class: 2D images or 3D volumes
+    in_channels: PositiveInt = 3  # image channels (1 grey, 3 RGB)
+    # (depth,) height, width of a patch in pixels; one int means the same along every axis
+    patch_size: PositiveInt | list[PositiveInt] = field(default_factory=lambda: [16, 16])
+    dim: PositiveInt = 1024  # token width D' (paper, Table 1)
+    depth: PositiveInt = 8  # transformer blocks (paper, Table 1)
+    mlp_dim: PositiveInt = 1024  # MLP hidden width (paper, Table 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        ndim = {"vit2d": 2, "vit3d": 3}.get(self.kind)
-        if ndim is None:
-            raise ConfigError(f"ViT kind must be vit2d or vit3d, got {self.kind!r}")
+        ndim = 2 if self.kind == "vit2d" else 3
         p = [self.patch_size] * ndim if isinstance(self.patch_size, int) else list(self.patch_size)
-        if len(p) != ndim or any(int(v) < 1 for v in p):
+        if len(p) != ndim:
             raise ConfigError(f"{self.kind} patch_size needs {ndim} positive sizes, got {self.patch_size!r}")
-        self.patch_size = [int(v) for v in p]
+        self.patch_size = p
+
+    def patch_shape(self) -> tuple[int, ...]:
+        """The patch size as one int per spatial axis."""
+        p = self.patch_size
+        return tuple([p] if isinstance(p, int) else p)
 
 
-class _ViT(nn.Module):
+class _ViT(KindModel):
+    config_class = ViTConfig
+    config: ViTConfig
+    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)
     ndim = 2
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = config
+        patch = config.patch_shape()
         conv = nn.Conv2d if self.ndim == 2 else nn.Conv3d
-        self.patch_embed = conv(config.in_channels, config.dim, config.patch_size, stride=config.patch_size)
+        self.patch_embed = conv(config.in_channels, config.dim, patch, stride=patch)  # type: ignore[arg-type]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         block_options = config.block_options()
@@ -56,20 +69,17 @@ class _ViT(nn.Module):
         self.norm = nn.LayerNorm(config.dim)
         self.head = nn.Linear(config.dim, config.num_classes)
 
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
-
     def grid_shape(self, image_shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
         """Patch grid of an input whose spatial shape is (H, W) or (D, H, W) (or a full (B, C, ...))."""
         spatial = tuple(int(s) for s in image_shape)[-self.ndim :]
         if len(spatial) != self.ndim or any(
-            s % p for s, p in zip(spatial, self.config.patch_size, strict=True)
+            s % p for s, p in zip(spatial, self.config.patch_shape(), strict=True)
         ):
             raise ConfigError(
                 f"{self.config.kind} input of spatial shape {spatial} must be divisible by the patch size "
-                f"{tuple(self.config.patch_size)}; crop or pad the image"
+                f"{self.config.patch_shape()}; crop or pad the image"
             )
-        return tuple(s // p for s, p in zip(spatial, self.config.patch_size, strict=True))
+        return tuple(s // p for s, p in zip(spatial, self.config.patch_shape(), strict=True))
 
     def _tokens(self, images: Tensor) -> tuple[Tensor, tuple[int, ...]]:
         if images.ndim != self.ndim + 2 or images.shape[1] != self.config.in_channels:
@@ -83,24 +93,30 @@ class _ViT(nn.Module):
         cls = self.cls_token.expand(images.shape[0], -1, -1).to(patches.dtype)
         return torch.cat([cls, patches], dim=1), grid  # (B, 1 + P, dim)
 
+    def _neighbours(self, tokens: Tensor, grid: tuple[int, ...]) -> Tensor | None:
+        """The patch grid's neighbour table (1, 1 + P, T) behind the class token, if a block mixes it."""
+        if not self.transformer.needs_neighbours:
+            return None
+        return grid_neighbours(grid, tokens.shape[1], tokens.device)
+
     def forward(self, images: Tensor, *, max_tokens_per_chunk: int | None = None) -> Tensor:
         """(B, C, H, W) or (B, C, D, H, W) -> logits (B, num_classes)."""
         tokens, grid = self._tokens(images)
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
-        if chunk and not torch.is_grad_enabled():
-            h = self.transformer.forward_chunked_(tokens, None, chunk, grid)
+        neighbours = self._neighbours(tokens, grid)
+        chunk = self.config.chunk_for(tokens.shape[1], max_tokens_per_chunk)
+        if chunk and not torch.is_grad_enabled():  # row-major patches: already in raster order
+            h = self.transformer.forward_chunked_(tokens, None, chunk, neighbours)
         else:
-            h = self.transformer(
-                tokens, None, grid, checkpointing=self.config.checkpointing and self.training
-            )
+            ckpt = self.config.checkpoint_for(tokens.shape[1], self.training)
+            h = self.transformer(tokens, None, neighbours, checkpointing=ckpt)
         return self.head(self.norm(h[:, 0]))
 
     def logit_decomposition(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """(contrib (B, P, C), base (B, C)) with logits == base + contrib.sum(1)."""
         tokens, grid = self._tokens(images)
-        contrib, base = decompose_cls_logits(
-            self.transformer.blocks, self.norm, self.head, tokens, None, grid
-        )
+        blocks = self.transformer.layers()
+        neighbours = self._neighbours(tokens, grid)
+        contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, None, neighbours)
         return contrib[:, 1:], base
 
     def tile_contributions(self, images: Tensor) -> Tensor:
@@ -111,9 +127,11 @@ class _ViT(nn.Module):
         return math.prod(self.grid_shape(image_shape))
 
 
+@MODEL_KINDS.register("vit2d")
 class ViT2D(_ViT):
     ndim = 2
 
 
+@MODEL_KINDS.register("vit3d")
 class ViT3D(_ViT):
     ndim = 3

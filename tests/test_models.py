@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from models.param_groups import param_groups
 from models.presets import (
     available_presets,
     build_model,
@@ -57,7 +59,7 @@ def _direct_path_contributions(
         for hook in hooks:
             hook.remove()
     terms = last.attn.query_contributions(
-        last.norm1(seen["h"]), seen["mask"], 0, seen["grid"]
+        last.norm1(seen["h"]), seen["mask"], 0, neighbours=seen["grid"]
     )  # (B, 1+N, D')
     y = seen["y"]  # (B, D') the class token after the last block
     sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + model.norm.eps)[:, None]  # (B, 1, 1)
@@ -116,8 +118,10 @@ def test_config_errors_name_the_field() -> None:
             build_model("vit-wsi", attention_options={option: 8})
         with pytest.raises(ConfigError, match=option):
             build_model("vit-2d", attention="gdla", attention_options={option: 0.1})
-    with pytest.raises(ConfigError, match="local=True needs a token grid"):
-        build_model("vit-wsi", attention="gdla", attention_options={"local": True})
+    with pytest.raises(ConfigError, match="grid_um"):
+        build_model("vit-wsi", grid_um=0)
+    with pytest.raises(ConfigError, match=r"field 'depth'.*got True"):  # a bool is not a width
+        build_model("vit-wsi", depth=True)
 
 
 def test_config_dict_rebuilds_the_same_model() -> None:
@@ -180,10 +184,14 @@ def test_chunked_inference_equals_plain_pass(name: str) -> None:
         torch.testing.assert_close(v(img, max_tokens_per_chunk=5), v(img), rtol=0, atol=1e-5)
 
 
-def test_chunking_is_refused_for_gdla_local_branch() -> None:
+def test_gdla_local_path_runs_chunked_on_a_patch_grid() -> None:
+    """Both of gdla's paths run in the two-pass scheme, chunks smaller than a grid row included."""
     v = build_model("vit-2d", attention="gdla", attention_options={"local": True}, **TINY).eval()
-    with torch.no_grad(), pytest.raises(ConfigError, match="cannot run chunked"):
-        v(torch.randn(1, 3, 32, 32), max_tokens_per_chunk=4)
+    img = torch.randn(1, 3, 48, 64)  # 3 x 4 patches
+    with torch.no_grad():
+        plain = v(img)
+        for chunk in (2, 4, 7):
+            torch.testing.assert_close(v(img, max_tokens_per_chunk=chunk), plain, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["seqnorm", "softmax"])
@@ -247,7 +255,8 @@ def test_vit_contributions_sit_at_their_patch_in_the_grid(name: str, monkeypatch
         "models.vit.sincos_grid",
         lambda grid, dim, device=None: torch.zeros(math.prod(grid), dim, device=device),
     )
-    v = build_model("vit-2d", attention=name, num_classes=3, **TINY).eval()
+    local_off = {"attention_options": {"local": False}} if name == "gdla" else {}  # neighbours move
+    v = build_model("vit-2d", attention=name, num_classes=3, **TINY, **local_off).eval()
     img = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
     (r1, c1), (r2, c2), p = (0, 1), (2, 3), 16  # grid 3 x 5: rows and columns are not interchangeable
     swapped = img.clone()
@@ -282,11 +291,66 @@ def test_softmax_weights_transfer_into_seqnorm() -> None:
         for p in ("gamma", "beta")
     }
     assert set(new) == want
-    for k, v in src.state_dict().items():
-        torch.testing.assert_close(dst.state_dict()[k], v)
+    dropped = {k for k in src.state_dict() if k.endswith("attn.to_qkv.bias")}  # cancel in seqnorm
+    assert dropped and not dropped & set(dst.state_dict())
+    for k, v in src.state_dict().items():  # every shared weight copied exactly
+        if k not in dropped:
+            assert torch.equal(dst.state_dict()[k], v), k
     for k in new:
         assert torch.all(dst.state_dict()[k] == (1.0 if k.endswith("gamma") else 0.0))
     with pytest.raises(WeightsError, match="same widths"):
         transfer_softmax_to_seqnorm(src.state_dict(), _mil("seqnorm", mlp_dim=64))
     with pytest.raises(WeightsError, match="lacks"):
         transfer_softmax_to_seqnorm(_mil("gdla"), dst)
+
+
+def test_transfer_refuses_a_source_that_leaves_shared_weights_random() -> None:
+    """A depth-1 softmax checkpoint into a depth-2 seqnorm model would leave a whole block random."""
+    src, dst = _mil("softmax", depth=1), _mil("seqnorm", depth=2)
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    with pytest.raises(WeightsError, match=r"lacks \d+ weight.*transformer\.blocks\.1\.attn\.to_qkv\.weight"):
+        transfer_softmax_to_seqnorm(src, dst)
+    assert all(torch.equal(before[k], v) for k, v in dst.state_dict().items())  # nothing half-loaded
+    partial = {k: v for k, v in _mil("softmax").state_dict().items() if not k.startswith("head.")}
+    with pytest.raises(WeightsError, match=r"head\.bias, head\.weight"):
+        transfer_softmax_to_seqnorm(partial, dst)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_param_groups_decay_only_weight_matrices(name: str) -> None:
+    m = _mil(name)
+    decay, keep = param_groups(m, 0.05)
+    assert (decay["weight_decay"], keep["weight_decay"]) == (0.05, 0.0)
+    everything = dict(m.named_parameters())
+    assert sorted(decay["names"] + keep["names"]) == sorted(everything)  # each parameter exactly once
+    assert [id(p) for p in decay["params"]] == [id(everything[n]) for n in decay["names"]]
+    assert all(everything[n].ndim == 2 and n.endswith("weight") and "norm" not in n for n in decay["names"])
+    for n in keep["names"]:  # norms, gains, biases, class token, lambdas
+        assert n.endswith(("bias", "gamma", "beta", "cls_token", "lam", "lam_local", "rms_weight")) or (
+            "norm" in n and n.endswith("weight")
+        ), n
+    assert "cls_token" in keep["names"] and "head.weight" in decay["names"]
+    v = build_model("vit-2d", attention=name, **TINY)
+    names = param_groups(v, 0.1)[0]["names"]
+    assert "patch_embed.weight" in names and "cls_token" not in names
+
+
+def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -> None:
+    """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
+    from safetensors.torch import save_file
+
+    from pipelines.train.checkpoints import load_into
+
+    m = _mil("seqnorm")
+    old = {k: v.clone() for k, v in m.state_dict().items()}
+    for i in range(TINY["depth"]):
+        old[f"transformer.blocks.{i}.attn.to_qkv.bias"] = torch.randn(3 * TINY["attn_dim"])
+    save_file(old, tmp_path / "best.safetensors")
+    fresh = _mil("seqnorm")
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    load_into(fresh, tmp_path / "best.safetensors")
+    x = torch.randn(1, 13, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), m(x), rtol=0, atol=0)

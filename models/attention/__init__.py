@@ -1,7 +1,8 @@
 """Attention variants behind one factory: `build_attention(name, dim, heads, **options)`.
 
 Every variant maps x (B, N, dim) with an optional (B, N) bool mask (True = real token) to (B, N, dim);
-see docs/api.md for the options of each.
+see docs/api.md for the options of each. Variants register themselves in `ATTENTION` with a decorator
+beside their class; a new variant is a new module here plus one line in `ATTENTION`'s module list.
 """
 
 from __future__ import annotations
@@ -9,49 +10,26 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from torch import nn
-
-from models.attention._base import AttentionBase
-from models.attention.gdla import GDLAttention
-from models.attention.seqnorm import SeqNormAttention
-from models.attention.sima import SimAAttention
-from models.attention.softmax import SoftmaxAttention
+from models.attention._base import ATTENTION, AttentionBase
 from wsi.errors import ConfigError
 
-_REGISTRY: dict[str, type[AttentionBase]] = {
-    "seqnorm": SeqNormAttention,
-    "softmax": SoftmaxAttention,
-    "sima": SimAAttention,
-    "gdla": GDLAttention,
-}
 _COMMON_OPTIONS = ("inner_dim", "bias", "dropout")
-LINEAR_VARIANTS = frozenset({"seqnorm", "sima", "gdla"})
 
 
 def available_attention() -> list[str]:
-    return sorted(_REGISTRY)
+    return ATTENTION.names()
 
 
 def attention_options(name: str) -> list[str]:
     """Keyword options a variant accepts."""
-    cls = _attention_class(name)
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(ATTENTION.get(name).__init__).parameters
     own = [p for p in params if p not in {"self", "dim", "heads", "options"}]
     return sorted(set(own) | set(_COMMON_OPTIONS))
 
 
-def _attention_class(name: str) -> type[AttentionBase]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown attention {name!r}; choose one of {', '.join(available_attention())}"
-        ) from None
-
-
-def build_attention(name: str, dim: int, heads: int, **options: object) -> nn.Module:
+def build_attention(name: str, dim: int, heads: int, **options: object) -> AttentionBase:
     """Build the attention variant `name` for tokens of width `dim` with `heads` heads."""
-    cls: Callable[..., AttentionBase] = _attention_class(name)
+    cls: Callable[..., AttentionBase] = ATTENTION.get(name)
     unknown = set(options) - set(attention_options(name))
     if unknown:
         raise ConfigError(
@@ -61,4 +39,14 @@ def build_attention(name: str, dim: int, heads: int, **options: object) -> nn.Mo
     return cls(int(dim), int(heads), **options)
 
 
-__all__ = ["LINEAR_VARIANTS", "AttentionBase", "attention_options", "available_attention", "build_attention"]
+# Variants whose cost grows linearly with the number of tokens (each class says so itself).
+LINEAR_VARIANTS = frozenset(name for name in ATTENTION.names() if ATTENTION.get(name).linear)
+
+__all__ = [
+    "ATTENTION",
+    "LINEAR_VARIANTS",
+    "AttentionBase",
+    "attention_options",
+    "available_attention",
+    "build_attention",
+]

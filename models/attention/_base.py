@@ -7,13 +7,17 @@ D' -> D (Q, K, V) and D -> D' (output), so the inner width may differ from the t
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, ClassVar
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from models.attention.local import LocalRows
+from models.layout import grid_neighbours
 from wsi.errors import ConfigError
+from wsi.registry import Registry
 
 StreamState = dict[str, Any]
 
@@ -21,8 +25,22 @@ StreamState = dict[str, Any]
 class AttentionBase(nn.Module):
     """Multi-head attention skeleton: fused QKV projection, head split/merge, output projection."""
 
+    linear: ClassVar[bool] = True  # cost linear in the number of tokens (False: quadratic, e.g. softmax)
+    needs_neighbours: bool = False  # mixes grid neighbours: wants a neighbour table (per instance)
+    # state-dict keys (relative to the module) that older checkpoints hold but this variant dropped
+    # because they cannot change its output; loading skips them
+    dead_keys: ClassVar[tuple[str, ...]] = ()
+    no_weight_decay: ClassVar[frozenset[str]] = frozenset()  # parameters AdamW must not decay
+    qkv_bias: ClassVar[bool] = True  # default of the `bias` option
+
     def __init__(
-        self, dim: int, heads: int, *, inner_dim: int | None = None, bias: bool = True, dropout: float = 0.0
+        self,
+        dim: int,
+        heads: int,
+        *,
+        inner_dim: int | None = None,
+        bias: bool | None = None,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         inner = dim if inner_dim is None else int(inner_dim)
@@ -34,9 +52,14 @@ class AttentionBase(nn.Module):
             raise ConfigError(f"attention dropout must be in [0, 1), got {dropout}")
         self.dim, self.heads, self.inner_dim = dim, heads, inner
         self.head_dim = inner // heads
-        self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
-        self.to_out = nn.Linear(inner, dim)
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=self.qkv_bias if bias is None else bias)
+        self.to_out = nn.Linear(inner, dim)  # from what `mix` returns (gdla replaces it: 2D -> D')
         self.drop = nn.Dropout(dropout)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for key in self.dead_keys:  # older checkpoints: weights that cancel in this variant
+            state_dict.pop(prefix + key, None)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     # --- helpers ---------------------------------------------------------------------------------
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -60,19 +83,37 @@ class AttentionBase(nn.Module):
     def check_input(x: Tensor, mask: Tensor | None) -> None:
         if x.ndim != 3:
             raise ConfigError(f"attention input must be (B, N, dim), got shape {tuple(x.shape)}")
-        if mask is not None and (mask.shape != x.shape[:2] or mask.dtype != torch.bool):
+        if mask is not None and (
+            mask.shape != x.shape[:2] or not (mask.dtype == torch.bool or mask.is_floating_point())
+        ):
             raise ConfigError(
-                f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (True = real token), "
-                f"got {mask.dtype} {tuple(mask.shape)}"
+                f"mask must be a bool tensor of shape {tuple(x.shape[:2])} (True = real token) or float "
+                f"presence weights, got {mask.dtype} {tuple(mask.shape)}"
             )
+
+    def _table(
+        self, x: Tensor, grid_shape: tuple[int, ...] | None, neighbours: Tensor | None
+    ) -> Tensor | None:
+        if neighbours is None and grid_shape is not None and self.needs_neighbours:
+            return grid_neighbours(tuple(grid_shape), x.shape[1], x.device)
+        return neighbours
 
     # --- public interface --------------------------------------------------------------------------
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, grid_shape: tuple[int, ...] | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        grid_shape: tuple[int, ...] | None = None,
+        *,
+        neighbours: Tensor | None = None,
     ) -> Tensor:
-        """x (B, N, D'), mask (B, N) bool True = real -> (B, N, D')."""
+        """x (B, N, D'), mask (B, N) True = real -> (B, N, D').
+
+        `grid_shape` says the LAST prod(grid_shape) tokens form a row-major grid; `neighbours` (B, N, T)
+        gives every token's grid neighbours directly (models.layout). Only mixers of neighbours use them.
+        """
         self.check_input(x, mask)
-        return self.drop(self.to_out(self.mix(x, mask, grid_shape)))
+        return self.drop(self.to_out(self.mix(x, mask, self._table(x, grid_shape, neighbours))))
 
     def query_contributions(
         self,
@@ -80,25 +121,29 @@ class AttentionBase(nn.Module):
         mask: Tensor | None = None,
         query_index: int = 0,
         grid_shape: tuple[int, ...] | None = None,
+        *,
+        neighbours: Tensor | None = None,
     ) -> Tensor:
         """Per-token additive terms of the output at `query_index`: (B, N, D').
 
         `forward(x)[:, query_index] == terms.sum(1) + to_out.bias` exactly (without dropout).
         """
         self.check_input(x, mask)
-        terms = self.query_terms(x, mask, query_index, grid_shape)  # (B, N, D)
+        terms = self.query_terms(x, mask, query_index, self._table(x, grid_shape, neighbours))
         return terms @ self.to_out.weight.T  # (B, N, D')
 
-    def stream_apply(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
+    def stream_apply(
+        self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
+    ) -> Tensor:
         """Second pass of chunked inference: the output for one chunk of queries, (B, n, D')."""
-        return self.to_out(self.stream_mix(state, x, mask))
+        return self.to_out(self.stream_mix(state, x, mask, local))
 
     # --- what variants implement ----------------------------------------------------------------------
-    def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
+    def mix(self, x: Tensor, mask: Tensor | None, neighbours: Tensor | None) -> Tensor:
         raise NotImplementedError
 
     def query_terms(
-        self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
+        self, x: Tensor, mask: Tensor | None, query_index: int, neighbours: Tensor | None
     ) -> Tensor:
         raise NotImplementedError
 
@@ -106,10 +151,14 @@ class AttentionBase(nn.Module):
         """Start the two-pass chunked scheme; pass every chunk to `stream_collect`, then `stream_apply`."""
         return {}
 
-    def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
+    def stream_collect(
+        self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
+    ) -> None:
         raise NotImplementedError
 
-    def stream_mix(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
+    def stream_mix(
+        self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
+    ) -> Tensor:
         raise NotImplementedError
 
 
@@ -117,3 +166,23 @@ def add_(state: StreamState, key: str, value: Tensor) -> None:
     """Accumulate a float64 running sum in the stream state."""
     value = value.to(torch.float64)
     state[key] = value if key not in state else state[key] + value
+
+
+def no_autocast(device: torch.device) -> Any:
+    """Context in which matmuls keep their inputs' dtype: summaries over N are formed in float32."""
+    if not torch.amp.is_autocast_available(device.type):  # e.g. the meta device: nothing to switch off
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)
+
+
+# Every variant registers itself beside its class (`@ATTENTION.register("name")`); the modules listed
+# here are imported on the first lookup, so adding a variant is a new file plus one line below.
+ATTENTION: Registry[type[AttentionBase]] = Registry(
+    "attention",
+    modules=(
+        "models.attention.seqnorm",
+        "models.attention.softmax",
+        "models.attention.sima",
+        "models.attention.gdla",
+    ),
+)

@@ -4,6 +4,12 @@ Q, K and V are each normalized per bag and per channel across the real tokens (z
 variance), then scaled and shifted by their own learnable per-channel gamma and beta. Without a softmax
 the products reassociate: per head out = Q_j (K_j^T V_j) / N, so only a (d x d) summary per head is ever
 formed and time and memory grow linearly with the number of tokens N.
+
+Precision. The normalization subtracts each channel's mean, so Q = X W + b and Q - E[Q] = (X - E[X]) W:
+the input is centred over the real tokens in float32 BEFORE the projection, and the bias, which cancels,
+is not there at all. A bf16 projection then rounds the spread of the tokens, not their shared mean (which
+standardising would amplify); variances and the K^T V summary are formed in float32, and K^T V is scaled
+by 1/N so the bf16/fp16 product with Q cannot overflow.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.attention._base import AttentionBase, StreamState, add_
-from models.attention._masking import count_tokens, masked_mean_var, zero_padded
+from models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
+from models.attention._masking import count_tokens, masked_mean_var, masked_sum, weighted, zero_padded
+from models.attention.local import LocalRows
+from wsi.errors import ConfigError
 
 
 class ChannelAffine(nn.Module):
@@ -24,84 +32,100 @@ class ChannelAffine(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
 
+def stats_dtype(x: Tensor) -> torch.dtype:
+    """float32 for half-precision activations, x's own dtype when wider (float64 references)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+@ATTENTION.register("seqnorm")
 class SeqNormAttention(AttentionBase):
     """Softmax-free attention with Q, K, V normalized across the sequence; linear in N."""
 
+    qkv_bias = False  # a bias on Q, K or V cancels in the normalization
+    dead_keys = ("to_qkv.bias",)  # checkpoints from before the bias was dropped still load
+
     def __init__(self, dim: int, heads: int, *, eps: float = 1e-5, **options: object) -> None:
+        if options.get("bias"):
+            raise ConfigError(
+                "seqnorm has no Q/K/V bias: it cancels in the normalization over tokens; drop bias=True"
+            )
         super().__init__(dim, heads, **options)  # type: ignore[arg-type]
         self.eps = float(eps)
         self.norm_q = ChannelAffine(self.inner_dim)
         self.norm_k = ChannelAffine(self.inner_dim)
         self.norm_v = ChannelAffine(self.inner_dim)
 
-    def _normalize(self, t: Tensor, mask: Tensor | None, affine: ChannelAffine) -> Tensor:
-        mean, var = masked_mean_var(t, mask)  # (B, 1, D) each, over real tokens only
-        a = affine.gamma * torch.rsqrt(var + self.eps)  # (B, 1, D): gamma * (t - mean) / sd + beta
-        return torch.addcmul(affine.beta - mean * a, t, a)  # one (B, N, D) allocation
+    def _normalize(self, t: Tensor, mask: Tensor | None, affine: ChannelAffine, dtype: torch.dtype) -> Tensor:
+        """(B, N, D) centred projection -> gamma * (t - mean) / sd + beta in `dtype` (statistics too)."""
+        mean, var = masked_mean_var(t, mask, dtype)  # (B, 1, D) each, over real tokens only
+        a = affine.gamma.to(dtype) * torch.rsqrt(var + self.eps)
+        return torch.addcmul(affine.beta.to(dtype) - mean * a, t.to(dtype), a)  # one (B, N, D) allocation
 
     def _normalized(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.qkv(x)  # (B, N, D) each
-        q = self._normalize(q, mask, self.norm_q)
+        """Normalized Q, K, V (B, N, D) in float32 (or wider); K weighted, K and V zero at padding."""
+        acc = stats_dtype(x)
+        mean = masked_sum(x, mask, acc) / count_tokens(mask, x).to(acc)  # (B, 1, D') E[x] over real tokens
+        centred = zero_padded(x.to(acc) - mean, mask).to(self.to_qkv.weight.dtype)
+        q, k, v = self.qkv(centred)  # (B, N, D) each: Q - E[Q], K - E[K], V - E[V] (no bias)
+        q = self._normalize(q, mask, self.norm_q, acc)
         # beta makes padded rows non-zero after normalization: zero them so they add nothing to K^T V.
-        k = zero_padded(self._normalize(k, mask, self.norm_k), mask)
-        v = zero_padded(self._normalize(v, mask, self.norm_v), mask)
+        k = weighted(self._normalize(k, mask, self.norm_k, acc), mask)
+        v = zero_padded(self._normalize(v, mask, self.norm_v, acc), mask)
         return q, k, v
 
-    def mix(self, x: Tensor, mask: Tensor | None, grid_shape: tuple[int, ...] | None) -> Tensor:
-        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1) float32 real tokens per bag
+    def mix(self, x: Tensor, mask: Tensor | None, neighbours: Tensor | None) -> Tensor:
         q, k, v = (self.split(t) for t in self._normalized(x, mask))  # (B, h, N, d) each
-        # 1/N is applied to the (d x d) summary rather than the (N x d) output: same result, one
-        # small kernel instead of a pass over N (the step is launch-bound on a GPU up to ~32k tokens).
-        kv = torch.matmul(k.transpose(-2, -1), v)  # (B, h, d, d) = K_j^T V_j
-        kv = (kv / n).to(kv.dtype)  # divided in float32 (exact N), back to the activation dtype
-        return self.merge(torch.matmul(q, kv))  # (B, h, N, d) -> (B, N, D): Q_j (K_j^T V_j) / N
+        n = count_tokens(mask, x).to(k.dtype).unsqueeze(1)  # (B, 1, 1, 1) real tokens per bag
+        with no_autocast(x.device):
+            kv = torch.matmul(k.transpose(-2, -1), v) / n  # (B, h, d, d) = K_j^T V_j / N in float32
+        return self.merge(torch.matmul(q, kv)).to(x.dtype)  # (B, N, D): Q_j (K_j^T V_j) / N
 
     def query_terms(
-        self, x: Tensor, mask: Tensor | None, query_index: int, grid_shape: tuple[int, ...] | None
+        self, x: Tensor, mask: Tensor | None, query_index: int, neighbours: Tensor | None
     ) -> Tensor:
-        n = count_tokens(mask, x).unsqueeze(1)  # (B, 1, 1, 1) float32
         q, k, v = (self.split(t) for t in self._normalized(x, mask))  # (B, h, N, d)
-        w = torch.einsum("bhd,bhnd->bhn", q[:, :, query_index], k).unsqueeze(-1)  # (B, h, N, 1)
-        w = (w / n).to(w.dtype)
-        return self.merge(w * v)  # (B, N, D): (q . k_i / N) v_i per head
+        n = count_tokens(mask, x).to(k.dtype).unsqueeze(1)  # (B, 1, 1, 1)
+        w = torch.einsum("bhd,bhnd->bhn", q[:, :, query_index], k).unsqueeze(-1) / n  # (B, h, N, 1)
+        return self.merge(w * v).to(x.dtype)  # (B, N, D): (q . k_i / N) v_i per head
 
-    # --- chunked inference: one pass of float64 sums, then apply ----------------------------------------
-    def stream_collect(self, state: StreamState, x: Tensor, mask: Tensor | None) -> None:
+    # --- chunked inference: the bag's mean and covariance of x, then one affine map per token ---------
+    def stream_collect(
+        self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
+    ) -> None:
+        """Every statistic seqnorm needs is a function of E[x] and Cov[x] (D' x D'), summed in float64."""
+        xw = weighted(x, mask).double()  # (B, n, D')
         add_(state, "n", count_tokens(mask, x).view(-1))  # (B,)
-        kv = []
-        for part, name in enumerate("qkv"):
-            t = zero_padded(self.project(x, part), mask).double()  # (B, n, D)
-            add_(state, f"s_{name}", t.sum(1))  # (B, D)
-            add_(state, f"ss_{name}", (t * t).sum(1))  # (B, D)
-            if name != "q":
-                kv.append(self.split(t))
-        add_(state, "s_kv", torch.einsum("bhnd,bhne->bhde", *kv))  # (B, h, d, d) raw K^T V
+        add_(state, "s1", xw.sum(1))  # (B, D')
+        add_(state, "s2", torch.einsum("bnd,bne->bde", xw, zero_padded(x, mask).double()))  # (B, D', D')
 
     def _finish(self, state: StreamState) -> None:
-        """Turn the raw sums into the normalized per-head K^T V / N (float64 algebra, exact)."""
+        """out = (x - m) G + c: fold Q's normalization and the per-head K^T V / N into G (D', D) and c (D)."""
         n = state["n"].view(-1, 1)  # (B, 1)
-        coef = {}
-        for name, affine in (("q", self.norm_q), ("k", self.norm_k), ("v", self.norm_v)):
-            mean = state[f"s_{name}"] / n  # (B, D)
-            var = (state[f"ss_{name}"] / n - mean * mean).clamp_min(0.0)
-            a = affine.gamma.double() * torch.rsqrt(var + self.eps)  # normalized = t * a + c
-            coef[name] = (a, affine.beta.double() - a * mean)
-        (ak, ck), (av, cv) = coef["k"], coef["v"]
-        h = self.heads
-        ak, ck, av, cv = (t.view(t.shape[0], h, -1) for t in (ak, ck, av, cv))  # (B, h, d)
-        sk = state["s_k"].view(ak.shape)
-        sv = state["s_v"].view(av.shape)
-        # sum_i (ak*k_i + ck)(av*v_i + cv)^T, expanded so that only raw sums are needed
-        kv = ak.unsqueeze(-1) * state["s_kv"] * av.unsqueeze(-2)
-        kv = kv + (ak * sk).unsqueeze(-1) * cv.unsqueeze(-2) + ck.unsqueeze(-1) * (av * sv).unsqueeze(-2)
-        kv = kv + n.view(-1, 1, 1, 1) * ck.unsqueeze(-1) * cv.unsqueeze(-2)  # (B, h, d, d)
-        state["kv_over_n"] = (kv / n.view(-1, 1, 1, 1)).float()
-        state["q_affine"] = (coef["q"][0].float().unsqueeze(1), coef["q"][1].float().unsqueeze(1))
+        mean = state["s1"] / n  # (B, D')
+        cov = state["s2"] / n.unsqueeze(-1) - mean.unsqueeze(-1) * mean.unsqueeze(-2)  # (B, D', D')
+        wq, wk, wv = self.to_qkv.weight.double().chunk(3)  # (D, D') each
 
-    def stream_mix(self, state: StreamState, x: Tensor, mask: Tensor | None) -> Tensor:
-        if "kv_over_n" not in state:
+        def scale(w: Tensor, affine: ChannelAffine) -> Tensor:  # gamma / sd per channel, (B, D)
+            var = torch.einsum("pd,bde,pe->bp", w, cov, w).clamp_min(0.0)  # diag(W Cov W^T)
+            return affine.gamma.double() * torch.rsqrt(var + self.eps)
+
+        aq, ak, av = scale(wq, self.norm_q), scale(wk, self.norm_k), scale(wv, self.norm_v)
+        cross = torch.einsum("pd,bde,qe->bpq", wk, cov, wv)  # (B, D, D) Cov[K, V]
+        h, d = self.heads, self.head_dim
+        blocks = cross.view(-1, h, d, h, d).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # (B, h, d, d)
+        bk, bv = self.norm_k.beta.double().view(h, d), self.norm_v.beta.double().view(h, d)
+        kv = ak.view(-1, h, d, 1) * blocks * av.view(-1, h, 1, d) + bk.unsqueeze(-1) * bv.unsqueeze(-2)
+        g = (wq.T * aq.unsqueeze(1)).view(-1, wq.shape[1], h, d)  # (B, D', h, d): W_q^T diag(a_q)
+        state["G"] = torch.einsum("bphd,bhde->bphe", g, kv).flatten(2)  # (B, D', D)
+        state["c"] = torch.einsum("hd,bhde->bhe", self.norm_q.beta.double().view(h, d), kv).flatten(1)
+        state["mean"] = mean.unsqueeze(1)  # (B, 1, D')
+
+    def stream_mix(
+        self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
+    ) -> Tensor:
+        if "G" not in state:
             self._finish(state)
-        a, c = state["q_affine"]  # (B, 1, D) each
-        q = self.split(self.project(x, 0) * a + c)  # (B, h, n, d)
-        kv = state["kv_over_n"].to(q.dtype)
-        return self.merge(torch.einsum("bhnd,bhde->bhne", q, kv))  # (B, n, D)
+        acc = stats_dtype(x)
+        centred = (x.to(acc) - state["mean"].to(acc)).to(self.to_qkv.weight.dtype)  # (B, n, D')
+        out = torch.matmul(centred, state["G"].to(centred.dtype)) + state["c"].to(centred.dtype).unsqueeze(1)
+        return out.to(x.dtype)  # (B, n, D)

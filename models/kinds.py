@@ -1,0 +1,35 @@
+"""Model kinds: the `kind` field of a preset names a model class registered here.
+
+Each model class registers itself beside its definition (`@MODEL_KINDS.register("mil")`) and names its
+typed config in `config_class`; `models.presets` looks a kind up and parses the preset into that
+config. A new kind is a new module plus one line in the module list below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from models.transformer import TransformerConfig
+from wsi.registry import Registry
+
+
+class KindModel(nn.Module):
+    """Base of every registered model: built from one typed config, serialised back to a plain dict."""
+
+    config_class: ClassVar[type[TransformerConfig]]
+    config: TransformerConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain JSON-ready data (`kind` included); rebuilds the architecture."""
+        return self.config.to_dict()
+
+    def config_dict(self) -> dict[str, Any]:
+        """Alias of `to_dict` (the name docs/api.md has always used)."""
+        return self.to_dict()
+
+
+MODEL_KINDS: Registry[type[KindModel]] = Registry("model kind", modules=("models.mil", "models.vit"))
+
+__all__ = ["MODEL_KINDS", "KindModel"]
