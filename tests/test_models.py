@@ -68,7 +68,7 @@ def _direct_path_contributions(
 
 
 def test_presets_build_with_the_papers_widths() -> None:
-    assert available_presets() == ["abmil", "vit-2d", "vit-3d", "vit-wsi"]
+    assert available_presets() == ["abmil", "vit-2d", "vit-3d", "vit-wsi", "vit-wsi-small"]
     with torch.device("meta"):
         mil = build_model("vit-wsi")
         v2 = build_model("vit-2d", in_dim=1, num_classes=5)
@@ -339,7 +339,7 @@ def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -
     """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
     from safetensors.torch import save_file
 
-    from pipelines.train.checkpoints import load_into
+    from pipelines.checkpoints import load_into
 
     m = _mil("seqnorm")
     old = {k: v.clone() for k, v in m.state_dict().items()}

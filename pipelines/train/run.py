@@ -60,6 +60,7 @@ from pipelines.train import metrics
 from pipelines.train.cv import run_folds_on_cluster
 from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from pipelines.train.loop import EpochHook
+from pipelines.train.recipe import apply_recipe
 from pipelines.train.splits import Split, kfold_items, split_items
 from wsi.config import config_dict
 from wsi.errors import ConfigError
@@ -142,6 +143,7 @@ def train(
     matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, cv)
+    cfg = _with_recipe(cfg, splits)
     start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
@@ -182,6 +184,18 @@ def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> 
             + (f" (not {', '.join(other)})" if other else "")
         )
     return Path(wanted)
+
+
+def _with_recipe(task: TaskConfig, splits: Sequence[Split]) -> TaskConfig:
+    """The task with its recipe's values in every unset field, sized to the smallest training split."""
+    n_train = min(len(s.train) for s in splits)
+    resolved = apply_recipe(task, n_train=n_train)
+    log.info(
+        "recipe %s: preset %s (%d training cases), tile share %s, selection %s",
+        task.recipe, resolved.model.preset, n_train, list(resolved.augment.tile_fraction or ()),
+        resolved.selection.metric,
+    )  # fmt: skip
+    return resolved
 
 
 def _make_splits(task: TaskConfig, items: Sequence[Item], cv: int | None) -> list[Split]:
