@@ -23,6 +23,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
+from models.kinds import MODEL_KINDS, KindModel
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 
@@ -53,8 +54,15 @@ class ABMILConfig:
         return config_dict(self)
 
 
-class ABMIL(nn.Module):
-    """Gated-attention MIL with the interface of `models.mil.MILTransformer` (forward, contributions)."""
+@MODEL_KINDS.register("abmil")
+class ABMIL(KindModel):
+    """Gated-attention MIL with the interface of `models.mil.MILTransformer` (forward, contributions).
+
+    A task names it with `model: {preset: abmil}`; training, checkpoints, cross-validation, prediction
+    and heatmaps are the transformers' own (the heatmap of a tile is its exact contribution)."""
+
+    config_class = ABMILConfig
+    config: ABMILConfig
 
     def __init__(self, config: ABMILConfig) -> None:
         super().__init__()
@@ -71,11 +79,6 @@ class ABMIL(nn.Module):
         # no bias: a constant added to every score cancels in the softmax (it would never learn)
         self.attn_w = nn.Linear(config.attn_dim, 1, bias=False)
         self.head = nn.Linear(config.hidden_dim, config.num_classes)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    to_dict = config_dict
 
     # --- pieces --------------------------------------------------------------------------------------
     def _check(self, x: Tensor, mask: Tensor | None) -> None:

@@ -7,19 +7,27 @@ config. A new kind is a new module plus one line in the module list below.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from torch import nn
 
-from models.transformer import TransformerConfig
 from wsi.registry import Registry
+
+
+class KindConfig(Protocol):
+    """What every model kind's config offers: its `kind` name and plain JSON-ready data."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class KindModel(nn.Module):
     """Base of every registered model: built from one typed config, serialised back to a plain dict."""
 
-    config_class: ClassVar[type[TransformerConfig]]
-    config: TransformerConfig
+    config_class: ClassVar[type[Any]]  # the @config_model dataclass `models.presets` parses a preset into
+    config: KindConfig
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain JSON-ready data (`kind` included); rebuilds the architecture."""
@@ -30,6 +38,8 @@ class KindModel(nn.Module):
         return self.to_dict()
 
 
-MODEL_KINDS: Registry[type[KindModel]] = Registry("model kind", modules=("models.mil", "models.vit"))
+MODEL_KINDS: Registry[type[KindModel]] = Registry(
+    "model kind", modules=("models.mil", "models.vit", "models.abmil")
+)
 
-__all__ = ["MODEL_KINDS", "KindModel"]
+__all__ = ["MODEL_KINDS", "KindConfig", "KindModel"]

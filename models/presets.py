@@ -30,7 +30,8 @@ def build_model(
 ) -> KindModel:
     """Model of a preset (packaged name or YAML path); arguments left None keep the preset's value.
 
-    For the ViTs `in_dim` means the number of input channels.
+    `in_dim` is the input width the data gives: the feature width for models over bags (`mil`,
+    `abmil`: their config's `in_dim`), the number of input channels for the ViTs (`in_channels`).
     """
     data, source = configs.load_yaml("models", preset)
     data = dict(data)
@@ -39,9 +40,29 @@ def build_model(
     if num_classes is not None:
         data["num_classes"] = num_classes
     if in_dim is not None:
-        data["in_dim" if data.get("kind", "mil") == "mil" else "in_channels"] = in_dim
+        data[input_width_field(data.get("kind", "mil"))] = in_dim
     data.update(overrides)
     return build_model_from_config(data, source=source)
+
+
+def preset_kind(preset: str | Path) -> str:
+    """The model kind a preset builds (`mil`, `abmil`, `vit2d`, ...), read from its YAML."""
+    data, _ = configs.load_yaml("models", preset)
+    return str(data.get("kind", "mil"))
+
+
+def preset_attention(preset: str | Path) -> str | None:
+    """The attention a preset names (its own default), or None when its YAML names none."""
+    data, _ = configs.load_yaml("models", preset)
+    value = data.get("attention")
+    return None if value is None else str(value)
+
+
+def input_width_field(kind: str) -> str:
+    """The config field that takes the data's input width: `in_dim` where the kind's config has one
+    (models over feature bags), else `in_channels` (models over images)."""
+    fields = getattr(MODEL_KINDS.get(kind).config_class, "__dataclass_fields__", {})
+    return "in_dim" if "in_dim" in fields else "in_channels"
 
 
 def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> KindModel:

@@ -27,23 +27,63 @@ from configs import load_yaml
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 
+Recipe = Literal["small-cohort", "paper"]
+
+# Fields below whose default is None take their value from the task's `recipe` when training starts
+# (`pipelines.train.recipe.RECIPES` holds the values; README.md "Which training recipe" explains them);
+# a value written in the YAML always wins. The run record (config.json) keeps the resolved values.
+
 
 @config_model
 @dataclass(frozen=True)
 class ModelConfig:
-    preset: str = "vit-wsi"  # models.build_model preset (configs/models/<preset>.yaml or a path)
-    attention: str = "seqnorm"  # seqnorm | softmax | sima | gdla (models.build_attention registry)
-    overrides: dict[str, Any] = field(default_factory=dict)  # extra build_model kwargs (dim, depth...)
+    preset: str | None = None  # models.build_model preset (configs/models/<preset>.yaml or a path);
+    # None: the recipe's (small-cohort: sized to the number of training cases; paper: vit-wsi)
+    attention: str | None = None  # seqnorm | softmax | sima | gdla (transformers), gated | plain
+    # (abmil); None: the preset's own
+    overrides: dict[str, Any] = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
+    # the small-cohort recipe adds its dropout here unless the key is given
 
 
 @config_model
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: Literal["adamw"] = "adamw"  # the only optimizer: what the reference recipes use
-    lr: float = 1e-4  # peak learning rate
-    weight_decay: float = 1e-2  # AdamW's decoupled weight decay
-    scheduler: Literal["none", "cosine"] = "none"  # cosine: per-step decay to 0 over max `epochs`
+    lr: float | None = None  # peak learning rate; None: the recipe's
+    weight_decay: float | None = None  # AdamW's decoupled weight decay, on weight matrices only
+    # (models.param_groups: never on norms, biases, the class token); None: the recipe's
+    scheduler: Literal["none", "cosine"] | None = None  # cosine: per-step decay to 0 over max `epochs`
+    # after the warm-up; None: the recipe's
+    warmup_epochs: int | None = None  # linear warm-up of the learning rate from 0 over this many epochs;
+    # None: the recipe's
     grad_clip: float | None = None  # max gradient norm; None = off
+
+
+@config_model
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Training-only changes to each feature bag (validation, test and prediction see whole bags)."""
+
+    tile_fraction: tuple[float, float] | None = None  # keep a random share in [lo, hi] of each training
+    # bag's tiles, drawn per bag and step (at least one tile); [1, 1] = whole bags; None: the recipe's
+    feature_dropout: float | None = None  # zero each input feature of a training tile with this chance
+    # (inverted dropout); None: the recipe's
+
+
+@config_model
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Which epoch's weights become best.safetensors, and what early stopping watches."""
+
+    metric: Literal["val-figure", "smoothed-val-loss"] | None = None  # val-figure: the kind's figure
+    # (categorical: validation AUROC, ties by loss; survival: C-index); smoothed-val-loss: the mean
+    # validation loss of the last `window` epochs (steadier than the AUROC of a handful of bags);
+    # None: the recipe's
+    window: int | None = None  # epochs averaged by smoothed-val-loss and by average_weights; None: the
+    # recipe's
+    average_weights: bool | None = None  # best.safetensors holds the mean of the weights of the `window`
+    # epochs ending at the chosen one (weight averaging over the epochs the smoothed loss averaged);
+    # None: the recipe's
 
 
 @config_model
@@ -114,12 +154,17 @@ class TaskConfig:
     input: str = "bags"  # pipelines.inputs registry: bags | images
     input_options: dict[str, Any] = field(default_factory=dict)  # validated by the input adapter
     columns: LabelColumns = field(default_factory=LabelColumns)  # label table column names
+    recipe: Recipe = "small-cohort"  # what the fields left None below default to: small-cohort (any
+    # cohort below a few hundred cases; regularised, sized to the data) or paper (whole bags, the
+    # preset as named, best epoch by the validation figure); see README.md "Which training recipe"
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
-    epochs: int = 100  # upper bound; early stopping usually ends sooner
-    patience: int = 10  # epochs without a better validation figure (see pipelines.kinds) before stopping;
-    # 0 = never stop early
+    epochs: int | None = None  # upper bound; early stopping usually ends sooner; None: the recipe's
+    patience: int | None = None  # epochs without a better selection score (`selection.metric`) before
+    # stopping; 0 = never stop early; None: the recipe's
     batch_size: int = 1  # bags per step (padded + masked when > 1)
     grad_accum: int = 1  # optimizer step every this many batches
     class_weighting: Literal["none", "balanced"] = "none"  # categorical: loss weights inverse to frequency
@@ -222,13 +267,32 @@ def check_task(task: TaskConfig, source: str) -> TaskConfig:
     ):
         raise ConfigError(f"{source}: split fractions must be >= 0 (train, val > 0) and sum to 1, got {s}")
     for name in ("epochs", "batch_size", "grad_accum", "bootstrap"):
-        if getattr(task, name) < 1:
-            raise ConfigError(f"{source}: {name} must be at least 1, got {getattr(task, name)}")
-    if task.patience < 0 or task.num_workers < 0:
+        value = getattr(task, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{source}: {name} must be at least 1, got {value}")
+    if (task.patience or 0) < 0 or task.num_workers < 0:
         raise ConfigError(f"{source}: patience and num_workers must be >= 0")
-    if task.optimizer.lr <= 0:
-        raise ConfigError(f"{source}: optimizer.lr must be positive, got {task.optimizer.lr}")
+    _check_recipe_fields(task, source)
     return task
+
+
+def _check_recipe_fields(task: TaskConfig, source: str) -> None:
+    """Ranges of the fields a recipe fills (checked when given; the recipes' own values hold them)."""
+    opt, aug, sel = task.optimizer, task.augment, task.selection
+    if opt.lr is not None and opt.lr <= 0:
+        raise ConfigError(f"{source}: optimizer.lr must be positive, got {opt.lr}")
+    if (opt.weight_decay or 0) < 0 or (opt.warmup_epochs or 0) < 0:
+        raise ConfigError(f"{source}: optimizer.weight_decay and optimizer.warmup_epochs must be >= 0")
+    if aug.tile_fraction is not None:
+        lo, hi = aug.tile_fraction
+        if not 0 < lo <= hi <= 1:
+            raise ConfigError(
+                f"{source}: augment.tile_fraction must be [lo, hi] with 0 < lo <= hi <= 1, got {[lo, hi]}"
+            )
+    if not 0 <= (aug.feature_dropout or 0) < 1:
+        raise ConfigError(f"{source}: augment.feature_dropout must be in [0, 1), got {aug.feature_dropout}")
+    if sel.window is not None and sel.window < 1:
+        raise ConfigError(f"{source}: selection.window must be at least 1, got {sel.window}")
 
 
 def parse_task(data: dict[str, Any], *, source: str) -> TaskConfig:
@@ -244,10 +308,13 @@ def load_task(name_or_path: str | Path) -> TaskConfig:
 
 
 __all__ = [
+    "AugmentConfig",
     "LabelColumns",
     "ModelConfig",
     "OptimizerConfig",
+    "Recipe",
     "RegressionConfig",
+    "SelectionConfig",
     "SplitConfig",
     "SurvivalConfig",
     "TargetConfig",

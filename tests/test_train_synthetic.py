@@ -99,6 +99,7 @@ def write_task(path: Path, **changes: object) -> Path:
         "name": "toy-subtype",
         "classes": list(CLASSES),
         "input": "bags",
+        "recipe": "paper",  # the recipe these tests were written for (issue 14 made small-cohort the default)
         "model": {"preset": "vit-wsi", "attention": "seqnorm", "overrides": dict(TINY)},
         "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "scheduler": "cosine"},
         "epochs": 12,

@@ -114,7 +114,7 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def init_from(model: torch.nn.Module, source: Path, attention: str) -> None:
+def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> None:
     """Start from another run's weights: same attention -> load; softmax -> transfer to softmax-free."""
     from models.presets import transfer_softmax_to_seqnorm
 

@@ -37,10 +37,14 @@ from pipelines.devices import autocast_for
 from pipelines.inputs import Batch, InputAdapter, Item
 from pipelines.kinds import TaskKind
 from pipelines.tasks import TaskConfig
+from pipelines.train.augment import BagAugment
 from pipelines.train.finite import FiniteWatch, check_outputs
 from pipelines.train.optim import make_optimizer, make_scheduler
+from pipelines.train.recipe import is_resolved
+from pipelines.train.selection import Selection
 from pipelines.train.splits import Split
 from pipelines.train.state import TrainState, has_resume, load_resume, save_resume
+from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
 
 log = logging.getLogger(__name__)
@@ -76,9 +80,11 @@ def train_epoch(
     progress: bool = False,
     desc: str = "train",
     kind: TaskKind | None = None,
+    augment: Callable[[Batch], Batch] | None = None,
 ) -> float:
     """One pass over `loader`; returns the mean loss per loss computed (the only host sync of the
-    epoch). Without `kind`: cross-entropy on the batch labels (a categorical task).
+    epoch). Without `kind`: cross-entropy on the batch labels (a categorical task). `augment` changes
+    each batch on the device before the model sees it (tile subsets, feature dropout: training only).
 
     A kind whose loss needs a set of bags (`group_bags` > 1, survival) keeps each batch's logits until
     the set is complete, then computes one loss over the set; the optimizer steps every `grad_accum`
@@ -98,6 +104,8 @@ def train_epoch(
             continue
         if batch.x.shape[0]:
             batch = batch.to(device)
+            if augment is not None:
+                batch = augment(batch)
             with autocast():
                 pending.append((_forward(model, batch), batch))  # logits (B, C)
         if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
@@ -218,6 +226,8 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     generator: torch.Generator  # shuffles the training loader; saved with the resume state
+    augment: BagAugment | None  # training batches only (pipelines.train.augment)
+    selection: Selection  # the score that picks best.safetensors, and weight averaging
 
     @classmethod
     def build(
@@ -247,6 +257,7 @@ class Trainer:
             task=task, kind=kind, model=model, device=device, train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
             scheduler=make_scheduler(optimizer, task, steps_per_epoch), generator=generator,
+            augment=BagAugment.of(task), selection=Selection.of(task),
         )  # fmt: skip
 
     def start(self, run_dir: Path, *, resume: bool) -> TrainState:
@@ -269,7 +280,7 @@ class Trainer:
         train_loss = train_epoch(
             self.model, self.train_loader, self.optimizer, self.scheduler, device=device,
             grad_accum=task.grad_accum, grad_clip=task.optimizer.grad_clip, progress=progress,
-            desc=f"epoch {epoch}", kind=self.kind,
+            desc=f"epoch {epoch}", kind=self.kind, augment=self.augment,
         )  # fmt: skip
         val = predict_loader(self.model, self.val_loader, device=device, kind=self.kind)
         val_loss, figures, score = self.kind.validation(val.targets, val.outputs, val.logits)
@@ -289,15 +300,17 @@ class Trainer:
     ) -> None:
         """Keep the best and last weights, count epochs without progress, save the log and resume state."""
         epoch = row["epoch"]
+        score = self.selection.score(state.log, row, score)
+        self.selection.remember(self.model, run_dir, epoch)
         if state.best_score is None or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
-            save_weights(self.model, run_dir / "best.safetensors", {"epoch": str(epoch)})
+            self.selection.save_best(self.model, run_dir / "best.safetensors", epoch)
         else:
             state.bad_epochs += 1
         save_weights(self.model, run_dir / "last.safetensors", {"epoch": str(epoch)})
         state.epoch = epoch
         state.log.append(row)
-        if self.task.patience and state.bad_epochs >= self.task.patience:
+        if self.task.patience and state.bad_epochs >= self.task.patience:  # 0 / None: never
             state.done = True
             log.info("early stop after epoch %d (best %d)", epoch, state.best_epoch)
         columns = log_columns(self.kind)
@@ -306,6 +319,16 @@ class Trainer:
             run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             loader_generator=self.generator, state=state,
         )  # fmt: skip
+
+
+def require_recipe(task: TaskConfig) -> int:
+    """The task's epoch budget; a ConfigError when its recipe was never applied (fields left None)."""
+    if not is_resolved(task) or task.epochs is None:
+        raise ConfigError(
+            f"task {task.name!r} has fields its recipe fills still unset: train it through "
+            "pipelines.train.train, or apply pipelines.train.recipe.apply_recipe first"
+        )
+    return task.epochs
 
 
 def fit(
@@ -324,13 +347,14 @@ def fit(
     """Train `model` on `split` into `run_dir` (which already holds config.json); returns the final
     state. `run_dir` then holds best.safetensors (best validation epoch), last.safetensors and log.csv."""
     run_dir = Path(run_dir)
+    epochs = require_recipe(task)
     trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
     state = trainer.start(run_dir, resume=resume)
     bar = tqdm(
-        total=task.epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
+        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
         file=sys.stderr,
     )  # fmt: skip
-    while not state.finished(task.epochs):
+    while not state.finished(epochs):
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
         trainer.end_epoch(state, row, score, run_dir)
         bar.update(1)
@@ -340,6 +364,7 @@ def fit(
             on_epoch_end(row)
     bar.close()
     state.done = True
+    trainer.selection.finish(run_dir)
     return state
 
 

@@ -62,6 +62,7 @@ from pipelines.train.cv import run_folds_on_cluster
 from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from pipelines.train.loop import EpochHook
 from pipelines.train.preflight import refuse_unusable
+from pipelines.train.recipe import apply_recipe
 from pipelines.train.splits import Split, kfold_items, split_items
 from wsi.config import config_dict
 from wsi.errors import ConfigError
@@ -146,10 +147,11 @@ def train(
     rows = read_label_table(labels_csv, task=cfg, kind=kind)
     found = adapter.find([source])
     matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
-    adapter = _with_resolution(adapter, cfg, mpp, matched.mpp_by_slide)
-    refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, cv)
+    cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
+    adapter = _with_resolution(adapter, cfg, mpp, matched.mpp_by_slide)
+    refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
     start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
@@ -217,6 +219,18 @@ def _uses_positions(task: TaskConfig) -> bool:
 
     preset, _ = configs.load_yaml("models", task.model.preset)
     return model_uses_positions({**preset, **task.model.overrides})
+
+
+def _with_recipe(task: TaskConfig, splits: Sequence[Split]) -> TaskConfig:
+    """The task with its recipe's values in every unset field, sized to the smallest training split."""
+    n_train = min(len(s.train) for s in splits)
+    resolved = apply_recipe(task, n_train=n_train)
+    log.info(
+        "recipe %s: preset %s (%d training cases), tile share %s, selection %s",
+        task.recipe, resolved.model.preset, n_train, list(resolved.augment.tile_fraction or ()),
+        resolved.selection.metric,
+    )  # fmt: skip
+    return resolved
 
 
 def _make_splits(task: TaskConfig, items: Sequence[Item], cv: int | None) -> list[Split]:

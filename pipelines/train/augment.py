@@ -1,0 +1,97 @@
+"""Training-only augmentation of feature bags: random tile subsets and input feature dropout.
+
+The loop applies `BagAugment` to each training batch, on the device, just before the model sees it;
+validation, test and prediction batches never pass through it (whole bags, every feature). A random
+subset of a bag's tiles is a new bag with the same label (the label of a slide does not hinge on every
+tile), the MIL counterpart of a random crop; peers subsample too (STAMP's `bag_size`, CLAM's and
+TransMIL's training bags), here by a random share rather than a fixed count so that small and large
+bags are both thinned. Random numbers come from torch's global generators, which the loop seeds and
+saves with the resume state: the same seed gives the same subsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.inputs import Batch
+from pipelines.tasks import TaskConfig
+
+
+def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
+    """Each bag of `batch` (x: (B, N, D)) keeps a random share in [lo, hi] of its real tiles, at least
+    one, in their original order; tensors in `extra` with one entry per tile (mask, coords_um) follow.
+
+    A batch with several bags comes back padded to its longest subset with a bool mask (True = real).
+    """
+    lo, hi = fraction
+    x = batch.x
+    b, n = x.shape[:2]
+    if n == 0 or lo >= 1.0:
+        return batch
+    mask = batch.extra.get("mask")
+    real = torch.ones(b, n, dtype=torch.bool) if mask is None else (mask.detach().cpu() != 0)
+    counts = real.sum(1)  # (B,) real tiles per bag
+    shares = lo + (hi - lo) * torch.rand(b)  # (B,) drawn on the CPU generator
+    keep_n = torch.clamp(torch.round(shares * counts).long(), min=1)
+    keep_n = torch.minimum(keep_n, counts)  # an empty bag stays empty
+    rows = []
+    for i in range(b):
+        idx = torch.nonzero(real[i]).squeeze(1)  # (n_i,) positions of real tiles
+        pick = idx[torch.randperm(len(idx))[: int(keep_n[i])]].sort().values  # raster order kept
+        rows.append(pick)
+    width = max(1, int(keep_n.max()))
+    index = torch.zeros(b, width, dtype=torch.long)  # (B, K) positions into the old bag
+    new_mask = torch.zeros(b, width, dtype=torch.bool)
+    for i, pick in enumerate(rows):
+        index[i, : len(pick)] = pick
+        new_mask[i, : len(pick)] = True
+    index = index.to(x.device)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        gather = index.view(b, width, *([1] * (t.ndim - 2))).expand(b, width, *t.shape[2:])
+        return torch.gather(t, 1, gather)  # (B, K, ...)
+
+    extra = {
+        key: take(value) if value.shape[:2] == (b, n) and key != "mask" else value
+        for key, value in batch.extra.items()
+    }
+    x_new = take(x)
+    if b > 1 and not bool(new_mask.all()):
+        x_new = x_new.masked_fill(~new_mask.to(x.device)[..., None], 0.0)
+        extra["mask"] = new_mask.to(x.device)
+    else:
+        extra.pop("mask", None)  # every kept position is real
+    return Batch(x=x_new, labels=batch.labels, ids=batch.ids, extra=extra, targets=batch.targets)
+
+
+@dataclass(frozen=True)
+class BagAugment:
+    """What happens to a training batch of feature bags before the model sees it."""
+
+    tile_fraction: tuple[float, float] = (1.0, 1.0)  # share of each bag's tiles kept
+    feature_dropout: float = 0.0  # chance each input feature is zeroed (inverted dropout)
+
+    @classmethod
+    def of(cls, task: TaskConfig) -> BagAugment | None:
+        """The task's augmentation, or None when it changes nothing or the input is not feature bags."""
+        aug = task.augment
+        fraction = tuple(aug.tile_fraction or (1.0, 1.0))
+        made = cls((float(fraction[0]), float(fraction[1])), float(aug.feature_dropout or 0.0))
+        if task.input != "bags" or (made.tile_fraction[0] >= 1.0 and made.feature_dropout == 0.0):
+            return None
+        return made
+
+    def __call__(self, batch: Batch) -> Batch:
+        if batch.x.ndim != 3:  # not a bag of tile features
+            return batch
+        batch = tile_subset(batch, self.tile_fraction)
+        if self.feature_dropout > 0:
+            x = batch.x.float() if batch.x.dtype == torch.float16 else batch.x  # as the model gets it
+            batch.x = F.dropout(x, self.feature_dropout, training=True)
+        return batch
+
+
+__all__ = ["BagAugment", "tile_subset"]

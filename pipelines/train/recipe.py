@@ -1,0 +1,128 @@
+"""Training recipes: the values a task's unset (None) fields take, and the preset sized to the cohort.
+
+A task names its recipe (`recipe: small-cohort`, the default, or `recipe: paper`); every field it leaves
+None (`pipelines.tasks`) is filled here when training starts, once the number of training cases is
+known, and the run record keeps the filled task. A value written in the task YAML always wins.
+
+paper          the seqnorm paper's recipe for TCGA-scale cohorts: whole bags, the preset as named
+               (vit-wsi), AdamW 1e-4 with weight decay 1e-2 and no schedule, the best epoch by the
+               validation figure (categorical: AUROC), patience 10 of at most 100 epochs.
+small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-parameter transformer
+               memorises the training bags within a few epochs and the AUROC of ~15 validation bags
+               picks an epoch by chance. It regularises what peers' MIL recipes regularise: random
+               tile subsets of each training bag (feature bags only), input feature dropout and model
+               dropout, weight decay on weight matrices only, a warm-up then cosine schedule; it keeps
+               the weights of the lowest validation loss averaged over a window of epochs (and averages
+               the weights over that window), and below `SMALL_BELOW` training cases uses the
+               narrower one-layer `vit-wsi-small` preset.
+
+Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
+small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
+holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. Inputs other than feature bags keep `vit-wsi`
+(name vit-2d or vit-3d in an image task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.tasks import TaskConfig
+
+#: below this many training cases the small-cohort recipe picks the narrower preset
+SMALL_BELOW = 300
+SMALL_PRESET = "vit-wsi-small"
+FULL_PRESET = "vit-wsi"
+
+
+@dataclass(frozen=True)
+class RecipeValues:
+    """What one recipe fills in; each field names the task field it fills."""
+
+    epochs: int  # epochs
+    patience: int  # patience
+    lr: float  # optimizer.lr
+    weight_decay: float  # optimizer.weight_decay (weight matrices only, models.param_groups)
+    scheduler: str  # optimizer.scheduler
+    warmup_epochs: int  # optimizer.warmup_epochs
+    tile_fraction: tuple[float, float]  # augment.tile_fraction ((1, 1) = whole bags)
+    feature_dropout: float  # augment.feature_dropout
+    metric: str  # selection.metric
+    window: int  # selection.window
+    average_weights: bool  # selection.average_weights
+    # model.overrides added per model kind unless the task gives the key (empty: the preset's values)
+    model_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+RECIPES: dict[str, RecipeValues] = {
+    "paper": RecipeValues(
+        epochs=100, patience=10, lr=1e-4, weight_decay=1e-2, scheduler="none", warmup_epochs=0,
+        tile_fraction=(1.0, 1.0), feature_dropout=0.0, metric="val-figure", window=1,
+        average_weights=False,
+    ),
+    "small-cohort": RecipeValues(
+        epochs=60, patience=15, lr=2e-4, weight_decay=5e-2, scheduler="cosine", warmup_epochs=5,
+        tile_fraction=(0.5, 1.0), feature_dropout=0.1, metric="smoothed-val-loss", window=5,
+        average_weights=True,
+        model_overrides={
+            "mil": {"dropout": 0.1},
+            "vit2d": {"dropout": 0.1},
+            "vit3d": {"dropout": 0.1},
+            "abmil": {"dropout": 0.25, "attention_dropout": 0.1},
+        },
+    ),
+}  # fmt: skip
+
+
+def preset_for(recipe: str, n_train: int, input_name: str = "bags") -> str:
+    """The preset a task that names none trains (the sizing rule in the module docstring)."""
+    if recipe == "small-cohort" and input_name == "bags" and n_train < SMALL_BELOW:
+        return SMALL_PRESET
+    return FULL_PRESET
+
+
+def apply_recipe(task: TaskConfig, *, n_train: int) -> TaskConfig:
+    """`task` with every None field filled from its recipe; `n_train` = training cases (per fold)."""
+    from models.presets import preset_attention, preset_kind
+
+    values = RECIPES[task.recipe]
+    preset = task.model.preset or preset_for(task.recipe, n_train, task.input)
+    overrides = {**values.model_overrides.get(preset_kind(preset), {}), **task.model.overrides}
+    defaults: dict[str, Any] = {
+        "epochs": values.epochs,
+        "patience": values.patience,
+        "optimizer.lr": values.lr,
+        "optimizer.weight_decay": values.weight_decay,
+        "optimizer.scheduler": values.scheduler,
+        "optimizer.warmup_epochs": values.warmup_epochs,
+        "augment.tile_fraction": list(values.tile_fraction),
+        "augment.feature_dropout": values.feature_dropout,
+        "selection.metric": values.metric,
+        "selection.window": values.window,
+        "selection.average_weights": values.average_weights,
+    }
+    changes = {key: value for key, value in defaults.items() if _get(task, key) is None}
+    changes["model.preset"] = str(preset)
+    changes["model.attention"] = task.model.attention or preset_attention(preset)
+    changes["model.overrides"] = overrides
+    return task.replace(**changes)
+
+
+def is_resolved(task: TaskConfig) -> bool:
+    """Whether every field a recipe fills has a value (what the training loop needs)."""
+    keys = ("epochs", "patience", "optimizer.lr", "optimizer.weight_decay", "optimizer.scheduler",
+            "optimizer.warmup_epochs", "augment.tile_fraction", "augment.feature_dropout",
+            "selection.metric", "selection.window", "selection.average_weights", "model.preset")  # fmt: skip
+    return all(_get(task, key) is not None for key in keys)
+
+
+def _get(task: TaskConfig, dotted: str) -> Any:
+    node: Any = task
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+__all__ = ["FULL_PRESET", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues", "apply_recipe",
+           "is_resolved", "preset_for"]  # fmt: skip

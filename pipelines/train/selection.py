@@ -1,0 +1,101 @@
+"""Which weights a run keeps: the score that picks the best epoch, and weights averaged over epochs.
+
+`val-figure` ranks epochs by the task kind's validation score (categorical: AUROC, ties by loss), the
+paper's rule. On a small cohort that figure comes from a handful of validation bags and jumps from
+epoch to epoch, so early stopping on it picks an epoch by chance; `smoothed-val-loss` ranks epochs by
+the mean validation loss of the last `window` epochs instead (lower is better; the kind's own score
+breaks ties). With `average_weights`, best.safetensors holds the mean of the weights of those same
+epochs (weight averaging over the window the smoothed loss averaged: a flatter, steadier solution than
+any one epoch), kept as one file per epoch in `window/` until training ends, so a resumed run averages
+exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from pipelines.checkpoints import load_weights, save_weights
+from pipelines.tasks import TaskConfig
+from wsi.files import atomic_path
+
+WINDOW_DIR = "window"
+
+
+def smoothed_loss(losses: Sequence[float], window: int) -> float:
+    """Mean of the last `window` validation losses (fewer at the start); NaN if any of them is NaN."""
+    recent = [float(v) for v in losses[-window:]]
+    return sum(recent) / len(recent) if recent else math.nan
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The task's `selection` settings, resolved (see pipelines.train.recipe)."""
+
+    metric: str = "val-figure"
+    window: int = 1
+    average_weights: bool = False
+
+    @classmethod
+    def of(cls, task: TaskConfig) -> Selection:
+        s = task.selection
+        return cls(s.metric or "val-figure", int(s.window or 1), bool(s.average_weights))
+
+    def score(
+        self, log: Sequence[dict[str, Any]], row: dict[str, Any], figure: tuple[float, float]
+    ) -> tuple[float, float]:
+        """The epoch's rank (larger wins) from the earlier log rows, its own row and the kind's score."""
+        if self.metric == "val-figure":
+            return figure
+        mean = smoothed_loss([r["val_loss"] for r in (*log, row)], self.window)
+        return (-mean if not math.isnan(mean) else -math.inf, figure[0])
+
+    def remember(self, model: torch.nn.Module, run_dir: Path, epoch: int) -> None:
+        """Keep this epoch's weights while they can still enter an average; drop older ones."""
+        if not self.average_weights or self.window < 2:
+            return
+        folder = run_dir / WINDOW_DIR
+        folder.mkdir(exist_ok=True)
+        save_weights(model, folder / f"epoch-{epoch:05d}.safetensors", {"epoch": str(epoch)})
+        for path in folder.glob("epoch-*.safetensors"):
+            if not epoch - self.window < _epoch_of(path) <= epoch:
+                path.unlink(missing_ok=True)  # too old, or left by an interrupted later epoch
+
+    def save_best(self, model: torch.nn.Module, path: Path, epoch: int) -> None:
+        """Write best.safetensors: the model as it is, or the mean over the window ending at `epoch`."""
+        if not self.average_weights or self.window < 2:
+            save_weights(model, path, {"epoch": str(epoch)})
+            return
+        files = [
+            p
+            for p in sorted((path.parent / WINDOW_DIR).glob("epoch-*.safetensors"))
+            if epoch - self.window < _epoch_of(p) <= epoch
+        ]
+        states = [load_weights(p) for p in files]
+        mean = {
+            key: torch.stack([s[key].float() for s in states]).mean(0).to(value.dtype)
+            if value.is_floating_point()
+            else value
+            for key, value in states[-1].items()
+        }
+        epochs = ",".join(str(_epoch_of(p)) for p in files)
+        with atomic_path(path) as tmp:
+            save_file(mean, str(tmp), metadata={"epoch": str(epoch), "averaged_epochs": epochs})
+
+    def finish(self, run_dir: Path) -> None:
+        """Training is over: the per-epoch weights are no longer needed."""
+        shutil.rmtree(run_dir / WINDOW_DIR, ignore_errors=True)
+
+
+def _epoch_of(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
+__all__ = ["WINDOW_DIR", "Selection", "smoothed_loss"]
