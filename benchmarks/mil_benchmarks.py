@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("  %-8s accuracy %s  AUROC %s  (%.0f s)", model, o.cell("accuracy"),
                          o.cell("auroc"), o.seconds)  # fmt: skip
                 outcomes.append(o)
+    seconds = time.perf_counter() - t_all
     print(f"\n{args.folds}-fold CV, seed {args.seed}, default recipe (small-cohort); "
-          f"{cpu_model()}, {args.threads} torch thread(s); {time.perf_counter() - t_all:.0f} s in all\n")  # fmt: skip
+          f"{cpu_model()}, {args.threads} torch thread(s); {seconds:.0f} s in all\n")  # fmt: skip
     print(table(outcomes))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -217,6 +217,8 @@ def _uses_positions(task: TaskConfig) -> bool:
     model is built, so the input check can say which bags lack a resolution)."""
     import configs
 
+    if task.model.preset is None:  # the recipe fills it before the checks: see train()
+        raise ConfigError("the task's model preset is unset: its recipe was not applied")
     preset, _ = configs.load_yaml("models", task.model.preset)
     return model_uses_positions({**preset, **task.model.overrides})
 
