@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # that kept no tile); failed: an error. `empty` and `failed` both make a command exit non-zero.
 Status = Literal["ok", "skipped", "empty", "failed"]
 STATUSES: tuple[Status, ...] = ("ok", "skipped", "empty", "failed")
-MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error")
+MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error", "note")
 
 # Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
 _INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
@@ -64,6 +64,7 @@ class JobResult:
     n: int = 0
     seconds: float = 0.0
     error: str = ""
+    note: str = ""  # a case that succeeded without everything asked for: what is missing and why
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,7 @@ def write_manifest(path: str | Path, results: Sequence[JobResult], *, keep_other
     write_csv_atomic(
         path,
         MANIFEST_COLUMNS,
-        ([r.slide_id, r.path, r.status, r.n, f"{r.seconds:.3f}", r.error] for r in rows),
+        ([r.slide_id, r.path, r.status, r.n, f"{r.seconds:.3f}", r.error, r.note] for r in rows),
     )
 
 
@@ -337,6 +338,7 @@ def read_manifest(path: str | Path) -> list[JobResult]:
                 n=int(row["tiles"] or 0),
                 seconds=float(row["seconds"] or 0.0),
                 error=row["error"],
+                note=row.get("note") or "",  # manifests written before the column existed
             )
             for row in csv.DictReader(fh)
         ]

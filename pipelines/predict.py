@@ -49,6 +49,7 @@ from pipelines.inputs import Batch, InputAdapter, Item
 from pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from pipelines.kinds import TaskKind
 from pipelines.predict_progress import Finished, Flusher, Progress, case_key, model_digest
+from pipelines.predict_stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
 from pipelines.raw_slides import embed_raw_slides
 from pipelines.run_model import RunModel, load_run
 from pipelines.run_record import model_uses_positions
@@ -105,6 +106,7 @@ def predict(
     labels_csv: str | Path | None = None,
     top_tiles: int = 0,
     overwrite: bool = False,
+    stream_above_tiles: int | None = STREAM_ABOVE_TILES,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
@@ -115,12 +117,16 @@ def predict(
     `labels_csv`: score the predictions against this label table (external validation). `top_tiles`:
     export the K tiles pushing each output most and least per slide (0 = off). Cases finished by an
     earlier call into the same `out_dir` with the same model, inputs and options are skipped unless
-    `overwrite`.
+    `overwrite`. `stream_above_tiles`: a slide's bag of more tiles is read from its file chunk by chunk
+    (the same outputs in bounded memory; no heatmap or top tiles for it, said in the manifest's `note`);
+    None loads every bag whole.
     """
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
     if top_tiles < 0:
         raise ConfigError(f"top_tiles must be 0 (off) or a positive number of tiles, not {top_tiles}")
+    if stream_above_tiles is not None and stream_above_tiles < 1:
+        raise ConfigError(f"stream_above_tiles must be a positive number of tiles, not {stream_above_tiles}")
     if weights is not None and features_dir is not None:
         raise ConfigError(
             "--weights are the encoder's weights for embedding raw slides; bags given with --features are "
@@ -152,7 +158,13 @@ def predict(
     run.adapter = _with_resolution(run, mpp, cohort.mpp_by_slide)
     if found:
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
-    options = _CaseOptions(heatmaps=heatmaps, top_tiles=top_tiles, thumbs=thumbs, backend=backend)
+    options = _CaseOptions(
+        heatmaps=heatmaps,
+        top_tiles=top_tiles,
+        thumbs=thumbs,
+        backend=backend,
+        stream_above=stream_above_tiles,
+    )
     rows, outputs, results, tiles = _predict_cases(
         run, cohort.cases, out, options, progress=progress, pre_failed=pre_failed, overwrite=overwrite
     )
@@ -202,6 +214,7 @@ class _CaseOptions:
     top_tiles: int
     thumbs: dict[str, tuple[Path, float | None]]
     backend: str
+    stream_above: int | None = STREAM_ABOVE_TILES  # tiles; None: every bag loaded whole
 
 
 def _predict_cases(
@@ -236,13 +249,17 @@ def _predict_cases(
     flusher = Flusher(write)
     try:
         for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
-            key = case_key(digest, case, _settings(run, case, options))
+            streamed = stream_length(run, case, options.stream_above) is not None
+            key = case_key(digest, case, _settings(run, case, options, streamed=streamed))
             finished = done.get(key)
             status: Status = "skipped"
             t0 = time.perf_counter()
             if finished is None:
                 try:
-                    finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
+                    if streamed:
+                        finished = _predict_streamed(run, case, key, options)
+                    else:
+                        finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
                 except Exception as exc:  # one bad slide never stops the batch
                     why = describe_error(exc)
                     log.warning("%s failed: %s", case.id, why)
@@ -257,7 +274,9 @@ def _predict_cases(
             rows.append(finished.row)
             outputs.append(np.asarray(finished.output, dtype=np.float32))
             seconds = time.perf_counter() - t0
-            results.append(JobResult(case.id, str(case.path), status, n=finished.n, seconds=seconds))
+            results.append(
+                JobResult(case.id, str(case.path), status, n=finished.n, seconds=seconds, note=finished.note)
+            )
             flusher.maybe()
     finally:
         flusher.now()  # what finished is on disk, also after an interruption
@@ -265,18 +284,21 @@ def _predict_cases(
     return rows, stacked, results, tiles
 
 
-def _settings(run: RunModel, case: Item, options: _CaseOptions) -> dict[str, Any]:
+def _settings(run: RunModel, case: Item, options: _CaseOptions, *, streamed: bool) -> dict[str, Any]:
     """What a case's result depends on besides the model and its input files (see predict_progress)."""
     mpp_for = getattr(run.adapter, "mpp_by_slide", {})
     run_mpp = getattr(run.adapter, "mpp", None)
     slide_ids = [sid for sid, _ in case.slides] or [case.id]
-    return {
+    settings = {
         "mpp": [mpp_for.get(sid, run_mpp) for sid in slide_ids],
         "heatmaps": options.heatmaps,
         "top_tiles": options.top_tiles,
         "backend": options.backend,
         "thumbs": [str(options.thumbs.get(sid, ("", None))[0]) for sid in slide_ids],
     }
+    if streamed:  # made without heatmaps: predicted again when a later call would load it whole
+        settings["streamed"] = True
+    return settings
 
 
 def _predict_case(
@@ -289,21 +311,9 @@ def _predict_case(
     tiles: TopTiles | None,
 ) -> Finished:
     """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
-    kind = run.kind
     batch = CaseCollate(run.adapter)([sample]).to(run.device)
     output = run.outputs(batch.x, batch.extra)[0].float().cpu().numpy()  # (K,)
-    if not np.isfinite(output).all():
-        values = ", ".join(f"{v:.3g}" for v in output)
-        raise WsiError(
-            f"{case.path}: the model's outputs are NaN or infinite ({values}); no prediction is made from "
-            "them: check this input (`wsi info` on it) or re-create it"
-        )
-    patient_level = run.record.task.level == "patient"
-    row: dict[str, Any] = {"patient" if patient_level else "slide": case.id}
-    if patient_level:
-        row["slides"] = ";".join(sid for sid, _ in case.slides)
-    row.update({c: float(v) for c, v in zip(kind.output_columns, output, strict=True)})
-    row.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
+    row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
     if options.heatmaps or tiles is not None:
@@ -314,6 +324,38 @@ def _predict_case(
         top_rows=tiles.rows[top_from[0] :] if tiles is not None else [],
         top_skipped=[list(x) for x in tiles.skipped[top_from[1] :]] if tiles is not None else [],
     )  # fmt: skip
+
+
+def _predict_streamed(run: RunModel, case: Item, key: str, options: _CaseOptions) -> Finished:
+    """One slide's bag too long to load, read chunk by chunk (pipelines.predict_stream)."""
+    output, n = streamed_outputs(run, case)
+    row = _row(run, case, output)
+    note = ""
+    if options.heatmaps or options.top_tiles:
+        note = (
+            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap or top "
+            "tiles: per-tile contributions need the whole bag in memory (--stream-above-tiles to change)"
+        )
+        log.warning("%s: %s", case.id, note)
+    return Finished(key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, note=note)
+
+
+def _row(run: RunModel, case: Item, output: np.ndarray) -> dict[str, Any]:
+    """The predictions.csv row of a case's outputs (K,); refused when they are not finite."""
+    if not np.isfinite(output).all():
+        values = ", ".join(f"{v:.3g}" for v in output)
+        raise WsiError(
+            f"{case.path}: the model's outputs are NaN or infinite ({values}); no prediction is made from "
+            "them: check this input (`wsi info` on it) or re-create it"
+        )
+    kind = run.kind
+    patient_level = run.record.task.level == "patient"
+    row: dict[str, Any] = {"patient" if patient_level else "slide": case.id}
+    if patient_level:
+        row["slides"] = ";".join(sid for sid, _ in case.slides)
+    row.update({c: float(v) for c, v in zip(kind.output_columns, output, strict=True)})
+    row.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
+    return row
 
 
 def _parts(case: Item, sample: dict[str, Any]) -> list[tuple[Item, dict[str, Any], slice]]:

@@ -74,6 +74,7 @@ class Finished:
     files: list[str] = field(default_factory=list)  # output files made for it, relative to OUT
     top_rows: list[list[Any]] = field(default_factory=list)  # its top_tiles/index.csv rows
     top_skipped: list[list[str]] = field(default_factory=list)  # its top_tiles/skipped.csv rows
+    note: str = ""  # what was not made for it, and why (the manifest's `note`)
 
 
 class Progress:

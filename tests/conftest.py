@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,18 @@ def shared_data() -> Path:
 def _few_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep BLAS/torch from oversubscribing the two CI cores when tests start worker processes."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch in this process on one thread (tiny models gain nothing from more, and two tests' threads
+    would fight over the two CI cores); restored afterwards. Use with `pytest.mark.usefixtures`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------- generated sample slides

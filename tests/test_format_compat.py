@@ -188,4 +188,3 @@ def test_an_old_bag_gains_stamps_feat_type_and_nothing_else(tmp_path: Path) -> N
     np.testing.assert_array_equal(after.coords_um, before.coords_um)
     assert after.provenance == before.provenance
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
-

@@ -17,7 +17,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from peer_bags import (
     StampRefusal,
@@ -41,12 +40,7 @@ from wsi.cli.main import cli
 MPP = 0.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _our_bag(path: Path, n: int = 9) -> tuple[np.ndarray, np.ndarray]:

@@ -23,13 +23,7 @@ from wsi.bags import BagProvenance, bag_length, write_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

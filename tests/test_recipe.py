@@ -30,12 +30,7 @@ from wsi.errors import ConfigError
 TINY_ABMIL = {"hidden_dim": 16, "attn_dim": 8}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _task_yaml(path: Path, **fields: Any) -> Path:

@@ -95,12 +95,7 @@ def _check_report(folder: Path, by_set: dict[str, dict], csvs: set[str]) -> _Pag
     return page
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

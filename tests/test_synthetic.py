@@ -172,8 +172,24 @@ def test_cli_make_slides(tmp_path):
 
     out = tmp_path / "slides"
     result = CliRunner().invoke(
-        cli, ["make-slides", "--out", str(out), "--n", "2", "--size-um", "400", "--mpp", "1.0",
-              "--style", "a", "--style", "b", "--seed", "3"],
+        cli,
+        [
+            "make-slides",
+            "--out",
+            str(out),
+            "--n",
+            "2",
+            "--size-um",
+            "400",
+            "--mpp",
+            "1.0",
+            "--style",
+            "a",
+            "--style",
+            "b",
+            "--seed",
+            "3",
+        ],
     )
     assert result.exit_code == 0, result.output
     records = json.loads((out / "slides.json").read_text())
@@ -191,8 +207,13 @@ def test_cli_make_slides(tmp_path):
 @pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
 def test_explicit_scene_non_square_single_level(tmp_path, backend):
     s = write_sample_slide(
-        tmp_path / "one.svs", size_um=(400.0, 250.0), mpp=1.0, n_levels=1, tile_px=128,
-        tissue_boxes_um=[(0.0, 0.0, 200.0, 250.0)], blur_boxes_um=[],
+        tmp_path / "one.svs",
+        size_um=(400.0, 250.0),
+        mpp=1.0,
+        n_levels=1,
+        tile_px=128,
+        tissue_boxes_um=[(0.0, 0.0, 200.0, 250.0)],
+        blur_boxes_um=[],
     )
     assert (s.width_px, s.height_px, s.n_levels) == (400, 250, 1)
     with open_slide(s.path, backend=backend) as slide:

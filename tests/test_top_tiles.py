@@ -40,12 +40,7 @@ def _bag_on_slide(path: Path, slide_path: str, mpp: float, rng: np.random.Genera
     write_bag(path, feats=feats, coords_um=grid, coords_px=coords_px, provenance=provenance)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_top_tiles_are_the_strongest_tiles_read_from_the_slide(sample_slide, tmp_path: Path) -> None:

@@ -27,13 +27,7 @@ def cohort(tmp_path_factory: pytest.TempPathFactory):
     return make_cohort(tmp_path_factory.mktemp("cohort"), n_patients=24)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two shared cores: more torch threads only oversubscribe them (and tiny models gain nothing)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train(cohort, task: Path, out: Path, **kw):

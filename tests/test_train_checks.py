@@ -32,12 +32,7 @@ from wsi.cli.main import cli
 POSITIONS = {"preset": "vit-wsi", "attention": "seqnorm", "overrides": {**TINY, "pos_encoding": True}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train_cli(task: Path, bags: Path, labels: Path, out: Path, *extra: str):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from collections.abc import Hashable, Mapping
+from typing import Any, TypeVar, cast
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 
@@ -29,10 +29,14 @@ def config_model(cls: type[T]) -> type[T]:
     return with_config(_STRICT_KEYS)(cls)
 
 
-@functools.cache
 def _adapter(cls: Any) -> TypeAdapter[Any]:
     # one per class: building it costs ~3 ms, and a bag's provenance is parsed on every read (per epoch)
-    return TypeAdapter(cls)
+    return _cached_adapter(cast(Hashable, cls))
+
+
+@functools.cache
+def _cached_adapter(cls: Hashable) -> TypeAdapter[Any]:
+    return TypeAdapter(cast(Any, cls))
 
 
 def parse_config(cls: type[T], data: Mapping[str, Any], *, source: str) -> T:

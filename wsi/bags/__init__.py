@@ -20,8 +20,12 @@ Public API:
         without one: BagFormatError, or with require_um=False `coords_um` None (models without
         positions). A tile size no attribute gives is inferred from the coordinate grid (logged).
         `rows` (int indices or a slice) reads only those tiles, e.g. a random sample for training.
+  open_bag_stream(path, *, mpp=None, require_um=True) -> BagStream
+        the same bag without its features in memory: `.bag` (positions, attributes; feats (N, 0)),
+        `.n_tiles`, `.dim`, `.chunks(size)` yields features (n, D) as stored, for bags too large to load
   grid_step(coords) -> float | None      the most common positive step of a tile grid
   check_finite(bag)                      NonFiniteFeaturesError (a BagFormatError) naming file + count
+  finite_chunks(stream, size)            stream.chunks(size), NonFiniteFeaturesError at a NaN chunk
   find_bad_bags(paths) -> list[BadBag]   every non-finite, unreadable or empty bag (bounded memory)
   scan_bag(path) -> BadBag | None
   read_bag_header(path) -> BagHeader     layout, n_tiles, dim, dtype, attrs (no arrays loaded)
@@ -39,18 +43,27 @@ Errors: `BagFormatError` naming the file and the missing dataset or attribute; i
 `NonFiniteFeaturesError` for NaN / infinite features.
 """
 
-from wsi.bags.check import BadBag, NonFiniteFeaturesError, check_finite, find_bad_bags, scan_bag
+from wsi.bags.check import (
+    BadBag,
+    NonFiniteFeaturesError,
+    check_finite,
+    find_bad_bags,
+    finite_chunks,
+    scan_bag,
+)
 from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
 from wsi.bags.geometry import grid_step
 from wsi.bags.info import bag_info
 from wsi.bags.read import (
     Bag,
     BagHeader,
+    BagStream,
     Rows,
     bag_layout,
     bag_length,
     is_complete_bag,
     load_bag,
+    open_bag_stream,
     read_bag_attrs,
     read_bag_header,
 )
@@ -65,6 +78,7 @@ __all__ = [
     "Bag",
     "BagHeader",
     "BagProvenance",
+    "BagStream",
     "NonFiniteFeaturesError",
     "Rows",
     "bag_info",
@@ -72,9 +86,11 @@ __all__ = [
     "bag_length",
     "check_finite",
     "find_bad_bags",
+    "finite_chunks",
     "grid_step",
     "is_complete_bag",
     "load_bag",
+    "open_bag_stream",
     "read_bag_attrs",
     "read_bag_header",
     "scan_bag",

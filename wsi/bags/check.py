@@ -12,14 +12,14 @@ whatever the bag's size (a bag of a large slide at float32 can hold gigabytes).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from wsi.bags.read import Bag, read_bag_header
+from wsi.bags.read import Bag, BagStream, read_bag_header
 from wsi.errors import BagFormatError
 
 #: the largest block of feature rows read at once by `find_bad_bags`
@@ -60,6 +60,23 @@ def check_finite(bag: Bag) -> None:
     n_bad = count_nonfinite_rows(bag.feats)
     if n_bad:
         raise NonFiniteFeaturesError(nonfinite_message(bag.path, n_bad, len(bag)))
+
+
+def finite_chunks(stream: BagStream, size: int) -> Iterator[np.ndarray]:
+    """`stream.chunks(size)`, raising NonFiniteFeaturesError at the first chunk with a NaN or
+    infinite feature (the check `check_finite` makes on a loaded bag, without loading it)."""
+    start = 0
+    for feats in stream.chunks(size):
+        n_bad = count_nonfinite_rows(feats)
+        if n_bad:
+            where = f"rows {start}-{start + len(feats) - 1}"
+            raise NonFiniteFeaturesError(
+                nonfinite_message(stream.bag.path, n_bad, stream.n_tiles).replace(
+                    " tiles have", f" tiles ({where}) have", 1
+                )
+            )
+        start += len(feats)
+        yield feats
 
 
 def scan_bag(path: str | os.PathLike[str], *, max_block_bytes: int = _BLOCK_BYTES) -> BadBag | None:

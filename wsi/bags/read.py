@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,44 @@ def load_bag(
     random sample for training), in that order. require_um=False: a pixel-layout bag whose resolution
     is unknown loads with `coords_um` None instead of raising (for models that use no tile positions).
     """
-    path = Path(path)
+    return _load(Path(path), mpp=mpp, rows=rows, require_um=require_um, with_feats=True)
+
+
+@dataclass
+class BagStream:
+    """A bag too large to hold whole: positions and attributes in memory, features read in row chunks.
+
+    `bag` is the bag without its features (`bag.feats` has shape (N, 0)); `chunks(size)` reads
+    features (n, D) as stored, `size` rows at a time, so a million-tile bag (4 GB of float16) never
+    sits in memory at once.
+    """
+
+    bag: Bag
+    n_tiles: int
+    dim: int
+
+    def chunks(self, size: int) -> Iterator[np.ndarray]:
+        if size < 1:
+            raise ValueError(f"chunk size must be at least 1, got {size}")
+        with _open(self.bag.path) as h5:
+            ds = _feats_ds(h5, self.bag.path)
+            if ds.shape != (self.n_tiles, self.dim):
+                raise BagFormatError(f"{self.bag.path} changed while it was read; re-run on the final file")
+            for start in range(0, self.n_tiles, size):
+                yield np.asarray(ds[start : start + size])
+
+
+def open_bag_stream(
+    path: str | os.PathLike[str], *, mpp: float | None = None, require_um: bool = True
+) -> BagStream:
+    """A bag's positions now and its features later, chunk by chunk (see `BagStream`); the same
+    layouts, units and errors as `load_bag`."""
+    bag = _load(Path(path), mpp=mpp, rows=None, require_um=require_um, with_feats=False)
+    header = read_bag_header(path)
+    return BagStream(bag=bag, n_tiles=header.n_tiles, dim=header.dim)
+
+
+def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_feats: bool) -> Bag:
     with _open(path) as h5:
         layout = _layout(h5, path)
         feats_ds = _feats_ds(h5, path)
@@ -202,8 +240,9 @@ def load_bag(
             )
         root = attrs_of(h5)
         attrs = {**root, **attrs_of(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
-        feats = _read_rows(feats_ds, rows)
         coords = _read_rows(coords_ds, rows)
+        # positions only: BagStream reads the features later
+        feats = _read_rows(feats_ds, rows) if with_feats else np.empty((len(coords), 0), feats_ds.dtype)
         coords_px: np.ndarray | None = None
         if layout == "wsi" and "coords_px" in h5:
             coords_px = _read_rows(h5["coords_px"], rows).astype(np.int64)

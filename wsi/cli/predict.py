@@ -40,13 +40,15 @@ encoder was random). Bags in level-0 pixels (CLAM, TRIDENT) get their resolution
 Results are written as slides finish (predictions.csv, manifest.csv, predict_progress.jsonl); a re-run
 into the same --out skips slides already predicted with the same model, inputs and options
 (--overwrite redoes them). A slide with NaN features or outputs fails in the manifest; a raw slide
-that kept no tile shows there as `empty`, with the tiling's reason.
+that kept no tile shows there as `empty`, with the tiling's reason. A bag of more tiles than
+--stream-above-tiles is read from its file chunk by chunk (a million tiles in under 3 GB of memory,
+the same probabilities); per-tile contributions need it whole, so it gets no heatmap (manifest note).
 
 \b
 Output (under --out): predictions.csv (slide, or patient for patient-level runs, then the outputs:
 prob_<class>..., predicted | pred_<target> | risk, risk_group), patient_predictions.csv (slide-level
 runs: the mean over each patient's slides, when a patient has several or --labels is given),
-manifest.csv (every slide's status and error), heatmaps/<slide>.png (each tile's contribution to the
+manifest.csv (every slide's status, error and note), heatmaps/<slide>.png (each tile's contribution to the
 predicted class, target or risk), and for raw slides work/ (tile files and bags).
 --labels CSV (a label table as for training): metrics.json (the task's figures with 95% CIs),
 external_predictions.csv, report.html and report/*.csv, as training writes for its test split.
@@ -109,6 +111,14 @@ Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv
 )
 @click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
 @click.option(
+    "--stream-above-tiles",
+    type=click.IntRange(min=1),
+    default=131_072,
+    show_default=True,
+    help="Read a slide's bag of more tiles from its file chunk by chunk: the same prediction in bounded "
+    "memory, but no heatmap or top tiles for it (the manifest's note says so).",
+)
+@click.option(
     "--overwrite", is_flag=True, help="Predict every slide again, also those finished by a run into --out."
 )
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
@@ -127,6 +137,7 @@ def command(
     labels_csv: Path | None,
     top_tiles: int,
     no_heatmaps: bool,
+    stream_above_tiles: int,
     overwrite: bool,
     no_progress: bool,
 ) -> None:
@@ -140,7 +151,7 @@ def command(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
         heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
         scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
-        overwrite=overwrite,
+        overwrite=overwrite, stream_above_tiles=stream_above_tiles,
     )  # fmt: skip
     failed = result.problems  # failed and empty slides: both make the exit code 1
     noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"

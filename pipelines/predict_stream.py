@@ -1,0 +1,75 @@
+"""Predicting a bag too large to load: its features stream from the HDF5 file, chunk by chunk.
+
+A million-tile bag is 4 GB of float16 features, 8 GB once cast to float32 for the model; loading it
+whole is what makes a long slide die of memory. Above `STREAM_ABOVE_TILES` tiles, a slide's bag is
+read `READ_TILES` rows at a time into each model's `logits_from_chunks` (models.mil), which keeps only
+the tokens at model width plus one chunk and runs the same exact two-pass scheme as an in-memory
+forward, so the outputs are the in-memory ones (tests/test_predict_stream.py).
+
+What streaming gives up: per-tile contributions (heatmaps, top tiles) need the whole bag's
+activations, so a streamed bag gets its prediction and a manifest note saying the heatmap was not
+drawn, rather than a memory error that would lose the prediction too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from pipelines.devices import autocast_for
+from pipelines.inputs import Item
+from pipelines.run_model import RunModel
+from wsi.bags import BagStream, bag_length, finite_chunks, open_bag_stream
+
+#: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
+#: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's
+STREAM_ABOVE_TILES = 131_072
+#: feature rows read from the file at a time (128 MB of 2048-d float16)
+READ_TILES = 32_768
+
+
+def stream_length(run: RunModel, case: Item, above: int | None) -> int | None:
+    """The tile count of `case`'s bag when it is predicted streamed, else None: one slide's bag of
+    more than `above` tiles (None: never), and models that read a bag in chunks."""
+    if above is None or run.adapter.name != "bags" or case.slides:
+        return None
+    if not all(hasattr(m, "logits_from_chunks") for m in run.models):
+        return None  # e.g. ABMIL: its whole bag is (N, 128) after the first layer, small anyway
+    n = bag_length(case.path)
+    return n if n > above else None
+
+
+def streamed_outputs(run: RunModel, case: Item, *, read_tiles: int | None = None) -> tuple[np.ndarray, int]:
+    """(outputs (K,), tiles) of one bag read from disk chunk by chunk (`read_tiles` rows at a time,
+    default READ_TILES): the mean over the run's models of each kind's outputs, as
+    `RunModel.outputs` computes them for a loaded bag."""
+    read_tiles = READ_TILES if read_tiles is None else read_tiles
+    adapter: Any = run.adapter
+    mpp = adapter.mpp_by_slide.get(case.id, adapter.mpp)
+    stream = open_bag_stream(case.path, mpp=mpp, require_um=adapter.uses_positions)
+    outputs = []
+    for model, kind in zip(run.models, run.kinds, strict=True):
+        with torch.inference_mode(), autocast_for(run.device)():
+            logits = cast(Any, model).logits_from_chunks(
+                _chunks(stream, read_tiles, run.device), n_tiles=stream.n_tiles
+            )
+            outputs.append(kind.outputs(logits.float()).float())
+    return torch.stack(outputs).mean(0)[0].cpu().numpy(), stream.n_tiles
+
+
+def _chunks(
+    stream: BagStream, size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    coords = stream.bag.coords_um  # None: a pixel-layout bag of unknown resolution, positions unused
+    start = 0
+    for feats in finite_chunks(stream, size):
+        x = torch.from_numpy(feats).to(device)  # as stored: the model casts one model chunk at a time
+        c = None if coords is None else torch.from_numpy(coords[start : start + len(feats)]).to(device)
+        start += len(feats)
+        yield x, c
+
+
+__all__ = ["READ_TILES", "STREAM_ABOVE_TILES", "stream_length", "streamed_outputs"]
