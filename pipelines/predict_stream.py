@@ -27,8 +27,8 @@ from wsi.bags import BagStream, bag_length, finite_chunks, open_bag_stream
 #: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
 #: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's
 STREAM_ABOVE_TILES = 131_072
-#: feature rows read from the file at a time (128 MB of 2048-d float16)
-READ_TILES = 32_768
+#: feature rows read from the file at a time (16 MB of 2048-d float16; larger reads gain nothing)
+READ_TILES = 4096
 
 
 def stream_length(run: RunModel, case: Item, above: int | None) -> int | None:

@@ -24,8 +24,6 @@ from pipelines.cases import group_by_patient
 from pipelines.inputs import Item
 from pipelines.kinds import PredictionSet, TaskKind
 from pipelines.labels import default_patient, match_items, read_label_table
-from pipelines.report import write_report
-from pipelines.stats.classification import json_safe
 from pipelines.tasks import TaskConfig
 from wsi.errors import LabelError
 from wsi.files import write_csv_atomic, write_json_atomic
@@ -121,6 +119,11 @@ def evaluate_cohort(
 ) -> dict[str, Any]:
     """The task's figures on the labelled cases predicted: metrics.json, external_predictions.csv,
     report.html + report/ in `out_dir`; a slide-level cohort is also scored per patient."""
+    # imported here: scikit-learn and scipy cost ~110 MB of memory, which predicting without labels
+    # (a million-tile bag on a 3 GB budget) never needs
+    from pipelines.report import write_report
+    from pipelines.stats.classification import json_safe
+
     target_of = {c.id: c.target for c in cohort.cases}
     cases = _labelled_set("external", ids, outputs, target_of)
     if not len(cases):

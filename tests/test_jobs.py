@@ -109,7 +109,7 @@ def test_manifest_columns_and_merge(tmp_path: Path) -> None:
     write_manifest(path, run_jobs(ITEMS, square))
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == ["slide", "path", "status", "tiles", "seconds", "error"]
+    assert list(rows[0]) == ["slide", "path", "status", "tiles", "seconds", "error", "note"]
     assert [(r["slide"], r["status"], r["tiles"]) for r in rows] == [
         ("2", "ok", "4"), ("bad", "failed", "0"), ("3", "ok", "9"), ("oops", "failed", "0"),
     ]  # fmt: skip
@@ -136,3 +136,14 @@ def test_a_refused_duplicate_keeps_the_first_slides_manifest_row(tmp_path: Path)
         ("/a/s1.svs", "failed"),
         ("/b/s1.svs", "failed"),
     }
+
+
+def test_a_manifest_written_before_the_note_column_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.csv"
+    path.write_text("slide,path,status,tiles,seconds,error\ns1,/a/s1.svs,ok,12,1.500,\n")
+    (old,) = read_manifest(path)
+    assert (old.slide_id, old.status, old.n, old.note) == ("s1", "ok", 12, "")
+    write_manifest(path, [JobResult("s2", "/a/s2.svs", "ok", n=3, note="no heatmap")])
+    with path.open(newline="") as fh:
+        rows = {r["slide"]: r for r in csv.DictReader(fh)}
+    assert rows["s1"]["note"] == "" and rows["s2"]["note"] == "no heatmap" and rows["s1"]["tiles"] == "12"

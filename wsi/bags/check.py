@@ -52,7 +52,10 @@ def count_nonfinite_rows(feats: np.ndarray) -> int:
     feats = np.asarray(feats)
     if feats.size == 0:
         return 0
-    return int((~np.isfinite(feats)).reshape(len(feats), -1).any(axis=1).sum())
+    rows = feats.reshape(len(feats), -1)
+    step = max(1, (4 << 20) // max(1, rows.shape[1]))  # bool temporaries of at most 4 MB
+    finite = sum(int(np.isfinite(rows[i : i + step]).all(axis=1).sum()) for i in range(0, len(rows), step))
+    return len(feats) - finite
 
 
 def check_finite(bag: Bag) -> None:

@@ -206,14 +206,19 @@ class BagStream:
     dim: int
 
     def chunks(self, size: int) -> Iterator[np.ndarray]:
+        """Feature rows in order, `size` at a time. Each chunk is a view of ONE buffer that the next
+        chunk overwrites (no allocation per chunk): use or copy it before asking for the next."""
         if size < 1:
             raise ValueError(f"chunk size must be at least 1, got {size}")
         with _open(self.bag.path) as h5:
             ds = _feats_ds(h5, self.bag.path)
             if ds.shape != (self.n_tiles, self.dim):
                 raise BagFormatError(f"{self.bag.path} changed while it was read; re-run on the final file")
+            buf = np.empty((min(size, self.n_tiles), self.dim), dtype=ds.dtype)
             for start in range(0, self.n_tiles, size):
-                yield np.asarray(ds[start : start + size])
+                rows = min(size, self.n_tiles - start)
+                ds.read_direct(buf, np.s_[start : start + rows], np.s_[:rows])
+                yield buf[:rows]
 
 
 def open_bag_stream(

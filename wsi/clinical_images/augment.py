@@ -9,8 +9,6 @@ Rotated-in corners are filled with 0, the mean after `transforms.normalize_inten
 from __future__ import annotations
 
 import torch
-from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
 
 MAX_ROTATION_DEG = 45.0
 FLIP_P = 0.5
@@ -31,6 +29,10 @@ def draw_2d(
 def apply_2d(x: torch.Tensor, angle_deg: float, vflip: bool) -> torch.Tensor:
     """(C, H, W) rotated counter-clockwise by `angle_deg` about the centre, then flipped upside down."""
     if angle_deg:
+        # imported here: torchvision costs ~160 MB of memory, which a slide prediction never needs
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
         x = TF.rotate(x, angle_deg, interpolation=InterpolationMode.BILINEAR, fill=0.0)
     return x.flip(-2) if vflip else x  # flip(-2): rows reversed
 
