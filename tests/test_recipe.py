@@ -20,7 +20,7 @@ from pipelines.inputs import Batch
 from pipelines.predict import load_run, predict
 from pipelines.tasks import load_task
 from pipelines.train import train
-from pipelines.train.augment import BagAugment, tile_subset
+from pipelines.train.augment import MIN_SUBSET_TILES, BagAugment, tile_subset
 from pipelines.train.loop import require_recipe
 from pipelines.train.recipe import RECIPES, SMALL_BELOW, apply_recipe, preset_for
 from pipelines.train.selection import Selection, smoothed_loss
@@ -52,8 +52,11 @@ def test_a_task_naming_only_its_classes_gets_the_small_cohort_recipe(tmp_path: P
     assert (r.epochs, r.patience) == (want.epochs, want.patience)
     opt = r.optimizer
     assert (opt.lr, opt.weight_decay, opt.scheduler, opt.warmup_epochs) == (
-        want.lr, want.weight_decay, want.scheduler, want.warmup_epochs,
+        want.lr_by_kind["mil"], want.weight_decay, want.scheduler, want.warmup_epochs,
     )  # fmt: skip
+    abmil = apply_recipe(task.replace(**{"model.preset": "abmil"}), n_train=60)
+    assert abmil.optimizer.lr == want.lr != want.lr_by_kind["mil"]  # the learning rate is per model kind
+    assert abmil.model.overrides == dict(want.model_overrides["abmil"])
     assert r.augment.tile_fraction == want.tile_fraction and 0 < want.tile_fraction[0] < 1
     assert r.augment.feature_dropout == want.feature_dropout > 0
     assert (r.selection.metric, r.selection.window, r.selection.average_weights) == (
@@ -144,19 +147,25 @@ def _padded_batch(lengths: list[int]) -> Batch:
 
 def test_tile_subset_keeps_a_share_of_each_bag_in_order_with_its_coordinates() -> None:
     torch.manual_seed(0)
-    lengths = [1, 2, 40, 9]
+    lengths = [1, 2, 40, 9, 100]
     batch = _padded_batch(lengths)
+    shrunk = set()
     for _ in range(20):
         out = tile_subset(batch, (0.5, 1.0))
         mask = out.extra["mask"]
         for i, n in enumerate(lengths):
             kept = int(mask[i].sum())
-            assert max(1, round(0.5 * n)) <= kept <= n  # a share in [0.5, 1], never an empty bag
+            # a share in [0.5, 1], but at least MIN_SUBSET_TILES: bags of up to 16 tiles stay whole
+            assert max(min(n, MIN_SUBSET_TILES), round(0.5 * n)) <= kept <= n
+            shrunk |= {n} if kept < n else set()
             rows = (out.extra["coords_um"][i, :kept, 0] / 256).long()  # which tiles were kept
             assert torch.all(rows[1:] > rows[:-1])  # original order
             torch.testing.assert_close(out.x[i, :kept], batch.x[i, rows])  # features follow coordinates
             assert torch.all(out.x[i, kept:] == 0) and not mask[i, kept:].any()
         assert out.ids == batch.ids and torch.equal(out.labels, batch.labels)
+    assert shrunk == {40, 100}  # the large bags were thinned, the small ones never
+    small = _padded_batch([3, 16, 9])
+    assert tile_subset(small, (0.5, 0.5)) is small  # nothing to drop: the batch as it was
     single = Batch(x=torch.randn(1, 1, 4), labels=torch.zeros(1, dtype=torch.long), ids=["a"])
     assert tile_subset(single, (0.5, 0.5)).x.shape == (1, 1, 4)  # a 1-tile bag keeps its tile
     assert tile_subset(batch, (1.0, 1.0)) is batch

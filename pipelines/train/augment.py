@@ -19,10 +19,15 @@ import torch.nn.functional as F
 from pipelines.inputs import Batch
 from pipelines.tasks import TaskConfig
 
+#: a subset keeps at least this many tiles: a bag of a handful of tiles whose label rests on one of
+#: them would lose it to a random share (label noise), so bags of up to this many stay whole
+MIN_SUBSET_TILES = 16
+
 
 def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
-    """Each bag of `batch` (x: (B, N, D)) keeps a random share in [lo, hi] of its real tiles, at least
-    one, in their original order; tensors in `extra` with one entry per tile (mask, coords_um) follow.
+    """Each bag of `batch` (x: (B, N, D)) keeps a random share in [lo, hi] of its real tiles, but at
+    least MIN_SUBSET_TILES of them (all of a smaller bag), in their original order; tensors in `extra`
+    with one entry per tile (mask, coords_um) follow.
 
     A batch with several bags comes back padded to its longest subset with a bool mask (True = real).
     """
@@ -35,8 +40,10 @@ def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
     real = torch.ones(b, n, dtype=torch.bool) if mask is None else (mask.detach().cpu() != 0)
     counts = real.sum(1)  # (B,) real tiles per bag
     shares = lo + (hi - lo) * torch.rand(b)  # (B,) drawn on the CPU generator
-    keep_n = torch.clamp(torch.round(shares * counts).long(), min=1)
-    keep_n = torch.minimum(keep_n, counts)  # an empty bag stays empty
+    keep_n = torch.clamp(torch.round(shares * counts).long(), min=MIN_SUBSET_TILES)
+    keep_n = torch.minimum(keep_n, counts)  # a small bag stays whole, an empty one empty
+    if bool((keep_n == counts).all()):
+        return batch  # nothing to drop (and no random draw changes what the batch holds)
     rows = []
     for i in range(b):
         idx = torch.nonzero(real[i]).squeeze(1)  # (n_i,) positions of real tiles

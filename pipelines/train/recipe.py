@@ -10,11 +10,12 @@ paper          the seqnorm paper's recipe for TCGA-scale cohorts: whole bags, th
 small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-parameter transformer
                memorises the training bags within a few epochs and the AUROC of ~15 validation bags
                picks an epoch by chance. It regularises what peers' MIL recipes regularise: random
-               tile subsets of each training bag (feature bags only), input feature dropout and model
-               dropout, weight decay on weight matrices only, a warm-up then cosine schedule; it keeps
-               the weights of the lowest validation loss averaged over a window of epochs (and averages
-               the weights over that window), and below `SMALL_BELOW` training cases uses the
-               narrower one-layer `vit-wsi-small` preset.
+               tile subsets of each training bag (feature bags only; at least 16 tiles, so small bags
+               stay whole), input feature dropout and model dropout, weight decay on weight matrices
+               only, a warm-up then cosine schedule (peak lr 5e-4 for the MIL transformer, 2e-4 for
+               ABMIL and the image ViTs); it keeps the weights of the lowest validation loss averaged
+               over a window of epochs (and averages the weights over that window), and below
+               `SMALL_BELOW` training cases uses the narrower one-layer `vit-wsi-small` preset.
 
 Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
 small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
@@ -53,6 +54,7 @@ class RecipeValues:
     average_weights: bool  # selection.average_weights
     # model.overrides added per model kind unless the task gives the key (empty: the preset's values)
     model_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    lr_by_kind: Mapping[str, float] = field(default_factory=dict)  # optimizer.lr per model kind (else lr)
 
 
 RECIPES: dict[str, RecipeValues] = {
@@ -71,6 +73,9 @@ RECIPES: dict[str, RecipeValues] = {
             "vit3d": {"dropout": 0.1},
             "abmil": {"dropout": 0.25, "attention_dropout": 0.1},
         },
+        # The MIL transformer normalises its tokens and takes 5e-4 in stride; ABMIL sees raw features
+        # (Musk's are integers in the hundreds) and falls apart at 5e-4 (docs/benchmarks.md).
+        lr_by_kind={"mil": 5e-4},
     ),
 }  # fmt: skip
 
@@ -92,7 +97,7 @@ def apply_recipe(task: TaskConfig, *, n_train: int) -> TaskConfig:
     defaults: dict[str, Any] = {
         "epochs": values.epochs,
         "patience": values.patience,
-        "optimizer.lr": values.lr,
+        "optimizer.lr": values.lr_by_kind.get(preset_kind(preset), values.lr),
         "optimizer.weight_decay": values.weight_decay,
         "optimizer.scheduler": values.scheduler,
         "optimizer.warmup_epochs": values.warmup_epochs,
