@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", nargs="*", default=list(PUBLIC), help="public MIL sets (package `mil`)")
     ap.add_argument("--synthetic", nargs="*", type=int, default=list(SYNTHETIC), help="generated bags")
-    ap.add_argument("--synthetic-max-size", type=int, default=1000, help="largest generated bag")
+    ap.add_argument("--synthetic-max-size", type=int, default=300, help="largest generated bag")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="folds, weights, subsets; and the generated data")

@@ -64,7 +64,7 @@ RECIPES: dict[str, RecipeValues] = {
         average_weights=False,
     ),
     "small-cohort": RecipeValues(
-        epochs=60, patience=15, lr=2e-4, weight_decay=5e-2, scheduler="cosine", warmup_epochs=5,
+        epochs=100, patience=30, lr=2e-4, weight_decay=5e-2, scheduler="cosine", warmup_epochs=5,
         tile_fraction=(0.5, 1.0), feature_dropout=0.1, metric="smoothed-val-loss", window=5,
         average_weights=True,
         model_overrides={
