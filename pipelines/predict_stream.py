@@ -23,6 +23,7 @@ from pipelines.devices import autocast_for
 from pipelines.inputs import Item
 from pipelines.run_model import RunModel
 from wsi.bags import BagStream, bag_length, finite_chunks, open_bag_stream
+from wsi.errors import WsiError
 
 #: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
 #: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's
@@ -38,7 +39,10 @@ def stream_length(run: RunModel, case: Item, above: int | None) -> int | None:
         return None
     if not all(hasattr(m, "logits_from_chunks") for m in run.models):
         return None  # e.g. ABMIL: its whole bag is (N, 128) after the first layer, small anyway
-    n = bag_length(case.path)
+    try:
+        n = bag_length(case.path)
+    except WsiError:  # unreadable: the case fails on its own where it is loaded, the batch goes on
+        return None
     return n if n > above else None
 
 
