@@ -51,6 +51,12 @@ def embed_raw_slides(
             "this run does not record how its features were made (encoder, weights sha256, tile params: "
             "bags from another tool?); embed the slides yourself and use --features DIR"
         )
+    if prov.get("stain_norm"):
+        raise ConfigError(
+            f"this run was trained on features of stain-normalised tiles ({prov['stain_norm']}); predicting "
+            "raw slides does not re-apply it yet: embed them with `wsi embed --stain-norm "
+            f"{prov['stain_norm']} --stain-reference <the training reference>` and predict with --features"
+        )
     random_init = sha == "random"
     if random_init and weights is not None:
         raise ConfigError(

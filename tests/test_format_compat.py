@@ -127,7 +127,7 @@ def test_old_bags_feed_training_and_info_as_before(tmp_path: Path) -> None:
     assert prov == {
         "encoder": "timm:resnet18", "weights_sha256": "ab" * 32, "tile_size_um": 256.0, "tile_size_px": 224,
         "tile_params": TILE_PARAMS, "target_mpp": 256.0 / 224, "input_px": 224, "precision": "bf16",
-        "feature_dim": D, "bag_format": "wsi-bag",
+        "feature_dim": D, "bag_format": "wsi-bag", "stain_norm": None, "stain_reference_sha256": None,
     }  # fmt: skip
     assert BagInput().model_kwargs(items) == {"in_dim": D}
     info = bag_info(path)

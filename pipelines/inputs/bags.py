@@ -126,6 +126,37 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     return Batch(x=x, labels=labels, ids=ids, extra=extra)
 
 
+def _stain_of(attrs: Mapping[str, Any]) -> tuple[Any, Any]:
+    return attrs.get("stain_norm") or None, attrs.get("stain_reference_sha256") or None
+
+
+def _check_stain(provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
+    """Refuse bags whose stain normalisation (method and reference) is not the run's: features of
+    normalised and raw tiles differ, and a model fed the other kind answers wrongly without a sign.
+    Runs recorded before the stain fields existed carry no `stain_norm` key and are not checked."""
+    if "stain_norm" not in provenance:
+        return
+    want = _stain_of(provenance)
+    bad: list[str] = []
+    for item in items:
+        try:
+            got = _stain_of(read_bag_header(item.path).attrs)
+        except WsiError:
+            continue  # unreadable: fails on its own later
+        if got != want:
+            bad.append(f"{item.path.name} ({got[0] or 'none'}, reference {str(got[1])[:12]})")
+    if bad:
+        method = want[0] or "none"
+        raise ConfigError(
+            f"the model was trained on features of tiles with stain normalisation {method} (reference sha256 "
+            f"{str(want[1])[:12]}), but {len(bad)} bag(s) differ: " + "; ".join(bad[:5])
+            + ("; ..." if len(bad) > 5 else "")
+            + ". Embed the slides as the training bags were (`wsi embed --stain-norm "
+            + f"{method} --stain-reference <the training reference>`, or no --stain-norm for none); "
+            "predicting raw slides does not re-apply stain normalisation yet."
+        )
+
+
 @INPUTS.register("bags")
 class BagInput:
     """`input: bags`. Options (task YAML `input_options`, or keywords from the train/predict code):
@@ -256,6 +287,9 @@ class BagInput:
             "precision": first.get("precision"),
             "feature_dim": read_bag_header(items[0].path).dim,
             "bag_format": first.get("format"),
+            # stain normalisation before the encoder (None: none); compared by check_compatible
+            "stain_norm": first.get("stain_norm"),
+            "stain_reference_sha256": first.get("stain_reference_sha256"),
         }
 
     def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
@@ -289,6 +323,7 @@ class BagInput:
             )
         if unverified:
             log.warning("%d bag(s) record no encoder/weights; cannot verify they match the model", unverified)
+        _check_stain(provenance, items)
 
     def heatmap(
         self,

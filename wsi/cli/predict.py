@@ -32,9 +32,11 @@ Examples:
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
 tiling parameter, encoder and the sha256 of its weights; --weights must match it). Bags from another
-encoder or weights are refused. --weights is refused where no encoder runs (bags, images, a run whose
-encoder was random). Bags in level-0 pixels (CLAM, TRIDENT) get their resolution as in training: an
-`mpp` column in --labels, else --mpp, else the run's recorded one.
+encoder or weights, or with another stain normalisation than the training bags, are refused (raw slides
+of a stain-normalised run too, for now: embed them with the same --stain-norm). --weights is refused
+where no encoder runs (bags, images, a run whose encoder was random). Bags in level-0 pixels (CLAM,
+TRIDENT) get their resolution as in training: an `mpp` column in --labels, else --mpp, else the run's
+recorded one.
 
 \b
 Results are written as slides finish (predictions.csv, manifest.csv, predict_progress.jsonl); a re-run
