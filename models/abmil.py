@@ -24,6 +24,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from models.kinds import MODEL_KINDS, KindModel
+from models.pooling import GatedAttentionPool
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 
@@ -71,14 +72,12 @@ class ABMIL(KindModel):
         self.embed = nn.Sequential(
             nn.Linear(config.in_dim, config.hidden_dim), nn.ReLU(), nn.Dropout(config.dropout)
         )
-        self.attn_v = nn.Linear(config.hidden_dim, config.attn_dim)  # tanh branch
-        self.attn_u = (  # sigmoid gate
-            nn.Linear(config.hidden_dim, config.attn_dim) if config.attention == "gated" else None
-        )
-        self.attn_drop = nn.Dropout(config.dropout)
-        # no bias: a constant added to every score cancels in the softmax (it would never learn)
-        self.attn_w = nn.Linear(config.attn_dim, 1, bias=False)
+        self.pool = GatedAttentionPool(
+            config.hidden_dim, config.attn_dim, gated=config.attention == "gated",
+            dropout=config.dropout, attention_dropout=config.attention_dropout,
+        )  # fmt: skip
         self.head = nn.Linear(config.hidden_dim, config.num_classes)
+        self.register_load_state_dict_pre_hook(_rename_pre_pool_keys)
 
     # --- pieces --------------------------------------------------------------------------------------
     def _check(self, x: Tensor, mask: Tensor | None) -> None:
@@ -103,29 +102,6 @@ class ABMIL(KindModel):
             x = x.masked_fill(~mask[..., None], 0.0)
         return self.embed(self.feature_dropout(x))
 
-    def _scores(self, h: Tensor) -> Tensor:
-        """Embeddings (B, n, hidden) -> attention scores s (B, n), float32 for a stable softmax."""
-        hidden = torch.tanh(self.attn_v(h))  # (B, n, attn_dim)
-        if self.attn_u is not None:
-            hidden = hidden * torch.sigmoid(self.attn_u(h))
-        return self.attn_w(self.attn_drop(hidden)).squeeze(-1).float()  # (B, n)
-
-    def _weights(self, scores: Tensor, mask: Tensor | None) -> Tensor:
-        """Scores (B, N) -> attention weights (B, N): softmax over the real (and kept) tiles only.
-
-        A bag with no real tile gets all-zero weights (its logits are then the head's bias), not NaN.
-        """
-        keep = mask
-        p = self.config.attention_dropout
-        if self.training and p > 0:
-            real = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask
-            kept = real & (torch.rand_like(scores) >= p)  # (B, N)
-            keep = torch.where(kept.any(1, keepdim=True), kept, real)  # never drop a whole bag
-        if keep is None:
-            return torch.softmax(scores, dim=1)
-        weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=1)
-        return weights.masked_fill(~keep, 0.0)  # rows with no kept tile: NaN -> 0
-
     # --- forward -------------------------------------------------------------------------------------
     def forward(
         self,
@@ -142,24 +118,25 @@ class ABMIL(KindModel):
             contrib, base = self._decompose_chunked(x, mask, chunk)
             return base + contrib.sum(1)
         h = self._embed(x, mask)  # (B, N, hidden)
-        a = self._weights(self._scores(h), mask)  # (B, N)
-        z = torch.einsum("bn,bnh->bh", a.to(h.dtype), h)  # (B, hidden)
+        z, _ = self.pool(h, mask)  # (B, hidden)
         return self.head(z)
 
     def _decompose_chunked(self, x: Tensor, mask: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
         """Contributions and base in chunks of `chunk` tiles: only (B, N) scores and (B, N, C) class
         scores are kept for the whole bag, never the (B, N, hidden) embeddings."""
         b, n, _ = x.shape
-        scores = torch.empty(b, n, dtype=torch.float32, device=x.device)
+        scores = torch.empty(
+            b, n, dtype=torch.promote_types(self.head.weight.dtype, torch.float32), device=x.device
+        )
         tile_logits = torch.empty(
             b, n, self.config.num_classes, dtype=self.head.weight.dtype, device=x.device
         )
         for start in range(0, n, chunk):
             sl = slice(start, min(start + chunk, n))
             h = self._embed(x[:, sl], None if mask is None else mask[:, sl])  # (B, n_chunk, hidden)
-            scores[:, sl] = self._scores(h)
+            scores[:, sl] = self.pool.scores(h)
             tile_logits[:, sl] = h @ self.head.weight.T  # (B, n_chunk, C)
-        a = self._weights(scores, mask)  # (B, N)
+        a = self.pool.weights(scores, mask)  # (B, N)
         return a[..., None].to(tile_logits.dtype) * tile_logits, self.head.bias.expand(b, -1)
 
     # --- explanations --------------------------------------------------------------------------------
@@ -170,7 +147,7 @@ class ABMIL(KindModel):
 
         Call in eval mode (dropout and attention dropout off)."""
         self._check(x, mask)
-        return self._weights(self._scores(self._embed(x, mask)), mask)
+        return self.pool.weights(self.pool.scores(self._embed(x, mask)), mask)
 
     def logit_decomposition(
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
@@ -185,6 +162,13 @@ class ABMIL(KindModel):
     ) -> Tensor:
         """Each tile's exact additive share of each logit: (B, N, C), 0 at padded tiles."""
         return self.logit_decomposition(x, mask, coords_um)[0]
+
+
+def _rename_pre_pool_keys(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: object) -> None:
+    """Weights saved before the pooling moved to models.pooling (`attn_v.weight` -> `pool.attn_v.weight`)."""
+    for name in ("attn_v", "attn_u", "attn_w"):
+        for key in [k for k in state if k.startswith(f"{prefix}{name}.")]:
+            state[f"{prefix}pool.{key[len(prefix) :]}"] = state.pop(key)
 
 
 __all__ = ["ABMIL", "ABMILConfig"]

@@ -103,10 +103,10 @@ def run_chunked(
             m = None if mask is None else mask[:, sl]
             xc = rows.read(sl)
             if table is None:
-                y = xc + blk.attn.stream_apply(state, blk.norm1(xc), m)
+                y = xc + blk.attend(blk.attn.stream_apply(state, blk.norm1(xc), m))
             else:
                 local = _local(blk, rows, mask, table, sl)
-                y = xc + blk.attn.stream_apply(state, local.rows[:, local.own], m, local)
+                y = xc + blk.attend(blk.attn.stream_apply(state, local.rows[:, local.own], m, local))
             pending.append((sl, y + blk.mlp(blk.norm2(y))))
             while pending and pending[0][0].stop <= later_low[i]:
                 rows.write(*pending.popleft())

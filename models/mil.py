@@ -6,6 +6,13 @@ same at any magnification) is added to each projected feature. gdla's local path
 their slide grid by their coordinates (models.layout); a bag given without coordinates has every tile
 alone in its neighbourhood.
 
+Readout (`pool`). `cls` (the paper's vit-wsi) reads the class token after the last block. `gated` pools
+the tiles' output tokens with gated attention (models.pooling): with linear attention a class token sees
+the bag only through its tokens' mean and covariance, so one positive tile among dozens barely moves
+it, while a per-token score and a softmax over the bag can single that tile out (small cohorts with
+few positive tiles per slide: `vit-wsi-small`). The class token then stays in the sequence as a
+learned global token every tile can attend to. Either way logits == base + the tiles' contributions.
+
 Long bags: without gradients a bag longer than `chunk_above_tokens` runs through the exact two-pass
 chunked scheme (bounded memory); `logits_from_chunks` does the same for a bag streamed from disk; with
 gradients a bag longer than `checkpoint_above_tokens` recomputes its blocks in backward.
@@ -24,6 +31,7 @@ from torch import Tensor, nn
 from models.chunked import chunk_slices
 from models.kinds import MODEL_KINDS, KindModel
 from models.layout import TileLayout, tile_layout
+from models.pooling import GatedAttentionPool, present_only
 from models.posenc import sincos_from_coords_um
 from models.transformer import (
     AUTO_CHUNK_TOKENS,
@@ -46,6 +54,11 @@ class MILConfig(TransformerConfig):
     # Pitch of the tile grid (gdla's local path: tiles one pitch apart are neighbours); None reads it
     # off each bag as the smallest gap between distinct coordinates (the tile size, or the stride).
     grid_um: Annotated[float, Field(gt=0)] | None = None
+    pool: Literal["cls", "gated"] = "cls"  # bag readout: class token | gated attention over tile tokens
+    pool_dim: PositiveInt = 128  # hidden width of the gated pooling's attention MLP (pool: gated)
+    # pool: gated, training only: each tile left out of the pooling softmax with this probability
+    # (renormalised over the rest, never every tile of a bag), as ABMIL's attention_dropout
+    pool_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
 
 @MODEL_KINDS.register("mil")
@@ -64,6 +77,13 @@ class MILTransformer(KindModel):
             config.depth, config.dim, config.heads, config.mlp_dim, **config.block_options()
         )
         self.norm = nn.LayerNorm(config.dim)
+        self.pool = (
+            GatedAttentionPool(
+                config.dim, config.pool_dim, dropout=config.dropout, attention_dropout=config.pool_dropout
+            )
+            if config.pool == "gated"
+            else None
+        )
         self.head = nn.Linear(config.dim, config.num_classes)
 
     # --- inputs --------------------------------------------------------------------------------------
@@ -128,7 +148,10 @@ class MILTransformer(KindModel):
         ckpt = self.config.checkpoint_for(tokens.shape[1], self.training)
         neighbours = None if layout is None else layout.in_token_order()
         h = self.transformer(tokens, full_mask, neighbours, checkpointing=ckpt)
-        return self.head(self.norm(h[:, 0]))
+        if self.pool is None:
+            return self.head(self.norm(h[:, 0]))
+        z, _ = self.pool(self.norm(h[:, 1:]), None if full_mask is None else full_mask[:, 1:])
+        return self.head(z)  # (B, C)
 
     @torch.no_grad()
     def _forward_chunked(
@@ -151,7 +174,31 @@ class MILTransformer(KindModel):
             h = self.transformer.forward_chunked_(buf, mask, chunk)
         else:
             h = self.transformer.forward_chunked_(buf, mask, chunk, layout.neighbours, layout.order)
-        return self.head(self.norm(h[:, 0]))
+        if self.pool is None:
+            return self.head(self.norm(h[:, 0]))
+        contrib, base = self._pooled_decomposition(h, mask, chunk)
+        return base + contrib.sum(1)
+
+    def _pooled_decomposition(self, h: Tensor, mask: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
+        """pool: gated. Tokens after the last block (B, 1 + N, dim) -> (contrib (B, N, C), base (B, C)).
+
+        logits = W_cls (sum_k a_k LN(h_k)) + b = b + sum_k a_k (W_cls LN(h_k)), exactly. Runs over
+        chunks of `chunk` tiles, keeping only (B, N) scores and (B, N, C) class scores for the bag.
+        """
+        assert self.pool is not None
+        b, n = h.shape[0], h.shape[1] - 1
+        scores = torch.empty(b, n, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        tile_logits = torch.empty(
+            b, n, self.config.num_classes, dtype=self.head.weight.dtype, device=h.device
+        )
+        tile_mask = None if mask is None else mask[:, 1:]
+        for sl in chunk_slices(n, chunk):
+            t = self.norm(h[:, sl.start + 1 : sl.stop + 1])  # (B, n_chunk, dim)
+            t = present_only(t, None if tile_mask is None else tile_mask[:, sl])
+            scores[:, sl] = self.pool.scores(t)
+            tile_logits[:, sl] = t.to(self.head.weight.dtype) @ self.head.weight.T  # (B, n_chunk, C)
+        a = self.pool.weights(scores, tile_mask)  # (B, N)
+        return a[..., None].to(tile_logits.dtype) * tile_logits, self.head.bias.expand(b, -1)
 
     @torch.no_grad()
     def logits_from_chunks(
@@ -210,6 +257,9 @@ class MILTransformer(KindModel):
         layout = self.layout(coords_um, mask)
         tokens, full_mask = self._tokens(x, mask, coords_um)
         neighbours = None if layout is None else layout.in_token_order()
+        if self.pool is not None:
+            h = self.transformer(tokens, full_mask, neighbours)
+            return self._pooled_decomposition(h, full_mask, max(x.shape[1], 1))
         blocks = self.transformer.layers()
         contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, full_mask, neighbours)
         return contrib[:, 1:], base
@@ -217,7 +267,8 @@ class MILTransformer(KindModel):
     def tile_contributions(
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
     ) -> Tensor:
-        """Each tile's additive share of each logit along the last block's direct attention path: (B, N, C).
+        """Each tile's additive share of each logit: (B, N, C). pool: cls, along the last block's direct
+        attention path; pool: gated, exactly its pooling weight times the head's scores of its token.
 
         0 at padded tiles. Call in eval mode (dropout off). See docs/api.md for what it leaves out and
         `models.attribution.tile_effects` for each tile's whole effect.

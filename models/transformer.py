@@ -70,6 +70,11 @@ class TransformerConfig:
     # Without gradients, bags longer than this run chunked (exact; chunks of max_tokens_per_chunk or
     # AUTO_CHUNK_TOKENS), so inference memory stays bounded; None: plain unless max_tokens_per_chunk.
     chunk_above_tokens: PositiveInt | None = CHUNK_ABOVE_TOKENS
+    # LayerScale (Touvron et al. 2021, CaiT) on the attention residual: x + diag(s) Attn(LN(x)) with s
+    # a learned per-channel scale starting at this value; None: no scale (the paper's blocks). A small
+    # start lets a model fitted on few bags begin as a per-tile network and take in the bag context only
+    # as far as the data supports it (docs/benchmarks.md, small-cohort MIL).
+    attn_layer_scale: Annotated[float, Field(gt=0)] | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in available_attention():
@@ -106,6 +111,7 @@ class TransformerConfig:
             "attn_dim": self.attn_dim,
             "dropout": self.dropout,
             "attention_options": dict(self.attention_options),
+            "attn_layer_scale": self.attn_layer_scale,
         }
 
 
@@ -125,7 +131,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x))."""
+    """x + Attn(LN(x)) (times a per-channel LayerScale when one is set), then x + MLP(LN(x))."""
 
     def __init__(
         self,
@@ -137,6 +143,7 @@ class Block(nn.Module):
         attn_dim: int | None = None,
         dropout: float = 0.0,
         attention_options: dict[str, Any] | None = None,
+        attn_layer_scale: float | None = None,
     ) -> None:
         super().__init__()
         _refuse_shadowed_options(attention_options or {})
@@ -145,10 +152,20 @@ class Block(nn.Module):
         self.attn: AttentionBase = build_attention(attention, dim, heads, **opts)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
+        self.attn_scale = (
+            None if attn_layer_scale is None else nn.Parameter(torch.full((dim,), float(attn_layer_scale)))
+        )
+
+    def attend(self, t: Tensor) -> Tensor:
+        """The attention's output (..., dim) as it enters the residual: scaled by LayerScale if set.
+
+        Every path that adds attention to the residual (plain, chunked, decomposition) goes through here.
+        """
+        return t if self.attn_scale is None else t * self.attn_scale.to(t.dtype)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, neighbours: Tensor | None = None) -> Tensor:
         """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table (models.layout)."""
-        x = x + self.attn(self.norm1(x), mask, neighbours=neighbours)
+        x = x + self.attend(self.attn(self.norm1(x), mask, neighbours=neighbours))
         return x + self.mlp(self.norm2(x))
 
 
@@ -225,7 +242,9 @@ def decompose_cls_logits(
     for blk in blocks[:-1]:
         h = blk(h, mask, neighbours)
     last = blocks[-1]
-    terms = last.attn.query_contributions(last.norm1(h), mask, 0, neighbours=neighbours)  # (B, N, dim)
+    terms = last.attend(
+        last.attn.query_contributions(last.norm1(h), mask, 0, neighbours=neighbours)
+    )  # (B, N, dim)
     terms = torch.cat([torch.zeros_like(terms[:, :1]), terms[:, 1:]], dim=1)  # class token -> base
     y = last(h, mask, neighbours)[:, 0]  # (B, dim) the class token after the last block
     sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + norm.eps)  # (B, 1) fixed LN scale

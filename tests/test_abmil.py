@@ -43,7 +43,7 @@ def _bags(
 
 def _reference(model: ABMIL, bag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weights (N,), tile class scores W_cls h_k (N, C), logits (C,)) of one bag, from the paper."""
-    lin1, v, u, w, head = model.embed[0], model.attn_v, model.attn_u, model.attn_w, model.head
+    lin1, v, u, w, head = model.embed[0], model.pool.attn_v, model.pool.attn_u, model.pool.attn_w, model.head
     assert isinstance(lin1, torch.nn.Linear) and u is not None
     h = torch.relu(bag @ lin1.weight.T + lin1.bias)
     s = (torch.tanh(h @ v.weight.T + v.bias) * torch.sigmoid(h @ u.weight.T + u.bias)) @ w.weight[0]
@@ -169,10 +169,23 @@ def test_empty_bag_gives_the_bias_not_nan() -> None:
 
 def test_plain_attention_has_no_gate() -> None:
     gated, plain = _model(attention="gated"), _model(attention="plain")
-    assert plain.attn_u is None and gated.attn_u is not None
+    assert plain.pool.attn_u is None and gated.pool.attn_u is not None
     assert (
         sum(p.numel() for p in gated.parameters()) - sum(p.numel() for p in plain.parameters()) == 16 * 8 + 8
     )
+
+
+def test_checkpoints_saved_before_the_shared_pooling_module_still_load() -> None:
+    """ABMIL's attention MLP moved into models.pooling (keys `attn_v.*` -> `pool.attn_v.*`): weights
+    written under the old names load into the same model and give the same outputs."""
+    model = _model(seed=3)
+    old = {k.replace("pool.", "", 1): v for k, v in model.state_dict().items()}
+    assert "attn_v.weight" in old and not any(k.startswith("pool.") for k in old)
+    fresh = _model(seed=4)
+    fresh.load_state_dict(old)  # strict: every key must find its place
+    _, x, mask = _bags([6, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x, mask), model(x, mask), rtol=0, atol=0)
 
 
 def test_preset_parses_and_config_round_trips() -> None:

@@ -20,6 +20,13 @@ from wsi.errors import ConfigError, WeightsError
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
 TINY = {"dim": 32, "attn_dim": 16, "heads": 4, "mlp_dim": 48, "depth": 2}
+# How the bag is read (models.mil): the class token (the paper's), the class token with LayerScale on
+# the attention residual, and gated attention pooling over the tile tokens (vit-wsi-small's readout).
+READOUTS = {
+    "cls": {},
+    "cls-scaled": {"attn_layer_scale": 0.3},
+    "gated": {"pool": "gated", "pool_dim": 12, "attn_layer_scale": 0.5},
+}
 
 
 def _mil(attention: str, **kw: object) -> torch.nn.Module:
@@ -61,6 +68,8 @@ def _direct_path_contributions(
     terms = last.attn.query_contributions(
         last.norm1(seen["h"]), seen["mask"], 0, neighbours=seen["grid"]
     )  # (B, 1+N, D')
+    if last.attn_scale is not None:  # LayerScale multiplies the attention term on its way to the residual
+        terms = terms * last.attn_scale
     y = seen["y"]  # (B, D') the class token after the last block
     sigma = torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + model.norm.eps)[:, None]  # (B, 1, 1)
     through_ln = (terms - terms.mean(-1, keepdim=True)) / sigma * model.norm.weight  # (B, 1+N, D')
@@ -133,9 +142,10 @@ def test_config_dict_rebuilds_the_same_model() -> None:
         torch.testing.assert_close(clone(x, coords_um=c), m(x, coords_um=c))
 
 
+@pytest.mark.parametrize("readout", READOUTS)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_mil_padded_batch_equals_each_bag_and_ignores_order(name: str) -> None:
-    m = _mil(name)
+def test_mil_padded_batch_equals_each_bag_and_ignores_order(name: str, readout: str) -> None:
+    m = _mil(name, **READOUTS[readout])
     bags, x, mask = _padded([5, 17, 11])
     with torch.no_grad():
         batched = m(x, mask)
@@ -157,9 +167,10 @@ def test_position_encoding_uses_coordinates() -> None:
         m(x)
 
 
+@pytest.mark.parametrize("readout", READOUTS)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_nan_padding_does_not_reach_the_logits(name: str) -> None:
-    m = _mil(name)
+def test_nan_padding_does_not_reach_the_logits(name: str, readout: str) -> None:
+    m = _mil(name, **READOUTS[readout])
     _, x, mask = _padded([9, 21, 4])
     nan = x.masked_fill(~mask[..., None], float("nan"))
     with torch.no_grad():
@@ -170,9 +181,10 @@ def test_nan_padding_does_not_reach_the_logits(name: str) -> None:
     torch.testing.assert_close(tiles, m.tile_contributions(x, mask), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("readout", READOUTS)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_chunked_inference_equals_plain_pass(name: str) -> None:
-    m = _mil(name)
+def test_chunked_inference_equals_plain_pass(name: str, readout: str) -> None:
+    m = _mil(name, **READOUTS[readout])
     _, x, mask = _padded([40, 23])
     with torch.no_grad():
         plain = m(x, mask)
@@ -209,9 +221,10 @@ def test_checkpointing_gives_the_same_outputs_and_gradients(name: str) -> None:
         torch.testing.assert_close(grads[1][k], g, rtol=1e-5, atol=1e-7, msg=k)
 
 
+@pytest.mark.parametrize("readout", READOUTS)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_tile_contributions_add_up_to_the_logits(name: str) -> None:
-    m = _mil(name)
+def test_tile_contributions_add_up_to_the_logits(name: str, readout: str) -> None:
+    m = _mil(name, **READOUTS[readout])
     _, x, mask = _padded([25, 14])
     with torch.no_grad():
         logits = m(x, mask)
@@ -222,11 +235,67 @@ def test_tile_contributions_add_up_to_the_logits(name: str) -> None:
     assert tiles[1, 14:].abs().max() == 0
     assert tiles[0].abs().sum() > 0
     # base + contrib.sum == logits holds for ANY terms (base absorbs the rest): check the terms themselves
+    if readout == "gated":
+        _check_pooled_contributions(m, x, mask, tiles)
+        return
     with torch.no_grad():
         want, plain_logits = _direct_path_contributions(m, lambda: m(x, mask))
     torch.testing.assert_close(plain_logits, logits)
     torch.testing.assert_close(tiles, want, rtol=0, atol=1e-5)
     assert want[:, :14].abs().amax(1).min() > 1e-4  # non-trivial terms were compared
+
+
+def _check_pooled_contributions(
+    m: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor, tiles: torch.Tensor
+) -> None:
+    """pool: gated, written out from the definition: the tokens after the last block (captured at the
+    final LayerNorm), their gated-attention weights a (a softmax over each bag's real tiles) and the
+    head's scores of each normalised token; tile k's contribution is a_k W LN(h_k)."""
+    seen: dict[str, torch.Tensor] = {}
+    hook = m.norm.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0]))
+    try:
+        with torch.no_grad():
+            m(x, mask)
+    finally:
+        hook.remove()
+    t = m.norm(seen["h"])  # (B, N, D') tile tokens only: the class token is not pooled
+    pool = m.pool
+    hidden = torch.tanh(t @ pool.attn_v.weight.T + pool.attn_v.bias)
+    hidden = hidden * torch.sigmoid(t @ pool.attn_u.weight.T + pool.attn_u.bias)
+    scores = (hidden @ pool.attn_w.weight[0]).masked_fill(~mask, float("-inf"))  # (B, N)
+    a = torch.softmax(scores, dim=1)
+    torch.testing.assert_close(a.sum(1), torch.ones(len(a)))
+    want = a[..., None] * (t @ m.head.weight.T)  # (B, N, C)
+    torch.testing.assert_close(tiles, want, rtol=0, atol=1e-6)
+    assert want[mask].abs().amax(-1).min() > 1e-6  # non-trivial terms were compared
+
+
+def test_gated_readout_streams_chunk_by_chunk_like_the_in_memory_forward() -> None:
+    """`logits_from_chunks` (wsi predict's streaming of huge bags) with pool: gated: the pooling's
+    softmax spans every chunk, so reads of 13 rows against model chunks of 5 must equal one pass."""
+    m = _mil("seqnorm", **READOUTS["gated"], pos_encoding=True)
+    x, c = torch.randn(1, 41, 20), torch.rand(1, 41, 2) * 3000
+    reads = [(x[0, i : i + 13], c[0, i : i + 13]) for i in range(0, 41, 13)]
+    with torch.no_grad():
+        streamed = m.logits_from_chunks(iter(reads), n_tiles=41, max_tokens_per_chunk=5)
+        torch.testing.assert_close(streamed, m(x, coords_um=c), rtol=0, atol=1e-5)
+
+
+def test_layer_scale_scales_the_attention_residual_and_is_not_decayed() -> None:
+    """A LayerScale of s adds s * Attn(LN(x)) where the plain block adds Attn(LN(x)): checked by
+    rebuilding one block's output by hand; the scale is a per-channel gain, kept out of weight decay."""
+    m = _mil("seqnorm", attn_layer_scale=0.25)
+    blk = m.transformer.blocks[0]
+    assert blk.attn_scale is not None and torch.all(blk.attn_scale == 0.25)
+    x = torch.randn(1, 9, TINY["dim"])
+    with torch.no_grad():
+        y = x + 0.25 * blk.attn(blk.norm1(x), None)
+        torch.testing.assert_close(blk(x), y + blk.mlp(blk.norm2(y)))
+    _, keep = param_groups(m, 0.05)
+    assert {f"transformer.blocks.{i}.attn_scale" for i in range(TINY["depth"])} <= set(keep["names"])
+    assert _mil("seqnorm").transformer.blocks[0].attn_scale is None  # the paper's blocks have none
+    with pytest.raises(ConfigError, match="attn_layer_scale"):
+        build_model("vit-wsi", attn_layer_scale=0.0)
 
 
 def test_vit_contributions_reshape_to_the_patch_grid() -> None:
@@ -318,7 +387,7 @@ def test_transfer_refuses_a_source_that_leaves_shared_weights_random() -> None:
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_param_groups_decay_only_weight_matrices(name: str) -> None:
-    m = _mil(name)
+    m = _mil(name, **READOUTS["gated"])
     decay, keep = param_groups(m, 0.05)
     assert (decay["weight_decay"], keep["weight_decay"]) == (0.05, 0.0)
     everything = dict(m.named_parameters())
@@ -326,9 +395,9 @@ def test_param_groups_decay_only_weight_matrices(name: str) -> None:
     assert [id(p) for p in decay["params"]] == [id(everything[n]) for n in decay["names"]]
     assert all(everything[n].ndim == 2 and n.endswith("weight") and "norm" not in n for n in decay["names"])
     for n in keep["names"]:  # norms, gains, biases, class token, lambdas
-        assert n.endswith(("bias", "gamma", "beta", "cls_token", "lam", "lam_local", "rms_weight")) or (
-            "norm" in n and n.endswith("weight")
-        ), n
+        assert n.endswith(
+            ("bias", "gamma", "beta", "cls_token", "lam", "lam_local", "rms_weight", "attn_scale")
+        ) or ("norm" in n and n.endswith("weight")), n
     assert "cls_token" in keep["names"] and "head.weight" in decay["names"]
     v = build_model("vit-2d", attention=name, **TINY)
     names = param_groups(v, 0.1)[0]["names"]

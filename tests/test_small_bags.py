@@ -5,8 +5,9 @@ always adds its class token, so a 1-tile bag is a sequence of two tokens: the sp
 one token, and each channel of Q, K and V normalises to +-1 (gamma and beta then scale and shift it),
 i.e. the tile enters through the signs of its learned projections relative to the class token. The
 tests pin what that must give: finite logits, gradients and contributions, logits that still depend on
-the tile, and padded batches of tiny bags that equal each bag alone, for every attention variant and
-for ABMIL (whose softmax over one tile is 1).
+the tile, and padded batches of tiny bags that equal each bag alone, for every attention variant (with
+the class-token readout of vit-wsi, and as the small-cohort preset vit-wsi-small: gated pooling over the
+tile tokens, LayerScale, pooling dropout) and for ABMIL (whose softmax over one tile is 1).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from models import build_model
 
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
-MODELS = (*VARIANTS, "abmil")
+SMALL = tuple(f"{v}@vit-wsi-small" for v in VARIANTS)  # the preset itself, at its own widths
+MODELS = (*VARIANTS, *SMALL, "abmil")
 IN_DIM = 12
 TINY_MIL = {"dim": 16, "attn_dim": 16, "heads": 2, "mlp_dim": 16, "depth": 2, "dropout": 0.1}
 TINY_ABMIL = {"hidden_dim": 16, "attn_dim": 8, "dropout": 0.25, "attention_dropout": 0.5}
@@ -27,6 +29,11 @@ def _model(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     if name == "abmil":
         return build_model("abmil", in_dim=IN_DIM, num_classes=2, **TINY_ABMIL)
+    if name in SMALL:
+        attention, preset = name.split("@")
+        return build_model(
+            preset, attention=attention, in_dim=IN_DIM, num_classes=2, dropout=0.1, pool_dropout=0.5
+        )
     return build_model("vit-wsi", attention=name, in_dim=IN_DIM, num_classes=2, **TINY_MIL)
 
 
