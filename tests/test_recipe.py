@@ -16,9 +16,10 @@ import yaml
 from safetensors.torch import load_file
 from test_train_synthetic import CLASSES, IN_DIM, make_bag, make_cohort
 
+from models.presets import build_model
 from pipelines.inputs import Batch
 from pipelines.predict import load_run, predict
-from pipelines.tasks import load_task
+from pipelines.tasks import load_task, parse_task
 from pipelines.train import train
 from pipelines.train.augment import MIN_SUBSET_TILES, BagAugment, tile_subset
 from pipelines.train.loop import require_recipe
@@ -111,6 +112,27 @@ def test_nsclc_subtype_keeps_the_papers_recipe() -> None:
     assert (r.augment.tile_fraction, r.augment.feature_dropout) == ((1.0, 1.0), 0.0)
     assert BagAugment.of(r) is None  # the loop feeds whole bags, unchanged
     assert Selection.of(r) == Selection("val-figure", 1, False)
+    with torch.device("meta"):  # the paper's model: class-token readout, no LayerScale
+        model = build_model(r.model.preset, attention=r.model.attention, **r.model.overrides)
+    assert (model.config.pool, model.config.attn_layer_scale, model.pool) == ("cls", None, None)
+    assert isinstance(model.norm, torch.nn.LayerNorm)
+    assert all(blk.attn_scale is None for blk in model.transformer.blocks)
+
+
+def test_the_small_cohort_preset_pools_tile_tokens_with_layer_scale() -> None:
+    """What a task naming only its classes trains below 300 cases (docs/benchmarks.md, small-cohort MIL):
+    gated attention pooling over the tile tokens with no final LayerNorm, and a LayerScale of 0.01 on
+    the attention residual, one block of width 128 with the recipe's dropout."""
+    task = apply_recipe(parse_task({"name": "t", "classes": list(CLASSES)}, source="test"), n_train=80)
+    with torch.device("meta"):
+        model = build_model(
+            task.model.preset, attention=task.model.attention, in_dim=166, **task.model.overrides
+        )
+    cfg = model.config
+    assert (cfg.pool, cfg.pool_dim, cfg.attn_layer_scale, cfg.depth, cfg.dim) == ("gated", 64, 0.01, 1, 128)
+    assert cfg.dropout == RECIPES["small-cohort"].model_overrides["mil"]["dropout"]
+    assert isinstance(model.norm, torch.nn.Identity) and model.pool is not None
+    assert model.transformer.blocks[0].attn_scale is not None
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,10 @@ small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-paramete
                only, a warm-up then cosine schedule (peak lr 5e-4 for the MIL transformer, 2e-4 for
                ABMIL and the image ViTs); it keeps the weights of the lowest validation loss averaged
                over a window of epochs (and averages the weights over that window), and below
-               `SMALL_BELOW` training cases uses the narrower one-layer `vit-wsi-small` preset.
+               `SMALL_BELOW` training cases uses the narrower one-layer `vit-wsi-small` preset,
+               which reads the bag by gated attention pooling over its tile tokens and starts its
+               attention residual small (LayerScale 0.01): with a class token, one telling tile
+               among dozens was not learned from ~100 bags (docs/benchmarks.md).
 
 Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
 small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
