@@ -10,8 +10,8 @@ Readout (`pool`). `cls` (the paper's vit-wsi) reads the class token after the la
 the tiles' output tokens with gated attention (models.pooling): with linear attention a class token sees
 the bag only through its tokens' mean and covariance, so one positive tile among dozens barely moves
 it, while a per-token score and a softmax over the bag can single that tile out (small cohorts with
-few positive tiles per slide: `vit-wsi-small`). It reads the tokens without the final LayerNorm, which
-would divide out each token's size. The class token then stays in the sequence as a learned global
+few positive tiles per slide: `vit-wsi-small`). The final LayerNorm then acts on the pooled bag
+vector, not on each token (which would divide out each token's size). The class token then stays in the sequence as a learned global
 token every tile can attend to. Either way logits == base + the tiles' contributions.
 
 Long bags: without gradients a bag longer than `chunk_above_tokens` runs through the exact two-pass
@@ -77,11 +77,11 @@ class MILTransformer(KindModel):
         self.transformer = Transformer(
             config.depth, config.dim, config.heads, config.mlp_dim, **config.block_options()
         )
-        # pool: gated reads the tokens as they leave the last block, without a final LayerNorm: a per-token
-        # LayerNorm divides out each token's size, and a positive tile stands out from the rest by its
-        # size along a few directions (docs/benchmarks.md: AUROC 0.59 with it, 0.84 without, on a
-        # generated 100-bag cohort). Identity keeps one code path for both readouts.
-        self.norm: nn.Module = nn.LayerNorm(config.dim) if config.pool == "cls" else nn.Identity()
+        # The final LayerNorm normalises what the head reads: the class token (pool: cls) or the pooled
+        # bag vector (pool: gated). Not each tile token before pooling: that divides out a token's size,
+        # and a positive tile stands out from the rest by its size along a few directions
+        # (docs/benchmarks.md: AUROC 0.59 with per-token LayerNorm on a generated 100-bag cohort).
+        self.norm = nn.LayerNorm(config.dim)
         self.pool = (
             GatedAttentionPool(
                 config.dim, config.pool_dim, dropout=config.dropout, attention_dropout=config.pool_dropout
@@ -155,8 +155,8 @@ class MILTransformer(KindModel):
         h = self.transformer(tokens, full_mask, neighbours, checkpointing=ckpt)
         if self.pool is None:
             return self.head(self.norm(h[:, 0]))
-        z, _ = self.pool(self.norm(h[:, 1:]), None if full_mask is None else full_mask[:, 1:])
-        return self.head(z)  # (B, C)
+        z, _ = self.pool(h[:, 1:], None if full_mask is None else full_mask[:, 1:])  # (B, dim)
+        return self.head(self.norm(z))  # (B, C)
 
     @torch.no_grad()
     def _forward_chunked(
@@ -187,23 +187,38 @@ class MILTransformer(KindModel):
     def _pooled_decomposition(self, h: Tensor, mask: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
         """pool: gated. Tokens after the last block (B, 1 + N, dim) -> (contrib (B, N, C), base (B, C)).
 
-        logits = W_cls (sum_k a_k h_k) + b = b + sum_k a_k (W_cls h_k), exactly. Runs over
-        chunks of `chunk` tiles, keeping only (B, N) scores and (B, N, C) class scores for the bag.
+        With z = sum_k a_k h_k, the LayerNorm is affine once its scale sigma(z) is fixed at its actual
+        value, and centring is linear: logits = W (gamma * (z - mean z) / sigma + beta) + b
+        = [W beta + b] + sum_k a_k W (gamma * (h_k - mean h_k)) / sigma, exactly. Runs over chunks of
+        `chunk` tiles, keeping only (B, N) scores and (B, N, C) class scores for the bag.
         """
         assert self.pool is not None
         b, n = h.shape[0], h.shape[1] - 1
-        scores = torch.empty(b, n, dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
-        tile_logits = torch.empty(
-            b, n, self.config.num_classes, dtype=self.head.weight.dtype, device=h.device
-        )
+        acc = torch.promote_types(h.dtype, torch.float32)
+        scores = torch.empty(b, n, dtype=acc, device=h.device)
+        tile_logits = torch.empty(b, n, self.config.num_classes, dtype=acc, device=h.device)
         tile_mask = None if mask is None else mask[:, 1:]
+        w = self.head.weight.to(acc) * self.norm.weight.to(acc)  # (C, dim): W diag(gamma)
+
+        def tiles(sl: slice) -> Tensor:  # (B, n_chunk, dim), absent tiles zeroed
+            return present_only(
+                h[:, sl.start + 1 : sl.stop + 1], None if tile_mask is None else tile_mask[:, sl]
+            )
+
         for sl in chunk_slices(n, chunk):
-            t = self.norm(h[:, sl.start + 1 : sl.stop + 1])  # (B, n_chunk, dim)
-            t = present_only(t, None if tile_mask is None else tile_mask[:, sl])
+            t = tiles(sl)
             scores[:, sl] = self.pool.scores(t)
-            tile_logits[:, sl] = t.to(self.head.weight.dtype) @ self.head.weight.T  # (B, n_chunk, C)
+            centred = t.to(acc) - t.to(acc).mean(-1, keepdim=True)
+            tile_logits[:, sl] = centred @ w.T  # (B, n_chunk, C) W (gamma * (h_k - mean h_k))
         a = self.pool.weights(scores, tile_mask)  # (B, N)
-        return a[..., None].to(tile_logits.dtype) * tile_logits, self.head.bias.expand(b, -1)
+        z = torch.zeros(b, self.config.dim, dtype=acc, device=h.device)
+        for sl in chunk_slices(n, chunk):
+            z += torch.einsum("bn,bnd->bd", a[:, sl].to(acc), tiles(sl).to(acc))
+        sigma = torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + self.norm.eps)  # (B, 1)
+        contrib = a[..., None].to(acc) * tile_logits / sigma.unsqueeze(1)
+        base = self.norm.bias.to(acc) @ self.head.weight.to(acc).T + self.head.bias.to(acc)
+        dtype = self.head.weight.dtype
+        return contrib.to(dtype), base.expand(b, -1).to(dtype)
 
     @torch.no_grad()
     def logits_from_chunks(
@@ -266,7 +281,6 @@ class MILTransformer(KindModel):
             h = self.transformer(tokens, full_mask, neighbours)
             return self._pooled_decomposition(h, full_mask, max(x.shape[1], 1))
         blocks = self.transformer.layers()
-        assert isinstance(self.norm, nn.LayerNorm)  # pool: cls has its final LayerNorm
         contrib, base = decompose_cls_logits(blocks, self.norm, self.head, tokens, full_mask, neighbours)
         return contrib[:, 1:], base
 
@@ -275,7 +289,7 @@ class MILTransformer(KindModel):
     ) -> Tensor:
         """Each tile's additive share of each logit: (B, N, C). pool: cls, along the last block's direct
         attention path; pool: gated, exactly its pooling weight times the head's scores of its token
-        after the last block.
+        after the last block (through the final LayerNorm at the pooled vector's scale).
 
         0 at padded tiles. Call in eval mode (dropout off). See docs/api.md for what it leaves out and
         `models.attribution.tile_effects` for each tile's whole effect.

@@ -248,25 +248,29 @@ def test_tile_contributions_add_up_to_the_logits(name: str, readout: str) -> Non
 def _check_pooled_contributions(
     m: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor, tiles: torch.Tensor
 ) -> None:
-    """pool: gated, written out from the definition: the tokens after the last block (captured at the
-    final LayerNorm), their gated-attention weights a (a softmax over each bag's real tiles) and the
-    head's scores of each normalised token; tile k's contribution is a_k W LN(h_k)."""
+    """pool: gated, written out from the definition: the tile tokens after the last block (captured as
+    they enter the pooling), their gated-attention weights a (a softmax over each bag's real tiles), the
+    pooled z = sum_k a_k h_k and the final LayerNorm at its actual scale sigma(z); tile k's contribution
+    is a_k W (gamma * (h_k - mean h_k)) / sigma."""
     seen: dict[str, torch.Tensor] = {}
-    hook = m.norm.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0]))
+    hook = m.pool.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0]))
     try:
         with torch.no_grad():
             m(x, mask)
     finally:
         hook.remove()
-    t = m.norm(seen["h"])  # (B, N, D') tile tokens only: the class token is not pooled
+    h = seen["h"]  # (B, N, D') tile tokens only: the class token is not pooled
     pool = m.pool
-    hidden = torch.tanh(t @ pool.attn_v.weight.T + pool.attn_v.bias)
-    hidden = hidden * torch.sigmoid(t @ pool.attn_u.weight.T + pool.attn_u.bias)
+    hidden = torch.tanh(h @ pool.attn_v.weight.T + pool.attn_v.bias)
+    hidden = hidden * torch.sigmoid(h @ pool.attn_u.weight.T + pool.attn_u.bias)
     scores = (hidden @ pool.attn_w.weight[0]).masked_fill(~mask, float("-inf"))  # (B, N)
     a = torch.softmax(scores, dim=1)
     torch.testing.assert_close(a.sum(1), torch.ones(len(a)))
-    want = a[..., None] * (t @ m.head.weight.T)  # (B, N, C)
-    torch.testing.assert_close(tiles, want, rtol=0, atol=1e-6)
+    z = torch.einsum("bn,bnd->bd", a, h.masked_fill(~mask[..., None], 0.0))  # (B, D')
+    sigma = torch.sqrt(z.var(-1, unbiased=False) + m.norm.eps)[:, None, None]  # (B, 1, 1)
+    centred = (h - h.mean(-1, keepdim=True)) * m.norm.weight  # (B, N, D')
+    want = a[..., None] * (centred @ m.head.weight.T) / sigma  # (B, N, C)
+    torch.testing.assert_close(tiles, want.masked_fill(~mask[..., None], 0.0), rtol=0, atol=1e-6)
     assert want[mask].abs().amax(-1).min() > 1e-6  # non-trivial terms were compared
 
 

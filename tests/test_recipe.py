@@ -121,7 +121,8 @@ def test_nsclc_subtype_keeps_the_papers_recipe() -> None:
 
 def test_the_small_cohort_preset_pools_tile_tokens_with_layer_scale() -> None:
     """What a task naming only its classes trains below 300 cases (docs/benchmarks.md, small-cohort MIL):
-    gated attention pooling over the tile tokens with no final LayerNorm, and a LayerScale of 0.01 on
+    gated attention pooling over the tile tokens (the final LayerNorm on the pooled vector, not on each
+    token), and a LayerScale of 0.01 on
     the attention residual, one block of width 128 with the recipe's dropout."""
     task = apply_recipe(parse_task({"name": "t", "classes": list(CLASSES)}, source="test"), n_train=80)
     with torch.device("meta"):
@@ -131,7 +132,7 @@ def test_the_small_cohort_preset_pools_tile_tokens_with_layer_scale() -> None:
     cfg = model.config
     assert (cfg.pool, cfg.pool_dim, cfg.attn_layer_scale, cfg.depth, cfg.dim) == ("gated", 64, 0.01, 1, 128)
     assert cfg.dropout == RECIPES["small-cohort"].model_overrides["mil"]["dropout"]
-    assert isinstance(model.norm, torch.nn.Identity) and model.pool is not None
+    assert isinstance(model.norm, torch.nn.LayerNorm) and model.pool is not None
     assert model.transformer.blocks[0].attn_scale is not None
 
 
