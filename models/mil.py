@@ -11,8 +11,9 @@ the tiles' output tokens with gated attention (models.pooling): with linear atte
 the bag only through its tokens' mean and covariance, so one positive tile among dozens barely moves
 it, while a per-token score and a softmax over the bag can single that tile out (small cohorts with
 few positive tiles per slide: `vit-wsi-small`). The final LayerNorm then acts on the pooled bag
-vector, not on each token (which would divide out each token's size). The class token then stays in the sequence as a learned global
-token every tile can attend to. Either way logits == base + the tiles' contributions.
+vector, not on each token (which would divide out each token's size), and the class token stays in
+the sequence as a learned global token every tile can attend to. Either way logits == base + the
+tiles' contributions.
 
 Long bags: without gradients a bag longer than `chunk_above_tokens` runs through the exact two-pass
 chunked scheme (bounded memory); `logits_from_chunks` does the same for a bag streamed from disk; with
