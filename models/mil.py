@@ -62,6 +62,14 @@ class MILConfig(TransformerConfig):
     # (renormalised over the rest, never every tile of a bag), as ABMIL's attention_dropout
     pool_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pool_dropout and self.pool != "gated":
+            raise ConfigError(
+                f"pool_dropout {self.pool_dropout} acts only with pool: gated (this model reads its class "
+                "token); set pool: gated or drop pool_dropout"
+            )
+
 
 @MODEL_KINDS.register("mil")
 class MILTransformer(KindModel):

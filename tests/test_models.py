@@ -131,6 +131,8 @@ def test_config_errors_name_the_field() -> None:
         build_model("vit-wsi", grid_um=0)
     with pytest.raises(ConfigError, match=r"field 'depth'.*got True"):  # a bool is not a width
         build_model("vit-wsi", depth=True)
+    with pytest.raises(ConfigError, match=r"pool_dropout.*pool: gated"):  # would be silently ignored
+        build_model("vit-wsi", pool_dropout=0.1)
 
 
 def test_config_dict_rebuilds_the_same_model() -> None:
