@@ -211,13 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     changes = parse_changes(args.changes)
     outcomes: list[Outcome] = []
+    seeds = list(range(args.seed, args.seed + args.repeats))
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mil-bench-") as tmp:
         for cohort in cohorts(args.sets, args.synthetic, args.synthetic_max_size, args.seed):
             log.info("%s", cohort.summary())
             bags, labels = write_cohort(cohort, Path(tmp) / cohort.name, classes=CLASSES)
             for model in args.models:
-                seeds = list(range(args.seed, args.seed + args.repeats))
                 o = run_model(cohort, bags, labels, model, folds=args.folds, seeds=seeds,
                               work=Path(tmp) / "runs", changes=changes)  # fmt: skip
                 log.info("  %-8s accuracy %s  AUROC %s  (%.0f s)", model, o.cell("accuracy"),

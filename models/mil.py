@@ -217,7 +217,8 @@ class MILTransformer(KindModel):
         for sl in chunk_slices(n, chunk):
             t = tiles(sl)
             scores[:, sl] = self.pool.scores(t)
-            centred = t.to(acc) - t.to(acc).mean(-1, keepdim=True)
+            ta = t.to(acc)
+            centred = ta - ta.mean(-1, keepdim=True)
             tile_logits[:, sl] = centred @ w.T  # (B, n_chunk, C) W (gamma * (h_k - mean h_k))
         a = self.pool.weights(scores, tile_mask)  # (B, N)
         z = torch.zeros(b, self.config.dim, dtype=acc, device=h.device)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 
 class GatedAttentionPool(nn.Module):
-    """Scores and convex weights of a bag's tokens; `pool` returns the weighted sum and the weights.
+    """Scores and convex weights of a bag's tokens; calling it returns the weighted sum and the weights.
 
     `dropout` acts on the attention MLP's hidden layer; `attention_dropout` (training only) leaves each
     token out of the softmax with that probability, renormalising over the rest (never a whole bag).
