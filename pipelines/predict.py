@@ -11,6 +11,8 @@
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
                            <slide>.<target>.png per target of multi-target runs
+  geojson/<slide>.geojson  every tile as a QuPath object in level-0 px with its contributions (and pooling
+                           weight), the top tiles as annotations, the prediction (pipelines.predict_geojson)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -48,6 +50,7 @@ from pipelines.heatmaps import slide_heatmap
 from pipelines.inputs import Batch, InputAdapter, Item
 from pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from pipelines.kinds import TaskKind
+from pipelines.predict_geojson import case_slide_geojson
 from pipelines.predict_progress import Finished, Flusher, Progress, case_key, model_digest
 from pipelines.predict_stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
 from pipelines.raw_slides import embed_raw_slides
@@ -393,6 +396,7 @@ def _explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+            files += case_slide_geojson(run, item, batch, output, maps, sl, out, options.top_tiles)
         if tiles is not None:
             try:
                 export_slide(

@@ -14,8 +14,9 @@ Public API:
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`), then the tile file. Every file is
-written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`) and its QuPath GeoJSON, then the tile
+file. Every file is written atomically and the tile file (.h5) last, so a complete tile file means the
+slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -57,10 +58,12 @@ from pipelines.tile_checks import (
     refuse_id_clashes,
     same_id_message,
 )
+from pipelines.tile_qupath import load_roi, restrict_to_roi, roi_digest, roi_empty_reason, write_qc_geojson
 from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
 from wsi.errors import MissingMppError, SlideError, SlideIdError
 from wsi.file_tiles import FileDamage, FileTileProbe
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
+from wsi.qupath import Roi
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
@@ -92,13 +95,15 @@ class TileOutputs:
     h5: Path
     zarr: Path
     qc: Path
+    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile_qupath)
 
 
 def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
     out = Path(out_dir)
     return TileOutputs(
-        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png"
-    )
+        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png",
+        out / "qc" / f"{slide_id}.geojson",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class TileJob:
     #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
     #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
     background: str = "auto"
+    #: QuPath GeoJSON annotations restricting the tiles: one file, or a folder of <slide_id>.geojson
+    roi: Path | None = None
 
 
 def tile_slides(
@@ -132,12 +139,15 @@ def tile_slides(
     save_tiles: bool = False,
     threads: int | None = None,
     background: str = "auto",
+    roi: str | os.PathLike[str] | None = None,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
     mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
     background: "auto", "light" or "dark" (see TileJob). A slide whose id is unusable, repeats an earlier
     slide's id (or differs from it only by case) is a failed row naming both files; the others run.
+    roi: QuPath GeoJSON file or folder of <slide_id>.geojson (pipelines.tile_qupath); a slide without
+    its file in the folder, or with an unusable one, fails alone.
     """
     job = TileJob(
         out_dir=Path(out_dir).absolute(),
@@ -148,6 +158,7 @@ def tile_slides(
         overwrite=overwrite,
         threads=threads or default_threads(workers if scheduler is None else 1),
         background=background,
+        roi=None if roi is None else Path(roi).absolute(),
     )
     sources = list(sources)
     refused = refuse_id_clashes(sources, job.out_dir)
@@ -181,6 +192,7 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         done = _finished(source, job, paths, previous)
         if done is not None:
             return done
+    roi = load_roi(job.roi, source.slide_id)  # an unusable ROI leaves old output alone, too
     slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
     with slide:
         if moved and previous is not None:
@@ -189,7 +201,7 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
+        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi)
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
@@ -262,6 +274,10 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "QC image missing"
     elif meta.meta.get("background_choice", "auto") != job.background:
         reason = f"--background changed to {job.background}"
+    elif not paths.geojson.is_file():
+        reason = "QC GeoJSON missing"
+    elif meta.meta.get("roi_sha256", "") != roi_digest(job.roi, source.slide_id):
+        reason = "--roi changed"
     elif len(meta) == 0 and "empty_reason" not in meta.meta:
         reason = "no tile kept by a version that did not say why"
     if reason:
@@ -275,8 +291,9 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
 
 
 def _tile_open_slide(
-    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str
-) -> tuple[TileCounts, str, str]:
+    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
+    roi: Roi | None = None,
+) -> tuple[TileCounts, str, str]:  # fmt: skip
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
     Returns the counts, why no tile was kept ("" when some were), and what could not be decoded ("").
@@ -285,6 +302,8 @@ def _tile_open_slide(
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
+    n_tissue_cells = len(found.candidates)
+    found, roi_attrs = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -303,6 +322,8 @@ def _tile_open_slide(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
+        if roi is not None and n_tissue_cells and not len(found.candidates):
+            empty = roi_empty_reason(roi, slide.dimensions, n_tissue_cells)
         if mpp_note:
             empty += f"; also: {mpp_note}"
     picture = tile_qc_image(
@@ -310,11 +331,12 @@ def _tile_open_slide(
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
     )  # fmt: skip
     save_png(paths.qc, picture)
+    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
     kept = found.candidates[reasons == KEPT]
     attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
-        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage),
+        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage), **roi_attrs,
     )  # fmt: skip
     write_tile_file(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs

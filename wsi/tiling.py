@@ -289,6 +289,10 @@ def _block_median_variance(gray: np.ndarray, fg_full: np.ndarray, grid: int) -> 
 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
+#: each reason code's name (QC legend, QC GeoJSON classes); a code without one is called "reason <code>"
+REASON_NAMES: dict[int, str] = {
+    KEPT: "kept", BACKGROUND: "background", BLURRY: "blurry", UNREADABLE: "unreadable",
+}  # fmt: skip
 
 
 def classify_tiles(

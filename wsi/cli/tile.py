@@ -31,6 +31,8 @@ Examples:
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+  wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
+  wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
 
 \b
 Output (under --out):
@@ -39,6 +41,9 @@ Output (under --out):
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
                           legend with counts, slide id, mpp
+  qc/<slide_id>.geojson   the same as QuPath objects (File > Import objects), level-0 px:
+                          tissue outline (annotation "Tissue"), every tissue tile classed
+                          by its fate (kept, background, blurry, ...) with its tissue fraction
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
 
 \b
@@ -79,6 +84,12 @@ redoes them (and replaces the tiles of another slide with the same id).
     "--background", type=click.Choice(["auto", "light", "dark"]), default="auto", show_default=True,
     help="Slide background: auto detects per slide; light = brightfield (H&E on glass); dark = "
     "fluorescence-like (tissue shines on black).",
+)  # fmt: skip
+@click.option(
+    "--roi", type=click.Path(path_type=Path, exists=True),
+    help="QuPath GeoJSON annotations (File > Export objects, level-0 px) to tile within: a file, or a folder "
+    "of <slide_id>.geojson (a slide without its file fails). A tile is kept when its centre lies in an "
+    "annotation and in none classed Exclude or Ignore* (any class ending in *, except Region*).",
 )  # fmt: skip
 @click.option(
     "--min-tissue",
@@ -138,6 +149,7 @@ def command(
     save_tiles: bool,
     overwrite: bool,
     background: str,
+    roi: Path | None,
     min_tissue: float,
     max_background: float,
     white_level: int,
@@ -185,6 +197,7 @@ def command(
         save_tiles=save_tiles,
         threads=threads,
         background=background,
+        roi=roi,
     )
     from pipelines.jobs import RunSummary
 
