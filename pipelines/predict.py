@@ -110,6 +110,7 @@ def predict(
     top_tiles: int = 0,
     overwrite: bool = False,
     stream_above_tiles: int | None = STREAM_ABOVE_TILES,
+    geojson: bool = True,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
@@ -122,7 +123,7 @@ def predict(
     earlier call into the same `out_dir` with the same model, inputs and options are skipped unless
     `overwrite`. `stream_above_tiles`: a slide's bag of more tiles is read from its file chunk by chunk
     (the same outputs in bounded memory; no heatmap or top tiles for it, said in the manifest's `note`);
-    None loads every bag whole.
+    None loads every bag whole. `geojson`: write geojson/<slide>.geojson (pipelines.predict_geojson).
     """
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
@@ -167,6 +168,7 @@ def predict(
         thumbs=thumbs,
         backend=backend,
         stream_above=stream_above_tiles,
+        geojson=geojson,
     )
     rows, outputs, results, tiles = _predict_cases(
         run, cohort.cases, out, options, progress=progress, pre_failed=pre_failed, overwrite=overwrite
@@ -218,6 +220,7 @@ class _CaseOptions:
     thumbs: dict[str, tuple[Path, float | None]]
     backend: str
     stream_above: int | None = STREAM_ABOVE_TILES  # tiles; None: every bag loaded whole
+    geojson: bool = True  # geojson/<slide>.geojson (QuPath objects)
 
 
 def _predict_cases(
@@ -299,6 +302,8 @@ def _settings(run: RunModel, case: Item, options: _CaseOptions, *, streamed: boo
         "backend": options.backend,
         "thumbs": [str(options.thumbs.get(sid, ("", None))[0]) for sid in slide_ids],
     }
+    if not options.geojson:  # only when off: runs made before the GeoJSON existed keep their keys
+        settings["geojson"] = False
     if streamed:  # made without heatmaps: predicted again when a later call would load it whole
         settings["streamed"] = True
     return settings
@@ -319,7 +324,7 @@ def _predict_case(
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
-    if options.heatmaps or tiles is not None:
+    if options.heatmaps or options.geojson or tiles is not None:
         files = _explain_case(run, case, sample, batch, output, out, options, tiles)
     n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
     return Finished(
@@ -334,10 +339,11 @@ def _predict_streamed(run: RunModel, case: Item, key: str, options: _CaseOptions
     output, n = streamed_outputs(run, case)
     row = _row(run, case, output)
     note = ""
-    if options.heatmaps or options.top_tiles:
+    if options.heatmaps or options.top_tiles or options.geojson:
         note = (
-            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap or top "
-            "tiles: per-tile contributions need the whole bag in memory (--stream-above-tiles to change)"
+            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap, "
+            "GeoJSON or top tiles: per-tile contributions need the whole bag in memory "
+            "(--stream-above-tiles to change)"
         )
         log.warning("%s: %s", case.id, note)
     return Finished(key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, note=note)
@@ -396,6 +402,7 @@ def _explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+        if options.geojson:
             files += case_slide_geojson(run, item, batch, output, maps, sl, out, options.top_tiles)
         if tiles is not None:
             try:

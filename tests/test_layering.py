@@ -28,6 +28,7 @@ SLIDE_CORE = (
     "wsi.sources",
     "wsi.files",
     "wsi.qc",
+    "wsi.qupath",
     "wsi.synthetic",
 )
 

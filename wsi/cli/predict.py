@@ -51,7 +51,9 @@ Output (under --out): predictions.csv (slide, or patient for patient-level runs,
 prob_<class>..., predicted | pred_<target> | risk, risk_group), patient_predictions.csv (slide-level
 runs: the mean over each patient's slides, when a patient has several or --labels is given),
 manifest.csv (every slide's status, error and note), heatmaps/<slide>.png (each tile's contribution to the
-predicted class, target or risk), and for raw slides work/ (tile files and bags).
+predicted class, target or risk), geojson/<slide>.geojson (every tile as a QuPath object in level-0
+px with its contributions and pooling weight, the top tiles as annotations, the prediction: QuPath's
+File > Import objects opens it), and for raw slides work/ (tile files and bags).
 --labels CSV (a label table as for training): metrics.json (the task's figures with 95% CIs),
 external_predictions.csv, report.html and report/*.csv, as training writes for its test split.
 --top-tiles K: top_tiles/<slide>/ crops of the K tiles pushing each output most and least, read from
@@ -112,6 +114,7 @@ Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv
     help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
 )
 @click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
+@click.option("--no-geojson", is_flag=True, help="Skip the per-slide QuPath GeoJSON files (geojson/).")
 @click.option(
     "--stream-above-tiles",
     type=click.IntRange(min=1),
@@ -139,6 +142,7 @@ def command(
     labels_csv: Path | None,
     top_tiles: int,
     no_heatmaps: bool,
+    no_geojson: bool,
     stream_above_tiles: int,
     overwrite: bool,
     no_progress: bool,
@@ -153,7 +157,7 @@ def command(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
         heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
         scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
-        overwrite=overwrite, stream_above_tiles=stream_above_tiles,
+        overwrite=overwrite, stream_above_tiles=stream_above_tiles, geojson=not no_geojson,
     )  # fmt: skip
     failed = result.problems  # failed and empty slides: both make the exit code 1
     noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"

