@@ -8,7 +8,7 @@ Public API:
                 scheduler=None, overwrite=False, save_tiles=False, threads=None,
                 background="auto") -> list[JobResult]
     tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
-    output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
+    output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png and .geojson of one slide
     read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
 
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
