@@ -146,9 +146,9 @@ def section_embed(plan: Plan, emit: Emit) -> None:
         random_encoder,
     )  # fmt: skip
 
-    from pipelines.embed.engine import prepare_runtime, resolve_decode
+    from wsi.pipelines.embed.engine import prepare_runtime, resolve_decode
 
-    logging.getLogger("models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
+    logging.getLogger("wsi.models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
     device = torch.device(plan.device)
     cuda = device.type == "cuda"
     batch = 256 if cuda else 8
