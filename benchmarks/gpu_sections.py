@@ -40,9 +40,10 @@ class Plan:
 
     device: str
     precision: str  # bf16 autocast on CUDA
-    encoders: tuple[str, ...]
+    encoders: tuple[str, ...]  # () = every named encoder, those with an aim first
     embed_tiles: int  # the most tiles one encoder's end-to-end run reads
-    embed_seconds: float  # target length of one forward / end-to-end measurement
+    embed_seconds: float  # target length of the forward measurement
+    end2end_seconds: float  # target length of the end-to-end run (longer: it includes the readers' start)
     slide_mm: float
     readers: int
     infer_sizes: tuple[int, ...]
@@ -60,22 +61,19 @@ def make_plan(smoke: bool) -> Plan:
     cores = os.cpu_count() or 1
     if smoke:
         return Plan(
-            device="cpu", precision="fp32", encoders=("timm:test_resnet",), embed_tiles=16, embed_seconds=0.5,
-            slide_mm=1.0, readers=1, infer_sizes=(512, 2048), infer_variants=("seqnorm",), point_budget_s=30,
-            long_tokens=2048, long_variants=("seqnorm",), epoch_bags=2, epoch_max_tiles=300,
-            epoch_variants=("seqnorm",),
+            device="cpu", precision="fp32", encoders=("timm:test_resnet",), embed_tiles=16,
+            embed_seconds=0.5, end2end_seconds=0.5, slide_mm=1.0, readers=1, infer_sizes=(512, 2048),
+            infer_variants=("seqnorm",), point_budget_s=30, long_tokens=2048, long_variants=("seqnorm",),
+            epoch_bags=2, epoch_max_tiles=300, epoch_variants=("seqnorm",),
             pytest_files=("tests/test_gpu_decode.py",),
         )  # fmt: skip
-    from embed_throughput import ENCODERS
-
-    names = ENCODERS.names()
     return Plan(
-        device="cuda", precision="bf16",
-        encoders=tuple(n for n in AIM_ORDER if n in names) + tuple(n for n in names if n not in AIM_ORDER),
-        embed_tiles=20_000, embed_seconds=3.0, slide_mm=6.0, readers=max(1, min(8, cores - 1)),
-        infer_sizes=(1_000_000,), infer_variants=("seqnorm", "sima", "gdla", "softmax"),
-        point_budget_s=30, long_tokens=1_000_000, long_variants=("seqnorm",), epoch_bags=1000,
-        epoch_max_tiles=11_000, epoch_variants=("seqnorm", "sima", "gdla"), pytest_files=(),
+        device="cuda", precision="bf16", encoders=(),
+        embed_tiles=20_000, embed_seconds=2.5, end2end_seconds=5.0, slide_mm=6.0,
+        readers=max(1, min(8, cores - 1)), infer_sizes=(1_000_000,),
+        infer_variants=("seqnorm", "sima", "gdla", "softmax"), point_budget_s=30, long_tokens=1_000_000,
+        long_variants=("seqnorm",), epoch_bags=1000, epoch_max_tiles=11_000,
+        epoch_variants=("seqnorm", "sima", "gdla"), pytest_files=(),
     )  # fmt: skip
 
 
@@ -134,9 +132,10 @@ def _first_tiles(slides: list[Any], n: int) -> list[Any]:
 def section_embed(plan: Plan, emit: Emit) -> None:
     """Per named encoder (random weights): forward alone with FLOPs and MFU, then `embed_works` end to end;
     the feed (read + decode) once. Tile counts follow each encoder's forward rate (about
-    plan.embed_seconds per measurement), at most plan.embed_tiles."""
+    plan.embed_seconds / plan.end2end_seconds), at most plan.embed_tiles."""
     import torch
     from embed_throughput import (
+        ENCODERS,
         _options,
         flops_per_tile,
         measure_end2end,
@@ -156,6 +155,10 @@ def section_embed(plan: Plan, emit: Emit) -> None:
     decode = resolve_decode("auto", device)
     args = argparse.Namespace(precision=plan.precision, compile=False, reader_mode="process", decode="auto")
     threads = os.cpu_count() or 1
+    names = ENCODERS.names()
+    encoders = plan.encoders or tuple(n for n in AIM_ORDER if n in names) + tuple(
+        n for n in names if n not in AIM_ORDER
+    )
     with tempfile.TemporaryDirectory(prefix="gpu-suite-embed-") as tmp:
         t0 = time.perf_counter()
         slides = _slides(Path(tmp), plan, decode)
@@ -165,7 +168,7 @@ def section_embed(plan: Plan, emit: Emit) -> None:
         read_rate = n / s
         emit("embed", "(all)", "read", round(read_rate, 1), "tiles/s", "ok",
              f"{n} tiles, decode {decode}, {plan.readers} readers")  # fmt: skip
-        for name in plan.encoders:
+        for name in encoders:
             try:
                 flops = flops_per_tile(name)
                 rt = prepare_runtime(random_encoder(name, device), device=device, precision=plan.precision,
@@ -190,6 +193,7 @@ def section_embed(plan: Plan, emit: Emit) -> None:
                 if peak:
                     emit("embed", name, "mfu", round(tflops / peak, 3), "", "ok", f"dense bf16 peak {peak:g}")
                 options = _options(name, args, threads, batch, plan.readers)
+                tiles = min(plan.embed_tiles, max(tiles, int(fwd * plan.end2end_seconds)))
                 n, s = measure_end2end([rt], _first_tiles(slides, tiles), Path(tmp) / name, options, batch)
                 e2e = n / s
                 emit("embed", name, "end2end", round(e2e, 1), "tiles/s", "ok", f"{n} tiles")
