@@ -262,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.docs and not args.docs.is_file():
+        print(f"error: --docs {args.docs} does not exist; give the markdown file to update", file=sys.stderr)
+        return 2
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
