@@ -104,7 +104,13 @@ def section_gpu_tests(plan: Plan, emit: Emit, *, junit: Path | None, budget_s: f
         junit = Path(tempfile.mkdtemp(prefix="gpu-tests-")) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
                f"--junitxml={junit}", *plan.pytest_files]  # fmt: skip
-        subprocess.run(cmd, cwd=ROOT, timeout=max(10.0, budget_s - 5), check=False)
+        done = subprocess.run(
+            cmd, cwd=ROOT, timeout=max(10.0, budget_s - 5), check=False, capture_output=True, text=True
+        )
+        print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+        if not junit.is_file():
+            tail = " / ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            raise RuntimeError(f"pytest -m gpu exited {done.returncode} without a report: {tail}")
     if not junit.is_file():
         raise FileNotFoundError(f"no JUnit report at {junit}: did `pytest -m gpu --junitxml` run?")
     junit_rows(junit, emit, cuda=plan.device == "cuda")

@@ -124,7 +124,7 @@ def test_a_section_past_its_budget_is_stopped_with_a_row_saying_so(tmp_path: Pat
 
 @pytest.mark.slow
 def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
-    """About a minute on an idle 2-core machine (each section starts torch in fresh processes)."""
+    """One to four minutes on 2 shared cores (each section starts torch in fresh processes)."""
     rc = main(["--smoke", "--out", str(tmp_path)])
     rows = _rows(tmp_path / "gpu_suite.csv")
     assert rc == 0, rows
