@@ -15,10 +15,10 @@ from qupath_rules import parse_file
 from safetensors.torch import load_file
 from test_train_synthetic import make_cohort, write_task
 
-from models.presets import build_model_from_config
-from pipelines.predict import predict
-from pipelines.predict_geojson import slide_collection
-from pipelines.train import train
+from wsi.models.presets import build_model_from_config
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.predict.geojson import slide_collection
+from wsi.pipelines.train import train
 from wsi.bags import load_bag
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -14,9 +14,9 @@ Public API:
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`) and its QuPath GeoJSON, then the tile
-file. Every file is written atomically and the tile file (.h5) last, so a complete tile file means the
-slide is done.
+candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`) and its QuPath GeoJSON
+(`pipelines.tile.qupath`), then the tile file. Every file is
+written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -44,8 +44,10 @@ from typing import Any
 import numpy as np
 
 import wsi
-from pipelines.jobs import JobResult, run_jobs, write_manifest
-from pipelines.tile_checks import (
+from wsi.config import with_settings
+from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.checks import (
     check_damage,
     check_same_slide,
     check_usable_id,
@@ -58,16 +60,16 @@ from pipelines.tile_checks import (
     refuse_id_clashes,
     same_id_message,
 )
-from pipelines.tile_qupath import load_roi, restrict_to_roi, roi_digest, roi_empty_reason, write_qc_geojson
-from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
-from wsi.errors import MissingMppError, SlideError, SlideIdError
-from wsi.file_tiles import FileDamage, FileTileProbe
+from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty_reason, write_qc_geojson
+from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import Roi
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
-from wsi.tilefile import (
+from wsi.tiff_tiles import FileDamage, FileTileProbe
+from wsi.tile_file import (
     TileFile,
     TilePixelWriter,
     is_complete,
@@ -75,7 +77,8 @@ from wsi.tilefile import (
     read_tile_file,
     write_tile_file,
 )
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TileParams, TissueGrid, find_tissue
+from wsi.tile_params import TileParams
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid, find_tissue
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ class TileOutputs:
     h5: Path
     zarr: Path
     qc: Path
-    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile_qupath)
+    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile.qupath)
 
 
 def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
@@ -131,34 +134,27 @@ def tile_slides(
     *,
     out_dir: str | os.PathLike[str],
     params: TileParams | None = None,
-    backend: str = "openslide",
-    mpp: float | None = None,
-    workers: int = 1,
-    scheduler: str | None = None,
-    overwrite: bool = False,
-    save_tiles: bool = False,
-    threads: int | None = None,
-    background: str = "auto",
-    roi: str | os.PathLike[str] | None = None,
+    options: TileOptions | None = None,
+    **settings: Any,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
-    mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
-    background: "auto", "light" or "dark" (see TileJob). A slide whose id is unusable, repeats an earlier
-    slide's id (or differs from it only by case) is a failed row naming both files; the others run.
-    roi: QuPath GeoJSON file or folder of <slide_id>.geojson (pipelines.tile_qupath); a slide without
-    its file in the folder, or with an unusable one, fails alone.
+    `options` (or its fields as keywords, `settings`: backend, mpp, workers, threads, ...) say how to
+    read and schedule (`TileOptions`); `params` which tiles to keep. A slide whose id is unusable,
+    repeats an earlier slide's id (or differs from it only by case) is a failed row naming both files;
+    the others run.
     """
+    opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
         out_dir=Path(out_dir).absolute(),
         params=params or TileParams(),
-        backend=backend,
-        fallback_mpp=mpp,
-        save_tiles=save_tiles,
-        overwrite=overwrite,
-        threads=threads or default_threads(workers if scheduler is None else 1),
-        background=background,
-        roi=None if roi is None else Path(roi).absolute(),
+        backend=opts.backend,
+        fallback_mpp=opts.mpp,
+        save_tiles=opts.save_tiles,
+        overwrite=opts.overwrite,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        background=opts.background,
+        roi=None if opts.roi is None else Path(opts.roi).absolute(),
     )
     sources = list(sources)
     refused = refuse_id_clashes(sources, job.out_dir)
@@ -166,7 +162,7 @@ def tile_slides(
         log.warning("%s: refused: %s", sources[i].slide_id, reason)
     todo = [src for i, src in enumerate(sources) if i not in refused]
     work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
+    ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
     results = [
         JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
         for i, src in enumerate(sources)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from pipelines.devices import autocast_for
-from pipelines.top_tiles import pick
+from wsi.pipelines.devices import autocast_for
+from wsi.pipelines.predict.top_tiles import pick
 from wsi.bags import open_bag_stream
 from wsi.errors import WsiError
 from wsi.files import sanitize_slide_id
@@ -30,8 +30,8 @@ from wsi.qupath import QuPathClass, box_ring, feature, feature_collection, polyg
 from wsi.qupath import write_geojson as write_collection
 
 if TYPE_CHECKING:
-    from pipelines.inputs import Batch, Item
-    from pipelines.run_model import RunModel
+    from wsi.pipelines.inputs import Batch, Item
+    from wsi.pipelines.predict.run_model import RunModel
 
 log = logging.getLogger(__name__)
 
