@@ -15,11 +15,11 @@ from qupath_rules import parse_file
 from safetensors.torch import load_file
 from test_train_synthetic import make_cohort, write_task
 
-from wsi.models.presets import build_model_from_config
-from wsi.pipelines.predict.stage import predict
-from wsi.pipelines.predict.geojson import slide_collection
-from wsi.pipelines.train import train
 from wsi.bags import load_bag
+from wsi.models.presets import build_model_from_config
+from wsi.pipelines.predict.geojson import slide_collection
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from qupath_rules import parse_file
 
-from wsi.pipelines.jobs import read_manifest
-from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.cli.main import cli
 from wsi.files import sha256_file
+from wsi.pipelines.jobs import read_manifest
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.qupath import read_roi
 from wsi.sources import SlideSource
 from wsi.tile_file import read_tile_file

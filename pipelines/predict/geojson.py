@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from wsi.pipelines.devices import autocast_for
-from wsi.pipelines.predict.top_tiles import pick
 from wsi.bags import open_bag_stream
 from wsi.errors import WsiError
 from wsi.files import sanitize_slide_id
+from wsi.pipelines.devices import autocast_for
+from wsi.pipelines.predict.top_tiles import pick
 from wsi.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
 from wsi.qupath import write_geojson as write_collection
 

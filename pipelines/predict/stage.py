@@ -53,7 +53,6 @@ from wsi.pipelines.heatmaps import slide_heatmap
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
-from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.external_validation import (
     Cohort,
     aggregate_by_patient,
@@ -61,6 +60,7 @@ from wsi.pipelines.predict.external_validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
+from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run

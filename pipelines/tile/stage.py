@@ -61,7 +61,13 @@ from wsi.pipelines.tile.checks import (
     same_id_message,
 )
 from wsi.pipelines.tile.config import TileOptions
-from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty_reason, write_qc_geojson
+from wsi.pipelines.tile.qupath import (
+    load_roi,
+    restrict_to_roi,
+    roi_digest,
+    roi_empty_reason,
+    write_qc_geojson,
+)
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import Roi

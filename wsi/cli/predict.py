@@ -15,8 +15,8 @@ from wsi.pipelines.predict.config import PredictOptions
 PREDICT_FLAGS = {
     "--weights": "weights", "--mpp": "mpp", "--backend": "backend", "--device": "device",
     "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
-    "--heatmaps": "heatmaps", "--geojson": "geojson", "--stream-above-tiles": "stream_above_tiles", "--overwrite": "overwrite",
-    "--progress": "progress",
+    "--heatmaps": "heatmaps", "--geojson": "geojson", "--stream-above-tiles": "stream_above_tiles",
+    "--overwrite": "overwrite", "--progress": "progress",
 }  # fmt: skip
 
 
