@@ -276,8 +276,6 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "QC image missing"
     elif meta.meta.get("background_choice", "auto") != job.background:
         reason = f"--background changed to {job.background}"
-    elif not paths.geojson.is_file():
-        reason = "QC GeoJSON missing"
     elif meta.meta.get("roi_sha256", "") != roi_digest(job.roi, source.slide_id):
         reason = "--roi changed"
     elif len(meta) == 0 and "empty_reason" not in meta.meta:
