@@ -36,7 +36,7 @@ on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a tas
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -67,33 +67,37 @@ class Item:
 class Batch:
     """What `collate` returns and the loop consumes.
 
-    `extra` holds keyword tensors for the model's forward and `tile_contributions`
-    (bags: {"mask": (B, N) bool, "coords_um": (B, N, 2)}; images: {}).
+    `mask` and `coords_um` are the model's keyword inputs (`model(x, **batch.model_inputs())`, and
+    `tile_contributions`): bags give a mask only when some bag is padded and micrometres only when every
+    bag has them; images give neither.
     """
 
     x: torch.Tensor
     labels: torch.Tensor  # (B,) int64; -1 where unknown
     ids: list[str]
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    mask: torch.Tensor | None = None  # (B, N) bool, True on real tiles
+    coords_um: torch.Tensor | None = None  # (B, N, 2) float32 tile top-left in micrometres
     targets: torch.Tensor | None = None  # (B, T) float32 target vectors (pipelines.cases adds them)
 
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keyword inputs the batch has, for the model's forward."""
+        given = {"mask": self.mask, "coords_um": self.coords_um}
+        return {k: v for k, v in given.items() if v is not None}
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
         return Batch(
-            x=self.x.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-            ids=self.ids,
-            extra={k: v.to(device, non_blocking=non_blocking) for k, v in self.extra.items()},
-            targets=None if self.targets is None else self.targets.to(device, non_blocking=non_blocking),
-        )
+            x=fn(self.x), labels=fn(self.labels), ids=self.ids, mask=opt(self.mask),
+            coords_um=opt(self.coords_um), targets=opt(self.targets),
+        )  # fmt: skip
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
-        return Batch(
-            x=self.x.pin_memory(),
-            labels=self.labels.pin_memory(),
-            ids=self.ids,
-            extra={k: v.pin_memory() for k, v in self.extra.items()},
-            targets=None if self.targets is None else self.targets.pin_memory(),
-        )
+        return self._map(lambda t: t.pin_memory())
 
 
 @runtime_checkable

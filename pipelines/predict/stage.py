@@ -302,7 +302,7 @@ def _predict_case(
 ) -> Finished:
     """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
     batch = CaseCollate(run.adapter)([sample]).to(run.device)
-    output = run.outputs(batch.x, batch.extra)[0].float().cpu().numpy()  # (K,)
+    output = run.outputs(batch.x, batch.model_inputs())[0].float().cpu().numpy()  # (K,)
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
@@ -374,7 +374,7 @@ def _explain_case(
 ) -> list[str]:
     """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions; returns
     the heatmap files written (relative to `out`)."""
-    heatmaps, maps = run.explain(batch.x, batch.extra, output)
+    heatmaps, maps = run.explain(batch.x, batch.model_inputs(), output)
     files: list[str] = []
     for item, part_sample, sl in _parts(case, sample):
         thumb = options.thumbs.get(item.id)
