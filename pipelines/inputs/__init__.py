@@ -35,6 +35,7 @@ on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a tas
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ from torch.utils.data import Dataset
 
 from wsi.errors import ConfigError
 from wsi.registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,4 +140,28 @@ def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAda
         raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
 
 
-__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input"]
+def with_resolution(
+    adapter: InputAdapter,
+    *,
+    mpp: float | None,
+    mpp_by_slide: Mapping[str, float],
+    uses_positions: bool,
+    what: str = "input",
+) -> InputAdapter:
+    """The adapter told the slides' resolution (a labels CSV `mpp` column per slide wins over `mpp`) and
+    whether the model reads tile positions (only then do bags in level-0 pixels need one). An input
+    without slides (images) refuses an `mpp`; train and predict both come here."""
+    tell = getattr(adapter, "with_resolution", None)
+    if tell is None:
+        if mpp is not None:
+            raise ConfigError(f"--mpp gives slides' level-0 um/px; {what} {adapter.name!r}: leave it out")
+        if mpp_by_slide:
+            log.warning("the labels CSV `mpp` column is not used by input %r", adapter.name)
+        return adapter
+    resolved: InputAdapter = tell(
+        mpp=mpp, mpp_by_slide=dict(mpp_by_slide) or None, uses_positions=uses_positions
+    )
+    return resolved
+
+
+__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input", "with_resolution"]
