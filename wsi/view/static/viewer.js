@@ -20,10 +20,14 @@ function diverging(t) { // t in [-1, 1] -> [r, g, b]
 
 const viewer = OpenSeadragon({
   id: "osd", prefixUrl: "/static/openseadragon/images/", showNavigator: true, maxZoomPixelRatio: 4,
-  imageLoaderLimit: 8, timeout: 60000, crossOriginPolicy: false,
+  imageLoaderLimit: 8, timeout: 60000, crossOriginPolicy: false, immediateRender: true,
 });
 let tilesLoaded = 0;
 viewer.addHandler("tile-loaded", () => { tilesLoaded += 1; document.body.dataset.tilesLoaded = String(tilesLoaded); });
+viewer.addHandler("open", () => {
+  document.body.dataset.fullyLoaded = "false";
+  viewer.world.getItemAt(0).addHandler("fully-loaded-change", (e) => { document.body.dataset.fullyLoaded = String(e.fullyLoaded); });
+});
 viewer.addHandler("open-failed", (e) => problem(`slide: ${e.message}`));
 for (const ev of ["animation", "open", "resize", "update-viewport"]) viewer.addHandler(ev, draw);
 
@@ -176,7 +180,8 @@ function draw() {
       if (values[i] === null || !visible(x, y, size)) return;
       const [r, g, b] = diverging(values[i] / vmax);
       ctx.fillStyle = `rgb(${r},${g},${b})`;
-      ctx.fillRect(X(x), Y(y), side, side);
+      const x0 = Math.floor(X(x)), y0 = Math.floor(Y(y)); // whole pixels: no seams between tiles
+      ctx.fillRect(x0, y0, Math.ceil(X(x) + side) - x0, Math.ceil(Y(y) + side) - y0);
       heatDrawn += 1;
     });
     ctx.globalAlpha = 1;
