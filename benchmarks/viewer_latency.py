@@ -90,7 +90,10 @@ def main() -> None:
     ap.add_argument("--backends", default="openslide,tiffslide")
     args = ap.parse_args()
     folder = build_folder(args.out, args.size_px, args.mpp)
-    print(f"# CPU: {cpu_model()}; slide {args.size_px} x {args.size_px} px; tiles {TILE_SIZE}+2x{OVERLAP} px JPEG")
+    print(
+        f"# CPU: {cpu_model()}; slide {args.size_px} x {args.size_px} px; "
+        f"tiles {TILE_SIZE}+2x{OVERLAP} px JPEG"
+    )
     print("| backend | level | clients | tiles | median ms | p95 ms | tiles/s | KiB/tile |")
     print("|---|---|---|---|---|---|---|---|")
     for backend in args.backends.split(","):
@@ -107,7 +110,7 @@ def main() -> None:
                     urls = addresses(args.size_px, offset, args.tiles, rng)
                     start = time.perf_counter()
                     with ThreadPoolExecutor(clients) as pool:
-                        results = list(pool.map(lambda u: fetch(port, u), urls))
+                        results = list(pool.map(fetch, [port] * len(urls), urls))
                     wall = time.perf_counter() - start
                     med, p95 = stats([s for s, _ in results])
                     kib = np.mean([b for _, b in results]) / 1024

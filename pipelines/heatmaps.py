@@ -137,5 +137,5 @@ def tile_values(
             tile_size_um=float(sample.get("tile_size_um") or attrs["tile_size_um"]), outputs=maps,
             mpp=None if mpp is None else float(mpp), predicted=predicted,
         )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - any reason; the prediction stands
+    except Exception as exc:
         log.warning("%s: heatmaps/%s.json not written (%s: %s)", slide_id, slide_id, type(exc).__name__, exc)

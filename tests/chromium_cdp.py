@@ -8,6 +8,7 @@ wait until the page says its tiles and overlays are drawn, and take a screenshot
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -90,7 +91,9 @@ class Chromium:
         self.call("Page.navigate", {"url": url}, session=True)
 
     def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True)
+        result = self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True
+        )
         return result.get("result", {}).get("value")
 
     def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
@@ -109,20 +112,16 @@ class Chromium:
         return base64.b64decode(data)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.call("Browser.close", timeout=5)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
         for fd in (self._to_child, self._from_child):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         shutil.rmtree(self._profile, ignore_errors=True)
 
     def __enter__(self) -> Chromium:

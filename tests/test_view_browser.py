@@ -30,7 +30,8 @@ CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
 
 READY = (
-    "document.body && document.body.dataset.state === 'ready' && Number(document.body.dataset.tilesLoaded) > 0"
+    "document.body && document.body.dataset.state === 'ready'"
+    " && Number(document.body.dataset.tilesLoaded) > 0"
     " && document.body.dataset.fullyLoaded === 'true' && JSON.stringify(document.body.dataset)"
 )
 
@@ -104,7 +105,9 @@ def test_page_loads_tiles_arrive_and_the_heatmap_shows(running_view: int, tmp_pa
     with Chromium(CHROMIUM, width=900, height=600) as browser:
         browser.goto(base + "?slide=s1&opacity=0")
         state = browser.wait_for(READY, timeout=25)
-        assert state, f"the page never drew the slide: {browser.evaluate('JSON.stringify(document.body.dataset)')}"
+        assert state, (
+            f"the page never drew the slide: {browser.evaluate('JSON.stringify(document.body.dataset)')}"
+        )
         rows = browser.evaluate("[...document.querySelectorAll('#slides tbody tr')].map(r => r.dataset.id)")
         assert sorted(rows) == ["gone", "s1"]
         assert "predicted a" in browser.evaluate("document.getElementById('prediction').textContent")
@@ -130,7 +133,12 @@ def test_page_loads_tiles_arrive_and_the_heatmap_shows(running_view: int, tmp_pa
     # the legend box sits over the slide's corner: painted the expected colour so it counts as neither
     lx0, ly0, lx1, ly1 = (round(v) for v in legend)
     h, w = with_heat.shape[:2]
-    x0, y0, x1, y1 = max(0, round(corners[0])), max(0, round(corners[1])), min(w, round(corners[2])), min(h, round(corners[3]))
+    x0, y0, x1, y1 = (
+        max(0, round(corners[0])),
+        max(0, round(corners[1])),
+        min(w, round(corners[2])),
+        min(h, round(corners[3])),
+    )
     assert x1 - x0 > 200 and y1 - y0 > 200, corners
     mid, inset = (x0 + x1) // 2, 6
     slide = slide_only[y0 + inset : y1 - inset, x0 + inset : x1 - inset]

@@ -46,16 +46,32 @@ def build_folder(root: Path, slide_path: Path) -> Path:
     xy = tile_grid()
     a = np.where(xy[:, 0] < SIDE_UM / 2, 1.0, -1.0)
     header = ["slide", "path", "status", "tiles", "seconds", "error"]
-    _csv(out / "manifest.csv", header, [["s1", str(slide_path), "ok", len(xy), 1.0, ""],
-                                        ["gone", str(root / "nowhere" / "gone.svs"), "ok", 4, 1.0, ""]])  # fmt: skip
+    gone = str(root / "nowhere" / "gone.svs")
+    _csv(
+        out / "manifest.csv",
+        header,
+        [["s1", str(slide_path), "ok", len(xy), 1.0, ""], ["gone", gone, "ok", 4, 1.0, ""]],
+    )
     _csv(out / "predictions.csv", ["slide", "prob_a", "prob_b", "predicted"],
          [["s1", "0.800000", "0.200000", "a"], ["gone", "0.100000", "0.900000", "b"]])  # fmt: skip
     write_tile_values(
         out / "heatmaps" / "s1.json", slide="s1", coords_um=xy, tile_size_um=TILE_UM,
         outputs={"a": a, "b": -a}, mpp=MPP, predicted="a",
     )  # fmt: skip
-    _csv(out / "top_tiles" / "index.csv",
-         ["slide", "output", "side", "rank", "tile", "x_um", "y_um", "x0_px", "y0_px", "contribution", "file"],
+    top_header = [
+        "slide",
+        "output",
+        "side",
+        "rank",
+        "tile",
+        "x_um",
+        "y_um",
+        "x0_px",
+        "y0_px",
+        "contribution",
+        "file",
+    ]
+    _csv(out / "top_tiles" / "index.csv", top_header,
          [["s1", "a", "most", 1, 0, 0.0, 0.0, 0, 0, "1", "s1/a-most-01.png"],
           ["s1", "a", "least", 1, 5, 500.0, 0.0, 1000, 0, "-1", "s1/a-least-01.png"]])  # fmt: skip
     attrs: dict[str, object] = {name: 0 for name in REQUIRED_ATTRS}
@@ -65,10 +81,14 @@ def build_folder(root: Path, slide_path: Path) -> Path:
         backend="openslide", vendor="aperio", params={}, n_kept=len(xy), wsi_version="test",
     )  # fmt: skip
     write_tile_file(out / "work" / "tiles" / "s1.h5", coords=np.round(xy / MPP), coords_um=xy, attrs=attrs)
-    qc = {"type": "FeatureCollection", "features": [{
-        "type": "Feature", "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1200, 0], [1200, 1200], [0, 1200], [0, 0]]]},
-        "properties": {"objectType": "annotation", "classification": {"name": "Tissue", "color": [255, 200, 0]}},
-    }]}  # fmt: skip
+    outline = [[[0, 0], [1200, 0], [1200, 1200], [0, 1200], [0, 0]]]
+    tissue = {"objectType": "annotation", "classification": {"name": "Tissue", "color": [255, 200, 0]}}
+    feature = {
+        "type": "Feature",
+        "geometry": {"type": "Polygon", "coordinates": outline},
+        "properties": tissue,
+    }
+    qc = {"type": "FeatureCollection", "features": [feature]}
     (out / "qc").mkdir(parents=True, exist_ok=True)
     (out / "qc" / "s1.geojson").write_text(json.dumps(qc), encoding="utf-8")
     return out

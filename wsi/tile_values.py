@@ -88,7 +88,9 @@ def read_tile_values(path: str | Path) -> TileValues:
             predicted=data.get("predicted"),
         )  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise WsiError(f"{path}: unreadable tile values ({exc}); run `wsi predict` again to rewrite it") from exc
+        raise WsiError(
+            f"{path}: unreadable tile values ({exc}); run `wsi predict` again to rewrite it"
+        ) from exc
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TileValues", "read_tile_values", "write_tile_values"]

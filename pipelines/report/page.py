@@ -221,8 +221,8 @@ def slide_links(kind: TaskKind, sets: Sequence[PredictionSet]) -> list[str]:
     )
     return [
         "<h2>Slides</h2>",
-        "<p class=\"meta\">Each slide at full resolution with its heatmap and tiles: run <code>wsi view</code> "
-        f"on this folder and follow a link.</p><p class=\"slides\">{links}</p>",
+        '<p class="meta">Each slide at full resolution with its heatmap and tiles: run <code>wsi view</code> '
+        f'on this folder and follow a link.</p><p class="slides">{links}</p>',
     ]
 
 

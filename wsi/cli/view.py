@@ -25,8 +25,12 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
 """,
 )
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (local only by default).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (local only by default)."
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one)."
+)
 @click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
 @backend_option()
@@ -37,11 +41,15 @@ def command(folder: Path, host: str, port: int, workers: int, backend: str) -> N
     from wsi.view import make_server
 
     if not folder.is_dir():
-        raise ConfigError(f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder")
+        raise ConfigError(
+            f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder"
+        )
     try:
         server = make_server(folder, host=host, port=port, backend=backend, workers=workers)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port") from exc
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port"
+        ) from exc
     catalog = server.state.catalog
     viewable = [e for e in catalog.slides.values() if e.path is not None]
     if not viewable:
@@ -50,7 +58,7 @@ def command(folder: Path, host: str, port: int, workers: int, backend: str) -> N
         raise ConfigError(
             f"{folder}: no slide to show"
             + (f" ({len(catalog.slides)} listed, none reachable; e.g. {reasons[0]})" if reasons else "")
-            + "; give a `wsi predict`, `wsi train` or `wsi tile` output folder whose slides are on this machine"
+            + "; give a `wsi predict`, `wsi train` or `wsi tile` output folder whose slides are here"
         )
     if len(viewable) < len(catalog.slides):
         log.warning("%d of %d slides are not reachable from here; the list says why",
@@ -59,8 +67,8 @@ def command(folder: Path, host: str, port: int, workers: int, backend: str) -> N
         log.warning("listening on %s: anyone who can reach this machine can see these slides", host)
     bound_host, bound_port = server.server_address[:2]
     shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
-    click.echo(f"wsi view: {len(viewable)} slide(s) of {folder} at http://{shown}:{bound_port}/ (Ctrl-C stops)",
-               err=True)  # fmt: skip
+    url = f"http://{shown}:{bound_port}/"
+    click.echo(f"wsi view: {len(viewable)} slide(s) of {folder} at {url} (Ctrl-C stops)", err=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -82,7 +82,9 @@ def open_deepzoom(path: Path, backend: str) -> DeepZoomSlide:
             reader = _RgbaReads(handle)
         generator = DeepZoomGenerator(reader, tile_size=TILE_SIZE, overlap=OVERLAP, limit_bounds=False)
     except Exception as exc:  # each backend raises its own types; the page shows file + reason
-        raise SlideError(f"{path}: {backend} cannot open it for viewing ({type(exc).__name__}: {exc})") from exc
+        raise SlideError(
+            f"{path}: {backend} cannot open it for viewing ({type(exc).__name__}: {exc})"
+        ) from exc
     return DeepZoomSlide(path=path, handle=handle, generator=generator)
 
 

@@ -19,6 +19,7 @@ from wsi.tile_values import read_tile_values
 from wsi.tilefile import read_tile_file
 from wsi.view.catalog import SlideEntry
 
+
 def _finite_list(values: np.ndarray, digits: int = 6) -> list[float | None]:
     """JSON numbers, None where not finite (JSON has no NaN)."""
     return [round(float(v), digits) if math.isfinite(v) else None for v in values.tolist()]

@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 #: files under DIR the server hands out, by suffix
 SERVED_SUFFIXES = {
     ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".json": "application/json",
-    ".geojson": "application/geo+json", ".csv": "text/csv; charset=utf-8", ".txt": "text/plain; charset=utf-8",
-    ".html": "text/html; charset=utf-8",
+    ".geojson": "application/geo+json", ".csv": "text/csv; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8",
 }  # fmt: skip
 _TILE = re.compile(r"^/slides/(?P<id>.+)_files/(?P<level>\d{1,3})/(?P<col>\d{1,7})_(?P<row>\d{1,7})\.jpeg$")
 _DZI = re.compile(r"^/slides/(?P<id>.+)\.dzi$")
@@ -124,19 +124,24 @@ class ViewHandler(BaseHTTPRequestHandler):
     server_version = "wsi-view"
     protocol_version = "HTTP/1.0"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def do_HEAD(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_HEAD(self) -> None:
         self._answer(head=True)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(head=False)
 
     def _refuse(self) -> None:
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, b"read-only: GET and HEAD only\n", "text/plain", extra={"Allow": "GET, HEAD"})
+        self._send(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            b"read-only: GET and HEAD only\n",
+            "text/plain",
+            extra={"Allow": "GET, HEAD"},
+        )
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
     def _send(self, status: HTTPStatus, body: bytes, ctype: str, *, head: bool = False,
               cache: str = "no-store", extra: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -160,7 +165,13 @@ class ViewHandler(BaseHTTPRequestHandler):
         if not self.server.loopback_only:
             return True
         host = (self.headers.get("Host") or "").strip().lower()
-        name = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        name = (
+            host[1:].split("]")[0]
+            if host.startswith("[")
+            else host.rsplit(":", 1)[0]
+            if host.count(":") == 1
+            else host
+        )
         return name in _LOOPBACK_HOSTS
 
     def _answer(self, *, head: bool) -> None:
@@ -176,10 +187,17 @@ class ViewHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away (OpenSeadragon cancels tiles it no longer needs)
         except WsiError as exc:
-            self._send(HTTPStatus.UNPROCESSABLE_ENTITY, f"{exc}\n".encode(), "text/plain; charset=utf-8", head=head)
+            self._send(
+                HTTPStatus.UNPROCESSABLE_ENTITY, f"{exc}\n".encode(), "text/plain; charset=utf-8", head=head
+            )
         except Exception:  # one bad request must not take the server down; the log has the detail
             log.exception("error answering %s", path)
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error (see the server's log)\n", "text/plain", head=head)
+            self._send(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                b"internal error (see the server's log)\n",
+                "text/plain",
+                head=head,
+            )
 
     def _route(self, path: str, head: bool) -> None:
         state = self.server.state
@@ -194,7 +212,9 @@ class ViewHandler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, file.read_bytes(), ctype, head=head, cache="max-age=300")
             return
         if path == "/api/slides":
-            self._send(HTTPStatus.OK, json.dumps(state.catalog.listing()).encode(), "application/json", head=head)
+            self._send(
+                HTTPStatus.OK, json.dumps(state.catalog.listing()).encode(), "application/json", head=head
+            )
             return
         if m := _API_SLIDE.match(path):
             entry = state.catalog.get(m["id"])
