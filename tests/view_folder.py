@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from wsi.tile_values import write_tile_values
-from wsi.tilefile import REQUIRED_ATTRS, write_tile_file
+from wsi.tile_file import REQUIRED_ATTRS, write_tile_file
 
 SIDE_UM = 600.0
 MPP = 0.5

@@ -26,8 +26,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from skimage.segmentation import find_boundaries
 
-from wsi.file_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.files import atomic_path
+from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileParams, TissueGrid
 
 if TYPE_CHECKING:

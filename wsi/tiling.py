@@ -20,12 +20,12 @@ import numpy as np
 
 from wsi.background import Background, detect_background, with_signal_gain
 from wsi.config import config_dict, config_model
+from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tissue import TissueParams, cell_fractions, tissue_mask
 
 if TYPE_CHECKING:
-    from wsi.file_tiles import UnreadableRegion
     from wsi.slide import Slide
-    from wsi.thumbnail import Thumbnail
+    from wsi.tiff_tiles import UnreadableRegion
 
 
 @config_model
@@ -158,7 +158,7 @@ def find_tissue(
     with a hole at the tissue edge is still tried (and its tiles counted unreadable when they fail).
     """
     w0, h0 = slide.dimensions
-    thumb = thumbnail if thumbnail is not None else slide.thumbnail(params.tissue.thumb_mpp)
+    thumb = thumbnail if thumbnail is not None else read_thumbnail(slide, params.tissue.thumb_mpp)
     image, unknown = thumb.image, thumb.unknown
     known = image[~unknown][None] if unknown.any() else image  # (1, n, 3): only pixels that were read
     kind = detect_background(known, slide.properties, choice=background)

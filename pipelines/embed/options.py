@@ -120,7 +120,7 @@ class EmbedOptions:
 
 def _check_unique(choices: tuple[EncoderChoice, ...]) -> None:
     """Two choices writing into one bag folder would overwrite each other's bags."""
-    from models.encoders import encoder_id_for
+    from wsi.models.encoders import encoder_id_for
 
     seen: dict[str, str] = {}
     for choice in choices:

@@ -225,10 +225,10 @@ def command(
     are tiled first into --out. A slide with unreadable tiles is embedded without them unless more than
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
-    from pipelines.embed import EmbedOptions, embed_slides, embed_tiles
-    from pipelines.embed.gpus import parse_gpus
-    from pipelines.embed.options import default_readers
     from wsi.config import parse_config
+    from wsi.pipelines.embed import EmbedOptions, embed_slides, embed_tiles
+    from wsi.pipelines.embed.gpus import parse_gpus
+    from wsi.pipelines.embed.options import default_readers
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
@@ -294,9 +294,9 @@ def _encoder_fields(
 
 def _report(results: list[Any], out_dir: Path, names: list[str]) -> bool:
     """The summary per encoder on stderr; True when some slide failed or kept no tile (exit 1)."""
-    from models.encoders import encoder_id_for
-    from pipelines.embed import bad_tile_report, results_by_encoder
-    from pipelines.jobs import RunSummary
+    from wsi.models.encoders import encoder_id_for
+    from wsi.pipelines.embed import bad_tile_report, results_by_encoder
+    from wsi.pipelines.jobs import RunSummary
 
     by_encoder = results_by_encoder(results)
     problems = False

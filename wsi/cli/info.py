@@ -39,7 +39,7 @@ def command(files: tuple[Path, ...], mpp: float | None, backend: str, as_json: b
     from wsi.bags import bag_info
     from wsi.errors import BagFormatError
     from wsi.slide_info import slide_info
-    from wsi.tilefile import is_tile_file, tile_file_info
+    from wsi.tile_file import is_tile_file, tile_file_info
 
     for i, path in enumerate(files):
         if not path.is_file():

@@ -147,7 +147,7 @@ def command(
     if bool(paths) == (features_dir is not None):
         raise click.UsageError("give slide PATHS or --features DIR (one of the two)")
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
-    from pipelines.predict import predict
+    from wsi.pipelines.predict.stage import predict
 
     result = predict(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
@@ -162,8 +162,8 @@ def command(
     counts = f"{len(result.rows)} {noun} predicted, {len(failed) - n_empty} failed{empty}"
     click.echo(f"{counts}: {result.predictions_csv}")
     if result.metrics is not None:
-        from pipelines.kinds import build_kind
-        from pipelines.run_record import read_run_record
+        from wsi.pipelines.run_record import read_run_record
+        from wsi.pipelines.task_kinds import build_kind
 
         kind = build_kind(read_run_record(model_dir).task)
         line = kind.summary_line(result.metrics)

@@ -153,8 +153,8 @@ def command(
     the manifest and never stops the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
-    from pipelines.tile import tile_slides
     from wsi.config import parse_config
+    from wsi.pipelines.tile.stage import tile_slides
     from wsi.sources import find_slides
     from wsi.tiling import TileParams
 
@@ -186,7 +186,7 @@ def command(
         threads=threads,
         background=background,
     )
-    from pipelines.jobs import RunSummary
+    from wsi.pipelines.jobs import RunSummary
 
     summary = RunSummary.of(results)
     click.echo(

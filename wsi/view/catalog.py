@@ -30,7 +30,7 @@ import h5py
 
 from wsi.hdf5 import attrs_of
 from wsi.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
-from wsi.tilefile import FORMAT as TILE_FORMAT
+from wsi.tile_file import FORMAT as TILE_FORMAT
 
 log = logging.getLogger(__name__)
 

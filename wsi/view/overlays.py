@@ -16,7 +16,7 @@ import numpy as np
 
 from wsi.errors import WsiError
 from wsi.tile_values import read_tile_values
-from wsi.tilefile import read_tile_file
+from wsi.tile_file import read_tile_file
 from wsi.view.catalog import SlideEntry
 
 

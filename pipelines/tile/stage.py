@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 
 import wsi
-from pipelines.jobs import JobResult, run_jobs, write_manifest
-from pipelines.tile_checks import (
+from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.checks import (
     check_damage,
     check_same_slide,
     check_usable_id,
@@ -57,14 +58,13 @@ from pipelines.tile_checks import (
     refuse_id_clashes,
     same_id_message,
 )
-from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
-from wsi.errors import MissingMppError, SlideError, SlideIdError
-from wsi.file_tiles import FileDamage, FileTileProbe
+from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
-from wsi.tilefile import (
+from wsi.tiff_tiles import FileDamage, FileTileProbe
+from wsi.tile_file import (
     TileFile,
     TilePixelWriter,
     is_complete,

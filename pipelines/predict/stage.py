@@ -44,26 +44,26 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.cases import CaseCollate, CaseDataset
-from pipelines.heatmaps import slide_heatmap, tile_values
-from pipelines.inputs import Batch, InputAdapter, Item
-from pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
-from pipelines.kinds import TaskKind
-from pipelines.predict_progress import Finished, Flusher, Progress, case_key, model_digest
-from pipelines.predict_stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
-from pipelines.raw_slides import embed_raw_slides
-from pipelines.run_model import RunModel, load_run
-from pipelines.run_record import model_uses_positions
-from pipelines.top_tiles import TopTiles, export_slide, recorded_slide
-from pipelines.validation import (
+from wsi.errors import ConfigError, WsiError
+from wsi.files import write_csv_atomic
+from wsi.pipelines.cases import CaseCollate, CaseDataset
+from wsi.pipelines.heatmaps import slide_heatmap, tile_values
+from wsi.pipelines.inputs import Batch, InputAdapter, Item
+from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from wsi.pipelines.predict.external_validation import (
     Cohort,
     aggregate_by_patient,
     build_cohort,
     evaluate_cohort,
     write_patient_predictions,
 )
-from wsi.errors import ConfigError, WsiError
-from wsi.files import write_csv_atomic
+from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
+from wsi.pipelines.predict.raw_slides import embed_raw_slides
+from wsi.pipelines.predict.run_model import RunModel, load_run
+from wsi.pipelines.predict.stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
+from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
+from wsi.pipelines.run_record import model_uses_positions
+from wsi.pipelines.task_kinds import TaskKind
 
 log = logging.getLogger(__name__)
 
