@@ -65,8 +65,8 @@ def command(folder: Path, host: str, port: int, workers: int, backend: str) -> N
                     len(catalog.slides) - len(viewable), len(catalog.slides))  # fmt: skip
     if not server.loopback_only:
         log.warning("listening on %s: anyone who can reach this machine can see these slides", host)
-    bound_host, bound_port = server.server_address[:2]
-    shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+    bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     url = f"http://{shown}:{bound_port}/"
     click.echo(f"wsi view: {len(viewable)} slide(s) of {folder} at {url} (Ctrl-C stops)", err=True)
     try:

@@ -201,9 +201,9 @@ class Catalog:
                     entry.geojson[layer] = objects
         index = root / "top_tiles" / "index.csv"
         for row in _read_csv(index) if index.is_file() else []:
-            entry = self.slides.get(row.get("slide", ""))
-            if entry is not None:
-                entry.top_tiles.append(row)
+            listed = self.slides.get(row.get("slide", ""))
+            if listed is not None:
+                listed.top_tiles.append(row)
 
     # --------------------------------------------------------------------------------------- queries
     def get(self, slide_id: str) -> SlideEntry | None:

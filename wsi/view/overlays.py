@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from wsi.errors import WsiError
-from wsi.tile_values import read_tile_values
 from wsi.tile_file import read_tile_file
+from wsi.tile_values import read_tile_values
 from wsi.view.catalog import SlideEntry
 
 
