@@ -195,8 +195,8 @@ def test_cli_refuses_a_folder_without_slides(tmp_path: Path) -> None:
 
 
 def test_report_links_each_slide_to_its_view() -> None:
-    from wsi.pipelines.task_kinds import PredictionSet
     from wsi.pipelines.report.page import slide_links
+    from wsi.pipelines.task_kinds import PredictionSet
 
     sets = [PredictionSet("test", ["s 1", "s2"], np.zeros((2, 1)), np.zeros((2, 2))),
             PredictionSet("pooled", ["s 1", "s2"], np.zeros((2, 1)), np.zeros((2, 2)))]  # fmt: skip

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.tile_values import write_tile_values
 from wsi.tile_file import REQUIRED_ATTRS, write_tile_file
+from wsi.tile_values import write_tile_values
 
 SIDE_UM = 600.0
 MPP = 0.5
