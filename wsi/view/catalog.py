@@ -10,7 +10,8 @@ write them:
   tile        DIR/tiles/manifest.csv, DIR/tiles/<id>.h5 (kept tiles and the slide path), DIR/qc/<id>.png;
               DIR/qc/<id>.geojson and DIR/geojson/<id>.geojson (QuPath objects: tissue, tile fates)
               DIR may also be the tiles/ folder itself
-  train       DIR/config.json, whose `source` is the bag folder; each bag records its `slide_path`
+  train       DIR/config.json, whose `source` is the bag folder (each bag records its `slide_path`), and
+              DIR/test_predictions.csv
   embed       DIR/*.h5 or DIR/features/<encoder>/*.h5 bags
 
 A slide is listed once, by id; its file is the first one these name. Slides whose file is not
@@ -179,10 +180,14 @@ class Catalog:
         self.kind = self.kind or "tile"
 
     def _predictions(self) -> None:
+        """predictions.csv of `wsi predict`, else test_predictions.csv of a training run."""
         path = self.root / "predictions.csv"
+        if path.is_file():
+            self.kind = "predict"
+        else:
+            path = self.root / "test_predictions.csv"
         if not path.is_file():
             return
-        self.kind = "predict"
         for row in _read_csv(path):
             slide_id = row.get("slide")
             if slide_id:  # patient-level rows name no slide: the slide list shows slides
@@ -193,8 +198,8 @@ class Catalog:
         for slide_id, entry in self.slides.items():
             heat = root / "heatmaps" / f"{slide_id}.json"
             entry.heatmap_json = heat if heat.is_file() else None
-            qc = root / "qc" / f"{slide_id}.png"
-            entry.qc_png = qc if qc.is_file() else None
+            qcs = [root / "qc" / f"{slide_id}.png", root / "work" / "qc" / f"{slide_id}.png"]
+            entry.qc_png = next((qc for qc in qcs if qc.is_file()), None)
             for layer in ("qc", "geojson"):  # `wsi tile`'s QC objects; `wsi predict`'s tile objects
                 objects = root / layer / f"{slide_id}.geojson"
                 if objects.is_file():

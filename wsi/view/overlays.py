@@ -62,14 +62,15 @@ def top_tiles(entry: SlideEntry, mpp: float, tile_um: float | None) -> list[dict
     return out
 
 
-def slide_overlays(entry: SlideEntry, *, width: int, height: int, mpp: float) -> dict[str, Any]:
-    """Everything the page draws over one slide (level-0 size `width` x `height`, `mpp` um/px)."""
+def slide_overlays(entry: SlideEntry, *, root: Path, width: int, height: int, mpp: float) -> dict[str, Any]:
+    """Everything the page draws over one slide (level-0 size `width` x `height`, `mpp` um/px); file
+    URLs relative to the served folder `root`."""
     problems: list[str] = []
     out: dict[str, Any] = {
         "id": entry.slide_id, "width": width, "height": height, "mpp": mpp,
         "prediction": entry.prediction, "status": entry.status, "error": entry.error,
         "tiles": None, "heat": None, "top_tiles": [], "geojson": sorted(entry.geojson),
-        "qc_png": f"qc/{entry.slide_id}.png" if entry.qc_png is not None else None,
+        "qc_png": entry.qc_png.relative_to(root).as_posix() if entry.qc_png is not None else None,
     }  # fmt: skip
     if entry.tile_file is not None:
         try:

@@ -104,7 +104,7 @@ class ViewState:
         with open_slide(entry.path, backend=self.backend, mpp=entry.mpp) as slide:
             width, height = slide.dimensions
             mpp = slide.mpp
-        body = json.dumps(slide_overlays(entry, width=width, height=height, mpp=mpp)).encode()
+        body = json.dumps(slide_overlays(entry, root=self.root, width=width, height=height, mpp=mpp)).encode()
         with self._lock:
             self._overlays[entry.slide_id] = body
         return body

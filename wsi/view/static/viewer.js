@@ -212,12 +212,15 @@ function draw() {
   for (const [cls, [n, [r, g, b]]] of counts) legend.push(`<div><span class="swatch" style="background:rgb(${r},${g},${b})"></span>${escapeHtml(cls)} (${n})</div>`);
   if (el("show-top").checked) {
     ctx.font = "12px system-ui, sans-serif"; ctx.lineWidth = 2.5;
+    // the top tiles of the output the heatmap shows (all of them without a heatmap)
+    const shown = ov.heat && el("show-heat").checked ? el("output").value : null;
     for (const t of ov.top_tiles) {
+      if (shown !== null && t.output !== shown) continue;
       const size = t.size || 0;
       ctx.strokeStyle = t.side === "most" ? "rgb(200,0,0)" : "rgb(0,60,200)";
       ctx.strokeRect(X(t.x), Y(t.y), size * s, size * s);
       ctx.fillStyle = ctx.strokeStyle;
-      ctx.fillText(`${t.output} ${t.side} #${t.rank}`, X(t.x), Y(t.y) - 3);
+      ctx.fillText(`${shown === null ? t.output + " " : ""}${t.side} #${t.rank}`, X(t.x) + 3, Y(t.y) + 14);
     }
     if (ov.top_tiles.length) legend.push(`<div>top tiles: <span style="color:#c00">most</span> / <span style="color:#03c">least</span></div>`);
   }
