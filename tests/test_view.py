@@ -205,3 +205,27 @@ def test_report_links_each_slide_to_its_view() -> None:
     assert html.count("<a ") == 2 and 'href="./?slide=s%201"' in html and 'href="./?slide=s2"' in html
     kind.task.level = "patient"
     assert slide_links(kind, sets) == []
+
+
+def test_a_tiling_folder_lists_its_slides_with_kept_tiles(
+    make_slide: Callable[..., Any], tmp_path: Path
+) -> None:
+    """What `wsi tile` really writes (tiles/manifest.csv, tiles/<id>.h5, qc/<id>.png) is found, given as
+    the run folder or as its tiles/ folder."""
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.sources import find_slides
+    from wsi.view import Catalog
+    from wsi.view.overlays import kept_tiles
+
+    slide = make_slide(name="view", size_um=SIDE_UM, mpp=MPP, tissue_boxes_um=[(0, 0, SIDE_UM, SIDE_UM)],
+                       blur_boxes_um=[])  # fmt: skip
+    [result] = tile_slides(find_slides([slide.path]), out_dir=tmp_path)
+    assert result.status == "ok"
+    for root in (tmp_path, tmp_path / "tiles"):
+        catalog = Catalog(root)
+        entry = catalog.get("view")
+        assert catalog.kind == "tile" and entry is not None and entry.path == slide.path
+        assert entry.tile_file == tmp_path / "tiles" / "view.h5"
+    assert Catalog(tmp_path).slides["view"].qc_png == tmp_path / "qc" / "view.png"
+    tiles = kept_tiles(tmp_path / "tiles" / "view.h5")
+    assert len(tiles["xy"]) == result.n > 0 and tiles["size"] > 0
