@@ -7,7 +7,7 @@ on zero: red pushes towards the prediction, blue against it, and the colour scal
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,18 +114,20 @@ def tile_values(
     slide_id: str,
     bag_path: Path,
     sample: Mapping[str, Any],
-    maps: Mapping[str, np.ndarray],
+    case_maps: Mapping[str, np.ndarray],
+    sl: slice,
     out: Path,
     thumb: tuple[Path, float | None] | None,
-    *,
-    main: np.ndarray | None,
+    heatmaps: Sequence[tuple[str, np.ndarray, str]],
 ) -> None:
     """heatmaps/<slide>.json (`wsi.tile_values`): every output's per-tile contribution, the numbers behind
-    the PNGs, for `wsi view` to draw at full resolution. Bags with tile positions only; `main` is the
-    main PNG's values, naming the output it shows. A failure costs the viewer its heatmap, not the
-    prediction: it is logged."""
-    if "coords_um" not in sample or not maps:
+    the PNGs, for `wsi view` to draw at full resolution. `case_maps` and `heatmaps` are the case's (the
+    slide's rows: `sl`); the main heatmap's values name the output it shows. Bags with tile positions
+    only. A failure costs the viewer its heatmap, not the prediction: it is logged."""
+    if "coords_um" not in sample or not case_maps:
         return
+    maps = {k: v[sl] for k, v in case_maps.items()}
+    main = heatmaps[0][1][sl] if heatmaps else None
     from wsi.bags import read_bag_attrs
     from wsi.tile_values import write_tile_values
 
