@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import backend_option, user_errors
+from wsi.cli._common import user_errors
+from wsi.cli._options import config_options
+from wsi.pipelines.tile.config import TileOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +35,9 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
 )
 @click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
-@backend_option()
+@config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @user_errors
-def command(folder: Path, host: str, port: int, workers: int, backend: str) -> None:
+def command(folder: Path, host: str, port: int, workers: int, reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
     from wsi.errors import ConfigError
     from wsi.view import make_server
@@ -45,7 +47,7 @@ def command(folder: Path, host: str, port: int, workers: int, backend: str) -> N
             f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder"
         )
     try:
-        server = make_server(folder, host=host, port=port, backend=backend, workers=workers)
+        server = make_server(folder, host=host, port=port, backend=reading["backend"], workers=workers)
     except OSError as exc:
         raise ConfigError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port"
