@@ -33,11 +33,11 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one)."
 )
-@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
+@click.option("--server-threads", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
 @config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @user_errors
-def command(folder: Path, host: str, port: int, workers: int, reading: dict[str, str]) -> None:
+def command(folder: Path, host: str, port: int, server_threads: int, reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
     from wsi.errors import ConfigError
     from wsi.view import make_server
@@ -47,7 +47,7 @@ def command(folder: Path, host: str, port: int, workers: int, reading: dict[str,
             f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder"
         )
     try:
-        server = make_server(folder, host=host, port=port, backend=reading["backend"], workers=workers)
+        server = make_server(folder, host=host, port=port, backend=reading["backend"], workers=server_threads)
     except OSError as exc:
         raise ConfigError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port"
