@@ -161,7 +161,7 @@ def case_slide_geojson(
     kind = run.kind
     prediction: dict[str, Any] = {c: float(v) for c, v in zip(kind.output_columns, output, strict=True)}
     prediction.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
-    weights = pooling_weights(run.models, batch.x, batch.extra, run.device)
+    weights = pooling_weights(run.models, batch.x, batch.model_inputs(), run.device)
     mpp = getattr(run.adapter, "mpp_by_slide", {}).get(item.id, getattr(run.adapter, "mpp", None))
     return write_slide_geojson(
         out, slide_id=item.id, bag_path=item.path, mpp=mpp,
