@@ -84,8 +84,12 @@ def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, dic
     return replace(found, candidates=found.candidates[keep]), attrs
 
 
-def roi_empty_reason(roi: Roi, size: tuple[int, int], n_before: int) -> str:
-    """Why a slide whose tissue cells the ROI all left out kept no tile (likely another slide's ROI)."""
+def roi_empty(roi: Roi | None, size: tuple[int, int], attrs: dict[str, Any], n_left: int) -> str:
+    """Why a slide kept no tile when the ROI left out all its tissue cells (likely another slide's
+    ROI); "" otherwise."""
+    n_before = int(attrs.get("n_outside_roi", 0)) + n_left
+    if roi is None or n_left or not n_before:
+        return ""
     box = roi.bounds()
     where = (
         ""
@@ -133,4 +137,4 @@ def _reason_class(code: int) -> QuPathClass:
     return QuPathClass.of(name, FATE_RGB.get(name))
 
 
-__all__ = ["ROI_RULE", "load_roi", "restrict_to_roi", "roi_digest", "roi_empty_reason", "write_qc_geojson"]
+__all__ = ["ROI_RULE", "load_roi", "restrict_to_roi", "roi_digest", "roi_empty", "write_qc_geojson"]

@@ -14,9 +14,8 @@ Public API:
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`) and its QuPath GeoJSON
-(`pipelines.tile.qupath`), then the tile file. Every file is
-written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`; GeoJSON `.qupath`), then the tile file. Every
+file is written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -61,13 +60,7 @@ from wsi.pipelines.tile.checks import (
     same_id_message,
 )
 from wsi.pipelines.tile.config import TileOptions
-from wsi.pipelines.tile.qupath import (
-    load_roi,
-    restrict_to_roi,
-    roi_digest,
-    roi_empty_reason,
-    write_qc_geojson,
-)
+from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import Roi
@@ -302,7 +295,6 @@ def _tile_open_slide(
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
-    n_tissue_cells = len(found.candidates)
     found, roi_attrs = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
@@ -322,8 +314,7 @@ def _tile_open_slide(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
-        if roi is not None and n_tissue_cells and not len(found.candidates):
-            empty = roi_empty_reason(roi, slide.dimensions, n_tissue_cells)
+        empty = roi_empty(roi, slide.dimensions, roi_attrs, len(found.candidates)) or empty
         if mpp_note:
             empty += f"; also: {mpp_note}"
     picture = tile_qc_image(
