@@ -147,8 +147,7 @@ def tile_features(
         if len(column) != n:
             raise ValueError(f"measurement {key!r} has {len(column)} values for {n} tiles")
         finite = bool(np.isfinite(column).all())
-        values_out: list[float | str] = column.tolist() if finite else [measurement_value(v) for v in column]
-        columns[str(key)] = values_out
+        columns[str(key)] = list(column.tolist()) if finite else [measurement_value(v) for v in column]
     corners = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], dtype=np.float64) * float(size_px)
     rings = (coords[:, None, :] + corners[None]).round(2).tolist()  # (N, 5, 2): closed squares
     class_json = {id(c): c.to_json() for c in classes or () if c is not None}  # shared: one per class
