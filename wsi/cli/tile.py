@@ -31,6 +31,7 @@ Examples:
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+  wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
 
 \b
 Output (under --out):
@@ -38,8 +39,19 @@ Output (under --out):
   tiles/<slide_id>.zarr   kept tiles' pixels (with --save-tiles)
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
-                          legend with counts, slide id, mpp
-  tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
+                          artifacts: ink orange, fold brown, bubble cyan, border near-black,
+                          dust pink; legend with counts, slide id, mpp
+  tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error, note
+                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink")
+
+\b
+Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
+  ink      marker ink (green, blue, black, red); DAB brown and haematoxylin are not ink
+  fold     tissue folds: tissue far darker than the slide's own tissue
+  bubble   air-bubble rims and coverslip edges: long thin grey lines
+  border   out-of-scan borders: flat near-black fill reaching the image edge
+  dust     dust islands: small specks of "tissue" far from any real tissue
+Thresholds: TileParams.artifacts (wsi.artifacts.ArtifactParams), saved in each tile file.
 
 \b
 Status per slide: ok, skipped (done before), empty (kept no tile: the error column names the
@@ -111,6 +123,13 @@ redoes them (and replaces the tiles of another slide with the same id).
     help="Reject a tile when its Laplacian variance (median over blocks) is below this; 0 = off.",
 )
 @click.option(
+    "--no-filter",
+    "no_filter",
+    multiple=True,
+    type=click.Choice(["ink", "fold", "bubble", "border", "dust"]),
+    help="Turn an artifact filter off (repeat for several): ink, fold, bubble, border, dust.",
+)
+@click.option(
     "--thumb-mpp",
     type=click.FloatRange(min=0, min_open=True),
     default=8.0,
@@ -142,6 +161,7 @@ def command(
     max_background: float,
     white_level: int,
     min_blur_var: float,
+    no_filter: tuple[str, ...],
     thumb_mpp: float,
     min_saturation: float,
 ) -> None:
@@ -154,6 +174,7 @@ def command(
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from pipelines.tile import tile_slides
+    from wsi.artifacts import FILTERS
     from wsi.config import parse_config
     from wsi.sources import find_slides
     from wsi.tiling import TileParams
@@ -170,6 +191,7 @@ def command(
         "max_background_fraction": max_background,
         "min_blur_variance": min_blur_var,
         "tissue": {"thumb_mpp": thumb_mpp, "min_saturation": min_saturation},
+        "artifacts": {"filters": [name for name in FILTERS if name not in no_filter]},
     }
     params = parse_config(TileParams, options, source="wsi tile options")  # ConfigError: exit 2
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
@@ -194,6 +216,11 @@ def command(
         f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
         err=True,
     )
+    from pipelines.tile_artifacts import artifact_summary
+
+    artifacts = artifact_summary(results, out_dir)
+    if artifacts:
+        click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
     if summary.problems:
