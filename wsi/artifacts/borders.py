@@ -18,10 +18,11 @@ _MAX_FILL_STD = 3.0
 
 
 def border_regions(thumb: np.ndarray, *, params: ArtifactParams) -> np.ndarray:
-    """(h, w) bool: flat near-black regions of an (h, w, 3) uint8 thumbnail that touch its edge."""
-    px = thumb[..., :3]
-    high = np.maximum(np.maximum(px[..., 0], px[..., 1]), px[..., 2]).astype(np.int16)
-    low = np.minimum(np.minimum(px[..., 0], px[..., 1]), px[..., 2]).astype(np.int16)
+    """(h, w) bool: flat near-black regions of an (h, w, 3) thumbnail (0-255, any dtype) that touch
+    its edge."""
+    px = thumb[..., :3].astype(np.float32)
+    high = np.maximum(np.maximum(px[..., 0], px[..., 1]), px[..., 2])
+    low = np.minimum(np.minimum(px[..., 0], px[..., 1]), px[..., 2])
     flat = (high <= params.border_level) & (high - low <= params.border_flatness)
     if not flat.any():
         return flat

@@ -20,9 +20,11 @@ from wsi.artifacts.params import ArtifactParams
 
 #: ink colours, in the order they are reported
 INK_COLOURS = ("green", "blue", "red", "black")
+#: (hue degrees, saturation, value) planes of an image, float32
+HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def hsv(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hsv(rgb: np.ndarray) -> HSV:
     """Hue (degrees, 0-360), saturation and value (0-1) of (..., 3) uint8 pixels, float32.
 
     Our own float32 version: skimage's rgb2hsv works in float64 and costs ~4x more per tile."""
@@ -41,7 +43,12 @@ def hsv(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def ink_pixels(rgb: np.ndarray, params: ArtifactParams) -> dict[str, np.ndarray]:
     """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` that look like that ink."""
-    hue, sat, val = hsv(rgb)
+    return ink_rules(hsv(rgb), params)
+
+
+def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
+    """Colour -> bool mask of the pixels of an image's HSV `planes` that look like that ink."""
+    hue, sat, val = planes
     p = params
     lit = val >= 0.15  # hue of near-black pixels is noise
     green = lit & (hue >= p.green_hue[0]) & (hue <= p.green_hue[1]) & (sat >= p.green_min_saturation)

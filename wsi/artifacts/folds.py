@@ -4,16 +4,17 @@
 Relative to the slide, not a fixed level: HistoQC's `LightDarkModule.getIntensityThresholdPercent:
 darktissue` (choosehappy/HistoQC @b7956129, config_v2.1.ini upper_thresh .15 on grey) uses a fixed
 level, which calls a lymph node's dense haematoxylin dark. Ours asks for both: darker than
-`fold_max_value` AND darker than the slide's median tissue by `fold_darker_by`, and stained
-(grey-black lines are bubble rims, coverslip edges or ink, judged by their own filters).
+`fold_max_value` AND at least `fold_od_ratio` times the optical density of the slide's median tissue,
+and stained (grey-black lines are bubble rims, coverslip edges or ink, judged by their own filters).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from skimage.morphology import disk, opening, remove_small_objects
+from skimage.morphology import remove_small_objects
 
-from wsi.artifacts.colour import hsv
+from wsi.artifacts.colour import HSV
+from wsi.artifacts.morph import opening
 from wsi.artifacts.params import ArtifactParams
 
 #: folds narrower than this (um) are dense nuclei, not a fold
@@ -23,23 +24,20 @@ _MIN_REGION_UM2 = 40_000.0
 
 
 def fold_regions(
-    thumb: np.ndarray,
+    planes: HSV,
     tissue: np.ndarray,
     *,
     mpp: float,
     params: ArtifactParams,
     exclude: np.ndarray | None = None,
 ) -> np.ndarray:
-    """(h, w) bool: folds in the (h, w) `tissue` of an (h, w, 3) uint8 thumbnail at `mpp` um/px;
+    """(h, w) bool: folds in the (h, w) `tissue` of a thumbnail (its HSV `planes`) at `mpp` um/px;
     `exclude`: pixels already called another artifact (ink), left out of the slide's median."""
     usable = tissue & ~exclude if exclude is not None else tissue
     if np.count_nonzero(usable) < 16:
         return np.zeros(tissue.shape, bool)
-    _, sat, val = hsv(thumb)
+    _, sat, val = planes
     typical = float(np.median(val[usable]))
-    level = min(params.fold_max_value, typical - params.fold_darker_by)
-    mask = usable & (val <= level) & (sat >= params.fold_min_saturation)
-    r = round(_MIN_WIDTH_UM / 2 / mpp)
-    if r >= 1:
-        mask = opening(mask, disk(r))
+    level = min(params.fold_max_value, typical**params.fold_od_ratio)  # OD = -log(value) scales by ratio
+    mask = opening(usable & (val <= level) & (sat >= params.fold_min_saturation), _MIN_WIDTH_UM / 2 / mpp)
     return remove_small_objects(mask, max_size=int(_MIN_REGION_UM2 / (mpp * mpp)))

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 from skimage.measure import label
-from skimage.morphology import closing, disk, opening, remove_small_objects
+from skimage.morphology import remove_small_objects
 
-from wsi.artifacts.colour import hsv, ink_pixels
+from wsi.artifacts.colour import HSV, ink_rules
+from wsi.artifacts.morph import closing, opening
 from wsi.artifacts.params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise
@@ -27,37 +28,35 @@ _GAP_UM = 60.0
 _MIN_REGION_UM2 = 40_000.0
 
 
-def ink_regions(thumb: np.ndarray, *, mpp: float, params: ArtifactParams) -> np.ndarray:
-    """(h, w) bool: ink on an (h, w, 3) uint8 thumbnail at `mpp` um/px."""
-    colours = ink_pixels(thumb, params)
+def ink_regions(
+    planes: HSV, *, mpp: float, params: ArtifactParams, exclude: np.ndarray | None = None
+) -> np.ndarray:
+    """(h, w) bool: ink on a thumbnail (its HSV `planes`) at `mpp` um/px; `exclude`: pixels that are
+    another artifact already (out-of-scan fill is as black as black ink)."""
+    colours = ink_rules(planes, params)
+    if exclude is not None:
+        colours = {name: mask & ~exclude for name, mask in colours.items()}
     strong = colours["green"] | colours["blue"] | colours["red"]
-    seeds = _wider_than(strong, _MIN_STROKE_UM / mpp)
-    seeds |= _wider_than(colours["black"], _MIN_BLACK_STROKE_UM / mpp)
-    strong |= colours["black"]
+    seeds = opening(strong, _MIN_STROKE_UM / 2 / mpp)
+    seeds |= opening(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
     if not seeds.any():
         return seeds
-    hue, sat, val = hsv(thumb)
+    hue, sat, val = planes
     faint = ((hue >= params.red_faint_hue_min) | (hue <= params.red_hue_max)) & (
         sat >= params.red_faint_min_saturation
     )
     # paler black: marker black is brownish or grey (hue under 90 or unsaturated), nuclei are purple
     faint |= (val <= params.black_faint_max_value) & ((hue <= 90.0) | (sat <= 0.2))
-    grown = _touching(strong | faint, seeds)
-    r_close = round(_GAP_UM / 2 / mpp)
-    if r_close >= 1:
-        grown = closing(grown, disk(r_close))
+    if exclude is not None:
+        faint &= ~exclude
+    grown = closing(_touching(strong | colours["black"] | faint, seeds), _GAP_UM / 2 / mpp)
     return remove_small_objects(grown, max_size=int(_MIN_REGION_UM2 / (mpp * mpp)))
-
-
-def _wider_than(mask: np.ndarray, width_px: float) -> np.ndarray:
-    """The parts of `mask` at least `width_px` wide (a morphological opening with a disk that wide)."""
-    r = round(width_px / 2)
-    return opening(mask, disk(r)) if r >= 1 else mask
 
 
 def _touching(candidates: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     """The connected parts of `candidates` (8-connected) that hold at least one seed pixel."""
     labels = label(candidates | seeds, connectivity=2)
-    keep = np.unique(labels[seeds])
-    keep = keep[keep > 0]
-    return np.isin(labels, keep)
+    keep = np.zeros(int(labels.max()) + 1, bool)
+    keep[labels[seeds]] = True
+    keep[0] = False
+    return keep[labels]

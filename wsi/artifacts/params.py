@@ -29,7 +29,7 @@ DESCRIPTIONS = {
 _UNIT_FIELDS = (
     "max_ink_fraction", "max_fold_fraction", "max_bubble_fraction", "max_border_fraction",
     "green_min_saturation", "blue_min_saturation", "red_min_saturation", "red_faint_min_saturation",
-    "black_max_value", "black_faint_max_value", "fold_max_value", "fold_darker_by", "fold_min_saturation",
+    "black_max_value", "black_faint_max_value", "fold_max_value", "fold_min_saturation",
     "bubble_contrast", "bubble_max_saturation",
 )  # fmt: skip
 
@@ -68,15 +68,16 @@ class ArtifactParams:
     #: reject a tile when more than this share of it is a fold on the thumbnail
     max_fold_fraction: float = 0.3
     #: a fold pixel is at most this bright (brightest channel, 0-1) ...
-    fold_max_value: float = 0.4
-    #: ... and darker than the slide's median tissue by at least this much
-    fold_darker_by: float = 0.3
+    fold_max_value: float = 0.35
+    #: ... and of at least this many times the optical density of the slide's median tissue (two
+    #: layers absorb twice: 2.0; 1.8 allows for thin folds). In brightness: value <= median ** ratio
+    fold_od_ratio: float = 1.8
     #: ... and stained (saturation at least this: grey-black lines are edges or ink)
     fold_min_saturation: float = 0.2
     #: reject a tile when more than this share of it lies on a bubble rim or coverslip edge
     max_bubble_fraction: float = 0.05
     #: lines thinner than this (um) and darker than their surroundings are bubble rims / coverslip edges
-    bubble_line_um: float = 40.0
+    bubble_line_um: float = 200.0
     #: ... by at least this much (0-1 brightness) ...
     bubble_contrast: float = 0.12
     #: ... that are grey (saturation under this) ...
@@ -104,6 +105,8 @@ class ArtifactParams:
             lo, hi = getattr(self, name)
             if not 0.0 <= lo <= hi <= 360.0:
                 raise ValueError(f"artifacts.{name} must be (low, high) degrees in [0, 360], got {(lo, hi)}")
+        if self.fold_od_ratio < 1.0:
+            raise ValueError(f"artifacts.fold_od_ratio must be >= 1, got {self.fold_od_ratio}")
         for name in ("bubble_line_um", "bubble_min_length_um", "dust_max_um2", "dust_gap_um"):
             if getattr(self, name) < 0:
                 raise ValueError(f"artifacts.{name} must be >= 0, got {getattr(self, name)}")
