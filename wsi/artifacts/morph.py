@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-
 #: radii (px) up to this use a footprint, larger ones a distance transform
 _SMALL_R = 4
 
