@@ -17,9 +17,9 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-from pipelines.tile import output_paths, tile_slides
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.sources import SlideSource
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data" / "artifacts" / "histoqc"

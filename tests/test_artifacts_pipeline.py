@@ -12,13 +12,14 @@ import tifffile
 from click.testing import CliRunner
 from PIL import Image
 
-from pipelines.tile import output_paths, tile_slides
 from wsi.artifacts import FILTERS
 from wsi.cli.main import cli
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.qc import ARTIFACT_RGB, FATE_RGB, QcLegend, render_qc
 from wsi.sources import SlideSource
-from wsi.tilefile import read_tile_file
-from wsi.tiling import REASON_NAMES, TileParams
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
+from wsi.tiling import REASON_NAMES
 
 #: the HistoQC thumbnail is written as a one-level slide at 8 um/px: its own pixels are then both the
 #: tissue thumbnail (TissueParams.thumb_mpp 8) and the tiles (256 um at 32 px = 8 um/px)

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.jobs import JobResult
 from wsi.artifacts import CODES, DESCRIPTIONS, FILTERS
 from wsi.errors import TileFileError
-from wsi.tilefile import read_tile_file
+from wsi.pipelines.jobs import JobResult
+from wsi.tile_file import read_tile_file
 from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid
 
 

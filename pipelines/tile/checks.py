@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipelines.tile_artifacts import artifact_counts_by_name, artifact_note, why_artifact
 from wsi.artifacts import FILTERS
 from wsi.background import Background, looks_dark_maybe
 from wsi.errors import SlideError, SlideIdError
-from wsi.file_tiles import (
+from wsi.files import sanitize_slide_id
+from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note, why_artifact
+from wsi.sources import SlideSource
+from wsi.tiff_tiles import (
     FileDamage,
     FileTileProbe,
     describe_regions,
@@ -37,9 +39,8 @@ from wsi.file_tiles import (
     file_tile_px,
     file_tiles_under,
 )
-from wsi.files import sanitize_slide_id
-from wsi.sources import SlideSource
-from wsi.tiling import TileCounts, TileParams, TissueGrid
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
