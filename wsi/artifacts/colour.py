@@ -65,9 +65,11 @@ def ink_mask(rgb: np.ndarray, params: ArtifactParams) -> np.ndarray:
     return out
 
 
-#: a tile's ink share is measured on every `TILE_STRIDE`-th pixel in each direction (1/16 of them):
-#: a share to a few percent needs thousands of pixels, not 65,536, and this keeps the cost per tile low
-TILE_STRIDE = 4
+#: a tile's ink share is measured on every `TILE_STRIDE`-th pixel in each direction (1/64 of them):
+#: 1,024 samples of a 256 px tile give its share to about 1% (binomial sd near the 10% threshold), at a
+#: fifth of the cost of 1/16 (measured 0.1 vs 0.48 ms per tile, against ~1.4 ms for the background
+#: and blur filters)
+TILE_STRIDE = 8
 
 
 def tile_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
