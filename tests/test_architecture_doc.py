@@ -71,7 +71,7 @@ def test_format_versions_on_the_page_are_the_codes() -> None:
     )
     assert sorted(on_page) == declared, "the Formats table must list every module with a FORMAT_VERSION"
     for owner, version in on_page.items():
-        assert importlib.import_module(_module_of(owner)).FORMAT_VERSION == version, owner
+        assert version == importlib.import_module(_module_of(owner)).FORMAT_VERSION, owner
 
 
 def test_no_file_over_400_lines() -> None:
