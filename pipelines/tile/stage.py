@@ -44,11 +44,12 @@ import numpy as np
 
 import wsi
 from wsi.config import with_settings
-from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.errors import MissingMppError
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
     check_damage,
+    check_moved,
     check_same_slide,
     check_usable_id,
     damage_attrs,
@@ -56,9 +57,9 @@ from wsi.pipelines.tile.checks import (
     explain_empty,
     file_damage,
     ignored_fallback_mpp,
+    metadata_mpp,
     mpp_disagreement,
     refuse_id_clashes,
-    same_id_message,
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
@@ -192,7 +193,7 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
     with slide:
         if moved and previous is not None:
-            _check_moved(slide, source, previous, paths.h5)
+            check_moved(slide, source, previous, paths.h5)
         # Drop the old tile file first: from here on only a new, complete one may say "done".
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
@@ -205,21 +206,13 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=rejected)
 
 
-def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
-    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
-    meta = previous.meta
-    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
-        raise SlideIdError(same_id_message(source, meta, tile_file))
-    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
-
-
 def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
     """The open slide, where its mpp came from ("slide list", "metadata" or "--mpp"), and a warning
     ("" if none) when a given mpp is more than 2x from the slide's metadata."""
     backend = job.backend
     if source.mpp is not None:
         slide = open_slide(source.path, backend=backend, mpp=source.mpp)
-        found = _metadata_mpp(source.path, backend)
+        found = metadata_mpp(source.path, backend)
         note = mpp_disagreement(source.mpp, found, "the slide list (mpp column)")
         _warn(source, note)
         return slide, "slide list", note
@@ -237,16 +230,6 @@ def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
 def _warn(source: SlideSource, note: str) -> None:
     if note:
         log.warning("%s: %s", source.slide_id, note)
-
-
-def _metadata_mpp(path: Path, backend: str) -> float | None:
-    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
-    mpp in use)."""
-    try:
-        with open_slide(path, backend=backend) as slide:
-            return slide.mpp
-    except SlideError:
-        return None
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
