@@ -46,6 +46,9 @@ class SlideEncoderSpec:
     reference: str  # the authors' code this module follows (repository, file, commit)
     uses_positions: bool
     patient_fusion: str  # "early": a patient's tiles pooled as one bag | "late": mean of slide embeddings
+    #: sha256 of the tile encoder weights it was trained on, when that tile encoder has several (CHIEF's
+    #: own CTransPath); empty: any weights of the named tile encoder
+    tile_weights_sha256: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

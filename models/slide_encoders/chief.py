@@ -58,6 +58,10 @@ class Chief(SlideEncoder):
         weights_files=("CHIEF_pretraining.pth",),
         reference="hms-dbmi/CHIEF 1abed33 models/CHIEF.py + Get_CHIEF_WSI_level_feature.py",
         uses_positions=False, patient_fusion="early",  # STAMP encode_patients_: all tiles in one bag
+        # CHIEF_CTransPath.pth (CHIEF's own CTransPath weights), the digest STAMP pins in
+        # src/stamp/preprocessing/extractor/chief_ctranspath.py: features of the original TransPath
+        # weights are another feature space
+        tile_weights_sha256=("1646f23001214f74cf432ef0e80b808ee6605143802ae6ed53a87564ddc4924a",),
     )  # fmt: skip
 
     def __init__(self) -> None:
