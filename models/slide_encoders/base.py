@@ -183,7 +183,7 @@ def build_slide_encoder(
         model.weights_sha256 = sha256_file(path)
     else:
         log.warning("slide encoder %s has RANDOM weights (--random-init): its embeddings mean nothing", name)
-    return model.eval()
+    return model.requires_grad_(False).eval()  # frozen: embeddings only, no autograd graph
 
 
 __all__ = [
