@@ -116,7 +116,8 @@ class InputAdapter(Protocol):
 
 # name -> adapter class, constructed with the task's `input_options` as keywords
 INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
-    "input", modules=("pipelines.inputs.bags", "pipelines.inputs.images")
+    "input",
+    modules=("pipelines.inputs.bags", "pipelines.inputs.images", "pipelines.inputs.slide_embeddings"),
 )
 
 

@@ -63,6 +63,7 @@ from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from pipelines.train.loop import EpochHook
 from pipelines.train.preflight import refuse_unusable
 from pipelines.train.recipe import apply_recipe
+from pipelines.train.slide_level import for_features
 from pipelines.train.splits import Split, kfold_items, split_items
 from wsi.config import config_dict
 from wsi.errors import ConfigError
@@ -141,6 +142,7 @@ def train(
         task, attention=attention, epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
         model_overrides=model_overrides, overrides=overrides,
     )  # fmt: skip
+    cfg = for_features(cfg, features_dir)  # slide embeddings: a head instead of a MIL model
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
     source = _input_source(adapter, features_dir, images_dir)
