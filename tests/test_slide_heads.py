@@ -35,6 +35,37 @@ def _embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str =
     return out
 
 
+def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
+    from pipelines.inputs import build_input
+    from pipelines.tasks import load_task
+    from pipelines.train.slide_level import for_features
+
+    make_bag(tmp_path / "bags" / "s.h5")
+    task = load_task("nsclc-subtype")
+    assert for_features(task, tmp_path / "bags") is task  # tile bags: the MIL model as before
+    emb = _embed_by_mean(tmp_path / "bags", tmp_path / "emb")
+    switched = for_features(task, emb)
+    assert switched.input == "slide-embeddings" and switched.model.preset == "linear"
+    assert switched.model.attention is None
+    kept = for_features(task.replace(**{"model.preset": "mlp"}), emb)
+    assert kept.model.preset == "mlp"
+    adapter = build_input("slide-embeddings")
+    found = adapter.find([emb])
+    from pipelines.inputs import Item
+
+    items = [Item(id=k, path=v, label=0) for k, v in found.items()]
+    sample = adapter.dataset(items, train=True)[0]
+    assert sample["x"].shape == (1, 768) and adapter.model_kwargs(items) == {"in_dim": 768}
+    prov = adapter.provenance(items)
+    assert prov["encoder"] == "toy-slide" and prov["tile_encoder"] == "test-encoder"
+    adapter.check_compatible(prov, items)
+    with pytest.raises(Exception, match="trained on other embeddings|trained on toy-other"):
+        adapter.check_compatible({**prov, "encoder": "toy-other"}, items)
+    bag_dir = tmp_path / "bags"
+    with pytest.raises(Exception, match="not one vector: it is a bag of tile features"):
+        adapter.dataset([Item(id="s", path=bag_dir / "s.h5")], train=False)[0]
+
+
 def test_heads_are_model_kinds() -> None:
     for preset in ("linear", "mlp"):
         model = build_model(preset, in_dim=12, num_classes=3).eval()
@@ -68,6 +99,7 @@ def test_every_task_kind_trains_on_embeddings(tmp_path: Path, kind: str, preset:
     assert (tmp_path / "run" / "report.html").is_file()
 
 
+@pytest.mark.slow  # ~2 min on 2 busy cores: two folds, their reports, then predict
 def test_embed_train_cv_and_predict_through_the_cli(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     rows = []
