@@ -39,8 +39,9 @@ def make_bag(
 
 def test_cli_writes_stamp_layout_with_provenance(tmp_path: Path) -> None:
     feats = {s: make_bag(tmp_path / "bags" / f"{s}.h5", seed=i) for i, s in enumerate(["s1", "s2"])}
-    result = CliRunner().invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder",
-                                      "feather", "--random-init", "--out", str(tmp_path / "out")])  # fmt: skip
+    args = ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder", "feather", "--random-init",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     folder = tmp_path / "out" / "feather-slide"  # STAMP's `<encoder>-slide`
     assert sorted(p.name for p in folder.glob("*.h5")) == ["s1.h5", "s2.h5"]
@@ -71,7 +72,9 @@ def test_wrong_tile_encoder_is_refused_alone(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "uni.h5 holds uni features, but slide encoder 'feather' reads conch-v1.5 features" in result.output
     assert "--encoder conch-v1.5" in result.output  # the fix names the command
-    assert "small.h5 holds tiles of 112 um, but slide encoder 'feather' was trained on 256 um" in result.output
+    assert (
+        "small.h5 holds tiles of 112 um, but slide encoder 'feather' was trained on 256 um" in result.output
+    )
     assert [p.name for p in (tmp_path / "feather-slide").glob("*.h5")] == ["good.h5"]
 
 

@@ -180,9 +180,10 @@ def test_weights_are_checked_key_by_key(tmp_path) -> None:
     with pytest.raises(WeightsError, match="does not fit slide encoder 'chief'"):
         build_slide_encoder("chief", weights=path)
     folder = tmp_path  # the authors' model folder works too
-    assert build_slide_encoder("feather", weights=folder).weights_sha256 == build_slide_encoder(
-        "feather", weights=path
-    ).weights_sha256
+    assert (
+        build_slide_encoder("feather", weights=folder).weights_sha256
+        == build_slide_encoder("feather", weights=path).weights_sha256
+    )
     with pytest.raises(ConfigError, match="--random-init"):
         build_slide_encoder("feather")
 

@@ -59,7 +59,7 @@ def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
     prov = adapter.provenance(items)
     assert prov["encoder"] == "toy-slide" and prov["tile_encoder"] == "test-encoder"
     adapter.check_compatible(prov, items)
-    with pytest.raises(Exception, match="trained on other embeddings|trained on toy-other"):
+    with pytest.raises(Exception, match="trained on toy-other embeddings"):
         adapter.check_compatible({**prov, "encoder": "toy-other"}, items)
     bag_dir = tmp_path / "bags"
     with pytest.raises(Exception, match="not one vector: it is a bag of tile features"):
@@ -86,9 +86,9 @@ def test_every_task_kind_trains_on_embeddings(tmp_path: Path, kind: str, preset:
     cohort = make_kind_cohort(tmp_path, kind=kind, n_patients=30, slides_per_patient=(1, 2))
     emb = _embed_by_mean(cohort.bags, tmp_path / "emb")
     task = write_kind_task(tmp_path / "task.yaml", kind, level=level, epochs=15)
+    changes = {"model.preset": preset, "model.overrides": {}, "optimizer.lr": 1e-2}
     result = train(task=task, labels_csv=cohort.labels, features_dir=emb, out_dir=tmp_path / "run",
-                   progress=False,
-                   overrides={"model.preset": preset, "model.overrides": {}, "optimizer.lr": 1e-2})  # fmt: skip
+                   progress=False, overrides=changes)  # fmt: skip
     record = json.loads((tmp_path / "run" / "config.json").read_text())
     assert record["input"]["name"] == "slide-embeddings" and record["model"]["kind"] == preset
     assert record["input"]["provenance"]["encoder"] == "toy-slide"

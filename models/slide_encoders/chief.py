@@ -53,7 +53,7 @@ class Chief(SlideEncoder):
         tile_encoders=("ctranspath",), tile_size_um=256.0, tile_mpp=1.0, in_dim=768, dim=768,
         # every tensor of CHIEF(size_arg="small", n_classes=2) (buffers excluded)
         params=1_185_032,
-        licence="GNU AGPL v3 (CHIEF repository; README: non-commercial academic use)",
+        licence="GNU AGPL v3 (LICENSE file; the README says GPLv3, non-commercial academic use)",
         weights_page="https://github.com/hms-dbmi/CHIEF (CHIEF_pretraining.pth, Google Drive link)",
         weights_files=("CHIEF_pretraining.pth",),
         reference="hms-dbmi/CHIEF 1abed33 models/CHIEF.py + Get_CHIEF_WSI_level_feature.py",
@@ -78,7 +78,9 @@ class Chief(SlideEncoder):
             state = {**state, "organ_embedding": torch.zeros(19, 768)}
         return state
 
-    def encode(self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float) -> torch.Tensor:
+    def encode(
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+    ) -> torch.Tensor:
         del coords_um, tile_size_um
         net = self.attention_net
 

@@ -60,7 +60,9 @@ class _Feather(SlideEncoder):
         # a MIL-Lab fine-tuned checkpoint may still hold its task head; the embedding never uses it
         return {k: v for k, v in out.items() if not k.startswith("classifier.")}
 
-    def encode(self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float) -> torch.Tensor:
+    def encode(
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+    ) -> torch.Tensor:
         del coords_um, tile_size_um  # ABMIL is permutation invariant and reads no positions
 
         def embedded(x: torch.Tensor) -> torch.Tensor:

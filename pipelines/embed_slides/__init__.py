@@ -1,9 +1,9 @@
 """The slide-embedding stage: bags of tile features -> slide or patient embeddings (STAMP's layout).
 
-  embed_slides(features=..., encoder=..., out=..., weights=... | random_init=True, level="slide"|"patient",
-               slide_table=None, overwrite=False, device="cpu") -> (folder, [JobResult])
-  check_bag(bag, spec, name)        refuses bags of another tile encoder / weights / tile size
-  write_embedding, read_embedding, EmbeddingProvenance, embedding_dir   the file format (output.py)
+embed_slides(features=..., encoder=..., out=..., weights=... | random_init=True, level="slide"|"patient",
+             slide_table=None, overwrite=False, device="cpu") -> (folder, [JobResult])
+check_bag(bag, spec, name)        refuses bags of another tile encoder / weights / tile size
+write_embedding, read_embedding, EmbeddingProvenance, embedding_dir   the file format (output.py)
 """
 
 from pipelines.embed_slides.checks import check_bag, tile_source

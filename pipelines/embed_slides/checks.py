@@ -59,7 +59,8 @@ def check_bag(bag: Bag, spec: SlideEncoderSpec, name: str) -> TileSource:
     source = tile_source(bag)
     fix = (
         f"make bags for it with `wsi tile SLIDES --out RUN --tile-um {spec.tile_size_um:g} --tile-px "
-        f"{round(spec.tile_size_um / spec.tile_mpp)}` then `wsi embed --tiles RUN --out RUN --encoder {spec.tile_encoders[0]}`"
+        f"{round(spec.tile_size_um / spec.tile_mpp)}` then "
+        f"`wsi embed --tiles RUN --out RUN --encoder {spec.tile_encoders[0]}`"
     )
     if not source.encoder:
         raise BagFormatError(
@@ -78,7 +79,8 @@ def check_bag(bag: Bag, spec: SlideEncoderSpec, name: str) -> TileSource:
             raise BagFormatError(
                 f"{bag.path} holds {source.encoder} features from weights sha256 "
                 f"{str(source.weights_sha256)[:12]}, but slide encoder {name!r} was trained on "
-                f"{source.encoder} weights {spec.tile_weights_sha256[0][:12]}: {fix} --weights <those weights>"
+                f"{source.encoder} weights {spec.tile_weights_sha256[0][:12]}: {fix} "
+                "--weights <those weights>"
             )
     if bag.tile_size_um is not None:
         ratio = bag.tile_size_um / spec.tile_size_um

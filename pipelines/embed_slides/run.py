@@ -78,7 +78,13 @@ class _Embedder:
     """The batch function: the encoder is built once and kept (inline jobs)."""
 
     def __init__(self, model: SlideEncoder, out_dir: Path, level: str, overwrite: bool, device: torch.device):
-        self.model, self.out_dir, self.level, self.overwrite, self.device = model, out_dir, level, overwrite, device
+        self.model, self.out_dir, self.level, self.overwrite, self.device = (
+            model,
+            out_dir,
+            level,
+            overwrite,
+            device,
+        )
 
     def _done(self, path: Path) -> bool:
         if self.overwrite or not path.is_file():
@@ -99,7 +105,9 @@ class _Embedder:
         if len(bag) == 0:
             raise ConfigError(f"{bag_path} holds no tiles: nothing to embed")
         if bag.dim != spec.in_dim:
-            raise ConfigError(f"{bag_path} holds {bag.dim}-d features; {self.model.name} reads {spec.in_dim}-d")
+            raise ConfigError(
+                f"{bag_path} holds {bag.dim}-d features; {self.model.name} reads {spec.in_dim}-d"
+            )
         feats = torch.from_numpy(bag.feats).to(self.device)
         coords = None if bag.coords_um is None else torch.from_numpy(bag.coords_um).to(self.device)
         with torch.inference_mode():

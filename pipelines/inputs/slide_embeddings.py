@@ -77,7 +77,9 @@ class SlideEmbeddingInput:
             files = [source] if source.is_file() else sorted(source.glob("*.h5"))
             files = [p for p in files if not is_temp_name(p)]
             if not files:
-                raise ConfigError(f"no slide embeddings (*.h5) in {source}; make them with `wsi embed-slides`")
+                raise ConfigError(
+                    f"no slide embeddings (*.h5) in {source}; make them with `wsi embed-slides`"
+                )
             for path in files:
                 if path.stem in found:
                     raise ConfigError(f"two embeddings for {path.stem!r}: {found[path.stem]} and {path}")
@@ -131,13 +133,16 @@ class SlideEmbeddingInput:
         for item in items:
             attrs = read_embedding(item.path).attrs
             if any(want[k] is not None and attrs.get(k) != want[k] for k in _KEYS):
-                got = f"{attrs.get('encoder')} (weights {str(attrs.get('slide_encoder_weights_sha256'))[:12]})"
+                got = (
+                    f"{attrs.get('encoder')} (weights {str(attrs.get('slide_encoder_weights_sha256'))[:12]})"
+                )
                 bad.append(f"{item.path.name}: {got}")
         if bad:
             raise ConfigError(
                 f"the head was trained on {want['encoder']} embeddings (weights "
                 f"{str(want['slide_encoder_weights_sha256'])[:12]}), but {len(bad)} differ: "
-                + "; ".join(bad[:5]) + ". Embed them with the same slide encoder and weights."
+                + "; ".join(bad[:5])
+                + ". Embed them with the same slide encoder and weights."
             )
 
 
