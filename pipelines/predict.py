@@ -50,6 +50,7 @@ from pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_
 from pipelines.kinds import TaskKind
 from pipelines.predict_progress import Finished, Flusher, Progress, case_key, model_digest
 from pipelines.predict_stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
+from pipelines.raw_slide_embeddings import embed_raw_slides_to_embeddings
 from pipelines.raw_slides import embed_raw_slides
 from pipelines.run_model import RunModel, load_run
 from pipelines.run_record import model_uses_positions
@@ -107,6 +108,7 @@ def predict(
     top_tiles: int = 0,
     overwrite: bool = False,
     stream_above_tiles: int | None = STREAM_ABOVE_TILES,
+    slide_weights: str | Path | None = None,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
@@ -135,7 +137,7 @@ def predict(
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
-    if weights is not None and run.adapter.name != "bags":
+    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
             "directly, with no encoder: leave --weights out"
@@ -147,6 +149,11 @@ def predict(
     pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
+    elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+        found, _, pre_failed = embed_raw_slides_to_embeddings(  # no slide heatmaps: one vector a slide
+            run.provenance, inputs, out / "work", weights=weights, slide_weights=slide_weights, mpp=mpp,
+            backend=backend, workers=workers, scheduler=scheduler, device=device, progress=progress,
+        )  # fmt: skip
     elif run.adapter.name != "bags":
         found = run.adapter.find([Path(p) for p in inputs])
     else:

@@ -143,3 +143,55 @@ def test_embed_train_cv_and_predict_through_the_cli(tmp_path: Path) -> None:
                             str(tmp_path / "pred2"), "--device", "cpu"])  # fmt: skip
     assert r.exit_code == 2, r.output
     assert "trained on feather embeddings" in r.output and "S00.h5: chief" in r.output
+
+
+@pytest.mark.slow  # tiles and embeds four synthetic slides, trains, predicts twice (~1 min)
+def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) -> None:
+    """Predicting raw slides with a head trained on slide embeddings remakes the tile features, then the
+    slide embeddings, with the recorded settings: the same probabilities as predicting the embeddings."""
+    from models.slide_encoders import SLIDE_ENCODERS, SlideEncoderSpec
+    from models.slide_encoders.feather import FeatherConch15
+    from pipelines.embed.engine import EmbedOptions
+    from pipelines.embed.stage import embed_slides as embed_tiles
+    from pipelines.predict import predict
+    from wsi.sources import find_slides
+    from wsi.synthetic import write_sample_cohort
+    from wsi.tiling import TileParams
+
+    if "test-feather" not in SLIDE_ENCODERS:
+
+        class TestFeather(FeatherConch15):  # FEATHER's architecture over 512-d resnet18 features
+            IN_DIM = 512
+            SPEC = SlideEncoderSpec(
+                tile_encoders=("timm:resnet18",), tile_size_um=96.0, tile_mpp=3.0, in_dim=512, dim=512,
+                params=0, licence="test", weights_page="test", weights_files=("w.safetensors",),
+                reference="test", uses_positions=False, patient_fusion="late",
+            )  # fmt: skip
+
+        SLIDE_ENCODERS.register("test-feather")(TestFeather)
+    slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
+    options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
+    embed_tiles(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
+                tile_params=TileParams(tile_um=96, tile_px=32, min_blur_variance=0), progress=False)  # fmt: skip
+    folder, _ = embed_slides(features=tmp_path / "emb" / "features" / "timm-resnet18", encoder="test-feather",
+                             random_init=True, out=tmp_path / "emb")  # fmt: skip
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\n" + "".join(f"{s.path.stem},{('LUAD', 'LUSC')[i % 2]}\n"
+                                                for i, s in enumerate(slides)))  # fmt: skip
+    task = write_kind_task(tmp_path / "t.yaml", "regression")  # replaced below: a categorical task
+    task.write_text(task.read_text().replace("kind: regression", "kind: categorical").replace(
+        "targets:\n- column: purity\n", "classes: [LUAD, LUSC]\n"))  # fmt: skip
+    train(task=task, labels_csv=labels, features_dir=folder, out_dir=tmp_path / "run", progress=False,
+          overrides={"epochs": 2, "split.train": 0.5, "split.val": 0.25, "split.test": 0.25})  # fmt: skip
+    prov = json.loads((tmp_path / "run" / "config.json").read_text())["input"]["provenance"]
+    assert prov["encoder"] == "test-feather" and prov["tile_provenance"]["encoder"] == "timm:resnet18"
+    targets = [slides[0].path, slides[3].path]
+    raw = predict(model_dir=tmp_path / "run", inputs=targets, out_dir=tmp_path / "p1", progress=False)
+    emb = predict(model_dir=tmp_path / "run", features_dir=folder, out_dir=tmp_path / "p2", progress=False)
+    by_emb = {r["slide"]: r for r in emb.rows}
+    assert [r["slide"] for r in raw.rows] == [slides[0].path.stem, slides[3].path.stem]
+    for row in raw.rows:
+        assert row["prob_LUSC"] == pytest.approx(by_emb[row["slide"]]["prob_LUSC"], abs=1e-5)
+    with pytest.raises(Exception, match="randomly initialised test-feather"):
+        predict(model_dir=tmp_path / "run", inputs=targets, out_dir=tmp_path / "p3", progress=False,
+                slide_weights=labels)  # fmt: skip

@@ -51,6 +51,9 @@ class EmbeddingProvenance:
     source_bags: tuple[str, ...]  # the tile-feature bags it was made from
     slides: tuple[str, ...] = ()  # patient embeddings: the slide ids, in order
     patient_fusion: str = ""  # patient embeddings: "early" (tiles pooled) | "late" (embeddings averaged)
+    #: how the tile features were made (the first bag's encoder, weights, tile_params, precision,
+    #: input_px, stain_norm): what `wsi predict` needs to make them again from raw slides; {} if unknown
+    tile_provenance: dict[str, Any] = field(default_factory=dict)
     wsi_version: str = field(default_factory=_wsi_version)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
@@ -58,6 +61,7 @@ class EmbeddingProvenance:
         out = asdict(self)
         for key in ("source_bags", "slides"):
             out[key] = json.dumps(list(out[key]))
+        out["tile_provenance"] = json.dumps(out["tile_provenance"])
         return out
 
 

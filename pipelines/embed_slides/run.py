@@ -21,14 +21,18 @@ import numpy as np
 import torch
 
 from models.slide_encoders import SlideEncoder, build_slide_encoder
-from pipelines.embed_slides.checks import check_bag
+from pipelines.embed_slides.checks import TileSource, check_bag
 from pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from pipelines.jobs import JobResult, run_jobs, write_manifest
-from wsi.bags import load_bag
+from wsi.bags import Bag, load_bag
 from wsi.errors import ConfigError, LabelError
 from wsi.files import is_temp_name
 
 log = logging.getLogger(__name__)
+
+#: the bag provenance fields `wsi predict` needs to make the tile features of raw slides again
+_TILE_KEYS = ("encoder", "weights_sha256", "tile_params", "precision", "input_px", "stain_norm",
+              "tile_size_um", "tile_size_px")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,13 +116,7 @@ class _Embedder:
         coords = None if bag.coords_um is None else torch.from_numpy(bag.coords_um).to(self.device)
         with torch.inference_mode():
             z = self.model.encode(feats, coords, float(bag.tile_size_um or spec.tile_size_um))
-        facts = {
-            "tile_encoder": source.encoder,
-            "tile_sha": source.weights_sha256 or "",
-            "tile_size_um": float(bag.tile_size_um or 0.0),
-            "target_mpp": float(bag.provenance.target_mpp or 0.0) if bag.provenance else 0.0,
-        }
-        return z.cpu(), len(bag), facts
+        return z.cpu(), len(bag), _facts(bag, source)
 
     def __call__(self, job: EmbedJob) -> JobResult:
         out = self.out_dir / f"{job.slide_id}.h5"
@@ -139,6 +137,7 @@ class _Embedder:
             target_mpp=float(facts["target_mpp"]), n_tiles=n, source_bags=tuple(str(p) for p in job.bags),  # type: ignore[arg-type]
             slides=tuple(p.stem for p in job.bags) if self.level == "patient" else (),
             patient_fusion=spec.patient_fusion if self.level == "patient" else "",
+            tile_provenance=dict(facts["tile_provenance"]),  # type: ignore[call-overload]
         )  # fmt: skip
         write_embedding(out, z.numpy(), prov)
         return JobResult(job.slide_id, str(job.path), "ok", n=n, seconds=time.perf_counter() - start)
@@ -151,14 +150,21 @@ class _Embedder:
         feats = torch.from_numpy(np.concatenate([b.feats for b in loaded])).to(self.device)
         with torch.inference_mode():
             z = self.model.encode(feats, None, spec.tile_size_um)
-        first = loaded[0]
-        facts = {
-            "tile_encoder": sources[0].encoder,
-            "tile_sha": sources[0].weights_sha256 or "",
-            "tile_size_um": float(first.tile_size_um or 0.0),
-            "target_mpp": float(first.provenance.target_mpp or 0.0) if first.provenance else 0.0,
-        }
-        return z.cpu(), int(feats.shape[0]), facts
+        return z.cpu(), int(feats.shape[0]), _facts(loaded[0], sources[0])
+
+
+def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
+    prov = bag.provenance
+    tile_prov: dict[str, object] = {}
+    if prov is not None:  # ours: enough to tile and embed raw slides the same way again
+        tile_prov = {k: getattr(prov, k) for k in _TILE_KEYS if getattr(prov, k) is not None}
+    return {
+        "tile_encoder": source.encoder,
+        "tile_sha": source.weights_sha256 or "",
+        "tile_size_um": float(bag.tile_size_um or 0.0),
+        "target_mpp": float(prov.target_mpp or 0.0) if prov else 0.0,
+        "tile_provenance": tile_prov,
+    }
 
 
 def embed_slides(

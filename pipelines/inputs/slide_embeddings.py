@@ -9,6 +9,7 @@ encoder or other weights (`check_compatible`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -125,7 +126,12 @@ class SlideEmbeddingInput:
             raise ConfigError("embeddings were made by different slide encoders: " + "; ".join(parts))
         keys = ("encoder", "slide_encoder_weights_sha256", "tile_encoder", "tile_encoder_weights_sha256",
                 "tile_size_um", "target_mpp", "feat_type")  # fmt: skip
-        return {k: _plain(first.get(k)) for k in keys}
+        out = {k: _plain(first.get(k)) for k in keys}
+        try:
+            out["tile_provenance"] = json.loads(str(first.get("tile_provenance") or "{}"))
+        except json.JSONDecodeError:
+            out["tile_provenance"] = {}
+        return out
 
     def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
         want = {k: provenance.get(k) for k in _KEYS}

@@ -28,6 +28,7 @@ Examples:
   wsi predict --model cv-run/ --features bags/ --out preds/    # cross-validation run: mean of the folds
   wsi predict --model model/ --features ext/ --labels ext.csv --out val/   # external validation + report
   wsi predict --model model/ slides/ --weights w.pth --out preds/ --top-tiles 8   # + top tiles per slide
+  wsi predict --model probe/ slides/ --weights conch.bin --slide-weights feather/ --out preds/  # slide enc.
 
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
@@ -87,6 +88,10 @@ Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv
     default=None,
     help="Encoder weights for raw slides (must match the run's recorded sha256).",
 )
+@click.option(
+    "--slide-weights", type=click.Path(path_type=Path, exists=True), default=None,
+    help="Slide-encoder weights for raw slides, for a run trained on slide embeddings (sha256 checked).",
+)  # fmt: skip
 @mpp_option(
     "Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, TRIDENT) "
     "[default: the run's]."
@@ -131,6 +136,7 @@ def command(
     features_dir: Path | None,
     out_dir: Path,
     weights: Path | None,
+    slide_weights: Path | None,
     mpp: float | None,
     backend: str,
     device: str,
@@ -153,7 +159,7 @@ def command(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
         heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
         scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
-        overwrite=overwrite, stream_above_tiles=stream_above_tiles,
+        overwrite=overwrite, stream_above_tiles=stream_above_tiles, slide_weights=slide_weights,
     )  # fmt: skip
     failed = result.problems  # failed and empty slides: both make the exit code 1
     noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"
