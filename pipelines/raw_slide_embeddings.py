@@ -45,7 +45,10 @@ def embed_raw_slides_to_embeddings(
     from pipelines.raw_slides import embed_raw_slides
     from wsi.files import sha256_file
 
-    name, sha = str(provenance.get("encoder") or ""), str(provenance.get("slide_encoder_weights_sha256") or "")
+    name, sha = (
+        str(provenance.get("encoder") or ""),
+        str(provenance.get("slide_encoder_weights_sha256") or ""),
+    )
     tile_prov = provenance.get("tile_provenance") or {}
     if not name or not sha or not tile_prov:
         raise ConfigError(

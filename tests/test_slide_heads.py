@@ -173,8 +173,8 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
     embed_tiles(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
                 tile_params=TileParams(tile_um=96, tile_px=32, min_blur_variance=0), progress=False)  # fmt: skip
-    folder, _ = embed_slides(features=tmp_path / "emb" / "features" / "timm-resnet18", encoder="test-feather",
-                             random_init=True, out=tmp_path / "emb")  # fmt: skip
+    bags = tmp_path / "emb" / "features" / "timm-resnet18"
+    folder, _ = embed_slides(features=bags, encoder="test-feather", random_init=True, out=tmp_path / "emb")
     labels = tmp_path / "labels.csv"
     labels.write_text("slide,label\n" + "".join(f"{s.path.stem},{('LUAD', 'LUSC')[i % 2]}\n"
                                                 for i, s in enumerate(slides)))  # fmt: skip
