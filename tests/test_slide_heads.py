@@ -171,8 +171,9 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
         SLIDE_ENCODERS.register("test-feather")(TestFeather)
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
+    params = TileParams(tile_um=96, tile_px=32, min_blur_variance=0)
     embed_tiles(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
-                tile_params=TileParams(tile_um=96, tile_px=32, min_blur_variance=0), progress=False)  # fmt: skip
+                tile_params=params, progress=False)  # fmt: skip
     bags = tmp_path / "emb" / "features" / "timm-resnet18"
     folder, _ = embed_slides(features=bags, encoder="test-feather", random_init=True, out=tmp_path / "emb")
     labels = tmp_path / "labels.csv"
