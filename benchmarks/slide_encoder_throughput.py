@@ -31,8 +31,8 @@ def _rss_mb() -> float:
 def _point(name: str, n: int, device: str, one_pass: bool, threads: int, out: mp.Queue) -> None:
     import torch
 
-    from models import slide_encoders
-    from models.slide_encoders import base, build_slide_encoder, get_spec
+    from wsi.models import slide_encoders
+    from wsi.models.slide_encoders import base, build_slide_encoder, get_spec
 
     torch.set_num_threads(threads)
     spec = get_spec(name)
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     from _machine import cpu_model
 
-    from models.slide_encoders import CHUNK_TILES, SLIDE_ENCODERS
+    from wsi.models.slide_encoders import CHUNK_TILES, SLIDE_ENCODERS
 
     names = args.encoders or SLIDE_ENCODERS.names()
     ctx = mp.get_context("spawn")

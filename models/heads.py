@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from models.kinds import MODEL_KINDS, KindModel
+from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.config import config_dict, config_model
 
 _Width = Annotated[int, Field(gt=0, strict=True)]

@@ -11,8 +11,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from models.slide_encoders import build_slide_encoder
-from pipelines.embed_slides import embed_slides, read_embedding
+from wsi.models.slide_encoders import build_slide_encoder
+from wsi.pipelines.embed_slides import embed_slides, read_embedding
 from wsi.bags import BagProvenance, write_bag
 from wsi.cli.main import cli
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from models.slide_encoders import (
+from wsi.models.slide_encoders import (
     SLIDE_ENCODERS,
     build_slide_encoder,
     count_parameters,

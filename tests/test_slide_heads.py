@@ -12,11 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from models import build_model
-from pipelines.embed_slides import EmbeddingProvenance, embed_slides, write_embedding
-from pipelines.train import train
-from tests.kinds_cohorts import make_kind_cohort, write_kind_task
-from tests.test_embed_slides import make_bag
+from wsi.models import build_model
+from wsi.pipelines.embed_slides import EmbeddingProvenance, embed_slides, write_embedding
+from wsi.pipelines.train import train
+from kinds_cohorts import make_kind_cohort, write_kind_task
+from test_embed_slides import make_bag
 from wsi.bags import load_bag
 from wsi.cli.main import cli
 
@@ -36,9 +36,9 @@ def _embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str =
 
 
 def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
-    from pipelines.inputs import build_input
-    from pipelines.tasks import load_task
-    from pipelines.train.slide_level import for_features
+    from wsi.pipelines.inputs import build_input
+    from wsi.pipelines.tasks import load_task
+    from wsi.pipelines.train.slide_level import for_features
 
     make_bag(tmp_path / "bags" / "s.h5")
     task = load_task("nsclc-subtype")
@@ -51,7 +51,7 @@ def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
     assert kept.model.preset == "mlp"
     adapter = build_input("slide-embeddings")
     found = adapter.find([emb])
-    from pipelines.inputs import Item
+    from wsi.pipelines.inputs import Item
 
     items = [Item(id=k, path=v, label=0) for k, v in found.items()]
     sample = adapter.dataset(items, train=True)[0]
@@ -149,14 +149,14 @@ def test_embed_train_cv_and_predict_through_the_cli(tmp_path: Path) -> None:
 def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) -> None:
     """Predicting raw slides with a head trained on slide embeddings remakes the tile features, then the
     slide embeddings, with the recorded settings: the same probabilities as predicting the embeddings."""
-    from models.slide_encoders import SLIDE_ENCODERS, SlideEncoderSpec
-    from models.slide_encoders.feather import FeatherConch15
-    from pipelines.embed.engine import EmbedOptions
-    from pipelines.embed.stage import embed_slides as embed_tiles
-    from pipelines.predict import predict
+    from wsi.models.slide_encoders import SLIDE_ENCODERS, SlideEncoderSpec
+    from wsi.models.slide_encoders.feather import FeatherConch15
+    from wsi.pipelines.embed.engine import EmbedOptions
+    from wsi.pipelines.embed.stage import embed_slides as embed_tiles
+    from wsi.pipelines.predict import predict
     from wsi.sources import find_slides
     from wsi.synthetic import write_sample_cohort
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     if "test-feather" not in SLIDE_ENCODERS:
 

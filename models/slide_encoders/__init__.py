@@ -10,7 +10,7 @@ Public API:
   SLIDE_ENCODERS (registry), get_spec(name), count_parameters(name) (meta device, nothing allocated)
 """
 
-from models.slide_encoders.base import (
+from wsi.models.slide_encoders.base import (
     CHUNK_TILES,
     SLIDE_ENCODERS,
     SlideEncoder,

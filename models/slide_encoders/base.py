@@ -72,7 +72,7 @@ class SlideEncoder(nn.Module):
 
 
 SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
-    "slide encoder", modules=("models.slide_encoders.feather", "models.slide_encoders.chief")
+    "slide encoder", modules=("wsi.models.slide_encoders.feather", "wsi.models.slide_encoders.chief")
 )
 
 
@@ -167,7 +167,7 @@ def build_slide_encoder(
     name: str, *, weights: str | os.PathLike[str] | None = None, random_init: bool = False
 ) -> SlideEncoder:
     """The slide encoder `name` in eval mode, its weights loaded and checked (or random for tests)."""
-    from models.encoders import load_state_dict_file
+    from wsi.models.encoders import load_state_dict_file
     from wsi.files import sha256_file
 
     cls = SLIDE_ENCODERS.get(name)

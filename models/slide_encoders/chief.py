@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.slide_encoders.base import (
+from wsi.models.slide_encoders.base import (
     SLIDE_ENCODERS,
     SlideEncoder,
     SlideEncoderSpec,

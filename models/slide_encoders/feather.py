@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from models.slide_encoders.base import (
+from wsi.models.slide_encoders.base import (
     SLIDE_ENCODERS,
     SlideEncoder,
     SlideEncoderSpec,

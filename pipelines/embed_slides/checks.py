@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from models.slide_encoders import SlideEncoderSpec
+from wsi.models.slide_encoders import SlideEncoderSpec
 from wsi.bags import Bag
 from wsi.errors import BagFormatError
 

@@ -20,10 +20,10 @@ import h5py
 import numpy as np
 import torch
 
-from models.slide_encoders import SlideEncoder, build_slide_encoder
-from pipelines.embed_slides.checks import TileSource, check_bag
-from pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
-from pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
+from wsi.pipelines.embed_slides.checks import TileSource, check_bag
+from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
+from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.bags import Bag, load_bag
 from wsi.errors import ConfigError, LabelError
 from wsi.files import is_temp_name
@@ -181,7 +181,7 @@ def embed_slides(
 ) -> tuple[Path, list[JobResult]]:
     """Embed every bag under `features` (or every patient of `slide_table`); returns the folder written
     and one JobResult per slide/patient (failed ones carry the reason). The manifest is manifest.csv."""
-    from pipelines.devices import resolve_device
+    from wsi.pipelines.devices import resolve_device
 
     if level not in ("slide", "patient"):
         raise ConfigError(f"--level must be slide or patient, not {level!r}")

@@ -117,7 +117,11 @@ class InputAdapter(Protocol):
 # name -> adapter class, constructed with the task's `input_options` as keywords
 INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
     "input",
-    modules=("pipelines.inputs.bags", "pipelines.inputs.images", "pipelines.inputs.slide_embeddings"),
+    modules=(
+        "wsi.pipelines.inputs.bags",
+        "wsi.pipelines.inputs.images",
+        "wsi.pipelines.inputs.slide_embeddings",
+    ),
 )
 
 

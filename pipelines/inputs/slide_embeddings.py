@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.embed_slides.output import FEAT_TYPES, read_embedding
-from pipelines.inputs import INPUTS, Batch, Item
-from pipelines.inputs.bags import collate_bags
+from wsi.pipelines.embed_slides.output import FEAT_TYPES, read_embedding
+from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.pipelines.inputs.bags import collate_bags
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipelines.inputs.slide_embeddings import is_embedding_folder
-from pipelines.tasks import TaskConfig
+from wsi.pipelines.inputs.slide_embeddings import is_embedding_folder
+from wsi.pipelines.tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def for_features(task: TaskConfig, features_dir: str | Path | None) -> TaskConfi
     """`task` switched to `input: slide-embeddings` (and a head) when `features_dir` holds embeddings."""
     if features_dir is None or task.input != "bags" or not is_embedding_folder(Path(features_dir)):
         return task
-    from models.presets import preset_kind
+    from wsi.models.presets import preset_kind
 
     preset, overrides = task.model.preset, task.model.overrides
     if preset is None or preset_kind(preset) not in HEAD_KINDS:

@@ -68,8 +68,8 @@ def command(
 ) -> None:
     """Embed each slide (or patient) with a slide-level foundation encoder."""
     ensure_writable_dir(out_dir)
-    from pipelines.embed_slides import embed_slides
-    from pipelines.jobs import RunSummary
+    from wsi.pipelines.embed_slides import embed_slides
+    from wsi.pipelines.jobs import RunSummary
 
     folder, results = embed_slides(
         features=features, encoder=encoder, out=out_dir, weights=weights, random_init=random_init,

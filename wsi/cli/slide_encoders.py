@@ -8,7 +8,7 @@ import click
 
 
 def show_slide_encoders(name: str | None, *, as_json: bool = False) -> None:
-    from models.slide_encoders import SLIDE_ENCODERS, get_spec
+    from wsi.models.slide_encoders import SLIDE_ENCODERS, get_spec
 
     names = [name] if name else SLIDE_ENCODERS.names()
     specs = {n: get_spec(n) for n in names}  # unknown NAME: a ConfigError listing the choices

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.jobs import JobResult
+from wsi.pipelines.jobs import JobResult
 from wsi.errors import ConfigError
 
 
@@ -41,8 +41,8 @@ def embed_raw_slides_to_embeddings(
     progress: bool,
 ) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
     """(embedding by slide id, (slide path, mpp) by slide id, the slides that failed)."""
-    from pipelines.embed_slides import embed_slides
-    from pipelines.raw_slides import embed_raw_slides
+    from wsi.pipelines.embed_slides import embed_slides
+    from wsi.pipelines.predict.raw_slides import embed_raw_slides
     from wsi.files import sha256_file
 
     name, sha = (
@@ -58,8 +58,8 @@ def embed_raw_slides_to_embeddings(
     _check_slide_weights(name, sha, slide_weights)
     if slide_weights is not None:
         path = Path(slide_weights)
-        from models.slide_encoders import get_spec
-        from models.slide_encoders.base import resolve_weights_file
+        from wsi.models.slide_encoders import get_spec
+        from wsi.models.slide_encoders.base import resolve_weights_file
 
         got = sha256_file(resolve_weights_file(path, get_spec(name), name))
         if got != sha:
