@@ -16,8 +16,8 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.config import config_dict, config_model
+from wsi.models.model_kinds import MODEL_KINDS, KindModel
 
 _Width = Annotated[int, Field(gt=0, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]

@@ -11,10 +11,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from wsi.models.slide_encoders import build_slide_encoder
-from wsi.pipelines.embed_slides import embed_slides, read_embedding
 from wsi.bags import BagProvenance, write_bag
 from wsi.cli.main import cli
+from wsi.models.slide_encoders import build_slide_encoder
+from wsi.pipelines.embed_slides import embed_slides, read_embedding
 
 CHIEF_TILE_SHA = "1646f23001214f74cf432ef0e80b808ee6605143802ae6ed53a87564ddc4924a"
 

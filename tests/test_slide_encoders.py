@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from wsi.errors import ConfigError, WeightsError
 from wsi.models.slide_encoders import (
     SLIDE_ENCODERS,
     build_slide_encoder,
@@ -17,7 +18,6 @@ from wsi.models.slide_encoders import (
     get_spec,
     streaming_attention_pool,
 )
-from wsi.errors import ConfigError, WeightsError
 
 
 # ----------------------------------------------------------------- references, from the authors' code

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from kinds_cohorts import make_kind_cohort, write_kind_task
+from test_embed_slides import make_bag
 
+from wsi.bags import load_bag
+from wsi.cli.main import cli
 from wsi.models import build_model
 from wsi.pipelines.embed_slides import EmbeddingProvenance, embed_slides, write_embedding
 from wsi.pipelines.train import train
-from kinds_cohorts import make_kind_cohort, write_kind_task
-from test_embed_slides import make_bag
-from wsi.bags import load_bag
-from wsi.cli.main import cli
 
 
 def _embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str = "b" * 64) -> Path:

@@ -167,8 +167,8 @@ def build_slide_encoder(
     name: str, *, weights: str | os.PathLike[str] | None = None, random_init: bool = False
 ) -> SlideEncoder:
     """The slide encoder `name` in eval mode, its weights loaded and checked (or random for tests)."""
-    from wsi.models.encoders import load_state_dict_file
     from wsi.files import sha256_file
+    from wsi.models.encoders import load_state_dict_file
 
     cls = SLIDE_ENCODERS.get(name)
     if (weights is None) == (not random_init):

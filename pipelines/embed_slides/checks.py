@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from wsi.models.slide_encoders import SlideEncoderSpec
 from wsi.bags import Bag
 from wsi.errors import BagFormatError
+from wsi.models.slide_encoders import SlideEncoderSpec
 
 log = logging.getLogger(__name__)
 

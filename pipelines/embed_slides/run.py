@@ -20,13 +20,13 @@ import h5py
 import numpy as np
 import torch
 
+from wsi.bags import Bag, load_bag
+from wsi.errors import ConfigError, LabelError
+from wsi.files import is_temp_name
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag
 from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
-from wsi.bags import Bag, load_bag
-from wsi.errors import ConfigError, LabelError
-from wsi.files import is_temp_name
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from wsi.errors import ConfigError, WsiError
+from wsi.files import is_temp_name
 from wsi.pipelines.embed_slides.output import FEAT_TYPES, read_embedding
 from wsi.pipelines.inputs import INPUTS, Batch, Item
 from wsi.pipelines.inputs.bags import collate_bags
-from wsi.errors import ConfigError, WsiError
-from wsi.files import is_temp_name
 
 log = logging.getLogger(__name__)
 

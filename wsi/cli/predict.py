@@ -13,7 +13,8 @@ from wsi.pipelines.predict.config import PredictOptions
 
 # option -> PredictOptions field: defaults, ranges and help come from the fields (pipelines/predict/config.py)
 PREDICT_FLAGS = {
-    "--weights": "weights", "--slide-weights": "slide_weights", "--mpp": "mpp", "--backend": "backend", "--device": "device",
+    "--weights": "weights", "--slide-weights": "slide_weights", "--mpp": "mpp", "--backend": "backend",
+    "--device": "device",
     "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
     "--heatmaps": "heatmaps", "--stream-above-tiles": "stream_above_tiles", "--overwrite": "overwrite",
     "--progress": "progress",
