@@ -55,11 +55,13 @@ def test_format_versions_on_the_page_are_the_codes() -> None:
     from wsi import tile_file
     from wsi.bags import format as bag_format
     from wsi.pipelines import run_record
+    from wsi.pipelines.embed_slides import output as slide_embedding
 
     code = {
         "wsi/tile_file.py": tile_file.FORMAT_VERSION,
         "wsi/bags/format.py": bag_format.FORMAT_VERSION,
         "pipelines/run_record.py": run_record.FORMAT_VERSION,
+        "pipelines/embed_slides/output.py": slide_embedding.FORMAT_VERSION,
     }
     assert _versions_on_page() == code
 
