@@ -61,6 +61,10 @@ class MLPHeadConfig:
 
 
 class _Head(KindModel):
+    norm: nn.Module
+    body: nn.Module
+    out: nn.Linear
+
     def _rows(self, x: Tensor) -> Tensor:
         x = x.to(self.out.weight.dtype)
         return self.norm(x)

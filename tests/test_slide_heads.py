@@ -153,7 +153,7 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
     from wsi.models.slide_encoders.feather import FeatherConch15
     from wsi.pipelines.embed.engine import EmbedOptions
     from wsi.pipelines.embed.stage import embed_slides as embed_tiles
-    from wsi.pipelines.predict import predict
+    from wsi.pipelines.predict.stage import predict
     from wsi.sources import find_slides
     from wsi.synthetic import write_sample_cohort
     from wsi.tile_params import TileParams
