@@ -195,4 +195,4 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
         assert row["prob_LUSC"] == pytest.approx(by_emb[row["slide"]]["prob_LUSC"], abs=1e-5)
     with pytest.raises(Exception, match="randomly initialised test-feather"):
         predict(model_dir=tmp_path / "run", inputs=targets, out_dir=tmp_path / "p3", progress=False,
-                slide_weights=labels)  # fmt: skip
+                slide_weights=str(labels))  # fmt: skip

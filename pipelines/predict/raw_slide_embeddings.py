@@ -15,6 +15,7 @@ from typing import Any
 
 from wsi.errors import ConfigError
 from wsi.pipelines.jobs import JobResult
+from wsi.pipelines.predict.config import PredictOptions
 
 
 def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) -> None:
@@ -24,6 +25,18 @@ def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) 
     if sha != "random" and slide_weights is None:
         raise ConfigError(f"the head was trained on {name} embeddings (weights sha256 {sha[:16]}...); give "
                           "those weights with --slide-weights PATH")  # fmt: skip
+
+
+def slide_embeddings_of_raw_slides(
+    provenance: Mapping[str, Any], inputs: Sequence[str | Path], work: Path, opts: PredictOptions
+) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
+    """`embed_raw_slides_to_embeddings` with `wsi predict`'s options (no slide heatmaps: one vector a
+    slide, so the caller drops the thumbnails)."""
+    return embed_raw_slides_to_embeddings(
+        provenance, inputs, work, weights=opts.weights, slide_weights=opts.slide_weights, mpp=opts.mpp,
+        backend=opts.backend, workers=opts.workers, scheduler=opts.scheduler, device=opts.device,
+        progress=opts.progress,
+    )  # fmt: skip
 
 
 def embed_raw_slides_to_embeddings(

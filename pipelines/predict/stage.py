@@ -59,7 +59,7 @@ from wsi.pipelines.predict.external_validation import (
     write_patient_predictions,
 )
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
-from wsi.pipelines.predict.raw_slide_embeddings import embed_raw_slides_to_embeddings
+from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
@@ -138,11 +138,7 @@ def predict(
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
     elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
-        found, _, pre_failed = embed_raw_slides_to_embeddings(  # no slide heatmaps: one vector a slide
-            run.provenance, inputs, out / "work", weights=weights, slide_weights=opts.slide_weights,
-            mpp=mpp, backend=opts.backend, workers=opts.workers, scheduler=opts.scheduler, device=device,
-            progress=opts.progress,
-        )  # fmt: skip
+        found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
     elif run.adapter.name != "bags":
         found = run.adapter.find([Path(p) for p in inputs])
     else:
