@@ -10,7 +10,7 @@
   heatmaps/<slide>.png     each tile's contribution to the predicted class / target / risk (over the
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
-                           <slide>.<target>.png per target of multi-target runs
+                           <slide>.<target>.png per target of multi-target runs; <slide>.json (wsi view)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -47,7 +47,7 @@ from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 from wsi.pipelines.cases import CaseCollate, CaseDataset
-from wsi.pipelines.heatmaps import slide_heatmap
+from wsi.pipelines.heatmaps import slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item, with_resolution
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
@@ -373,6 +373,7 @@ def _explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+            tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
         if tiles is not None:
             try:
                 export_slide(
