@@ -27,6 +27,10 @@ class PredictOptions:
         None, existing="file",
         help="Encoder weights for raw slides (must match the run's recorded sha256); refused for bags.",
     )  # fmt: skip
+    slide_weights: str | None = setting(
+        None, existing="any",
+        help="Slide-encoder weights for raw slides, for a run trained on slide embeddings (sha256 checked).",
+    )  # fmt: skip
     mpp: float | None = setting(
         None, gt=0, default_text="the run's",
         help="Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, "

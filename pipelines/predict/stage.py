@@ -62,6 +62,7 @@ from wsi.pipelines.predict.external_validation import (
 )
 from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
+from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
@@ -127,7 +128,7 @@ def predict(
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
-    if weights is not None and run.adapter.name != "bags":
+    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
             "directly, with no encoder: leave --weights out"
@@ -139,6 +140,8 @@ def predict(
     pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
+    elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+        found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
     elif run.adapter.name != "bags":
         found = run.adapter.find([Path(p) for p in inputs])
     else:
