@@ -337,8 +337,9 @@ def _filter_tiles(
         kind = found.background
         probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
         chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe
-        )
+            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
+            signal_level=kind.signal_level,
+        )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)

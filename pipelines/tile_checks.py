@@ -189,7 +189,8 @@ def _why_empty(
     if counts.n_tissue == 0:
         if not tissue_found:
             what = (
-                f"nothing brighter than its dark background (above {params.tissue.dark_level})"
+                "nothing brighter than its dark background's noise (by "
+                f"{params.tissue.dark_noise_sigmas:g} sigma)"
                 if dark
                 else f"no pixel more saturated than --min-saturation {params.tissue.min_saturation:g}"
             )

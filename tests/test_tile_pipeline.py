@@ -311,6 +311,16 @@ _PREVIOUS_DEFAULT_PARAMS = (
     '"dark_level": 25, "max_hole_um2": 250000.0, "min_region_um2": 20000.0, "min_saturation": 0.05, '
     '"opening_um": 8.0, "thumb_mpp": 8.0}, "white_level": 220}'
 )
+#: settings added since, at their defaults: a file of the previous version with them is what a run of
+#: today with the same choices writes (a setting added with another default recomputes, correctly)
+_ADDED_SINCE: dict[str, dict[str, object]] = {"tissue": {"dark_noise_sigmas": 4.0}}
+
+
+def _previous_with_added() -> str:
+    params = json.loads(_PREVIOUS_DEFAULT_PARAMS)
+    for key, value in _ADDED_SINCE.items():
+        params[key] = {**params[key], **value} if isinstance(params.get(key), dict) else value
+    return json.dumps(params, sort_keys=True)
 
 
 def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.ndarray) -> None:
@@ -323,7 +333,7 @@ def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.n
             "slide_id": "scene", "slide_path": str(slide_path), "tile_size_um": 256.0, "tile_size_px": 256,
             "mpp": 0.5, "mpp_source": "metadata", "target_mpp": 1.0, "level0_width": 4096,
             "level0_height": 4096, "backend": "openslide", "vendor": "aperio",
-            "params": _PREVIOUS_DEFAULT_PARAMS, "wsi_version": "0.1.0", "n_grid": 64, "n_tissue": 3,
+            "params": _previous_with_added(), "wsi_version": "0.1.0", "n_grid": 64, "n_tissue": 3,
             "n_background": 0, "n_blurry": 0, "n_unreadable": 0, "n_kept": 3,
         }  # fmt: skip
         for name, value in attrs.items():
@@ -336,7 +346,7 @@ def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.n
 def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path) -> None:
     """Resume across the config change: a finished tile file written by the previous code, with the same
     settings, is skipped as done (not recomputed); other settings still recompute it."""
-    assert json.loads(_PREVIOUS_DEFAULT_PARAMS) == TileParams().to_dict()  # same keys, same values
+    assert json.loads(_previous_with_added()) == TileParams().to_dict()  # same keys, same values
     paths = output_paths(tmp_path, "scene")
     coords = np.array([[512, 512], [1024, 512], [512, 1024]])
     _write_previous_version_tile_file(paths.h5, scene.path, coords)

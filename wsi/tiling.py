@@ -12,6 +12,7 @@ Filters run on the tile at its target resolution (tile_um / tile_px um/px), the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from wsi.background import Background, detect_background, with_signal_gain
 from wsi.config import config_dict, config_model
+from wsi.dark_noise import dark_noise, tile_signal_level
 from wsi.tissue import TissueParams, cell_fractions, tissue_mask
 
 if TYPE_CHECKING:
@@ -167,7 +169,7 @@ def find_tissue(
         image[unknown] = 0 if kind.dark else 255  # as the background looks: neither tissue nor a vote
     mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
     if kind.dark:
-        kind = with_signal_gain(kind, image, mask)
+        kind = with_signal_gain(with_noise_level(kind, image, mask, params), image, mask)
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
@@ -176,6 +178,20 @@ def find_tissue(
         thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
         unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable,
     )  # fmt: skip
+
+
+def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, params: TileParams) -> Background:
+    """A dark slide's `kind` with the tile pixels' signal level from its background noise (`wsi.dark_noise`):
+    a dim scan's tissue is not "background" to the tile filter just because it is under 255 - white_level."""
+    high = _max_rgb(thumb)
+    noise = dark_noise(high[~mask] if (~mask).any() else high, k=params.tissue.dark_noise_sigmas)
+    ceiling = 255 - params.white_level
+    tissue_level = float(np.median(high[mask])) if mask.any() else float(ceiling)
+    level = tile_signal_level(noise, tissue_level, ceiling=ceiling)
+    if level >= ceiling:
+        return kind
+    reason = f"{kind.reason}; dim: {noise.describe()}, tile pixels above {level} count as signal"
+    return dataclasses.replace(kind, signal_level=level, reason=reason)
 
 
 def _max_rgb(tiles: np.ndarray) -> np.ndarray:
@@ -239,7 +255,9 @@ def _light_inputs(tiles: np.ndarray, low: np.ndarray, white_level: int) -> tuple
     return tiles.astype(np.float32) @ _GRAY, low < white_level  # (B, P, P) each
 
 
-def _dark_inputs(high: np.ndarray, white_level: int, gain: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def _dark_inputs(
+    high: np.ndarray, white_level: int, gain: float = 1.0, signal_level: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Dark background (fluorescence-like): the brightest channel (times the slide's `gain`), and tissue
     = pixels with signal, i.e. brighter than 255 - white_level (the mirror of near-white glass).
 
@@ -248,7 +266,7 @@ def _dark_inputs(high: np.ndarray, white_level: int, gain: float = 1.0) -> tuple
     each tile to its own peak would make blurred tiles look sharp; the slide's `gain` (`wsi.background.
     signal_gain`) brightens a dimly exposed slide as a whole instead.
     """
-    fg = high > 255 - white_level  # (B, P, P)
+    fg = high > (255 - white_level if signal_level is None else signal_level)  # (B, P, P)
     gray = high.astype(np.float32)
     if gain != 1.0:
         gray *= np.float32(gain)
@@ -292,7 +310,12 @@ KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
 
 
 def classify_tiles(
-    tiles: np.ndarray, params: TileParams, *, dark: bool = False, gain: float = 1.0
+    tiles: np.ndarray,
+    params: TileParams,
+    *,
+    dark: bool = False,
+    gain: float = 1.0,
+    signal_level: int | None = None,
 ) -> np.ndarray:
     """(B,) reason code (KEPT, BACKGROUND or BLURRY) for (B, P, P, 3) uint8 tiles.
 
@@ -300,14 +323,16 @@ def classify_tiles(
     (measured 1.5x faster than each filter over the whole batch). dark: a dark-background slide, where
     a background pixel is one whose brightest channel is at most 255 - white_level (near black, the
     mirror of near-white glass) and the blur test runs on the brightest channel times the slide's
-    `gain` (`_dark_inputs`).
+    `gain` (`_dark_inputs`); `signal_level` replaces 255 - white_level on a dim slide
+    (`with_noise_level`).
     """
+    level = 255 - params.white_level if signal_level is None else signal_level
     reasons = np.full(len(tiles), KEPT, dtype=np.int8)
     for start in range(0, len(tiles), _BLUR_BATCH):
         part = tiles[start : start + _BLUR_BATCH]
         if dark:
             low = _max_rgb(part)  # (b, P, P), shared by both filters
-            background = np.count_nonzero(low <= 255 - params.white_level, axis=(1, 2)) / low[0].size
+            background = np.count_nonzero(low <= level, axis=(1, 2)) / low[0].size
         else:
             low = min_rgb(part)  # (b, P, P), shared by both filters
             background = background_fraction(part, white_level=params.white_level, low=low)
@@ -319,7 +344,7 @@ def classify_tiles(
         if len(rest) < len(part):  # the common case (all left) needs no copy
             part, low = part[rest], low[rest]
         if dark:
-            gray, fg = _dark_inputs(low, params.white_level, gain)
+            gray, fg = _dark_inputs(low, params.white_level, gain, signal_level)
         else:
             gray, fg = _light_inputs(part, low, params.white_level)
         score = _block_median_variance(gray, fg, 4)

@@ -6,7 +6,8 @@ Sizes are in micrometres and converted with the thumbnail's resolution, so the r
 on the thumbnail size chosen.
 
 A dark-background (fluorescence-like) slide is the other way round: tissue is what shines, so there the
-split is on brightness (the brightest channel, Otsu, floored at `dark_level`); the cleanup is the same.
+split is on brightness: the brightest channel above the background's own noise level (`wsi.dark_noise`:
+mode + `dark_noise_sigmas` sigma), not a fixed level, so a dim TRITC scan keeps its faint tissue.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from skimage.filters import threshold_otsu
 from skimage.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 
 from wsi.config import config_dict, config_model
+from wsi.dark_noise import dark_noise
 
 
 @config_model
@@ -33,9 +35,11 @@ class TissueParams:
     thumb_mpp: float = 8.0
     #: lowest saturation threshold; Otsu below it means there is no tissue to split from glass
     min_saturation: float = 0.05
-    #: pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black borders);
-    #: on a dark-background (fluorescence-like) slide, the least brightness that counts as tissue
+    #: pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black borders)
     dark_level: int = 25
+    #: dark-background (fluorescence-like) slides: tissue is brighter than the background's mode by more
+    #: than this many times the background's noise (`wsi.dark_noise`)
+    dark_noise_sigmas: float = 4.0
     #: closing radius (um): joins nuclei and stroma of one fragment across pale gaps
     closing_um: float = 16.0
     #: opening radius (um): removes dust and thin pen strokes
@@ -49,6 +53,8 @@ class TissueParams:
         for name in ("thumb_mpp", "closing_um", "opening_um", "min_region_um2", "max_hole_um2"):
             if getattr(self, name) < 0 or (name == "thumb_mpp" and self.thumb_mpp <= 0):
                 raise ValueError(f"TissueParams.{name} must be positive, got {getattr(self, name)}")
+        if not self.dark_noise_sigmas > 0:
+            raise ValueError(f"TissueParams.dark_noise_sigmas must be positive, got {self.dark_noise_sigmas}")
         if not 0.0 <= self.min_saturation < 1.0:
             raise ValueError(f"TissueParams.min_saturation must be in [0, 1), got {self.min_saturation}")
 
@@ -95,13 +101,10 @@ def _saturated_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
 
 
 def _bright_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
-    """Pixels with signal on a dark-background thumbnail: brightest channel above Otsu's split, and
-    above `dark_level` always (a blank dark slide yields no tissue)."""
+    """Pixels with signal on a dark-background thumbnail: brightest channel above the background's noise
+    (`wsi.dark_noise`); a blank dark slide yields only specks of noise, which `_clean` removes."""
     high = _max_rgb(rgb)
-    threshold = float(params.dark_level)
-    if high.size and int(high.max()) > int(high.min()):
-        threshold = max(threshold, float(threshold_otsu(high)))
-    return high > threshold
+    return high > dark_noise(high, k=params.dark_noise_sigmas).threshold
 
 
 def _clean(mask: np.ndarray, mpp: float, params: TissueParams) -> np.ndarray:
