@@ -30,19 +30,17 @@ tile file in --out came from another slide file is refused without --overwrite, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import logging
 import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-import wsi
 from pipelines.jobs import JobResult, run_jobs, write_manifest
 from pipelines.tile_checks import (
     check_damage,
@@ -52,21 +50,28 @@ from pipelines.tile_checks import (
     damage_note,
     explain_empty,
     file_damage,
-    ignored_fallback_mpp,
-    mpp_disagreement,
     refuse_id_clashes,
     same_id_message,
 )
+from pipelines.tile_mpp import OVERRIDE_SOURCE, open_with_mpp
+from pipelines.tile_output import pixel_writer, tile_file_attrs
 from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
-from wsi.errors import MissingMppError, SlideError, SlideIdError
+from pipelines.tile_segment import (
+    SegmentationOptions,
+    artifact_verdicts,
+    model_tissue_mask,
+    same_models,
+    segmentation_attrs,
+    segmenters,
+)
+from wsi.errors import SlideIdError
 from wsi.file_tiles import FileDamage, FileTileProbe
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
-from wsi.slide import Slide, open_slide
+from wsi.slide import Slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
 from wsi.tilefile import (
     TileFile,
-    TilePixelWriter,
     is_complete,
     pixels_complete,
     read_tile_file,
@@ -117,6 +122,10 @@ class TileJob:
     #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
     #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
     background: str = "auto"
+    #: use fallback_mpp (--mpp) for slides whose metadata has an mpp too (--mpp-override)
+    mpp_override: bool = False
+    #: tissue / artifact segmentation networks (`pipelines.tile_segment`); None: none
+    segmentation: SegmentationOptions | None = None
 
 
 def tile_slides(
@@ -132,6 +141,8 @@ def tile_slides(
     save_tiles: bool = False,
     threads: int | None = None,
     background: str = "auto",
+    mpp_override: bool = False,
+    segmentation: SegmentationOptions | None = None,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
@@ -148,7 +159,11 @@ def tile_slides(
         overwrite=overwrite,
         threads=threads or default_threads(workers if scheduler is None else 1),
         background=background,
+        mpp_override=mpp_override,
+        segmentation=segmentation if segmentation is not None and segmentation.active else None,
     )
+    if job.segmentation is not None:
+        segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
     sources = list(sources)
     refused = refuse_id_clashes(sources, job.out_dir)
     for i, reason in refused.items():
@@ -181,7 +196,8 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         done = _finished(source, job, paths, previous)
         if done is not None:
             return done
-    slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
+    # a slide that cannot be opened leaves old output alone
+    slide, mpp_source, mpp_note = open_with_mpp(source, job.backend, job.fallback_mpp, job.mpp_override)
     with slide:
         if moved and previous is not None:
             _check_moved(slide, source, previous, paths.h5)
@@ -204,42 +220,6 @@ def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_fil
     log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
 
 
-def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
-    """The open slide, where its mpp came from ("slide list", "metadata" or "--mpp"), and a warning
-    ("" if none) when a given mpp is more than 2x from the slide's metadata."""
-    backend = job.backend
-    if source.mpp is not None:
-        slide = open_slide(source.path, backend=backend, mpp=source.mpp)
-        found = _metadata_mpp(source.path, backend)
-        note = mpp_disagreement(source.mpp, found, "the slide list (mpp column)")
-        _warn(source, note)
-        return slide, "slide list", note
-    try:
-        slide = open_slide(source.path, backend=backend)
-    except MissingMppError:
-        if job.fallback_mpp is None:
-            raise
-        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp", ""
-    if job.fallback_mpp is not None:
-        _warn(source, ignored_fallback_mpp(job.fallback_mpp, slide.mpp))
-    return slide, "metadata", ""
-
-
-def _warn(source: SlideSource, note: str) -> None:
-    if note:
-        log.warning("%s: %s", source.slide_id, note)
-
-
-def _metadata_mpp(path: Path, backend: str) -> float | None:
-    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
-    mpp in use)."""
-    try:
-        with open_slide(path, backend=backend) as slide:
-            return slide.mpp
-    except SlideError:
-        return None
-
-
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
     """The result of a complete, valid output made with these settings (skipped, or empty again with its
     reason); None to (re)compute."""
@@ -254,7 +234,7 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "mpp changed"
     elif source.mpp is None and meta.meta.get("mpp_source") == "slide list":
         reason = f"the slide list no longer gives an mpp (was {meta.mpp:g})"
-    elif meta.meta.get("mpp_source") == "--mpp" and job.fallback_mpp != meta.mpp:
+    elif meta.meta.get("mpp_source") in ("--mpp", OVERRIDE_SOURCE) and job.fallback_mpp != meta.mpp:
         reason = f"--mpp changed (was {meta.mpp:g}, now {job.fallback_mpp})"
     elif job.save_tiles and not pixels_complete(paths.zarr, n=len(meta)):
         reason = "tile pixels (--save-tiles) missing or incomplete"
@@ -262,6 +242,10 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "QC image missing"
     elif meta.meta.get("background_choice", "auto") != job.background:
         reason = f"--background changed to {job.background}"
+    elif (meta.meta.get("mpp_source") == OVERRIDE_SOURCE) != job.mpp_override:
+        reason = "--mpp-override changed"
+    elif not same_models(meta.meta, job.segmentation):
+        reason = "segmentation models or their weights changed"
     elif len(meta) == 0 and "empty_reason" not in meta.meta:
         reason = "no tile kept by a version that did not say why"
     if reason:
@@ -284,7 +268,9 @@ def _tile_open_slide(
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
-    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
+    tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
+    model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
+    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -292,7 +278,10 @@ def _tile_open_slide(
             "suit fluorescence.",
             source.slide_id, found.background.reason,
         )  # fmt: skip
-    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
+    artifacts = None
+    if artifact_net is not None and job.segmentation is not None:  # judged first: rejected tiles are not read
+        artifacts = artifact_verdicts(slide, artifact_net, found, job.segmentation.max_artifact_fraction)
+    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
     note = damage_note(counts, damage, found)
     if note:
         log.warning("%s: %s", source.slide_id, note)
@@ -311,11 +300,13 @@ def _tile_open_slide(
     )  # fmt: skip
     save_png(paths.qc, picture)
     kept = found.candidates[reasons == KEPT]
-    attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
+    attrs = tile_file_attrs(slide, source, job.params, counts, mpp_source)
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
         background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage),
     )  # fmt: skip
+    if job.segmentation is not None:
+        attrs.update(segmentation_attrs(job.segmentation, tissue_net, artifact_net, reasons))
     write_tile_file(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
     )
@@ -324,13 +315,21 @@ def _tile_open_slide(
 
 
 def _filter_tiles(
-    slide: Slide, found: TissueGrid, job: TileJob, zarr_path: Path, slide_id: str
+    slide: Slide,
+    found: TissueGrid,
+    job: TileJob,
+    zarr_path: Path,
+    slide_id: str,
+    artifacts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, TileCounts, FileDamage | None]:
     """(M,) reason code per candidate, the counts and what could not be decoded (None: all was); with
     --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
-    (else removed, leaving no partial pixels)."""
+    (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
     params = job.params
-    writer = _pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
+    every = found
+    if artifacts is not None:
+        found = dataclasses.replace(found, candidates=found.candidates[artifacts == KEPT])
+    writer = pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0
@@ -345,7 +344,10 @@ def _filter_tiles(
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        counts = _count(found, reasons)
+        if artifacts is not None:
+            reasons, read = artifacts.copy(), reasons
+            reasons[artifacts == KEPT] = read
+        counts = _count(every, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:
             check_damage(slide.path, counts, damage, params)
@@ -358,21 +360,6 @@ def _filter_tiles(
     return reasons, counts, damage
 
 
-def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
-    return TilePixelWriter(
-        path,
-        n_max=n_max,
-        tile_px=params.tile_px,
-        attrs={
-            "slide_id": slide_id,
-            "tile_size_um": params.tile_um,
-            "tile_size_px": params.tile_px,
-            "target_mpp": params.target_mpp,
-            "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
-        },
-    )
-
-
 def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
     return TileCounts(
         n_grid=len(found.grid),
@@ -382,27 +369,3 @@ def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
         n_unreadable=int((reasons == UNREADABLE).sum()),
         n_kept=int((reasons == KEPT).sum()),
     )
-
-
-def _tile_file_attrs(
-    slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
-) -> dict[str, Any]:
-    """The attributes of a tile file: wsi.tilefile.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
-    adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
-    w0, h0 = slide.dimensions
-    return {
-        "slide_id": source.slide_id,
-        "slide_path": str(source.path),
-        "tile_size_um": float(params.tile_um),
-        "tile_size_px": int(params.tile_px),
-        "mpp": float(slide.mpp),
-        "mpp_source": mpp_source,
-        "target_mpp": float(params.target_mpp),
-        "level0_width": int(w0),
-        "level0_height": int(h0),
-        "backend": slide.backend,
-        "vendor": slide.vendor,
-        "params": params.to_dict(),  # stored as sorted-key JSON by write_tile_file
-        "wsi_version": wsi.__version__,
-        **counts.to_dict(),
-    }

@@ -40,7 +40,12 @@ def _write(path: Path, *, tissue: bool, seed: int = 0) -> None:
     rgb[..., 0] = np.clip(np.rint(red), 0, 255).astype(np.uint8)
     rgb[..., 2] = np.clip(np.rint(rgb[..., 0] * 0.3), 0, 255).astype(np.uint8)  # a little bleed-through
     tifffile.imwrite(
-        path, rgb, tile=(256, 256), photometric="rgb", resolution=(10_000, 10_000), resolutionunit="CENTIMETER"
+        path,
+        rgb,
+        tile=(256, 256),
+        photometric="rgb",
+        resolution=(10_000, 10_000),
+        resolutionunit="CENTIMETER",
     )
 
 
@@ -85,7 +90,11 @@ def test_dim_slide_keeps_its_tissue_tiles_and_a_blank_one_none(dim_slide: Path, 
     tf = read_tile_file(output_paths(tmp_path, "tritc").h5)
     truth = _truth()
     inside = [truth[int(y) : int(y) + 256, int(x) : int(x) + 256].mean() for x, y in tf.coords.tolist()]
-    full = sum(truth[y : y + 256, x : x + 256].all() for y in range(0, SIZE - 255, 256) for x in range(0, SIZE - 255, 256))
+    full = sum(
+        truth[y : y + 256, x : x + 256].all()
+        for y in range(0, SIZE - 255, 256)
+        for x in range(0, SIZE - 255, 256)
+    )
     assert min(inside) >= 0.2  # never a tile of noise alone
     assert tf.meta["n_kept"] >= full  # every tile wholly inside the tissue (and edge tiles) kept
     assert results[1].status == "empty" and "noise" in (results[1].error or "")

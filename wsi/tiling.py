@@ -148,7 +148,12 @@ class TissueGrid:
 
 
 def find_tissue(
-    slide: Slide, params: TileParams, *, background: str = "auto", thumbnail: Thumbnail | None = None
+    slide: Slide,
+    params: TileParams,
+    *,
+    background: str = "auto",
+    thumbnail: Thumbnail | None = None,
+    mask: np.ndarray | None = None,
 ) -> TissueGrid:
     """Thumbnail -> light or dark background -> tissue mask -> physical grid -> the cells at least
     min_tissue_fraction tissue. background: "auto" (detect, `wsi.background`), "light" or "dark".
@@ -158,6 +163,7 @@ def find_tissue(
     is unknown, not background: it takes no part in telling light from dark nor in the mask's threshold
     (it is painted the background's colour), and counts as tissue for the cells' fractions, so a cell
     with a hole at the tissue edge is still tried (and its tiles counted unreadable when they fail).
+    mask: a tissue mask at the thumbnail's size found otherwise (a segmentation network), used as it is.
     """
     w0, h0 = slide.dimensions
     thumb = thumbnail if thumbnail is not None else slide.thumbnail(params.tissue.thumb_mpp)
@@ -167,7 +173,10 @@ def find_tissue(
     if unknown.any():
         image = image.copy()
         image[unknown] = 0 if kind.dark else 255  # as the background looks: neither tissue nor a vote
-    mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+    if mask is None:
+        mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+    elif mask.shape != image.shape[:2]:
+        raise ValueError(f"tissue mask of shape {mask.shape} for a thumbnail of {image.shape[:2]}")
     if kind.dark:
         kind = with_signal_gain(with_noise_level(kind, image, mask, params), image, mask)
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
