@@ -44,6 +44,7 @@ import numpy as np
 from pipelines.jobs import JobResult, run_jobs, write_manifest
 from pipelines.tile_checks import (
     check_damage,
+    check_moved,
     check_same_slide,
     check_usable_id,
     damage_attrs,
@@ -51,20 +52,20 @@ from pipelines.tile_checks import (
     explain_empty,
     file_damage,
     refuse_id_clashes,
-    same_id_message,
 )
 from pipelines.tile_mpp import OVERRIDE_SOURCE, open_with_mpp
 from pipelines.tile_output import pixel_writer, tile_file_attrs
 from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
 from pipelines.tile_segment import (
     SegmentationOptions,
+    artifact_reason_names,
     artifact_verdicts,
     model_tissue_mask,
     same_models,
     segmentation_attrs,
     segmenters,
 )
-from wsi.errors import SlideIdError
+from pipelines.tile_yield import artifact_empty, low_yield_note, upsampling_note
 from wsi.file_tiles import FileDamage, FileTileProbe
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.slide import Slide
@@ -77,7 +78,17 @@ from wsi.tilefile import (
     read_tile_file,
     write_tile_file,
 )
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TileParams, TissueGrid, find_tissue
+from wsi.tiling import (
+    BACKGROUND,
+    BLURRY,
+    KEPT,
+    UNREADABLE,
+    TileCounts,
+    TileParams,
+    TissueGrid,
+    blur_reduction,
+    find_tissue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -200,24 +211,16 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     slide, mpp_source, mpp_note = open_with_mpp(source, job.backend, job.fallback_mpp, job.mpp_override)
     with slide:
         if moved and previous is not None:
-            _check_moved(slide, source, previous, paths.h5)
+            check_moved(slide, source, previous.meta, paths.h5)
         # Drop the old tile file first: from here on only a new, complete one may say "done".
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
+        counts, empty, note, few = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note)
-
-
-def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
-    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
-    meta = previous.meta
-    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
-        raise SlideIdError(same_id_message(source, meta, tile_file))
-    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=few)
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
@@ -255,15 +258,17 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         why = str(meta.meta["empty_reason"])
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta))
+    few = str(meta.meta.get("low_yield", ""))
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=few)
 
 
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str
-) -> tuple[TileCounts, str, str]:
+) -> tuple[TileCounts, str, str, str]:
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
-    Returns the counts, why no tile was kept ("" when some were), and what could not be decoded ("").
+    Returns the counts, why no tile was kept ("" when some were), what could not be decoded ("") and the
+    low-yield note ("": the slide kept at least `pipelines.tile_yield.LOW_YIELD` of its tissue tiles).
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
@@ -281,22 +286,36 @@ def _tile_open_slide(
     artifacts = None
     if artifact_net is not None and job.segmentation is not None:  # judged first: rejected tiles are not read
         artifacts = artifact_verdicts(slide, artifact_net, found, job.segmentation.max_artifact_fraction)
+    upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
+    if coarse:
+        log.warning("%s: %s", source.slide_id, coarse)
     reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
     note = damage_note(counts, damage, found)
     if note:
         log.warning("%s: %s", source.slide_id, note)
+    art_names = artifact_reason_names(artifact_net) if artifact_net else {}
+    art_counts = {name: int((reasons == code).sum()) for name, code in art_names.items()}
+    seg = (
+        (artifact_net.spec.name, job.segmentation.max_artifact_fraction)
+        if artifact_net and job.segmentation
+        else None
+    )
+    few = low_yield_note(counts, job.params, art_counts, seg[1] if seg else None)
     empty = ""
     if counts.n_kept == 0:
         w0, h0 = slide.dimensions
-        empty = explain_empty(
+        empty = (seg and artifact_empty(counts, art_counts, *seg)) or explain_empty(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
-        if mpp_note:
-            empty += f"; also: {mpp_note}"
+        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
+    few = "; ".join(part for part in (few, coarse if few else "") if part)
+    if few:
+        log.warning("%s: %s", source.slide_id, few)
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
+        extra_fates=art_names,
     )  # fmt: skip
     save_png(paths.qc, picture)
     kept = found.candidates[reasons == KEPT]
@@ -304,6 +323,7 @@ def _tile_open_slide(
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
         background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage),
+        upsampling=float(upsampling), low_yield=few,
     )  # fmt: skip
     if job.segmentation is not None:
         attrs.update(segmentation_attrs(job.segmentation, tissue_net, artifact_net, reasons))
@@ -311,7 +331,7 @@ def _tile_open_slide(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
     )
     log.debug("%s: %s", source.slide_id, counts)
-    return counts, empty, note
+    return counts, empty, note, few
 
 
 def _filter_tiles(
@@ -338,6 +358,7 @@ def _filter_tiles(
         chunks = classified_chunks(
             slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
             signal_level=kind.signal_level,
+            blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px),
         )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons

@@ -18,6 +18,7 @@ that fixes it:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from wsi.file_tiles import (
 from wsi.files import sanitize_slide_id
 from wsi.sources import SlideSource
 from wsi.tiling import TileCounts, TileParams, TissueGrid
+
+log = logging.getLogger("pipelines.tile")
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
@@ -132,6 +135,13 @@ def same_id_message(source: SlideSource, meta: dict[str, Any], tile_file: Path) 
         f"{tile_file.name} was made from {old}, this slide is {source.path}. Nothing was replaced; give this "
         "slide another slide_id (CSV slide list), use another --out, or --overwrite to replace the old tiles"
     )
+
+
+def check_moved(slide: Slide, source: SlideSource, meta: dict[str, Any], tile_file: Path) -> None:
+    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
+    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
+        raise SlideIdError(same_id_message(source, meta, tile_file))
+    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
 
 
 def mpp_disagreement(given: float, metadata: float | None, where: str) -> str:

@@ -64,13 +64,17 @@ def classified_chunks(
     gain: float = 1.0,
     probe: FileTileProbe | None = None,
     signal_level: int | None = None,
+    blur_reduce: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
     dark-background slide and its signal gain (`wsi.tiling.classify_tiles`); probe: locates the bad
-    stored tiles behind each unreadable tile (it collects them); signal_level: a dim dark slide's level."""
+    stored tiles behind each unreadable tile (it collects them); signal_level: a dim dark slide's level;
+    blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur_reduction`)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        reasons = classify_tiles(tiles, params, dark=dark, gain=gain, signal_level=signal_level)
+        reasons = classify_tiles(
+            tiles, params, dark=dark, gain=gain, signal_level=signal_level, blur_reduce=blur_reduce
+        )
         reasons[bad] = UNREADABLE
         return tiles, reasons
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from models.segmentation import Segmenter, load_segmenter
 from pipelines.devices import resolve_device
-from wsi.errors import ConfigError
+from wsi.errors import ConfigError, WeightsError
+from wsi.files import sha256_file
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
 from wsi.tiling import KEPT, TileParams, TissueGrid, min_rgb
@@ -66,21 +67,30 @@ class SegmentationOptions:
 
 
 @functools.lru_cache(maxsize=4)
-def _segmenter(name: str, weights: Path, kind: str, device: str) -> Segmenter:
-    """One load per process (a worker tiles many slides)."""
-    return load_segmenter(name, weights, kind=kind, device=resolve_device(device))  # type: ignore[arg-type]
+def _segmenter(name: str, weights: Path, kind: str, device: str, sha256: str) -> Segmenter:
+    """One load per process and weights file content (a worker tiles many slides)."""
+    seg = load_segmenter(name, weights, kind=kind, device=resolve_device(device))  # type: ignore[arg-type]
+    if seg.sha256 != sha256:
+        raise ConfigError(f"{weights} changed while it was being read; run again")
+    return seg
 
 
 def segmenters(options: SegmentationOptions) -> tuple[Segmenter | None, Segmenter | None]:
     """(tissue, artifact) networks, loaded and key-checked (None where not asked for)."""
     tissue = artifact = None
     if options.tissue_model and options.tissue_weights:
-        tissue = _segmenter(options.tissue_model, Path(options.tissue_weights), "tissue", options.device)
+        path = Path(options.tissue_weights)
+        tissue = _segmenter(options.tissue_model, path, "tissue", options.device, _sha256(path))
     if options.artifact_model and options.artifact_weights:
-        artifact = _segmenter(
-            options.artifact_model, Path(options.artifact_weights), "artifact", options.device
-        )
+        path = Path(options.artifact_weights)
+        artifact = _segmenter(options.artifact_model, path, "artifact", options.device, _sha256(path))
     return tissue, artifact
+
+
+def _sha256(path: Path) -> str:
+    if not path.is_file():
+        raise WeightsError(f"weights file {path} does not exist")
+    return sha256_file(path)
 
 
 def class_fractions(slide: Slide, seg: Segmenter, shape: tuple[int, int], where: np.ndarray) -> np.ndarray:
@@ -204,8 +214,6 @@ def wanted_models(options: SegmentationOptions | None) -> dict[str, Any]:
     """What a run with `options` records, without loading anything (sha256 of the files as they are)."""
     if options is None or not options.active:
         return {}
-    from wsi.files import sha256_file
-
     out: dict[str, Any] = {}
     if options.tissue_model and options.tissue_weights:
         out["tissue"] = (options.tissue_model, sha256_file(options.tissue_weights))

@@ -325,6 +325,7 @@ def classify_tiles(
     dark: bool = False,
     gain: float = 1.0,
     signal_level: int | None = None,
+    blur_reduce: int = 1,
 ) -> np.ndarray:
     """(B,) reason code (KEPT, BACKGROUND or BLURRY) for (B, P, P, 3) uint8 tiles.
 
@@ -333,7 +334,9 @@ def classify_tiles(
     a background pixel is one whose brightest channel is at most 255 - white_level (near black, the
     mirror of near-white glass) and the blur test runs on the brightest channel times the slide's
     `gain` (`_dark_inputs`); `signal_level` replaces 255 - white_level on a dim slide
-    (`with_noise_level`).
+    (`with_noise_level`). blur_reduce: k > 1 for a scan coarser than the tiles (each tile upsampled about
+    k x): the blur test runs on k x k block means, i.e. at the scan's own resolution, where an upsampled
+    tile's smoothness is not mistaken for blur (`source_blocks`).
     """
     level = 255 - params.white_level if signal_level is None else signal_level
     reasons = np.full(len(tiles), KEPT, dtype=np.int8)
@@ -352,6 +355,9 @@ def classify_tiles(
             continue
         if len(rest) < len(part):  # the common case (all left) needs no copy
             part, low = part[rest], low[rest]
+        if blur_reduce > 1:
+            part = source_blocks(part, blur_reduce)
+            low = _max_rgb(part) if dark else min_rgb(part)
         if dark:
             gray, fg = _dark_inputs(low, params.white_level, gain, signal_level)
         else:
@@ -359,6 +365,23 @@ def classify_tiles(
         score = _block_median_variance(gray, fg, 4)
         reasons[start + rest[score < params.min_blur_variance]] = BLURRY
     return reasons
+
+
+def source_blocks(tiles: np.ndarray, k: int) -> np.ndarray:
+    """(B, P//k, P//k, 3) uint8 means of k x k blocks of (B, P, P, 3) tiles (the last P % k px dropped)."""
+    b, p = tiles.shape[:2]
+    m = p // k
+    blocks = tiles[:, : m * k, : m * k].reshape(b, m, k, m, k, 3).astype(np.float32).mean(axis=(2, 4))
+    return np.rint(blocks).astype(np.uint8)
+
+
+def blur_reduction(slide_mpp: float, target_mpp: float, tile_px: int) -> int:
+    """k for `classify_tiles(blur_reduce=)`: the whole upsampling factor of a scan coarser than the tiles
+    (1 when it is not), at most tile_px // 16 so that the blur test keeps 16 px a side."""
+    factor = slide_mpp / target_mpp
+    if factor < 1.5:
+        return 1
+    return max(1, min(round(factor), tile_px // 16))
 
 
 @dataclass

@@ -21,6 +21,7 @@ segmentation_models_pytorch is an optional extra (`pip install wsi[seg]`); torch
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -97,20 +98,24 @@ def _smp() -> object:
     return smp
 
 
-def _grandqc_tissue() -> nn.Module:
+def _smp_net(arch: str, classes: int) -> nn.Module:
+    """smp's `arch` on its "timm-efficientnet-b0" encoder: the key layout GrandQC's weights have. smp
+    calls that encoder deprecated (in favour of "tu-" names, whose keys differ); it is still the one."""
     smp = _smp()
-    net: nn.Module = smp.UnetPlusPlus(  # type: ignore[attr-defined]
-        encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=2, activation=None
-    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*timm-.*deprecated", category=DeprecationWarning)
+        net: nn.Module = getattr(smp, arch)(
+            encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=classes, activation=None
+        )
     return net
+
+
+def _grandqc_tissue() -> nn.Module:
+    return _smp_net("UnetPlusPlus", 2)
 
 
 def _grandqc_artifact() -> nn.Module:
-    smp = _smp()
-    net: nn.Module = smp.Unet(  # type: ignore[attr-defined]
-        encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=8, activation=None
-    )
-    return net
+    return _smp_net("Unet", 8)
 
 
 def _hest_tissue() -> nn.Module:

@@ -17,6 +17,7 @@ from wsi.cli._common import (
     user_errors,
     workers_option,
 )
+from wsi.cli._tile_models import model_options, segmentation_from
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
 
@@ -31,6 +32,10 @@ Examples:
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+  wsi tile scans/ --out run/ --mpp 0.5 --mpp-override   # the metadata's mpp is wrong: use 0.5
+  wsi tile slides/ --out run/ --tissue-model grandqc-tissue --tissue-weights td.pth
+  wsi tile slides/ --out run/ --artifact-model grandqc-artifact --artifact-weights qc.pth
+  wsi tile dicom/ --out run/       # a folder of DICOM series folders: one slide per series
 
 \b
 Output (under --out):
@@ -60,7 +65,10 @@ redoes them (and replaces the tiles of another slide with the same id).
     "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
 )
 @tile_size_options()
-@mpp_option("Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).")
+@mpp_option(
+    "Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins; the metadata wins over "
+    "--mpp unless --mpp-override)."
+)
 @backend_option()
 @workers_option("Slides processed in parallel (local dask worker processes).")
 @scheduler_option()
@@ -124,6 +132,7 @@ redoes them (and replaces the tiles of another slide with the same id).
     show_default=True,
     help="Lowest HSV saturation counted as tissue (floor of the Otsu threshold).",
 )
+@model_options()
 @user_errors
 def command(
     paths: tuple[Path, ...],
@@ -144,6 +153,13 @@ def command(
     min_blur_var: float,
     thumb_mpp: float,
     min_saturation: float,
+    tissue_model: str | None,
+    tissue_weights: Path | None,
+    artifact_model: str | None,
+    artifact_weights: Path | None,
+    max_artifact: float,
+    device: str,
+    mpp_override: bool,
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
@@ -172,6 +188,12 @@ def command(
         "tissue": {"thumb_mpp": thumb_mpp, "min_saturation": min_saturation},
     }
     params = parse_config(TileParams, options, source="wsi tile options")  # ConfigError: exit 2
+    if mpp_override and mpp is None:
+        click.echo("Error: --mpp-override needs --mpp (the value to use for every slide)", err=True)
+        raise SystemExit(EXIT_USAGE)
+    segmentation = segmentation_from(  # ConfigError (a model without weights): exit 2
+        tissue_model, tissue_weights, artifact_model, artifact_weights, max_artifact, device
+    )
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     results = tile_slides(
         sources,
@@ -185,6 +207,8 @@ def command(
         save_tiles=save_tiles,
         threads=threads,
         background=background,
+        mpp_override=mpp_override,
+        segmentation=segmentation,
     )
     from pipelines.jobs import RunSummary
 
@@ -196,5 +220,8 @@ def command(
     )
     for r in summary.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
+    for r in results:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
+        if r.status in ("ok", "skipped") and r.note:
+            click.echo(f"  {r.slide_id}: {r.note}", err=True)
     if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
