@@ -163,10 +163,11 @@ def command(
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
-    PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
-    .bif .czi) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are
-    taken from the CSV's folder; DICOM .dcm slides are given this way). A failing slide is recorded in
-    the manifest and never stops the others.
+    PATHS are slide files (a DICOM .dcm opens its whole series), folders (searched for .svs .tif .tiff
+    .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
+    id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
+    paths are taken from the CSV's folder). A failing slide is recorded in the manifest and never stops
+    the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from pipelines.tile import tile_slides
