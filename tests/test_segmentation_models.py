@@ -62,7 +62,7 @@ def _randomise(net: nn.Module, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def grandqc_tissue(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, Path]:
-    ref = smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=2, activation=None)
+    ref = smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=2)
     _randomise(ref, 1)
     path = tmp_path_factory.mktemp("w") / "Tissue_Detection_MPP10.pth"
     torch.save(ref.state_dict(), path)  # GrandQC's tissue checkpoint is the bare state dict
@@ -140,12 +140,12 @@ def test_jpeg_round_trip_is_lossy_and_keeps_the_colours() -> None:
 def test_wrong_weights_are_refused_by_name(grandqc_tissue, grandqc_artifact, tmp_path: Path) -> None:
     _, tissue_path = grandqc_tissue
     _, artifact_path = grandqc_artifact
-    with pytest.raises(WeightsError, match=r"does not fit artifact model.*unexpected: decoder\.blocks\.x_0_0"):
+    with pytest.raises(WeightsError, match=r"does not fit artifact model.*unexpected: decoder\.blocks\.x_0"):
         load_segmenter("grandqc-artifact", tissue_path, kind="artifact")  # UNet++ weights for a UNet
     head = torch.load(artifact_path, weights_only=True)
     head["segmentation_head.0.weight"] = head["segmentation_head.0.weight"][:2]
     torch.save(head, tmp_path / "two.pth")
-    with pytest.raises(WeightsError, match=r"wrong shape.*segmentation_head\.0\.weight: file \(2, 16, 3, 3\)"):
+    with pytest.raises(WeightsError, match=r"wrong shape.*segmentation_head\.0\.weight: file \(2, 16,"):
         load_segmenter("grandqc-artifact", tmp_path / "two.pth", kind="artifact")
     state = torch.load(artifact_path, weights_only=True)
     state.pop("encoder.conv_stem.weight")
@@ -156,7 +156,7 @@ def test_wrong_weights_are_refused_by_name(grandqc_tissue, grandqc_artifact, tmp
         load_segmenter("grandqc-artifact", cut, kind="artifact")
     pickled = tmp_path / "GrandQC_MPP1.pth"
     torch.save(nn.Linear(2, 2), pickled)  # what GrandQC publishes: a whole pickled model
-    with pytest.raises(WeightsError, match="not loaded.*TRIDENT's GrandQC_MPP1_state_dict"):
+    with pytest.raises(WeightsError, match=r"not loaded.*TRIDENT's GrandQC_MPP1_state_dict"):
         load_segmenter("grandqc-artifact", pickled, kind="artifact")
     with pytest.raises(ConfigError, match="not a tissue model"):
         load_segmenter("grandqc-artifact", artifact_path, kind="tissue")
@@ -208,4 +208,5 @@ def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide,
     torch.save(artifact.state_dict(), tmp_path / "artifact.pth")
     [clean] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options)
     assert clean.status == "ok" and clean.n > 0
-    assert json.loads(read_tile_file(output_paths(out, "seg").h5).meta["artifact_counts"])["artifact: pen"] == 0
+    meta = read_tile_file(output_paths(out, "seg").h5).meta
+    assert json.loads(meta["artifact_counts"])["artifact: pen"] == 0

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
-from wsi.dicom_series import find_series
 from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
 
 
