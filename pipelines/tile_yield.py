@@ -32,13 +32,14 @@ def upsampling_note(slide_mpp: float, target_mpp: float) -> tuple[float, str]:
     )
 
 
-def _options(params: TileParams, max_artifact: float | None) -> dict[str, str]:
+def _option(worst: str, params: TileParams, max_artifact: float | None) -> str:
+    """The option that controls the filter `worst` (a key of `rejections`)."""
+    if worst.startswith("artifact"):
+        return f"--max-artifact {max_artifact or 0:g} (raise it) or leave out --artifact-model"
     return {
         "blurry": f"--min-blur-var {params.min_blur_variance:g} (lower it; 0 turns the filter off)",
         "background": f"--max-background {params.max_background_fraction:g} (raise it) or --white-level",
-        "unreadable": "none: the slide file is damaged",
-        "artifact": f"--max-artifact {max_artifact:g} (raise it) or leave out --artifact-model",
-    }
+    }.get(worst, "none: the slide file is damaged")
 
 
 def rejections(counts: TileCounts, artifact_counts: Mapping[str, int]) -> dict[str, int]:
@@ -59,7 +60,7 @@ def low_yield_note(
         return ""
     removed = rejections(counts, artifact_counts or {})
     worst = max(removed, key=lambda k: removed[k])
-    option = _options(params, max_artifact)["artifact" if worst.startswith("artifact") else worst]
+    option = _option(worst, params, max_artifact)
     return (
         f"{LOW_YIELD_PREFIX}: kept {counts.n_kept} of {counts.n_tissue} tissue tiles "
         f"({counts.n_kept / counts.n_tissue:.1%}, under {LOW_YIELD:.0%}); most removed as {worst} "
