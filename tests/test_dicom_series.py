@@ -75,3 +75,13 @@ def test_wsi_tile_on_a_folder_of_series(cohort: Path, tmp_path: Path) -> None:
     for case in ("caseA", "caseB"):
         tf = read_tile_file(out / "tiles" / f"{case}.h5")
         assert len(tf) > 0 and tf.meta["vendor"] == "dicom"
+
+
+def test_series_found_without_pydicom_through_openslide(cohort: Path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pydicom", None)  # `import pydicom` now raises ImportError
+    found = find_slides([cohort])
+    assert [s.slide_id for s in found] == ["caseA", "caseB"]
+    with open_slide(found[0].path) as slide:
+        assert slide.dimensions == (1024, 1024)

@@ -36,8 +36,11 @@ class DicomSeries:
 
 def _header(path: Path) -> tuple[str, str, int] | None:
     """(series UID, image type's third value, columns) of a WSI instance; None for anything else."""
-    import pydicom
-    from pydicom.errors import InvalidDicomError
+    try:
+        import pydicom
+        from pydicom.errors import InvalidDicomError
+    except ImportError:  # pydicom is the `images` extra; openslide (a dependency) reads the same tags
+        return _header_openslide(path)
 
     try:
         ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[
@@ -52,6 +55,23 @@ def _header(path: Path) -> tuple[str, str, int] | None:
     image_type = list(ds.get("ImageType", []) or [])
     flavour = str(image_type[2]).upper() if len(image_type) > 2 else "VOLUME"
     return str(ds.get("SeriesInstanceUID", "")), flavour, int(ds.get("TotalPixelMatrixColumns", 0) or 0)
+
+
+def _header_openslide(path: Path) -> tuple[str, str, int] | None:
+    """`_header` without pydicom: openslide opens the instance's whole series and names its tags
+    (`dicom.SeriesInstanceUID`, ...); slower, as it reads the series' other files too."""
+    import openslide
+
+    try:
+        with openslide.OpenSlide(path) as slide:
+            props = dict(slide.properties)
+            width = int(slide.dimensions[0])
+    except (openslide.OpenSlideError, OSError) as exc:
+        log.info("%s: not a DICOM whole-slide image openslide reads (%s); left out", path, exc)
+        return None
+    if props.get("dicom.SOPClassUID") != WSI_SOP_CLASS:
+        return None
+    return props.get("dicom.SeriesInstanceUID", ""), str(props.get("dicom.ImageType[2]", "VOLUME")), width
 
 
 def find_series(files: list[Path]) -> list[DicomSeries]:
