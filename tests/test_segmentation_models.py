@@ -78,6 +78,7 @@ def grandqc_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Modul
     return ref.eval(), path
 
 
+@pytest.mark.slow
 def test_grandqc_tissue_equals_the_authors_forward(grandqc_tissue) -> None:
     ref, path = grandqc_tissue
     seg = load_segmenter("grandqc-tissue", path, kind="tissue")
@@ -180,7 +181,7 @@ def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide,
     from wsi.sources import SlideSource
     from wsi.tilefile import read_tile_file
 
-    slide = make_slide(name="seg", size_um=2048.0, mpp=0.5, seed=1)
+    slide = make_slide(name="seg", size_um=1024.0, mpp=0.5, seed=1)  # one window per model
     tissue = smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=2)
     _constant_head(tissue, 0)  # "tissue" wherever it runs: the mask is every window that is not glass
     artifact = smp.Unet(encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=8)
