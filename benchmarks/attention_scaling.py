@@ -81,7 +81,7 @@ def _memory(device: Any, base_mb: float, tokens: int) -> dict[str, Any]:
 
 
 def _build(cfg: dict[str, Any]) -> Any:
-    from models.presets import build_model
+    from wsi.models.presets import build_model
 
     preset = "vit-wsi" if cfg["model"] == "mil" else "vit-2d"
     plain = {"chunk_above_tokens": None, "checkpoint_above_tokens": None} if cfg.get("plain") else {}

@@ -60,12 +60,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from models.encoders import ENCODERS, Encoder, build_encoder, get_recipe  # noqa: E402
-from models.encoders.encoder import build_backbone  # noqa: E402
-from pipelines.devices import resolve_device  # noqa: E402
-from pipelines.embed.batches import SlideTiles  # noqa: E402
-from pipelines.embed.device_decode import DeviceDecoder, decode_ahead  # noqa: E402
-from pipelines.embed.engine import (  # noqa: E402
+from wsi.files import atomic_path  # noqa: E402
+from wsi.models.encoders import ENCODERS, Encoder, build_encoder, get_recipe  # noqa: E402
+from wsi.models.encoders.encoder import build_backbone  # noqa: E402
+from wsi.pipelines.devices import resolve_device  # noqa: E402
+from wsi.pipelines.embed.batches import SlideTiles  # noqa: E402
+from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead  # noqa: E402
+from wsi.pipelines.embed.engine import (  # noqa: E402
     EmbedOptions,
     Runtime,
     SlideJob,
@@ -75,8 +76,7 @@ from pipelines.embed.engine import (  # noqa: E402
     prepare_runtime,
     resolve_decode,
 )
-from pipelines.embed.feed import iter_batches  # noqa: E402
-from wsi.files import atomic_path  # noqa: E402
+from wsi.pipelines.embed.feed import iter_batches  # noqa: E402
 from wsi.synthetic import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
 
@@ -280,7 +280,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
+    logging.getLogger("wsi.models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
 
     cuda = args.device == "cuda"
     cores = os.cpu_count() or 1

@@ -59,7 +59,7 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from models import build_model
+    from wsi.models import build_model
 
     try:
         torch.set_num_threads(cfg["threads"])
@@ -212,7 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from models import available_attention
+    from wsi.models import available_attention
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

@@ -101,8 +101,8 @@ def run_model(
     changes: dict[str, Any] | None = None,
 ) -> Outcome:  # fmt: skip
     """`folds`-fold cross-validation of one model through `pipelines.train.train`, once per seed."""
-    from pipelines.tasks import parse_task
-    from pipelines.train import train
+    from wsi.pipelines.tasks import parse_task
+    from wsi.pipelines.train import train
 
     per_fold: list[dict[str, Any]] = []
     t0 = time.perf_counter()

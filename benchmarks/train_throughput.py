@@ -57,9 +57,9 @@ def bag_lengths(n: int, seed: int = 0) -> list[int]:
 def _run_variant(cfg: dict[str, Any], out: mp.Queue) -> None:
     import torch
 
-    from models.presets import build_model
-    from pipelines.inputs.bags import collate_bags
-    from pipelines.train.loop import train_epoch
+    from wsi.models.presets import build_model
+    from wsi.pipelines.inputs.bags import collate_bags
+    from wsi.pipelines.train.loop import train_epoch
 
     try:
         torch.set_num_threads(cfg["threads"])

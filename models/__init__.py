@@ -9,11 +9,11 @@ Public API (see docs/api.md):
   base_share(contrib, base) -> the share of a logit decomposition that `base` carries
 """
 
-from models.attention import available_attention, build_attention
-from models.attribution import base_share, tile_effects
-from models.encoders import available_encoders, build_encoder
-from models.param_groups import param_groups
-from models.presets import available_presets, build_model
+from wsi.models.attention import available_attention, build_attention
+from wsi.models.attribution import base_share, tile_effects
+from wsi.models.encoders import available_encoders, build_encoder
+from wsi.models.param_groups import param_groups
+from wsi.models.presets import available_presets, build_model
 
 __all__ = [
     "available_attention",

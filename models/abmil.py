@@ -23,10 +23,10 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from models.kinds import MODEL_KINDS, KindModel
-from models.pooling import GatedAttentionPool
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
+from wsi.models.model_kinds import MODEL_KINDS, KindModel
+from wsi.models.pooling import GatedAttentionPool
 
 _Width = Annotated[int, Field(gt=0, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]

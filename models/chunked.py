@@ -14,16 +14,29 @@ still needs its inputs.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from models.attention.local import LocalRows
+from wsi.models.attention import AttentionBase
+from wsi.models.attention.local import LocalRows
 
-if TYPE_CHECKING:
-    from models.transformer import Block
+
+class Block(Protocol):
+    """What the scheme needs of a pre-norm block (`wsi.models.transformer.Block` is one): declared here,
+    below the transformer, so the two modules do not know each other both ways."""
+
+    @property
+    def attn(self) -> AttentionBase: ...
+    @property
+    def norm1(self) -> Callable[[Tensor], Tensor]: ...
+    @property
+    def norm2(self) -> Callable[[Tensor], Tensor]: ...
+    @property
+    def mlp(self) -> Callable[[Tensor], Tensor]: ...
+    def attend(self, t: Tensor) -> Tensor: ...
 
 
 def chunk_slices(n: int, size: int) -> Iterator[slice]:

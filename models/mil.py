@@ -30,20 +30,20 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from models.chunked import chunk_slices
-from models.kinds import MODEL_KINDS, KindModel
-from models.layout import TileLayout, tile_layout
-from models.pooling import GatedAttentionPool, present_only
-from models.posenc import sincos_from_coords_um
-from models.transformer import (
+from wsi.config import config_model
+from wsi.errors import ConfigError
+from wsi.models.chunked import chunk_slices
+from wsi.models.layout import TileLayout, tile_layout
+from wsi.models.model_kinds import MODEL_KINDS, KindModel
+from wsi.models.pooling import GatedAttentionPool, present_only
+from wsi.models.posenc import sincos_from_coords_um
+from wsi.models.transformer import (
     AUTO_CHUNK_TOKENS,
     PositiveInt,
     Transformer,
     TransformerConfig,
     decompose_cls_logits,
 )
-from wsi.config import config_model
-from wsi.errors import ConfigError
 
 
 @config_model

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-import configs
-from models.attention import AttentionBase
-from models.kinds import MODEL_KINDS, KindModel
+from wsi import configs
 from wsi.config import parse_config
 from wsi.errors import ConfigError, WeightsError
+from wsi.models.attention import AttentionBase
+from wsi.models.model_kinds import MODEL_KINDS, KindModel
 
 
 def available_presets() -> list[str]:

@@ -16,10 +16,10 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from models.attention import AttentionBase, attention_options, available_attention, build_attention
-from models.chunked import run_chunked
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
+from wsi.models.attention import AttentionBase, attention_options, available_attention, build_attention
+from wsi.models.chunked import run_chunked
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
 

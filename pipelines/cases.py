@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipelines.inputs import Batch, InputAdapter, Item
 from wsi.errors import ConfigError, LabelError
+from wsi.pipelines.inputs import Batch, InputAdapter, Item
 
 #: space left between two slides of a patient's bag (larger than any tile, so tiles never overlap)
 SLIDE_GAP_UM = 2048.0

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.encoders import encoder_id_for
-from pipelines.demo_survival import run_survival_demo
-from pipelines.embed import EmbedOptions, bag_dir, embed_tiles
-from pipelines.jobs import JobResult, RunSummary
-from pipelines.predict import predict
-from pipelines.tile import tile_slides
-from pipelines.train import train
 from wsi.files import write_text_atomic
+from wsi.models.encoders import encoder_id_for
+from wsi.pipelines.demo_survival import run_survival_demo
+from wsi.pipelines.embed import EmbedOptions, bag_dir, embed_tiles
+from wsi.pipelines.jobs import JobResult, RunSummary
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.tile.stage import tile_slides
+from wsi.pipelines.train import train
 from wsi.sources import find_slides
 from wsi.synthetic import Style, write_sample_slide
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 log = logging.getLogger(__name__)
 

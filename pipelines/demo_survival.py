@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.train import train
 from wsi.files import write_csv_atomic
+from wsi.pipelines.train import train
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from wsi.files import atomic_path
+from wsi.thumbnail import read_thumbnail
 
 #: longest side of a canvas drawn without a slide
 _CANVAS_PX = 1024
@@ -96,7 +97,7 @@ def slide_heatmap(
     with open_slide(slide_path, backend=backend, mpp=mpp) as slide:
         w_px, h_px = slide.dimensions
         thumb_mpp = max(w_px, h_px) * slide.mpp / 2048.0
-        image = slide.thumbnail_at(thumb_mpp)
+        image = read_thumbnail(slide, thumb_mpp).image
         thumb_mpp = max(w_px, h_px) * slide.mpp / max(image.shape[:2])  # the size actually returned
     render_heatmap(
         coords_um=coords_um, tile_size_um=tile_size_um, values=values, out_png=out_png,

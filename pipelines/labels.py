@@ -26,14 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.inputs import Item
-from pipelines.tasks import LabelColumns, TaskConfig
 from wsi.errors import LabelError
 from wsi.files import sanitize_slide_id
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.tasks import LabelColumns, TaskConfig
 from wsi.suffixes import strip_suffix  # the suffixes a slide column may carry
 
 if TYPE_CHECKING:
-    from pipelines.kinds import TaskKind
+    from wsi.pipelines.task_kinds import TaskKind
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.tasks import TaskConfig, check_task
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
+from wsi.pipelines.tasks import TaskConfig, check_task
 
 RECORD_NAME = "config.json"
 FORMAT_VERSION = 3

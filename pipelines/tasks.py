@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from configs import load_yaml
 from wsi.config import config_dict, config_model, parse_config
+from wsi.configs import load_yaml
 from wsi.errors import ConfigError
 
 Recipe = Literal["small-cohort", "paper"]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import configs
-from models.abmil import ABMIL, ABMILConfig
-from pipelines.train.metrics import auroc
+from wsi import configs
 from wsi.config import parse_config
 from wsi.errors import ConfigError
+from wsi.models.abmil import ABMIL, ABMILConfig
+from wsi.pipelines.train.metrics import auroc
 
 
 def _model(seed: int = 0, **fields: object) -> ABMIL:

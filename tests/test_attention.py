@@ -8,9 +8,9 @@ import pytest
 import torch
 from gdla_reference import ref_gdla
 
-from models.attention import LINEAR_VARIANTS, available_attention, build_attention
-from models.attention._masking import count_tokens, masked_mean_var
 from wsi.errors import ConfigError
+from wsi.models.attention import LINEAR_VARIANTS, available_attention, build_attention
+from wsi.models.attention._masking import count_tokens, masked_mean_var
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
 DIM, HEADS, INNER = 24, 3, 12  # token width D' != attention width D on purpose

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attribution import base_share, tile_effects
-from models.presets import build_model
 from wsi.errors import ConfigError
+from wsi.models.attribution import base_share, tile_effects
+from wsi.models.presets import build_model
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
 TINY = {"dim": 32, "attn_dim": 16, "heads": 4, "mlp_dim": 48, "depth": 2, "in_dim": 12, "num_classes": 3}

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.inputs import Item
-from pipelines.inputs.bags import BagInput, collate_bags
 from wsi.bags import NonFiniteFeaturesError, check_finite, find_bad_bags, load_bag, scan_bag
 from wsi.errors import BagFormatError, ConfigError
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.inputs.bags import BagInput, collate_bags
 
 TILE_PX0 = 512
 
@@ -133,8 +133,8 @@ def test_heatmap_of_a_bag_in_pixels(tmp_path: Path) -> None:
 def test_predict_fails_the_non_finite_slide_and_goes_on(tmp_path: Path) -> None:
     from test_train_synthetic import make_bag, make_cohort, write_task
 
-    from pipelines.predict import predict
-    from pipelines.train import train
+    from wsi.pipelines.predict.stage import predict
+    from wsi.pipelines.train import train
 
     torch.set_num_threads(1)
     cohort = make_cohort(tmp_path, n_patients=6)

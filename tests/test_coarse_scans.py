@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines.tile import output_paths, tile_slides
-from pipelines.tile_yield import low_yield_note, upsampling_note
 from wsi.cli.main import cli
+from wsi.pipelines.tile.stage import output_paths, tile_slides
+from wsi.pipelines.tile.yield_notes import low_yield_note, upsampling_note
 from wsi.sources import SlideSource
-from wsi.tilefile import read_tile_file
-from wsi.tiling import TileCounts, TileParams, blur_reduction
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts, blur_reduction
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_low_yield_note_names_the_filter_and_its_option() -> None:
 
 def test_low_yield_slide_is_noted_in_manifest_and_summary(coarse, tmp_path: Path, monkeypatch) -> None:
     """The issue's case, reproduced by judging blur on the upsampled tiles (as before the fix)."""
-    monkeypatch.setattr("pipelines.tile.blur_reduction", lambda *args: 1)
+    monkeypatch.setattr("wsi.pipelines.tile.stage.blur_reduction", lambda *args: 1)
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["tile", str(coarse.path), "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.jobs import read_manifest
-from pipelines.tile import output_paths, tile_slides
-from wsi.file_tiles import FileDamage
+from wsi.pipelines.jobs import read_manifest
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.qc import UNKNOWN_RGB, qc_size
 from wsi.slide import open_slide
 from wsi.sources import find_slides
-from wsi.thumbnail import Thumbnail
-from wsi.tilefile import read_tile_file
-from wsi.tiling import TileParams, find_tissue
+from wsi.thumbnail import Thumbnail, read_thumbnail
+from wsi.tiff_tiles import FileDamage
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 BACKENDS = ("openslide", "tiffslide")
 JPEG_TILE_PX = 240
@@ -64,7 +65,7 @@ def test_the_thumbnail_marks_the_bad_tile_unknown_at_its_real_place(
     damaged: Path, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with open_slide(damaged, backend=backend) as slide, caplog.at_level(logging.WARNING):
-        thumb = slide.thumbnail(8.0)
+        thumb = read_thumbnail(slide, 8.0)
     [region] = thumb.unreadable
     assert (region.x_px, region.y_px) == (COL * JPEG_TILE_PX, ROW * JPEG_TILE_PX)
     assert (region.w_px, region.h_px, region.level) == (JPEG_TILE_PX, JPEG_TILE_PX, 0)
@@ -164,7 +165,7 @@ def test_unknown_cells_are_tried_not_called_background(shared_data: Path) -> Non
     candidate; the same pixels merely white (glass) do not."""
     with open_slide(shared_data / "slides" / "CMU-1-Small-Region.svs") as slide:
         params = TileParams()
-        clean = slide.thumbnail(params.tissue.thumb_mpp)
+        clean = read_thumbnail(slide, params.tissue.thumb_mpp)
         found = find_tissue(slide, params, thumbnail=clean)
         scale = slide.mpp / clean.mpp  # thumbnail px per level-0 px
         # a candidate cell with a neighbour outside the tissue: wiping it leaves no enclosed hole

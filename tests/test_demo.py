@@ -10,8 +10,8 @@ import h5py
 import pytest
 from click.testing import CliRunner
 
-from pipelines.demo import DemoOptions, run_demo
 from wsi.cli.main import cli
+from wsi.pipelines.demo import DemoOptions, run_demo
 
 TINY_MODEL = (("dim", 32), ("attn_dim", 32), ("depth", 1), ("heads", 2), ("mlp_dim", 32))
 

@@ -14,7 +14,7 @@ from wsi.cli.main import cli
 from wsi.dicom_series import find_series
 from wsi.slide import open_slide
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file
+from wsi.tile_file import read_tile_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dicom_wsi" / "cmu1-crop"
 

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import tifffile
 
-from pipelines.tile import output_paths, tile_slides
 from wsi.dark_noise import dark_noise
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource
-from wsi.tilefile import read_tile_file
-from wsi.tiling import TileParams, find_tissue
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 SIZE = 3072  # px at 1 um/px: 3 x 3 mm
 

@@ -14,16 +14,16 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from models.encoders import build_encoder
-from pipelines.embed import EmbedOptions, embed_tiles
-from pipelines.tile import tile_slides
 from wsi.bags import load_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.models.encoders import build_encoder
+from wsi.pipelines.embed import EmbedOptions, embed_tiles
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import read_tile_file, write_tile_file
+from wsi.tile_params import TileParams
 
 ENCODER = "timm:test_resnet"  # ~0.4 M parameters: the whole pipeline in well under a second
 OPTIONS = EmbedOptions(
@@ -141,7 +141,7 @@ def test_broken_jpeg_tile_is_skipped_and_counted(make_slide, tmp_path: Path) -> 
 def test_resume_after_an_interrupted_run(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.embed.engine as engine
+    import wsi.pipelines.embed.engine as engine
 
     shutil.copytree(run_dir / "tiles", tmp_path / "tiles")  # this test edits a tile file
     real_write = engine.write_bag
@@ -275,7 +275,7 @@ def test_embed_options_are_a_validated_config() -> None:
 
 def test_padding_and_autocast_paths_match_plain_fp32() -> None:
     """The CUDA-side mechanics (fixed-shape padding, autocast), exercised on the CPU."""
-    from pipelines.embed.engine import encode, prepare_runtime
+    from wsi.pipelines.embed.engine import encode, prepare_runtime
 
     enc = build_encoder(ENCODER, random_init=True, input_px=64)
     rt = prepare_runtime(enc, device=torch.device("cpu"), precision="bf16", batch_size=8)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines.embed import EmbedOptions, embed_tiles
-from pipelines.tile import tile_slides
 from wsi.bags import read_bag_attrs
 from wsi.cli.main import cli
+from wsi.pipelines.embed import EmbedOptions, embed_tiles
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import read_tile_file, write_tile_file
+from wsi.tile_params import TileParams
 
 ENCODER = "timm:test_resnet"
 OPTIONS = EmbedOptions(
@@ -172,8 +172,8 @@ def test_a_slide_that_kept_no_tile_is_an_empty_row_that_fails_the_run(
 ) -> None:
     """embed_slides carries the tile stage's `empty` row (it used to vanish from embed's and predict's
     results and the exit code was 0); `embed --tiles` says the same of an empty tile file."""
-    from pipelines.embed import embed_slides
-    from pipelines.jobs import RunSummary
+    from wsi.pipelines.embed import embed_slides
+    from wsi.pipelines.jobs import RunSummary
 
     tiny = make_slide(name="chk-tiny", size_um=100.0, mpp=1.0, seed=5)  # smaller than one 128 um tile
     out = tmp_path / "out"

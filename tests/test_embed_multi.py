@@ -14,16 +14,16 @@ import pytest
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-import pipelines.embed.feed as feed
-from models.encoders import build_encoder
-from pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
-from pipelines.tile import tile_slides
+import wsi.pipelines.embed.feed as feed
 from wsi.bags import load_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.models.encoders import build_encoder
+from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
 
 RESNET = EncoderChoice("timm:test_resnet", input_px=64)  # a CNN resized to 64 px
 VIT = EncoderChoice("timm:test_vit")  # a ViT at its own 160 px: another preprocessing of the same tiles

@@ -14,16 +14,16 @@ import pytest
 import yaml
 from PIL import Image
 
-from models.stain import DEFAULT_MACENKO, StainReference, save_reference
-from pipelines.embed import EmbedOptions, embed_tiles
-from pipelines.tile import tile_slides
 from wsi.bags import load_bag
 from wsi.config import parse_config
 from wsi.errors import ConfigError
+from wsi.models.stain import DEFAULT_MACENKO, StainReference, save_reference
+from wsi.pipelines.embed import EmbedOptions, embed_tiles
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import read_tile_file, write_tile_file
+from wsi.tile_params import TileParams
 
 OPTIONS = EmbedOptions(
     encoder="timm:test_resnet", random_init=True, input_px=64, batch_size=8, readers=0, dtype="float32",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from pipelines.embed import EmbedOptions
-from pipelines.embed.worker import PLUGIN_NAME, EncoderPlugin
-from pipelines.jobs import worker_plugin
+from wsi.pipelines.embed import EmbedOptions
+from wsi.pipelines.embed.worker import PLUGIN_NAME, EncoderPlugin
+from wsi.pipelines.jobs import worker_plugin
 
 OPTIONS = EmbedOptions(encoder="timm:test_resnet", random_init=True, input_px=64, readers=0, threads=1)
 
@@ -24,17 +24,17 @@ def _state() -> tuple[bool, str]:
 def test_setup_returns_at_once_and_the_first_task_builds_the_encoder(monkeypatch) -> None:
     from distributed import Client, LocalCluster
 
-    import models.encoders
+    import wsi.models.encoders
 
     calls: list[float] = []
-    real_build = models.encoders.build_encoder
+    real_build = wsi.models.encoders.build_encoder
 
     def slow_build(*args, **kwargs):  # a big encoder's weights: seconds to load
         calls.append(time.perf_counter())
         time.sleep(1.0)
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(models.encoders, "build_encoder", slow_build)
+    monkeypatch.setattr(wsi.models.encoders, "build_encoder", slow_build)
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster,
         Client(cluster) as client,

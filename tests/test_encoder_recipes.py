@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torchvision.transforms.v2 import functional as TF
 
-from models.encoders import ENCODERS, build_encoder, count_parameters, get_recipe
+from wsi.models.encoders import ENCODERS, build_encoder, count_parameters, get_recipe
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))

@@ -10,14 +10,14 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 
-from models.encoders import (
+from wsi.errors import ConfigError, WeightsError
+from wsi.models.encoders import (
     RETCCL_SHA256,
     available_encoders,
     build_encoder,
     encoder_id_for,
     load_state_dict_file,
 )
-from wsi.errors import ConfigError, WeightsError
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_retccl_layout_gives_the_features_of_the_saved_model(
 ) -> None:
     path = tmp_path / "best_ckpt.pth"
     torch.save(retccl_state, path)
-    with caplog.at_level(logging.WARNING, logger="models.encoders"):
+    with caplog.at_level(logging.WARNING, logger="wsi.models.encoders"):
         enc = build_encoder("retccl", weights=path)
     # not the published file: loaded, with a warning naming both digests
     assert "not the published retccl checkpoint" in caplog.text and RETCCL_SHA256[:12] in caplog.text
@@ -139,7 +139,7 @@ def _write(path: Path, data: bytes) -> Path:
 def test_weights_are_required_unless_random_init(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(WeightsError, match="--random-init"):
         build_encoder("timm:test_resnet")
-    with caplog.at_level(logging.WARNING, logger="models.encoders"):
+    with caplog.at_level(logging.WARNING, logger="wsi.models.encoders"):
         a = build_encoder("timm:test_resnet", random_init=True)
     assert "RANDOM weights" in caplog.text
     b = build_encoder("timm:test_resnet", random_init=True)
@@ -234,7 +234,7 @@ def test_ctranspath_loads_its_published_timm05_layout(
     assert "layers.0.downsample.reduction.weight" in old and "layers.3.downsample.reduction.weight" not in old
     path = tmp_path / "ctranspath.pth"
     torch.save({"model": old}, path)
-    with caplog.at_level(logging.WARNING, logger="models.encoders"):
+    with caplog.at_level(logging.WARNING, logger="wsi.models.encoders"):
         enc = build_encoder("ctranspath", weights=path)
     assert "not the published ctranspath checkpoint" in caplog.text
     smooth = torch.nn.functional.interpolate(torch.rand(2, 3, 32, 32), size=(256, 256), mode="bilinear")
@@ -319,11 +319,11 @@ def test_yaml_recipe_builds_a_timm_encoder(tmp_path: Path) -> None:
 def test_mpp_far_from_training_warns(caplog: pytest.LogCaptureFixture) -> None:
     enc = build_encoder("timm:test_vit", random_init=True)
     assert enc.check_mpp(1.0) is None  # timm models declare no training resolution
-    from models.encoders import get_recipe, mpp_warning
+    from wsi.models.encoders import get_recipe, mpp_warning
 
     uni = get_recipe("uni")  # 0.5 um/px
     assert mpp_warning(uni, 0.9, name="uni") is None and mpp_warning(uni, 0.26, name="uni") is None
-    with caplog.at_level(logging.WARNING, logger="models.encoders"):
+    with caplog.at_level(logging.WARNING, logger="wsi.models.encoders"):
         msg = mpp_warning(uni, 1.14, name="uni")
     assert msg and "0.5 um/px" in msg and "1.14 um/px" in msg and msg in caplog.text
     assert mpp_warning(uni, 0.24, name="uni")
@@ -346,7 +346,7 @@ def test_preprocess_resizes_and_crops_on_the_device_like_torchvision() -> None:
 
 
 def test_runtime_helpers_on_the_cpu() -> None:
-    from models.encoders import pick_batch_size
+    from wsi.models.encoders import pick_batch_size
 
     enc = build_encoder("timm:test_resnet", random_init=True)
     assert pick_batch_size(enc, torch.device("cpu"), cpu_batch=16) == 16  # measured on a GPU only

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 
-from models.encoders import ENCODERS, build_encoder
 from wsi.cli.main import cli
+from wsi.models.encoders import ENCODERS, build_encoder
 
 
 def test_table_lists_every_named_encoder_with_its_facts() -> None:

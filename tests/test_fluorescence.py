@@ -8,12 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.tile import output_paths, tile_slides
 from wsi.background import detect_background, fluorescence_hints, with_signal_gain
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource
-from wsi.tilefile import read_tile_file
-from wsi.tiling import TileParams, find_tissue
+from wsi.thumbnail import read_thumbnail
+from wsi.tile_file import read_tile_file
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def test_generated_fluorescence_slide_is_dark_pyramidal_with_channel_names(fluo)
     assert fluo.stain == "fluorescence" and fluo.n_levels >= 4
     with open_slide(fluo.path) as slide:
         assert slide.properties.get("aperio.Channels") == "DAPI,FITC"
-        thumb = slide.thumbnail_at(8.0)
+        thumb = read_thumbnail(slide, 8.0).image
         tx0, ty0, _, _ = fluo.tissue_boxes_um[1]
         tile = slide.read_region_um(round((tx0 + 20) / 0.5), round((ty0 + 20) / 0.5), 200, 0.5)
     assert thumb[:4, :4].max() < 20  # the corner is dark, not glass
@@ -46,13 +48,14 @@ def test_generated_fluorescence_slide_is_dark_pyramidal_with_channel_names(fluo)
 
 def test_detected_from_pixels_and_from_metadata(fluo, sample_slide) -> None:
     with open_slide(fluo.path) as slide:
-        thumb = slide.thumbnail_at(8.0)
+        thumb = read_thumbnail(slide, 8.0).image
         props = slide.properties
     dark = detect_background(thumb, {})  # pixels alone
     assert dark.dark and "fluorescence" in dark.reason
     assert "DAPI" in detect_background(thumb, props).reason  # metadata named in the reason
     with open_slide(sample_slide.path) as slide:
-        assert not detect_background(slide.thumbnail_at(8.0), slide.properties).dark  # H&E stays light
+        light = read_thumbnail(slide, 8.0).image
+        assert not detect_background(light, slide.properties).dark  # H&E stays light
     assert detect_background(thumb, {}, choice="light").kind == "light"  # --background forces it
     ome = '<Channel ID="Channel:0:0" Name="DAPI" Fluor="DAPI" IlluminationType="Epifluorescence"/>'
     assert fluorescence_hints({"tiff.ImageDescription": ome}) == ["DAPI", "Epifluorescence"]

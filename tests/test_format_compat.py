@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipelines.inputs import Item
-from pipelines.inputs.bags import BagInput
 from wsi.bags import (
     BagProvenance,
     bag_info,
@@ -24,7 +22,9 @@ from wsi.bags import (
     write_bag,
 )
 from wsi.cli.main import cli
-from wsi.tilefile import is_tile_file, read_tile_file, tile_file_info
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.inputs.bags import BagInput
+from wsi.tile_file import is_tile_file, read_tile_file, tile_file_info
 
 N, D = 5, 8
 TILE_PARAMS = {"tile_um": 256.0, "tile_px": 224, "min_tissue": 0.5}

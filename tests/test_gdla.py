@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from gdla_reference import ref_gdla
 
-from models.attention import build_attention
-from models.attention.local import depthwise
-from models.layout import grid_neighbours, infer_grid_um, tile_layout
-from models.presets import build_model
 from wsi.errors import ConfigError
+from wsi.models.attention import build_attention
+from wsi.models.attention.local import depthwise
+from wsi.models.layout import grid_neighbours, infer_grid_um, tile_layout
+from wsi.models.presets import build_model
 
 DIM, HEADS, INNER = 24, 3, 12
 

@@ -12,19 +12,19 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipelines.embed import EmbedOptions, embed_tiles
-from pipelines.embed.batches import SlideTiles
-from pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, complete_jpeg, decode_ahead
-from pipelines.embed.engine import resolve_decode
-from pipelines.embed.feed import BatchReader
-from pipelines.tile import tile_slides
 from wsi.bags import load_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.pipelines.embed import EmbedOptions, embed_tiles
+from wsi.pipelines.embed.batches import SlideTiles
+from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, complete_jpeg, decode_ahead
+from wsi.pipelines.embed.engine import resolve_decode
+from wsi.pipelines.embed.feed import BatchReader
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
-from wsi.tilefile import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import read_tile_file, write_tile_file
+from wsi.tile_params import TileParams
 
 MAX_MEAN_ABS = 3.0  # 0-255; JPEG decoders and resampling rounding differ slightly
 ENCODER = "timm:test_resnet"

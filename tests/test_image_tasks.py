@@ -15,9 +15,6 @@ import yaml
 from click.testing import CliRunner
 from PIL import Image
 
-from pipelines.inputs import Item, build_input
-from pipelines.inputs.images import ImageInput, image_id, infer_grid
-from pipelines.tasks import load_task
 from wsi.cli.main import cli
 from wsi.clinical_images.dataset import ImageDataset, collate_images
 from wsi.clinical_images.heatmap import project, save_heatmap
@@ -25,6 +22,9 @@ from wsi.clinical_images.readers import read_image
 from wsi.clinical_images.transforms import ImageSpec
 from wsi.config import config_dict
 from wsi.errors import ConfigError, ImageReadError
+from wsi.pipelines.inputs import Item, build_input
+from wsi.pipelines.inputs.images import ImageInput, image_id, infer_grid
+from wsi.pipelines.tasks import load_task
 
 nib = pytest.importorskip("nibabel")
 
@@ -196,7 +196,7 @@ def test_packaged_image_tasks_match_the_paper(name: str) -> None:
         "duke-breast-mri": ((32, 256, 256), 1, 16, "vit-3d"),
     }[name]
     assert (adapter.spec.size_px, adapter.spec.channels, task.batch_size, task.model.preset) == expected
-    from models import build_model
+    from wsi.models import build_model
 
     model = build_model(task.model.preset, **adapter.model_kwargs([]), **TINY_MODEL)
     grid = model.grid_shape(adapter.spec.size_px)  # the paper's token counts: 196, 4,096, 8x16x16
@@ -321,8 +321,8 @@ def test_3d_find_groups_dicom_series_folders(shared_data: Path, tmp_path: Path) 
 
 
 def test_input_kinds_come_from_the_registry() -> None:
-    from pipelines.inputs import INPUTS, available_inputs
-    from pipelines.inputs.bags import BagInput
+    from wsi.pipelines.inputs import INPUTS, available_inputs
+    from wsi.pipelines.inputs.bags import BagInput
 
     assert available_inputs() == ["bags", "images"]
     assert INPUTS.get("bags") is BagInput and INPUTS.get("images") is ImageInput

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from distributed import WorkerPlugin
 
-from pipelines.jobs import (
+from wsi.errors import SlideError
+from wsi.pipelines.jobs import (
     JobResult,
     read_manifest,
     run_jobs,
@@ -18,7 +19,6 @@ from pipelines.jobs import (
     worker_plugin,
     write_manifest,
 )
-from wsi.errors import SlideError
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def test_manifest_columns_and_merge(tmp_path: Path) -> None:
 
 def test_a_refused_duplicate_keeps_the_first_slides_manifest_row(tmp_path: Path) -> None:
     """Refusing a second slide whose id is taken must not erase the first slide's record."""
-    from pipelines.jobs import JobResult, read_manifest, write_manifest
+    from wsi.pipelines.jobs import JobResult, read_manifest, write_manifest
 
     manifest = tmp_path / "manifest.csv"
     write_manifest(manifest, [JobResult("s1", "/a/s1.svs", "ok", n=5)])

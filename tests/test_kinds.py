@@ -12,12 +12,12 @@ import pytest
 import torch
 from kinds_cohorts import IN_DIM, texture_bag, write_kind_task
 
-from pipelines.cases import SLIDE_GAP_UM, CaseDataset, group_by_patient
-from pipelines.inputs import Item, build_input
-from pipelines.kinds import build_kind
-from pipelines.labels import match_items, read_label_table
-from pipelines.tasks import load_task
 from wsi.errors import ConfigError, LabelError
+from wsi.pipelines.cases import SLIDE_GAP_UM, CaseDataset, group_by_patient
+from wsi.pipelines.inputs import Item, build_input
+from wsi.pipelines.labels import match_items, read_label_table
+from wsi.pipelines.task_kinds import build_kind
+from wsi.pipelines.tasks import load_task
 
 
 def _csv(tmp_path: Path, text: str, name: str = "labels.csv") -> Path:

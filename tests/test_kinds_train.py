@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from kinds_cohorts import make_kind_cohort, write_kind_task
 from test_train_synthetic import TINY, make_cohort
 
-from pipelines.predict import predict
-from pipelines.stats.regression import pearson_r
-from pipelines.stats.survival import concordance_index
-from pipelines.train import train
 from wsi.cli.main import cli
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.stats.regression import pearson_r
+from wsi.pipelines.stats.survival import concordance_index
+from wsi.pipelines.train import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -260,7 +260,7 @@ def test_slide_level_predictions_are_averaged_per_patient(tmp_path: Path) -> Non
 
 
 def test_survival_demo_trains_on_the_demo_bags(tmp_path: Path) -> None:
-    from pipelines.demo_survival import run_survival_demo
+    from wsi.pipelines.demo_survival import run_survival_demo
 
     cohort = make_cohort(tmp_path, n_patients=16, tcga=False)  # the demo's layout: slide, label, patient
     result = run_survival_demo(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.presets import build_model
 from wsi.errors import ConfigError
+from wsi.models.presets import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
@@ -89,7 +89,7 @@ def test_long_bags_switch_to_chunks_and_checkpoints_by_themselves(name: str) -> 
 
 SCRIPT = """
 import json, resource, sys, torch
-from models.presets import build_model
+from wsi.models.presets import build_model
 mode = sys.argv[1]
 torch.manual_seed(0)
 def peak():  # this process's own high-water mark in GiB

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.param_groups import param_groups
-from models.presets import (
+from wsi.errors import ConfigError, WeightsError
+from wsi.models.param_groups import param_groups
+from wsi.models.presets import (
     available_presets,
     build_model,
     build_model_from_config,
     transfer_softmax_to_seqnorm,
 )
-from wsi.errors import ConfigError, WeightsError
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
 TINY = {"dim": 32, "attn_dim": 16, "heads": 4, "mlp_dim": 48, "depth": 2}
@@ -327,7 +327,7 @@ def test_vit_contributions_sit_at_their_patch_in_the_grid(name: str, monkeypatch
     cells and fails. Which patch scores highest is not a sound property of random weights, a swap is.
     """
     monkeypatch.setattr(
-        "models.vit.sincos_grid",
+        "wsi.models.vit.sincos_grid",
         lambda grid, dim, device=None: torch.zeros(math.prod(grid), dim, device=device),
     )
     local_off = {"attention_options": {"local": False}} if name == "gdla" else {}  # neighbours move
@@ -414,7 +414,7 @@ def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -
     """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
     from safetensors.torch import save_file
 
-    from pipelines.checkpoints import load_into
+    from wsi.pipelines.checkpoints import load_into
 
     m = _mil("seqnorm")
     old = {k: v.clone() for k, v in m.state_dict().items()}

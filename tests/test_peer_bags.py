@@ -32,10 +32,10 @@ from peer_bags import (
 )
 from test_train_synthetic import TINY, write_task
 
-from pipelines.inputs import Item
-from pipelines.inputs.bags import BagInput
 from wsi.bags import BagProvenance, load_bag, write_bag
 from wsi.cli.main import cli
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.inputs.bags import BagInput
 
 MPP = 0.5
 
@@ -82,7 +82,7 @@ def test_our_bags_carry_every_attribute_stamp_requires(tmp_path: Path) -> None:
 
 def test_a_run_folder_with_tile_files_is_still_one_feature_type_for_stamp(tmp_path: Path) -> None:
     """STAMP rglobs every .h5 under the folder it is given: our tile files count as "tile" too."""
-    from wsi.tilefile import write_tile_file
+    from wsi.tile_file import write_tile_file
 
     _our_bag(tmp_path / "features" / "timm-resnet18" / "s1.h5")
     coords = grid_coords(3, 512)

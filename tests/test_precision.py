@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import build_attention
+from wsi.models.attention import build_attention
 
 D, HEADS = 128, 8
 

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from test_train_synthetic import make_bag, make_cohort, write_task
 
-from models.presets import build_model_from_config
-from pipelines.predict import predict
-from pipelines.train import train
 from wsi.bags import load_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.models.presets import build_model_from_config
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.train import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -127,11 +127,11 @@ def test_usage_errors(trained, tmp_path: Path) -> None:
 def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> None:
     """Train on bags made by tile + embed; predicting the raw slides gives the same probabilities as
     predicting their bags (so tile size, MPP, tiling parameters and encoder were all reproduced)."""
-    from pipelines.embed.engine import EmbedOptions
-    from pipelines.embed.stage import embed_slides
+    from wsi.pipelines.embed.engine import EmbedOptions
+    from wsi.pipelines.embed.stage import embed_slides
     from wsi.sources import find_slides
     from wsi.synthetic import write_sample_cohort
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)

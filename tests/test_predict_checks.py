@@ -14,14 +14,14 @@ import torch
 from click.testing import CliRunner
 from test_train_synthetic import IN_DIM, make_cohort, write_task
 
-import pipelines.predict as predict_module
-from pipelines.predict import predict
-from pipelines.predict_progress import PROGRESS_NAME
-from pipelines.train import train
-from pipelines.train.finite import NonFiniteTrainingError
+import wsi.pipelines.predict.stage as predict_module
 from wsi.bags import BagProvenance, bag_length, write_bag
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.pipelines.predict.progress import PROGRESS_NAME
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.train import train
+from wsi.pipelines.train.finite import NonFiniteTrainingError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -158,7 +158,7 @@ def test_weights_are_refused_where_no_encoder_runs(trained, tmp_path: Path) -> N
     )  # fmt: skip
     assert res.exit_code == 2 and "--weights" in res.output and "leave --weights out" in res.output
     assert not (tmp_path / "o" / "predictions.csv").exists()
-    from pipelines.raw_slides import embed_raw_slides
+    from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
     prov = {"encoder": "timm:resnet18", "weights_sha256": "random", "tile_params": {"tile_um": 96.0}}
     with pytest.raises(ConfigError, match=r"randomly initialised.*--weights cannot apply"):
@@ -259,9 +259,9 @@ def test_images_with_nan_pixels_fail_by_name_in_predict_and_stop_training(
     import yaml
     from PIL import Image
 
-    from pipelines.inputs.images import ImageInput
-    from pipelines.tasks import load_task
     from wsi.config import config_dict
+    from wsi.pipelines.inputs.images import ImageInput
+    from wsi.pipelines.tasks import load_task
 
     folder = tmp_path / "derm"
     folder.mkdir()

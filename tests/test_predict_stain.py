@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.inputs import Item
-from pipelines.inputs.bags import BagInput
 from wsi.bags import BagProvenance, write_bag
 from wsi.errors import ConfigError
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.inputs.bags import BagInput
 
 SHA = "a" * 64
 
@@ -59,7 +59,7 @@ def test_runs_recorded_before_the_stain_fields_are_not_checked(tmp_path: Path) -
 
 
 def test_raw_slides_of_a_stain_normalised_run_are_refused_before_any_work(tmp_path: Path) -> None:
-    from pipelines.raw_slides import embed_raw_slides
+    from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
     prov = {"encoder": "test-encoder", "weights_sha256": SHA, "tile_params": {"tile_um": 256.0},
             "stain_norm": "macenko", "stain_reference_sha256": "m" * 64}  # fmt: skip

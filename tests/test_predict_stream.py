@@ -18,13 +18,13 @@ import torch
 from peer_bags import write_clam_bag
 from test_train_synthetic import IN_DIM, make_cohort, write_task
 
-import pipelines.predict_stream as predict_stream
-from pipelines.predict import predict
-from pipelines.predict_stream import STREAM_ABOVE_TILES
-from pipelines.train import train
+import wsi.pipelines.predict.stream as predict_stream
 from wsi.bags import BagProvenance, open_bag_stream, write_bag
 from wsi.bags.check import NonFiniteFeaturesError, finite_chunks
 from wsi.cli.predict import command as predict_command
+from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 LONG = 3000  # tiles of the "long" bag; the tests stream above 1,000

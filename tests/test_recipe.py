@@ -16,17 +16,17 @@ import yaml
 from safetensors.torch import load_file
 from test_train_synthetic import CLASSES, IN_DIM, make_bag, make_cohort
 
-from models.presets import build_model
-from pipelines.inputs import Batch
-from pipelines.predict import load_run, predict
-from pipelines.tasks import load_task, parse_task
-from pipelines.train import train
-from pipelines.train.augment import MIN_SUBSET_TILES, BagAugment, tile_subset
-from pipelines.train.loop import require_recipe
-from pipelines.train.recipe import RECIPES, SMALL_BELOW, apply_recipe, preset_for
-from pipelines.train.selection import Selection, smoothed_loss
 from wsi.bags import load_bag
 from wsi.errors import ConfigError
+from wsi.models.presets import build_model
+from wsi.pipelines.inputs import Batch
+from wsi.pipelines.predict.stage import load_run, predict
+from wsi.pipelines.tasks import load_task, parse_task
+from wsi.pipelines.train import train
+from wsi.pipelines.train.augment import MIN_SUBSET_TILES, BagAugment, tile_subset
+from wsi.pipelines.train.loop import require_recipe
+from wsi.pipelines.train.recipe import RECIPES, SMALL_BELOW, apply_recipe, preset_for
+from wsi.pipelines.train.selection import Selection, smoothed_loss
 
 TINY_ABMIL = {"hidden_dim": 16, "attn_dim": 8}
 
@@ -205,7 +205,7 @@ def test_feature_dropout_zeroes_features_and_rescales_the_rest() -> None:
 def test_augmentation_is_off_at_validation_and_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A forward hook records every bag the models see: validation and the test split get exactly the
     bags as stored (every tile, no dropout); training gets subsets. A task naming only its classes."""
-    from pipelines.train import folds
+    from wsi.pipelines.train import folds
 
     cohort = make_cohort(tmp_path / "c", n_patients=16)
     stored = {}

@@ -20,8 +20,8 @@ from kinds_cohorts import make_kind_cohort, write_kind_task
 from PIL import Image
 from test_train_synthetic import make_cohort, write_task
 
-from pipelines.report import fmt_value, metric_rows
-from pipelines.train import train
+from wsi.pipelines.report import fmt_value, metric_rows
+from wsi.pipelines.train import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

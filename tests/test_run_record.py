@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from test_train_synthetic import make_cohort, write_task
 
-from pipelines.predict import predict
-from pipelines.run_record import FORMAT_VERSION, read_run_record
-from pipelines.train import train
 from wsi.errors import ConfigError
+from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.run_record import FORMAT_VERSION, read_run_record
+from wsi.pipelines.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "run-v1"
@@ -89,8 +89,9 @@ def test_unreadable_or_newer_records_are_refused(tmp_path: Path) -> None:
 
 def test_predict_does_not_import_the_training_code() -> None:
     code = (
-        "import sys, pipelines.predict; "
-        "print(sorted(m for m in sys.modules if m == 'pipelines.train' or m.startswith('pipelines.train.')))"
+        "import sys, wsi.pipelines.predict.stage; "
+        "print(sorted(m for m in sys.modules "
+        "if m == 'wsi.pipelines.train' or m.startswith('wsi.pipelines.train.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from models.segmentation import load_segmenter
-from models.segmentation.run import jpeg_round_trip
 from wsi.errors import ConfigError, WeightsError
+from wsi.models.segmentation import load_segmenter
+from wsi.models.segmentation.run import jpeg_round_trip
 
 smp = pytest.importorskip("segmentation_models_pytorch", reason="the `seg` extra is not installed")
 
@@ -176,10 +176,10 @@ def _constant_head(net: nn.Module, cls: int) -> None:
 
 @pytest.mark.slow
 def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide, tmp_path: Path) -> None:
-    from pipelines.tile import output_paths, tile_slides
-    from pipelines.tile_segment import SegmentationOptions
+    from wsi.pipelines.tile.segment import SegmentationOptions
+    from wsi.pipelines.tile.stage import output_paths, tile_slides
     from wsi.sources import SlideSource
-    from wsi.tilefile import read_tile_file
+    from wsi.tile_file import read_tile_file
 
     slide = make_slide(name="seg", size_um=1024.0, mpp=0.5, seed=1)  # one window per model
     tissue = smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=2)

@@ -13,6 +13,7 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.slide import BACKENDS, open_slide
 from wsi.synthetic import write_truncated_copy
+from wsi.thumbnail import read_thumbnail
 
 BOTH = pytest.mark.parametrize("backend", BACKENDS)
 
@@ -138,14 +139,14 @@ def test_backends_agree_on_pixels(sample_slide):
             ta = a.read_region_um(xx, yy, size_um, mpp).astype(np.int16)
             tb = b.read_region_um(xx, yy, size_um, mpp).astype(np.int16)
             assert np.abs(ta - tb).mean() < 1.0, (xx, yy, size_um, mpp)
-        ta, tb = a.thumbnail_at(8.0), b.thumbnail_at(8.0)
+        ta, tb = read_thumbnail(a, 8.0).image, read_thumbnail(b, 8.0).image
         assert ta.shape == tb.shape and np.abs(ta.astype(np.int16) - tb).mean() < 1.0
 
 
 @BOTH
 def test_thumbnail_at(sample_slide, backend):
     with open_slide(sample_slide.path, backend=backend) as slide:
-        thumb = slide.thumbnail_at(10.0)  # 1500 um / 10 um/px
+        thumb = read_thumbnail(slide, 10.0).image  # 1500 um / 10 um/px
         assert thumb.shape == (150, 150, 3) and thumb.dtype == np.uint8
         assert slide.best_level_for_mpp(10.0) == 4  # coarsest level (8 um/px) does the work
         assert thumb[0, 0].min() > 235  # glass margin
@@ -155,9 +156,9 @@ def test_thumbnail_of_a_level_too_big_to_read_at_once(sample_slide, monkeypatch)
     import wsi.thumbnail
 
     with open_slide(sample_slide.path) as slide:
-        whole = slide.thumbnail_at(3.0).astype(np.int16)
+        whole = read_thumbnail(slide, 3.0).image.astype(np.int16)
         monkeypatch.setattr(wsi.thumbnail, "MAX_THUMB_READ_PX", 1000)
-        blocks = slide.thumbnail_at(3.0).astype(np.int16)
+        blocks = read_thumbnail(slide, 3.0).image.astype(np.int16)
     assert whole.shape == blocks.shape == (500, 500, 3)
     assert np.abs(whole - blocks).mean() < 2.0
 

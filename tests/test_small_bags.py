@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import build_model
+from wsi.models import build_model
 
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
 SMALL = tuple(f"{v}@vit-wsi-small" for v in VARIANTS)  # the preset itself, at its own widths

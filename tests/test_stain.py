@@ -9,7 +9,8 @@ import pytest
 import torch
 from skimage.color import rgb2lab
 
-from models.stain import (
+from wsi.errors import ConfigError
+from wsi.models.stain import (
     DEFAULT_MACENKO,
     DEFAULT_REINHARD,
     StainNormalizer,
@@ -19,7 +20,6 @@ from models.stain import (
     macenko_stains,
     save_reference,
 )
-from wsi.errors import ConfigError
 
 # Unit H and E optical-density vectors of a real H&E stain (Macenko's reference): the synthetic tiles' stains.
 # (Ruifrok's eosin absorbs almost no red: Macenko's all-channels-above-beta rule would hide pure eosin.)

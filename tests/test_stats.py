@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.kinds.losses import cox_partial_nll, masked_regression_loss
-from pipelines.stats import classification as cls
-from pipelines.stats import regression as reg
-from pipelines.stats import survival as surv
-from pipelines.stats.bootstrap import bootstrap_cis
+from wsi.pipelines.stats import classification as cls
+from wsi.pipelines.stats import regression as reg
+from wsi.pipelines.stats import survival as surv
+from wsi.pipelines.stats.bootstrap import bootstrap_cis
+from wsi.pipelines.task_kinds.losses import cox_partial_nll, masked_regression_loss
 
 
 def _lifelines() -> None:

@@ -13,6 +13,7 @@ from PIL import Image
 
 from wsi.slide import open_slide
 from wsi.synthetic import SampleSlide, default_scene, write_sample_slide, write_truncated_copy
+from wsi.thumbnail import read_thumbnail
 
 
 def _hsv(rgb: np.ndarray) -> np.ndarray:
@@ -46,7 +47,7 @@ def test_pixels_follow_the_scene(sample_slide):
     """Every 50 um cell of a 4 um/px thumbnail is tissue (saturated) inside the boxes, glass outside."""
     s = sample_slide
     with open_slide(s.path) as slide:
-        thumb = slide.thumbnail_at(5.0)  # 300 x 300
+        thumb = read_thumbnail(slide, 5.0).image  # 300 x 300
     sat = _hsv(thumb)[..., 1]
     cell = 10  # px at 5 um/px = 50 um
     for cy in range(0, 300, cell):

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsi.file_tiles import FileTileProbe, file_tiles_under
 from wsi.slide import Slide, open_slide
 from wsi.thumbnail import read_thumbnail, read_thumbnails
+from wsi.tiff_tiles import FileTileProbe, file_tiles_under
 
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int, int, int]]:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines.jobs import read_manifest
-from pipelines.tile import output_paths, tile_slides
 from wsi.cli.main import cli
+from wsi.pipelines.jobs import read_manifest
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.sources import SlideSource
-from wsi.tilefile import is_complete, read_tile_file
+from wsi.tile_file import is_complete, read_tile_file
 
 WHOLE = [(0.0, 0.0, 1024.0, 1024.0)]  # tissue edge to edge: no sharp tissue/glass border anywhere
 
@@ -74,7 +74,7 @@ def test_empty_for_other_reasons_names_that_filter(good, tmp_path: Path) -> None
 
 
 def _params(**kwargs):
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     return TileParams(**kwargs)
 

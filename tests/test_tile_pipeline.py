@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.jobs import read_manifest
-from pipelines.tile import output_paths, tile_slides
+from wsi.pipelines.jobs import read_manifest
+from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
 from wsi.synthetic import write_truncated_copy
-from wsi.tilefile import is_complete, open_tile_pixels, read_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_file import is_complete, open_tile_pixels, read_tile_file
+from wsi.tile_params import TileParams
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_interrupted_write_leaves_nothing_trusted(
             raise OSError("No space left on device")
         return handle
 
-    monkeypatch.setattr("wsi.tilefile.h5py.File", dying_file)
+    monkeypatch.setattr("wsi.tile_file.h5py.File", dying_file)
     [failed] = tile_slides([src], out_dir=tmp_path, overwrite=True, save_tiles=True)
     monkeypatch.undo()
     assert failed.status == "failed" and "No space left on device" in failed.error

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wsi.errors import TileFileError
-from wsi.tilefile import (
+from wsi.tile_file import (
     REQUIRED_ATTRS,
     TilePixelWriter,
     is_complete,

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from PIL import Image
 from test_train_synthetic import IN_DIM, make_cohort, write_task
 
-from pipelines.heatmaps import contribution_to_class
-from pipelines.predict import load_run
-from pipelines.top_tiles import pick
-from pipelines.train import train
 from wsi.bags import BagProvenance, load_bag, write_bag
 from wsi.cli.main import cli
+from wsi.pipelines.heatmaps import contribution_to_class
+from wsi.pipelines.predict.stage import load_run
+from wsi.pipelines.predict.top_tiles import pick
+from wsi.pipelines.train import train
 from wsi.slide import open_slide
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from test_train_synthetic import IN_DIM, TINY, make_cohort, write_task
 
-from models import build_model
-from models.presets import build_model_from_config
-from pipelines.devices import resolve_device as pick_device
-from pipelines.train import load_task, train
-from pipelines.train.folds import init_from
 from wsi.cli.main import cli
 from wsi.errors import ConfigError
+from wsi.models import build_model
+from wsi.models.presets import build_model_from_config
+from wsi.pipelines.devices import resolve_device as pick_device
+from wsi.pipelines.train import load_task, train
+from wsi.pipelines.train.folds import init_from
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_cross_validation_folds_are_patient_disjoint(cohort, tmp_path: Path) -> 
     assert len(result.folds) == 3
 
     # predicting with the CV run folder averages its folds' probabilities
-    from pipelines.predict import predict
+    from wsi.pipelines.predict.stage import predict
 
     kw = {"features_dir": cohort.bags, "heatmaps": False, "progress": False}
     ensemble = predict(model_dir=tmp_path / "cv", out_dir=tmp_path / "p", **kw).rows
@@ -270,7 +270,7 @@ def test_stamp_bags_train_and_predict(tmp_path: Path, caplog: pytest.LogCaptureF
     """Bags written by STAMP (feats + coords in um, no encoder digest) go through the same loader."""
     import h5py
 
-    from pipelines.predict import predict
+    from wsi.pipelines.predict.stage import predict
 
     rng = np.random.default_rng(0)
     bags = tmp_path / "stamp"
@@ -300,8 +300,8 @@ def test_stamp_bags_train_and_predict(tmp_path: Path, caplog: pytest.LogCaptureF
 def test_every_fold_starts_as_if_it_seeded_and_built_its_own_model() -> None:
     """The run builds one model; each fold's copy has the weights and random stream that seeding and
     building inside the fold gives (what a dask worker and a resumed run rely on)."""
-    from pipelines.train.folds import StartState, model_kwargs
-    from pipelines.train.state import seed_everything
+    from wsi.pipelines.train.folds import StartState, model_kwargs
+    from wsi.pipelines.train.state import seed_everything
 
     task = load_task("nsclc-subtype").replace(**{"model.overrides": dict(TINY), "seed": 3})
     kwargs = model_kwargs(task, {"in_dim": IN_DIM})

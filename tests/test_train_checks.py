@@ -24,10 +24,10 @@ from click.testing import CliRunner
 from peer_bags import write_cohort
 from test_train_synthetic import TINY, make_cohort, write_task
 
-import pipelines.inputs.bags as bag_input
-from pipelines.train import train
-from pipelines.train.finite import NonFiniteTrainingError, check_outputs
+import wsi.pipelines.inputs.bags as bag_input
 from wsi.cli.main import cli
+from wsi.pipelines.train import train
+from wsi.pipelines.train.finite import NonFiniteTrainingError, check_outputs
 
 POSITIONS = {"preset": "vit-wsi", "attention": "seqnorm", "overrides": {**TINY, "pos_encoding": True}}
 
@@ -61,7 +61,7 @@ def test_every_non_finite_bag_is_named_and_nothing_is_trained(tmp_path: Path, cv
 
 
 def test_a_nan_loss_stops_training_naming_the_bag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipelines.train.loop as loop
+    import wsi.pipelines.train.loop as loop
 
     cohort = make_cohort(tmp_path, n_patients=6)
     forward = loop._forward
@@ -89,7 +89,7 @@ def test_a_nan_loss_stops_training_naming_the_bag(tmp_path: Path, monkeypatch: p
 def test_a_nan_gradient_stops_training_naming_the_bag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.train.loop as loop
+    import wsi.pipelines.train.loop as loop
 
     cohort = make_cohort(tmp_path, n_patients=6)
     group_loss = loop._group_loss
@@ -114,7 +114,7 @@ def test_a_nan_gradient_stops_training_naming_the_bag(
 def test_the_cli_reports_a_diverged_run_without_a_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.train.loop as loop
+    import wsi.pipelines.train.loop as loop
 
     cohort = make_cohort(tmp_path, n_patients=6)
     forward = loop._forward
@@ -125,7 +125,7 @@ def test_the_cli_reports_a_diverged_run_without_a_traceback(
 
 def test_on_an_accelerator_the_flags_are_read_every_few_steps_and_at_the_end() -> None:
     """No host synchronisation per step on CUDA: a NaN is found at the next read, still by its bags."""
-    from pipelines.train.finite import CUDA_CHECK_EVERY, FiniteWatch
+    from wsi.pipelines.train.finite import CUDA_CHECK_EVERY, FiniteWatch
 
     watch = FiniteWatch(torch.device("cuda"), epoch_desc="epoch 3")  # only its type is read
     for step in range(CUDA_CHECK_EVERY - 1):
@@ -147,8 +147,8 @@ def test_no_class_or_figure_comes_from_a_nan_output() -> None:
     check_outputs(["a", "b"], np.array([[0.3, 0.7], [0.6, 0.4]]))
     with pytest.raises(NonFiniteTrainingError, match=r"case\(s\) b\b"):
         check_outputs(["a", "b"], np.array([[0.3, 0.7], [np.nan, np.nan]]))
-    from pipelines.kinds import build_kind
-    from pipelines.tasks import load_task
+    from wsi.pipelines.task_kinds import build_kind
+    from wsi.pipelines.tasks import load_task
 
     kind = build_kind(load_task("nsclc-subtype"))
     assert kind.derived_cells(np.array([np.nan, np.nan])) == [""]  # argmax of NaN would say a class
@@ -269,8 +269,8 @@ def test_a_one_class_test_split_draws_no_roc_and_leaks_no_warning(tmp_path: Path
 
 def test_outputs_honour_the_umask(tmp_path: Path) -> None:
     """Checkpoints, the resume state and every other output: 0666 & ~umask (safetensors makes 0600)."""
-    from pipelines.checkpoints import save_weights
     from wsi.files import atomic_path, write_text_atomic
+    from wsi.pipelines.checkpoints import save_weights
 
     before = os.umask(0o022)
     try:

@@ -26,9 +26,10 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from skimage.segmentation import find_boundaries
 
-from wsi.file_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.files import atomic_path
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileParams, TissueGrid
+from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
+from wsi.tile_params import TileParams
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide

@@ -22,7 +22,6 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.suffixes import SLIDE_SUFFIXES
-from wsi.thumbnail import Thumbnail, read_thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -207,16 +206,6 @@ class Slide:
         )  # fmt: skip
         return np.asarray(img)
 
-    def thumbnail_at(self, mpp: float) -> np.ndarray:
-        """The whole slide as RGB uint8 at about `mpp` um/px, read from the coarsest level fine enough.
-
-        Parts that cannot be decoded are white (see `thumbnail` for where they are)."""
-        return self.thumbnail(mpp).image
-
-    def thumbnail(self, mpp: float) -> Thumbnail:
-        """The whole slide at about `mpp` um/px, with what could not be decoded marked unknown, not fatal
-        (`wsi.thumbnail.read_thumbnail`). Only a slide of which nothing can be read raises SlideError."""
-        return read_thumbnail(self, mpp)
 
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:

@@ -8,7 +8,7 @@ is reported at its real level-0 place. The tile stage treats unknown as "maybe t
 tiles one by one and counts the ones that fail as unreadable, so the rest of the slide is tiled.
 
 Public API:
-  read_thumbnail(slide, mpp) -> Thumbnail      (also `Slide.thumbnail(mpp)`)
+  read_thumbnail(slide, mpp) -> Thumbnail
   read_thumbnails(slide, mpps) -> tuple[Thumbnail, ...]   several sizes, each level read once, one warning
   Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
   UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.file_tiles`)
@@ -25,14 +25,14 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import SlideError
-from wsi.file_tiles import (
+from wsi.region import resample_filter
+from wsi.tiff_tiles import (
     UnreadableRegion,
     describe_regions,
     distinct_regions,
     file_tile_px,
     read_by_file_tiles,
 )
-from wsi.region import resample_filter
 
 if TYPE_CHECKING:
     from wsi.slide import Slide

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from models.attention._base import ATTENTION, AttentionBase
 from wsi.errors import ConfigError
+from wsi.models.attention._base import ATTENTION, AttentionBase
 
 _COMMON_OPTIONS = ("inner_dim", "bias", "dropout")
 

@@ -14,9 +14,9 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from models.attention.local import LocalRows
-from models.layout import grid_neighbours
 from wsi.errors import ConfigError
+from wsi.models.attention.local import LocalRows
+from wsi.models.layout import grid_neighbours
 from wsi.registry import Registry
 
 StreamState = dict[str, Any]
@@ -180,9 +180,9 @@ def no_autocast(device: torch.device) -> Any:
 ATTENTION: Registry[type[AttentionBase]] = Registry(
     "attention",
     modules=(
-        "models.attention.seqnorm",
-        "models.attention.softmax",
-        "models.attention.sima",
-        "models.attention.gdla",
+        "wsi.models.attention.seqnorm",
+        "wsi.models.attention.softmax",
+        "wsi.models.attention.sima",
+        "wsi.models.attention.gdla",
     ),
 )

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
-from models.attention._masking import count_tokens, weighted, zero_padded
-from models.attention.local import LocalRows, depthwise
-from models.attention.seqnorm import stats_dtype
-from models.layout import CENTRE, OFFSETS
 from wsi.errors import ConfigError
+from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
+from wsi.models.attention._masking import count_tokens, weighted, zero_padded
+from wsi.models.attention.local import LocalRows, depthwise
+from wsi.models.attention.seqnorm import stats_dtype
+from wsi.models.layout import CENTRE, OFFSETS
 
 
 def _phi(t: Tensor) -> Tensor:

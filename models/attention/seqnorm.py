@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
-from models.attention._masking import count_tokens, masked_mean_var, masked_sum, weighted, zero_padded
-from models.attention.local import LocalRows
 from wsi.errors import ConfigError
+from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
+from wsi.models.attention._masking import count_tokens, masked_mean_var, masked_sum, weighted, zero_padded
+from wsi.models.attention.local import LocalRows
 
 
 class ChannelAffine(nn.Module):

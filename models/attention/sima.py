@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
-from models.attention._masking import masked_sum, weighted, zero_padded
-from models.attention.local import LocalRows
-from models.attention.seqnorm import stats_dtype
+from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
+from wsi.models.attention._masking import masked_sum, weighted, zero_padded
+from wsi.models.attention.local import LocalRows
+from wsi.models.attention.seqnorm import stats_dtype
 
 
 @ATTENTION.register("sima")

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.attention._base import ATTENTION, AttentionBase, StreamState
-from models.attention._masking import zero_padded
-from models.attention.local import LocalRows
+from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState
+from wsi.models.attention._masking import zero_padded
+from wsi.models.attention.local import LocalRows
 
 
 def _key_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:

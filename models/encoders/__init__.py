@@ -31,7 +31,7 @@ Public API:
 Errors: WeightsError (missing, unsafe, wrong keys/shapes, digest), ConfigError (unknown name, bad recipe).
 """
 
-from models.encoders.encoder import (
+from wsi.models.encoders.encoder import (
     Encoder,
     build_encoder,
     count_parameters,
@@ -39,15 +39,15 @@ from models.encoders.encoder import (
     mpp_warning,
     pick_batch_size,
 )
-from models.encoders.named import CTRANSPATH_SHA256, RETCCL_SHA256
-from models.encoders.recipe import (
+from wsi.models.encoders.named import CTRANSPATH_SHA256, RETCCL_SHA256
+from wsi.models.encoders.recipe import (
     ENCODERS,
     EncoderRecipe,
     available_encoders,
     get_recipe,
     load_recipe_yaml,
 )
-from models.encoders.weights import load_state_dict_file
+from wsi.models.encoders.weights import load_state_dict_file
 
 __all__ = [
     "CTRANSPATH_SHA256",

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.encoders.layers import POOLINGS
-from models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
-from models.encoders.weights import load_checked, load_state_dict_file, resolve_weights_path
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
+from wsi.models.encoders.layers import POOLINGS
+from wsi.models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
+from wsi.models.encoders.weights import load_checked, load_state_dict_file, resolve_weights_path
 
-log = logging.getLogger("models.encoders")
+log = logging.getLogger("wsi.models.encoders")
 
 RANDOM_SEED = 0  # random_init is seeded so that every dask worker builds the same network
 

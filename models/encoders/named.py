@@ -12,7 +12,7 @@ the checkpoint does not use timm's names, and a row in tests/test_encoders.py's 
 
 from __future__ import annotations
 
-from models.encoders.recipe import ENCODERS, EncoderRecipe
+from wsi.models.encoders.recipe import ENCODERS, EncoderRecipe
 
 RETCCL_SHA256 = "931956f31d3f1a3f6047f3172b9e59ee3460d29f7c0c2bb219cbc8e9207795ff"
 # ctranspath.pth from the TransPath authors' Google Drive link, as STAMP pins it

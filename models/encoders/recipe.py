@@ -99,7 +99,7 @@ class EncoderRecipe:
 
 
 # One registry for the named encoders: a small factory per name, registered beside its recipe.
-ENCODERS: Registry[Callable[[], EncoderRecipe]] = Registry("encoder", modules=("models.encoders.named",))
+ENCODERS: Registry[Callable[[], EncoderRecipe]] = Registry("encoder", modules=("wsi.models.encoders.named",))
 
 
 def _layers() -> dict[str, Any]:
@@ -107,7 +107,7 @@ def _layers() -> dict[str, Any]:
     from timm.layers import GluMlp, Mlp, SwiGLU, SwiGLUPacked
     from torch import nn
 
-    from models.encoders.layers import ConvStem
+    from wsi.models.encoders.layers import ConvStem
 
     return {
         "mlp": Mlp,  # fc1 -> act -> fc2

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.encoders.recipe import EncoderRecipe
 from wsi.errors import WeightsError
+from wsi.models.encoders.recipe import EncoderRecipe
 from wsi.registry import Registry
 
-log = logging.getLogger("models.encoders")
+log = logging.getLogger("wsi.models.encoders")
 
 StateDict = dict[str, torch.Tensor]
 

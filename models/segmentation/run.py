@@ -20,10 +20,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from models.encoders.weights import load_state_dict_file
-from models.segmentation.named import IMAGENET_MEAN, IMAGENET_STD, SegKind, SegmenterSpec, segmenter_spec
 from wsi.errors import WeightsError
 from wsi.files import sha256_file
+from wsi.models.encoders.weights import load_state_dict_file
+from wsi.models.segmentation.named import IMAGENET_MEAN, IMAGENET_STD, SegKind, SegmenterSpec, segmenter_spec
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from wsi.suffixes import TILE_PIXELS_SUFFIX
-from wsi.tilefile import TileFile, pixels_complete
+from wsi.tile_file import TileFile, pixels_complete
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.embed.engine import SlideJob
-from pipelines.jobs import JobResult
 from wsi.bags import read_bag_attrs
 from wsi.errors import WsiError
 from wsi.files import case_collisions, is_temp_name
+from wsi.pipelines.embed.engine import SlideJob
+from wsi.pipelines.jobs import JobResult
 from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipelines.embed.batches import SlideTiles, TileBatch
-from pipelines.embed.device_decode.raw_tiles import RawSlideReader
-from pipelines.jobs import describe_error
+from wsi.pipelines.embed.batches import SlideTiles, TileBatch
+from wsi.pipelines.embed.device_decode.raw_tiles import RawSlideReader
+from wsi.pipelines.jobs import describe_error
 from wsi.slide import open_slide
-from wsi.tilefile import open_tile_pixels
+from wsi.tile_file import open_tile_pixels
 
 log = logging.getLogger(__name__)
 

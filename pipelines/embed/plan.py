@@ -24,18 +24,18 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from models.encoders import Encoder
-from models.stain import StainReference
-from pipelines.embed.batches import slide_tiles_from_tile_file
-from pipelines.embed.checks import other_slide, refuse_case_clashes
-from pipelines.embed.engine import SlideJob, SlideWork
-from pipelines.embed.options import EmbedOptions
-from pipelines.embed.stain import stain_fields
-from pipelines.jobs import JobResult
 from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
 from wsi.errors import WsiError
+from wsi.models.encoders import Encoder
+from wsi.models.stain import StainReference
+from wsi.pipelines.embed.batches import slide_tiles_from_tile_file
+from wsi.pipelines.embed.checks import other_slide, refuse_case_clashes
+from wsi.pipelines.embed.config import EmbedOptions
+from wsi.pipelines.embed.engine import SlideJob, SlideWork
+from wsi.pipelines.embed.stain import stain_fields
+from wsi.pipelines.jobs import JobResult
 from wsi.suffixes import BAG_SUFFIX
-from wsi.tilefile import read_tile_file
+from wsi.tile_file import read_tile_file
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import torch
 
-from models.encoders import Encoder, pick_batch_size
-from pipelines.embed.options import CPU_BATCH, EmbedOptions, Precision
+from wsi.models.encoders import Encoder, pick_batch_size
+from wsi.pipelines.embed.config import CPU_BATCH, EmbedOptions, Precision
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ AUTO_MAX_BATCH = 256  # "auto" never goes beyond: pinned batches in flight stay 
 
 def build_encoders(options: EmbedOptions) -> list[Encoder]:
     """Every encoder of the run, built (and so validated: weights, keys, digests) on the CPU."""
-    from models.encoders import build_encoder  # looked up per call: tests count the builds
+    from wsi.models.encoders import build_encoder  # looked up per call: tests count the builds
 
     built = []
     for c in options.choices():

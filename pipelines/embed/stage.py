@@ -39,19 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from models.encoders import Encoder, encoder_id_for
-from models.stain import StainReference
-from pipelines.devices import resolve_device
-from pipelines.embed.checks import bad_tile_lines, bad_tiles
-from pipelines.embed.engine import SlideWork, WorkResult, embed_works
-from pipelines.embed.gpus import Gpus, assign_gpus
-from pipelines.embed.options import EmbedOptions
-from pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
-from pipelines.embed.runtime import build_encoders, prepare_runtimes
-from pipelines.embed.stain import resolve_stain_reference
-from pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
+from wsi.models.encoders import Encoder, encoder_id_for
+from wsi.models.stain import StainReference
+from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
+from wsi.pipelines.embed.config import EmbedOptions
+from wsi.pipelines.embed.engine import SlideWork, WorkResult, embed_works
+from wsi.pipelines.embed.gpus import Gpus, assign_gpus
+from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
+from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
+from wsi.pipelines.embed.stain import resolve_stain_reference
+from wsi.pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
 from wsi.suffixes import TILE_FILE_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def _embed_dask(
     workers: int,
     scheduler: str | None,
 ) -> list[list[JobResult | None]]:
-    from pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
+    from wsi.pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
 
     items = [EmbedItem(w.tiles.slide_id, w.tiles.slide_path, w) for w in works]
     results = run_jobs(
@@ -238,7 +238,7 @@ def embed_slides(
     A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed row
     here too, with the tile stage's reason, and one whose tiling kept no tile an `empty` row ("tiling kept
     no tile: <why>"); `options.overwrite` redoes the tiles as well. `workers` is the tile stage's too."""
-    from pipelines.tile import tile_slides
+    from wsi.pipelines.tile.stage import tile_slides
 
     check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
     tiled = tile_slides(

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.stain import StainReference, default_reference, fit_reference, load_reference
 from wsi.config import config_dict
 from wsi.errors import ConfigError, WsiError
+from wsi.models.stain import StainReference, default_reference, fit_reference, load_reference
 from wsi.suffixes import PHOTO_SUFFIXES
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def _reference_tiles(path: Path) -> np.ndarray:
         return _crops([_read_image(p) for p in files])
     if path.suffix.lower() in PHOTO_SUFFIXES:
         return _crops([_read_image(path)])
-    from wsi.tilefile import is_tile_file
+    from wsi.tile_file import is_tile_file
 
     if is_tile_file(path):
         return _tile_file_tiles(path)
@@ -112,7 +112,7 @@ def _tile_file_tiles(path: Path) -> np.ndarray:
     """Up to MAX_FIT_TILES tiles of a tile file, evenly spaced: from its pixel cache, else from the slide."""
     from wsi.slide import open_slide
     from wsi.suffixes import TILE_PIXELS_SUFFIX
-    from wsi.tilefile import open_tile_pixels, pixels_complete, read_tile_file
+    from wsi.tile_file import open_tile_pixels, pixels_complete, read_tile_file
 
     try:
         tf = read_tile_file(path)

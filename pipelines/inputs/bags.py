@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.inputs import INPUTS, Batch, Item
 from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag_attrs, read_bag_header
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
+from wsi.pipelines.inputs import INPUTS, Batch, Item
 from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ class BagInput:
 
         Bags whose resolution is unknown are drawn in level-0 pixels (the picture is the same, only the
         unit differs)."""
-        from pipelines.heatmaps import render_heatmap
+        from wsi.pipelines.heatmaps import render_heatmap
 
         if "coords_um" in sample:
             coords, size = sample["coords_um"].numpy(), sample.get("tile_size_um")

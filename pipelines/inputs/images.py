@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.inputs import INPUTS, Batch, Item
 from wsi.clinical_images.dataset import ImageDataset, collate_images
 from wsi.clinical_images.heatmap import fit_long_side, save_heatmap
 from wsi.clinical_images.readers import (
@@ -43,6 +42,7 @@ from wsi.clinical_images.readers import (
 from wsi.clinical_images.transforms import NORMALIZE_MODES, ImageSpec
 from wsi.errors import ConfigError, ImageReadError
 from wsi.files import is_temp_name, sanitize_slide_id
+from wsi.pipelines.inputs import INPUTS, Batch, Item
 
 log = logging.getLogger(__name__)
 

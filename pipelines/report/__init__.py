@@ -15,7 +15,7 @@ A set is a test split, a cross-validation fold, the pooled folds, or an external
 in the metrics table are those of metrics.json, so the report and the JSON never disagree.
 """
 
-from pipelines.report.page import (
+from wsi.pipelines.report.page import (
     METRIC_HEADER,
     REPORT_NAME,
     fmt_value,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.stats.survival import KaplanMeier
+from wsi.pipelines.stats.survival import KaplanMeier
 
 _DPI = 110
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.kinds import PredictionSet, TaskKind
-from pipelines.report.sections import (
+from wsi.files import write_bytes_atomic, write_csv_atomic, write_text_atomic
+from wsi.pipelines.report.sections import (
     Section,
     Tables,
     classification_sections,
     regression_sections,
     survival_sections,
 )
-from wsi.files import write_bytes_atomic, write_csv_atomic, write_text_atomic
+from wsi.pipelines.task_kinds import PredictionSet, TaskKind
 
 REPORT_NAME = "report.html"
 METRIC_HEADER = ["set", "target", "metric", "value", "ci95_low", "ci95_high"]

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import confusion_matrix
 
-from pipelines.report import figures
-from pipelines.stats import classification as cls_stats
-from pipelines.stats.regression import pearson_r
-from pipelines.stats.survival import kaplan_meier
+from wsi.pipelines.report import figures
+from wsi.pipelines.stats import classification as cls_stats
+from wsi.pipelines.stats.regression import pearson_r
+from wsi.pipelines.stats.survival import kaplan_meier
 
 #: bootstrap resamples for the curve bands (each resample draws a whole curve; 200 steady the 2.5% tail)
 BAND_RESAMPLES = 200

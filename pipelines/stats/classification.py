@@ -25,8 +25,8 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from pipelines.stats.bootstrap import bootstrap_cis, percentile_interval, resamples
 from wsi.files import atomic_path
+from wsi.pipelines.stats.bootstrap import bootstrap_cis, percentile_interval, resamples
 
 #: points of the common axis that bootstrap curves are read at (FPR for ROC, recall for PR)
 CURVE_GRID = np.linspace(0.0, 1.0, 101)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
-from pipelines.stats.bootstrap import bootstrap_cis
+from wsi.pipelines.stats.bootstrap import bootstrap_cis
 
 FIGURES = ("pearson_r", "spearman_rho", "r2", "mae")
 

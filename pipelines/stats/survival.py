@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2
 
-from pipelines.stats.bootstrap import percentile_interval, resamples
+from wsi.pipelines.stats.bootstrap import percentile_interval, resamples
 
 #: pairs compared per block in the C-index (bounds memory at about 100 MB for any cohort size)
 _BLOCK = 2048

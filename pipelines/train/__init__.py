@@ -6,7 +6,7 @@ Public API:
 See pipelines/train/run.py for the run-folder layout and pipelines/run_record.py for its config.json.
 """
 
-from pipelines.tasks import TaskConfig, load_task
-from pipelines.train.run import TrainResult, train
+from wsi.pipelines.tasks import TaskConfig, load_task
+from wsi.pipelines.train.run import TrainResult, train
 
 __all__ = ["TaskConfig", "TrainResult", "load_task", "train"]

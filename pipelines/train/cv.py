@@ -13,8 +13,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pipelines.train.folds import FoldSpec, run_fold
 from wsi.errors import ConfigError
+from wsi.pipelines.train.folds import FoldSpec, run_fold
 
 log = logging.getLogger(__name__)
 

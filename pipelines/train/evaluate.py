@@ -15,18 +15,18 @@ from typing import Any
 
 import torch
 
-from pipelines.cases import make_loader
-from pipelines.checkpoints import load_into
-from pipelines.inputs import InputAdapter, Item
-from pipelines.kinds import PredictionSet, TaskKind
-from pipelines.report import write_report
-from pipelines.run_record import write_fitted
-from pipelines.stats.classification import json_safe, plot_roc
-from pipelines.tasks import TaskConfig
-from pipelines.train.loop import Predicted, predict_loader
-from pipelines.train.splits import Split
-from pipelines.train.state import TrainState
 from wsi.files import write_json_atomic
+from wsi.pipelines.cases import make_loader
+from wsi.pipelines.checkpoints import load_into
+from wsi.pipelines.inputs import InputAdapter, Item
+from wsi.pipelines.report import write_report
+from wsi.pipelines.run_record import write_fitted
+from wsi.pipelines.stats.classification import json_safe, plot_roc
+from wsi.pipelines.task_kinds import PredictionSet, TaskKind
+from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.train.loop import Predicted, predict_loader
+from wsi.pipelines.train.splits import Split
+from wsi.pipelines.train.state import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -17,17 +17,17 @@ from typing import Any
 
 import torch
 
-from pipelines.checkpoints import load_into, load_weights
-from pipelines.devices import resolve_device
-from pipelines.inputs import InputAdapter
-from pipelines.kinds import build_kind
-from pipelines.run_record import read_run_record, record_path, write_fitted
-from pipelines.tasks import TaskConfig
-from pipelines.train.evaluate import evaluate_best
-from pipelines.train.loop import EpochHook, fit
-from pipelines.train.splits import Split
-from pipelines.train.state import RngState, has_resume, seed_everything
 from wsi.errors import ConfigError, WeightsError
+from wsi.pipelines.checkpoints import load_into, load_weights
+from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.inputs import InputAdapter
+from wsi.pipelines.run_record import read_run_record, record_path, write_fitted
+from wsi.pipelines.task_kinds import build_kind
+from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.train.evaluate import evaluate_best
+from wsi.pipelines.train.loop import EpochHook, fit
+from wsi.pipelines.train.splits import Split
+from wsi.pipelines.train.state import RngState, has_resume, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class StartState:
     @classmethod
     def build(cls, model_kwargs: Mapping[str, Any], *, seed: int) -> StartState:
         """Seed every generator, then build `models.build_model(**model_kwargs)`."""
-        from models import build_model
+        from wsi.models import build_model
 
         seed_everything(seed)
         kwargs = dict(model_kwargs)
@@ -116,7 +116,7 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
 
 def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> None:
     """Start from another run's weights: same attention -> load; softmax -> transfer to softmax-free."""
-    from models.presets import transfer_softmax_to_seqnorm
+    from wsi.models.presets import transfer_softmax_to_seqnorm
 
     source = Path(source)
     ckpt = source / "best.safetensors" if source.is_dir() else source

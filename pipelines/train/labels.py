@@ -1,7 +1,7 @@
 """Label tables, where training has always found them; the code lives in `pipelines.labels` (shared
 with `wsi predict --labels`, which never imports the training code)."""
 
-from pipelines.labels import (
+from wsi.pipelines.labels import (
     LabelRow,
     Matched,
     default_patient,

@@ -31,21 +31,21 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from pipelines.cases import make_loader
-from pipelines.checkpoints import save_weights
-from pipelines.devices import autocast_for
-from pipelines.inputs import Batch, InputAdapter, Item
-from pipelines.kinds import TaskKind
-from pipelines.tasks import TaskConfig
-from pipelines.train.augment import BagAugment
-from pipelines.train.finite import FiniteWatch, check_outputs
-from pipelines.train.optim import make_optimizer, make_scheduler
-from pipelines.train.recipe import is_resolved
-from pipelines.train.selection import Selection
-from pipelines.train.splits import Split
-from pipelines.train.state import TrainState, has_resume, load_resume, save_resume
 from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
+from wsi.pipelines.cases import make_loader
+from wsi.pipelines.checkpoints import save_weights
+from wsi.pipelines.devices import autocast_for
+from wsi.pipelines.inputs import Batch, InputAdapter, Item
+from wsi.pipelines.task_kinds import TaskKind
+from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.train.augment import BagAugment
+from wsi.pipelines.train.finite import FiniteWatch, check_outputs
+from wsi.pipelines.train.optim import make_optimizer, make_scheduler
+from wsi.pipelines.train.recipe import is_resolved
+from wsi.pipelines.train.selection import Selection
+from wsi.pipelines.train.splits import Split
+from wsi.pipelines.train.state import TrainState, has_resume, load_resume, save_resume
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def require_recipe(task: TaskConfig) -> int:
     if not is_resolved(task) or task.epochs is None:
         raise ConfigError(
             f"task {task.name!r} has fields its recipe fills still unset: train it through "
-            "pipelines.train.train, or apply pipelines.train.recipe.apply_recipe first"
+            "wsi.pipelines.train.train, or apply wsi.pipelines.train.recipe.apply_recipe first"
         )
     return task.epochs
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.stats.classification import (
+from wsi.pipelines.stats.classification import (
     auroc,
     binary_auroc,
     bootstrap_auroc,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipelines.inputs import InputAdapter, Item
 from wsi.errors import BagFormatError
+from wsi.pipelines.inputs import InputAdapter, Item
 
 
 def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[Item, str]]:

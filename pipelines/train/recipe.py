@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.tasks import TaskConfig
+from wsi.pipelines.tasks import TaskConfig
 
 #: below this many training cases the small-cohort recipe picks the narrower preset
 SMALL_BELOW = 300
@@ -92,7 +92,7 @@ def preset_for(recipe: str, n_train: int, input_name: str = "bags") -> str:
 
 def apply_recipe(task: TaskConfig, *, n_train: int) -> TaskConfig:
     """`task` with every None field filled from its recipe; `n_train` = training cases (per fold)."""
-    from models.presets import preset_attention, preset_kind
+    from wsi.models.presets import preset_attention, preset_kind
 
     values = RECIPES[task.recipe]
     preset = task.model.preset or preset_for(task.recipe, n_train, task.input)

@@ -40,13 +40,15 @@ from typing import Any, cast
 
 import torch
 
-from pipelines.cases import group_by_patient
-from pipelines.devices import resolve_device
-from pipelines.inputs import InputAdapter, Item, build_input
-from pipelines.kinds import PredictionSet, TaskKind, build_kind
-from pipelines.labels import Matched, match_items, read_label_table
-from pipelines.report import write_report
-from pipelines.run_record import (
+from wsi.config import config_dict
+from wsi.errors import ConfigError
+from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.pipelines.cases import group_by_patient
+from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.inputs import InputAdapter, Item, build_input
+from wsi.pipelines.labels import Matched, match_items, read_label_table
+from wsi.pipelines.report import write_report
+from wsi.pipelines.run_record import (
     Counts,
     InputRecord,
     RunRecord,
@@ -56,17 +58,15 @@ from pipelines.run_record import (
     record_path,
     write_run_record,
 )
-from pipelines.tasks import TaskConfig, load_task
-from pipelines.train import metrics
-from pipelines.train.cv import run_folds_on_cluster
-from pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
-from pipelines.train.loop import EpochHook
-from pipelines.train.preflight import refuse_unusable
-from pipelines.train.recipe import apply_recipe
-from pipelines.train.splits import Split, kfold_items, split_items
-from wsi.config import config_dict
-from wsi.errors import ConfigError
-from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.pipelines.task_kinds import PredictionSet, TaskKind, build_kind
+from wsi.pipelines.tasks import TaskConfig, load_task
+from wsi.pipelines.train import metrics
+from wsi.pipelines.train.cv import run_folds_on_cluster
+from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
+from wsi.pipelines.train.loop import EpochHook
+from wsi.pipelines.train.preflight import refuse_unusable
+from wsi.pipelines.train.recipe import apply_recipe
+from wsi.pipelines.train.splits import Split, kfold_items, split_items
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _with_resolution(
 def _uses_positions(task: TaskConfig) -> bool:
     """Whether the task's model reads tile positions, from its preset and overrides (known before the
     model is built, so the input check can say which bags lack a resolution)."""
-    import configs
+    from wsi import configs
 
     if task.model.preset is None:  # the recipe fills it before the checks: see train()
         raise ConfigError("the task's model preset is unset: its recipe was not applied")

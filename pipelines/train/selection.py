@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from pipelines.checkpoints import load_weights, save_weights
-from pipelines.tasks import TaskConfig
 from wsi.files import atomic_path
+from wsi.pipelines.checkpoints import load_weights, save_weights
+from wsi.pipelines.tasks import TaskConfig
 
 WINDOW_DIR = "window"
 

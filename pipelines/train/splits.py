@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.model_selection import StratifiedGroupKFold
 
-from pipelines.inputs import Item
 from wsi.errors import LabelError
+from wsi.pipelines.inputs import Item
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
-from pipelines.checkpoints import load_into, load_weights
 from wsi.config import config_model, parse_config
 from wsi.files import atomic_path
+from wsi.pipelines.checkpoints import load_into, load_weights
 
 RESUME_DIR = "resume"
 

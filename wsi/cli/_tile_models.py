@@ -1,5 +1,5 @@
-"""`wsi tile` options for segmentation networks and the mpp override (issue 20), kept apart from the
-filter options so that each stays small."""
+"""`wsi tile` options for segmentation networks (issue 20): not config fields (TileParams, TileOptions),
+as they name files whose content (sha256) the tile file records."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ ARTIFACT_MODELS = ("grandqc-artifact", "grandqc-artifact-mpp15", "grandqc-artifa
 
 
 def model_options() -> Callable[[F], F]:
-    """--tissue-model/--tissue-weights, --artifact-model/--artifact-weights, --max-artifact, --device,
-    --mpp-override."""
+    """--tissue-model/--tissue-weights, --artifact-model/--artifact-weights, --max-artifact, --device."""
     weights = click.Path(path_type=Path, dir_okay=False)
     options = [
         click.option(
@@ -48,11 +47,6 @@ def model_options() -> Callable[[F], F]:
             "--device", default="auto", show_default=True,
             help="Where the segmentation networks run: auto (CUDA, MPS, else CPU), cpu, cuda, cuda:N, mps.",
         ),
-        click.option(
-            "--mpp-override", is_flag=True,
-            help="Use --mpp for every slide, also those whose metadata has an mpp (a CSV mpp column still "
-            "wins). Without it the metadata wins and the log says so.",
-        ),
     ]  # fmt: skip
 
     def apply(f: F) -> F:
@@ -72,7 +66,7 @@ def segmentation_from(
     device: str,
 ) -> Any:
     """The tile stage's SegmentationOptions (imported here: `wsi tile --help` stays instant)."""
-    from pipelines.tile_segment import SegmentationOptions
+    from wsi.pipelines.tile.segment import SegmentationOptions
 
     return SegmentationOptions(
         tissue_model=tissue_model, tissue_weights=tissue_weights, artifact_model=artifact_model,

@@ -32,7 +32,7 @@ Examples:
 def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class: int, epochs: int,
             workers: int, seed: int) -> None:
     """Run tile -> embed -> train -> predict on a generated two-class cohort and say where it all went."""
-    from pipelines.demo import DemoOptions, run_demo
+    from wsi.pipelines.demo import DemoOptions, run_demo
 
     ensure_writable_dir(out_dir)  # exit 2 with the folder named, before any slide is generated
     if weights is None:

@@ -10,7 +10,7 @@ import click
 from wsi.cli._common import user_errors
 
 if TYPE_CHECKING:
-    from models.encoders import EncoderRecipe
+    from wsi.models.encoders import EncoderRecipe
 
 
 @click.command(
@@ -39,7 +39,7 @@ Tile at the encoder's training resolution (the mpp column): wsi tile slides/ --o
 @user_errors
 def command(name: str | None, as_yaml: bool, as_json: bool) -> None:
     """List the named tile encoders, or show one recipe."""
-    from models.encoders import ENCODERS, get_recipe
+    from wsi.models.encoders import ENCODERS, get_recipe
 
     names = [name] if name else ENCODERS.names()
     recipes = {n: get_recipe(n) for n in names}  # unknown NAME: a ConfigError listing the choices

@@ -145,7 +145,7 @@ def command(
     if scheduler and not cv:
         raise click.UsageError("--scheduler runs cross-validation folds in parallel; give --cv K too")
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
-    from pipelines.train import train
+    from wsi.pipelines.train import train
 
     overrides: dict[str, object] = {}
     if bag_size is not None:
@@ -158,8 +158,8 @@ def command(
         epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
         overrides=overrides or None, progress=not no_progress, mpp=mpp,
     )  # fmt: skip
-    from pipelines.kinds import build_kind
-    from pipelines.run_record import read_run_record
+    from wsi.pipelines.run_record import read_run_record
+    from wsi.pipelines.task_kinds import build_kind
 
     record = read_run_record(result.run_dir)
     kind = build_kind(record.task)

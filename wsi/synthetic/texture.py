@@ -21,6 +21,7 @@ from scipy import fft as sfft
 from scipy import ndimage
 
 from wsi.synthetic.scene import Box
+from wsi.thumbnail import read_thumbnail
 
 #: resolution at which the procedural texture atlas is built before resampling to each level
 _REF_MPP = 0.25
@@ -187,7 +188,7 @@ def _real_atlas(source: Path, style: str, crop_um: float = 400.0) -> np.ndarray:
     side_um = crop_um / zoom
     step_um = 8.0
     with open_slide(source) as slide:
-        thumb = slide.thumbnail_at(step_um)
+        thumb = read_thumbnail(slide, step_um).image
         sat = np.asarray(Image.fromarray(thumb).convert("HSV"))[..., 1].astype(np.float32)
         win = max(1, round(side_um / step_um))
         iy = ix = 0

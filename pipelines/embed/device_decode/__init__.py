@@ -22,9 +22,9 @@ One idea per module, in the order a batch meets them:
 The batch types (SlideTiles, TileBatch, RawBatch) live in pipelines/embed/batches.py.
 """
 
-from pipelines.embed.device_decode.decoder import DeviceDecoder
-from pipelines.embed.device_decode.jpeg import complete_jpeg
-from pipelines.embed.device_decode.prefetch import decode_ahead
-from pipelines.embed.device_decode.raw_tiles import RawSlideReader
+from wsi.pipelines.embed.device_decode.decoder import DeviceDecoder
+from wsi.pipelines.embed.device_decode.jpeg import complete_jpeg
+from wsi.pipelines.embed.device_decode.prefetch import decode_ahead
+from wsi.pipelines.embed.device_decode.raw_tiles import RawSlideReader
 
 __all__ = ["DeviceDecoder", "RawSlideReader", "complete_jpeg", "decode_ahead"]

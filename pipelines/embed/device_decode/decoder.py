@@ -24,9 +24,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from pipelines.embed.batches import RawBatch
-from pipelines.embed.device_decode.resample import finish_tiles, to_device
-from pipelines.jobs import describe_error
+from wsi.pipelines.embed.batches import RawBatch
+from wsi.pipelines.embed.device_decode.resample import finish_tiles, to_device
+from wsi.pipelines.jobs import describe_error
 from wsi.region import RegionKind
 from wsi.slide import Slide, open_slide
 

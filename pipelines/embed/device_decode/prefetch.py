@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from pipelines.embed.batches import TileBatch
-from pipelines.embed.device_decode.decoder import DeviceDecoder
+from wsi.pipelines.embed.batches import TileBatch
+from wsi.pipelines.embed.device_decode.decoder import DeviceDecoder
 
 log = logging.getLogger(__name__)
 

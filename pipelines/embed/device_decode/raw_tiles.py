@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.embed.batches import RawBatch, SlideTiles
-from pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
+from wsi.pipelines.embed.batches import RawBatch, SlideTiles
+from wsi.pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
 from wsi.region import RegionKind, RegionPlan, plan_region
 from wsi.slide import is_tiff, open_slide
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipelines.tile_checks import ignored_fallback_mpp, mpp_disagreement
 from wsi.errors import MissingMppError, SlideError
+from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 

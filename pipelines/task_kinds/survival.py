@@ -17,11 +17,19 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from pipelines.inputs import Item
-from pipelines.kinds import KINDS, PredictionSet, TaskKind, fmt3, loss_over_set, parse_number, worst_if_nan
-from pipelines.kinds.losses import cox_partial_nll
-from pipelines.stats import survival as surv_stats
 from wsi.errors import LabelError
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import survival as surv_stats
+from wsi.pipelines.task_kinds import (
+    KINDS,
+    PredictionSet,
+    TaskKind,
+    fmt3,
+    loss_over_set,
+    parse_number,
+    worst_if_nan,
+)
+from wsi.pipelines.task_kinds.losses import cox_partial_nll
 
 _EVENT_WORDS = {
     **dict.fromkeys(("1", "1.0", "true", "yes", "y", "dead", "deceased", "died", "event", "progressed"), 1.0),

@@ -38,11 +38,13 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pipelines.jobs import JobResult, run_jobs, write_manifest
-from pipelines.tile_checks import (
+from wsi.config import with_settings
+from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.checks import (
     check_damage,
     check_moved,
     check_same_slide,
@@ -53,10 +55,11 @@ from pipelines.tile_checks import (
     file_damage,
     refuse_id_clashes,
 )
-from pipelines.tile_mpp import OVERRIDE_SOURCE, open_with_mpp
-from pipelines.tile_output import pixel_writer, tile_file_attrs
-from pipelines.tile_read import classified_chunks, default_threads, read_tile_chunks
-from pipelines.tile_segment import (
+from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
+from wsi.pipelines.tile.output import pixel_writer, tile_file_attrs
+from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
+from wsi.pipelines.tile.segment import (
     SegmentationOptions,
     artifact_reason_names,
     artifact_verdicts,
@@ -65,26 +68,26 @@ from pipelines.tile_segment import (
     segmentation_attrs,
     segmenters,
 )
-from pipelines.tile_yield import artifact_empty, low_yield_note, upsampling_note
-from wsi.file_tiles import FileDamage, FileTileProbe
+from wsi.pipelines.tile.yield_notes import artifact_empty, low_yield_note, upsampling_note
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.slide import Slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
-from wsi.tilefile import (
+from wsi.tiff_tiles import FileDamage, FileTileProbe
+from wsi.tile_file import (
     TileFile,
     is_complete,
     pixels_complete,
     read_tile_file,
     write_tile_file,
 )
+from wsi.tile_params import TileParams
 from wsi.tiling import (
     BACKGROUND,
     BLURRY,
     KEPT,
     UNREADABLE,
     TileCounts,
-    TileParams,
     TissueGrid,
     blur_reduction,
     find_tissue,
@@ -135,7 +138,7 @@ class TileJob:
     background: str = "auto"
     #: use fallback_mpp (--mpp) for slides whose metadata has an mpp too (--mpp-override)
     mpp_override: bool = False
-    #: tissue / artifact segmentation networks (`pipelines.tile_segment`); None: none
+    #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
     segmentation: SegmentationOptions | None = None
 
 
@@ -144,33 +147,28 @@ def tile_slides(
     *,
     out_dir: str | os.PathLike[str],
     params: TileParams | None = None,
-    backend: str = "openslide",
-    mpp: float | None = None,
-    workers: int = 1,
-    scheduler: str | None = None,
-    overwrite: bool = False,
-    save_tiles: bool = False,
-    threads: int | None = None,
-    background: str = "auto",
-    mpp_override: bool = False,
+    options: TileOptions | None = None,
     segmentation: SegmentationOptions | None = None,
+    **settings: Any,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
-    mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
-    background: "auto", "light" or "dark" (see TileJob). A slide whose id is unusable, repeats an earlier
-    slide's id (or differs from it only by case) is a failed row naming both files; the others run.
+    `options` (or its fields as keywords, `settings`: backend, mpp, workers, threads, ...) say how to
+    read and schedule (`TileOptions`); `params` which tiles to keep. A slide whose id is unusable,
+    repeats an earlier slide's id (or differs from it only by case) is a failed row naming both files;
+    the others run.
     """
+    opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
         out_dir=Path(out_dir).absolute(),
         params=params or TileParams(),
-        backend=backend,
-        fallback_mpp=mpp,
-        save_tiles=save_tiles,
-        overwrite=overwrite,
-        threads=threads or default_threads(workers if scheduler is None else 1),
-        background=background,
-        mpp_override=mpp_override,
+        backend=opts.backend,
+        fallback_mpp=opts.mpp,
+        save_tiles=opts.save_tiles,
+        overwrite=opts.overwrite,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        background=opts.background,
+        mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
     )
     if job.segmentation is not None:
@@ -181,7 +179,7 @@ def tile_slides(
         log.warning("%s: refused: %s", sources[i].slide_id, reason)
     todo = [src for i, src in enumerate(sources) if i not in refused]
     work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
+    ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
     results = [
         JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
         for i, src in enumerate(sources)
@@ -268,7 +266,7 @@ def _tile_open_slide(
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
     Returns the counts, why no tile was kept ("" when some were), what could not be decoded ("") and the
-    low-yield note ("": the slide kept at least `pipelines.tile_yield.LOW_YIELD` of its tissue tiles).
+    low-yield note ("": it kept at least `wsi.pipelines.tile.yield_notes.LOW_YIELD` of its tissue tiles).
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)

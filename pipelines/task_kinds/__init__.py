@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipelines.kinds.base import (
+from wsi.pipelines.task_kinds.base import (
     PredictionSet,
     TargetView,
     TaskKind,
@@ -34,16 +34,16 @@ from pipelines.kinds.base import (
     parse_number,
     worst_if_nan,
 )
-from pipelines.tasks import TaskConfig
+from wsi.pipelines.tasks import TaskConfig
 from wsi.registry import Registry
 
 KINDS: Registry[type[TaskKind]] = Registry(
     "task kind",
     modules=(
-        "pipelines.kinds.categorical",
-        "pipelines.kinds.regression",
-        "pipelines.kinds.survival",
-        "pipelines.kinds.multi",
+        "wsi.pipelines.task_kinds.categorical",
+        "wsi.pipelines.task_kinds.regression",
+        "wsi.pipelines.task_kinds.survival",
+        "wsi.pipelines.task_kinds.multi",
     ),
 )
 

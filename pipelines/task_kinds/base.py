@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from pipelines.inputs import Item
-from pipelines.tasks import TaskConfig
 from wsi.errors import LabelError
 from wsi.files import write_csv_atomic
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.tasks import TaskConfig
 
 
 @dataclass

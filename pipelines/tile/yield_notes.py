@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from wsi.region import LEVEL_TOLERANCE
-from wsi.tiling import TileCounts, TileParams
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts
 
 #: a slide keeping under this share of its tissue tiles gets a note
 LOW_YIELD = 0.10

@@ -18,9 +18,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipelines.heatmaps import contribution_to_class
-from pipelines.inputs import Item
-from pipelines.kinds import (
+from wsi.errors import LabelError
+from wsi.pipelines.heatmaps import contribution_to_class
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import classification as cls_stats
+from wsi.pipelines.stats import regression as reg_stats
+from wsi.pipelines.task_kinds import (
     KINDS,
     PredictionSet,
     TargetView,
@@ -31,12 +34,9 @@ from pipelines.kinds import (
     parse_number,
     worst_if_nan,
 )
-from pipelines.kinds.losses import masked_regression_loss
-from pipelines.kinds.regression import ContinuousTargets, check_continuous, tertile
-from pipelines.stats import classification as cls_stats
-from pipelines.stats import regression as reg_stats
-from pipelines.tasks import TargetConfig
-from wsi.errors import LabelError
+from wsi.pipelines.task_kinds.losses import masked_regression_loss
+from wsi.pipelines.task_kinds.regression import ContinuousTargets, check_continuous, tertile
+from wsi.pipelines.tasks import TargetConfig
 
 
 @KINDS.register("multi-target")

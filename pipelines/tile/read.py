@@ -24,9 +24,10 @@ from typing import TypeVar
 import numpy as np
 
 from wsi.errors import SlideError
-from wsi.file_tiles import FileTileProbe, describe_regions
 from wsi.slide import Slide
-from wsi.tiling import UNREADABLE, TileParams, classify_tiles
+from wsi.tiff_tiles import FileTileProbe, describe_regions
+from wsi.tile_params import TileParams
+from wsi.tiling import UNREADABLE, classify_tiles
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Segmentation networks in the tile stage: the tissue mask from a tissue model, tiles rejected by an
 artifact model (`wsi tile --tissue-model NAME --tissue-weights FILE --artifact-model NAME ...`).
 
-Both run at their training resolution (`models.segmentation.named`) in windows of 512 px read from the
+Both run at their training resolution (`wsi.models.segmentation.named`) in windows of 512 px read from the
 slide (`Slide.read_region_um`), on the device when there is one. Windows that are glass alone on the
 tissue thumbnail (tissue model) or hold no tissue (artifact model) are not run, as GrandQC skips windows
 without tissue. Each network's class per pixel is summed into the tissue thumbnail's pixels: a map of
@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from models.segmentation import Segmenter, load_segmenter
-from pipelines.devices import resolve_device
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
+from wsi.models.segmentation import Segmenter, load_segmenter
+from wsi.pipelines.devices import resolve_device
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
-from wsi.tiling import KEPT, TileParams, TissueGrid, min_rgb
+from wsi.tile_params import TileParams
+from wsi.tiling import KEPT, TissueGrid, min_rgb
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from pipelines.inputs import Item
-from pipelines.kinds import (
+from wsi.errors import LabelError
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import regression as reg_stats
+from wsi.pipelines.task_kinds import (
     KINDS,
     PredictionSet,
     TargetView,
@@ -28,9 +30,7 @@ from pipelines.kinds import (
     parse_number,
     worst_if_nan,
 )
-from pipelines.kinds.losses import masked_regression_loss
-from pipelines.stats import regression as reg_stats
-from wsi.errors import LabelError
+from wsi.pipelines.task_kinds.losses import masked_regression_loss
 
 
 class ContinuousTargets:

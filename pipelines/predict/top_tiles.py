@@ -167,7 +167,7 @@ def contact_sheet(crops: Mapping[tuple[str, str], list[tuple[np.ndarray, float]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipelines.report.figures import png_bytes
+    from wsi.pipelines.report.figures import png_bytes
 
     n_rows = max(1, len(crops))
     n_cols = max([len(v) for v in crops.values()] or [1])

@@ -19,15 +19,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from pipelines.devices import autocast_for
-from pipelines.inputs import Item
-from pipelines.run_model import RunModel
 from wsi.bags import BagStream, bag_length, finite_chunks, open_bag_stream
 from wsi.errors import WsiError
+from wsi.pipelines.devices import autocast_for
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.predict.run_model import RunModel
 
 #: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
 #: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's
-STREAM_ABOVE_TILES = 131_072
 #: feature rows read from the file at a time (16 MB of 2048-d float16; larger reads gain nothing)
 READ_TILES = 4096
 
@@ -76,4 +75,4 @@ def _chunks(
         yield x, c
 
 
-__all__ = ["READ_TILES", "STREAM_ABOVE_TILES", "stream_length", "streamed_outputs"]
+__all__ = ["READ_TILES", "stream_length", "streamed_outputs"]

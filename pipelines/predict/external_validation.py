@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.cases import group_by_patient
-from pipelines.inputs import Item
-from pipelines.kinds import PredictionSet, TaskKind
-from pipelines.labels import default_patient, match_items, read_label_table
-from pipelines.tasks import TaskConfig
 from wsi.errors import LabelError
 from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.pipelines.cases import group_by_patient
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.labels import default_patient, match_items, read_label_table
+from wsi.pipelines.task_kinds import PredictionSet, TaskKind
+from wsi.pipelines.tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,8 @@ def evaluate_cohort(
     report.html + report/ in `out_dir`; a slide-level cohort is also scored per patient."""
     # imported here: scikit-learn and scipy cost ~110 MB of memory, which predicting without labels
     # (a million-tile bag on a 3 GB budget) never needs
-    from pipelines.report import write_report
-    from pipelines.stats.classification import json_safe
+    from wsi.pipelines.report import write_report
+    from wsi.pipelines.stats.classification import json_safe
 
     target_of = {c.id: c.target for c in cohort.cases}
     cases = _labelled_set("external", ids, outputs, target_of)

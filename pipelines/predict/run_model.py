@@ -14,12 +14,12 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from pipelines.checkpoints import load_into
-from pipelines.devices import autocast_for, resolve_device
-from pipelines.inputs import InputAdapter, build_input
-from pipelines.kinds import TaskKind, build_kind
-from pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
 from wsi.errors import ConfigError
+from wsi.pipelines.checkpoints import load_into
+from wsi.pipelines.devices import autocast_for, resolve_device
+from wsi.pipelines.inputs import InputAdapter, build_input
+from wsi.pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
+from wsi.pipelines.task_kinds import TaskKind, build_kind
 
 
 @dataclass
@@ -88,7 +88,7 @@ class RunModel:
 
 def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
     """Rebuild a run's model(s) from its record + best.safetensors (safetensors only, never pickle)."""
-    from models.presets import build_model_from_config
+    from wsi.models.presets import build_model_from_config
 
     run = Path(model_dir)
     if not record_path(run).is_file():

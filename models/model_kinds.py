@@ -39,7 +39,7 @@ class KindModel(nn.Module):
 
 
 MODEL_KINDS: Registry[type[KindModel]] = Registry(
-    "model kind", modules=("models.mil", "models.vit", "models.abmil")
+    "model kind", modules=("wsi.models.mil", "wsi.models.vit", "wsi.models.abmil")
 )
 
 __all__ = ["MODEL_KINDS", "KindConfig", "KindModel"]

@@ -28,7 +28,9 @@ import numpy as np
 
 from wsi.background import Background, looks_dark_maybe
 from wsi.errors import SlideError, SlideIdError
-from wsi.file_tiles import (
+from wsi.files import sanitize_slide_id
+from wsi.sources import SlideSource
+from wsi.tiff_tiles import (
     FileDamage,
     FileTileProbe,
     describe_regions,
@@ -36,9 +38,8 @@ from wsi.file_tiles import (
     file_tile_px,
     file_tiles_under,
 )
-from wsi.files import sanitize_slide_id
-from wsi.sources import SlideSource
-from wsi.tiling import TileCounts, TileParams, TissueGrid
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts, TissueGrid
 
 log = logging.getLogger("pipelines.tile")
 

@@ -9,8 +9,9 @@ from typing import Any
 import wsi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
-from wsi.tilefile import TilePixelWriter
-from wsi.tiling import TileCounts, TileParams
+from wsi.tile_file import TilePixelWriter
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts
 
 
 def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
@@ -31,7 +32,7 @@ def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> T
 def tile_file_attrs(
     slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
 ) -> dict[str, Any]:
-    """The attributes of a tile file: wsi.tilefile.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
+    """The attributes of a tile file: wsi.tile_file.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
     adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
     w0, h0 = slide.dimensions
     return {

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipelines.heatmaps import contribution_to_class
-from pipelines.inputs import Item
-from pipelines.kinds import KINDS, PredictionSet, TargetView, TaskKind, fmt3, worst_if_nan
-from pipelines.stats import classification as cls_stats
 from wsi.errors import LabelError
+from wsi.pipelines.heatmaps import contribution_to_class
+from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import classification as cls_stats
+from wsi.pipelines.task_kinds import KINDS, PredictionSet, TargetView, TaskKind, fmt3, worst_if_nan
 
 
 def cross_entropy_of_probs(labels: np.ndarray, probs: np.ndarray) -> float:

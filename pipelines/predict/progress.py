@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.inputs import Item
 from wsi.files import sha256_file
+from wsi.pipelines.inputs import Item
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Prediction stage: a trained run over bags or raw slides -> predictions, heatmaps, reports."""

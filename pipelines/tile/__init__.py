@@ -1,0 +1,1 @@
+"""Tiling stage: slides -> tile files, QC pictures and the manifest."""
