@@ -20,7 +20,10 @@ class TileOptions:
 
     backend: Backend = setting("openslide", help="Slide reader.")
     mpp: float | None = setting(
-        None, gt=0, help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins)."
+        None,
+        gt=0,
+        help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins; a slide's metadata "
+        "wins over --mpp, and the log says so, unless --mpp-override).",
     )
     workers: int = setting(1, ge=1, help="Slides processed in parallel (local dask worker processes).")
     scheduler: str | None = setting(
