@@ -69,6 +69,7 @@ def segmentation_from(
     from wsi.pipelines.tile.segment import SegmentationOptions
 
     return SegmentationOptions(
-        tissue_model=tissue_model, tissue_weights=tissue_weights, artifact_model=artifact_model,
-        artifact_weights=artifact_weights, max_artifact_fraction=max_artifact, device=device,
+        tissue_model=tissue_model, artifact_model=artifact_model, max_artifact_fraction=max_artifact,
+        tissue_weights=tissue_weights.absolute() if tissue_weights else None,  # the same file for workers
+        artifact_weights=artifact_weights.absolute() if artifact_weights else None, device=device,
     )  # fmt: skip
