@@ -44,6 +44,7 @@ import numpy as np
 
 from wsi.config import with_settings
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
     check_damage,
     check_moved,
@@ -82,16 +83,7 @@ from wsi.tile_file import (
     write_tile_file,
 )
 from wsi.tile_params import TileParams
-from wsi.tiling import (
-    BACKGROUND,
-    BLURRY,
-    KEPT,
-    UNREADABLE,
-    TileCounts,
-    TissueGrid,
-    blur_reduction,
-    find_tissue,
-)
+from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +210,9 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=few)
+    rejected = artifact_note(counts.to_dict())  # tiles rejected per artifact, for the manifest
+    both = "; ".join(part for part in (rejected, few) if part)
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=both)
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
@@ -256,8 +250,8 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         why = str(meta.meta["empty_reason"])
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    few = str(meta.meta.get("low_yield", ""))
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=few)
+    both = "; ".join(part for part in (artifact_note(meta.meta), str(meta.meta.get("low_yield", ""))) if part)
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=both)
 
 
 def _tile_open_slide(
@@ -346,7 +340,9 @@ def _filter_tiles(
     params = job.params
     every = found
     if artifacts is not None:
-        found = dataclasses.replace(found, candidates=found.candidates[artifacts == KEPT])
+        keep = artifacts == KEPT
+        codes = found.region_codes[keep] if found.region_codes is not None else None
+        found = dataclasses.replace(found, candidates=found.candidates[keep], region_codes=codes)
     writer = pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
@@ -355,6 +351,7 @@ def _filter_tiles(
         probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
         chunks = classified_chunks(
             slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
+            region_codes=found.region_codes,
             signal_level=kind.signal_level,
             blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px),
         )  # fmt: skip
@@ -366,7 +363,7 @@ def _filter_tiles(
         if artifacts is not None:
             reasons, read = artifacts.copy(), reasons
             reasons[artifacts == KEPT] = read
-        counts = _count(every, reasons)
+        counts = count_reasons(every, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:
             check_damage(slide.path, counts, damage, params)
@@ -377,14 +374,3 @@ def _filter_tiles(
             writer.abort()
         raise
     return reasons, counts, damage
-
-
-def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
-    return TileCounts(
-        n_grid=len(found.grid),
-        n_tissue=len(found.candidates),
-        n_background=int((reasons == BACKGROUND).sum()),
-        n_blurry=int((reasons == BLURRY).sum()),
-        n_unreadable=int((reasons == UNREADABLE).sum()),
-        n_kept=int((reasons == KEPT).sum()),
-    )
