@@ -1,8 +1,8 @@
 """How far `tile_effects` is from exact leave-one-out, per model kind and method, on peaked models.
 
-Each model is built at a small width, then made to concentrate on one tile as a trained small-cohort
-model does: the pooling's score vector (pool: gated, ABMIL) or the attention's query projection
-(class-token readout) is multiplied by `--sharpen`, so one tile takes most of the weight. The exact
+Each model is built at a small width, then made to concentrate on few tiles as a trained small-cohort
+model does: the pooling's score vector (pool: gated, ABMIL) and every block's query projection are
+multiplied by `--sharpen` (softmax and gdla attention sharpen; seqnorm and sima normalise Q away). The exact
 leave-one-out (one forward per tile with it masked out) is the reference; the table prints the
 relative error ||effects - loo|| / ||loo|| of every method the kind supports and the largest pooling
 weight. Run: python benchmarks/tile_effects_error.py [--tiles 200] [--sharpen 1 8 30]
@@ -40,8 +40,8 @@ def peaked_model(kind: str, sharpen: float, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         if getattr(m, "pool", None) is not None:
             m.pool.attn_w.weight.mul_(sharpen)
-        else:  # the class token's attention in the last block
-            qkv = m.transformer.layers()[-1].attn.to_qkv
+        for blk in [] if kind == "abmil" else m.transformer.layers():  # every block's queries
+            qkv = blk.attn.to_qkv  # (seqnorm and sima normalise Q: unchanged; softmax, gdla: sharper)
             qkv.weight[: qkv.weight.shape[0] // 3].mul_(sharpen)
     return m
 

@@ -58,7 +58,8 @@ def effects_method(
     kind = _kind(model)
     if kind not in ("mil", "abmil"):
         raise ConfigError(
-            f"tile_effects explains MIL models over tile bags (mil, abmil), not {kind or type(model).__name__!r}"
+            "tile_effects explains MIL models over tile bags (mil, abmil), "
+            f"not {kind or type(model).__name__!r}"
         )
     pooled = kind == "abmil" or getattr(model, "pool", None) is not None
     if method == "pooled" and not pooled:

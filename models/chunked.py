@@ -90,8 +90,13 @@ def _local(read: Callable[[slice], Tensor], mask: Tensor | None, neighbours: Ten
     return LocalRows(read(halo), weight, index, own)
 
 
-def _collect(blk: Block, read: Callable[[slice], Tensor], mask: Tensor | None, table: Tensor | None,
-             slices: list[slice]) -> StreamState:
+def _collect(
+    blk: Block,
+    read: Callable[[slice], Tensor],
+    mask: Tensor | None,
+    table: Tensor | None,
+    slices: list[slice],
+) -> StreamState:
     """Pass 1: the attention's summaries over the attention inputs `read` gives."""
     state = blk.attn.stream_begin()
     for sl in slices:
@@ -104,8 +109,14 @@ def _collect(blk: Block, read: Callable[[slice], Tensor], mask: Tensor | None, t
     return state
 
 
-def _attend(blk: Block, state: StreamState, read: Callable[[slice], Tensor], mask: Tensor | None,
-            table: Tensor | None, sl: slice) -> Tensor:
+def _attend(
+    blk: Block,
+    state: StreamState,
+    read: Callable[[slice], Tensor],
+    mask: Tensor | None,
+    table: Tensor | None,
+    sl: slice,
+) -> Tensor:
     """Pass 2 for one chunk: the attention's output (B, n, dim) as it enters the residual."""
     m = None if mask is None else mask[:, sl]
     if table is None:
@@ -114,8 +125,9 @@ def _attend(blk: Block, state: StreamState, read: Callable[[slice], Tensor], mas
     return blk.attend(blk.attn.stream_apply(state, local.rows[:, local.own], m, local))
 
 
-def _plain_block(blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tensor | None,
-                 slices: list[slice]) -> None:
+def _plain_block(
+    blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tensor | None, slices: list[slice]
+) -> None:
     """x + Attn(LN(x)), then + MLP(LN(.)), a chunk's output written once no later chunk reads its rows."""
     table = neighbours if blk.attn.needs_neighbours else None
     n = rows.x.shape[1]
@@ -139,8 +151,9 @@ def _plain_block(blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tenso
         rows.write(*pending.popleft())
 
 
-def _grid_block(blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tensor | None,
-                slices: list[slice]) -> None:
+def _grid_block(
+    blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tensor | None, slices: list[slice]
+) -> None:
     """The paper's gdla block (models.grid_conv), in four chunked passes over one extra (B, N, dim)
     buffer: A = SiLU(DWC(LN(x))) for every token (a halo of x), the attention's summaries over A,
     x + Attn(A) written over x (later chunks read only A), then y + MixFFN(LN(y)) (a halo of y) into

@@ -77,7 +77,7 @@ class MixFFN(nn.Module):
         return F.silu(self.pwc1(x))
 
     def mix(self, u: Tensor, mask: Tensor | None, neighbours: Tensor | None) -> Tensor:
-        """From `hidden` rows u (B, M, 2 hidden) to the output (B, N, dim) of the N tokens `neighbours` lists."""
+        """`hidden` rows u (B, M, 2 hidden) -> output (B, N, dim) of the N tokens `neighbours` lists."""
         x_hat, gate = self.dwc(u, mask, neighbours).chunk(2, -1)  # eq. 29
         return self.drop(self.pwc2(self.drop(x_hat * F.silu(gate))))  # eq. 30
 

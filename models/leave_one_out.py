@@ -76,7 +76,9 @@ def pooled_leave_one_out(h: Tensor, scores: Tensor, present: Tensor) -> Tensor:
         e_loo = torch.zeros_like(e_loo)
         z_loo = torch.zeros_like(z_loo)
     empty = e_loo <= 0
-    return torch.where(empty[..., None], 0.0, z_loo / e_loo.clamp_min(torch.finfo(torch.float64).tiny)[..., None])
+    return torch.where(
+        empty[..., None], 0.0, z_loo / e_loo.clamp_min(torch.finfo(torch.float64).tiny)[..., None]
+    )
 
 
 __all__ = ["REFORWARD_TOKENS", "pooled_leave_one_out", "reforward_leave_one_out"]

@@ -167,7 +167,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         ndim = int(getattr(self.attn, "grid_ndim", 2))
         self.pre: PreMix | None = PreMix(dim, ndim) if paper_block else None
-        self.mlp: MLP | MixFFN = MixFFN(dim, mlp_dim, dropout, ndim) if paper_block else MLP(dim, mlp_dim, dropout)
+        self.mlp: MLP | MixFFN = (
+            MixFFN(dim, mlp_dim, dropout, ndim) if paper_block else MLP(dim, mlp_dim, dropout)
+        )
         self.attn_scale = (
             None if attn_layer_scale is None else nn.Parameter(torch.full((dim,), float(attn_layer_scale)))
         )

@@ -59,7 +59,10 @@ def _loo_by_deletion(m: torch.nn.Module, x: torch.Tensor, coords: torch.Tensor) 
     with torch.no_grad():
         full = m(x, coords_um=coords)
         return torch.stack(
-            [full[0] - m(x[:, torch.arange(n) != i], coords_um=coords[:, torch.arange(n) != i])[0] for i in range(n)]
+            [
+                full[0] - m(x[:, torch.arange(n) != i], coords_um=coords[:, torch.arange(n) != i])[0]
+                for i in range(n)
+            ]
         )
 
 

@@ -13,8 +13,8 @@ from gdla_reference import ref_block, ref_gdla
 from wsi.errors import ConfigError
 from wsi.models.attention import build_attention
 from wsi.models.attention.local import depthwise
-from wsi.models.layout import grid_neighbours, infer_grid_um, tile_layout
 from wsi.models.grid_conv import MixFFN, PreMix
+from wsi.models.layout import grid_neighbours, infer_grid_um, tile_layout
 from wsi.models.presets import build_model, build_model_from_config
 from wsi.models.transformer import MLP, Block
 
@@ -211,11 +211,13 @@ def test_lambda_starts_as_the_released_code_draws_it_and_legacy_keeps_its_block(
     is the block before issue 22 (LayerNorm -> mixer, plain MLP, lambda = 0.5)."""
     torch.manual_seed(0)
     m = build_model("vit-wsi", attention="gdla", in_dim=20, dim=64, attn_dim=64, heads=4, mlp_dim=32, depth=2)
-    lam = torch.cat([torch.cat([b.attn.lam, b.attn.lam_local]).flatten() for b in m.transformer.layers()]).detach()
+    layers = m.transformer.layers()
+    lam = torch.cat([torch.cat([b.attn.lam, b.attn.lam_local]).flatten() for b in layers]).detach()
     assert abs(float(lam.mean())) < 0.02 and 0.08 < float(lam.std()) < 0.12
     assert m.to_dict()["gdla_block"] == "paper"
-    legacy = build_model("vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48,
-                         gdla_block="legacy").eval()
+    legacy = build_model(
+        "vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48, gdla_block="legacy"
+    ).eval()
     blk = legacy.transformer.layers()[0]
     assert blk.pre is None and isinstance(blk.mlp, MLP) and bool((blk.attn.lam == 0.5).all())
     # a run record written before the field existed: rebuilt with the legacy block, its weights load
@@ -225,5 +227,5 @@ def test_lambda_starts_as_the_released_code_draws_it_and_legacy_keeps_its_block(
     x, coords = torch.randn(1, 12, 20), _holey_slide()[0][:12][None].float()
     with torch.no_grad():
         torch.testing.assert_close(again(x, coords_um=coords), legacy(x, coords_um=coords), rtol=0, atol=0)
-    with pytest.raises(RuntimeError, match="pre.dwc"):  # without `saved` it is today's block
+    with pytest.raises(RuntimeError, match=r"pre\.dwc"):  # without `saved` it is today's block
         build_model_from_config(old).load_state_dict(legacy.state_dict())

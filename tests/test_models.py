@@ -66,7 +66,7 @@ def _direct_path_contributions(
         for hook in hooks:
             hook.remove()
     terms = last.attn.query_contributions(
-        last.norm1(seen["h"]), seen["mask"], 0, neighbours=seen["grid"]
+        last.attn_input(seen["h"], seen["mask"], seen["grid"]), seen["mask"], 0, neighbours=seen["grid"]
     )  # (B, 1+N, D')
     if last.attn_scale is not None:  # LayerScale multiplies the attention term on its way to the residual
         terms = terms * last.attn_scale
