@@ -330,7 +330,8 @@ def test_vit_contributions_sit_at_their_patch_in_the_grid(name: str, monkeypatch
         "wsi.models.vit.sincos_grid",
         lambda grid, dim, device=None: torch.zeros(math.prod(grid), dim, device=device),
     )
-    local_off = {"attention_options": {"local": False}} if name == "gdla" else {}  # neighbours move
+    # neighbours move: gdla without its local path and its block's grid convolutions (legacy block)
+    local_off = {"attention_options": {"local": False}, "gdla_block": "legacy"} if name == "gdla" else {}
     v = build_model("vit-2d", attention=name, num_classes=3, **TINY, **local_off).eval()
     img = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
     (r1, c1), (r2, c2), p = (0, 1), (2, 3), 16  # grid 3 x 5: rows and columns are not interchangeable
