@@ -24,8 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from wsi.models.attention import AttentionBase
-from wsi.models.attention._base import StreamState
+from wsi.models.attention import AttentionBase, StreamState
 from wsi.models.attention.local import LocalRows
 
 

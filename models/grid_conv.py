@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsi.models.attention._masking import weighted
+from wsi.models.attention import weighted
 from wsi.models.attention.local import depthwise
 from wsi.models.layout import CENTRE, OFFSETS
 
