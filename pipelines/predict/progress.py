@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wsi.errors import ConfigError
 from wsi.files import sha256_file
 from wsi.pipelines.inputs import Item
 
@@ -75,6 +76,9 @@ class Finished:
     top_rows: list[list[Any]] = field(default_factory=list)  # its top_tiles/index.csv rows
     top_skipped: list[list[str]] = field(default_factory=list)  # its top_tiles/skipped.csv rows
     note: str = ""  # what was not made for it, and why (the manifest's `note`)
+    model: str = ""  # the model digest it was predicted with ("" from versions before it was recorded)
+    model_dir: str = ""  # the run folder it was predicted with (named when another model is refused)
+    patient: str = ""  # its patient (slide-level runs), for patient means over every recorded slide
 
 
 class Progress:
@@ -88,6 +92,33 @@ class Progress:
             self.path.unlink(missing_ok=True)
         elif self.path.is_file():
             self.done = {f.key: f for f in _read(self.path)}
+
+    def check_model(self, model: str, model_dir: Path, predictions: Path) -> None:
+        """Refuse to mix models in one folder: predictions.csv holds one model's rows, so a run with another
+        model (or a predictions.csv this record does not explain) needs another --out or --overwrite."""
+        others = [f for f in self.done.values() if f.model != model]
+        if others:
+            names = sorted({f.model_dir or "a model not recorded (an earlier wsi version)" for f in others})
+            raise ConfigError(
+                f"{self.out_dir} holds predictions of {len(others)} case(s) made with another model "
+                f"({'; '.join(names)[:300]}); predicting with {model_dir} would replace them in "
+                f"{predictions.name}: choose another --out, or give --overwrite to replace them"
+            )
+        if not self.done and predictions.is_file():
+            raise ConfigError(
+                f"{predictions} exists but {self.path.name} does not say how it was made; choose another "
+                "--out, or give --overwrite to replace it"
+            )
+
+    def earlier(self, model: str, exclude: set[str]) -> list[Finished]:
+        """The latest recorded result of each case of this model not in `exclude` (cases of earlier calls
+        into this folder, e.g. with other --features: kept in predictions.csv, merged by case)."""
+        latest: dict[str, Finished] = {}
+        for found in self.done.values():  # in file order: a later line of a case wins
+            if found.model == model and found.case not in exclude:
+                latest.pop(found.case, None)
+                latest[found.case] = found
+        return list(latest.values())
 
     def get(self, key: str) -> Finished | None:
         """The case's recorded result when its key matches and its output files are still there."""

@@ -44,6 +44,7 @@ import numpy as np
 
 import wsi
 from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.tile.checks import (
     check_damage,
@@ -77,14 +78,9 @@ from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TilePar
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TileJob",
-    "TileOutputs",
-    "default_threads",
-    "output_paths",
-    "read_tile_chunks",
-    "tile_slide",
+    "TileJob", "TileOutputs", "default_threads", "output_paths", "read_tile_chunks", "tile_slide",
     "tile_slides",
-]
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -140,27 +136,23 @@ def tile_slides(
     slide's id (or differs from it only by case) is a failed row naming both files; the others run.
     """
     job = TileJob(
-        out_dir=Path(out_dir).absolute(),
-        params=params or TileParams(),
-        backend=backend,
-        fallback_mpp=mpp,
-        save_tiles=save_tiles,
-        overwrite=overwrite,
+        out_dir=Path(out_dir).absolute(), params=params or TileParams(), backend=backend, fallback_mpp=mpp,
+        save_tiles=save_tiles, overwrite=overwrite, background=background,
         threads=threads or default_threads(workers if scheduler is None else 1),
-        background=background,
-    )
+    )  # fmt: skip
     sources = list(sources)
-    refused = refuse_id_clashes(sources, job.out_dir)
-    for i, reason in refused.items():
-        log.warning("%s: refused: %s", sources[i].slide_id, reason)
-    todo = [src for i, src in enumerate(sources) if i not in refused]
-    work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
-    results = [
-        JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
-        for i, src in enumerate(sources)
-    ]
-    write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
+    with output_lock(job.out_dir):  # one writer: two runs would each rewrite the manifest from their view
+        refused = refuse_id_clashes(sources, job.out_dir)
+        for i, reason in refused.items():
+            log.warning("%s: refused: %s", sources[i].slide_id, reason)
+        todo = [src for i, src in enumerate(sources) if i not in refused]
+        work = functools.partial(tile_slide, job=job)
+        ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
+        results = [
+            JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
+            for i, src in enumerate(sources)
+        ]
+        write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     return results
 
 
