@@ -48,6 +48,7 @@ from wsi.output_lock import output_lock
 from wsi.pipelines.cases import CaseCollate, CaseDataset
 from wsi.pipelines.inputs import InputAdapter, Item
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from wsi.pipelines.labels import default_patient
 from wsi.pipelines.predict.explain import CaseOptions, explain_case
 from wsi.pipelines.predict.external_validation import (
     Cohort,
@@ -204,7 +205,7 @@ def _patient_means(
     patient has several slides or `always` (a labelled cohort)."""
     all_ids = [*(f.case for f in earlier), *ids]
     before = np.asarray([f.output for f in earlier], dtype=np.float32).reshape(-1, outputs.shape[1])
-    patient_of = {**{f.case: f.patient for f in earlier if f.patient}, **cohort.patient_of}
+    patient_of = {**{f.case: f.patient or default_patient(f.case) for f in earlier}, **cohort.patient_of}
     patients, slides, means = aggregate_by_patient(all_ids, np.concatenate([before, outputs]), patient_of)
     if always or len(patients) < len(all_ids):
         write_patient_predictions(out / "patient_predictions.csv", run.kind, patients, slides, means)
