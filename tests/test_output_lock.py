@@ -90,7 +90,9 @@ def test_stale_record_without_flock_support(tmp_path: Path, monkeypatch: pytest.
     import wsi.output_lock as lock
 
     monkeypatch.setattr(lock, "_flock", lambda fd: None)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     folder = tmp_path / "out"
     folder.mkdir()
     record = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": 1.0, "command": "wsi embed"}
@@ -138,7 +140,9 @@ def test_two_tile_runs_at_once_leave_one_consistent_record(make_slide, tmp_path:
     slide = make_slide(name="race", size_um=1024.0, mpp=0.5, seed=4)
     out = tmp_path / "out"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _TILE, str(slide.path), str(out), um], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _TILE, str(slide.path), str(out), um], stdout=subprocess.PIPE, text=True
+        )
         for um in ("64", "128")
     ]
     said = [p.communicate(timeout=120)[0] for p in procs]
