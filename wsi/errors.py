@@ -45,3 +45,7 @@ class ImageReadError(WsiError):
 
 class SlideIdError(WsiError, ValueError):
     """A slide id cannot be made into a usable file name, or collides with another slide's."""
+
+
+class DiskFullError(WsiError, OSError):
+    """An output could not be written: no space (or quota) left on its file system."""

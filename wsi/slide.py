@@ -206,7 +206,6 @@ class Slide:
         )  # fmt: skip
         return np.asarray(img)
 
-
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:
         if self._handle is not None:

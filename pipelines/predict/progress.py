@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from wsi.errors import ConfigError
-from wsi.files import sha256_file
+from wsi.files import disk_full_error, is_disk_full, sha256_file
 from wsi.pipelines.inputs import Item
 
 log = logging.getLogger(__name__)
@@ -129,12 +129,18 @@ class Progress:
 
     def add(self, finished: Finished) -> None:
         """Append one line and push it to disk (a kill right after loses nothing)."""
-        self.done[finished.key] = finished
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(asdict(finished)) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = json.dumps(asdict(finished)) + "\n"
+        try:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.out_dir, len(line), self.path.name) from None
+            raise
+        self.done[finished.key] = finished
 
 
 def _read(path: Path) -> Iterable[Finished]:

@@ -277,14 +277,18 @@ def _predict_cases(
                         finished = _predict_streamed(run, case, key, options)
                     else:
                         finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
+                    finished.model, finished.model_dir, finished.patient = (
+                        digest,
+                        str(run.run_dir),
+                        case.patient,
+                    )
+                    done.add(finished)  # recorded before it counts: a full disk here fails this case only
                 except Exception as exc:  # one bad slide never stops the batch
                     why = describe_error(exc)
                     log.warning("%s failed: %s", case.id, why)
                     seconds = time.perf_counter() - t0
                     results.append(JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why))
                     continue
-                finished.model, finished.model_dir, finished.patient = digest, str(run.run_dir), case.patient
-                done.add(finished)
                 status = "ok"
             elif tiles is not None:
                 tiles.rows.extend(finished.top_rows)
