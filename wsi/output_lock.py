@@ -159,8 +159,11 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
 
 def _write_holder(fd: int, command: str) -> None:
     data = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(data) + "\n").encode("utf-8"), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(data) + "\n").encode("utf-8"), 0)
+    except OSError as exc:  # a full disk: the flock still guards the folder; the command's writes will say
+        log.debug("could not record the lock holder: %s", exc)
 
 
 def _release(folder: Path, fd: int) -> None:

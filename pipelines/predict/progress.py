@@ -104,7 +104,7 @@ class Progress:
                 f"({'; '.join(names)[:300]}); predicting with {model_dir} would replace them in "
                 f"{predictions.name}: choose another --out, or give --overwrite to replace them"
             )
-        if not self.done and predictions.is_file():
+        if not self.done and _has_rows(predictions):  # a header alone: a run whose every case failed
             raise ConfigError(
                 f"{predictions} exists but {self.path.name} does not say how it was made; choose another "
                 "--out, or give --overwrite to replace it"
@@ -141,6 +141,14 @@ class Progress:
                 raise disk_full_error(self.out_dir, len(line), self.path.name) from None
             raise
         self.done[finished.key] = finished
+
+
+def _has_rows(csv_path: Path) -> bool:
+    try:
+        with csv_path.open(encoding="utf-8", errors="replace") as fh:
+            return sum(1 for line in fh if line.strip()) > 1
+    except OSError:
+        return False
 
 
 def _read(path: Path) -> Iterable[Finished]:
