@@ -72,28 +72,16 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
             slide_id = f"DEMO-{i:02d}-{label}"
             path = labelled / f"{slide_id}.svs"
             if not path.exists():
-                write_sample_slide(
-                    path,
-                    size_um=opts.slide_um,
-                    mpp=opts.slide_mpp,
-                    style=style,
-                    seed=opts.seed * 1000 + i,
-                    texture="auto",
-                )
+                write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp, style=style,
+                                   seed=opts.seed * 1000 + i, texture="auto")
             rows.append({"slide": slide_id, "label": label, "patient": f"PATIENT-{i:02d}"})
             i += 1
     for j in range(opts.new_slides):
         label = list(_CLASS_STYLE)[j % 2]
         path = new / f"NEW-{j:02d}.svs"
         if not path.exists():
-            write_sample_slide(
-                path,
-                size_um=opts.slide_um,
-                mpp=opts.slide_mpp,
-                style=_CLASS_STYLE[label],
-                seed=opts.seed * 1000 + 500 + j,
-                texture="auto",
-            )
+            write_sample_slide(path, size_um=opts.slide_um, mpp=opts.slide_mpp,
+                               style=_CLASS_STYLE[label], seed=opts.seed * 1000 + 500 + j, texture="auto")
     labels = opts.out_dir / "labels.csv"
     lines = ["slide,label,patient"] + [f"{r['slide']},{r['label']},{r['patient']}" for r in rows]
     write_text_atomic(labels, "\n".join(lines) + "\n")
@@ -120,17 +108,10 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     params = TileParams(tile_um=opts.tile_um, tile_px=opts.tile_px)
     _failed("tile", tile_slides(find_slides([labelled]), out_dir=out, params=params, workers=opts.workers))
 
-    log.info(
-        "demo 3/6: embed with %s (%s)",
-        opts.encoder,
-        opts.weights if opts.weights else "random initialisation: no weights given",
-    )
-    options = EmbedOptions(
-        encoder=opts.encoder,
-        weights=str(opts.weights) if opts.weights else None,
-        random_init=opts.weights is None,
-        batch_size=32,
-    )
+    log.info("demo 3/6: embed with %s (%s)", opts.encoder,
+             opts.weights if opts.weights else "random initialisation: no weights given")
+    options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
+                           random_init=opts.weights is None, batch_size=32)
     _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
     features = bag_dir(out, encoder_id_for(opts.encoder))
 
@@ -174,3 +155,4 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         outputs=outputs,
         seconds=time.perf_counter() - start,
     )
+

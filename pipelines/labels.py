@@ -186,11 +186,7 @@ def _read_table(
             continue
         rows.append(
             LabelRow(
-                slide=slide,
-                label=label,
-                patient=patient or default_patient(slide),
-                row=i,
-                target=target,
+                slide=slide, label=label, patient=patient or default_patient(slide), row=i, target=target,
                 mpp=mpp,
             )
         )

@@ -185,6 +185,7 @@ class TaskConfig:
             node[last] = value
         return parse_task(data, source=f"{self.name} (with overrides)")
 
+
     @property
     def regression_options(self) -> RegressionConfig:
         return self.regression or RegressionConfig()

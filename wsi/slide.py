@@ -206,6 +206,7 @@ class Slide:
         )  # fmt: skip
         return np.asarray(img)
 
+
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:
         if self._handle is not None:

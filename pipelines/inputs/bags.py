@@ -149,8 +149,7 @@ def _check_stain(provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
         method = want[0] or "none"
         raise ConfigError(
             f"the model was trained on features of tiles with stain normalisation {method} (reference sha256 "
-            f"{str(want[1])[:12]}), but {len(bad)} bag(s) differ: "
-            + "; ".join(bad[:5])
+            f"{str(want[1])[:12]}), but {len(bad)} bag(s) differ: " + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "")
             + ". Embed the slides as the training bags were (`wsi embed --stain-norm "
             + f"{method} --stain-reference <the training reference>`, or no --stain-norm for none); "

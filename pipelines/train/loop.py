@@ -50,14 +50,7 @@ from wsi.pipelines.train.state import TrainState, has_resume, load_resume, save_
 log = logging.getLogger(__name__)
 
 LOG_COLUMNS = (
-    "epoch",
-    "train_loss",
-    "val_loss",
-    "val_auroc",
-    "val_accuracy",
-    "lr",
-    "seconds",
-    "peak_mem_mb",
+    "epoch", "train_loss", "val_loss", "val_auroc", "val_accuracy", "lr", "seconds", "peak_mem_mb",
 )  # fmt: skip  (a categorical task's; other kinds put their own validation figures after val_loss)
 
 EpochHook = Callable[[dict[str, Any]], None]

@@ -16,43 +16,21 @@ Examples:
   wsi demo --out demo-out/                        # ~20 generated slides, a few minutes on 2 cores
   wsi demo --out demo-out/ --weights best_ckpt.pth  # real RetCCL features
   wsi demo --out small/ --slides-per-class 4 --encoder timm:resnet18 --epochs 3
-""",
+"""
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("demo-out"),
-    show_default=True,
-    help="Folder for every output (re-using it resumes finished stages).",
-)
-@click.option(
-    "--weights",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="RetCCL checkpoint (best_ckpt.pth); without it the encoder is randomly initialised.",
-)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-out"),
+              show_default=True, help="Folder for every output (re-using it resumes finished stages).")
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="RetCCL checkpoint (best_ckpt.pth); without it the encoder is randomly initialised.")
 @click.option("--encoder", default="retccl", show_default=True, help="Encoder name (retccl or timm:<name>).")
 @click.option("--slides-per-class", type=click.IntRange(4, 200), default=10, show_default=True)
 @click.option("--epochs", type=click.IntRange(1, 1000), default=15, show_default=True)
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="Slides processed in parallel (dask worker processes).",
-)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Slides processed in parallel (dask worker processes).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @user_errors
-def command(
-    out_dir: Path,
-    weights: Path | None,
-    encoder: str,
-    slides_per_class: int,
-    epochs: int,
-    workers: int,
-    seed: int,
-) -> None:
+def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class: int, epochs: int,
+            workers: int, seed: int) -> None:
     """Run tile -> embed -> train -> predict on a generated two-class cohort and say where it all went."""
     from wsi.pipelines.demo import DemoOptions, run_demo
 

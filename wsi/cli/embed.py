@@ -131,7 +131,8 @@ Several GPUs: --gpus N (or all) runs one worker per GPU on this machine. On a da
     "--stain-norm",
     type=click.Choice(["macenko", "reinhard"]),
     default=None,
-    help="Stain-normalise tiles on the device before the encoders (recorded in every bag). [default: none]",
+    help="Stain-normalise tiles on the device before the encoders (recorded in every bag). "
+    "[default: none]",
 )
 @click.option(
     "--stain-reference",

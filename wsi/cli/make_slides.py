@@ -20,66 +20,28 @@ Examples:
   wsi make-slides --out nompp/ --n 1 --no-mpp            # a slide that needs --mpp downstream
 """,
 )
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for the slides (created); also gets slides.json describing each one.",
-)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the slides (created); also gets slides.json describing each one.")
 @click.option("--n", "n", default=4, show_default=True, type=click.IntRange(min=1), help="Number of slides.")
-@click.option(
-    "--size-um",
-    "size_um",
-    default=1500.0,
-    show_default=True,
-    type=click.FloatRange(min=1.0),
-    help="Side of each (square) slide in micrometres.",
-)
-@click.option(
-    "--mpp",
-    default=0.5,
-    show_default=True,
-    type=click.FloatRange(min=0.01, max=50.0),
-    help="Level-0 resolution in um/px written into the slides.",
-)
-@click.option(
-    "--style",
-    "styles",
-    multiple=True,
-    type=click.Choice(["a", "b"]),
-    help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, "
-    "lilac. Repeat to alternate. [default: a]",
-)
-@click.option(
-    "--texture",
-    default="procedural",
-    show_default=True,
-    type=click.Choice(["procedural", "real", "auto"]),
-    help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.",
-)
+@click.option("--size-um", "size_um", default=1500.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="Side of each (square) slide in micrometres.")
+@click.option("--mpp", default=0.5, show_default=True, type=click.FloatRange(min=0.01, max=50.0),
+              help="Level-0 resolution in um/px written into the slides.")
+@click.option("--style", "styles", multiple=True, type=click.Choice(["a", "b"]),
+              help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, "
+                   "lilac. Repeat to alternate. [default: a]")
+@click.option("--texture", default="procedural", show_default=True,
+              type=click.Choice(["procedural", "real", "auto"]),
+              help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of slide 0 (+1 per slide).")
 @click.option("--prefix", default="sample", show_default=True, help="File names are PREFIX-NNN.svs.")
-@click.option(
-    "--tile-px",
-    default=256,
-    show_default=True,
-    type=click.IntRange(min=16),
-    help="TIFF tile size in pixels (a multiple of 16).",
-)
+@click.option("--tile-px", default=256, show_default=True, type=click.IntRange(min=16),
+              help="TIFF tile size in pixels (a multiple of 16).")
 @click.option("--no-mpp", "no_mpp", is_flag=True, help="Write no resolution metadata (to test --mpp).")
 @user_errors
 def command(
-    out_dir: Path,
-    n: int,
-    size_um: float,
-    mpp: float,
-    styles: tuple[str, ...],
-    texture: str,
-    seed: int,
-    prefix: str,
-    tile_px: int,
-    no_mpp: bool,
+    out_dir: Path, n: int, size_um: float, mpp: float, styles: tuple[str, ...], texture: str, seed: int,
+    prefix: str, tile_px: int, no_mpp: bool,
 ) -> None:
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
@@ -90,17 +52,9 @@ def command(
         raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")
     try:
         slides = write_sample_cohort(
-            out_dir,
-            n=n,
-            size_um=size_um,
-            mpp=mpp,
-            styles=cast("tuple[Style, ...]", styles or ("a",)),
+            out_dir, n=n, size_um=size_um, mpp=mpp, styles=cast("tuple[Style, ...]", styles or ("a",)),
             texture=cast(Texture, texture),
-            seed=seed,
-            prefix=prefix,
-            tile_px=tile_px,
-            write_mpp=not no_mpp,
-            progress=n > 1,
+            seed=seed, prefix=prefix, tile_px=tile_px, write_mpp=not no_mpp, progress=n > 1,
         )
     except FileNotFoundError as exc:  # --texture real without the source slide
         raise ConfigError(f"--texture real: {exc}") from None
