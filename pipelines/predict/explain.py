@@ -1,5 +1,6 @@
-"""Per-tile explanations of one predicted case: heatmaps over the slide (or at the tile positions) and
-top tiles, from the model's per-tile contributions (what `wsi predict` draws for every case it loads whole).
+"""Per-tile explanations of one predicted case: heatmaps over the slide (or at the tile positions), the
+tile values behind them and top tiles, from the model's per-tile contributions (what `wsi predict` draws
+for every case it loads whole).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsi.pipelines.heatmaps import slide_heatmap
+from wsi.pipelines.heatmaps import slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item
 from wsi.pipelines.jobs import describe_error
+from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
 from wsi.pipelines.predict.run_model import RunModel
-from wsi.pipelines.predict.stream import STREAM_ABOVE_TILES
 from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def explain_case(
 ) -> list[str]:
     """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions; returns
     the heatmap files written (relative to `out`)."""
-    heatmaps, maps = run.explain(batch.x, batch.extra, output)
+    heatmaps, maps = run.explain(batch.x, batch.model_inputs(), output)
     files: list[str] = []
     for item, part_sample, sl in _parts(case, sample):
         thumb = options.thumbs.get(item.id)
@@ -66,6 +67,7 @@ def explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+            tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
         if tiles is not None:
             try:
                 export_slide(

@@ -10,7 +10,7 @@
   heatmaps/<slide>.png     each tile's contribution to the predicted class / target / risk (over the
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
-                           <slide>.<target>.png per target of multi-target runs
+                           <slide>.<target>.png per target of multi-target runs; <slide>.json (wsi view)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -42,13 +42,15 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 from wsi.output_lock import output_lock
 from wsi.pipelines.cases import CaseCollate, CaseDataset
-from wsi.pipelines.inputs import InputAdapter, Item
+from wsi.pipelines.inputs import Item, with_resolution
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from wsi.pipelines.labels import default_patient
+from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.explain import CaseOptions, explain_case
 from wsi.pipelines.predict.external_validation import (
     Cohort,
@@ -60,7 +62,7 @@ from wsi.pipelines.predict.external_validation import (
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
-from wsi.pipelines.predict.stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
+from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
 from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
@@ -96,38 +98,25 @@ def predict(
     out_dir: str | Path,
     inputs: Sequence[str | Path] = (),
     features_dir: str | Path | None = None,
-    device: str = "auto",
-    heatmaps: bool = True,
-    weights: str | Path | None = None,
-    mpp: float | None = None,
-    backend: str = "openslide",
-    workers: int = 1,
-    scheduler: str | None = None,
-    progress: bool = True,
-    labels_csv: str | Path | None = None,
-    top_tiles: int = 0,
-    overwrite: bool = False,
-    stream_above_tiles: int | None = STREAM_ABOVE_TILES,
+    options: PredictOptions | None = None,
+    **settings: Any,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
-    `weights`: the encoder's weights file for raw slides (checked against the sha256 the run recorded;
-    refused where no encoder runs: bags, images, a run whose encoder was random). `mpp`: level-0 um/px
-    of slides whose metadata has none, and of bags in level-0 pixels (CLAM, TRIDENT) when the model
-    uses tile positions; default the run's recorded one; a labels CSV `mpp` column wins per slide.
-    `labels_csv`: score the predictions against this label table (external validation). `top_tiles`:
-    export the K tiles pushing each output most and least per slide (0 = off). Cases finished by an
-    earlier call into the same `out_dir` with the same model, inputs and options are skipped unless
-    `overwrite`. `stream_above_tiles`: a slide's bag of more tiles is read from its file chunk by chunk
-    (the same outputs in bounded memory; no heatmap or top tiles for it, said in the manifest's `note`);
-    None loads every bag whole.
+    `options` (or its fields as keywords, `settings`; `PredictOptions` documents each): `weights` is the
+    encoder's weights file for raw slides (checked against the sha256 the run recorded; refused where no
+    encoder runs: bags, images, a run whose encoder was random); `mpp` the level-0 um/px of slides whose
+    metadata has none, and of bags in level-0 pixels (CLAM, TRIDENT) when the model uses tile positions;
+    `labels_csv` scores the predictions against a label table (external validation); `top_tiles` exports
+    the K tiles pushing each output most and least per slide. Cases finished by an earlier call into the
+    same `out_dir` with the same model, inputs and options are skipped unless `overwrite`. A bag of more
+    than `stream_above_tiles` tiles is read chunk by chunk (no heatmap or top tiles for it, said in the
+    manifest's `note`); None loads every bag whole.
     """
+    opts = with_settings(PredictOptions, options, settings, source="predict options")
+    device, weights, mpp, labels_csv = opts.device, opts.weights, opts.mpp, opts.labels_csv
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
-    if top_tiles < 0:
-        raise ConfigError(f"top_tiles must be 0 (off) or a positive number of tiles, not {top_tiles}")
-    if stream_above_tiles is not None and stream_above_tiles < 1:
-        raise ConfigError(f"stream_above_tiles must be a positive number of tiles, not {stream_above_tiles}")
     if weights is not None and features_dir is not None:
         raise ConfigError(
             "--weights are the encoder's weights for embedding raw slides; bags given with --features are "
@@ -145,7 +134,7 @@ def predict(
         raise ConfigError(f"--labels {labels_csv} does not exist")
     out = Path(out_dir)
     with output_lock(out):  # one writer per output folder: predictions and manifest stay one record
-        if not overwrite:  # before any work: another model's predictions in --out are refused
+        if not opts.overwrite:  # before any work: another model's predictions in --out are refused
             digest = model_digest(run.run_dir, run.checkpoints)
             Progress(out, fresh=False).check_model(digest, run.run_dir, out / "predictions.csv")
         thumbs: dict[str, tuple[Path, float | None]] = {}
@@ -156,25 +145,31 @@ def predict(
             found = run.adapter.find([Path(p) for p in inputs])
         else:
             found, thumbs, pre_failed = embed_raw_slides(
-                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=backend,
-                workers=workers, scheduler=scheduler, device=device, progress=progress,
+                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=opts.backend,
+                workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
             )  # fmt: skip
         cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
-        run.adapter = _with_resolution(run, mpp, cohort.mpp_by_slide)
+        recorded = run.record.input  # by the rules training used: CSV column, then --mpp, then the run's
+        run.adapter = with_resolution(
+            run.adapter, mpp=mpp if mpp is not None else recorded.mpp,
+            mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
+            uses_positions=model_uses_positions(run.record.model), what="this run reads",
+        )  # fmt: skip
         if found:
             run.adapter.check_compatible(
                 run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())]
             )
-        options = CaseOptions(
-            heatmaps=heatmaps,
-            top_tiles=top_tiles,
+        case_options = CaseOptions(
+            heatmaps=opts.heatmaps,
+            top_tiles=opts.top_tiles,
             thumbs=thumbs,
-            backend=backend,
-            stream_above=stream_above_tiles,
+            backend=opts.backend,
+            stream_above=opts.stream_above_tiles,
         )
         rows, outputs, results, tiles, earlier = _predict_cases(
-            run, cohort.cases, out, options, progress=progress, pre_failed=pre_failed, overwrite=overwrite
-        )
+            run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
+            overwrite=opts.overwrite,
+        )  # fmt: skip
         results = pre_failed + results
         csv_path = out / "predictions.csv"
         if tiles is not None:
@@ -192,9 +187,7 @@ def predict(
         noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
         labels = {"ok": "predicted", "skipped": "already predicted"}
         log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
-        return PredictResult(
-            out_dir=out, predictions_csv=csv_path, rows=rows, results=results, metrics=figures
-        )
+        return PredictResult(out, csv_path, rows, results, figures)
 
 
 def _patient_means(
@@ -209,24 +202,6 @@ def _patient_means(
     patients, slides, means = aggregate_by_patient(all_ids, np.concatenate([before, outputs]), patient_of)
     if always or len(patients) < len(all_ids):
         write_patient_predictions(out / "patient_predictions.csv", run.kind, patients, slides, means)
-
-
-def _with_resolution(run: RunModel, mpp: float | None, mpp_by_slide: dict[str, float]) -> InputAdapter:
-    """The run's adapter told the slides' resolution, by the rules training used: a labels CSV `mpp`
-    column per slide, then --mpp, then what the run recorded; and whether the model reads positions."""
-    with_resolution = getattr(run.adapter, "with_resolution", None)
-    if with_resolution is None:
-        if mpp is not None:
-            name = run.adapter.name
-            raise ConfigError(f"--mpp gives slides' level-0 um/px; this run reads {name}: leave it out")
-        return run.adapter
-    recorded = run.record.input
-    adapter: InputAdapter = with_resolution(
-        mpp=mpp if mpp is not None else recorded.mpp,
-        mpp_by_slide={**recorded.mpp_by_slide, **mpp_by_slide} or None,
-        uses_positions=model_uses_positions(run.record.model),
-    )
-    return adapter
 
 
 def _predict_cases(
@@ -277,11 +252,8 @@ def _predict_cases(
                         finished = _predict_streamed(run, case, key, options)
                     else:
                         finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
-                    finished.model, finished.model_dir, finished.patient = (
-                        digest,
-                        str(run.run_dir),
-                        case.patient,
-                    )
+                    finished.model, finished.model_dir = digest, str(run.run_dir)
+                    finished.patient = case.patient
                     done.add(finished)  # recorded before it counts: a full disk here fails this case only
                 except Exception as exc:  # one bad slide never stops the batch
                     why = describe_error(exc)
@@ -334,7 +306,7 @@ def _predict_case(
 ) -> Finished:
     """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
     batch = CaseCollate(run.adapter)([sample]).to(run.device)
-    output = run.outputs(batch.x, batch.extra)[0].float().cpu().numpy()  # (K,)
+    output = run.outputs(batch.x, batch.model_inputs())[0].float().cpu().numpy()  # (K,)
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -46,7 +46,7 @@ from wsi.files import write_csv_atomic, write_json_atomic
 from wsi.output_lock import output_lock
 from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
-from wsi.pipelines.inputs import InputAdapter, Item, build_input
+from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.labels import Matched, match_items, read_label_table
 from wsi.pipelines.report import write_report
 from wsi.pipelines.run_record import (
@@ -151,9 +151,12 @@ def train(
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, cv)
     cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
-    adapter = _with_resolution(adapter, cfg, mpp, matched.mpp_by_slide)
+    adapter = with_resolution(
+        adapter, mpp=mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
+    )
     refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
-    start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
+    architecture = model_kwargs(cfg, kind.num_outputs, adapter.model_kwargs(matched.items))
+    start = StartState.build(architecture, seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
         classes=cfg.classes, labels_csv=str(Path(labels_csv).resolve()), source=str(source.resolve()),
@@ -191,24 +194,6 @@ def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> 
             + (f" (not {', '.join(other)})" if other else "")
         )
     return Path(wanted)
-
-
-def _with_resolution(
-    adapter: InputAdapter, task: TaskConfig, mpp: float | None, mpp_by_slide: Mapping[str, float]
-) -> InputAdapter:
-    """The adapter told the slides' resolution (--mpp, the labels CSV `mpp` column) and whether the
-    model reads tile positions (only then do bags in level-0 pixels need one)."""
-    with_resolution = getattr(adapter, "with_resolution", None)
-    if with_resolution is None:
-        if mpp is not None:
-            raise ConfigError(f"--mpp is for feature bags in level-0 pixels; input {adapter.name!r} has none")
-        if mpp_by_slide:
-            log.warning("the labels CSV `mpp` column is not used by input %r", adapter.name)
-        return adapter
-    resolved = with_resolution(
-        mpp=mpp, mpp_by_slide=dict(mpp_by_slide) or None, uses_positions=_uses_positions(task)
-    )
-    return cast(InputAdapter, resolved)
 
 
 def _uses_positions(task: TaskConfig) -> bool:
