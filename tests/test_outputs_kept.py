@@ -133,14 +133,7 @@ def test_a_failed_train_start_blocks_neither_rerun_nor_resume(
     monkeypatch.setattr(run_module, "run_fold", broken)
     out = tmp_path / "run"
     with pytest.raises(OSError):
-        train(
-            task=task,
-            labels_csv=cohort.labels,
-            features_dir=cohort.bags,
-            out_dir=out,
-            progress=False,
-            heatmaps=False,
-        )
+        train(task=task, labels_csv=cohort.labels, features_dir=cohort.bags, out_dir=out, progress=False)
     assert (out / "config.json").is_file() and not (out / ".wsi-lock").exists()
     monkeypatch.undo()
     for resume in (True, False):  # --resume, then a plain re-run over its (finished) result
