@@ -49,3 +49,7 @@ class SlideIdError(WsiError, ValueError):
 
 class DiskFullError(WsiError, OSError):
     """An output could not be written: no space (or quota) left on its file system."""
+
+
+class RoiError(WsiError):
+    """A region-of-interest file (QuPath GeoJSON) is missing, not GeoJSON, or holds no usable region."""

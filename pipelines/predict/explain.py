@@ -1,6 +1,6 @@
 """Per-tile explanations of one predicted case: heatmaps over the slide (or at the tile positions), the
-tile values behind them and top tiles, from the model's per-tile contributions (what `wsi predict` draws
-for every case it loads whole).
+tile values behind them, QuPath GeoJSON and top tiles, from the model's per-tile contributions (what
+`wsi predict` draws for every case it loads whole).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from wsi.pipelines.heatmaps import slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item
 from wsi.pipelines.jobs import describe_error
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
+from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.run_model import RunModel
 from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
 
@@ -30,6 +31,7 @@ class CaseOptions:
     thumbs: dict[str, tuple[Path, float | None]]
     backend: str
     stream_above: int | None = STREAM_ABOVE_TILES  # tiles; None: every bag loaded whole
+    geojson: bool = True  # geojson/<slide>.geojson (QuPath objects)
 
 
 def _parts(case: Item, sample: dict[str, Any]) -> list[tuple[Item, dict[str, Any], slice]]:
@@ -68,6 +70,8 @@ def explain_case(
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
             tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
+        if options.geojson:
+            files += case_slide_geojson(run, item, batch, output, maps, sl, out, options.top_tiles)
         if tiles is not None:
             try:
                 export_slide(

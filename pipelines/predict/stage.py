@@ -11,6 +11,8 @@
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
                            <slide>.<target>.png per target of multi-target runs; <slide>.json (wsi view)
+  geojson/<slide>.geojson  every tile as a QuPath object in level-0 px with its contributions (and pooling
+                           weight), the top tiles as annotations, the prediction (pipelines.predict.geojson)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -60,6 +62,7 @@ from wsi.pipelines.predict.external_validation import (
     write_patient_predictions,
 )
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
+from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
@@ -125,7 +128,7 @@ def predict(
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
-    if weights is not None and run.adapter.name != "bags":
+    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
             "directly, with no encoder: leave --weights out"
@@ -141,6 +144,8 @@ def predict(
         pre_failed: list[JobResult] = []
         if features_dir is not None:
             found = run.adapter.find([Path(features_dir)])
+        elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+            found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
         elif run.adapter.name != "bags":
             found = run.adapter.find([Path(p) for p in inputs])
         else:
@@ -165,6 +170,7 @@ def predict(
             thumbs=thumbs,
             backend=opts.backend,
             stream_above=opts.stream_above_tiles,
+            geojson=opts.geojson,
         )
         rows, outputs, results, tiles, earlier = _predict_cases(
             run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
@@ -290,6 +296,8 @@ def _settings(run: RunModel, case: Item, options: CaseOptions, *, streamed: bool
         "backend": options.backend,
         "thumbs": [str(options.thumbs.get(sid, ("", None))[0]) for sid in slide_ids],
     }
+    if not options.geojson:  # only when off: runs made before the GeoJSON existed keep their keys
+        settings["geojson"] = False
     if streamed:  # made without heatmaps: predicted again when a later call would load it whole
         settings["streamed"] = True
     return settings
@@ -310,7 +318,7 @@ def _predict_case(
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
-    if options.heatmaps or tiles is not None:
+    if options.heatmaps or options.geojson or tiles is not None:
         files = explain_case(run, case, sample, batch, output, out, options, tiles)
     n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
     return Finished(
@@ -325,10 +333,11 @@ def _predict_streamed(run: RunModel, case: Item, key: str, options: CaseOptions)
     output, n = streamed_outputs(run, case)
     row = _row(run, case, output)
     note = ""
-    if options.heatmaps or options.top_tiles:
+    if options.heatmaps or options.top_tiles or options.geojson:
         note = (
-            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap or top "
-            "tiles: per-tile contributions need the whole bag in memory (--stream-above-tiles to change)"
+            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap, "
+            "GeoJSON or top tiles: per-tile contributions need the whole bag in memory "
+            "(--stream-above-tiles to change)"
         )
         log.warning("%s: %s", case.id, note)
     return Finished(key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, note=note)

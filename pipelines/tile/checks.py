@@ -18,6 +18,7 @@ that fixes it:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,8 +43,11 @@ from wsi.tiff_tiles import (
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts, TissueGrid
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from wsi.slide import Slide
+    from wsi.tile_file import TileFile
 
 #: undecodable regions listed in a tile file (`unreadable_regions`); the count says how many in all
 MAX_STORED_REGIONS = 1000
@@ -287,3 +291,23 @@ def damage_attrs(found: TissueGrid, damage: FileDamage | None) -> dict[str, Any]
         "n_file_tiles_tissue": damage.n_tissue if damage else 0,
         "unreadable_regions": json.dumps([r.as_list() for r in regions[:MAX_STORED_REGIONS]]),
     }
+
+
+def check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
+    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
+    meta = previous.meta
+    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
+        raise SlideIdError(same_id_message(source, meta, tile_file))
+    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+
+
+def metadata_mpp(path: Path, backend: str) -> float | None:
+    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
+    mpp in use)."""
+    from wsi.slide import open_slide
+
+    try:
+        with open_slide(path, backend=backend) as slide:
+            return slide.mpp
+    except SlideError:
+        return None

@@ -21,6 +21,9 @@ class _Entry(NamedTuple):
 COMMANDS: dict[str, _Entry] = {
     "tile": _Entry("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),
     "embed": _Entry("wsi.cli.embed:command", "Embed tiles with an encoder into per-slide HDF5 feature bags."),
+    "embed-slides": _Entry(
+        "wsi.cli.embed_slides:command", "Slide- or patient-level embeddings with a slide foundation encoder."
+    ),
     "encoders": _Entry(
         "wsi.cli.encoders:command", "List the named tile encoders: width, input, parameters, licence."
     ),

@@ -22,7 +22,7 @@ TILE_PARAM_FLAGS = {
 TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
-    "--background": "background",
+    "--background": "background", "--roi": "roi",
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
@@ -38,6 +38,8 @@ Examples:
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+  wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
+  wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
   wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
 
 \b
@@ -48,6 +50,9 @@ Output (under --out):
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
                           artifacts: ink orange, fold brown, bubble cyan, border near-black,
                           dust pink; legend with counts, slide id, mpp
+  qc/<slide_id>.geojson   the same as QuPath objects (File > Import objects), level-0 px:
+                          tissue outline (annotation "Tissue"), every tissue tile classed
+                          by its fate (kept, background, blurry, ink, ...) with its tissue fraction
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error, note
                           (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink")
 
