@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from wsi.config import with_settings
+from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
@@ -90,14 +91,9 @@ from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TileJob",
-    "TileOutputs",
-    "default_threads",
-    "output_paths",
-    "read_tile_chunks",
-    "tile_slide",
+    "TileJob", "TileOutputs", "default_threads", "output_paths", "read_tile_chunks", "tile_slide",
     "tile_slides",
-]
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -158,14 +154,10 @@ def tile_slides(
     """
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
-        out_dir=Path(out_dir).absolute(),
-        params=params or TileParams(),
-        backend=opts.backend,
-        fallback_mpp=opts.mpp,
-        save_tiles=opts.save_tiles,
-        overwrite=opts.overwrite,
-        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        out_dir=Path(out_dir).absolute(), params=params or TileParams(), backend=opts.backend,
+        fallback_mpp=opts.mpp, save_tiles=opts.save_tiles, overwrite=opts.overwrite,
         background=opts.background,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
         roi=None if opts.roi is None else Path(opts.roi).absolute(),
         mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
@@ -173,17 +165,18 @@ def tile_slides(
     if job.segmentation is not None:
         segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
     sources = list(sources)
-    refused = refuse_id_clashes(sources, job.out_dir)
-    for i, reason in refused.items():
-        log.warning("%s: refused: %s", sources[i].slide_id, reason)
-    todo = [src for i, src in enumerate(sources) if i not in refused]
-    work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
-    results = [
-        JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
-        for i, src in enumerate(sources)
-    ]
-    write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
+    with output_lock(job.out_dir):  # one writer: two runs would each rewrite the manifest from their view
+        refused = refuse_id_clashes(sources, job.out_dir)
+        for i, reason in refused.items():
+            log.warning("%s: refused: %s", sources[i].slide_id, reason)
+        todo = [src for i, src in enumerate(sources) if i not in refused]
+        work = functools.partial(tile_slide, job=job)
+        ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
+        results = [
+            JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
+            for i, src in enumerate(sources)
+        ]
+        write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     return results
 
 
