@@ -24,6 +24,7 @@ from typing import Any, Literal
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.registry import Registry
+from wsi.user_text import load_yaml_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -142,15 +143,8 @@ def timm_kwargs(recipe: EncoderRecipe, overrides: Mapping[str, Any] | None = Non
 
 def load_recipe_yaml(path: str | Path) -> EncoderRecipe:
     """A user's encoder from YAML: the fields of EncoderRecipe, validated like every config."""
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read encoder recipe {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML ({exc})") from None
+    data = load_yaml_file(path, what="encoder recipe")  # UTF-8, no aliases, size-capped
     recipe = parse_config(EncoderRecipe, data or {}, source=str(path))
     for key, value in recipe.kwargs.items():
         if key.endswith("_layer") and value not in LAYER_NAMES:
