@@ -41,7 +41,7 @@ from wsi.pipelines.train import train
 from wsi.pipelines.train.preflight import refuse_unusable
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FEW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _no_secret(value: Any) -> None:
@@ -93,18 +93,23 @@ def _stream_all(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+def cohort(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return make_cohort(tmp_path_factory.mktemp("hostile-cohort"), n_patients=4)
+
+
+@pytest.fixture(scope="module")
+def trained(cohort: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("hostile-run")
-    cohort = make_cohort(root, n_patients=4)
     task = write_task(root / "task.yaml", epochs=1)
     result = train(task=task, labels_csv=cohort.labels, features_dir=cohort.bags, out_dir=root / "run",
                    progress=False)  # fmt: skip
     return cohort, result.run_dir
 
 
+@pytest.mark.slow  # trains a tiny model, then a few `wsi predict` runs (~30 s on 2 idle cores)
 @given(specs=st.lists(hostile_bags(), min_size=1, max_size=3))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_predict_fails_only_the_hostile_bags(trained: tuple[Any, Path], specs: list[dict[str, Any]]) -> None:
     cohort, run = trained
     with tempfile.TemporaryDirectory() as tmp, bounded_memory():
@@ -131,10 +136,7 @@ def test_predict_fails_only_the_hostile_bags(trained: tuple[Any, Path], specs: l
 
 @given(spec=hostile_bags())
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_train_names_the_hostile_bag_and_trains_nothing(
-    trained: tuple[Any, Path], spec: dict[str, Any]
-) -> None:
-    cohort, _run = trained
+def test_train_names_the_hostile_bag_and_trains_nothing(cohort: Any, spec: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp, bounded_memory():
         bags = Path(tmp) / "bags"
         shutil.copytree(cohort.bags, bags)

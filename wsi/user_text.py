@@ -56,6 +56,14 @@ def read_utf8(path: str | os.PathLike[str], *, what: str = "file", error: type[W
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing aliases (and so exponential expansion) and deep nesting."""
 
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        # the scanner's simple-key bookkeeping is quadratic in the flow depth: 3000 "[" take 2 s
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
