@@ -85,7 +85,9 @@ def write_hostile_bag(spec: dict[str, Any], path: Path, helpers: Path | None = N
         elif kind == "external_raw":
             raw = (helpers / f"{path.stem}.raw").absolute()
             np.full((n, IN_DIM), SECRET, np.float32).tofile(raw)
-            h5.create_dataset("feats", shape=(n, IN_DIM), dtype="f4", external=[(str(raw), 0, n * IN_DIM * 4)])
+            h5.create_dataset(
+                "feats", shape=(n, IN_DIM), dtype="f4", external=[(str(raw), 0, n * IN_DIM * 4)]
+            )
         elif kind == "virtual":
             layout = h5py.VirtualLayout(shape=(n, IN_DIM), dtype="f4")
             layout[:] = h5py.VirtualSource(str(other), "secret", shape=(n, IN_DIM))

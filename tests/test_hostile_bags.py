@@ -118,7 +118,9 @@ def test_predict_fails_only_the_hostile_bags(trained: tuple[Any, Path], specs: l
         for slide in cohort.slides[:2]:
             shutil.copy(cohort.bags / f"{slide}.h5", bags)
         helpers = Path(tmp) / "elsewhere"  # the files the links point into: not bags to predict
-        hostile = [write_hostile_bag(spec, bags / f"hostile{i}.h5", helpers).stem for i, spec in enumerate(specs)]
+        hostile = [
+            write_hostile_bag(spec, bags / f"hostile{i}.h5", helpers).stem for i, spec in enumerate(specs)
+        ]
         out = Path(tmp) / "out"
         res = CliRunner().invoke(
             cli, ["predict", "--model", str(run), "--features", str(bags), "--out", str(out), "--no-progress"]

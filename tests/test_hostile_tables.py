@@ -97,7 +97,9 @@ def yaml_files(draw: st.DrawFn) -> tuple[bytes, str]:
     part = draw(st.sampled_from(["none", "bomb", "merge", "deep", "latin", "bom"]))
     if part == "bomb":  # "billion laughs": level k holds `fan` aliases of level k-1
         levels, fan = draw(st.integers(2, 12)), draw(st.integers(2, 12))
-        lines = ['l0: &l0 "lol"'] + [f"l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * fan)}]" for k in range(1, levels)]
+        lines = ['l0: &l0 "lol"'] + [
+            f"l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * fan)}]" for k in range(1, levels)
+        ]
         return (body + "\n".join(lines) + "\n").encode(), "alias"
     if part == "merge":
         return (body + "base: &b {lr: 1}\nopt:\n  <<: *b\n").encode(), "alias"
@@ -124,7 +126,9 @@ def test_yaml_configs_bound_aliases_depth_and_encoding(doc: tuple[bytes, str]) -
             except ConfigError as exc:
                 text = str(exc)
                 assert "task.yaml" in text, text
-                want = {"alias": "aliases", "deep": "nested deeper", "encoding": "not UTF-8", "ok": ""}[expect]
+                want = {"alias": "aliases", "deep": "nested deeper", "encoding": "not UTF-8", "ok": ""}[
+                    expect
+                ]
                 assert want in text, text
             else:
                 assert expect == "ok" and loaded is not None
@@ -133,7 +137,9 @@ def test_yaml_configs_bound_aliases_depth_and_encoding(doc: tuple[bytes, str]) -
 
 
 def test_a_task_bomb_through_wsi_train_is_a_message(tmp_path: Path) -> None:
-    bomb = "\n".join(['a0: &a0 "x"', *(f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 12))])
+    bomb = "\n".join(
+        ['a0: &a0 "x"', *(f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 12))]
+    )
     (tmp_path / "task.yaml").write_text("name: t\n" + bomb + "\n")
     (tmp_path / "labels.csv").write_text("slide,label\nA,x\n")
     with bounded_memory():
@@ -164,7 +170,9 @@ def stain_references(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
             k = draw(st.floats(0.5, 2.0))
             e = [v * k for v in h]
         conc = [draw(finite), 0.0 if flaw == "conc" else draw(finite)]
-        cos = sum(a * b for a, b in zip(h, e, strict=True)) / max(1e-12, (sum(a * a for a in h) * sum(b * b for b in e)) ** 0.5)
+        cos = sum(a * b for a, b in zip(h, e, strict=True)) / max(
+            1e-12, (sum(a * a for a in h) * sum(b * b for b in e)) ** 0.5
+        )
         usable = flaw == "none" and cos <= 0.9995
         return {"method": "macenko", "stain_matrix": [[a, b] for a, b in zip(h, e, strict=True)],
                 "max_concentrations": conc}, usable  # fmt: skip

@@ -28,7 +28,7 @@ def attrs_of(obj: h5py.HLObject) -> dict[str, Any]:
     return {k: plain(v) for k, v in obj.attrs.items()}
 
 
-# ----------------------------------------------------------------------------- files that read only themselves
+# ------------------------------------------------------------------------ files that read only themselves
 #: links walked at most; a feature bag or tile file holds a handful, a file with more is not one of them
 MAX_LINKS = 10_000
 #: soft links followed through each other at most (HDF5 itself gives up at 16, with a RuntimeError)
@@ -96,7 +96,9 @@ def _soft_link_problem(h5: h5py.File, name: bytes) -> str | None:
                 return f"points to {shown}, which does not exist"
             kind = links.get_info(resolved).type
             if kind == h5py.h5l.TYPE_EXTERNAL:
-                return f"leads out of the file through the external link `{resolved.decode('utf-8', 'replace')}`"
+                return (
+                    f"leads out of the file through the external link `{resolved.decode('utf-8', 'replace')}`"
+                )
             if kind == h5py.h5l.TYPE_SOFT and i < len(parts) - 1:
                 return f"passes through another soft link (`{resolved.decode('utf-8', 'replace')}`)"
             if kind not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):

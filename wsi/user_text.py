@@ -43,7 +43,9 @@ def decode_utf8(data: bytes, source: str, *, error: type[WsiError] = ConfigError
         ) from None
 
 
-def read_utf8(path: str | os.PathLike[str], *, what: str = "file", error: type[WsiError] = ConfigError) -> str:
+def read_utf8(
+    path: str | os.PathLike[str], *, what: str = "file", error: type[WsiError] = ConfigError
+) -> str:
     """The text of a user's file, UTF-8 only (see `decode_utf8`); unreadable files name the reason."""
     path = Path(path)
     try:
@@ -56,7 +58,7 @@ def read_utf8(path: str | os.PathLike[str], *, what: str = "file", error: type[W
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing aliases (and so exponential expansion) and deep nesting."""
 
-    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
         # the scanner's simple-key bookkeeping is quadratic in the flow depth: 3000 "[" take 2 s
         if self.flow_level >= MAX_YAML_DEPTH:
             raise yaml.scanner.ScannerError(
@@ -88,7 +90,7 @@ def parse_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_YAML_BYTES:
         raise ConfigError(f"{source} is {len(text)} characters; a config file is at most {MAX_YAML_BYTES}")
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}") from None
 

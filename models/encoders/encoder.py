@@ -250,15 +250,21 @@ def build_encoder(
     return enc.eval()
 
 
-def check_declared_width(recipe: EncoderRecipe, name: str, overrides: Mapping[str, Any] | None = None) -> None:
+def check_declared_width(
+    recipe: EncoderRecipe, name: str, overrides: Mapping[str, Any] | None = None
+) -> None:
     """ConfigError when a recipe's `dim` is not the width its model gives: one forward on the meta device
     (shapes only, no memory). Bags and models would otherwise record a width the features do not have."""
     with torch.device("meta"):
-        enc = Encoder(recipe, build_backbone(recipe, overrides), name=name, weights_sha256="", input_px=recipe.input_px)
+        enc = Encoder(
+            recipe, build_backbone(recipe, overrides), name=name, weights_sha256="", input_px=recipe.input_px
+        )
         try:
             width = int(enc(torch.empty(1, 3, recipe.input_px, recipe.input_px)).shape[-1])
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise ConfigError(f"encoder {name!r}: the model does not run on {recipe.input_px} px input ({exc})") from None
+            raise ConfigError(
+                f"encoder {name!r}: the model does not run on {recipe.input_px} px input ({exc})"
+            ) from None
     if width != recipe.dim:
         raise ConfigError(
             f"encoder {name!r} declares dim {recipe.dim}, but its model gives {width}-d features "

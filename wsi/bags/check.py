@@ -96,7 +96,9 @@ def scan_bag(path: str | os.PathLike[str], *, max_block_bytes: int = _BLOCK_BYTE
             ds = feature_dataset(h5, path)
             coords = coords_dataset(h5, path, "coords", header.n_tiles)
             if not np.isfinite(coords[()]).all():  # (N, 2): small beside the features
-                return BadBag(path, f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it")
+                return BadBag(
+                    path, f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it"
+                )
             for start in range(0, header.n_tiles, block):
                 n_bad += count_nonfinite_rows(ds[start : start + block])
     except BagFormatError as exc:

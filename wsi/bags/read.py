@@ -200,7 +200,9 @@ class BagStream:
             if ds.shape != (self.n_tiles, self.dim):
                 raise BagFormatError(f"{self.bag.path} changed while it was read; re-run on the final file")
             dtype = ds.dtype.newbyteorder("=")  # read_direct converts a big-endian bag's values
-            check_fits(self.bag.path, min(size, self.n_tiles) * self.dim * dtype.itemsize, "a chunk of features")
+            check_fits(
+                self.bag.path, min(size, self.n_tiles) * self.dim * dtype.itemsize, "a chunk of features"
+            )
             buf = np.empty((min(size, self.n_tiles), self.dim), dtype=dtype)
             for start in range(0, self.n_tiles, size):
                 rows = min(size, self.n_tiles - start)
@@ -234,9 +236,15 @@ def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_f
         attrs = {**root, **attrs_of(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
         coords = _read_rows(coords_ds, rows)
         if not np.isfinite(coords).all():
-            raise BagFormatError(f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it")
+            raise BagFormatError(
+                f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it"
+            )
         # positions only: BagStream reads the features later
-        feats = _read_rows(feats_ds, rows) if with_feats else np.empty((len(coords), 0), feats_ds.dtype.newbyteorder("="))
+        feats = (
+            _read_rows(feats_ds, rows)
+            if with_feats
+            else np.empty((len(coords), 0), feats_ds.dtype.newbyteorder("="))
+        )
         coords_px: np.ndarray | None = None
         if layout == "wsi" and "coords_px" in h5:
             coords_px = _read_rows(coords_dataset(h5, path, "coords_px", n), rows)
