@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean-demo
+.PHONY: demo test lint clean-demo gpu-check gpu-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,3 +28,16 @@ lint: $(STAMP)
 	for f in wsi/*; do ln -s ../../../$$f $(TYPECHECK)/wsi/; done
 	for d in models pipelines configs; do ln -s ../../../$$d $(TYPECHECK)/wsi/$$d; done
 	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml
+
+# Every GPU figure of docs/benchmarks.md on this machine's GPU in under 8 minutes: the gpu-marked tests,
+# then benchmarks/gpu_suite.py, which rewrites the gpu-suite part of docs/benchmarks.md. On a lent GPU
+# machine without this venv or a network, use `bash benchmarks/gpu_run.sh` (it installs carried wheels).
+gpu-check: $(STAMP)
+	mkdir -p gpu-suite-out
+	-timeout -k 5 90 $(PY) -m pytest -m gpu -q -p no:cacheprovider --junitxml=gpu-suite-out/gpu-tests.xml
+	$(PY) benchmarks/gpu_suite.py --out gpu-suite-out --docs docs/benchmarks.md \
+		--gpu-tests-junit gpu-suite-out/gpu-tests.xml
+
+# The same sections, each tiny, on the CPU: checks the suite itself (no figures written to the docs).
+gpu-smoke: $(STAMP)
+	$(PY) benchmarks/gpu_suite.py --smoke --out gpu-suite-smoke

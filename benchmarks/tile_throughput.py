@@ -34,7 +34,8 @@ from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_sli
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
 from wsi.synthetic import write_sample_slide
-from wsi.tiling import TileParams, find_tissue
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 
 def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> list[SlideSource]:

@@ -25,7 +25,7 @@ from wsi.pipelines.tile.stage import tile_slides
 from wsi.pipelines.train import train
 from wsi.sources import find_slides
 from wsi.synthetic import Style, write_sample_slide
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from wsi.sources import find_slides
 from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tiff_tiles import FileDamage
 from wsi.tile_file import read_tile_file
-from wsi.tiling import TileParams, find_tissue
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 BACKENDS = ("openslide", "tiffslide")
 JPEG_TILE_PX = 240

@@ -19,7 +19,7 @@ from wsi.pipelines.embed import EmbedOptions, embed_tiles
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import find_slides
 from wsi.tile_file import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 ENCODER = "timm:test_resnet"
 OPTIONS = EmbedOptions(

@@ -24,7 +24,7 @@ from wsi.pipelines.embed.gpus import assign_gpus, parse_gpus, worker_gpu
 from wsi.pipelines.embed.worker import EncoderPlugin, worker_device
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import find_slides
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 CHOICES = (EncoderChoice("timm:test_resnet", input_px=64), EncoderChoice("timm:test_convnext", input_px=64))
 TWO = EmbedOptions(encoders=CHOICES, random_init=True, batch_size=8, readers=0, dtype="float32", threads=1)

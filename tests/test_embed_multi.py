@@ -23,7 +23,7 @@ from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, result
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import find_slides
 from wsi.tile_file import read_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 RESNET = EncoderChoice("timm:test_resnet", input_px=64)  # a CNN resized to 64 px
 VIT = EncoderChoice("timm:test_vit")  # a ViT at its own 160 px: another preprocessing of the same tiles

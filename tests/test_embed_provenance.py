@@ -23,7 +23,7 @@ from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
 from wsi.tile_file import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 OPTIONS = EmbedOptions(
     encoder="timm:test_resnet", random_init=True, input_px=64, batch_size=8, readers=0, dtype="float32",

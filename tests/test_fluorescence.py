@@ -14,7 +14,8 @@ from wsi.slide import open_slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnail
 from wsi.tile_file import read_tile_file
-from wsi.tiling import TileParams, find_tissue
+from wsi.tile_params import TileParams
+from wsi.tiling import find_tissue
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
 from wsi.tile_file import read_tile_file, write_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 MAX_MEAN_ABS = 3.0  # 0-255; JPEG decoders and resampling rounding differ slightly
 ENCODER = "timm:test_resnet"

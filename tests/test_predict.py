@@ -131,7 +131,7 @@ def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> Non
     from wsi.pipelines.embed.stage import embed_slides
     from wsi.sources import find_slides
     from wsi.synthetic import write_sample_cohort
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)

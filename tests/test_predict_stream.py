@@ -22,8 +22,8 @@ import wsi.pipelines.predict.stream as predict_stream
 from wsi.bags import BagProvenance, open_bag_stream, write_bag
 from wsi.bags.check import NonFiniteFeaturesError, finite_chunks
 from wsi.cli.predict import command as predict_command
+from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
 from wsi.pipelines.predict.stage import predict
-from wsi.pipelines.predict.stream import STREAM_ABOVE_TILES
 from wsi.pipelines.train import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.qc import BLURRY_RGB, FATE_RGB, KEPT_RGB, QC_LONG_SIDE_PX, QcLegend, qc_size, render_qc
 from wsi.sources import SlideSource
 from wsi.tile_file import read_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def test_empty_for_other_reasons_names_that_filter(good, tmp_path: Path) -> None
 
 
 def _params(**kwargs):
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     return TileParams(**kwargs)
 

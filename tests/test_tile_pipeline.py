@@ -17,7 +17,7 @@ from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
 from wsi.synthetic import write_truncated_copy
 from wsi.tile_file import is_complete, open_tile_pixels, read_tile_file
-from wsi.tiling import TileParams
+from wsi.tile_params import TileParams
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from scipy import ndimage
 
 from wsi.config import parse_config
 from wsi.errors import ConfigError
+from wsi.tile_params import TissueParams
 from wsi.tiling import (
     BACKGROUND,
     BLURRY,
@@ -21,7 +22,6 @@ from wsi.tiling import (
     make_grid,
     tissue_fractions,
 )
-from wsi.tissue import TissueParams
 
 
 def test_grid_is_physical_across_resolutions() -> None:
@@ -103,10 +103,15 @@ def test_params_from_a_mapping_go_through_the_one_validator() -> None:
     with pytest.raises(ConfigError, match=r"^run\.json: ") as err:
         parse_config(TileParams, {"tile_size": 256, "tissue": {"otsu": True}}, source="run.json")
     assert "unknown field 'tile_size'" in str(err.value) and "unknown field 'tissue.otsu'" in str(err.value)
-    with pytest.raises(ConfigError, match=r"min_tissue_fraction must be in \[0, 1\], got 1\.5"):
+    with pytest.raises(ConfigError, match=r"'min_tissue_fraction'.*less than or equal to 1 \(got 1\.5\)"):
         parse_config(TileParams, {"min_tissue_fraction": 1.5}, source="run.json")
-    with pytest.raises(ConfigError, match=r"TissueParams\.thumb_mpp must be positive"):
+    with pytest.raises(ConfigError, match=r"'tissue\.thumb_mpp'.*greater than 0 \(got 0\)"):
         parse_config(TileParams, {"tissue": {"thumb_mpp": 0}}, source="run.json")
+    # direct construction meets the same ranges (wsi.config.check_bounds)
+    with pytest.raises(ValueError, match=r"TileParams\.min_tissue_fraction must be <= 1, got 1\.5"):
+        TileParams(min_tissue_fraction=1.5)
+    with pytest.raises(ValueError, match=r"TissueParams\.thumb_mpp must be > 0, got 0"):
+        TissueParams(thumb_mpp=0)
     with pytest.raises(ConfigError, match=r"'tile_px'.*'big'"):
         parse_config(TileParams, {"tile_px": "big"}, source="run.json")
     parsed = parse_config(TileParams, {"tile_um": 96, "tissue": {"thumb_mpp": 4}}, source="run.json")

@@ -7,7 +7,8 @@ import pytest
 
 from wsi.config import parse_config
 from wsi.errors import ConfigError
-from wsi.tissue import TissueParams, cell_fractions, saturation, tissue_mask
+from wsi.tile_params import TissueParams
+from wsi.tissue import cell_fractions, saturation, tissue_mask
 
 GLASS = (243, 243, 245)
 PINK = (226, 150, 190)

@@ -1,17 +1,20 @@
 """The one way a mapping (YAML, JSON, CLI options) becomes a typed config.
 
-Every config in the project (tasks, model presets, tiling, embedding, the run record) is a dataclass
-marked with `@config_model` and parsed with `parse_config`: fields are type-checked and converted by
-pydantic, unknown keys are refused, and the error names the source and every bad field at once.
-Documenting each field is the dataclass's job (a comment beside it); this module only validates.
+Every config in the project (tasks, model presets, tiling, embedding, prediction, the run record) is a
+dataclass marked with `@config_model` and parsed with `parse_config`: fields are type-checked and
+converted by pydantic, unknown keys are refused, and the error names the source and every bad field at
+once. A field a user sets from the command line is declared with `setting(default, help=..., ge=...)`:
+its default, range and help text are written once, checked on direct construction and by the parser
+alike, and the CLI builds its options from them (`wsi.cli._options`), so they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Hashable, Mapping
-from typing import Any, TypeVar, cast
+import operator
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 
@@ -22,11 +25,80 @@ T = TypeVar("T")
 _STRICT_KEYS = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<"),
+}  # fmt: skip
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    default_factory: Callable[[], Any] | None = None,
+    default_text: str | None = None,
+    existing: Literal["file", "dir", "any"] | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A config field with its help text and range, the one place they are written.
+
+    `default_text` describes a computed default (`default_factory`) in the CLI's help; `existing` makes
+    the CLI refuse a path that is not an existing file or folder before any work. The metadata keys
+    are pydantic `Field` arguments (pydantic reads a dataclass field's metadata as such): it enforces the
+    bounds when parsing, `check_bounds` on direct construction."""
+    meta: dict[str, Any] = {"description": help}
+    extra = {k: v for k, v in {"default_text": default_text, "existing": existing}.items() if v is not None}
+    if extra:
+        meta["json_schema_extra"] = extra
+    meta.update({k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None})
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def check_bounds(config: Any) -> None:
+    """Raise ValueError naming the field when a `setting` is out of its range (direct construction too)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        for key, (ok, sign) in _BOUNDS.items():
+            if key in f.metadata and not ok(value, f.metadata[key]):
+                bound = f.metadata[key]
+                raise ValueError(f"{type(config).__name__}.{f.name} must be {sign} {bound}, got {value}")
+
+
 def config_model(cls: type[T]) -> type[T]:
-    """Mark a dataclass as a config: unknown keys are refused when it is parsed."""
+    """Mark a dataclass as a config: unknown keys are refused when it is parsed, ranges always checked."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls.__name__} must be a dataclass to be a config model")
+    if any(_BOUNDS.keys() & f.metadata.keys() for f in dataclasses.fields(cls)):
+        _check_after_init(cls)
     return with_config(_STRICT_KEYS)(cls)
+
+
+def _check_after_init(cls: Any) -> None:
+    """Run check_bounds before the class's own __post_init__: pydantic calls __post_init__ after parsing,
+    and the dataclass __init__ calls it only when the class had one when @dataclass ran (else wrap it)."""
+    own_post_init = getattr(cls, "__post_init__", None)
+
+    def __post_init__(self: Any) -> None:
+        check_bounds(self)
+        if own_post_init is not None:
+            own_post_init(self)
+
+    cls.__post_init__ = __post_init__
+    if own_post_init is None:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            check_bounds(self)
+
+        cls.__init__ = __init__
 
 
 def _adapter(cls: Any) -> TypeAdapter[Any]:
@@ -51,6 +123,13 @@ def parse_config(cls: type[T], data: Mapping[str, Any], *, source: str) -> T:
         raise ConfigError(f"{source}: {problems} (valid fields: {valid})") from None
 
 
+def with_settings(cls: type[T], base: T | None, settings: Mapping[str, Any], *, source: str) -> T:
+    """`base` (or the defaults) with `settings` applied, validated: a library call's keywords and the
+    CLI's options meet the same checks and the same defaults."""
+    data = config_dict(base) if base is not None else {}
+    return parse_config(cls, {**data, **settings}, source=source)
+
+
 def config_dict(config: Any) -> dict[str, Any]:
     """A config as plain JSON-ready data (tuples become lists); the one serialiser for configs."""
     data: dict[str, Any] = _adapter(type(config)).dump_python(config, mode="json")
@@ -66,4 +145,4 @@ def _describe(err: Any) -> str:
     return f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
 
 
-__all__ = ["config_dict", "config_model", "parse_config"]
+__all__ = ["check_bounds", "config_dict", "config_model", "parse_config", "setting", "with_settings"]

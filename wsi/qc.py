@@ -28,7 +28,8 @@ from skimage.segmentation import find_boundaries
 
 from wsi.files import atomic_path
 from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileParams, TissueGrid
+from wsi.tile_params import TileParams
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide

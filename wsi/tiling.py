@@ -14,74 +14,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wsi.background import Background, detect_background, with_signal_gain
-from wsi.config import config_dict, config_model
 from wsi.thumbnail import Thumbnail, read_thumbnail
-from wsi.tissue import TissueParams, cell_fractions, tissue_mask
+from wsi.tile_params import TileParams
+from wsi.tissue import cell_fractions, tissue_mask
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
     from wsi.tiff_tiles import UnreadableRegion
-
-
-@config_model
-@dataclass(frozen=True)
-class TileParams:
-    """Every setting that decides which tiles are kept; saved as JSON (`to_dict()`) in each tile file.
-
-    Built from a mapping (a tile file's `params`, a run's recorded `tile_params`, CLI options) only
-    through `wsi.config.parse_config(TileParams, data, source=...)`: types converted, unknown keys
-    refused. The range checks live in `__post_init__`, so direct construction is checked the same way.
-    Adding a field changes the stored JSON, so tile files of older runs are recomputed, never trusted.
-    """
-
-    #: side of a tile in micrometres (physical size, whatever the scanner's resolution)
-    tile_um: float = 256.0
-    #: side of a tile in pixels after resizing; target resolution is tile_um / tile_px um/px
-    tile_px: int = 256
-    #: keep a grid cell when at least this fraction of it is tissue in the thumbnail mask
-    min_tissue_fraction: float = 0.25
-    #: a pixel is background when all of R, G, B are at least this (glass is ~240 on most scanners)
-    white_level: int = 220
-    #: reject a tile when more than this fraction of its pixels is background
-    max_background_fraction: float = 0.8
-    #: reject a tile when the variance of the Laplacian over its tissue pixels is below this.
-    #: Sharp H&E at 1 um/px scores in the thousands (CMU-1: 2,000-10,000), a 1 um Gaussian blur
-    #: 100-600, a 2 um blur 20-50 and a 4 um blur under 5.
-    min_blur_variance: float = 50.0
-    #: fail the slide as damaged when more than this fraction of the file's own (JPEG) tiles under its
-    #: tissue tiles cannot be decoded, and always beyond one such tile when 0 (`wsi.file_tiles.FileDamage`).
-    #: Counted in the file's tiles, not ours: one bad 240 px JPEG tile spoils up to four 256 um tiles, 40%
-    #: of a small slide's ten, yet it is one defect among the ~60 file tiles there. The few tiles it
-    #: spoils are skipped and counted; a file mostly unreadable is an error worth seeing.
-    max_unreadable_fraction: float = 0.05
-    #: how the tissue mask is computed on the slide thumbnail (see wsi.tissue)
-    tissue: TissueParams = field(default_factory=TissueParams)
-
-    def __post_init__(self) -> None:
-        if not self.tile_um > 0:
-            raise ValueError(f"tile_um must be positive, got {self.tile_um}")
-        if self.tile_px < 8:
-            raise ValueError(f"tile_px must be at least 8, got {self.tile_px}")
-        for name in ("min_tissue_fraction", "max_background_fraction", "max_unreadable_fraction"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0 <= self.white_level <= 255:
-            raise ValueError(f"white_level must be in [0, 255], got {self.white_level}")
-        if self.min_blur_variance < 0:
-            raise ValueError(f"min_blur_variance must be >= 0, got {self.min_blur_variance}")
-
-    @property
-    def target_mpp(self) -> float:
-        return self.tile_um / self.tile_px
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready settings, `tissue` nested: what tile files store and a re-run compares."""
-        return config_dict(self)
 
 
 @dataclass(frozen=True)

@@ -12,49 +12,12 @@ split is on brightness (the brightest channel, Otsu, floored at `dark_level`); t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from skimage.filters import threshold_otsu
 from skimage.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 
-from wsi.config import config_dict, config_model
-
-
-@config_model
-@dataclass(frozen=True)
-class TissueParams:
-    """Settings of the tissue mask; defaults suit H&E. Saved inside TileParams (`tissue`) in every tile
-    file; built from a mapping only through `wsi.config.parse_config` (unknown keys refused). The range
-    checks live in `__post_init__`, so they hold for direct construction and for parsing alike."""
-
-    #: thumbnail resolution (um/px): 8 um/px gives 32 px per 256 um tile, enough for tissue fractions
-    thumb_mpp: float = 8.0
-    #: lowest saturation threshold; Otsu below it means there is no tissue to split from glass
-    min_saturation: float = 0.05
-    #: pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black borders);
-    #: on a dark-background (fluorescence-like) slide, the least brightness that counts as tissue
-    dark_level: int = 25
-    #: closing radius (um): joins nuclei and stroma of one fragment across pale gaps
-    closing_um: float = 16.0
-    #: opening radius (um): removes dust and thin pen strokes
-    opening_um: float = 8.0
-    #: smallest tissue region kept (um^2); 20,000 um^2 is about a 140 um square
-    min_region_um2: float = 20_000.0
-    #: holes up to this area (um^2) are filled (vessels, lumens, tears inside a fragment)
-    max_hole_um2: float = 250_000.0
-
-    def __post_init__(self) -> None:
-        for name in ("thumb_mpp", "closing_um", "opening_um", "min_region_um2", "max_hole_um2"):
-            if getattr(self, name) < 0 or (name == "thumb_mpp" and self.thumb_mpp <= 0):
-                raise ValueError(f"TissueParams.{name} must be positive, got {getattr(self, name)}")
-        if not 0.0 <= self.min_saturation < 1.0:
-            raise ValueError(f"TissueParams.min_saturation must be in [0, 1), got {self.min_saturation}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready settings (the form stored in tile files)."""
-        return config_dict(self)
+from wsi.tile_params import TissueParams
 
 
 def saturation(rgb: np.ndarray) -> np.ndarray:

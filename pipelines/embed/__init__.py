@@ -29,7 +29,7 @@ Public API:
   bad_tile_report(results, *, out_dir, encoder) -> list[str]   slides whose bags left out unreadable tiles
 """
 
-from wsi.pipelines.embed.options import EmbedOptions, EncoderChoice
+from wsi.pipelines.embed.config import EmbedOptions, EncoderChoice
 from wsi.pipelines.embed.stage import (
     BagResult,
     bad_tile_report,

@@ -37,9 +37,9 @@ from tqdm.auto import tqdm
 from wsi.bags import BagProvenance, write_bag
 from wsi.models.stain import StainNormalizer, StainReference
 from wsi.pipelines.embed.batches import SlideTiles, TileBatch
+from wsi.pipelines.embed.config import CPU_BATCH, EmbedOptions
 from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead
 from wsi.pipelines.embed.feed import iter_batches
-from wsi.pipelines.embed.options import CPU_BATCH, EmbedOptions
 from wsi.pipelines.embed.runtime import Runtime, encode, prepare_runtime, prepare_runtimes, resolve_decode
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.jobs import JobResult, describe_error

@@ -30,8 +30,8 @@ from wsi.models.encoders import Encoder
 from wsi.models.stain import StainReference
 from wsi.pipelines.embed.batches import slide_tiles_from_tile_file
 from wsi.pipelines.embed.checks import other_slide, refuse_case_clashes
+from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideJob, SlideWork
-from wsi.pipelines.embed.options import EmbedOptions
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.jobs import JobResult
 from wsi.suffixes import BAG_SUFFIX

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 
 from wsi.models.encoders import Encoder, pick_batch_size
-from wsi.pipelines.embed.options import CPU_BATCH, EmbedOptions, Precision
+from wsi.pipelines.embed.config import CPU_BATCH, EmbedOptions, Precision
 
 log = logging.getLogger(__name__)
 

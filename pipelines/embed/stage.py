@@ -45,9 +45,9 @@ from wsi.models.encoders import Encoder, encoder_id_for
 from wsi.models.stain import StainReference
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
+from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideWork, WorkResult, embed_works
 from wsi.pipelines.embed.gpus import Gpus, assign_gpus
-from wsi.pipelines.embed.options import EmbedOptions
 from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference

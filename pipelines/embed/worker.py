@@ -31,9 +31,9 @@ from distributed import WorkerPlugin
 
 from wsi.models.stain import StainReference
 from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import Runtime, SlideWork, WorkResult, embed_works
 from wsi.pipelines.embed.gpus import worker_gpu
-from wsi.pipelines.embed.options import EmbedOptions
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.jobs import JobResult, worker_plugin
 

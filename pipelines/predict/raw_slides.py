@@ -41,7 +41,7 @@ def embed_raw_slides(
     from wsi.pipelines.embed.engine import EmbedOptions
     from wsi.pipelines.embed.stage import bag_dir, embed_slides
     from wsi.sources import find_slides
-    from wsi.tiling import TileParams
+    from wsi.tile_params import TileParams
 
     prov = provenance
     encoder, sha = prov.get("encoder"), prov.get("weights_sha256")

@@ -43,12 +43,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 from wsi.pipelines.cases import CaseCollate, CaseDataset
 from wsi.pipelines.heatmaps import slide_heatmap
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
 from wsi.pipelines.predict.external_validation import (
     Cohort,
     aggregate_by_patient,
@@ -59,7 +61,7 @@ from wsi.pipelines.predict.external_validation import (
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
-from wsi.pipelines.predict.stream import STREAM_ABOVE_TILES, stream_length, streamed_outputs
+from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
 from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
@@ -95,38 +97,25 @@ def predict(
     out_dir: str | Path,
     inputs: Sequence[str | Path] = (),
     features_dir: str | Path | None = None,
-    device: str = "auto",
-    heatmaps: bool = True,
-    weights: str | Path | None = None,
-    mpp: float | None = None,
-    backend: str = "openslide",
-    workers: int = 1,
-    scheduler: str | None = None,
-    progress: bool = True,
-    labels_csv: str | Path | None = None,
-    top_tiles: int = 0,
-    overwrite: bool = False,
-    stream_above_tiles: int | None = STREAM_ABOVE_TILES,
+    options: PredictOptions | None = None,
+    **settings: Any,
 ) -> PredictResult:
     """Predict every slide (`inputs`: slides, folders, CSV lists) or every bag (`features_dir`).
 
-    `weights`: the encoder's weights file for raw slides (checked against the sha256 the run recorded;
-    refused where no encoder runs: bags, images, a run whose encoder was random). `mpp`: level-0 um/px
-    of slides whose metadata has none, and of bags in level-0 pixels (CLAM, TRIDENT) when the model
-    uses tile positions; default the run's recorded one; a labels CSV `mpp` column wins per slide.
-    `labels_csv`: score the predictions against this label table (external validation). `top_tiles`:
-    export the K tiles pushing each output most and least per slide (0 = off). Cases finished by an
-    earlier call into the same `out_dir` with the same model, inputs and options are skipped unless
-    `overwrite`. `stream_above_tiles`: a slide's bag of more tiles is read from its file chunk by chunk
-    (the same outputs in bounded memory; no heatmap or top tiles for it, said in the manifest's `note`);
-    None loads every bag whole.
+    `options` (or its fields as keywords, `settings`; `PredictOptions` documents each): `weights` is the
+    encoder's weights file for raw slides (checked against the sha256 the run recorded; refused where no
+    encoder runs: bags, images, a run whose encoder was random); `mpp` the level-0 um/px of slides whose
+    metadata has none, and of bags in level-0 pixels (CLAM, TRIDENT) when the model uses tile positions;
+    `labels_csv` scores the predictions against a label table (external validation); `top_tiles` exports
+    the K tiles pushing each output most and least per slide. Cases finished by an earlier call into the
+    same `out_dir` with the same model, inputs and options are skipped unless `overwrite`. A bag of more
+    than `stream_above_tiles` tiles is read chunk by chunk (no heatmap or top tiles for it, said in the
+    manifest's `note`); None loads every bag whole.
     """
+    opts = with_settings(PredictOptions, options, settings, source="predict options")
+    device, weights, mpp, labels_csv = opts.device, opts.weights, opts.mpp, opts.labels_csv
     if bool(inputs) == (features_dir is not None):
         raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
-    if top_tiles < 0:
-        raise ConfigError(f"top_tiles must be 0 (off) or a positive number of tiles, not {top_tiles}")
-    if stream_above_tiles is not None and stream_above_tiles < 1:
-        raise ConfigError(f"stream_above_tiles must be a positive number of tiles, not {stream_above_tiles}")
     if weights is not None and features_dir is not None:
         raise ConfigError(
             "--weights are the encoder's weights for embedding raw slides; bags given with --features are "
@@ -151,23 +140,24 @@ def predict(
         found = run.adapter.find([Path(p) for p in inputs])
     else:
         found, thumbs, pre_failed = embed_raw_slides(
-            run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=backend,
-            workers=workers, scheduler=scheduler, device=device, progress=progress,
+            run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=opts.backend,
+            workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
         )  # fmt: skip
     cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
     run.adapter = _with_resolution(run, mpp, cohort.mpp_by_slide)
     if found:
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
-    options = _CaseOptions(
-        heatmaps=heatmaps,
-        top_tiles=top_tiles,
+    case_options = _CaseOptions(
+        heatmaps=opts.heatmaps,
+        top_tiles=opts.top_tiles,
         thumbs=thumbs,
-        backend=backend,
-        stream_above=stream_above_tiles,
+        backend=opts.backend,
+        stream_above=opts.stream_above_tiles,
     )
     rows, outputs, results, tiles = _predict_cases(
-        run, cohort.cases, out, options, progress=progress, pre_failed=pre_failed, overwrite=overwrite
-    )
+        run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
+        overwrite=opts.overwrite,
+    )  # fmt: skip
     results = pre_failed + results
     csv_path = out / "predictions.csv"
     if tiles is not None:

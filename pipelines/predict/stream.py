@@ -27,7 +27,6 @@ from wsi.pipelines.predict.run_model import RunModel
 
 #: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
 #: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's
-STREAM_ABOVE_TILES = 131_072
 #: feature rows read from the file at a time (16 MB of 2048-d float16; larger reads gain nothing)
 READ_TILES = 4096
 
@@ -80,4 +79,4 @@ def _chunks(
         yield x, c
 
 
-__all__ = ["READ_TILES", "STREAM_ABOVE_TILES", "stream_length", "streamed_outputs"]
+__all__ = ["READ_TILES", "stream_length", "streamed_outputs"]

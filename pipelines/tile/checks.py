@@ -37,7 +37,8 @@ from wsi.tiff_tiles import (
     file_tile_px,
     file_tiles_under,
 )
-from wsi.tiling import TileCounts, TileParams, TissueGrid
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide

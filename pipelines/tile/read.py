@@ -26,7 +26,8 @@ import numpy as np
 from wsi.errors import SlideError
 from wsi.slide import Slide
 from wsi.tiff_tiles import FileTileProbe, describe_regions
-from wsi.tiling import UNREADABLE, TileParams, classify_tiles
+from wsi.tile_params import TileParams
+from wsi.tiling import UNREADABLE, classify_tiles
 
 log = logging.getLogger(__name__)
 

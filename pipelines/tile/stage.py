@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 import wsi
+from wsi.config import with_settings
 from wsi.errors import MissingMppError, SlideError, SlideIdError
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.tile.checks import (
@@ -58,6 +59,7 @@ from wsi.pipelines.tile.checks import (
     refuse_id_clashes,
     same_id_message,
 )
+from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.slide import Slide, open_slide
@@ -72,7 +74,8 @@ from wsi.tile_file import (
     read_tile_file,
     write_tile_file,
 )
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TileParams, TissueGrid, find_tissue
+from wsi.tile_params import TileParams
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid, find_tissue
 
 log = logging.getLogger(__name__)
 
@@ -124,30 +127,26 @@ def tile_slides(
     *,
     out_dir: str | os.PathLike[str],
     params: TileParams | None = None,
-    backend: str = "openslide",
-    mpp: float | None = None,
-    workers: int = 1,
-    scheduler: str | None = None,
-    overwrite: bool = False,
-    save_tiles: bool = False,
-    threads: int | None = None,
-    background: str = "auto",
+    options: TileOptions | None = None,
+    **settings: Any,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
 
-    mpp: level-0 um/px used for slides whose metadata has none (a CSV `mpp` column wins per slide).
-    background: "auto", "light" or "dark" (see TileJob). A slide whose id is unusable, repeats an earlier
-    slide's id (or differs from it only by case) is a failed row naming both files; the others run.
+    `options` (or its fields as keywords, `settings`: backend, mpp, workers, threads, ...) say how to
+    read and schedule (`TileOptions`); `params` which tiles to keep. A slide whose id is unusable,
+    repeats an earlier slide's id (or differs from it only by case) is a failed row naming both files;
+    the others run.
     """
+    opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
         out_dir=Path(out_dir).absolute(),
         params=params or TileParams(),
-        backend=backend,
-        fallback_mpp=mpp,
-        save_tiles=save_tiles,
-        overwrite=overwrite,
-        threads=threads or default_threads(workers if scheduler is None else 1),
-        background=background,
+        backend=opts.backend,
+        fallback_mpp=opts.mpp,
+        save_tiles=opts.save_tiles,
+        overwrite=opts.overwrite,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        background=opts.background,
     )
     sources = list(sources)
     refused = refuse_id_clashes(sources, job.out_dir)
@@ -155,7 +154,7 @@ def tile_slides(
         log.warning("%s: refused: %s", sources[i].slide_id, reason)
     todo = [src for i, src in enumerate(sources) if i not in refused]
     work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=workers, scheduler=scheduler, desc="tile"))
+    ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
     results = [
         JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
         for i, src in enumerate(sources)

@@ -65,11 +65,8 @@ def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> 
     return folder
 
 
-# Options several commands share, defined once so their names, types and defaults cannot drift apart.
-def workers_option(help_text: str) -> Callable[[F], F]:
-    return click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help=help_text)
-
-
+# Options several commands share that no config model owns (train's; tile, embed and predict build
+# theirs from their configs with wsi.cli._options).
 def scheduler_option(
     help_text: str = "Run on an existing dask.distributed cluster (e.g. tcp://host:8786).",
 ) -> Callable[[F], F]:
@@ -78,28 +75,3 @@ def scheduler_option(
 
 def mpp_option(help_text: str) -> Callable[[F], F]:
     return click.option("--mpp", type=click.FloatRange(min=0, min_open=True), default=None, help=help_text)
-
-
-def backend_option() -> Callable[[F], F]:
-    return click.option(
-        "--backend", type=click.Choice(["openslide", "tiffslide"]), default="openslide", show_default=True,
-        help="Slide reader.",
-    )  # fmt: skip
-
-
-def tile_size_options(prefix: str = "") -> Callable[[F], F]:
-    """--tile-um and --tile-px: the physical tile size and its pixel size (target um/px = um / px)."""
-
-    tile = "tile" if prefix else "Tile"
-
-    def decorate(func: F) -> F:
-        func = click.option(
-            "--tile-px", type=click.IntRange(min=8), default=256, show_default=True,
-            help=f"{prefix}{tile} side in pixels after resizing (target um/px = tile-um / tile-px).",
-        )(func)  # fmt: skip
-        return click.option(
-            "--tile-um", type=click.FloatRange(min=1), default=256.0, show_default=True,
-            help=f"{prefix}{tile} side in micrometres.",
-        )(func)  # fmt: skip
-
-    return decorate

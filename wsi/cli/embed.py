@@ -7,16 +7,20 @@ from typing import Any
 
 import click
 
-from wsi.cli._common import (
-    EXIT_PARTIAL_FAILURE,
-    EXIT_USAGE,
-    ensure_writable_dir,
-    mpp_option,
-    scheduler_option,
-    tile_size_options,
-    user_errors,
-    workers_option,
-)
+from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
+from wsi.cli._options import config_options, field_of, model_default
+from wsi.pipelines.embed.config import EmbedOptions
+from wsi.pipelines.tile.config import TileOptions
+from wsi.tile_params import TileParams
+
+# option -> EmbedOptions field: defaults, ranges and help come from the fields (pipelines/embed/config.py)
+EMBED_FLAGS = {
+    "--random-init": "random_init", "--input-px": "input_px", "--device": "device",
+    "--precision": "precision", "--compile": "compile", "--threads": "threads",
+    "--batch-size": "batch_size", "--stain-norm": "stain_norm", "--stain-reference": "stain_reference",
+    "--readers": "readers", "--reader-mode": "reader_mode", "--decode": "decode", "--dtype": "dtype",
+    "--max-bad-tiles": "max_bad_tiles", "--cache": "use_cache", "--overwrite": "overwrite",
+}  # fmt: skip
 
 
 @click.command(
@@ -78,116 +82,27 @@ Several GPUs: --gpus N (or all) runs one worker per GPU on this machine. On a da
     help="Output folder; bags go to OUT/features/<encoder_id>/.",
 )
 @click.option(
-    "--encoder",
-    "encoders",
-    multiple=True,
-    default=("retccl",),
-    show_default=True,
-    help="Encoder: a name from `wsi encoders` (retccl, uni, uni2-h, virchow2, ...), timm:<architecture>, "
-    "or a recipe file my-encoder.yaml. Repeat it to run several encoders on one read of the tiles.",
-)
+    "--encoder", "encoders", multiple=True, default=(model_default(EmbedOptions, "encoder"),),
+    show_default=True, help=field_of(EmbedOptions, "encoder")[0].metadata["description"],
+)  # fmt: skip
 @click.option(
-    "--weights",
-    "weights",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="Weights file (.pth/.pt/.bin state dict, or .safetensors) or the model folder as the authors' hub "
-    "repository lays it out (config.json + weights). With several --encoder: one --weights each, in the "
-    "same order.",
-)
-@click.option("--random-init", is_flag=True, help="No weights: random features, for tests and demos only.")
+    "--weights", "weights", multiple=True, type=click.Path(path_type=Path),
+    help=field_of(EmbedOptions, "weights")[0].metadata["description"],
+)  # fmt: skip
 @click.option(
-    "--input-px",
-    type=click.IntRange(min=16),
-    default=None,
-    help="Network input side for timm:<name> encoders [default: the architecture's]; named encoders fix "
-    "theirs (retccl 256, uni 224, ...).",
-)
-@click.option(
-    "--sha256",
-    "expected_sha256",
-    multiple=True,
-    help="Refuse weights whose sha256 differs. With several --encoder: none, or one each in order.",
-)
-@click.option("--device", default=None, help="cuda, cuda:1 or cpu [default: cuda when available].")
-@click.option(
-    "--precision",
-    type=click.Choice(["bf16", "fp16", "fp32"]),
-    default="bf16",
-    show_default=True,
-    help="Autocast precision on CUDA (the CPU always runs fp32).",
-)
-@click.option("--compile", "compile_", is_flag=True, help="torch.compile the encoders (CUDA, long runs).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for the encoder.")
-@click.option(
-    "--batch-size",
-    default="128",
-    show_default=True,
-    metavar="N|auto",
-    help="Tiles per pass; auto: measured from free GPU memory on CUDA (every encoder probed, at most "
-    "256), 128 on the CPU.",
-)
-@click.option(
-    "--stain-norm",
-    type=click.Choice(["macenko", "reinhard"]),
-    default=None,
-    help="Stain-normalise tiles on the device before the encoders (recorded in every bag). "
-    "[default: none]",
-)
-@click.option(
-    "--stain-reference",
-    type=click.Path(path_type=Path, exists=True),
-    default=None,
-    help="What --stain-norm maps onto: a saved reference (.json), an image or a folder of images, or a "
-    "tile file (tiles/<slide_id>.h5) to fit it from [default: the method's shipped H&E reference].",
-)
+    "--sha256", "expected_sha256", multiple=True,
+    help=field_of(EmbedOptions, "expected_sha256")[0].metadata["description"],
+)  # fmt: skip
+@config_options(EmbedOptions, EMBED_FLAGS, into="settings")
 @click.option(
     "--gpus",
     default=None,
     metavar="N|all",
     help="One worker per GPU on this machine (N GPUs, or all); exit 2 when there are not that many.",
 )
-@click.option(
-    "--readers",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Background readers [default: cores - 1, 1 to 16]; 0 reads inline.",
-)
-@click.option(
-    "--reader-mode",
-    type=click.Choice(["process", "thread"]),
-    default="process",
-    show_default=True,
-    help="Readers as processes (fastest) or threads (when /dev/shm is small).",
-)
-@click.option(
-    "--decode",
-    type=click.Choice(["auto", "device", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="Where JPEG tiles are decoded and resized: device (nvjpeg on CUDA; readers only slice the "
-    "compressed tiles out of the file), cpu (openslide/tiffslide in the readers), auto (device on CUDA).",
-)
-@click.option(
-    "--dtype",
-    type=click.Choice(["float16", "float32"]),
-    default="float16",
-    show_default=True,
-    help="Storage type of the features.",
-)
-@click.option(
-    "--max-bad-tiles",
-    type=click.FloatRange(0, 1, max_open=True),
-    default=0.05,
-    show_default=True,
-    help="Fail a slide when more than this fraction of its tiles cannot be read.",
-)
-@click.option("--no-cache", is_flag=True, help="Read tiles from the slides even when a zarr cache exists.")
-@click.option("--overwrite", is_flag=True, help="Redo bags that are already complete.")
-@workers_option("Local dask worker processes, each with its own encoders (GPUs: use --gpus).")
-@scheduler_option()
-@tile_size_options("With slide PATHS: ")
-@mpp_option("With slide PATHS: level-0 um/px for slides whose metadata has none.")
+@config_options(TileOptions, {"--workers": "workers", "--scheduler": "scheduler"}, into="run")
+@config_options(TileParams, {"--tile-um": "tile_um", "--tile-px": "tile_px"}, into="tiling")
+@config_options(TileOptions, {"--mpp": "mpp"}, into="slide_run")
 @user_errors
 def command(
     paths: tuple[Path, ...],
@@ -195,29 +110,12 @@ def command(
     out_dir: Path,
     encoders: tuple[str, ...],
     weights: tuple[Path, ...],
-    random_init: bool,
-    input_px: int | None,
     expected_sha256: tuple[str, ...],
-    device: str | None,
-    precision: str,
-    compile_: bool,
-    threads: int | None,
-    batch_size: str,
-    stain_norm: str | None,
-    stain_reference: Path | None,
+    settings: dict[str, Any],
     gpus: str | None,
-    readers: int | None,
-    reader_mode: str,
-    decode: str,
-    dtype: str,
-    max_bad_tiles: float,
-    no_cache: bool,
-    overwrite: bool,
-    workers: int,
-    scheduler: str | None,
-    tile_um: float,
-    tile_px: int,
-    mpp: float | None,
+    run: dict[str, Any],
+    tiling: dict[str, Any],
+    slide_run: dict[str, Any],
 ) -> None:
     """Embed tiles with one or several encoders into one HDF5 feature bag per slide and encoder.
 
@@ -226,23 +124,17 @@ def command(
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
     from wsi.config import parse_config
-    from wsi.pipelines.embed import EmbedOptions, embed_slides, embed_tiles
+    from wsi.pipelines.embed import embed_slides, embed_tiles
     from wsi.pipelines.embed.gpus import parse_gpus
-    from wsi.pipelines.embed.options import default_readers
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is a usage error (exit 2)
-    given: dict[str, Any] = {
-        **_encoder_fields(encoders, weights, expected_sha256, input_px), "random_init": random_init,
-        "device": device, "precision": precision, "compile": compile_, "threads": threads,
-        "batch_size": batch_size, "readers": default_readers() if readers is None else readers,
-        "reader_mode": reader_mode, "decode": decode, "dtype": dtype, "max_bad_tiles": max_bad_tiles,
-        "use_cache": not no_cache, "overwrite": overwrite, "stain_norm": stain_norm,
-        "stain_reference": str(stain_reference) if stain_reference else None,
-    }  # fmt: skip
+    input_px = settings.pop("input_px", None)  # per encoder when there are several
+    given: dict[str, Any] = {**settings, **_encoder_fields(encoders, weights, expected_sha256, input_px)}
     options = parse_config(EmbedOptions, given, source="wsi embed options")
+    workers, scheduler = run["workers"], run["scheduler"]  # each worker builds its own encoders
     n_gpus = parse_gpus(gpus) if gpus is not None else None
     if tiles_dir is not None:
         results = embed_tiles(
@@ -251,16 +143,13 @@ def command(
         )  # fmt: skip
     else:
         from wsi.sources import find_slides
-        from wsi.tiling import TileParams
 
         sources = find_slides(paths)
         if not sources:
             click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
             raise SystemExit(EXIT_USAGE)
-        try:
-            params = TileParams(tile_um=tile_um, tile_px=tile_px)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
+        params = parse_config(TileParams, tiling, source="wsi embed options")
+        mpp = parse_config(TileOptions, slide_run, source="wsi embed options").mpp
         results = embed_slides(
             sources, out_dir=out_dir, options=options, tile_params=params, mpp=mpp, workers=workers,
             scheduler=scheduler, gpus=n_gpus,

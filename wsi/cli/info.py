@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from wsi.cli._common import backend_option, user_errors
+from wsi.cli._common import user_errors
+from wsi.cli._options import config_options
+from wsi.pipelines.tile.config import TileOptions
 
 
 @click.command(
@@ -29,10 +31,10 @@ Examples:
     default=None,
     help="Level-0 um/px: for CLAM/TRIDENT bags (their coordinates are in pixels), or a slide without one.",
 )
-@backend_option()
+@config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per file instead of text.")
 @user_errors
-def command(files: tuple[Path, ...], mpp: float | None, backend: str, as_json: bool) -> None:
+def command(files: tuple[Path, ...], mpp: float | None, reading: dict[str, str], as_json: bool) -> None:
     """Print a summary of slides, tile files and feature bags: sizes, resolution, provenance, extent."""
     import h5py
 
@@ -45,7 +47,7 @@ def command(files: tuple[Path, ...], mpp: float | None, backend: str, as_json: b
         if not path.is_file():
             raise BagFormatError(f"{path}: file not found")
         if not h5py.is_hdf5(path):  # not a tile file or a bag: a slide, or a SlideError naming it
-            summary = slide_info(path, backend=backend, mpp=mpp)
+            summary = slide_info(path, backend=reading["backend"], mpp=mpp)
         else:
             summary = tile_file_info(path) if is_tile_file(path) else bag_info(path, mpp=mpp)
         if as_json:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from wsi.cli._common import (
-    EXIT_PARTIAL_FAILURE,
-    backend_option,
-    ensure_writable_dir,
-    mpp_option,
-    scheduler_option,
-    user_errors,
-    workers_option,
-)
+from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+from wsi.cli._options import config_options
+from wsi.pipelines.predict.config import PredictOptions
+
+# option -> PredictOptions field: defaults, ranges and help come from the fields (pipelines/predict/config.py)
+PREDICT_FLAGS = {
+    "--weights": "weights", "--mpp": "mpp", "--backend": "backend", "--device": "device",
+    "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
+    "--heatmaps": "heatmaps", "--stream-above-tiles": "stream_above_tiles", "--overwrite": "overwrite",
+    "--progress": "progress",
+}  # fmt: skip
 
 
 @click.command(
@@ -81,80 +84,26 @@ Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv
 @click.option(
     "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
 )
-@click.option(
-    "--weights",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="Encoder weights for raw slides (must match the run's recorded sha256).",
-)
-@mpp_option(
-    "Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, TRIDENT) "
-    "[default: the run's]."
-)
-@backend_option()
-@click.option(
-    "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
-)
-@workers_option("Slides tiled/embedded in parallel (local dask workers).")
-@scheduler_option("Tile/embed on a dask.distributed cluster.")
-@click.option(
-    "--labels",
-    "labels_csv",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Label table of this cohort: score the predictions (external validation) and write the report.",
-)
-@click.option(
-    "--top-tiles",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
-)
-@click.option("--no-heatmaps", is_flag=True, help="Skip the per-slide heatmaps.")
-@click.option(
-    "--stream-above-tiles",
-    type=click.IntRange(min=1),
-    default=131_072,
-    show_default=True,
-    help="Read a slide's bag of more tiles from its file chunk by chunk: the same prediction in bounded "
-    "memory, but no heatmap or top tiles for it (the manifest's note says so).",
-)
-@click.option(
-    "--overwrite", is_flag=True, help="Predict every slide again, also those finished by a run into --out."
-)
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@config_options(PredictOptions, PREDICT_FLAGS, into="settings")
 @user_errors
 def command(
     paths: tuple[Path, ...],
     model_dir: Path,
     features_dir: Path | None,
     out_dir: Path,
-    weights: Path | None,
-    mpp: float | None,
-    backend: str,
-    device: str,
-    workers: int,
-    scheduler: str | None,
-    labels_csv: Path | None,
-    top_tiles: int,
-    no_heatmaps: bool,
-    stream_above_tiles: int,
-    overwrite: bool,
-    no_progress: bool,
+    settings: dict[str, Any],
 ) -> None:
     """Predict slides (PATHS: slides, folders, CSV lists) or bags (--features) with a trained run."""
     if bool(paths) == (features_dir is not None):
         raise click.UsageError("give slide PATHS or --features DIR (one of the two)")
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
+    from wsi.config import parse_config
     from wsi.pipelines.predict.stage import predict
 
+    options = parse_config(PredictOptions, settings, source="wsi predict options")
     result = predict(
-        model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, device=device,
-        heatmaps=not no_heatmaps, weights=weights, mpp=mpp, backend=backend, workers=workers,
-        scheduler=scheduler, progress=not no_progress, labels_csv=labels_csv, top_tiles=top_tiles,
-        overwrite=overwrite, stream_above_tiles=stream_above_tiles,
-    )  # fmt: skip
+        model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, options=options
+    )
     failed = result.problems  # failed and empty slides: both make the exit code 1
     noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"
     n_empty = len(result.summary.empty)

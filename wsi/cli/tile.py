@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from wsi.cli._common import (
-    EXIT_PARTIAL_FAILURE,
-    EXIT_USAGE,
-    backend_option,
-    ensure_writable_dir,
-    mpp_option,
-    scheduler_option,
-    tile_size_options,
-    user_errors,
-    workers_option,
-)
+from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
+from wsi.cli._options import config_options
+from wsi.pipelines.tile.config import TileOptions
+from wsi.tile_params import TileParams
+
+# option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
+TILE_PARAM_FLAGS = {
+    "--tile-um": "tile_um", "--tile-px": "tile_px", "--min-tissue": "min_tissue_fraction",
+    "--max-background": "max_background_fraction", "--white-level": "white_level",
+    "--min-blur-var": "min_blur_variance", "--max-unreadable": "max_unreadable_fraction",
+    "--thumb-mpp": "tissue.thumb_mpp", "--min-saturation": "tissue.min_saturation",
+}  # fmt: skip
+TILE_OPTION_FLAGS = {
+    "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
+    "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
+    "--background": "background",
+}  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
 
@@ -59,92 +66,10 @@ redoes them (and replaces the tiles of another slide with the same id).
 @click.option(
     "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
 )
-@tile_size_options()
-@mpp_option("Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins).")
-@backend_option()
-@workers_option("Slides processed in parallel (local dask worker processes).")
-@scheduler_option()
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Reader threads per slide [default: cores / workers, at most 4].",
-)
-@click.option("--save-tiles", is_flag=True, help="Also store the kept tiles' pixels (zarr) for embedding.")
-@click.option(
-    "--overwrite", is_flag=True,
-    help="Redo slides whose output is already complete (also replaces another slide's tiles of the same id).",
-)  # fmt: skip
-@click.option(
-    "--background", type=click.Choice(["auto", "light", "dark"]), default="auto", show_default=True,
-    help="Slide background: auto detects per slide; light = brightfield (H&E on glass); dark = "
-    "fluorescence-like (tissue shines on black).",
-)  # fmt: skip
-@click.option(
-    "--min-tissue",
-    type=click.FloatRange(0, 1),
-    default=0.25,
-    show_default=True,
-    help="Keep a grid cell when at least this fraction of it is tissue.",
-)
-@click.option(
-    "--max-background",
-    type=click.FloatRange(0, 1),
-    default=0.8,
-    show_default=True,
-    help="Reject a tile when more than this fraction of its pixels is background (near-white; near-black "
-    "on a dark-background slide).",
-)
-@click.option(
-    "--white-level",
-    type=click.IntRange(0, 255),
-    default=220,
-    show_default=True,
-    help="A pixel is near-white when R, G and B are all at least this (dark-background slides: near-black "
-    "when its brightest channel is at most 255 minus this).",
-)
-@click.option(
-    "--min-blur-var",
-    type=click.FloatRange(min=0),
-    default=50.0,
-    show_default=True,
-    help="Reject a tile when its Laplacian variance (median over blocks) is below this; 0 = off.",
-)
-@click.option(
-    "--thumb-mpp",
-    type=click.FloatRange(min=0, min_open=True),
-    default=8.0,
-    show_default=True,
-    help="Resolution (um/px) of the thumbnail the tissue mask is computed on.",
-)
-@click.option(
-    "--min-saturation",
-    type=click.FloatRange(0, 1),
-    default=0.05,
-    show_default=True,
-    help="Lowest HSV saturation counted as tissue (floor of the Otsu threshold).",
-)
+@config_options(TileParams, TILE_PARAM_FLAGS, into="tiling")
+@config_options(TileOptions, TILE_OPTION_FLAGS, into="run")
 @user_errors
-def command(
-    paths: tuple[Path, ...],
-    out_dir: Path,
-    tile_um: float,
-    tile_px: int,
-    mpp: float | None,
-    backend: str,
-    workers: int,
-    scheduler: str | None,
-    threads: int | None,
-    save_tiles: bool,
-    overwrite: bool,
-    background: str,
-    min_tissue: float,
-    max_background: float,
-    white_level: int,
-    min_blur_var: float,
-    thumb_mpp: float,
-    min_saturation: float,
-) -> None:
+def command(paths: tuple[Path, ...], out_dir: Path, tiling: dict[str, Any], run: dict[str, Any]) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
     PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
@@ -156,36 +81,15 @@ def command(
     from wsi.config import parse_config
     from wsi.pipelines.tile.stage import tile_slides
     from wsi.sources import find_slides
-    from wsi.tiling import TileParams
 
     sources = find_slides(paths)
     if not sources:
         click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
         raise SystemExit(EXIT_USAGE)
-    options = {
-        "tile_um": tile_um,
-        "tile_px": tile_px,
-        "min_tissue_fraction": min_tissue,
-        "white_level": white_level,
-        "max_background_fraction": max_background,
-        "min_blur_variance": min_blur_var,
-        "tissue": {"thumb_mpp": thumb_mpp, "min_saturation": min_saturation},
-    }
-    params = parse_config(TileParams, options, source="wsi tile options")  # ConfigError: exit 2
+    params = parse_config(TileParams, tiling, source="wsi tile options")  # ConfigError: exit 2
+    options = parse_config(TileOptions, run, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
-    results = tile_slides(
-        sources,
-        out_dir=out_dir,
-        params=params,
-        backend=backend,
-        mpp=mpp,
-        workers=workers,
-        scheduler=scheduler,
-        overwrite=overwrite,
-        save_tiles=save_tiles,
-        threads=threads,
-        background=background,
-    )
+    results = tile_slides(sources, out_dir=out_dir, params=params, options=options)
     from wsi.pipelines.jobs import RunSummary
 
     summary = RunSummary.of(results)

@@ -19,10 +19,10 @@ Public API:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from wsi.config import config_model
+from wsi.config import config_model, setting
 from wsi.errors import ConfigError
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -54,35 +54,78 @@ def default_readers() -> int:
 class EmbedOptions:
     """Options of the embed stage; defaults are what `wsi embed` uses."""
 
-    encoder: str = "retccl"  # a named encoder (`wsi encoders`), timm:<architecture>, or my-encoder.yaml
-    weights: str | None = None  # weights file (.pth/.pt/.bin/.safetensors) or the authors' model folder
-    random_init: bool = False  # explicit: a bag of random features must never happen by accident
-    expected_sha256: str | None = None  # refuse weights whose sha256 differs
-    input_px: int | None = None  # timm encoders only; named encoders fix theirs (retccl 256)
+    encoder: str = setting(
+        "retccl",
+        help="Encoder: a name from `wsi encoders` (retccl, uni, uni2-h, virchow2, ...), timm:<architecture>, "
+        "or a recipe file my-encoder.yaml. Repeat it to run several encoders on one read of the tiles.",
+    )
+    weights: str | None = setting(
+        None,
+        help="Weights file (.pth/.pt/.bin state dict, or .safetensors) or the model folder as the authors' "
+        "hub repository lays it out (config.json + weights). With several --encoder: one --weights each, "
+        "in the same order.",
+    )
+    #: explicit: a bag of random features must never happen by accident
+    random_init: bool = setting(False, help="No weights: random features, for tests and demos only.")
+    expected_sha256: str | None = setting(
+        None, help="Refuse weights whose sha256 differs. With several --encoder: none, or one each in order."
+    )
+    input_px: int | None = setting(
+        None, ge=16, default_text="the architecture's",
+        help="Network input side for timm:<name> encoders; named encoders fix theirs (retccl 256, uni 224).",
+    )  # fmt: skip
     # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
     encoders: tuple[EncoderChoice, ...] = ()
-    device: str | None = None  # "cuda", "cuda:1", "cpu"; None: CUDA when available
-    precision: Precision = "bf16"  # CUDA autocast; the CPU always runs fp32
-    compile: bool = False  # torch.compile the encoder (CUDA; pays off on long runs)
-    threads: int | None = None  # CPU threads for torch (None: torch's default)
-    # tiles per forward pass; "auto": measured from free memory on CUDA (every encoder's probe, the
-    # smallest wins, at most 256), CPU_BATCH elsewhere; 128 x 256 px fills an H100 for RetCCL in bf16
-    batch_size: int | Literal["auto"] = 128
-    #: background readers (threads inside dask workers, which may not fork); default: the cores but one
-    readers: int = field(default_factory=lambda: default_readers())
-    reader_mode: Literal["process", "thread"] = "process"  # threads: no shared memory (small /dev/shm)
-    dtype: Literal["float16", "float32"] = "float16"  # feats on disk; float32 when beyond float16's range
-    max_bad_tiles: float = 0.05  # fraction of unreadable tiles above which a slide fails
-    use_cache: bool = True  # read the --save-tiles zarr cache when it is complete
-    overwrite: bool = False  # redo bags that are already complete
-    # where JPEG tiles are decoded and resized: "device" (readers send compressed tiles; device_decode/),
-    # "cpu" (readers decode with openslide/tiffslide), "auto" (device on CUDA for JPEG TIFFs, else cpu)
-    decode: Literal["cpu", "device", "auto"] = "auto"
-    # stain normalisation on the tiles' device before the encoders (opt-in): macenko | reinhard | None
-    stain_norm: Literal["macenko", "reinhard"] | None = None
-    # the reference to map onto: a saved reference (.json), an image, a folder of images, or a tile file
-    # (tiles/<slide_id>.h5) to fit it from; None: the shipped default of the method (models/stain.py)
-    stain_reference: str | None = None
+    device: str | None = setting(
+        None, default_text="cuda when available", help="Device: cuda, cuda:1 or cpu."
+    )
+    precision: Precision = setting(
+        "bf16", help="Autocast precision on CUDA (the CPU always runs fp32)."
+    )
+    compile: bool = setting(False, help="torch.compile the encoders (CUDA; pays off on long runs).")
+    threads: int | None = setting(
+        None, ge=1, default_text="torch's default", help="CPU threads for the encoder."
+    )
+    # "auto": measured from free memory on CUDA (every encoder's probe, the smallest wins, at most 256),
+    # CPU_BATCH elsewhere; 128 x 256 px fills an H100 for RetCCL in bf16
+    batch_size: int | Literal["auto"] = setting(
+        128,
+        help="Tiles per pass (N or auto); auto: measured from free GPU memory on CUDA (every encoder "
+        "probed, at most 256), 128 on the CPU.",
+    )  # fmt: skip
+    #: threads inside dask workers, which may not fork
+    readers: int = setting(
+        default_factory=lambda: default_readers(), ge=0, default_text="cores - 1, 1 to 16",
+        help="Background readers; 0 reads inline.",
+    )  # fmt: skip
+    reader_mode: Literal["process", "thread"] = setting(
+        "process", help="Readers as processes (fastest) or threads (when /dev/shm is small)."
+    )
+    dtype: Literal["float16", "float32"] = setting(
+        "float16", help="Storage type of the features (float32 when beyond float16's range)."
+    )
+    max_bad_tiles: float = setting(
+        0.05, ge=0, lt=1, help="Fail a slide when more than this fraction of its tiles cannot be read."
+    )
+    use_cache: bool = setting(
+        True, help="Read tiles from the --save-tiles zarr cache when it is complete (--no-cache: the slides)."
+    )
+    overwrite: bool = setting(False, help="Redo bags that are already complete.")
+    decode: Literal["cpu", "device", "auto"] = setting(
+        "auto",
+        help="Where JPEG tiles are decoded and resized: device (nvjpeg on CUDA; readers only slice the "
+        "compressed tiles out of the file), cpu (openslide/tiffslide in the readers), auto (device on "
+        "CUDA for JPEG TIFFs).",
+    )
+    stain_norm: Literal["macenko", "reinhard"] | None = setting(
+        None, default_text="none",
+        help="Stain-normalise tiles on the device before the encoders (recorded in every bag).",
+    )  # fmt: skip
+    stain_reference: str | None = setting(
+        None, default_text="the method's shipped H&E reference", existing="any",
+        help="What --stain-norm maps onto: a saved reference (.json), an image or a folder of images, or a "
+        "tile file (tiles/<slide_id>.h5) to fit it from.",
+    )  # fmt: skip
 
     def choices(self) -> tuple[EncoderChoice, ...]:
         """The encoders of this run, in order (without `encoders`: the one of the single-encoder fields)."""
@@ -96,8 +139,6 @@ class EmbedOptions:
             raise ConfigError(f"--precision {self.precision!r} unknown; choose bf16, fp16 or fp32")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} unknown; choose float16 or float32")
-        if not 0.0 <= self.max_bad_tiles < 1.0:
-            raise ConfigError(f"--max-bad-tiles is a fraction in [0, 1), got {self.max_bad_tiles}")
         if self.reader_mode not in ("process", "thread"):
             raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
         if self.decode not in DECODES:
@@ -110,7 +151,7 @@ class EmbedOptions:
             raise ConfigError("--stain-reference needs --stain-norm macenko|reinhard")
         if self.encoders:
             single = (self.encoder, self.weights, self.expected_sha256, self.input_px)
-            if single != ("retccl", None, None, None):
+            if single != (EmbedOptions.encoder, None, None, None):
                 raise ConfigError(
                     "give the encoders either as `encoders` or as encoder/weights/expected_sha256/input_px, "
                     "not both"

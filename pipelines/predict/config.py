@@ -1,0 +1,50 @@
+"""The settings of a prediction run: one typed config that `predict()` validates its keywords against
+and `wsi predict` builds its options from, so each default, range and help text is written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from wsi.config import config_model, setting
+
+#: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB, the same probabilities)
+STREAM_ABOVE_TILES = 131_072
+
+
+@config_model
+@dataclass(frozen=True)
+class PredictOptions:
+    """How a trained run predicts slides or bags; the model itself comes from its run folder."""
+
+    device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
+    heatmaps: bool = setting(True, help="Draw the per-slide heatmaps (--no-heatmaps skips them).")
+    weights: str | None = setting(
+        None, existing="file",
+        help="Encoder weights for raw slides (must match the run's recorded sha256); refused for bags.",
+    )  # fmt: skip
+    mpp: float | None = setting(
+        None, gt=0, default_text="the run's",
+        help="Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, "
+        "TRIDENT); a labels CSV `mpp` column wins per slide.",
+    )  # fmt: skip
+    backend: Literal["openslide", "tiffslide"] = setting("openslide", help="Slide reader (raw slides).")
+    workers: int = setting(1, ge=1, help="Slides tiled/embedded in parallel (local dask workers).")
+    scheduler: str | None = setting(None, help="Tile/embed on a dask.distributed cluster (e.g. tcp://host:8786).")
+    progress: bool = setting(True, help="Progress bars (--no-progress: none).")
+    labels_csv: str | None = setting(
+        None, existing="file",
+        help="Label table of this cohort: score the predictions (external validation) and write the report.",
+    )  # fmt: skip
+    top_tiles: int = setting(
+        0, ge=0,
+        help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
+    )  # fmt: skip
+    overwrite: bool = setting(
+        False, help="Predict every slide again, also those finished by a run into --out."
+    )
+    stream_above_tiles: int | None = setting(
+        STREAM_ABOVE_TILES, ge=1,
+        help="Read a slide's bag of more tiles from its file chunk by chunk: the same prediction in bounded "
+        "memory, but no heatmap or top tiles for it (the manifest's note says so).",
+    )  # fmt: skip

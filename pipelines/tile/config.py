@@ -1,0 +1,43 @@
+"""The tiling run's settings (how to read and schedule), beside `wsi.tiling.TileParams` (which tiles to
+keep, stored in every tile file). `wsi tile` builds its options from both, so each default, range and
+help text is written once, here or there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from wsi.config import config_model, setting
+
+Backend = Literal["openslide", "tiffslide"]
+BackgroundChoice = Literal["auto", "light", "dark"]
+
+
+@config_model
+@dataclass(frozen=True)
+class TileOptions:
+    """How a tiling run reads and schedules slides; none of it changes which tiles are kept."""
+
+    backend: Backend = setting("openslide", help="Slide reader.")
+    mpp: float | None = setting(
+        None, gt=0, help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins)."
+    )
+    workers: int = setting(1, ge=1, help="Slides processed in parallel (local dask worker processes).")
+    scheduler: str | None = setting(
+        None, help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786)."
+    )
+    threads: int | None = setting(
+        None, ge=1, default_text="cores / workers, at most 4", help="Reader threads per slide."
+    )
+    save_tiles: bool = setting(False, help="Also store the kept tiles' pixels (zarr) for embedding.")
+    overwrite: bool = setting(
+        False,
+        help="Redo slides whose output is already complete (also replaces another slide's tiles of the "
+        "same id).",
+    )
+    #: not a TileParams field: it describes the slide, like its mpp
+    background: BackgroundChoice = setting(
+        "auto",
+        help="Slide background: auto detects per slide; light = brightfield (H&E on glass); dark = "
+        "fluorescence-like (tissue shines on black).",
+    )

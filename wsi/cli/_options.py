@@ -1,0 +1,125 @@
+"""Command-line options built from config models, so a default, a range or a help text is written once.
+
+`config_options(Model, {"--tile-um": "tile_um", "--thumb-mpp": "tissue.thumb_mpp"}, into="tiling")`
+adds one option per field path, typed, ranged, defaulted and described from the field's `setting`
+(`wsi.config.setting`), and hands the command one nested mapping (`tiling=...`) ready for
+`parse_config(Model, ...)`. A field with a computed default (`default_factory`) gets no click default:
+left out, the model computes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar, cast
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ConfigOption(click.Option):
+    """A click option that knows the config field it sets (tests compare defaults through this)."""
+
+    def __init__(self, *args: Any, model: type, path: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model, self.path = model, path
+
+
+def field_of(model: type, path: str) -> tuple[dataclasses.Field[Any], Any]:
+    """The dataclass field at a dotted path and its resolved type."""
+    cls: Any = model
+    parts = path.split(".")
+    for i, name in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            raise KeyError(f"{model.__name__} has no field {path!r}")
+        hint = typing.get_type_hints(cls)[name]
+        if i == len(parts) - 1:
+            return fields[name], hint
+        cls = hint
+    raise KeyError(path)  # unreachable: an empty path
+
+
+def model_default(model: type, path: str) -> Any:
+    """The default a model gives the field at `path` (computed ones evaluated)."""
+    f, _ = field_of(model, path)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool]:
+    """(click type, is a flag) for a field type; Optional[X] is X with default None."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    if hint is bool:
+        return bool, True
+    if typing.get_origin(hint) is Literal:
+        return click.Choice([str(a) for a in typing.get_args(hint)]), False
+    if hint in (int, float):
+        lo = meta.get("ge", meta.get("gt"))
+        hi = meta.get("le", meta.get("lt"))
+        ranged: Any = click.IntRange if hint is int else click.FloatRange
+        return ranged(min=lo, max=hi, min_open="gt" in meta, max_open="lt" in meta), False
+    return str, False
+
+
+def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
+    f, hint = field_of(model, path)
+    meta = f.metadata
+    if "description" not in meta:
+        raise TypeError(f"{model.__name__}.{path} has no help text: declare it with wsi.config.setting")
+    kind, is_flag = _click_type(hint, meta)
+    existing = meta.get("json_schema_extra", {}).get("existing")
+    if existing is not None:  # refused before any work, as click does for its own paths
+        kind = click.Path(exists=True, file_okay=existing != "dir", dir_okay=existing != "file")
+    computed = f.default is dataclasses.MISSING
+    default = None if computed else f.default
+    default_text = meta.get("json_schema_extra", {}).get("default_text")
+    help_text = meta["description"] + (f" [default: {default_text}]" if default_text else "")
+    param = "_cfg_" + path.replace(".", "__")
+    if is_flag:
+        # a switch that is on by default is turned off by --no-x
+        decls = [f"{flag}/--no-{flag.removeprefix('--')}", param] if default else [flag, param]
+        return click.option(
+            *decls, cls=ConfigOption, model=model, path=path, is_flag=True, default=bool(default),
+            show_default=bool(default), help=help_text,
+        )  # fmt: skip
+    return click.option(
+        flag, param, cls=ConfigOption, model=model, path=path, type=kind, default=default,
+        show_default=default is not None, help=help_text,
+    )  # fmt: skip
+
+
+def config_options(model: type, flags: Mapping[str, str], *, into: str) -> Callable[[F], F]:
+    """Add an option per `flags` entry (option -> field path) and pass them as one nested mapping `into`."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values: dict[str, Any] = {}
+            for path in flags.values():
+                value = kwargs.pop("_cfg_" + path.replace(".", "__"))
+                if value is None and field_of(model, path)[0].default is dataclasses.MISSING:
+                    continue  # a computed default: the model computes it
+                node = values
+                *parents, leaf = path.split(".")
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+            kwargs[into] = values
+            return func(*args, **kwargs)
+
+        decorated: Any = wrapper
+        for flag, path in reversed(list(flags.items())):
+            decorated = _option(model, flag, path)(decorated)
+        return cast(F, decorated)
+
+    return decorate
