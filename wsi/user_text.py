@@ -64,7 +64,7 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.scanner.ScannerError(
                 None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark()
             )
-        super().fetch_flow_collection_start(TokenClass)  # type: ignore[misc]
+        super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):

@@ -260,7 +260,7 @@ def check_declared_width(
             recipe, build_backbone(recipe, overrides), name=name, weights_sha256="", input_px=recipe.input_px
         )
         try:
-            width = int(enc(torch.empty(1, 3, recipe.input_px, recipe.input_px)).shape[-1])
+            width = int(enc.eval()(torch.empty(2, 3, recipe.input_px, recipe.input_px)).shape[-1])
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ConfigError(
                 f"encoder {name!r}: the model does not run on {recipe.input_px} px input ({exc})"
