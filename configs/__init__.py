@@ -5,6 +5,8 @@ Found through importlib.resources so they work from an installed wheel as well a
 
 from __future__ import annotations
 
+import copy
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,24 @@ def available(kind: str) -> list[str]:
 
 def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Load a packaged config by name, or any YAML file by path (UTF-8, no aliases: wsi.user_text).
-    Returns (data, source)."""
+    Returns (data, source).
+
+    Parsed once per file version: one `wsi train` asks for its preset from the recipe, the input checks
+    and every model build. A file is keyed by its size and modification time, so an edit is seen; each
+    caller gets its own copy to change."""
+    candidate = Path(name_or_path)
+    stamp: tuple[int, int] | None = None
+    if candidate.is_file():
+        st = candidate.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    data, source = _load_yaml_once(kind, str(name_or_path), stamp)
+    return copy.deepcopy(data), source
+
+
+@functools.lru_cache(maxsize=64)
+def _load_yaml_once(
+    kind: str, name_or_path: str, stamp: tuple[int, int] | None
+) -> tuple[dict[str, Any], str]:
     candidate = Path(name_or_path)
     if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
         if not candidate.is_file():

@@ -110,8 +110,8 @@ def test_bags_in_pixels_need_no_mpp_when_the_model_uses_no_positions(tmp_path: P
     assert "coords_um" not in sample and sample["tile_size_px0"] == TILE_PX0
     assert sample["coords_px"][1].tolist() == [TILE_PX0, 0]
     batch = collate_bags([ds[0], ds[1]])
-    assert batch.x.shape == (2, 6, 8) and set(batch.extra) == {"mask"}  # no made-up micrometres
-    assert set(collate_bags([ds[0]]).extra) == set()
+    assert batch.x.shape == (2, 6, 8) and set(batch.model_inputs()) == {"mask"}  # no made-up micrometres
+    assert set(collate_bags([ds[0]]).model_inputs()) == set()
 
 
 def test_bad_mpp_values_are_config_errors() -> None:

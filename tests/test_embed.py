@@ -268,7 +268,7 @@ def test_embed_options_are_a_validated_config() -> None:
         parse_config(EmbedOptions, {"batch": 16}, source="t")
     with pytest.raises(ConfigError, match="precision"):
         parse_config(EmbedOptions, {"precision": "fp8"}, source="t")
-    with pytest.raises(ConfigError, match="--max-bad-tiles"):
+    with pytest.raises(ConfigError, match="max_bad_tiles"):
         parse_config(EmbedOptions, {"max_bad_tiles": 1.5}, source="t")
     assert parse_config(EmbedOptions, config_dict(OPTIONS), source="t") == OPTIONS
 

@@ -168,7 +168,7 @@ def test_a_clam_bag_streams_with_its_resolution(run_dir: Path, tmp_path: Path) -
 
 
 def test_the_cli_default_is_the_library_default() -> None:
-    option = next(p for p in predict_command.params if p.name == "stream_above_tiles")
+    option = next(p for p in predict_command.params if "--stream-above-tiles" in p.opts)
     assert option.default == STREAM_ABOVE_TILES
 
 

@@ -165,7 +165,7 @@ def _padded_batch(lengths: list[int]) -> Batch:
         coords[i, :k] = torch.arange(k, dtype=torch.float32)[:, None].expand(k, 2) * 256
         mask[i, :k] = True
     return Batch(x=x, labels=torch.arange(len(lengths)), ids=[str(k) for k in lengths],
-                 extra={"mask": mask, "coords_um": coords})  # fmt: skip
+                 mask=mask, coords_um=coords)  # fmt: skip
 
 
 def test_tile_subset_keeps_a_share_of_each_bag_in_order_with_its_coordinates() -> None:
@@ -175,13 +175,13 @@ def test_tile_subset_keeps_a_share_of_each_bag_in_order_with_its_coordinates() -
     shrunk = set()
     for _ in range(20):
         out = tile_subset(batch, (0.5, 1.0))
-        mask = out.extra["mask"]
+        mask = out.mask
         for i, n in enumerate(lengths):
             kept = int(mask[i].sum())
             # a share in [0.5, 1], but at least MIN_SUBSET_TILES: bags of up to 16 tiles stay whole
             assert max(min(n, MIN_SUBSET_TILES), round(0.5 * n)) <= kept <= n
             shrunk |= {n} if kept < n else set()
-            rows = (out.extra["coords_um"][i, :kept, 0] / 256).long()  # which tiles were kept
+            rows = (out.coords_um[i, :kept, 0] / 256).long()  # which tiles were kept
             assert torch.all(rows[1:] > rows[:-1])  # original order
             torch.testing.assert_close(out.x[i, :kept], batch.x[i, rows])  # features follow coordinates
             assert torch.all(out.x[i, kept:] == 0) and not mask[i, kept:].any()

@@ -300,11 +300,12 @@ def test_stamp_bags_train_and_predict(tmp_path: Path, caplog: pytest.LogCaptureF
 def test_every_fold_starts_as_if_it_seeded_and_built_its_own_model() -> None:
     """The run builds one model; each fold's copy has the weights and random stream that seeding and
     building inside the fold gives (what a dask worker and a resumed run rely on)."""
+    from wsi.pipelines.task_kinds import build_kind
     from wsi.pipelines.train.folds import StartState, model_kwargs
     from wsi.pipelines.train.state import seed_everything
 
     task = load_task("nsclc-subtype").replace(**{"model.overrides": dict(TINY), "seed": 3})
-    kwargs = model_kwargs(task, {"in_dim": IN_DIM})
+    kwargs = model_kwargs(task, build_kind(task).num_outputs, {"in_dim": IN_DIM})
     start = StartState.build(kwargs, seed=task.seed)
     torch.rand(7)  # the caller's own use of the generators in between does not leak into a fold
     folds = [start.begin() for _ in range(2)]

@@ -35,8 +35,9 @@ on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a tas
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -45,6 +46,8 @@ from torch.utils.data import Dataset
 
 from wsi.errors import ConfigError
 from wsi.registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,33 +70,37 @@ class Item:
 class Batch:
     """What `collate` returns and the loop consumes.
 
-    `extra` holds keyword tensors for the model's forward and `tile_contributions`
-    (bags: {"mask": (B, N) bool, "coords_um": (B, N, 2)}; images: {}).
+    `mask` and `coords_um` are the model's keyword inputs (`model(x, **batch.model_inputs())`, and
+    `tile_contributions`): bags give a mask only when some bag is padded and micrometres only when every
+    bag has them; images give neither.
     """
 
     x: torch.Tensor
     labels: torch.Tensor  # (B,) int64; -1 where unknown
     ids: list[str]
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    mask: torch.Tensor | None = None  # (B, N) bool, True on real tiles
+    coords_um: torch.Tensor | None = None  # (B, N, 2) float32 tile top-left in micrometres
     targets: torch.Tensor | None = None  # (B, T) float32 target vectors (pipelines.cases adds them)
 
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keyword inputs the batch has, for the model's forward."""
+        given = {"mask": self.mask, "coords_um": self.coords_um}
+        return {k: v for k, v in given.items() if v is not None}
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
         return Batch(
-            x=self.x.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-            ids=self.ids,
-            extra={k: v.to(device, non_blocking=non_blocking) for k, v in self.extra.items()},
-            targets=None if self.targets is None else self.targets.to(device, non_blocking=non_blocking),
-        )
+            x=fn(self.x), labels=fn(self.labels), ids=self.ids, mask=opt(self.mask),
+            coords_um=opt(self.coords_um), targets=opt(self.targets),
+        )  # fmt: skip
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:  # called by DataLoader(pin_memory=True)
-        return Batch(
-            x=self.x.pin_memory(),
-            labels=self.labels.pin_memory(),
-            ids=self.ids,
-            extra={k: v.pin_memory() for k, v in self.extra.items()},
-            targets=None if self.targets is None else self.targets.pin_memory(),
-        )
+        return self._map(lambda t: t.pin_memory())
 
 
 @runtime_checkable
@@ -116,7 +123,12 @@ class InputAdapter(Protocol):
 
 # name -> adapter class, constructed with the task's `input_options` as keywords
 INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
-    "input", modules=("wsi.pipelines.inputs.bags", "wsi.pipelines.inputs.images")
+    "input",
+    modules=(
+        "wsi.pipelines.inputs.bags",
+        "wsi.pipelines.inputs.images",
+        "wsi.pipelines.inputs.slide_embeddings",
+    ),
 )
 
 
@@ -133,4 +145,28 @@ def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAda
         raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
 
 
-__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input"]
+def with_resolution(
+    adapter: InputAdapter,
+    *,
+    mpp: float | None,
+    mpp_by_slide: Mapping[str, float],
+    uses_positions: bool,
+    what: str = "input",
+) -> InputAdapter:
+    """The adapter told the slides' resolution (a labels CSV `mpp` column per slide wins over `mpp`) and
+    whether the model reads tile positions (only then do bags in level-0 pixels need one). An input
+    without slides (images) refuses an `mpp`; train and predict both come here."""
+    tell = getattr(adapter, "with_resolution", None)
+    if tell is None:
+        if mpp is not None:
+            raise ConfigError(f"--mpp gives slides' level-0 um/px; {what} {adapter.name!r}: leave it out")
+        if mpp_by_slide:
+            log.warning("the labels CSV `mpp` column is not used by input %r", adapter.name)
+        return adapter
+    resolved: InputAdapter = tell(
+        mpp=mpp, mpp_by_slide=dict(mpp_by_slide) or None, uses_positions=uses_positions
+    )
+    return resolved
+
+
+__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input", "with_resolution"]

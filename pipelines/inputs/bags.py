@@ -108,12 +108,12 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     with_um = all("coords_um" in s for s in samples)
     if len(samples) == 1:  # the usual case (whole bags, batch 1): views, no copy
         s = samples[0]
-        extra = {"coords_um": s["coords_um"][None]} if with_um else {}
-        return Batch(x=s["x"][None], labels=labels, ids=ids, extra=extra)
+        coords_um = s["coords_um"][None] if with_um else None
+        return Batch(x=s["x"][None], labels=labels, ids=ids, coords_um=coords_um)
     if all(n == n_max for n in lengths):
         x = torch.stack([s["x"] for s in samples])  # (B, N, D)
-        extra = {"coords_um": torch.stack([s["coords_um"] for s in samples])} if with_um else {}  # (B, N, 2)
-        return Batch(x=x, labels=labels, ids=ids, extra=extra)
+        coords_um = torch.stack([s["coords_um"] for s in samples]) if with_um else None  # (B, N, 2)
+        return Batch(x=x, labels=labels, ids=ids, coords_um=coords_um)
     x = samples[0]["x"].new_zeros((len(samples), n_max, dim))  # (B, N_max, D)
     coords = torch.zeros((len(samples), n_max, 2), dtype=torch.float32)
     mask = torch.zeros((len(samples), n_max), dtype=torch.bool)
@@ -122,8 +122,7 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
         if with_um:
             coords[i, :n] = s["coords_um"]
         mask[i, :n] = True
-    extra = {"mask": mask, "coords_um": coords} if with_um else {"mask": mask}
-    return Batch(x=x, labels=labels, ids=ids, extra=extra)
+    return Batch(x=x, labels=labels, ids=ids, mask=mask, coords_um=coords if with_um else None)
 
 
 def _stain_of(attrs: Mapping[str, Any]) -> tuple[Any, Any]:

@@ -137,7 +137,7 @@ class ImageInput:
         A batch with no readable image raises `ImageReadError` naming the files (predict records it as
         that image's failure)."""
         x, labels, ids = collate_images(samples)
-        return Batch(x=x, labels=labels, ids=ids, extra={})
+        return Batch(x=x, labels=labels, ids=ids)
 
     def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
         return {"in_channels": self.spec.channels}

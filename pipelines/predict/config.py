@@ -4,6 +4,7 @@ and `wsi predict` builds its options from, so each default, range and help text 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from wsi.config import config_model, setting
@@ -19,9 +20,13 @@ class PredictOptions:
 
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     heatmaps: bool = setting(True, help="Draw the per-slide heatmaps (--no-heatmaps skips them).")
-    weights: str | None = setting(
+    weights: Path | None = setting(
         None, existing="file",
         help="Encoder weights for raw slides (must match the run's recorded sha256); refused for bags.",
+    )  # fmt: skip
+    slide_weights: str | None = setting(
+        None, existing="any",
+        help="Slide-encoder weights for raw slides, for a run trained on slide embeddings (sha256 checked).",
     )  # fmt: skip
     mpp: float | None = setting(
         None, gt=0, default_text="the run's",
@@ -32,7 +37,7 @@ class PredictOptions:
     workers: int = setting(1, ge=1, help="Slides tiled/embedded in parallel (local dask workers).")
     scheduler: str | None = setting(None, help="Tile/embed on a dask.distributed cluster (e.g. tcp://host:8786).")
     progress: bool = setting(True, help="Progress bars (--no-progress: none).")
-    labels_csv: str | None = setting(
+    labels_csv: Path | None = setting(
         None, existing="file",
         help="Label table of this cohort: score the predictions (external validation) and write the report.",
     )  # fmt: skip

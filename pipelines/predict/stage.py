@@ -10,7 +10,7 @@
   heatmaps/<slide>.png     each tile's contribution to the predicted class / target / risk (over the
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
-                           <slide>.<target>.png per target of multi-target runs
+                           <slide>.<target>.png per target of multi-target runs; <slide>.json (wsi view)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -47,8 +47,8 @@ from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 from wsi.pipelines.cases import CaseCollate, CaseDataset
-from wsi.pipelines.heatmaps import slide_heatmap
-from wsi.pipelines.inputs import Batch, InputAdapter, Item
+from wsi.pipelines.heatmaps import slide_heatmap, tile_values
+from wsi.pipelines.inputs import Batch, Item, with_resolution
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
 from wsi.pipelines.predict.external_validation import (
@@ -59,6 +59,7 @@ from wsi.pipelines.predict.external_validation import (
     write_patient_predictions,
 )
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
+from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
@@ -124,7 +125,7 @@ def predict(
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
-    if weights is not None and run.adapter.name != "bags":
+    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
             "directly, with no encoder: leave --weights out"
@@ -136,6 +137,8 @@ def predict(
     pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
+    elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+        found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
     elif run.adapter.name != "bags":
         found = run.adapter.find([Path(p) for p in inputs])
     else:
@@ -144,7 +147,12 @@ def predict(
             workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
         )  # fmt: skip
     cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
-    run.adapter = _with_resolution(run, mpp, cohort.mpp_by_slide)
+    recorded = run.record.input  # by the rules training used: CSV column, then --mpp, then the run's
+    run.adapter = with_resolution(
+        run.adapter, mpp=mpp if mpp is not None else recorded.mpp,
+        mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
+        uses_positions=model_uses_positions(run.record.model), what="this run reads",
+    )  # fmt: skip
     if found:
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
     case_options = _CaseOptions(
@@ -178,24 +186,6 @@ def predict(
     labels = {"ok": "predicted", "skipped": "already predicted"}
     log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
     return PredictResult(out_dir=out, predictions_csv=csv_path, rows=rows, results=results, metrics=figures)
-
-
-def _with_resolution(run: RunModel, mpp: float | None, mpp_by_slide: dict[str, float]) -> InputAdapter:
-    """The run's adapter told the slides' resolution, by the rules training used: a labels CSV `mpp`
-    column per slide, then --mpp, then what the run recorded; and whether the model reads positions."""
-    with_resolution = getattr(run.adapter, "with_resolution", None)
-    if with_resolution is None:
-        if mpp is not None:
-            name = run.adapter.name
-            raise ConfigError(f"--mpp gives slides' level-0 um/px; this run reads {name}: leave it out")
-        return run.adapter
-    recorded = run.record.input
-    adapter: InputAdapter = with_resolution(
-        mpp=mpp if mpp is not None else recorded.mpp,
-        mpp_by_slide={**recorded.mpp_by_slide, **mpp_by_slide} or None,
-        uses_positions=model_uses_positions(run.record.model),
-    )
-    return adapter
 
 
 @dataclass(frozen=True)
@@ -302,7 +292,7 @@ def _predict_case(
 ) -> Finished:
     """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
     batch = CaseCollate(run.adapter)([sample]).to(run.device)
-    output = run.outputs(batch.x, batch.extra)[0].float().cpu().numpy()  # (K,)
+    output = run.outputs(batch.x, batch.model_inputs())[0].float().cpu().numpy()  # (K,)
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
@@ -374,7 +364,7 @@ def _explain_case(
 ) -> list[str]:
     """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions; returns
     the heatmap files written (relative to `out`)."""
-    heatmaps, maps = run.explain(batch.x, batch.extra, output)
+    heatmaps, maps = run.explain(batch.x, batch.model_inputs(), output)
     files: list[str] = []
     for item, part_sample, sl in _parts(case, sample):
         thumb = options.thumbs.get(item.id)
@@ -383,6 +373,7 @@ def _explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+            tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
         if tiles is not None:
             try:
                 export_slide(

@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from wsi.artifacts import FILTERS
 from wsi.background import Background, looks_dark_maybe
 from wsi.errors import SlideError, SlideIdError
 from wsi.files import sanitize_slide_id
+from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note, why_artifact
 from wsi.sources import SlideSource
 from wsi.tiff_tiles import (
     FileDamage,
@@ -206,10 +208,15 @@ def _why_empty(
         "blurry": counts.n_blurry,
         "background": counts.n_background,
         "unreadable": counts.n_unreadable,
+        **artifact_counts_by_name(counts.to_dict()),
     }
     worst = max(rejected, key=lambda k: rejected[k])
     tally = f"{counts.n_blurry} blurry, {counts.n_background} background, {counts.n_unreadable} unreadable"
+    if counts.n_artifacts:
+        tally += ", " + artifact_note(counts.to_dict()).removeprefix("rejected as artifacts: ")
     head = f"no tile kept: all {counts.n_tissue} tissue tiles rejected ({tally})"
+    if worst in FILTERS:
+        return why_artifact(worst, head)
     if worst == "blurry":
         return (
             f"{head}; most as blurry (variance of the Laplacian below --min-blur-var "

@@ -46,6 +46,7 @@ import wsi
 from wsi.config import with_settings
 from wsi.errors import MissingMppError, SlideError, SlideIdError
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
     check_damage,
     check_same_slide,
@@ -75,7 +76,7 @@ from wsi.tile_file import (
     write_tile_file,
 )
 from wsi.tile_params import TileParams
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid, find_tissue
+from wsi.tiling import KEPT, TileCounts, TissueGrid, find_tissue
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,8 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note)
+    rejected = artifact_note(counts.to_dict())  # tiles rejected per artifact, for the manifest
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=rejected)
 
 
 def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
@@ -270,7 +272,7 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         why = str(meta.meta["empty_reason"])
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta))
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=artifact_note(meta.meta))
 
 
 def _tile_open_slide(
@@ -336,14 +338,15 @@ def _filter_tiles(
         kind = found.background
         probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
         chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe
-        )
+            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
+            region_codes=found.region_codes,
+        )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        counts = _count(found, reasons)
+        counts = count_reasons(found, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:
             check_damage(slide.path, counts, damage, params)
@@ -368,17 +371,6 @@ def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> 
             "target_mpp": params.target_mpp,
             "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
         },
-    )
-
-
-def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
-    return TileCounts(
-        n_grid=len(found.grid),
-        n_tissue=len(found.candidates),
-        n_background=int((reasons == BACKGROUND).sum()),
-        n_blurry=int((reasons == BLURRY).sum()),
-        n_unreadable=int((reasons == UNREADABLE).sum()),
-        n_kept=int((reasons == KEPT).sum()),
     )
 
 

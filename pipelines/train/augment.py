@@ -36,7 +36,7 @@ def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
     b, n = x.shape[:2]
     if n == 0 or lo >= 1.0:
         return batch
-    mask = batch.extra.get("mask")
+    mask = batch.mask
     real = torch.ones(b, n, dtype=torch.bool) if mask is None else (mask.detach().cpu() != 0)
     counts = real.sum(1)  # (B,) real tiles per bag
     shares = lo + (hi - lo) * torch.rand(b)  # (B,) drawn on the CPU generator
@@ -61,17 +61,16 @@ def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
         gather = index.view(b, width, *([1] * (t.ndim - 2))).expand(b, width, *t.shape[2:])
         return torch.gather(t, 1, gather)  # (B, K, ...)
 
-    extra = {
-        key: take(value) if value.shape[:2] == (b, n) and key != "mask" else value
-        for key, value in batch.extra.items()
-    }
+    coords_um = None if batch.coords_um is None else take(batch.coords_um)
     x_new = take(x)
+    kept_mask = None  # every kept position is real
     if b > 1 and not bool(new_mask.all()):
         x_new = x_new.masked_fill(~new_mask.to(x.device)[..., None], 0.0)
-        extra["mask"] = new_mask.to(x.device)
-    else:
-        extra.pop("mask", None)  # every kept position is real
-    return Batch(x=x_new, labels=batch.labels, ids=batch.ids, extra=extra, targets=batch.targets)
+        kept_mask = new_mask.to(x.device)
+    return Batch(
+        x=x_new, labels=batch.labels, ids=batch.ids, mask=kept_mask, coords_um=coords_um,
+        targets=batch.targets,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -65,13 +65,13 @@ class StartState:
         return dict(config_dict())
 
 
-def model_kwargs(task: TaskConfig, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def model_kwargs(task: TaskConfig, num_outputs: int, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """`models.build_model` arguments: the preset, attention, data-given sizes, then the overrides.
-    `num_classes` is the number of outputs the task's kind needs (classes, targets, one risk)."""
+    `num_outputs` is the number of outputs the task's kind needs (classes, targets, one risk)."""
     return {
         "preset": task.model.preset,
         "attention": task.model.attention,
-        "num_classes": build_kind(task).num_outputs,
+        "num_classes": num_outputs,
         **dict(adapter_kwargs),
         **task.model.overrides,
     }

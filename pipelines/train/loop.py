@@ -1,8 +1,9 @@
 """The generic training loop: one model, one split, one run folder.
 
 It knows nothing about bags or images, nor about what is learned: batches come from an input adapter
-(`pipelines.inputs`, through `pipelines.cases`) as `Batch(x, labels, ids, extra, targets)` and go to
-`model(x, **extra)`; the task kind (`pipelines.kinds`) turns logits into a loss (over `group_bags` bags:
+(`pipelines.inputs`, through `pipelines.cases`) as `Batch(x, labels, ids, mask, coords_um, targets)`
+and go to `model(x, **batch.model_inputs())`; the task kind (`pipelines.task_kinds`) turns logits into
+a loss (over `group_bags` bags:
 a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
 `fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
 validate, keep the best and last weights, write the log and the resume state, and stop early when
@@ -64,7 +65,7 @@ def log_columns(kind: TaskKind) -> tuple[str, ...]:
 
 
 def _forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    return model(batch.x.float() if batch.x.dtype == torch.float16 else batch.x, **batch.extra)
+    return model(batch.x.float() if batch.x.dtype == torch.float16 else batch.x, **batch.model_inputs())
 
 
 def train_epoch(

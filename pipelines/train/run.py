@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -45,7 +45,7 @@ from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic, write_json_atomic
 from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
-from wsi.pipelines.inputs import InputAdapter, Item, build_input
+from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.labels import Matched, match_items, read_label_table
 from wsi.pipelines.report import write_report
 from wsi.pipelines.run_record import (
@@ -66,6 +66,7 @@ from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fo
 from wsi.pipelines.train.loop import EpochHook
 from wsi.pipelines.train.preflight import refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
+from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ def train(
         task, attention=attention, epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
         model_overrides=model_overrides, overrides=overrides,
     )  # fmt: skip
+    cfg = for_features(cfg, features_dir)  # slide embeddings: a head instead of a MIL model
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
     source = _input_source(adapter, features_dir, images_dir)
@@ -150,9 +152,12 @@ def train(
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, cv)
     cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
-    adapter = _with_resolution(adapter, cfg, mpp, matched.mpp_by_slide)
+    adapter = with_resolution(
+        adapter, mpp=mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
+    )
     refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
-    start = StartState.build(model_kwargs(cfg, adapter.model_kwargs(matched.items)), seed=cfg.seed)
+    architecture = model_kwargs(cfg, kind.num_outputs, adapter.model_kwargs(matched.items))
+    start = StartState.build(architecture, seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
         classes=cfg.classes, labels_csv=str(Path(labels_csv).resolve()), source=str(source.resolve()),
@@ -192,24 +197,6 @@ def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> 
             + (f" (not {', '.join(other)})" if other else "")
         )
     return Path(wanted)
-
-
-def _with_resolution(
-    adapter: InputAdapter, task: TaskConfig, mpp: float | None, mpp_by_slide: Mapping[str, float]
-) -> InputAdapter:
-    """The adapter told the slides' resolution (--mpp, the labels CSV `mpp` column) and whether the
-    model reads tile positions (only then do bags in level-0 pixels need one)."""
-    with_resolution = getattr(adapter, "with_resolution", None)
-    if with_resolution is None:
-        if mpp is not None:
-            raise ConfigError(f"--mpp is for feature bags in level-0 pixels; input {adapter.name!r} has none")
-        if mpp_by_slide:
-            log.warning("the labels CSV `mpp` column is not used by input %r", adapter.name)
-        return adapter
-    resolved = with_resolution(
-        mpp=mpp, mpp_by_slide=dict(mpp_by_slide) or None, uses_positions=_uses_positions(task)
-    )
-    return cast(InputAdapter, resolved)
 
 
 def _uses_positions(task: TaskConfig) -> bool:

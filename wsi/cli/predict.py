@@ -13,7 +13,8 @@ from wsi.pipelines.predict.config import PredictOptions
 
 # option -> PredictOptions field: defaults, ranges and help come from the fields (pipelines/predict/config.py)
 PREDICT_FLAGS = {
-    "--weights": "weights", "--mpp": "mpp", "--backend": "backend", "--device": "device",
+    "--weights": "weights", "--slide-weights": "slide_weights", "--mpp": "mpp", "--backend": "backend",
+    "--device": "device",
     "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
     "--heatmaps": "heatmaps", "--stream-above-tiles": "stream_above_tiles", "--overwrite": "overwrite",
     "--progress": "progress",
@@ -31,6 +32,7 @@ Examples:
   wsi predict --model cv-run/ --features bags/ --out preds/    # cross-validation run: mean of the folds
   wsi predict --model model/ --features ext/ --labels ext.csv --out val/   # external validation + report
   wsi predict --model model/ slides/ --weights w.pth --out preds/ --top-tiles 8   # + top tiles per slide
+  wsi predict --model probe/ slides/ --weights conch.bin --slide-weights feather/ --out preds/  # slide enc.
 
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
