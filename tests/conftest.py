@@ -45,9 +45,10 @@ def one_torch_thread() -> Iterator[None]:
 def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., SampleSlide]:
     """Factory: `make_slide(**kwargs) -> wsi.synthetic.SampleSlide`, kwargs as `write_sample_slide`.
 
-    Slides are written once per session into a temporary folder and shared: the same kwargs return the
-    same file, so treat it as read-only (copy it before damaging it). `name=` picks the file name
-    (`<name>.svs`, or `<name>-NNN.svs` when that name was used for other settings).
+    Slides are written once per session into a temporary folder and shared: the same name and kwargs
+    return the same file, so treat it as read-only (copy it before damaging it). `name=` picks the file
+    name, which is the slide id tests expect (`<name>.svs`, or `<name>-NNN.svs` when that name was used
+    for other settings); two names with the same settings are two files.
     """
     from wsi.synthetic import write_sample_slide
 
@@ -55,7 +56,7 @@ def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Sample
     made: dict[str, SampleSlide] = {}
 
     def factory(name: str | None = None, **kwargs: Any) -> SampleSlide:
-        key = repr(sorted(kwargs.items()))
+        key = repr((name, sorted(kwargs.items())))
         if key not in made:
             path = folder / f"{name or 'slide'}.svs"
             if path.exists():  # the name is taken by a slide with other settings
