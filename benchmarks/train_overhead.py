@@ -18,6 +18,7 @@ Prints a markdown table (seconds per training bag per epoch, validation included
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import statistics
 import sys
@@ -58,7 +59,7 @@ def time_wsi_train(bags: Path, labels: Path, out: Path, *, epochs: int) -> tuple
         task=task, labels_csv=labels, features_dir=bags, out_dir=out, device="cpu", progress=False,
         on_epoch_end=lambda row: stamps.append(time.perf_counter()),
     )  # fmt: skip
-    gaps = [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)]  # epoch 3 onwards
+    gaps = [b - a for a, b in itertools.pairwise(stamps[1:])]  # epoch 3 onwards
     n_train = sum(1 for line in (out / "splits.csv").read_text().splitlines()[1:] if line.endswith(",train"))
     return statistics.median(gaps), n_train, result.run_dir
 
@@ -128,8 +129,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             plain_s = time_plain(run_dir, data, epochs=args.epochs)
             rows.append({"repeat": r + 1, "n_train": n_train, "wsi": wsi_s, "plain": plain_s})
     sizes = data.sizes
-    print(f"\n{data.name}: {len(data.bags)} bags, {int(sizes.sum())} tiles (median {int(statistics.median(sizes))}"
-          f"), {data.dim}-d; {args.epochs} epochs, median epoch from epoch 3, {args.threads} thread(s)")  # fmt: skip
+    median = int(statistics.median(sizes.tolist()))
+    print(f"\n{data.name}: {len(data.bags)} bags, {int(sizes.sum())} tiles (median {median}), {data.dim}-d; "
+          f"{args.epochs} epochs, median epoch from epoch 3, {args.threads} thread(s)")  # fmt: skip
     print("| repeat | training bags | plain loop s/bag/epoch | wsi train s/bag/epoch | ratio |")
     print("|---|---|---|---|---|")
     for row in rows:
