@@ -10,9 +10,12 @@ names so that slide-level parallelism has work. For each backend and worker coun
          tile file) with --overwrite,
 
 and prints tiles per second for both and their ratio, so the cost of detection and filtering shows.
+With --filters it instead times the stage with the artifact filters (wsi.artifacts) on and off, side
+by side (alternating runs, best of --repeat each), and prints their ratio: what the filters cost.
 
     python benchmarks/tile_throughput.py            # full size
     python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
+    python benchmarks/tile_throughput.py --filters  # artifact filters on vs off
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
+from wsi.artifacts import ArtifactParams
 from wsi.pipelines.jobs import JobResult, run_jobs, start_local_cluster
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
 from wsi.slide import open_slide
@@ -120,6 +124,61 @@ def _measure(
     }  # fmt: skip
 
 
+def _measure_filters(
+    sources: list[SlideSource], n_tiles: int, *, backend: str, workers: int, out: Path, repeat: int
+) -> dict:
+    """The whole stage with the artifact filters on (the defaults) and off, alternating, best of
+    `repeat` each, on the same warmed-up workers. With one worker the stage runs in this process, so
+    its CPU time (all threads) is measured too: on a machine shared with other jobs, wall time swings
+    by 2x between runs while CPU time stays put."""
+    threads = default_threads(workers)
+    cluster = start_local_cluster(workers) if workers > 1 else None
+    scheduler = cluster.scheduler_address if cluster is not None else None
+    settings = {"on": TileParams(), "off": TileParams(artifacts=ArtifactParams(filters=()))}
+    best = dict.fromkeys(settings, float("inf"))
+    cpu = dict.fromkeys(settings, float("inf"))
+    kept = dict.fromkeys(settings, 0)
+    try:
+        tile_slides(
+            sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, threads=threads
+        )
+        for _ in range(repeat):
+            for name, params in settings.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                res = tile_slides(
+                    sources, out_dir=out, params=params, backend=backend, workers=workers,
+                    scheduler=scheduler, overwrite=True, threads=threads,
+                )  # fmt: skip
+                best[name] = min(best[name], time.perf_counter() - start)
+                cpu[name] = min(cpu[name], time.process_time() - start_cpu)
+                if any(r.status != "ok" for r in res):
+                    raise SystemExit(f"tile stage failed: {[r.error for r in res if r.error]}")
+                kept[name] = sum(r.n for r in res)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    n = n_tiles * len(sources)
+    return {
+        "backend": backend, "workers": workers, "threads": threads, "tiles": n, "kept_on": kept["on"],
+        "kept_off": kept["off"], "off_s": round(best["off"], 2), "on_s": round(best["on"], 2),
+        "off_tiles_per_s": round(n / best["off"], 1), "on_tiles_per_s": round(n / best["on"], 1),
+        "on_over_off": round(best["off"] / best["on"], 3),
+        "off_cpu_s": round(cpu["off"], 2) if workers == 1 else None,
+        "on_cpu_s": round(cpu["on"], 2) if workers == 1 else None,
+        "cpu_on_over_off": round(cpu["off"] / cpu["on"], 3) if workers == 1 else None,
+    }  # fmt: skip
+
+
+def _filters_table(rows: list[dict]) -> None:
+    print("\n| backend | workers | tiles | kept (on / off) | off tiles/s | on tiles/s | on/off "
+          "| CPU s off / on | CPU on/off |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['workers']} | {r['tiles']} | {r['kept_on']} / {r['kept_off']} | "
+              f"{r['off_tiles_per_s']} | {r['on_tiles_per_s']} | {r['on_over_off']} | {r['off_cpu_s']} / "
+              f"{r['on_cpu_s']} | {r['cpu_on_over_off']} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -135,6 +194,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["openslide", "tiffslide"])
     parser.add_argument("--repeat", type=int, default=None, help="timed runs, best kept (default 3, quick 1)")
     parser.add_argument("--device", default=None, help="accepted for uniformity; tiling runs on the CPU")
+    parser.add_argument("--filters", action="store_true", help="time the artifact filters: stage on vs off")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import distributed  # noqa: F401  (sets its own log levels on import; quiet them afterwards)
@@ -151,6 +211,22 @@ def main() -> None:
           f"each; {os.cpu_count()} CPUs ({cpu_model()})")  # fmt: skip
 
     rows = []
+    if args.filters:
+        with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
+            for backend in args.backends:
+                for workers in args.workers:
+                    row = _measure_filters(
+                        sources, len(coords), backend=backend, workers=workers, out=Path(tmp), repeat=repeat
+                    )
+                    rows.append(row)
+                    print(row, flush=True)
+        _filters_table(rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "tile_filters_cost.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        return
     with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
         for backend in args.backends:
             for workers in args.workers:

@@ -39,7 +39,8 @@ class KindModel(nn.Module):
 
 
 MODEL_KINDS: Registry[type[KindModel]] = Registry(
-    "model kind", modules=("wsi.models.mil", "wsi.models.vit", "wsi.models.abmil")
+    "model kind",
+    modules=("wsi.models.mil", "wsi.models.vit", "wsi.models.abmil", "wsi.models.heads"),
 )
 
 __all__ = ["MODEL_KINDS", "KindConfig", "KindModel"]

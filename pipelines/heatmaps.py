@@ -6,12 +6,17 @@ on zero: red pushes towards the prediction, blue against it, and the colour scal
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from wsi.files import atomic_path
 from wsi.thumbnail import read_thumbnail
+
+log = logging.getLogger(__name__)
 
 #: longest side of a canvas drawn without a slide
 _CANVAS_PX = 1024
@@ -103,3 +108,37 @@ def slide_heatmap(
         coords_um=coords_um, tile_size_um=tile_size_um, values=values, out_png=out_png,
         thumbnail=image, thumb_mpp=thumb_mpp, title=title,
     )  # fmt: skip
+
+
+def tile_values(
+    slide_id: str,
+    bag_path: Path,
+    sample: Mapping[str, Any],
+    case_maps: Mapping[str, np.ndarray],
+    sl: slice,
+    out: Path,
+    thumb: tuple[Path, float | None] | None,
+    heatmaps: Sequence[tuple[str, np.ndarray, str]],
+) -> None:
+    """heatmaps/<slide>.json (`wsi.tile_values`): every output's per-tile contribution, the numbers behind
+    the PNGs, for `wsi view` to draw at full resolution. `case_maps` and `heatmaps` are the case's (the
+    slide's rows: `sl`); the main heatmap's values name the output it shows. Bags with tile positions
+    only. A failure costs the viewer its heatmap, not the prediction: it is logged."""
+    if "coords_um" not in sample or not case_maps:
+        return
+    maps = {k: v[sl] for k, v in case_maps.items()}
+    main = heatmaps[0][1][sl] if heatmaps else None
+    from wsi.bags import read_bag_attrs
+    from wsi.tile_values import write_tile_values
+
+    try:
+        attrs = read_bag_attrs(bag_path)
+        mpp = thumb[1] if thumb is not None and thumb[1] is not None else attrs.get("mpp")
+        predicted = next((k for k, v in maps.items() if main is not None and np.array_equal(v, main)), None)
+        write_tile_values(
+            out / "heatmaps" / f"{slide_id}.json", slide=slide_id, coords_um=np.asarray(sample["coords_um"]),
+            tile_size_um=float(sample.get("tile_size_um") or attrs["tile_size_um"]), outputs=maps,
+            mpp=None if mpp is None else float(mpp), predicted=predicted,
+        )  # fmt: skip
+    except Exception as exc:
+        log.warning("%s: heatmaps/%s.json not written (%s: %s)", slide_id, slide_id, type(exc).__name__, exc)

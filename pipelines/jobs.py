@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -47,11 +47,6 @@ MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error", "not
 
 # Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
 _INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
-
-
-class BatchItem(Protocol):
-    slide_id: str
-    path: Any
 
 
 @dataclass

@@ -249,9 +249,10 @@ def _check_kind(task: TaskConfig, source: str) -> None:
         raise ConfigError(f"{source}: survival.auc_times and regression.huber_delta must be positive")
     if task.class_weighting != "none" and kind != "categorical":
         raise ConfigError(f"{source}: class_weighting is for categorical tasks, not {kind}")
-    if task.level == "patient" and task.input != "bags":
+    if task.level == "patient" and task.input not in ("bags", "slide-embeddings"):
         raise ConfigError(
-            f"{source}: level: patient joins a patient's slides into one bag; it needs input: bags"
+            f"{source}: level: patient joins a patient's slides into one bag; it needs input: bags "
+            "(or slide-embeddings, whose slides are averaged)"
         )
 
 

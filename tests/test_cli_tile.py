@@ -41,7 +41,8 @@ def test_folder_then_rerun(slides: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "tiles").iterdir()) == [
         "case-0.h5", "case-0.zarr", "case-1.h5", "case-1.zarr", "manifest.csv",
     ]  # fmt: skip
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["case-0.png", "case-1.png"]
+    qc = sorted(p.name for p in (out / "qc").iterdir())
+    assert qc == ["case-0.geojson", "case-0.png", "case-1.geojson", "case-1.png"]
     assert [row["status"] for row in _manifest(out)] == ["ok", "ok"]
     again = _run(str(slides), "--out", str(out), "--tile-um", "128", "--tile-px", "64", "--save-tiles")
     assert again.exit_code == 0 and "0 tiled, 2 already done" in again.stderr

@@ -20,6 +20,7 @@ from wsi.errors import ConfigError
 from wsi.models.presets import build_model_from_config
 from wsi.pipelines.predict.stage import predict
 from wsi.pipelines.train import train
+from wsi.tile_values import read_tile_values
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -61,6 +62,10 @@ def test_bag_probabilities_equal_the_models_own_outputs(trained, tmp_path: Path)
         np.testing.assert_allclose(got, probs, atol=1e-6)
         assert rows[slide]["predicted"] == ("LUAD", "LUSC")[int(probs.argmax())]
         assert (tmp_path / "out" / "heatmaps" / f"{slide}.png").read_bytes()[:8] == PNG
+        values = read_tile_values(tmp_path / "out" / "heatmaps" / f"{slide}.json")  # what `wsi view` draws
+        np.testing.assert_allclose(values.coords_um, bag.coords_um, atol=1e-3)
+        assert values.predicted == rows[slide]["predicted"] and set(values.outputs) == {"LUAD", "LUSC"}
+        np.testing.assert_allclose(values.outputs["LUAD"], -values.outputs["LUSC"], rtol=1e-5, atol=1e-7)
     assert {r["status"] for r in _read(tmp_path / "out" / "manifest.csv")} == {"ok"}
 
 

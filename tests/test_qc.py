@@ -88,8 +88,10 @@ def test_small_slide_is_drawn_at_its_own_size_and_counts_in_the_legend(tmp_path:
 
 
 def test_params_unchanged_so_old_tile_files_still_resume() -> None:
-    """QC and dark-slide handling add no TileParams field (stored settings of earlier runs still match)."""
+    """QC and dark-slide handling add no TileParams field (stored settings of earlier runs still match).
+    The artifact filters did add one, `artifacts`, on purpose: tiles cut before them may hold ink, so
+    a re-run recomputes those slides ("tile settings changed")."""
     assert set(TileParams().to_dict()) == {
         "max_background_fraction", "max_unreadable_fraction", "min_blur_variance", "min_tissue_fraction",
-        "tile_px", "tile_um", "tissue", "white_level",
+        "tile_px", "tile_um", "tissue", "white_level", "artifacts",
     }  # fmt: skip

@@ -313,7 +313,9 @@ _PREVIOUS_DEFAULT_PARAMS = (
 )
 
 
-def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.ndarray) -> None:
+def _write_previous_version_tile_file(
+    path: Path, slide_path: Path, coords: np.ndarray, params: str = _PREVIOUS_DEFAULT_PARAMS
+) -> None:
     """A tile file laid out as the previous code wrote it, with raw h5py (no help from wsi.tilefile)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as h5:
@@ -323,7 +325,7 @@ def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.n
             "slide_id": "scene", "slide_path": str(slide_path), "tile_size_um": 256.0, "tile_size_px": 256,
             "mpp": 0.5, "mpp_source": "metadata", "target_mpp": 1.0, "level0_width": 4096,
             "level0_height": 4096, "backend": "openslide", "vendor": "aperio",
-            "params": _PREVIOUS_DEFAULT_PARAMS, "wsi_version": "0.1.0", "n_grid": 64, "n_tissue": 3,
+            "params": params, "wsi_version": "0.1.0", "n_grid": 64, "n_tissue": 3,
             "n_background": 0, "n_blurry": 0, "n_unreadable": 0, "n_kept": 3,
         }  # fmt: skip
         for name, value in attrs.items():
@@ -335,11 +337,14 @@ def _write_previous_version_tile_file(path: Path, slide_path: Path, coords: np.n
 
 def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path) -> None:
     """Resume across the config change: a finished tile file written by the previous code, with the same
-    settings, is skipped as done (not recomputed); other settings still recompute it."""
-    assert json.loads(_PREVIOUS_DEFAULT_PARAMS) == TileParams().to_dict()  # same keys, same values
+    settings, is skipped as done (not recomputed); other settings still recompute it. The previous
+    string plus the artifact filters' settings (a field added since, on purpose: see below) is today's."""
+    artifacts = {"artifacts": TileParams().artifacts.to_dict()}
+    same = json.dumps(json.loads(_PREVIOUS_DEFAULT_PARAMS) | artifacts, sort_keys=True)
+    assert json.loads(same) == TileParams().to_dict()  # same keys, same values
     paths = output_paths(tmp_path, "scene")
     coords = np.array([[512, 512], [1024, 512], [512, 1024]])
-    _write_previous_version_tile_file(paths.h5, scene.path, coords)
+    _write_previous_version_tile_file(paths.h5, scene.path, coords, params=same)
     paths.qc.parent.mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(paths.qc)  # the QC image the previous run left
     stamp = paths.h5.stat().st_mtime_ns
@@ -354,3 +359,14 @@ def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path
     assert changed.status == "ok" and read_tile_file(paths.h5).params["min_blur_variance"] == 10.0
     new = read_tile_file(paths.h5).meta
     assert new["n_thumbnail_unreadable"] == 0 and json.loads(new["unreadable_regions"]) == []
+
+
+def test_tile_file_from_before_the_artifact_filters_is_recomputed(scene, tmp_path: Path) -> None:
+    """Tiles cut before the artifact filters existed may hold ink: their settings lack `artifacts`, so a
+    re-run recomputes them rather than trusting them."""
+    paths = output_paths(tmp_path, "scene")
+    _write_previous_version_tile_file(paths.h5, scene.path, np.array([[512, 512]]))
+    paths.qc.parent.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(paths.qc)
+    [again] = tile_slides([_src(scene)], out_dir=tmp_path)
+    assert again.status == "ok" and "artifacts" in read_tile_file(paths.h5).params

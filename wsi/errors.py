@@ -45,3 +45,7 @@ class ImageReadError(WsiError):
 
 class SlideIdError(WsiError, ValueError):
     """A slide id cannot be made into a usable file name, or collides with another slide's."""
+
+
+class RoiError(WsiError):
+    """A region-of-interest file (QuPath GeoJSON) is missing, not GeoJSON, or holds no usable region."""

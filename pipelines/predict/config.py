@@ -20,9 +20,16 @@ class PredictOptions:
 
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     heatmaps: bool = setting(True, help="Draw the per-slide heatmaps (--no-heatmaps skips them).")
+    geojson: bool = setting(
+        True, help="Write geojson/<slide>.geojson, the tiles as QuPath objects (--no-geojson skips them)."
+    )
     weights: Path | None = setting(
         None, existing="file",
         help="Encoder weights for raw slides (must match the run's recorded sha256); refused for bags.",
+    )  # fmt: skip
+    slide_weights: str | None = setting(
+        None, existing="any",
+        help="Slide-encoder weights for raw slides, for a run trained on slide embeddings (sha256 checked).",
     )  # fmt: skip
     mpp: float | None = setting(
         None, gt=0, default_text="the run's",

@@ -54,10 +54,6 @@ class RunModel:
         """(B, K): the kind's outputs (mean over the folds' models for a CV run)."""
         return self._mean(lambda m, k, x, e: k.outputs(m(x, **e).float()), x, extra)
 
-    def probabilities(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, C) class probabilities of a categorical run (its outputs)."""
-        return self.outputs(x, extra)
-
     def contributions(self, x: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, N, C): each token's contribution to each logit (mean over the folds' models)."""
         return self._mean(lambda m, k, x, e: m.tile_contributions(x, **e), x, extra)

@@ -10,7 +10,9 @@
   heatmaps/<slide>.png     each tile's contribution to the predicted class / target / risk (over the
                            slide thumbnail when predicting from slides or from bags whose recorded
                            `slide_path` is reachable, else on a blank canvas at the tile positions);
-                           <slide>.<target>.png per target of multi-target runs
+                           <slide>.<target>.png per target of multi-target runs; <slide>.json (wsi view)
+  geojson/<slide>.geojson  every tile as a QuPath object in level-0 px with its contributions (and pooling
+                           weight), the top tiles as annotations, the prediction (pipelines.predict.geojson)
   predict_progress.jsonl   each finished case (pipelines.predict_progress): predictions.csv and
                            manifest.csv are rewritten as cases finish, and a re-run skips finished ones
   top_tiles/               (top_tiles=K) the K tiles pushing each output most and least, read from the
@@ -47,7 +49,7 @@ from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
 from wsi.pipelines.cases import CaseCollate, CaseDataset
-from wsi.pipelines.heatmaps import slide_heatmap
+from wsi.pipelines.heatmaps import slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item, with_resolution
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
@@ -58,7 +60,9 @@ from wsi.pipelines.predict.external_validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
+from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
+from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
@@ -124,7 +128,7 @@ def predict(
     t0 = time.perf_counter()
     run = load_run(model_dir, device=device)
     task = run.record.task
-    if weights is not None and run.adapter.name != "bags":
+    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
             "directly, with no encoder: leave --weights out"
@@ -136,6 +140,8 @@ def predict(
     pre_failed: list[JobResult] = []
     if features_dir is not None:
         found = run.adapter.find([Path(features_dir)])
+    elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+        found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
     elif run.adapter.name != "bags":
         found = run.adapter.find([Path(p) for p in inputs])
     else:
@@ -158,6 +164,7 @@ def predict(
         thumbs=thumbs,
         backend=opts.backend,
         stream_above=opts.stream_above_tiles,
+        geojson=opts.geojson,
     )
     rows, outputs, results, tiles = _predict_cases(
         run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
@@ -192,6 +199,7 @@ class _CaseOptions:
     thumbs: dict[str, tuple[Path, float | None]]
     backend: str
     stream_above: int | None = STREAM_ABOVE_TILES  # tiles; None: every bag loaded whole
+    geojson: bool = True  # geojson/<slide>.geojson (QuPath objects)
 
 
 def _predict_cases(
@@ -273,6 +281,8 @@ def _settings(run: RunModel, case: Item, options: _CaseOptions, *, streamed: boo
         "backend": options.backend,
         "thumbs": [str(options.thumbs.get(sid, ("", None))[0]) for sid in slide_ids],
     }
+    if not options.geojson:  # only when off: runs made before the GeoJSON existed keep their keys
+        settings["geojson"] = False
     if streamed:  # made without heatmaps: predicted again when a later call would load it whole
         settings["streamed"] = True
     return settings
@@ -293,7 +303,7 @@ def _predict_case(
     row = _row(run, case, output)
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
-    if options.heatmaps or tiles is not None:
+    if options.heatmaps or options.geojson or tiles is not None:
         files = _explain_case(run, case, sample, batch, output, out, options, tiles)
     n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
     return Finished(
@@ -308,10 +318,11 @@ def _predict_streamed(run: RunModel, case: Item, key: str, options: _CaseOptions
     output, n = streamed_outputs(run, case)
     row = _row(run, case, output)
     note = ""
-    if options.heatmaps or options.top_tiles:
+    if options.heatmaps or options.top_tiles or options.geojson:
         note = (
-            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap or top "
-            "tiles: per-tile contributions need the whole bag in memory (--stream-above-tiles to change)"
+            f"bag of {n:,} tiles predicted streamed (more than {options.stream_above:,}); no heatmap, "
+            "GeoJSON or top tiles: per-tile contributions need the whole bag in memory "
+            "(--stream-above-tiles to change)"
         )
         log.warning("%s: %s", case.id, note)
     return Finished(key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, note=note)
@@ -370,6 +381,9 @@ def _explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
                 files.append(str(png.relative_to(out)))
+            tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
+        if options.geojson:
+            files += case_slide_geojson(run, item, batch, output, maps, sl, out, options.top_tiles)
         if tiles is not None:
             try:
                 export_slide(

@@ -1,7 +1,8 @@
 """The statistics report of a run, a cross-validation or an external cohort: report.html + report/*.csv.
 
-`report.html` is one self-contained file (inline CSS, every plot a base64 PNG; no script, no link), so
-it opens anywhere and can be archived with the run. `report/` holds the numbers behind it:
+`report.html` is one self-contained file (inline CSS, every plot a base64 PNG; no script; its only links
+are relative ones to each slide's view, `./?slide=<id>`, that open when `wsi view` serves the folder),
+so it opens anywhere and can be archived with the run. `report/` holds the numbers behind it:
 
   metrics.csv       every figure of every set with its 95% interval (set, target, metric, value, ci)
   roc.csv, pr.csv   categorical targets: curves read on a common axis, with 95% bootstrap bands

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -200,8 +201,29 @@ def render_html(
                 parts.append(_table(header, table_rows, "confusion"))
             else:
                 parts.append(f"<p>{html.escape(str(content))}</p>")
+    parts += slide_links(kind, sets)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def slide_links(kind: TaskKind, sets: Sequence[PredictionSet]) -> list[str]:
+    """Each slide linked to its view in `wsi view` (relative, `./?slide=<id>`: it opens when the viewer
+    serves the folder this report is in). Slide-level runs on bags only: patients and images have no
+    slide to show."""
+    task = kind.task
+    if getattr(task, "level", "slide") != "slide" or getattr(task, "input", "bags") != "bags":
+        return []
+    ids = list(dict.fromkeys(i for s in sets if s.name != "pooled" for i in s.ids))
+    if not ids:
+        return []
+    links = ", ".join(
+        f'<a href="./?slide={urllib.parse.quote(str(i), safe="")}">{html.escape(str(i))}</a>' for i in ids
+    )
+    return [
+        "<h2>Slides</h2>",
+        '<p class="meta">Each slide at full resolution with its heatmap and tiles: run <code>wsi view</code> '
+        f'on this folder and follow a link.</p><p class="slides">{links}</p>',
+    ]
 
 
 __all__ = [
@@ -211,5 +233,6 @@ __all__ = [
     "kind_sections",
     "metric_rows",
     "render_html",
+    "slide_links",
     "write_report",
 ]

@@ -18,6 +18,7 @@ that fixes it:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from wsi.artifacts import FILTERS
 from wsi.background import Background, looks_dark_maybe
 from wsi.errors import SlideError, SlideIdError
 from wsi.files import sanitize_slide_id
+from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note, why_artifact
 from wsi.sources import SlideSource
 from wsi.tiff_tiles import (
     FileDamage,
@@ -40,8 +43,11 @@ from wsi.tiff_tiles import (
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts, TissueGrid
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from wsi.slide import Slide
+    from wsi.tile_file import TileFile
 
 #: undecodable regions listed in a tile file (`unreadable_regions`); the count says how many in all
 MAX_STORED_REGIONS = 1000
@@ -206,10 +212,15 @@ def _why_empty(
         "blurry": counts.n_blurry,
         "background": counts.n_background,
         "unreadable": counts.n_unreadable,
+        **artifact_counts_by_name(counts.to_dict()),
     }
     worst = max(rejected, key=lambda k: rejected[k])
     tally = f"{counts.n_blurry} blurry, {counts.n_background} background, {counts.n_unreadable} unreadable"
+    if counts.n_artifacts:
+        tally += ", " + artifact_note(counts.to_dict()).removeprefix("rejected as artifacts: ")
     head = f"no tile kept: all {counts.n_tissue} tissue tiles rejected ({tally})"
+    if worst in FILTERS:
+        return why_artifact(worst, head)
     if worst == "blurry":
         return (
             f"{head}; most as blurry (variance of the Laplacian below --min-blur-var "
@@ -280,3 +291,23 @@ def damage_attrs(found: TissueGrid, damage: FileDamage | None) -> dict[str, Any]
         "n_file_tiles_tissue": damage.n_tissue if damage else 0,
         "unreadable_regions": json.dumps([r.as_list() for r in regions[:MAX_STORED_REGIONS]]),
     }
+
+
+def check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
+    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
+    meta = previous.meta
+    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
+        raise SlideIdError(same_id_message(source, meta, tile_file))
+    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+
+
+def metadata_mpp(path: Path, backend: str) -> float | None:
+    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
+    mpp in use)."""
+    from wsi.slide import open_slide
+
+    try:
+        with open_slide(path, backend=backend) as slide:
+            return slide.mpp
+    except SlideError:
+        return None

@@ -5,6 +5,7 @@ help text is written once, here or there."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from wsi.config import config_model, setting
@@ -41,3 +42,9 @@ class TileOptions:
         help="Slide background: auto detects per slide; light = brightfield (H&E on glass); dark = "
         "fluorescence-like (tissue shines on black).",
     )
+    roi: Path | None = setting(
+        None, existing="any",
+        help="QuPath GeoJSON annotations (File > Export objects, level-0 px) to tile within: a file, or a "
+        "folder of <slide_id>.geojson (a slide without its file fails). A tile is kept when its centre lies "
+        "in an annotation and in none classed Exclude or Ignore* (any class ending in *, except Region*).",
+    )  # fmt: skip

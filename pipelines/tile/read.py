@@ -1,7 +1,7 @@
 """Reading a slide's candidate tiles in chunks on a thread pool, for the tile stage and benchmarks.
 
     read_tile_chunks(slide, coords, params, threads) -> Iterator[(k, P, P, 3) uint8]   # reads only
-    classified_chunks(slide, coords, params, threads, dark=False, gain=1.0, probe=None)
+    classified_chunks(slide, coords, params, threads, dark=False, gain=1.0, probe=None, region_codes=None)
         -> Iterator[(tiles (k, P, P, 3) uint8, reasons (k,) int8)]                  # reads + filters
     default_threads(workers) -> int                                                # threads per slide
 
@@ -27,7 +27,7 @@ from wsi.errors import SlideError
 from wsi.slide import Slide
 from wsi.tiff_tiles import FileTileProbe, describe_regions
 from wsi.tile_params import TileParams
-from wsi.tiling import UNREADABLE, classify_tiles
+from wsi.tiling import UNREADABLE, classify_tiles, judge_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def read_tile_chunks(
 ) -> Iterator[np.ndarray]:
     """(k, P, P, 3) uint8 chunks of the tiles at `coords`, in order, read on `threads` threads."""
 
-    def whole(tiles: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    def whole(tiles: np.ndarray, bad: np.ndarray, start: int) -> np.ndarray:
         if bad.any():
             raise SlideError(f"{slide.path}: {int(bad.sum())} tile(s) could not be read")
         return tiles
@@ -64,13 +64,18 @@ def classified_chunks(
     dark: bool = False,
     gain: float = 1.0,
     probe: FileTileProbe | None = None,
+    region_codes: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
     dark-background slide and its signal gain (`wsi.tiling.classify_tiles`); probe: locates the bad
-    stored tiles behind each unreadable tile (it collects them)."""
+    stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
+    code of each tile's thumbnail regions (`wsi.tiling.TissueGrid.region_codes`; None: no artifact
+    filter runs), judged with the tile's own pixels (`wsi.tiling.judge_artifacts`)."""
 
-    def classify(tiles: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(tiles, params, dark=dark, gain=gain)
+        if region_codes is not None:
+            reasons = judge_artifacts(tiles, reasons, region_codes[start : start + len(tiles)], params)
         reasons[bad] = UNREADABLE
         return tiles, reasons
 
@@ -82,10 +87,10 @@ def _map_chunks(
     coords: np.ndarray,
     params: TileParams,
     threads: int,
-    then: Callable[[np.ndarray, np.ndarray], R],
+    then: Callable[[np.ndarray, np.ndarray, int], R],
     probe: FileTileProbe | None = None,
 ) -> Iterator[R]:
-    """`then(tiles, unreadable)` per chunk of `coords`, in order.
+    """`then(tiles, unreadable, start)` per chunk of `coords` (`start`: the chunk's first index), in order.
 
     Each chunk is read AND passed to `then` (the filters) by one pool thread, so the filters run in
     parallel with reads of other chunks (a main thread filtering while the pool reads overlapped
@@ -93,7 +98,7 @@ def _map_chunks(
     """
 
     def work(start: int) -> R:
-        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params, probe))
+        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params, probe), start)
 
     starts = range(0, len(coords), _CHUNK)
     if threads <= 1:

@@ -8,14 +8,14 @@ Public API:
                 scheduler=None, overwrite=False, save_tiles=False, threads=None,
                 background="auto") -> list[JobResult]
     tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
-    output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png of one slide
+    output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png and .geojson of one slide
     read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
 
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`), then the tile file. Every file is
-written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`; GeoJSON `.qupath`), then the tile file. Every
+file is written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -44,10 +44,12 @@ import numpy as np
 
 import wsi
 from wsi.config import with_settings
-from wsi.errors import MissingMppError, SlideError, SlideIdError
+from wsi.errors import MissingMppError
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
     check_damage,
+    check_moved,
     check_same_slide,
     check_usable_id,
     damage_attrs,
@@ -55,13 +57,15 @@ from wsi.pipelines.tile.checks import (
     explain_empty,
     file_damage,
     ignored_fallback_mpp,
+    metadata_mpp,
     mpp_disagreement,
     refuse_id_clashes,
-    same_id_message,
 )
 from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
+from wsi.qupath import Roi
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
@@ -75,7 +79,7 @@ from wsi.tile_file import (
     write_tile_file,
 )
 from wsi.tile_params import TileParams
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid, find_tissue
+from wsi.tiling import KEPT, TileCounts, TissueGrid, find_tissue
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +99,15 @@ class TileOutputs:
     h5: Path
     zarr: Path
     qc: Path
+    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile.qupath)
 
 
 def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
     out = Path(out_dir)
     return TileOutputs(
-        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png"
-    )
+        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png",
+        out / "qc" / f"{slide_id}.geojson",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class TileJob:
     #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
     #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
     background: str = "auto"
+    #: QuPath GeoJSON annotations restricting the tiles: one file, or a folder of <slide_id>.geojson
+    roi: Path | None = None
 
 
 def tile_slides(
@@ -147,6 +155,7 @@ def tile_slides(
         overwrite=opts.overwrite,
         threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
         background=opts.background,
+        roi=None if opts.roi is None else Path(opts.roi).absolute(),
     )
     sources = list(sources)
     refused = refuse_id_clashes(sources, job.out_dir)
@@ -180,27 +189,21 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         done = _finished(source, job, paths, previous)
         if done is not None:
             return done
+    roi = load_roi(job.roi, source.slide_id)  # an unusable ROI leaves old output alone, too
     slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
     with slide:
         if moved and previous is not None:
-            _check_moved(slide, source, previous, paths.h5)
+            check_moved(slide, source, previous, paths.h5)
         # Drop the old tile file first: from here on only a new, complete one may say "done".
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note)
+        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi)
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note)
-
-
-def _check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
-    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
-    meta = previous.meta
-    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
-        raise SlideIdError(same_id_message(source, meta, tile_file))
-    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+    rejected = artifact_note(counts.to_dict())  # tiles rejected per artifact, for the manifest
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=rejected)
 
 
 def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
@@ -209,7 +212,7 @@ def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
     backend = job.backend
     if source.mpp is not None:
         slide = open_slide(source.path, backend=backend, mpp=source.mpp)
-        found = _metadata_mpp(source.path, backend)
+        found = metadata_mpp(source.path, backend)
         note = mpp_disagreement(source.mpp, found, "the slide list (mpp column)")
         _warn(source, note)
         return slide, "slide list", note
@@ -227,16 +230,6 @@ def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
 def _warn(source: SlideSource, note: str) -> None:
     if note:
         log.warning("%s: %s", source.slide_id, note)
-
-
-def _metadata_mpp(path: Path, backend: str) -> float | None:
-    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
-    mpp in use)."""
-    try:
-        with open_slide(path, backend=backend) as slide:
-            return slide.mpp
-    except SlideError:
-        return None
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
@@ -261,6 +254,8 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "QC image missing"
     elif meta.meta.get("background_choice", "auto") != job.background:
         reason = f"--background changed to {job.background}"
+    elif meta.meta.get("roi_sha256", "") != roi_digest(job.roi, source.slide_id):
+        reason = "--roi changed"
     elif len(meta) == 0 and "empty_reason" not in meta.meta:
         reason = "no tile kept by a version that did not say why"
     if reason:
@@ -270,12 +265,13 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         why = str(meta.meta["empty_reason"])
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta))
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=artifact_note(meta.meta))
 
 
 def _tile_open_slide(
-    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str
-) -> tuple[TileCounts, str, str]:
+    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
+    roi: Roi | None = None,
+) -> tuple[TileCounts, str, str]:  # fmt: skip
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
     Returns the counts, why no tile was kept ("" when some were), and what could not be decoded ("").
@@ -284,6 +280,7 @@ def _tile_open_slide(
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
+    found, roi_attrs = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -302,6 +299,7 @@ def _tile_open_slide(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
+        empty = roi_empty(roi, slide.dimensions, roi_attrs, len(found.candidates)) or empty
         if mpp_note:
             empty += f"; also: {mpp_note}"
     picture = tile_qc_image(
@@ -309,11 +307,12 @@ def _tile_open_slide(
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
     )  # fmt: skip
     save_png(paths.qc, picture)
+    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
     kept = found.candidates[reasons == KEPT]
     attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
-        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage),
+        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage), **roi_attrs,
     )  # fmt: skip
     write_tile_file(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
@@ -336,14 +335,15 @@ def _filter_tiles(
         kind = found.background
         probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
         chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe
-        )
+            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
+            region_codes=found.region_codes,
+        )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        counts = _count(found, reasons)
+        counts = count_reasons(found, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:
             check_damage(slide.path, counts, damage, params)
@@ -368,17 +368,6 @@ def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> 
             "target_mpp": params.target_mpp,
             "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
         },
-    )
-
-
-def _count(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
-    return TileCounts(
-        n_grid=len(found.grid),
-        n_tissue=len(found.candidates),
-        n_background=int((reasons == BACKGROUND).sum()),
-        n_blurry=int((reasons == BLURRY).sum()),
-        n_unreadable=int((reasons == UNREADABLE).sum()),
-        n_kept=int((reasons == KEPT).sum()),
     )
 
 

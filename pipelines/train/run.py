@@ -66,6 +66,7 @@ from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fo
 from wsi.pipelines.train.loop import EpochHook
 from wsi.pipelines.train.preflight import refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
+from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ def train(
         task, attention=attention, epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
         model_overrides=model_overrides, overrides=overrides,
     )  # fmt: skip
+    cfg = for_features(cfg, features_dir)  # slide embeddings: a head instead of a MIL model
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
     source = _input_source(adapter, features_dir, images_dir)

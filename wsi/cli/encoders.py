@@ -22,6 +22,8 @@ Examples:
   wsi encoders uni2-h                   # one recipe in full, where its weights come from, the command
   wsi encoders virchow2 --yaml > my.yaml   # a recipe as YAML: edit it into your own --encoder my.yaml
   wsi encoders --json                   # all recipes, machine-readable
+  wsi encoders --slide                  # slide encoders: the tile encoder each needs, params, licence
+  wsi encoders --slide chief            # one slide encoder: tiles, weights page, the authors' code
 
 \b
 Weights are never downloaded: get them from the authors' page (most need you to accept their terms),
@@ -36,9 +38,18 @@ Tile at the encoder's training resolution (the mpp column): wsi tile slides/ --o
     "--yaml", "as_yaml", is_flag=True, help="Print the recipe(s) as YAML (a template for your own)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the recipe(s) as JSON.")
+@click.option(
+    "--slide", "slide", is_flag=True,
+    help="The slide encoders (wsi embed-slides): tile encoder each needs, parameters, licence, weights.",
+)  # fmt: skip
 @user_errors
-def command(name: str | None, as_yaml: bool, as_json: bool) -> None:
-    """List the named tile encoders, or show one recipe."""
+def command(name: str | None, as_yaml: bool, as_json: bool, slide: bool) -> None:
+    """List the named tile encoders (or with --slide the slide encoders), or show one."""
+    if slide:
+        from wsi.cli.slide_encoders import show_slide_encoders
+
+        show_slide_encoders(name, as_json=as_json)
+        return
     from wsi.models.encoders import ENCODERS, get_recipe
 
     names = [name] if name else ENCODERS.names()
@@ -65,7 +76,7 @@ def command(name: str | None, as_yaml: bool, as_json: bool) -> None:
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo("\nAlso: --encoder timm:<architecture> (any timm model) or --encoder my-encoder.yaml.")
-    click.echo("`wsi encoders NAME` shows where a model's weights come from.")
+    click.echo("`wsi encoders NAME` shows where a model's weights come from; --slide: slide encoders.")
 
 
 def _millions(params: int | None) -> str:

@@ -21,6 +21,9 @@ class _Entry(NamedTuple):
 COMMANDS: dict[str, _Entry] = {
     "tile": _Entry("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),
     "embed": _Entry("wsi.cli.embed:command", "Embed tiles with an encoder into per-slide HDF5 feature bags."),
+    "embed-slides": _Entry(
+        "wsi.cli.embed_slides:command", "Slide- or patient-level embeddings with a slide foundation encoder."
+    ),
     "encoders": _Entry(
         "wsi.cli.encoders:command", "List the named tile encoders: width, input, parameters, licence."
     ),
@@ -31,6 +34,7 @@ COMMANDS: dict[str, _Entry] = {
     ),
     "demo": _Entry("wsi.cli.demo:command", "Run the whole pipeline on generated sample slides."),
     "make-slides": _Entry("wsi.cli.make_slides:command", "Write generated pyramidal sample slides (TIFF)."),
+    "view": _Entry("wsi.cli.view:command", "Look at a folder's slides, heatmaps and tiles in the browser."),
 }
 
 
@@ -65,6 +69,7 @@ Examples:
   wsi train --task nsclc-subtype --features run/features/retccl --labels labels.csv --out model/
   wsi predict --model model/ new-slides/ --out preds/
   wsi demo --out demo-out/                        # everything, on generated slides
+  wsi view preds/                                 # the slides and heatmaps in the browser
 """,
 )
 @click.version_option(package_name="wsi")

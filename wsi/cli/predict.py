@@ -13,10 +13,11 @@ from wsi.pipelines.predict.config import PredictOptions
 
 # option -> PredictOptions field: defaults, ranges and help come from the fields (pipelines/predict/config.py)
 PREDICT_FLAGS = {
-    "--weights": "weights", "--mpp": "mpp", "--backend": "backend", "--device": "device",
+    "--weights": "weights", "--slide-weights": "slide_weights", "--mpp": "mpp", "--backend": "backend",
+    "--device": "device",
     "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
-    "--heatmaps": "heatmaps", "--stream-above-tiles": "stream_above_tiles", "--overwrite": "overwrite",
-    "--progress": "progress",
+    "--heatmaps": "heatmaps", "--geojson": "geojson", "--stream-above-tiles": "stream_above_tiles",
+    "--overwrite": "overwrite", "--progress": "progress",
 }  # fmt: skip
 
 
@@ -31,6 +32,7 @@ Examples:
   wsi predict --model cv-run/ --features bags/ --out preds/    # cross-validation run: mean of the folds
   wsi predict --model model/ --features ext/ --labels ext.csv --out val/   # external validation + report
   wsi predict --model model/ slides/ --weights w.pth --out preds/ --top-tiles 8   # + top tiles per slide
+  wsi predict --model probe/ slides/ --weights conch.bin --slide-weights feather/ --out preds/  # slide enc.
 
 \b
 Raw slides are tiled and embedded with the exact settings the run recorded (tile size, MPP, every
@@ -54,7 +56,9 @@ Output (under --out): predictions.csv (slide, or patient for patient-level runs,
 prob_<class>..., predicted | pred_<target> | risk, risk_group), patient_predictions.csv (slide-level
 runs: the mean over each patient's slides, when a patient has several or --labels is given),
 manifest.csv (every slide's status, error and note), heatmaps/<slide>.png (each tile's contribution to the
-predicted class, target or risk), and for raw slides work/ (tile files and bags).
+predicted class, target or risk), geojson/<slide>.geojson (every tile as a QuPath object in level-0
+px with its contributions and pooling weight, the top tiles as annotations, the prediction: QuPath's
+File > Import objects opens it), and for raw slides work/ (tile files and bags).
 --labels CSV (a label table as for training): metrics.json (the task's figures with 95% CIs),
 external_predictions.csv, report.html and report/*.csv, as training writes for its test split.
 --top-tiles K: top_tiles/<slide>/ crops of the K tiles pushing each output most and least, read from

@@ -10,7 +10,7 @@ import click
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import TileOptions
-from wsi.tile_params import TileParams
+from wsi.tile_params import ARTIFACT_FILTERS, TileParams
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -22,7 +22,7 @@ TILE_PARAM_FLAGS = {
 TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
-    "--background": "background",
+    "--background": "background", "--roi": "roi",
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
@@ -38,6 +38,9 @@ Examples:
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
+  wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
+  wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
+  wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
 
 \b
 Output (under --out):
@@ -45,8 +48,22 @@ Output (under --out):
   tiles/<slide_id>.zarr   kept tiles' pixels (with --save-tiles)
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
-                          legend with counts, slide id, mpp
-  tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error
+                          artifacts: ink orange, fold brown, bubble cyan, border near-black,
+                          dust pink; legend with counts, slide id, mpp
+  qc/<slide_id>.geojson   the same as QuPath objects (File > Import objects), level-0 px:
+                          tissue outline (annotation "Tissue"), every tissue tile classed
+                          by its fate (kept, background, blurry, ink, ...) with its tissue fraction
+  tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error, note
+                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink")
+
+\b
+Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
+  ink      marker ink (green, blue, black, red); DAB brown and haematoxylin are not ink
+  fold     tissue folds: tissue far darker than the slide's own tissue
+  bubble   air-bubble rims and coverslip edges: long thin grey lines
+  border   out-of-scan borders: flat near-black fill reaching the image edge
+  dust     dust islands: small specks of "tissue" far from any real tissue
+Thresholds: TileParams.artifacts (wsi.artifacts.ArtifactParams), saved in each tile file.
 
 \b
 Status per slide: ok, skipped (done before), empty (kept no tile: the error column names the
@@ -68,8 +85,21 @@ redoes them (and replaces the tiles of another slide with the same id).
 )
 @config_options(TileParams, TILE_PARAM_FLAGS, into="tiling")
 @config_options(TileOptions, TILE_OPTION_FLAGS, into="run")
+@click.option(
+    "--no-filter",
+    "no_filter",
+    multiple=True,
+    type=click.Choice(list(ARTIFACT_FILTERS)),
+    help="Turn an artifact filter off (repeat for several): " + ", ".join(ARTIFACT_FILTERS) + ".",
+)
 @user_errors
-def command(paths: tuple[Path, ...], out_dir: Path, tiling: dict[str, Any], run: dict[str, Any]) -> None:
+def command(
+    paths: tuple[Path, ...],
+    out_dir: Path,
+    tiling: dict[str, Any],
+    run: dict[str, Any],
+    no_filter: tuple[str, ...],
+) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
     PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
@@ -86,6 +116,10 @@ def command(paths: tuple[Path, ...], out_dir: Path, tiling: dict[str, Any], run:
     if not sources:
         click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
         raise SystemExit(EXIT_USAGE)
+    tiling = {
+        **tiling,
+        "artifacts": {"filters": [name for name in ARTIFACT_FILTERS if name not in no_filter]},
+    }
     params = parse_config(TileParams, tiling, source="wsi tile options")  # ConfigError: exit 2
     options = parse_config(TileOptions, run, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
@@ -98,6 +132,11 @@ def command(paths: tuple[Path, ...], out_dir: Path, tiling: dict[str, Any], run:
         f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
         err=True,
     )
+    from wsi.pipelines.tile.artifacts import artifact_summary
+
+    artifacts = artifact_summary(results, out_dir)
+    if artifacts:
+        click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
     if summary.problems:

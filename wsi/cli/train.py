@@ -25,6 +25,8 @@ Examples:
   wsi train --task tumor-purity --features bags/ --labels purity.csv --out purity/   # regression
   wsi train --task nsclc-mutations --features bags/ --labels panel.csv --out panel/  # multi-target
   wsi train --task my-task.yaml --features clam/h5_files --labels labels.csv --out m/ --mpp 0.25  # CLAM
+  wsi train --task nsclc-subtype --features run/feather-slide --labels labels.csv --out probe/ --cv 5
+  wsi train --task nsclc-subtype --features run/chief-slide --labels l.csv --out m/ --preset mlp
 
 \b
 Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the
@@ -81,6 +83,11 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     help="Attention variant [default: the task's].",
 )
 @click.option(
+    "--preset", "model_preset", default=None,
+    help="Model preset: vit-wsi, vit-wsi-small, abmil; linear or mlp on slide embeddings [default: the "
+    "task's; linear when --features holds slide embeddings].",
+)  # fmt: skip
+@click.option(
     "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
 )
 @click.option(
@@ -127,6 +134,7 @@ def command(
     labels_csv: Path,
     out_dir: Path,
     attention: str | None,
+    model_preset: str | None,
     device: str,
     epochs: int | None,
     seed: int | None,
@@ -152,6 +160,8 @@ def command(
         overrides["input_options.bag_size"] = bag_size
     if num_workers is not None:
         overrides["num_workers"] = num_workers
+    if model_preset is not None:
+        overrides["model.preset"] = model_preset
     result = train(
         task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
         attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,

@@ -1,0 +1,28 @@
+"""The slide-embedding stage: bags of tile features -> slide or patient embeddings (STAMP's layout).
+
+embed_slides(features=..., encoder=..., out=..., weights=... | random_init=True, level="slide"|"patient",
+             slide_table=None, overwrite=False, device="cpu") -> (folder, [JobResult])
+check_bag(bag, spec, name)        refuses bags of another tile encoder / weights / tile size
+write_embedding, read_embedding, EmbeddingProvenance, embedding_dir   the file format (output.py)
+"""
+
+from wsi.pipelines.embed_slides.checks import check_bag, tile_source
+from wsi.pipelines.embed_slides.output import (
+    Embedding,
+    EmbeddingProvenance,
+    embedding_dir,
+    read_embedding,
+    write_embedding,
+)
+from wsi.pipelines.embed_slides.run import embed_slides
+
+__all__ = [
+    "Embedding",
+    "EmbeddingProvenance",
+    "check_bag",
+    "embed_slides",
+    "embedding_dir",
+    "read_embedding",
+    "tile_source",
+    "write_embedding",
+]

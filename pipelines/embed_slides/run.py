@@ -1,0 +1,202 @@
+"""`wsi embed-slides`: every bag of tile features -> one slide (or patient) embedding file.
+
+Each slide (or patient) is one job: a bag that does not fit the slide encoder (another tile encoder,
+other weights, another tile size) or cannot be read fails alone with its reason in the manifest; the
+others go on. A file that exists with the same slide encoder and weights is skipped (--overwrite redoes).
+Memory: the bag is held as stored (float16 or float32) and the encoder scores it `CHUNK_TILES` rows at
+a time, so a 100,000-tile slide costs its features plus one chunk of activations.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from wsi.bags import Bag, load_bag
+from wsi.errors import ConfigError, LabelError
+from wsi.files import is_temp_name
+from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
+from wsi.pipelines.embed_slides.checks import TileSource, check_bag
+from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
+from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+
+log = logging.getLogger(__name__)
+
+#: the bag provenance fields `wsi predict` needs to make the tile features of raw slides again
+_TILE_KEYS = ("encoder", "weights_sha256", "tile_params", "precision", "input_px", "stain_norm",
+              "tile_size_um", "tile_size_px")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """One output file: a slide's bag, or a patient's bags (in slide order)."""
+
+    slide_id: str  # the output's id (slide or patient)
+    path: Path  # the first bag (what the manifest shows)
+    bags: tuple[Path, ...]
+
+
+def find_bags(features: Path) -> dict[str, Path]:
+    """Slide id -> bag, from a folder of bags (or one bag)."""
+    if features.is_file():
+        return {features.stem: features}
+    bags = {p.stem: p for p in sorted(features.glob("*.h5")) if not is_temp_name(p)}
+    if not bags:
+        raise ConfigError(f"no feature bags (*.h5) in {features}; give the folder `wsi embed` wrote")
+    return bags
+
+
+def patient_jobs(bags: dict[str, Path], table: Path) -> list[EmbedJob]:
+    """One job per patient of a CSV with `patient` and `slide` columns (slide: id or bag file name)."""
+    try:
+        with table.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise LabelError(f"cannot read the slide table {table} ({exc.strerror})") from None
+    if not rows or not {"patient", "slide"} <= set(rows[0]):
+        raise LabelError(f"{table} needs a `patient` and a `slide` column (one row per slide)")
+    by_patient: dict[str, list[Path]] = {}
+    missing: list[str] = []
+    for row in rows:
+        slide = Path(row["slide"].strip()).name.removesuffix(".h5")
+        if slide not in bags:
+            missing.append(slide)
+            continue
+        by_patient.setdefault(row["patient"].strip(), []).append(bags[slide])
+    if missing:
+        log.warning("%d slides of %s have no bag (e.g. %s); left out", len(missing), table, missing[0])
+    if not by_patient:
+        raise LabelError(f"no slide of {table} has a bag among the {len(bags)} given")
+    return [EmbedJob(p, paths[0], tuple(paths)) for p, paths in sorted(by_patient.items())]
+
+
+class _Embedder:
+    """The batch function: the encoder is built once and kept (inline jobs)."""
+
+    def __init__(self, model: SlideEncoder, out_dir: Path, level: str, overwrite: bool, device: torch.device):
+        self.model, self.out_dir, self.level, self.overwrite, self.device = (
+            model,
+            out_dir,
+            level,
+            overwrite,
+            device,
+        )
+
+    def _done(self, path: Path) -> bool:
+        if self.overwrite or not path.is_file():
+            return False
+        try:
+            with h5py.File(path, "r") as h5:
+                return bool(
+                    h5.attrs.get("slide_encoder") == self.model.name
+                    and h5.attrs.get("slide_encoder_weights_sha256") == self.model.weights_sha256
+                )
+        except OSError:
+            return False
+
+    def _one(self, bag_path: Path) -> tuple[torch.Tensor, int, dict[str, object]]:
+        spec = self.model.SPEC
+        bag = load_bag(bag_path, require_um=spec.uses_positions)
+        source = check_bag(bag, spec, self.model.name)
+        if len(bag) == 0:
+            raise ConfigError(f"{bag_path} holds no tiles: nothing to embed")
+        if bag.dim != spec.in_dim:
+            raise ConfigError(
+                f"{bag_path} holds {bag.dim}-d features; {self.model.name} reads {spec.in_dim}-d"
+            )
+        feats = torch.from_numpy(bag.feats).to(self.device)
+        coords = None if bag.coords_um is None else torch.from_numpy(bag.coords_um).to(self.device)
+        with torch.inference_mode():
+            z = self.model.encode(feats, coords, float(bag.tile_size_um or spec.tile_size_um))
+        return z.cpu(), len(bag), _facts(bag, source)
+
+    def __call__(self, job: EmbedJob) -> JobResult:
+        out = self.out_dir / f"{job.slide_id}.h5"
+        if self._done(out):
+            return JobResult(job.slide_id, str(job.path), "skipped")
+        start = time.perf_counter()
+        spec = self.model.SPEC
+        if self.level == "patient" and spec.patient_fusion == "early" and len(job.bags) > 1:
+            z, n, facts = self._pooled(job.bags)
+        else:
+            parts = [self._one(p) for p in job.bags]  # late fusion: the mean of the slide embeddings
+            z = torch.stack([p[0] for p in parts]).mean(0)
+            n, facts = sum(p[1] for p in parts), parts[0][2]
+        prov = EmbeddingProvenance(
+            id=job.slide_id, feat_type=self.level, slide_encoder=self.model.name,
+            slide_encoder_weights_sha256=self.model.weights_sha256, tile_encoder=str(facts["tile_encoder"]),
+            tile_encoder_weights_sha256=str(facts["tile_sha"]), tile_size_um=float(facts["tile_size_um"]),  # type: ignore[arg-type]
+            target_mpp=float(facts["target_mpp"]), n_tiles=n, source_bags=tuple(str(p) for p in job.bags),  # type: ignore[arg-type]
+            slides=tuple(p.stem for p in job.bags) if self.level == "patient" else (),
+            patient_fusion=spec.patient_fusion if self.level == "patient" else "",
+            tile_provenance=dict(facts["tile_provenance"]),  # type: ignore[call-overload]
+        )  # fmt: skip
+        write_embedding(out, z.numpy(), prov)
+        return JobResult(job.slide_id, str(job.path), "ok", n=n, seconds=time.perf_counter() - start)
+
+    def _pooled(self, bags: Sequence[Path]) -> tuple[torch.Tensor, int, dict[str, object]]:
+        """Early fusion: the patient's tiles as one bag (only for encoders without positions)."""
+        spec = self.model.SPEC
+        loaded = [load_bag(p, require_um=False) for p in bags]
+        sources = [check_bag(b, spec, self.model.name) for b in loaded]
+        feats = torch.from_numpy(np.concatenate([b.feats for b in loaded])).to(self.device)
+        with torch.inference_mode():
+            z = self.model.encode(feats, None, spec.tile_size_um)
+        return z.cpu(), int(feats.shape[0]), _facts(loaded[0], sources[0])
+
+
+def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
+    prov = bag.provenance
+    tile_prov: dict[str, object] = {}
+    if prov is not None:  # ours: enough to tile and embed raw slides the same way again
+        tile_prov = {k: getattr(prov, k) for k in _TILE_KEYS if getattr(prov, k) is not None}
+    return {
+        "tile_encoder": source.encoder,
+        "tile_sha": source.weights_sha256 or "",
+        "tile_size_um": float(bag.tile_size_um or 0.0),
+        "target_mpp": float(prov.target_mpp or 0.0) if prov else 0.0,
+        "tile_provenance": tile_prov,
+    }
+
+
+def embed_slides(
+    *,
+    features: str | Path,
+    encoder: str,
+    out: str | Path,
+    weights: str | Path | None = None,
+    random_init: bool = False,
+    level: str = "slide",
+    slide_table: str | Path | None = None,
+    overwrite: bool = False,
+    device: str = "cpu",
+) -> tuple[Path, list[JobResult]]:
+    """Embed every bag under `features` (or every patient of `slide_table`); returns the folder written
+    and one JobResult per slide/patient (failed ones carry the reason). The manifest is manifest.csv."""
+    from wsi.pipelines.devices import resolve_device
+
+    if level not in ("slide", "patient"):
+        raise ConfigError(f"--level must be slide or patient, not {level!r}")
+    if level == "patient" and slide_table is None:
+        raise ConfigError("--level patient needs --slide-table CSV (columns patient, slide)")
+    model = build_slide_encoder(encoder, weights=weights, random_init=random_init)
+    dev = resolve_device(device)
+    model.to(dev)
+    bags = find_bags(Path(features))
+    if level == "patient":
+        jobs = patient_jobs(bags, Path(str(slide_table)))
+    else:
+        jobs = [EmbedJob(sid, p, (p,)) for sid, p in bags.items()]
+    out_dir = embedding_dir(out, encoder, level)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = run_jobs(jobs, _Embedder(model, out_dir, level, overwrite, dev), desc=f"{level}s")
+    write_manifest(out_dir / "manifest.csv", results)
+    return out_dir, results

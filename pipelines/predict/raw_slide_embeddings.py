@@ -1,0 +1,106 @@
+"""Raw slides for a run trained on slide embeddings: tile encoder, then slide encoder, then the head.
+
+The run's config.json records the embeddings' provenance: the slide encoder and its weights sha256,
+and (`tile_provenance`) how the tile features under them were made. The slides are tiled and embedded
+with those settings by `pipelines.raw_slides` (tile-encoder weights checked against the recorded
+sha256), then `pipelines.embed_slides` makes each slide's embedding (slide-encoder weights checked the
+same way). Every slide comes back: with its embedding, or as a failed/empty row with the stage's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from wsi.errors import ConfigError
+from wsi.pipelines.jobs import JobResult
+from wsi.pipelines.predict.config import PredictOptions
+
+
+def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) -> None:
+    if sha == "random" and slide_weights is not None:
+        raise ConfigError(f"the head was trained on embeddings of a randomly initialised {name}: leave out "
+                          "--slide-weights")  # fmt: skip
+    if sha != "random" and slide_weights is None:
+        raise ConfigError(f"the head was trained on {name} embeddings (weights sha256 {sha[:16]}...); give "
+                          "those weights with --slide-weights PATH")  # fmt: skip
+
+
+def slide_embeddings_of_raw_slides(
+    provenance: Mapping[str, Any], inputs: Sequence[str | Path], work: Path, opts: PredictOptions
+) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
+    """`embed_raw_slides_to_embeddings` with `wsi predict`'s options (no slide heatmaps: one vector a
+    slide, so the caller drops the thumbnails)."""
+    return embed_raw_slides_to_embeddings(
+        provenance, inputs, work, weights=opts.weights, slide_weights=opts.slide_weights, mpp=opts.mpp,
+        backend=opts.backend, workers=opts.workers, scheduler=opts.scheduler, device=opts.device,
+        progress=opts.progress,
+    )  # fmt: skip
+
+
+def embed_raw_slides_to_embeddings(
+    provenance: Mapping[str, Any],
+    inputs: Sequence[str | Path],
+    work: Path,
+    *,
+    weights: str | Path | None,
+    slide_weights: str | Path | None,
+    mpp: float | None,
+    backend: str,
+    workers: int,
+    scheduler: str | None,
+    device: str,
+    progress: bool,
+) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
+    """(embedding by slide id, (slide path, mpp) by slide id, the slides that failed)."""
+    from wsi.files import sha256_file
+    from wsi.pipelines.embed_slides import embed_slides
+    from wsi.pipelines.predict.raw_slides import embed_raw_slides
+
+    name, sha = (
+        str(provenance.get("encoder") or ""),
+        str(provenance.get("slide_encoder_weights_sha256") or ""),
+    )
+    tile_prov = provenance.get("tile_provenance") or {}
+    if not name or not sha or not tile_prov:
+        raise ConfigError(
+            "this run's embeddings do not record how their tile features were made (STAMP's, or older "
+            "files); make the embeddings yourself and use --features DIR"
+        )
+    _check_slide_weights(name, sha, slide_weights)
+    if slide_weights is not None:
+        path = Path(slide_weights)
+        from wsi.models.slide_encoders import get_spec
+        from wsi.models.slide_encoders.base import resolve_weights_file
+
+        got = sha256_file(resolve_weights_file(path, get_spec(name), name))
+        if got != sha:
+            raise ConfigError(
+                f"--slide-weights {path} (sha256 {got[:16]}...) are not the {name} weights the head was "
+                f"trained on ({sha[:16]}...)"
+            )
+    bags, thumbs, failed = embed_raw_slides(
+        tile_prov, inputs, work, weights=weights, mpp=mpp, backend=backend, workers=workers,
+        scheduler=scheduler, device=device, progress=progress,
+    )  # fmt: skip
+    if not bags:
+        return {}, thumbs, failed
+    folder = work / "bags-for-slide-encoder"
+    folder.mkdir(parents=True, exist_ok=True)
+    for slide_id, bag in bags.items():  # one folder of exactly these bags (links, no copies)
+        link = folder / f"{slide_id}.h5"
+        link.unlink(missing_ok=True)
+        link.symlink_to(bag.resolve())
+    out_dir, results = embed_slides(
+        features=folder, encoder=name, out=work, weights=slide_weights, random_init=sha == "random",
+        device="cpu" if device == "auto" else device,
+    )  # fmt: skip
+    found: dict[str, Path] = {}
+    for r in results:
+        path = out_dir / f"{r.slide_id}.h5"
+        if r.status in ("ok", "skipped") and path.is_file():
+            found[r.slide_id] = path
+        else:
+            failed.append(JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error))
+    return found, thumbs, failed

@@ -1,0 +1,140 @@
+"""The tile stage's QuPath side: `--roi` annotations restrict the cells tiled, and qc/<slide_id>.geojson
+shows the outcome as objects QuPath imports (`wsi.qupath`).
+
+ROI rule: a candidate cell (enough tissue in the thumbnail mask) is read only when its centre lies inside
+an included region and outside every excluded one (`wsi.qupath.read`); the centre, not the majority of
+the tile, because it is one unambiguous point per tile and matches how a tile grid is drawn over a region.
+The cells left out are counted (`n_outside_roi`) and the ROI file's sha256 is stored in the tile file, so
+a changed ROI re-tiles the slide.
+
+The QC GeoJSON holds the tissue outline (an annotation classed "Tissue") and every candidate tile as a
+QuPath tile object classed by its fate (`wsi.tiling.REASON_NAMES`: kept, background, blurry, ... and any
+reason a filter adds), with its tissue fraction as a measurement; all in level-0 pixels.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from wsi.qc import FATE_RGB, OUTLINE_RGB
+from wsi.qupath import (
+    QuPathClass,
+    Roi,
+    feature,
+    feature_collection,
+    mask_polygons,
+    polygon_geometry,
+    read_roi,
+    roi_file_for,
+    tile_features,
+    write_geojson,
+)
+from wsi.tiling import REASON_NAMES, TissueGrid, tissue_fractions
+
+if TYPE_CHECKING:
+    from wsi.slide import Slide
+
+log = logging.getLogger(__name__)
+
+#: what the attributes say about the rule, for whoever reads a tile file later
+ROI_RULE = "tile centre inside an included region and outside every excluded one"
+
+
+def load_roi(roi: Path | None, slide_id: str) -> Roi | None:
+    """The slide's ROI (None without --roi); RoiError for a missing or unusable file."""
+    if roi is None:
+        return None
+    return read_roi(roi_file_for(roi, slide_id))
+
+
+def roi_digest(roi: Path | None, slide_id: str) -> str:
+    """sha256 of the slide's ROI file ("" without --roi, "missing" when it cannot be found): a finished
+    slide whose stored digest differs is tiled again."""
+    if roi is None:
+        return ""
+    from wsi.errors import RoiError
+    from wsi.files import sha256_file
+
+    try:
+        return sha256_file(roi_file_for(roi, slide_id))
+    except (RoiError, OSError):
+        return "missing"
+
+
+def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, dict[str, Any]]:
+    """The candidates whose centre the ROI holds, and the tile-file attributes that record it."""
+    if roi is None:
+        return found, {}
+    centres = found.candidate_coords.astype(np.float64) + found.grid.step_px / 2
+    keep = roi.contains(centres)
+    attrs = {
+        "roi_path": str(roi.path),
+        "roi_sha256": roi.sha256,
+        "roi_rule": ROI_RULE,
+        "n_roi_included": len(roi.include),
+        "n_roi_excluded": len(roi.exclude),
+        "n_outside_roi": int((~keep).sum()),
+    }
+    log.info("%s: %d of %d tissue cells inside", roi.describe(), int(keep.sum()), len(keep))
+    return replace(found, candidates=found.candidates[keep]), attrs
+
+
+def roi_empty(roi: Roi | None, size: tuple[int, int], attrs: dict[str, Any], n_left: int) -> str:
+    """Why a slide kept no tile when the ROI left out all its tissue cells (likely another slide's
+    ROI); "" otherwise."""
+    n_before = int(attrs.get("n_outside_roi", 0)) + n_left
+    if roi is None or n_left or not n_before:
+        return ""
+    box = roi.bounds()
+    where = (
+        ""
+        if box is None
+        else f" (its included regions span x {box[0]:.0f}-{box[2]:.0f}, y {box[1]:.0f}-{box[3]:.0f})"
+    )
+    return (
+        f"none of the {n_before} tissue cells has its centre inside the ROI {roi.path}{where} on a slide of "
+        f"{size[0]} x {size[1]} level-0 px: check that the file is this slide's QuPath export"
+    )
+
+
+def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.ndarray, slide_id: str) -> None:
+    """qc/<slide_id>.geojson: tissue outline + every candidate tile classed by its fate (level-0 px)."""
+    w0, h0 = slide.dimensions
+    features = []
+    mask = found.mask
+    if mask.any():
+        polygons = mask_polygons(mask, scale=(w0 / mask.shape[1], h0 / mask.shape[0]))
+        if polygons:
+            features.append(
+                feature(
+                    polygon_geometry(polygons),
+                    object_type="annotation",
+                    name=f"{slide_id} tissue",
+                    classification=QuPathClass.of("Tissue", OUTLINE_RGB),
+                )
+            )
+    fractions = tissue_fractions(found.grid, mask, level0_width=w0, level0_height=h0)[found.candidates]
+    classes = {int(c): _reason_class(int(c)) for c in np.unique(reasons)}
+    features += tile_features(
+        found.candidate_coords, found.grid.step_px, object_type="tile",
+        classes=[classes[int(c)] for c in reasons], measurements={"Tissue fraction": fractions},
+    )  # fmt: skip
+    counts = {classes[c].name: int((reasons == c).sum()) for c in classes}
+    props = {
+        "slide_id": slide_id, "units": "level-0 pixels", "level0_width": int(w0), "level0_height": int(h0),
+        "mpp": float(slide.mpp), "tile_size_px0": float(found.grid.step_px), "tiles": counts,
+    }  # fmt: skip
+    write_geojson(path, feature_collection(features, props))
+
+
+def _reason_class(code: int) -> QuPathClass:
+    name = REASON_NAMES.get(code, f"reason {code}")
+    return QuPathClass.of(name, FATE_RGB.get(name))
+
+
+__all__ = ["ROI_RULE", "load_roi", "restrict_to_roi", "roi_digest", "roi_empty", "write_qc_geojson"]

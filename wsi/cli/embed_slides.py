@@ -1,0 +1,84 @@
+"""`wsi embed-slides`: slide- or patient-level embeddings from bags of tile features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+
+
+@click.command(
+    "embed-slides",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  wsi embed-slides --features run/features/conch-v1.5 --encoder feather --weights /models/feather/ --out run/
+  wsi embed-slides --features run/features/ctranspath --encoder chief \\
+      --weights CHIEF_pretraining.pth --out run/
+  wsi embed-slides --features bags/ --encoder chief --weights CHIEF_pretraining.pth --out run/ \\
+      --level patient --slide-table slides.csv          # slides.csv: columns patient, slide
+  wsi embed-slides --features bags/ --encoder feather --random-init --out test/   # tests only
+  wsi train --task nsclc-subtype --features run/feather-slide --labels labels.csv --out model/
+
+\b
+Output: OUT/<encoder>-slide/<slide_id>.h5 (--level patient: OUT/<encoder>-pat/<patient_id>.h5), each
+`feats` (D,) float32 with STAMP's attributes (encoder, feat_type, precision) so STAMP's slide-level
+training reads the folder, plus provenance (slide and tile encoder, both weights sha256, tile size and
+um/px, source bags); manifest.csv lists every slide's status. Each bag is checked first: features of
+another tile encoder (or weights), tile size or resolution are refused, naming both. `wsi encoders
+--slide` lists the slide encoders, the tile encoder each needs, and where their weights come from.
+""",
+)
+@click.option(
+    "--features", required=True, type=click.Path(path_type=Path, exists=True),
+    help="Folder of tile-feature bags (wsi embed, STAMP), or one bag.",
+)  # fmt: skip
+@click.option("--encoder", required=True, help="Slide encoder name (see `wsi encoders --slide`).")
+@click.option(
+    "--weights", type=click.Path(path_type=Path), default=None,
+    help="The authors' checkpoint file, or their model folder.",
+)  # fmt: skip
+@click.option("--random-init", is_flag=True, help="No weights: random embeddings, for tests and demos only.")
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
+)
+@click.option(
+    "--level", type=click.Choice(["slide", "patient"]), default="slide", show_default=True,
+    help="One embedding per slide, or per patient (needs --slide-table).",
+)  # fmt: skip
+@click.option(
+    "--slide-table", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+    help="CSV with `patient` and `slide` columns, for --level patient.",
+)  # fmt: skip
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N, mps or auto.")
+@click.option("--overwrite", is_flag=True, help="Redo embeddings that already exist.")
+@user_errors
+def command(
+    features: Path,
+    encoder: str,
+    weights: Path | None,
+    random_init: bool,
+    out_dir: Path,
+    level: str,
+    slide_table: Path | None,
+    device: str,
+    overwrite: bool,
+) -> None:
+    """Embed each slide (or patient) with a slide-level foundation encoder."""
+    ensure_writable_dir(out_dir)
+    from wsi.pipelines.embed_slides import embed_slides
+    from wsi.pipelines.jobs import RunSummary
+
+    folder, results = embed_slides(
+        features=features, encoder=encoder, out=out_dir, weights=weights, random_init=random_init,
+        level=level, slide_table=slide_table, overwrite=overwrite, device=device,
+    )  # fmt: skip
+    summary = RunSummary.of(results)
+    line = summary.line("embed-slides", unit="tiles", noun=f"{level}s")
+    click.echo(f"wsi {line} -> {folder}", err=True)
+    for r in summary.problems[:10]:
+        click.echo(f"  {r.slide_id}: {r.error}", err=True)
+    if summary.problems:
+        raise SystemExit(EXIT_PARTIAL_FAILURE)

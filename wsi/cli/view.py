@@ -1,0 +1,79 @@
+"""`wsi view DIR`: look at a prediction, training or tiling folder's slides and overlays in the browser."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from wsi.cli._common import user_errors
+from wsi.cli._options import config_options
+from wsi.pipelines.tile.config import TileOptions
+
+log = logging.getLogger(__name__)
+
+
+@click.command(
+    "view",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  wsi view preds/                     # a `wsi predict` folder: heatmaps, top tiles, predictions
+  wsi view run/                       # a `wsi tile` folder: kept tiles, QC
+  wsi view model/ --port 8800         # a training folder: the slides of its bags
+  wsi view preds/ --host 0.0.0.0      # visible to other machines: anyone who can reach it sees the slides
+Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html links each slide there.
+""",
+)
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (local only by default)."
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one)."
+)
+@click.option("--server-threads", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
+@config_options(TileOptions, {"--backend": "backend"}, into="reading")
+@user_errors
+def command(folder: Path, host: str, port: int, server_threads: int, reading: dict[str, str]) -> None:
+    """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
+    from wsi.errors import ConfigError
+    from wsi.view import make_server
+
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder"
+        )
+    try:
+        server = make_server(folder, host=host, port=port, backend=reading["backend"], workers=server_threads)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port"
+        ) from exc
+    catalog = server.state.catalog
+    viewable = [e for e in catalog.slides.values() if e.path is not None]
+    if not viewable:
+        server.server_close()
+        reasons = [e.why_missing for e in catalog.slides.values() if e.why_missing]
+        raise ConfigError(
+            f"{folder}: no slide to show"
+            + (f" ({len(catalog.slides)} listed, none reachable; e.g. {reasons[0]})" if reasons else "")
+            + "; give a `wsi predict`, `wsi train` or `wsi tile` output folder whose slides are here"
+        )
+    if len(viewable) < len(catalog.slides):
+        log.warning("%d of %d slides are not reachable from here; the list says why",
+                    len(catalog.slides) - len(viewable), len(catalog.slides))  # fmt: skip
+    if not server.loopback_only:
+        log.warning("listening on %s: anyone who can reach this machine can see these slides", host)
+    bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    url = f"http://{shown}:{bound_port}/"
+    click.echo(f"wsi view: {len(viewable)} slide(s) of {folder} at {url} (Ctrl-C stops)", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,206 @@
+"""QuPath GeoJSON in: the annotations of a region-of-interest file, as regions that restrict tiling.
+
+Read the way QuPath reads its own exports (qupath/qupath at e7662d89ec70, qupath-core/src/main/java/
+qupath/lib/io/): a FeatureCollection, one Feature, a list of Features or a bare geometry
+(GsonTools.addPathObjects); the object type from properties "objectType" (or "object_type", "type";
+missing = annotation, QuPathTypeAdapters.parseObject); the classification as a string ("A: B" with
+PathClass.DELIMITER ":") or an object with "name" or "names". Only annotations count: detections,
+cells and tiles in the same export are skipped, as are points and lines (no area).
+
+Which regions remove tissue: QuPath's ignored classes (PathClassTools.isIgnoredClass: the class name, the
+last part of a derived class, ends with "*", e.g. "Ignore*" of PathClass.StandardPathClasses) except
+"Region*" (QuPath's class for a region to analyse), and a class named "Exclude" or "Excluded" (any
+case). Every other annotation, unclassified ones included, is a region to tile. A file with only
+excluded regions tiles the whole slide outside them.
+
+A tile is inside when its centre is inside an included region and outside every excluded one (even-odd
+over each polygon's rings: holes are outside; a MultiPolygon is the union of its polygons).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.path import Path as MplPath
+
+from wsi.errors import RoiError
+from wsi.files import sha256_file
+
+Polygon = list[np.ndarray]  # [shell, hole, ...], each (K, 2) float64 level-0 (x, y), closed
+_ANNOTATION_TYPES = frozenset({"annotation", "unknown", "PathAnnotationObject"})
+_EXCLUDE_NAMES = frozenset({"exclude", "excluded"})
+_HOW = "export the annotations from QuPath with File > Export objects as GeoJSON (level-0 pixels)"
+
+
+@dataclass(frozen=True)
+class Roi:
+    """The regions of one ROI file, in level-0 pixels."""
+
+    path: Path
+    sha256: str
+    include: list[Polygon] = field(default_factory=list)  # empty: the whole slide
+    exclude: list[Polygon] = field(default_factory=list)
+    #: features not used: other object types, points, lines (counted for the log)
+    n_skipped: int = 0
+
+    def contains(self, points: np.ndarray) -> np.ndarray:
+        """(N,) bool: (N, 2) level-0 (x, y) inside an included region and outside every excluded one."""
+        pts = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+        inside = _inside_any(self.include, pts) if self.include else np.ones(len(pts), dtype=bool)
+        if self.exclude:
+            inside &= ~_inside_any(self.exclude, pts)
+        return inside
+
+    def bounds(self) -> tuple[float, float, float, float] | None:
+        """(x_min, y_min, x_max, y_max) of the included regions, None when the whole slide is."""
+        if not self.include:
+            return None
+        shells = np.concatenate([poly[0] for poly in self.include])
+        return (*(float(v) for v in shells.min(0)), *(float(v) for v in shells.max(0)))  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        return f"{len(self.include)} included and {len(self.exclude)} excluded region(s) from {self.path}"
+
+
+def _inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
+    inside = np.zeros(len(pts), dtype=bool)
+    for poly in polygons:
+        lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
+        near = np.flatnonzero(((pts >= lo) & (pts <= hi)).all(1) & ~inside)
+        odd = np.zeros(len(near), dtype=bool)
+        for ring in poly:  # even-odd over the rings: a point in a hole is in the shell and the hole
+            odd ^= MplPath(ring, closed=True).contains_points(pts[near])
+        inside[near[odd]] = True
+    return inside
+
+
+def roi_file_for(roi: Path, slide_id: str) -> Path:
+    """The ROI file of a slide: `roi` itself, or `<roi>/<slide_id>.geojson` when `roi` is a folder.
+
+    A folder without the slide's file is an error for that slide (RoiError): tiling the whole slide
+    instead would silently ignore an annotation that was meant for it (a misspelt name, say)."""
+    if not roi.is_dir():
+        if not roi.is_file():
+            raise RoiError(f"--roi {roi} does not exist; give a QuPath GeoJSON file or a folder of them")
+        return roi
+    found = roi / f"{slide_id}.geojson"
+    if not found.is_file():
+        raise RoiError(
+            f"--roi {roi}: no {found.name} for slide {slide_id}; add it ({_HOW}), or tile this slide "
+            "in a run without --roi"
+        )
+    return found
+
+
+def read_roi(path: str | Path) -> Roi:
+    """The included and excluded regions of a QuPath GeoJSON file; RoiError naming the file and the
+    problem when it is not JSON, not GeoJSON, or holds no polygon annotation."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RoiError(f"--roi {path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise RoiError(f"--roi {path}: not a text (GeoJSON) file; {_HOW}") from None
+    except json.JSONDecodeError as exc:
+        raise RoiError(f"--roi {path}: not valid JSON ({exc.msg} at line {exc.lineno}); {_HOW}") from None
+    include: list[Polygon] = []
+    exclude: list[Polygon] = []
+    skipped = 0
+    for i, (geometry, props) in enumerate(_features(data, path)):
+        where = f"--roi {path}: feature {i}"
+        if not isinstance(props, dict):
+            raise RoiError(f"{where}: 'properties' is not an object")
+        kind = props.get("objectType", props.get("object_type", props.get("type", "annotation")))
+        polygons = _polygons(geometry, where)
+        if str(kind) not in _ANNOTATION_TYPES or not polygons:
+            skipped += 1
+            continue
+        (exclude if is_excluded(props.get("classification")) else include).extend(polygons)
+    if not include and not exclude:
+        raise RoiError(
+            f"--roi {path}: no polygon annotation found (detections, points and lines do not count)"
+        )
+    return Roi(path, sha256_file(path), include, exclude, skipped)
+
+
+def is_excluded(classification: Any) -> bool:
+    """True for a QuPath class whose region is left out of tiling (see the module docstring)."""
+    if isinstance(classification, str):
+        names = [n.strip() for n in classification.split(":")]
+    elif isinstance(classification, dict):
+        names = classification.get("names") or [classification.get("name")]
+        names = [str(n).strip() for n in names if n is not None]
+    else:
+        return False
+    if not names or not names[-1]:
+        return False
+    last = names[-1]
+    return last.lower() in _EXCLUDE_NAMES or (last.endswith("*") and last != "Region*")
+
+
+def _features(data: Any, path: Path) -> Iterator[tuple[Any, Any]]:
+    """(geometry, properties) of every feature, as GsonTools.addPathObjects walks them."""
+    if isinstance(data, list):
+        for item in data:
+            yield from _features(item, path)
+        return
+    if not isinstance(data, dict) or "type" not in data:
+        raise RoiError(f"--roi {path}: not GeoJSON (no 'type'); {_HOW}")
+    kind = data["type"]
+    if kind == "FeatureCollection":
+        features = data.get("features")
+        if not isinstance(features, list):
+            raise RoiError(f"--roi {path}: a FeatureCollection without a 'features' list")
+        for item in features:
+            yield from _features(item, path)
+    elif kind == "Feature":
+        yield data.get("geometry"), data.get("properties") or {}
+    else:  # a bare geometry: QuPath makes an annotation of it
+        yield data, {}
+
+
+def _polygons(geometry: Any, where: str) -> list[Polygon]:
+    """The polygons of a geometry (GeometryCollection members included); [] for points and lines."""
+    if geometry is None:
+        return []
+    if not isinstance(geometry, dict) or "type" not in geometry:
+        raise RoiError(f"{where}: 'geometry' is not a GeoJSON geometry")
+    kind = geometry["type"]
+    if kind == "GeometryCollection":
+        return [p for g in geometry.get("geometries") or [] for p in _polygons(g, where)]
+    if kind not in ("Polygon", "MultiPolygon"):
+        return []
+    coords = geometry.get("coordinates")
+    if not isinstance(coords, list):
+        raise RoiError(f"{where}: a {kind} without a 'coordinates' list")
+    parts = coords if kind == "MultiPolygon" else [coords]
+    return [poly for part in parts if (poly := _polygon(part, where))]
+
+
+def _polygon(rings: Any, where: str) -> Polygon:
+    if not isinstance(rings, list):
+        raise RoiError(f"{where}: a polygon is not a list of rings")
+    out = []
+    for ring in rings:
+        try:
+            xy = np.array([[float(p[0]), float(p[1])] for p in ring], dtype=np.float64)
+        except (TypeError, ValueError, IndexError):
+            raise RoiError(f"{where}: a ring's points are not [x, y] numbers") from None
+        if not all(math.isfinite(v) for v in xy.ravel()):
+            raise RoiError(f"{where}: a ring has a coordinate that is not a finite number")
+        if len(xy) and not np.array_equal(xy[0], xy[-1]):
+            xy = np.vstack([xy, xy[:1]])  # GeoJSON rings are closed; close a loose one rather than fail
+        if len(xy) < 4:
+            raise RoiError(f"{where}: a ring has fewer than 3 distinct points")
+        out.append(xy)
+    return out
+
+
+__all__ = ["Polygon", "Roi", "is_excluded", "read_roi", "roi_file_for"]

@@ -1,0 +1,133 @@
+"""DeepZoom over a slide: the `.dzi` descriptor and JPEG tiles that OpenSeadragon asks for.
+
+openslide-python's `DeepZoomGenerator` does the tile arithmetic (levels, overlap, edge tiles) for any
+object with OpenSlide's reading interface; tiffslide's `TiffSlide` has it, except that its
+`read_region` returns RGB where the generator composites an RGBA image over the background, so the
+tiffslide handle is wrapped to return RGBA. One generator per slide is made on first use and kept
+(`DeepZoomCache`); both backends read thread-safely (see `wsi.slide.open_slide`), so parallel tile
+requests share it.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wsi.errors import SlideError
+
+#: 254 + 2 x 1 overlap = 256 px tiles: the size the generator's docstring recommends for viewers
+TILE_SIZE = 254
+OVERLAP = 1
+JPEG_QUALITY = 80
+
+
+class _RgbaReads:
+    """A tiffslide handle whose `read_region` returns RGBA, as DeepZoomGenerator composites it."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Any:
+        return self._handle.read_region(location, level, size).convert("RGBA")
+
+    def __getattr__(self, name: str) -> Any:  # dimensions, levels, properties, best level, close
+        return getattr(self._handle, name)
+
+
+@dataclass
+class DeepZoomSlide:
+    """One open slide and its generator."""
+
+    path: Path
+    handle: Any
+    generator: Any
+
+    def dzi(self) -> str:
+        return str(self.generator.get_dzi("jpeg"))
+
+    def tile_jpeg(self, level: int, col: int, row: int) -> bytes:
+        """The tile's JPEG bytes; ValueError for a level or address outside the pyramid."""
+        if not 0 <= level < self.generator.level_count:
+            raise ValueError(f"no DeepZoom level {level}")
+        cols, rows = self.generator.level_tiles[level]
+        if not (0 <= col < cols and 0 <= row < rows):
+            raise ValueError(f"no tile {col}_{row} at level {level}")
+        image = self.generator.get_tile(level, (col, row))
+        buf = io.BytesIO()
+        image.convert("RGB").save(buf, format="JPEG", quality=JPEG_QUALITY)
+        return buf.getvalue()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def open_deepzoom(path: Path, backend: str) -> DeepZoomSlide:
+    """Open `path` with `backend` ("openslide" | "tiffslide") for DeepZoom; SlideError when unreadable."""
+    from openslide.deepzoom import DeepZoomGenerator
+
+    try:
+        if backend == "openslide":
+            import openslide
+
+            handle: Any = openslide.OpenSlide(path)
+            reader: Any = handle
+        else:
+            import tiffslide
+
+            handle = tiffslide.TiffSlide(path)
+            reader = _RgbaReads(handle)
+        generator = DeepZoomGenerator(reader, tile_size=TILE_SIZE, overlap=OVERLAP, limit_bounds=False)
+    except Exception as exc:  # each backend raises its own types; the page shows file + reason
+        raise SlideError(
+            f"{path}: {backend} cannot open it for viewing ({type(exc).__name__}: {exc})"
+        ) from exc
+    return DeepZoomSlide(path=path, handle=handle, generator=generator)
+
+
+class DeepZoomCache:
+    """At most `max_open` slides open at once (least recently used closed first); thread-safe.
+
+    A slide is opened under a per-slide lock, so many first requests for one slide open it once, and
+    requests for other slides are not held up meanwhile.
+    """
+
+    def __init__(self, backend: str, max_open: int = 32) -> None:
+        self.backend = backend
+        self.max_open = max_open
+        self._open: OrderedDict[Path, DeepZoomSlide] = OrderedDict()
+        self._lock = threading.Lock()
+        self._opening: dict[Path, threading.Lock] = {}
+
+    def get(self, path: Path) -> DeepZoomSlide:
+        with self._lock:
+            slide = self._open.get(path)
+            if slide is not None:
+                self._open.move_to_end(path)
+                return slide
+            gate = self._opening.setdefault(path, threading.Lock())
+        with gate:
+            with self._lock:
+                slide = self._open.get(path)
+            if slide is not None:
+                return slide
+            slide = open_deepzoom(path, self.backend)
+            with self._lock:
+                self._open[path] = slide
+                while len(self._open) > self.max_open:
+                    # a request still reading the evicted slide keeps its object alive; the handle is
+                    # closed only when nothing refers to it, by the backend's own finaliser
+                    self._open.popitem(last=False)
+        return slide
+
+    def close(self) -> None:
+        with self._lock:
+            for slide in self._open.values():
+                slide.close()
+            self._open.clear()
+
+
+__all__ = ["OVERLAP", "TILE_SIZE", "DeepZoomCache", "DeepZoomSlide", "open_deepzoom"]
