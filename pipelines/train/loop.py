@@ -6,9 +6,10 @@ and go to `model(x, **batch.model_inputs())`; the task kind (`pipelines.task_kin
 a loss (over `group_bags` bags:
 a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
 `fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
-validate, keep the best and last weights, write the log and the resume state, and stop early when
-validation stops improving. Scoring the best weights on the test split is `pipelines.train.evaluate`'s
-job.
+validate, keep the best weights, write the log, last weights and resume state (when the best epoch
+changes, every STATE_EVERY_S and at the end), and stop early when validation stops improving. Inputs
+of a small cohort are read once and held in memory (PRELOAD_BYTES). Scoring the best weights on the
+test split is `pipelines.train.evaluate`'s job.
 
 CUDA path: bf16 autocast, pinned host memory and non-blocking copies, and no host synchronisation per
 step (the loss is summed on the device and read once per epoch).
