@@ -157,15 +157,31 @@ class MILTransformer(KindModel):
         chunk = self.config.chunk_for(x.shape[1] + 1, max_tokens_per_chunk)
         if chunk and not torch.is_grad_enabled():
             return self._forward_chunked(x, mask, coords_um, chunk)
+        h = self._plain(x, mask, coords_um)  # (B, 1 + N, dim)
+        if self.pool is None:
+            return self.head(self.norm(h[:, 0]))
+        return self.readout(h[:, 1:], mask)
+
+    def _plain(self, x: Tensor, mask: Tensor | None, coords_um: Tensor | None) -> Tensor:
+        """Every token after the last block (B, 1 + N, dim), one pass (blocks recomputed in backward
+        when the bag is long and gradients are on)."""
         layout = self.layout(coords_um, mask)
         tokens, full_mask = self._tokens(x, mask, coords_um)
         ckpt = self.config.checkpoint_for(tokens.shape[1], self.training)
         neighbours = None if layout is None else layout.in_token_order()
-        h = self.transformer(tokens, full_mask, neighbours, checkpointing=ckpt)
+        return self.transformer(tokens, full_mask, neighbours, checkpointing=ckpt)
+
+    def tile_tokens(self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None) -> Tensor:
+        """The tiles' tokens after the last block (B, N, dim): what `pool: gated` pools."""
+        self._check(x, mask, coords_um)
+        return self._plain(x, mask, coords_um)[:, 1:]
+
+    def readout(self, h: Tensor, mask: Tensor | None = None) -> Tensor:
+        """pool: gated. Tile tokens after the last block (B, N, dim), mask (B, N) -> logits (B, C)."""
         if self.pool is None:
-            return self.head(self.norm(h[:, 0]))
-        z, _ = self.pool(h[:, 1:], None if full_mask is None else full_mask[:, 1:])  # (B, dim)
-        return self.head(self.norm(z))  # (B, C)
+            raise ConfigError("readout pools tile tokens: this model reads its class token (pool: cls)")
+        z, _ = self.pool(h, mask)  # (B, dim)
+        return self.head(self.norm(z))
 
     @torch.no_grad()
     def _forward_chunked(

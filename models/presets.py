@@ -65,8 +65,16 @@ def input_width_field(kind: str) -> str:
     return "in_dim" if "in_dim" in fields else "in_channels"
 
 
-def build_model_from_config(config: Mapping[str, Any], *, source: str = "model config") -> KindModel:
-    """Rebuild a model from `model.to_dict()` (or a preset mapping)."""
+def build_model_from_config(
+    config: Mapping[str, Any], *, source: str = "model config", saved: bool = False
+) -> KindModel:
+    """Rebuild a model from `model.to_dict()` (or a preset mapping).
+
+    `saved`: the mapping was written by an earlier wsi (a run record): a gdla model saved before
+    `gdla_block` existed had the legacy block, and is rebuilt with it so its weights load.
+    """
+    if saved and config.get("attention") == "gdla" and "gdla_block" not in config:
+        config = {**config, "gdla_block": "legacy"}
     kind = config.get("kind", "mil")
     try:
         model_cls = MODEL_KINDS.get(kind)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import torch
 from pydantic import Field
@@ -20,6 +20,7 @@ from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 from wsi.models.attention import AttentionBase, attention_options, available_attention, build_attention
 from wsi.models.chunked import run_chunked
+from wsi.models.grid_conv import MixFFN, PreMix
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
 
@@ -75,6 +76,11 @@ class TransformerConfig:
     # start lets a model fitted on few bags begin as a per-tile network and take in the bag context only
     # as far as the data supports it (docs/benchmarks.md, small-cohort MIL).
     attn_layer_scale: Annotated[float, Field(gt=0)] | None = None
+    # attention gdla only. `paper`: GDLA's block as in the paper (models.grid_conv): LayerNorm ->
+    # SiLU(DWC3x3) -> mixer, and Mix-FFN (eqs. 29-30) for the MLP; lambda, lambda' ~ N(0, 0.1) as the
+    # released code draws them. `legacy`: the block before issue 22 (LayerNorm -> mixer, plain MLP,
+    # lambda = 0.5), which model records saved without this field describe (models.presets).
+    gdla_block: Literal["paper", "legacy"] = "paper"
 
     def __post_init__(self) -> None:
         if self.attention not in available_attention():
@@ -112,6 +118,7 @@ class TransformerConfig:
             "dropout": self.dropout,
             "attention_options": dict(self.attention_options),
             "attn_layer_scale": self.attn_layer_scale,
+            "paper_block": self.attention == "gdla" and self.gdla_block == "paper",
         }
 
 
@@ -131,7 +138,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + Attn(LN(x)) (times a per-channel LayerScale when one is set), then x + MLP(LN(x))."""
+    """x + Attn(LN(x)) (times a per-channel LayerScale when one is set), then x + MLP(LN(x)).
+
+    `paper_block` (gdla): x + Attn(SiLU(DWC3x3(LN(x)))), then x + MixFFN(LN(x)) (models.grid_conv), the
+    convolutions over the token grid given by `neighbours`.
+    """
 
     def __init__(
         self,
@@ -144,14 +155,21 @@ class Block(nn.Module):
         dropout: float = 0.0,
         attention_options: dict[str, Any] | None = None,
         attn_layer_scale: float | None = None,
+        paper_block: bool = False,
     ) -> None:
         super().__init__()
         _refuse_shadowed_options(attention_options or {})
         opts = {**(attention_options or {}), "inner_dim": attn_dim, "dropout": dropout}
+        if attention == "gdla" and not paper_block:
+            opts.setdefault("lambda_init", 0.5)  # the legacy block's constant start
         self.norm1 = nn.LayerNorm(dim)
         self.attn: AttentionBase = build_attention(attention, dim, heads, **opts)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, mlp_dim, dropout)
+        ndim = int(getattr(self.attn, "grid_ndim", 2))
+        self.pre: PreMix | None = PreMix(dim, ndim) if paper_block else None
+        self.mlp: MLP | MixFFN = (
+            MixFFN(dim, mlp_dim, dropout, ndim) if paper_block else MLP(dim, mlp_dim, dropout)
+        )
         self.attn_scale = (
             None if attn_layer_scale is None else nn.Parameter(torch.full((dim,), float(attn_layer_scale)))
         )
@@ -163,10 +181,26 @@ class Block(nn.Module):
         """
         return t if self.attn_scale is None else t * self.attn_scale.to(t.dtype)
 
+    @property
+    def needs_neighbours(self) -> bool:
+        """Whether this block mixes grid neighbours (its attention's local path or its convolutions)."""
+        return self.pre is not None or self.attn.needs_neighbours
+
+    def attn_input(self, x: Tensor, mask: Tensor | None, neighbours: Tensor | None) -> Tensor:
+        """What the attention reads: LN(x), or SiLU(DWC3x3(LN(x))) in the paper's gdla block."""
+        a = self.norm1(x)
+        return a if self.pre is None else self.pre(a, mask, neighbours)
+
+    def feed_forward(self, x: Tensor, mask: Tensor | None, neighbours: Tensor | None) -> Tensor:
+        """MLP(LN(x)), or MixFFN(LN(x)) over the grid in the paper's gdla block."""
+        if isinstance(self.mlp, MixFFN):
+            return self.mlp(self.norm2(x), mask, neighbours)
+        return self.mlp(self.norm2(x))
+
     def forward(self, x: Tensor, mask: Tensor | None = None, neighbours: Tensor | None = None) -> Tensor:
         """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table (models.layout)."""
-        x = x + self.attend(self.attn(self.norm1(x), mask, neighbours=neighbours))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.attend(self.attn(self.attn_input(x, mask, neighbours), mask, neighbours=neighbours))
+        return x + self.feed_forward(x, mask, neighbours)
 
 
 class Transformer(nn.Module):
@@ -185,7 +219,7 @@ class Transformer(nn.Module):
     @property
     def needs_neighbours(self) -> bool:
         """Whether any block mixes grid neighbours (gdla's local path): callers build a table only then."""
-        return any(blk.attn.needs_neighbours for blk in self.layers())
+        return any(blk.needs_neighbours for blk in self.layers())
 
     def forward(
         self,
@@ -243,7 +277,7 @@ def decompose_cls_logits(
         h = blk(h, mask, neighbours)
     last = blocks[-1]
     terms = last.attend(
-        last.attn.query_contributions(last.norm1(h), mask, 0, neighbours=neighbours)
+        last.attn.query_contributions(last.attn_input(h, mask, neighbours), mask, 0, neighbours=neighbours)
     )  # (B, N, dim)
     terms = torch.cat([torch.zeros_like(terms[:, :1]), terms[:, 1:]], dim=1)  # class token -> base
     y = last(h, mask, neighbours)[:, 0]  # (B, dim) the class token after the last block

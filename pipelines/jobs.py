@@ -35,7 +35,7 @@ from typing import Any, Literal
 from tqdm.auto import tqdm
 
 from wsi.errors import WsiError
-from wsi.files import write_csv_atomic
+from wsi.files import disk_full_error, is_disk_full, write_csv_atomic
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,11 @@ def describe_error(exc: BaseException) -> str:
     """A one-line reason for the manifest: a WsiError's message as is, else `TypeName: message`."""
     if isinstance(exc, WsiError):
         return str(exc)
+    if is_disk_full(exc):  # a write outside the atomic writers (zarr pixels, appends): say it plainly
+        where = getattr(exc, "filename", None)
+        return str(
+            disk_full_error(Path(where).parent if where else Path.cwd(), None, str(where or "an output"))
+        )
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

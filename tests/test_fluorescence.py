@@ -69,7 +69,9 @@ def test_tissue_found_and_sharp_tiles_kept_blurred_ones_rejected(fluo, fluo_tile
     assert result.status == "ok", result.error
     m = tf.meta
     assert m["background"] == "dark" and m["background_choice"] == "auto"
-    assert m["n_tissue"] >= 40 and m["n_background"] == 0
+    # the noise-level mask (issue 20) reaches a cell or two at the tissue's dim edge, which the tile filter
+    # then rejects as mostly dark: correct, and never more than a couple
+    assert m["n_tissue"] >= 40 and m["n_background"] <= 2
     kept = {tuple(xy) for xy in tf.coords_um.tolist()}
     grid = [(i * 256.0, j * 256.0) for j in range(8) for i in range(8)]
     sharp = [c for c in grid if fluo.tissue_fraction(*c, 256) == 1 and fluo.blur_fraction(*c, 256) == 0]

@@ -1,18 +1,22 @@
-"""gdla as the paper defines it (both paths, lambda and lambda', the concatenation fuse) against a float64
-reference, on a patch grid and on a slide's sparse tile grid, with padding, chunked, and its pieces."""
+"""gdla as the paper defines it (both paths, lambda and lambda', the concatenation fuse; its block with
+the pre-mixer SiLU(DWC3x3) and the Mix-FFN of eqs. 29-30) against float64 references written from the
+paper's equations (tests/gdla_reference.py), on a patch grid and on a slide's sparse tile grid, with
+padding, chunked, and its pieces; the legacy block of older run records still loads."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from gdla_reference import ref_gdla
+from gdla_reference import ref_block, ref_gdla
 
 from wsi.errors import ConfigError
 from wsi.models.attention import build_attention
 from wsi.models.attention.local import depthwise
+from wsi.models.grid_conv import MixFFN, PreMix
 from wsi.models.layout import grid_neighbours, infer_grid_um, tile_layout
-from wsi.models.presets import build_model
+from wsi.models.presets import build_model, build_model_from_config
+from wsi.models.transformer import MLP, Block
 
 DIM, HEADS, INNER = 24, 3, 12
 
@@ -85,9 +89,14 @@ def test_padding_changes_nothing_on_a_sparse_grid() -> None:
             torch.testing.assert_close(got[i, : len(c)], want, rtol=0, atol=1e-9)
 
 
-def test_chunked_mil_equals_the_plain_pass_on_a_sparse_grid() -> None:
+@pytest.mark.parametrize("block", ["paper", "legacy"])
+def test_chunked_mil_equals_the_plain_pass_on_a_sparse_grid(block: str) -> None:
+    """The paper's block convolves the grid three times per block (pre-mixer, local path, Mix-FFN):
+    the chunked scheme's halo passes (models.chunked._grid_block) give the plain pass's logits."""
     torch.manual_seed(0)
-    m = build_model("vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48).eval()
+    m = build_model(
+        "vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48, gdla_block=block
+    ).eval()
     coords = torch.cat([_holey_slide(4)[0], _holey_slide(6)[0] + 5 * 256])[None].float()  # two pieces
     x = torch.randn(1, coords.shape[1], 20)
     perm = torch.randperm(coords.shape[1])
@@ -163,3 +172,60 @@ def test_a_padded_batch_of_slides_runs_chunked_like_each_slide_alone() -> None:
             torch.testing.assert_close(
                 m(x, mask, coords, max_tokens_per_chunk=chunk), alone, rtol=0, atol=1e-5
             )
+
+
+def _paper_block() -> Block:
+    torch.manual_seed(0)
+    blk = Block(DIM, HEADS, 20, attention="gdla", attn_dim=INNER, paper_block=True).double().eval()
+    with torch.no_grad():  # every parameter away from its init
+        for p in blk.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return blk
+
+
+@pytest.mark.parametrize("grid", ["patch", "slide"])
+def test_the_paper_block_matches_its_equations(grid: str) -> None:
+    """Figure 2 + eqs. 15-28 (mixer) + eqs. 29-30 (Mix-FFN), in float64, on a patch grid behind a class
+    token and on a slide's sparse grid (empty cells read zero)."""
+    blk = _paper_block()
+    assert isinstance(blk.pre, PreMix) and isinstance(blk.mlp, MixFFN)
+    assert blk.mlp.pwc1.weight.shape == (2 * 20, DIM) and blk.mlp.pwc2.bias is None  # eq. 29: 2 d_hidden
+    if grid == "patch":
+        x = _x(1 + 4 * 5)
+        cells = {1 + r * 5 + c: (r, c) for r in range(4) for c in range(5)}
+        table = grid_neighbours((4, 5), x.shape[1])
+    else:
+        coords, cells = _holey_slide()
+        x = _x(len(cells))
+        table = tile_layout(coords[None]).in_token_order()
+    with torch.no_grad():
+        got = blk(x, None, table)[0]
+        want = ref_block(blk, x[0], cells)
+        no_grid = ref_block(blk, x[0], None)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+    assert (want - no_grid).abs().max() > 1e-2  # the grid convolutions read the neighbours
+
+
+def test_lambda_starts_as_the_released_code_draws_it_and_legacy_keeps_its_block() -> None:
+    """lambda, lambda' ~ N(0, 0.1) (xmindflow/gdla @973d374 modules/attn/gdla.py); `gdla_block: legacy`
+    is the block before issue 22 (LayerNorm -> mixer, plain MLP, lambda = 0.5)."""
+    torch.manual_seed(0)
+    m = build_model("vit-wsi", attention="gdla", in_dim=20, dim=64, attn_dim=64, heads=4, mlp_dim=32, depth=2)
+    layers = m.transformer.layers()
+    lam = torch.cat([torch.cat([b.attn.lam, b.attn.lam_local]).flatten() for b in layers]).detach()
+    assert abs(float(lam.mean())) < 0.02 and 0.08 < float(lam.std()) < 0.12
+    assert m.to_dict()["gdla_block"] == "paper"
+    legacy = build_model(
+        "vit-wsi", attention="gdla", in_dim=20, dim=32, attn_dim=16, heads=4, mlp_dim=48, gdla_block="legacy"
+    ).eval()
+    blk = legacy.transformer.layers()[0]
+    assert blk.pre is None and isinstance(blk.mlp, MLP) and bool((blk.attn.lam == 0.5).all())
+    # a run record written before the field existed: rebuilt with the legacy block, its weights load
+    old = {k: v for k, v in legacy.to_dict().items() if k != "gdla_block"}
+    again = build_model_from_config(old, saved=True).eval()
+    again.load_state_dict(legacy.state_dict())
+    x, coords = torch.randn(1, 12, 20), _holey_slide()[0][:12][None].float()
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, coords_um=coords), legacy(x, coords_um=coords), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"pre\.dwc"):  # without `saved` it is today's block
+        build_model_from_config(old).load_state_dict(legacy.state_dict())

@@ -64,7 +64,7 @@ def _direct_path_contributions(
         for hook in hooks:
             hook.remove()
     terms = last.attn.query_contributions(
-        last.norm1(seen["h"]), seen["mask"], 0, neighbours=seen["grid"]
+        last.attn_input(seen["h"], seen["mask"], seen["grid"]), seen["mask"], 0, neighbours=seen["grid"]
     )  # (B, 1+N, D')
     if last.attn_scale is not None:  # LayerScale multiplies the attention term on its way to the residual
         terms = terms * last.attn_scale
@@ -320,15 +320,15 @@ def test_vit_contributions_reshape_to_the_patch_grid() -> None:
 def test_vit_contributions_sit_at_their_patch_in_the_grid(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Swapping two patches of the image swaps exactly their two cells of the contribution grid.
 
-    The position encoding is switched off so the model is equivariant to patch order (the local branch is
-    off for the same reason); a transposed or otherwise wrong patch -> token order puts the swap in other
-    cells and fails. Which patch scores highest is not a sound property of random weights, a swap is.
+    The position encoding is off so the model is equivariant to patch order (gdla: local branch off, legacy
+    block; the paper's convolves the grid); a transposed or otherwise wrong patch -> token order puts the
+    swap in other cells and fails. Which patch scores highest is not a sound property of random weights.
     """
     monkeypatch.setattr(
         "wsi.models.vit.sincos_grid",
         lambda grid, dim, device=None: torch.zeros(math.prod(grid), dim, device=device),
     )
-    local_off = {"attention_options": {"local": False}} if name == "gdla" else {}  # neighbours move
+    local_off = {"attention_options": {"local": False}, "gdla_block": "legacy"} if name == "gdla" else {}
     v = build_model("vit-2d", attention=name, num_classes=3, **TINY, **local_off).eval()
     img = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
     (r1, c1), (r2, c2), p = (0, 1), (2, 3), 16  # grid 3 x 5: rows and columns are not interchangeable

@@ -82,13 +82,13 @@ def _check_report(folder: Path, by_set: dict[str, dict], csvs: set[str]) -> _Pag
         assert data[:8] == PNG
         with Image.open(io.BytesIO(data)) as img:
             img.verify()
-    table = {tuple(r[:3]): r[3:] for r in page.rows if len(r) == 6}
+    table = {tuple(r[:3]): r[3:] for r in page.rows if len(r) == 7}
     expected = metric_rows(by_set)
     assert expected
-    for set_name, target, metric, value, lo, hi in expected:
+    for set_name, target, metric, value, lo, hi, why in expected:
         shown = table[(set_name, target, metric)]
         assert shown[0] == fmt_value(value), (set_name, target, metric)
-        assert shown[1:] == [fmt_value(v) if v is not None else "" for v in (lo, hi)]
+        assert shown[1:] == [*(fmt_value(v) if v is not None else "" for v in (lo, hi)), why]
     with (folder / "report" / "metrics.csv").open(newline="") as fh:
         assert len(list(csv.DictReader(fh))) == len(expected)
     assert csvs <= {p.name for p in (folder / "report").iterdir()}

@@ -17,7 +17,8 @@ def test_folder_search_finds_every_slide_format_but_dicom(tmp_path: Path) -> Non
     (tmp_path / "notes.txt").write_text("not a slide")
     found = {p.path.suffix.lower() for p in find_slides([tmp_path])}
     assert found == set(FOLDER_SLIDE_SUFFIXES)
-    # the three lists that used to disagree: Sakura and Zeiss are slides, DICOM is left to CSV lists
+    # the three lists that used to disagree: Sakura and Zeiss are slides; a .dcm counts only as part of a
+    # whole-slide series (wsi.dicom_series), which these empty files are not
     assert {".svslide", ".czi"} <= found and ".dcm" not in found
 
 

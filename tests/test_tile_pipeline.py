@@ -338,9 +338,12 @@ def _write_previous_version_tile_file(
 def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path) -> None:
     """Resume across the config change: a finished tile file written by the previous code, with the same
     settings, is skipped as done (not recomputed); other settings still recompute it. The previous
-    string plus the artifact filters' settings (a field added since, on purpose: see below) is today's."""
+    string plus the artifact filters' settings and the dark-noise level (fields added since, on purpose:
+    see below) is today's."""
     artifacts = {"artifacts": TileParams().artifacts.to_dict()}
-    same = json.dumps(json.loads(_PREVIOUS_DEFAULT_PARAMS) | artifacts, sort_keys=True)
+    previous = json.loads(_PREVIOUS_DEFAULT_PARAMS)
+    previous["tissue"]["dark_noise_sigmas"] = 4.0  # issue 20: the dark slides' noise level, added since
+    same = json.dumps(previous | artifacts, sort_keys=True)
     assert json.loads(same) == TileParams().to_dict()  # same keys, same values
     paths = output_paths(tmp_path, "scene")
     coords = np.array([[512, 512], [1024, 512], [512, 1024]])

@@ -58,7 +58,10 @@ def test_each_attention_variant_learns_separable_bags(cohort, tmp_path: Path, at
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["split"] == "test" and metrics["auroc"] >= 0.9
     lo, hi = metrics["auroc_ci95"]
-    assert lo <= metrics["auroc"] <= hi
+    if "auroc_ci95" in metrics.get("not_estimable", {}):  # a small test split: no interval, said why
+        assert lo is None and "too few cases per class" in metrics["not_estimable"]["auroc_ci95"]
+    else:
+        assert lo <= metrics["auroc"] <= hi
     assert np.array(metrics["confusion_matrix"]).sum() == metrics["n"]
     assert (run / "roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((run / "config.json").read_text())

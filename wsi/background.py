@@ -65,6 +65,9 @@ class Background:
     #: they say whether a slide taken as light might be a dark one after all (`looks_dark_maybe`)
     glass_fraction: float = 1.0
     median_brightness: float = 255.0
+    #: dark slides: a tile pixel brighter than this is signal (`wsi.dark_noise.tile_signal_level`); None:
+    #: 255 - white_level, the level of a well exposed slide
+    signal_level: int | None = None
 
     @property
     def dark(self) -> bool:

@@ -47,5 +47,9 @@ class SlideIdError(WsiError, ValueError):
     """A slide id cannot be made into a usable file name, or collides with another slide's."""
 
 
+class DiskFullError(WsiError, OSError):
+    """An output could not be written: no space (or quota) left on its file system."""
+
+
 class RoiError(WsiError):
     """A region-of-interest file (QuPath GeoJSON) is missing, not GeoJSON, or holds no usable region."""

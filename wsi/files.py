@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import SlideIdError
+from wsi.errors import DiskFullError, SlideIdError
 from wsi.suffixes import NAMED_ONLY_SUFFIXES
 
 _TMP_MARK = ".tmp-"
@@ -40,11 +41,62 @@ def is_temp_name(path: Path) -> bool:
     return path.name.startswith(".") and _TMP_MARK in path.name
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "errno = 28", "errno = 122")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the file system is full: an OSError's errno, or the text HDF5 (h5py), zarr and
+    safetensors put in their own exceptions."""
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return True
+    return any(text in str(exc) for text in _FULL_TEXT)
+
+
+def disk_full_error(folder: Path, needed: int | None, what: str, *, at_least: bool = False) -> DiskFullError:
+    """'no space left on FOLDER (F MB free) for WHAT, needs about N MB; ...' (the one wording)."""
+    try:
+        free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    need = ""
+    if needed:
+        need = f", needs {'more than' if at_least else 'about'} {max(needed / 1e6, 0.1):.1f} MB"
+    return DiskFullError(
+        f"no space left on {folder} ({free}) for {what}{need}: free some space there or choose another "
+        "output folder, then run the command again (finished work is kept)"
+    )
+
+
+def ensure_space(folder: str | os.PathLike[str], needed: int, what: str) -> None:
+    """Refuse before writing `needed` bytes into `folder` when its file system has not that much free
+    (plus 1 MB): a write into a full disk through a memory map dies of SIGBUS, not an exception."""
+    folder = Path(folder).absolute()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return
+    if free < needed + (1 << 20):
+        raise disk_full_error(folder, needed, what)
+
+
+def _bytes_in(path: Path) -> int:
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size if path.exists() else 0
+    except OSError:
+        return 0
+
+
 @contextmanager
-def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(final: str | os.PathLike[str], *, expected_bytes: int | None = None) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces `final` (file or folder) in one rename.
 
-    On an exception the temporary output is removed and `final` is left as it was.
+    On an exception the temporary output is removed and `final` is left as it was; a full disk becomes a
+    DiskFullError naming the folder and what the output needs (`expected_bytes`, else at least what was
+    written before the disk filled).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +105,12 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         _honour_umask(tmp)
         replace_path(tmp, final)
+    except Exception as exc:
+        if isinstance(exc, DiskFullError) or not is_disk_full(exc):
+            raise
+        written = _bytes_in(tmp)
+        needed = max(expected_bytes or 0, written)
+        raise disk_full_error(final.parent, needed, final.name, at_least=not expected_bytes) from None
     finally:
         if tmp.exists() or tmp.is_symlink():
             if tmp.is_dir():

@@ -61,6 +61,12 @@ FATE_RGB: dict[str, tuple[int, int, int]] = {
     "blurry": BLURRY_RGB,
     "unreadable": UNREADABLE_RGB,
     **ARTIFACT_RGB,
+    # tiles an artifact segmentation network rejected (`wsi.pipelines.tile.segment`), by GrandQC's classes
+    "artifact: fold": (255, 140, 0),
+    "artifact: dark_spot": (40, 40, 40),
+    "artifact: pen": (0, 190, 190),
+    "artifact: edge_bubble": (150, 90, 30),
+    "artifact: out_of_focus": (120, 60, 200),
     "kept": KEPT_RGB,
 }
 #: the long side of the map, pixels: legible on a screen and in a report (smaller slides: their own size)
@@ -103,6 +109,7 @@ def tile_qc_image(
     params: TileParams,
     picture: Thumbnail | None = None,
     unreadable: Sequence[UnreadableRegion] = (),
+    extra_fates: Mapping[str, int] | None = None,
 ) -> np.ndarray:
     """The tile stage's QC picture of one slide: the slide at `qc_size` (QC_LONG_SIDE_PX on its long
     side, its own size where smaller), each candidate tile coloured by its reason code in `reasons`
@@ -111,11 +118,13 @@ def tile_qc_image(
 
     picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
     unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
-    legend with the thumbnail's."""
+    legend with the thumbnail's. extra_fates: more reason codes by name (a key of FATE_RGB), e.g. the
+    artifact network's ("artifact: pen")."""
     w0, h0 = slide.dimensions
     thumb, unknown = _qc_thumbnail(found, picture, qc_size((w0, h0)))
     coords = found.candidate_coords
     fates = {name: code for code, name in REASON_NAMES.items()}
+    fates.update(extra_fates or {})
     counts = {name: int((reasons == code).sum()) for name, code in fates.items()}
     counts["outside tissue"] = len(found.grid) - len(found.candidates)
     regions = distinct_regions(found.unreadable, picture.unreadable if picture else (), unreadable)
@@ -222,6 +231,9 @@ def _legend_items(counts: Mapping[str, int]) -> list[_Item]:
     items: list[_Item] = []
     for fate in ("kept", "background", "blurry", "unreadable", *ARTIFACT_RGB):
         items.append((f"{fate} {counts.get(fate, 0):,}", FATE_RGB[fate]))
+    for fate, n in counts.items():
+        if fate.startswith("artifact: ") and fate in FATE_RGB:
+            items.append((f"{fate} {n:,}", FATE_RGB[fate]))
     items.append((f"outside tissue {counts.get('outside tissue', 0):,} (not drawn)", None))
     items.append(("tissue outline", OUTLINE_RGB))
     if counts.get(UNKNOWN_KEY):

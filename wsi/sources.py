@@ -18,9 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
-from wsi.suffixes import FOLDER_SLIDE_SUFFIXES
+from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ def _source(name: str, path: Path, mpp: float | None = None, where: str = "") ->
 
 def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
     """Slide records for PATHs: slide files, folders (searched recursively for the suffixes in
-    `wsi.suffixes.FOLDER_SLIDE_SUFFIXES`) and CSV slide lists."""
+    `wsi.suffixes.FOLDER_SLIDE_SUFFIXES`, and for DICOM whole-slide series: one slide per series, named
+    after its folder) and CSV slide lists."""
     sources: list[SlideSource] = []
     for raw in paths:
         path = Path(raw).expanduser()
@@ -63,15 +65,20 @@ def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
 
 
 def _from_folder(folder: Path) -> list[SlideSource]:
-    found = sorted(
+    """Slide files under `folder`, and one slide per DICOM whole-slide series (`wsi.dicom_series`)."""
+    files = sorted(
         p
         for p in folder.rglob("*")
-        if p.suffix.lower() in FOLDER_SLIDE_SUFFIXES
+        if p.suffix.lower() in (*FOLDER_SLIDE_SUFFIXES, DICOM_SLIDE_SUFFIX)
         and not is_temp_name(p)
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
         and (p.is_file() or p.is_symlink())
     )
-    return [_source(slide_name_from_path(p), p.absolute()) for p in found]
+    found = [_source(slide_name_from_path(p), p.absolute()) for p in files if p.suffix.lower() != ".dcm"]
+    dicom = [p for p in files if p.suffix.lower() == DICOM_SLIDE_SUFFIX]
+    if dicom:
+        found += [_source(s.name, s.path.absolute()) for s in find_series(dicom)]
+    return sorted(found, key=lambda src: str(src.path))
 
 
 def _from_csv(csv_path: Path) -> list[SlideSource]:

@@ -16,8 +16,9 @@ Whole-slide images (`SLIDE_SUFFIXES`), the formats openslide 4 reads (tiffslide 
   .svslide          Sakura SVSlide (an SQLite file)
   .bif              Ventana BIF
   .czi              Zeiss CZI (openslide 4 and later; tiffslide cannot read it)
-  .dcm              DICOM WSI: one slide is a folder of .dcm files, one per level, so folder search
-                    skips them (`FOLDER_SLIDE_SUFFIXES`); list one file per slide in a CSV instead
+  .dcm              DICOM WSI: one slide is a series of .dcm files, one per level, so folder search
+                    groups them by series (`wsi.dicom_series`: one slide per series, id from its
+                    folder) instead of taking each file (`FOLDER_SLIDE_SUFFIXES` leaves them out)
 Clinical images (`IMAGE_SUFFIXES`), read by `wsi.clinical_images`:
   .png .jpg .jpeg .tif .tiff .bmp    photographs (dermoscopy, fundus) and plain TIFFs
   .dcm .dicom                         DICOM images and series (radiology)
@@ -37,7 +38,9 @@ from pathlib import Path
 SLIDE_SUFFIXES: tuple[str, ...] = (
     ".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".czi", ".dcm",
 )  # fmt: skip
-#: slide formats found when a folder is searched: DICOM is left out (many files per slide)
+#: DICOM WSI instances: found in folders as series (`wsi.dicom_series`), not file by file
+DICOM_SLIDE_SUFFIX = ".dcm"
+#: slide formats found file by file when a folder is searched: DICOM is left out (many files per slide)
 FOLDER_SLIDE_SUFFIXES: tuple[str, ...] = tuple(s for s in SLIDE_SUFFIXES if s != ".dcm")
 
 PHOTO_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")

@@ -29,7 +29,13 @@ class TissueParams:
     dark_level: int = setting(
         25, ge=0, le=255,
         help="Pixels darker than this (0-255 max channel) are ignored by Otsu (slide labels, black "
-        "borders); on a dark-background (fluorescence-like) slide, the least brightness counted as tissue.",
+        "borders).",
+    )  # fmt: skip
+    #: `wsi.dark_noise`: the background's mode plus this many times its noise
+    dark_noise_sigmas: float = setting(
+        4.0, gt=0,
+        help="Dark-background (fluorescence-like) slides: tissue is brighter than the background by more "
+        "than this many times the background's own noise.",
     )  # fmt: skip
     closing_um: float = setting(
         16.0, ge=0, help="Closing radius (um): joins nuclei and stroma of one fragment across pale gaps."

@@ -12,6 +12,7 @@ Filters run on the tile at its target resolution (tile_um / tile_px um/px), the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ import numpy as np
 
 from wsi.artifacts import CODES, ArtifactMaps, artifact_verdicts, find_artifacts, judge_tiles
 from wsi.background import Background, detect_background, looks_dark_maybe, with_signal_gain
+from wsi.dark_noise import dark_noise, tile_signal_level
 from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tile_params import TileParams
 from wsi.tissue import cell_fractions, tissue_mask
@@ -101,7 +103,12 @@ class TissueGrid:
 
 
 def find_tissue(
-    slide: Slide, params: TileParams, *, background: str = "auto", thumbnail: Thumbnail | None = None
+    slide: Slide,
+    params: TileParams,
+    *,
+    background: str = "auto",
+    thumbnail: Thumbnail | None = None,
+    mask: np.ndarray | None = None,
 ) -> TissueGrid:
     """Thumbnail -> light or dark background -> tissue mask -> physical grid -> the cells at least
     min_tissue_fraction tissue. background: "auto" (detect, `wsi.background`), "light" or "dark".
@@ -111,6 +118,7 @@ def find_tissue(
     is unknown, not background: it takes no part in telling light from dark nor in the mask's threshold
     (it is painted the background's colour), and counts as tissue for the cells' fractions, so a cell
     with a hole at the tissue edge is still tried (and its tiles counted unreadable when they fail).
+    mask: a tissue mask at the thumbnail's size found otherwise (a segmentation network), used as it is.
     """
     w0, h0 = slide.dimensions
     thumb = thumbnail if thumbnail is not None else read_thumbnail(slide, params.tissue.thumb_mpp)
@@ -120,9 +128,12 @@ def find_tissue(
     if unknown.any():
         image = image.copy()
         image[unknown] = 0 if kind.dark else 255  # as the background looks: neither tissue nor a vote
-    mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+    if mask is None:
+        mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+    elif mask.shape != image.shape[:2]:
+        raise ValueError(f"tissue mask of shape {mask.shape} for a thumbnail of {image.shape[:2]}")
     if kind.dark:
-        kind = with_signal_gain(kind, image, mask)
+        kind = with_signal_gain(with_noise_level(kind, image, mask, params), image, mask)
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
@@ -139,6 +150,20 @@ def find_tissue(
         unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable, artifacts=maps,
         region_codes=codes,
     )  # fmt: skip
+
+
+def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, params: TileParams) -> Background:
+    """A dark slide's `kind` with the tile pixels' signal level from its background noise (`wsi.dark_noise`):
+    a dim scan's tissue is not "background" to the tile filter just because it is under 255 - white_level."""
+    high = _max_rgb(thumb)
+    noise = dark_noise(high[~mask] if (~mask).any() else high, k=params.tissue.dark_noise_sigmas)
+    ceiling = 255 - params.white_level
+    tissue_level = float(np.median(high[mask])) if mask.any() else float(ceiling)
+    level = tile_signal_level(noise, tissue_level, ceiling=ceiling)
+    if level >= ceiling:
+        return kind
+    reason = f"{kind.reason}; dim: {noise.describe()}, tile pixels above {level} count as signal"
+    return dataclasses.replace(kind, signal_level=level, reason=reason)
 
 
 def _max_rgb(tiles: np.ndarray) -> np.ndarray:
@@ -202,7 +227,9 @@ def _light_inputs(tiles: np.ndarray, low: np.ndarray, white_level: int) -> tuple
     return tiles.astype(np.float32) @ _GRAY, low < white_level  # (B, P, P) each
 
 
-def _dark_inputs(high: np.ndarray, white_level: int, gain: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def _dark_inputs(
+    high: np.ndarray, white_level: int, gain: float = 1.0, signal_level: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Dark background (fluorescence-like): the brightest channel (times the slide's `gain`), and tissue
     = pixels with signal, i.e. brighter than 255 - white_level (the mirror of near-white glass).
 
@@ -211,7 +238,7 @@ def _dark_inputs(high: np.ndarray, white_level: int, gain: float = 1.0) -> tuple
     each tile to its own peak would make blurred tiles look sharp; the slide's `gain` (`wsi.background.
     signal_gain`) brightens a dimly exposed slide as a whole instead.
     """
-    fg = high > 255 - white_level  # (B, P, P)
+    fg = high > (255 - white_level if signal_level is None else signal_level)  # (B, P, P)
     gray = high.astype(np.float32)
     if gain != 1.0:
         gray *= np.float32(gain)
@@ -261,7 +288,13 @@ REASON_NAMES: dict[int, str] = {
 
 
 def classify_tiles(
-    tiles: np.ndarray, params: TileParams, *, dark: bool = False, gain: float = 1.0
+    tiles: np.ndarray,
+    params: TileParams,
+    *,
+    dark: bool = False,
+    gain: float = 1.0,
+    signal_level: int | None = None,
+    blur_reduce: int = 1,
 ) -> np.ndarray:
     """(B,) reason code (KEPT, BACKGROUND or BLURRY) for (B, P, P, 3) uint8 tiles.
 
@@ -269,14 +302,18 @@ def classify_tiles(
     (measured 1.5x faster than each filter over the whole batch). dark: a dark-background slide, where
     a background pixel is one whose brightest channel is at most 255 - white_level (near black, the
     mirror of near-white glass) and the blur test runs on the brightest channel times the slide's
-    `gain` (`_dark_inputs`).
+    `gain` (`_dark_inputs`); `signal_level` replaces 255 - white_level on a dim slide
+    (`with_noise_level`). blur_reduce: k > 1 for a scan coarser than the tiles (each tile upsampled about
+    k x): the blur test runs on k x k block means, i.e. at the scan's own resolution, where an upsampled
+    tile's smoothness is not mistaken for blur (`source_blocks`).
     """
+    level = 255 - params.white_level if signal_level is None else signal_level
     reasons = np.full(len(tiles), KEPT, dtype=np.int8)
     for start in range(0, len(tiles), _BLUR_BATCH):
         part = tiles[start : start + _BLUR_BATCH]
         if dark:
             low = _max_rgb(part)  # (b, P, P), shared by both filters
-            background = np.count_nonzero(low <= 255 - params.white_level, axis=(1, 2)) / low[0].size
+            background = np.count_nonzero(low <= level, axis=(1, 2)) / low[0].size
         else:
             low = min_rgb(part)  # (b, P, P), shared by both filters
             background = background_fraction(part, white_level=params.white_level, low=low)
@@ -287,13 +324,33 @@ def classify_tiles(
             continue
         if len(rest) < len(part):  # the common case (all left) needs no copy
             part, low = part[rest], low[rest]
+        if blur_reduce > 1:
+            part = source_blocks(part, blur_reduce)
+            low = _max_rgb(part) if dark else min_rgb(part)
         if dark:
-            gray, fg = _dark_inputs(low, params.white_level, gain)
+            gray, fg = _dark_inputs(low, params.white_level, gain, signal_level)
         else:
             gray, fg = _light_inputs(part, low, params.white_level)
         score = _block_median_variance(gray, fg, 4)
         reasons[start + rest[score < params.min_blur_variance]] = BLURRY
     return reasons
+
+
+def source_blocks(tiles: np.ndarray, k: int) -> np.ndarray:
+    """(B, P//k, P//k, 3) uint8 means of k x k blocks of (B, P, P, 3) tiles (the last P % k px dropped)."""
+    b, p = tiles.shape[:2]
+    m = p // k
+    blocks = tiles[:, : m * k, : m * k].reshape(b, m, k, m, k, 3).astype(np.float32).mean(axis=(2, 4))
+    return np.rint(blocks).astype(np.uint8)
+
+
+def blur_reduction(slide_mpp: float, target_mpp: float, tile_px: int) -> int:
+    """k for `classify_tiles(blur_reduce=)`: the whole upsampling factor of a scan coarser than the tiles
+    (1 when it is not), at most tile_px // 16 so that the blur test keeps 16 px a side."""
+    factor = slide_mpp / target_mpp
+    if factor < 1.5:
+        return 1
+    return max(1, min(round(factor), tile_px // 16))
 
 
 def judge_artifacts(

@@ -6,7 +6,8 @@ Sizes are in micrometres and converted with the thumbnail's resolution, so the r
 on the thumbnail size chosen.
 
 A dark-background (fluorescence-like) slide is the other way round: tissue is what shines, so there the
-split is on brightness (the brightest channel, Otsu, floored at `dark_level`); the cleanup is the same.
+split is on brightness: the brightest channel above the background's own noise level (`wsi.dark_noise`:
+mode + `dark_noise_sigmas` sigma), not a fixed level, so a dim TRITC scan keeps its faint tissue.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from skimage.filters import threshold_otsu
 from skimage.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 
+from wsi.dark_noise import dark_noise
 from wsi.tile_params import TissueParams
 
 
@@ -58,13 +60,10 @@ def _saturated_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
 
 
 def _bright_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
-    """Pixels with signal on a dark-background thumbnail: brightest channel above Otsu's split, and
-    above `dark_level` always (a blank dark slide yields no tissue)."""
+    """Pixels with signal on a dark-background thumbnail: brightest channel above the background's noise
+    (`wsi.dark_noise`); a blank dark slide yields only specks of noise, which `_clean` removes."""
     high = _max_rgb(rgb)
-    threshold = float(params.dark_level)
-    if high.size and int(high.max()) > int(high.min()):
-        threshold = max(threshold, float(threshold_otsu(high)))
-    return high > threshold
+    return high > dark_noise(high, k=params.dark_noise_sigmas).threshold
 
 
 def _clean(mask: np.ndarray, mpp: float, params: TissueParams) -> np.ndarray:

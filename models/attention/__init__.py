@@ -11,7 +11,8 @@ import inspect
 from collections.abc import Callable
 
 from wsi.errors import ConfigError
-from wsi.models.attention._base import ATTENTION, AttentionBase
+from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState
+from wsi.models.attention._masking import weighted
 
 _COMMON_OPTIONS = ("inner_dim", "bias", "dropout")
 
@@ -46,7 +47,9 @@ __all__ = [
     "ATTENTION",
     "LINEAR_VARIANTS",
     "AttentionBase",
+    "StreamState",
     "attention_options",
     "available_attention",
     "build_attention",
+    "weighted",
 ]

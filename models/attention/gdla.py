@@ -47,7 +47,7 @@ class GDLAttention(AttentionBase):
         dim: int,
         heads: int,
         *,
-        lambda_init: float = 0.5,
+        lambda_init: float | None = None,
         local: bool = True,
         grid_ndim: int = 2,
         eps: float = 1e-6,
@@ -62,16 +62,24 @@ class GDLAttention(AttentionBase):
         self.eps, self.grid_ndim, self.local = float(eps), grid_ndim, bool(local)
         self.needs_neighbours = self.local
         self.to_gate = nn.Linear(dim, d)
-        self.lam = nn.Parameter(torch.full((heads, self.head_dim), float(lambda_init)))
+        self.lam = nn.Parameter(self._lambda_start(heads, lambda_init))
         self.rms_weight = nn.Parameter(torch.ones(self.head_dim))  # shared by heads and both paths
         if self.local:
             taps = len(OFFSETS[grid_ndim])
             bound = 1.0 / math.sqrt(taps)  # nn.Conv2d's default init for a depthwise kernel
-            self.lam_local = nn.Parameter(torch.full((heads, self.head_dim), float(lambda_init)))
+            self.lam_local = nn.Parameter(self._lambda_start(heads, lambda_init))
             self.dwc_weight = nn.Parameter(torch.empty(wide, taps).uniform_(-bound, bound))  # (4D, T)
             self.dwc_bias = nn.Parameter(torch.empty(wide).uniform_(-bound, bound))
             self.pwc = nn.Linear(wide, wide)
             self.to_out = nn.Linear(2 * d, dim)  # the concatenation fuse: [Y_global; Y_local] -> D'
+
+    def _lambda_start(self, heads: int, value: float | None) -> Tensor:
+        """lambda (heads, head width): N(0, 0.1) as the released code draws lambda_scale_main/_aux
+        (github.com/xmindflow/gdla @973d374, modules/attn/gdla.py; the paper gives no start), or the
+        constant `value` (the legacy block: 0.5)."""
+        if value is None:
+            return torch.zeros(heads, self.head_dim).normal_(mean=0.0, std=0.1)
+        return torch.full((heads, self.head_dim), float(value))
 
     # --- pieces --------------------------------------------------------------------------------------
     def _project(self, x: Tensor) -> Tensor:

@@ -5,6 +5,8 @@
   does a tile file whose id differs only by case from a bag already in the folder.
 - `other_slide(job, overwrite=)`: a bag of this id made from another slide file than the one now being
   embedded is refused without --overwrite (naming both files), never silently replaced or skipped.
+- `other_encoder(bag, name, encoder_id, overwrite=)`: a bag made by another encoder under the same id (a
+  recipe YAML named like a packaged encoder) is refused without --overwrite, never silently replaced.
 - `bad_tiles(results, bag_folder)`: per slide, the tiles left out of its bag because they could not be read.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from wsi.bags import read_bag_attrs
 from wsi.errors import WsiError
 from wsi.files import case_collisions, is_temp_name
+from wsi.models.encoders.recipe import is_recipe_path
 from wsi.pipelines.embed.engine import SlideJob
 from wsi.pipelines.jobs import JobResult
 from wsi.suffixes import BAG_SUFFIX
@@ -49,6 +52,35 @@ def refuse_case_clashes(files: Sequence[Path], bag_folder: Path) -> dict[Path, s
                 "they would be one file: give the slide another slide_id, or use another --out"
             )
     return refused
+
+
+def other_encoder(bag: Path, name: str, encoder_id: str, *, overwrite: bool) -> str:
+    """Why the bag at `bag` must not be replaced by encoder `name` ("" when nothing is in the way): it holds
+    features of another encoder under the same id (an encoder YAML named like a packaged encoder, say).
+    Another weights file of the same encoder is a new version of its bags, redone as before."""
+    if overwrite or not bag.is_file():
+        return ""
+    try:
+        made = str(read_bag_attrs(bag).get("encoder") or "")
+    except WsiError:
+        return ""  # unreadable: it is redone, nothing of value is replaced
+    if not made or made == name or _same_recipe(made, name):
+        return ""
+    return (
+        f"{bag} holds features of encoder {made!r}; encoder {name!r} has the same id {encoder_id!r} and "
+        "would "
+        "replace them: give the encoder another name (a recipe's file name is its id) or --overwrite to "
+        "replace them"
+    )
+
+
+def _same_recipe(a: str, b: str) -> bool:
+    if not (is_recipe_path(a) and is_recipe_path(b)):
+        return False
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
 
 
 def other_slide(job: SlideJob, *, overwrite: bool) -> str:

@@ -29,7 +29,7 @@ from wsi.errors import WsiError
 from wsi.models.encoders import Encoder
 from wsi.models.stain import StainReference
 from wsi.pipelines.embed.batches import slide_tiles_from_tile_file
-from wsi.pipelines.embed.checks import other_slide, refuse_case_clashes
+from wsi.pipelines.embed.checks import other_encoder, other_slide, refuse_case_clashes
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
@@ -103,7 +103,9 @@ def _decide(
     st = job.tiles
     if st.n == 0:
         return JobResult(st.slide_id, st.slide_path, "empty", error=f"tiling kept no tile: {empty_reason}")
-    clash = other_slide(job, overwrite=options.overwrite)
+    clash = other_slide(job, overwrite=options.overwrite) or other_encoder(
+        job.bag_path, enc.name, enc.encoder_id, overwrite=options.overwrite
+    )
     if clash:  # another slide's bag under this id: never silently replaced, nor skipped as done
         return refused_row(st.slide_id, st.slide_path, clash)
     why = stale(job, enc, options.dtype, stain)

@@ -43,6 +43,7 @@ from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 from wsi.models.encoders import Encoder, encoder_id_for
 from wsi.models.stain import StainReference
+from wsi.output_lock import output_lock
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
 from wsi.pipelines.embed.config import EmbedOptions
@@ -124,6 +125,20 @@ def embed_tiles(
 ) -> list[JobResult]:
     """Embed every tile file under `tiles_dir` with every encoder of `options`; write the bags and one
     `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder, slides in file order."""
+    with output_lock(out_dir):
+        return _embed_tiles_locked(tiles_dir, out_dir, options, slide_ids, workers, scheduler, progress, gpus)
+
+
+def _embed_tiles_locked(
+    tiles_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    options: EmbedOptions,
+    slide_ids: Sequence[str] | None,
+    workers: int,
+    scheduler: str | None,
+    progress: bool,
+    gpus: Gpus | None,
+) -> list[JobResult]:
     start = time.perf_counter()
     devices = check_gpus(gpus, options, workers, scheduler)
     files = find_tile_files(tiles_dir)
@@ -238,9 +253,38 @@ def embed_slides(
     A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed row
     here too, with the tile stage's reason, and one whose tiling kept no tile an `empty` row ("tiling kept
     no tile: <why>"); `options.overwrite` redoes the tiles as well. `workers` is the tile stage's too."""
+    check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
+    with output_lock(out_dir):  # held across both stages (the tile stage's own lock nests)
+        return _embed_slides_locked(
+            sources,
+            out_dir,
+            options,
+            tile_params,
+            backend,
+            mpp,
+            workers,
+            scheduler,
+            save_tiles,
+            progress,
+            gpus,
+        )
+
+
+def _embed_slides_locked(
+    sources: Sequence[Any],
+    out_dir: str | os.PathLike[str],
+    options: EmbedOptions,
+    tile_params: Any,
+    backend: str,
+    mpp: float | None,
+    workers: int,
+    scheduler: str | None,
+    save_tiles: bool,
+    progress: bool,
+    gpus: Gpus | None,
+) -> list[JobResult]:
     from wsi.pipelines.tile.stage import tile_slides
 
-    check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
     tiled = tile_slides(
         sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
         scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite,

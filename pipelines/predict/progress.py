@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wsi.files import sha256_file
+from wsi.errors import ConfigError
+from wsi.files import disk_full_error, is_disk_full, sha256_file
 from wsi.pipelines.inputs import Item
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ class Finished:
     top_rows: list[list[Any]] = field(default_factory=list)  # its top_tiles/index.csv rows
     top_skipped: list[list[str]] = field(default_factory=list)  # its top_tiles/skipped.csv rows
     note: str = ""  # what was not made for it, and why (the manifest's `note`)
+    model: str = ""  # the model digest it was predicted with ("" from versions before it was recorded)
+    model_dir: str = ""  # the run folder it was predicted with (named when another model is refused)
+    patient: str = ""  # its patient (slide-level runs), for patient means over every recorded slide
 
 
 class Progress:
@@ -89,6 +93,33 @@ class Progress:
         elif self.path.is_file():
             self.done = {f.key: f for f in _read(self.path)}
 
+    def check_model(self, model: str, model_dir: Path, predictions: Path) -> None:
+        """Refuse to mix models in one folder: predictions.csv holds one model's rows, so a run with another
+        model (or a predictions.csv this record does not explain) needs another --out or --overwrite."""
+        others = [f for f in self.done.values() if f.model != model]
+        if others:
+            names = sorted({f.model_dir or "a model not recorded (an earlier wsi version)" for f in others})
+            raise ConfigError(
+                f"{self.out_dir} holds predictions of {len(others)} case(s) made with another model "
+                f"({'; '.join(names)[:300]}); predicting with {model_dir} would replace them in "
+                f"{predictions.name}: choose another --out, or give --overwrite to replace them"
+            )
+        if not self.done and _has_rows(predictions):  # a header alone: a run whose every case failed
+            raise ConfigError(
+                f"{predictions} exists but {self.path.name} does not say how it was made; choose another "
+                "--out, or give --overwrite to replace it"
+            )
+
+    def earlier(self, model: str, exclude: set[str]) -> list[Finished]:
+        """The latest recorded result of each case of this model not in `exclude` (cases of earlier calls
+        into this folder, e.g. with other --features: kept in predictions.csv, merged by case)."""
+        latest: dict[str, Finished] = {}
+        for found in self.done.values():  # in file order: a later line of a case wins
+            if found.model == model and found.case not in exclude:
+                latest.pop(found.case, None)
+                latest[found.case] = found
+        return list(latest.values())
+
     def get(self, key: str) -> Finished | None:
         """The case's recorded result when its key matches and its output files are still there."""
         found = self.done.get(key)
@@ -98,12 +129,26 @@ class Progress:
 
     def add(self, finished: Finished) -> None:
         """Append one line and push it to disk (a kill right after loses nothing)."""
-        self.done[finished.key] = finished
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(asdict(finished)) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = json.dumps(asdict(finished)) + "\n"
+        try:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.out_dir, len(line), self.path.name) from None
+            raise
+        self.done[finished.key] = finished
+
+
+def _has_rows(csv_path: Path) -> bool:
+    try:
+        with csv_path.open(encoding="utf-8", errors="replace") as fh:
+            return sum(1 for line in fh if line.strip()) > 1
+    except OSError:
+        return False
 
 
 def _read(path: Path) -> Iterable[Finished]:

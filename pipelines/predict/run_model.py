@@ -95,7 +95,7 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
     models: list[torch.nn.Module] = []
     kinds = []
     for ckpt in ckpts:
-        model = build_model_from_config(record.model, source=str(record_path(run)))
+        model = build_model_from_config(record.model, source=str(record_path(run)), saved=True)
         load_into(model, ckpt)
         models.append(model.to(dev).eval())
         kinds.append(build_kind(record.task, read_fitted(ckpt.parent)))

@@ -42,17 +42,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from wsi.config import with_settings
 from wsi.errors import ConfigError, WsiError
 from wsi.files import write_csv_atomic
+from wsi.output_lock import output_lock
 from wsi.pipelines.cases import CaseCollate, CaseDataset
-from wsi.pipelines.heatmaps import slide_heatmap, tile_values
-from wsi.pipelines.inputs import Batch, Item, with_resolution
+from wsi.pipelines.inputs import Item, with_resolution
 from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
-from wsi.pipelines.predict.config import STREAM_ABOVE_TILES, PredictOptions
+from wsi.pipelines.labels import default_patient
+from wsi.pipelines.predict.config import PredictOptions
+from wsi.pipelines.predict.explain import CaseOptions, explain_case
 from wsi.pipelines.predict.external_validation import (
     Cohort,
     aggregate_by_patient,
@@ -60,13 +61,12 @@ from wsi.pipelines.predict.external_validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
-from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
 from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
-from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
+from wsi.pipelines.predict.top_tiles import TopTiles
 from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
 
@@ -136,85 +136,94 @@ def predict(
     if labels_csv is not None and not Path(labels_csv).is_file():
         raise ConfigError(f"--labels {labels_csv} does not exist")
     out = Path(out_dir)
-    thumbs: dict[str, tuple[Path, float | None]] = {}
-    pre_failed: list[JobResult] = []
-    if features_dir is not None:
-        found = run.adapter.find([Path(features_dir)])
-    elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
-        found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
-    elif run.adapter.name != "bags":
-        found = run.adapter.find([Path(p) for p in inputs])
-    else:
-        found, thumbs, pre_failed = embed_raw_slides(
-            run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=opts.backend,
-            workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
+    with output_lock(out):  # one writer per output folder: predictions and manifest stay one record
+        if not opts.overwrite:  # before any work: another model's predictions in --out are refused
+            digest = model_digest(run.run_dir, run.checkpoints)
+            Progress(out, fresh=False).check_model(digest, run.run_dir, out / "predictions.csv")
+        thumbs: dict[str, tuple[Path, float | None]] = {}
+        pre_failed: list[JobResult] = []
+        if features_dir is not None:
+            found = run.adapter.find([Path(features_dir)])
+        elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
+            found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
+        elif run.adapter.name != "bags":
+            found = run.adapter.find([Path(p) for p in inputs])
+        else:
+            found, thumbs, pre_failed = embed_raw_slides(
+                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=opts.backend,
+                workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
+            )  # fmt: skip
+        cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
+        recorded = run.record.input  # by the rules training used: CSV column, then --mpp, then the run's
+        run.adapter = with_resolution(
+            run.adapter, mpp=mpp if mpp is not None else recorded.mpp,
+            mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
+            uses_positions=model_uses_positions(run.record.model), what="this run reads",
         )  # fmt: skip
-    cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
-    recorded = run.record.input  # by the rules training used: CSV column, then --mpp, then the run's
-    run.adapter = with_resolution(
-        run.adapter, mpp=mpp if mpp is not None else recorded.mpp,
-        mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
-        uses_positions=model_uses_positions(run.record.model), what="this run reads",
-    )  # fmt: skip
-    if found:
-        run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
-    case_options = _CaseOptions(
-        heatmaps=opts.heatmaps,
-        top_tiles=opts.top_tiles,
-        thumbs=thumbs,
-        backend=opts.backend,
-        stream_above=opts.stream_above_tiles,
-        geojson=opts.geojson,
-    )
-    rows, outputs, results, tiles = _predict_cases(
-        run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
-        overwrite=opts.overwrite,
-    )  # fmt: skip
-    results = pre_failed + results
-    csv_path = out / "predictions.csv"
-    if tiles is not None:
-        tiles.write(out / "top_tiles")
-    id_column = "patient" if task.level == "patient" else "slide"
-    ids = [r[id_column] for r in rows]
-    if task.level == "slide":
-        patients, slides, means = aggregate_by_patient(ids, outputs, cohort.patient_of)
-        if labels_csv is not None or len(patients) < len(ids):
-            write_patient_predictions(out / "patient_predictions.csv", run.kind, patients, slides, means)
-    figures = None
-    if labels_csv is not None:
-        figures = evaluate_cohort(
-            task=task, kind=run.kind, cohort=cohort, ids=ids, outputs=outputs, out_dir=out
+        if found:
+            run.adapter.check_compatible(
+                run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())]
+            )
+        case_options = CaseOptions(
+            heatmaps=opts.heatmaps,
+            top_tiles=opts.top_tiles,
+            thumbs=thumbs,
+            backend=opts.backend,
+            stream_above=opts.stream_above_tiles,
+            geojson=opts.geojson,
         )
-    summary = RunSummary.of(results, time.perf_counter() - t0)
-    noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
-    labels = {"ok": "predicted", "skipped": "already predicted"}
-    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
-    return PredictResult(out_dir=out, predictions_csv=csv_path, rows=rows, results=results, metrics=figures)
+        rows, outputs, results, tiles, earlier = _predict_cases(
+            run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
+            overwrite=opts.overwrite,
+        )  # fmt: skip
+        results = pre_failed + results
+        csv_path = out / "predictions.csv"
+        if tiles is not None:
+            tiles.write(out / "top_tiles")
+        id_column = "patient" if task.level == "patient" else "slide"
+        ids = [r[id_column] for r in rows]
+        if task.level == "slide":
+            _patient_means(out, run, ids, outputs, earlier, cohort, always=labels_csv is not None)
+        figures = None
+        if labels_csv is not None:
+            figures = evaluate_cohort(
+                task=task, kind=run.kind, cohort=cohort, ids=ids, outputs=outputs, out_dir=out
+            )
+        summary = RunSummary.of(results, time.perf_counter() - t0)
+        noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
+        labels = {"ok": "predicted", "skipped": "already predicted"}
+        log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
+        return PredictResult(out, csv_path, rows, results, figures)
 
 
-@dataclass(frozen=True)
-class _CaseOptions:
-    heatmaps: bool
-    top_tiles: int
-    thumbs: dict[str, tuple[Path, float | None]]
-    backend: str
-    stream_above: int | None = STREAM_ABOVE_TILES  # tiles; None: every bag loaded whole
-    geojson: bool = True  # geojson/<slide>.geojson (QuPath objects)
+def _patient_means(
+    out: Path, run: RunModel, ids: list[str], outputs: np.ndarray, earlier: list[Finished], cohort: Cohort,
+    *, always: bool,
+) -> None:  # fmt: skip
+    """patient_predictions.csv over every slide predictions.csv holds (earlier calls' included), when a
+    patient has several slides or `always` (a labelled cohort)."""
+    all_ids = [*(f.case for f in earlier), *ids]
+    before = np.asarray([f.output for f in earlier], dtype=np.float32).reshape(-1, outputs.shape[1])
+    patient_of = {**{f.case: f.patient or default_patient(f.case) for f in earlier}, **cohort.patient_of}
+    patients, slides, means = aggregate_by_patient(all_ids, np.concatenate([before, outputs]), patient_of)
+    if always or len(patients) < len(all_ids):
+        write_patient_predictions(out / "patient_predictions.csv", run.kind, patients, slides, means)
 
 
 def _predict_cases(
     run: RunModel,
     cases: Sequence[Item],
     out: Path,
-    options: _CaseOptions,
+    options: CaseOptions,
     *,
     progress: bool,
     pre_failed: Sequence[JobResult] = (),
     overwrite: bool = False,
-) -> tuple[list[dict[str, Any]], np.ndarray, list[JobResult], TopTiles | None]:
+) -> tuple[list[dict[str, Any]], np.ndarray, list[JobResult], TopTiles | None, list[Finished]]:
     """Each case through the model (a failure is recorded and the batch goes on), skipping cases a
     previous call finished; predictions.csv and manifest.csv are rewritten as cases finish (and when
-    interrupted). Returns (rows, (n, K) outputs of those rows, job results, top tiles)."""
+    interrupted). Returns (rows, (n, K) outputs of those rows, job results, top tiles, the recorded cases
+    of earlier calls with this model that this call did not predict)."""
     kind = run.kind
     dataset = CaseDataset(run.adapter, cases, train=False, n_targets=len(kind.target_names))
     tiles = TopTiles() if options.top_tiles and run.adapter.name == "bags" else None
@@ -225,12 +234,16 @@ def _predict_cases(
     results: list[JobResult] = []
     id_column = "patient" if run.record.task.level == "patient" else "slide"
 
-    def write() -> None:
-        _write_rows(out / "predictions.csv", rows, kind, id_column)
-        write_manifest(out / "manifest.csv", [*pre_failed, *results])
-
     done = Progress(out, fresh=overwrite)
     digest = model_digest(run.run_dir, run.checkpoints)
+    # cases of earlier calls into this folder (other --features, other slides) stay, merged by case; the
+    # manifest keeps their rows too (and drops them with --overwrite), so the two always agree
+    earlier = done.earlier(digest, {c.id for c in cases})
+
+    def write() -> None:
+        _write_rows(out / "predictions.csv", [*(f.row for f in earlier), *rows], kind, id_column)
+        write_manifest(out / "manifest.csv", [*pre_failed, *results], keep_others=not overwrite)
+
     flusher = Flusher(write)
     try:
         for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
@@ -245,13 +258,15 @@ def _predict_cases(
                         finished = _predict_streamed(run, case, key, options)
                     else:
                         finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
+                    finished.model, finished.model_dir = digest, str(run.run_dir)
+                    finished.patient = case.patient
+                    done.add(finished)  # recorded before it counts: a full disk here fails this case only
                 except Exception as exc:  # one bad slide never stops the batch
                     why = describe_error(exc)
                     log.warning("%s failed: %s", case.id, why)
                     seconds = time.perf_counter() - t0
                     results.append(JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why))
                     continue
-                done.add(finished)
                 status = "ok"
             elif tiles is not None:
                 tiles.rows.extend(finished.top_rows)
@@ -266,10 +281,10 @@ def _predict_cases(
     finally:
         flusher.now()  # what finished is on disk, also after an interruption
     stacked = np.stack(outputs) if outputs else np.zeros((0, kind.num_outputs), dtype=np.float32)
-    return rows, stacked, results, tiles
+    return rows, stacked, results, tiles, earlier
 
 
-def _settings(run: RunModel, case: Item, options: _CaseOptions, *, streamed: bool) -> dict[str, Any]:
+def _settings(run: RunModel, case: Item, options: CaseOptions, *, streamed: bool) -> dict[str, Any]:
     """What a case's result depends on besides the model and its input files (see predict_progress)."""
     mpp_for = getattr(run.adapter, "mpp_by_slide", {})
     run_mpp = getattr(run.adapter, "mpp", None)
@@ -294,7 +309,7 @@ def _predict_case(
     sample: dict[str, Any],
     key: str,
     out: Path,
-    options: _CaseOptions,
+    options: CaseOptions,
     tiles: TopTiles | None,
 ) -> Finished:
     """One case: its outputs (refused when not finite), row, heatmaps and top tiles."""
@@ -304,7 +319,7 @@ def _predict_case(
     files: list[str] = []
     top_from = (len(tiles.rows), len(tiles.skipped)) if tiles is not None else (0, 0)
     if options.heatmaps or options.geojson or tiles is not None:
-        files = _explain_case(run, case, sample, batch, output, out, options, tiles)
+        files = explain_case(run, case, sample, batch, output, out, options, tiles)
     n = int(sample["x"].shape[0]) if sample["x"].ndim == 2 else 1
     return Finished(
         key=key, case=case.id, row=row, output=[float(v) for v in output], n=n, files=files,
@@ -313,7 +328,7 @@ def _predict_case(
     )  # fmt: skip
 
 
-def _predict_streamed(run: RunModel, case: Item, key: str, options: _CaseOptions) -> Finished:
+def _predict_streamed(run: RunModel, case: Item, key: str, options: CaseOptions) -> Finished:
     """One slide's bag too long to load, read chunk by chunk (pipelines.predict_stream)."""
     output, n = streamed_outputs(run, case)
     row = _row(run, case, output)
@@ -344,88 +359,6 @@ def _row(run: RunModel, case: Item, output: np.ndarray) -> dict[str, Any]:
     row.update({c: float(v) for c, v in zip(kind.output_columns, output, strict=True)})
     row.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
     return row
-
-
-def _parts(case: Item, sample: dict[str, Any]) -> list[tuple[Item, dict[str, Any], slice]]:
-    """(slide item, its own sample with its own coordinates, its tiles' slice of the case's tokens)."""
-    if "parts" not in sample:
-        return [(case, sample, slice(None))]
-    out = []
-    for part in sample["parts"]:
-        sl = slice(part["start"], part["stop"])
-        coords = sample["coords_um"][sl].clone()
-        coords[:, 0] -= part["shift_um"]  # back to the slide's own positions
-        item = Item(id=part["id"], path=Path(part["path"]), patient=case.patient)
-        out.append((item, {"x": sample["x"][sl], "coords_um": coords}, sl))
-    return out
-
-
-def _explain_case(
-    run: RunModel,
-    case: Item,
-    sample: dict[str, Any],
-    batch: Batch,
-    output: np.ndarray,
-    out: Path,
-    options: _CaseOptions,
-    tiles: TopTiles | None,
-) -> list[str]:
-    """Heatmaps and top tiles of each slide of a case, from the case's per-tile contributions; returns
-    the heatmap files written (relative to `out`)."""
-    heatmaps, maps = run.explain(batch.x, batch.model_inputs(), output)
-    files: list[str] = []
-    for item, part_sample, sl in _parts(case, sample):
-        thumb = options.thumbs.get(item.id)
-        if options.heatmaps:
-            for suffix, values, title in heatmaps:
-                png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
-                _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
-                files.append(str(png.relative_to(out)))
-            tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
-        if options.geojson:
-            files += case_slide_geojson(run, item, batch, output, maps, sl, out, options.top_tiles)
-        if tiles is not None:
-            try:
-                export_slide(
-                    slide_id=item.id, bag_path=item.path, maps={k: v[sl] for k, v in maps.items()},
-                    k=options.top_tiles, out_dir=out / "top_tiles", slide=thumb, backend=options.backend,
-                    collected=tiles,
-                )  # fmt: skip
-            except Exception as exc:  # the prediction stands; the crops are recorded as not made
-                tiles.skipped.append((item.id, describe_error(exc)))
-    return files
-
-
-def _heatmap(
-    run: RunModel,
-    item: Item,
-    sample: dict[str, Any],
-    batch: Batch,
-    values: np.ndarray,
-    png: Path,
-    title: str,
-    thumb: tuple[Path, float | None] | None,
-    options: _CaseOptions,
-) -> None:
-    """Values (N,) over the slide when it is reachable (the raw slide predicted, or the `slide_path` a
-    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image)."""
-    if thumb is None and run.adapter.name == "bags" and "coords_um" in sample:
-        slide_path, slide_mpp, _ = recorded_slide(item.path)
-        thumb = None if slide_path is None else (slide_path, slide_mpp)
-    if thumb is not None and "coords_um" in sample:
-        from wsi.bags import read_bag_attrs
-
-        try:
-            tile_um = float(sample.get("tile_size_um") or read_bag_attrs(item.path)["tile_size_um"])
-            coords = sample["coords_um"].numpy()
-            slide_heatmap(thumb, coords, tile_um, values, png, title, options.backend)
-            return
-        except Exception as exc:  # the slide is there but unreadable: the heatmap without it
-            log.warning("%s: heatmap drawn without the slide (%s)", item.id, describe_error(exc))
-    if hasattr(run.adapter, "heatmap"):
-        grid = getattr(run.models[0], "grid_shape", None)
-        extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
-        run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
 
 
 def _write_rows(path: Path, rows: list[dict[str, Any]], kind: TaskKind, id_column: str) -> None:

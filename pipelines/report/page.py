@@ -20,10 +20,11 @@ from wsi.pipelines.report.sections import (
     regression_sections,
     survival_sections,
 )
+from wsi.pipelines.stats.estimable import NOT_ESTIMABLE
 from wsi.pipelines.task_kinds import PredictionSet, TaskKind
 
 REPORT_NAME = "report.html"
-METRIC_HEADER = ["set", "target", "metric", "value", "ci95_low", "ci95_high"]
+METRIC_HEADER = ["set", "target", "metric", "value", "ci95_low", "ci95_high", "not_estimable"]
 #: the kind's main figure, also written as its own PNG beside metrics.json (categorical: roc.png,
 #: drawn by training as it always was)
 MAIN_FIGURE = {
@@ -38,6 +39,13 @@ def metric_rows(metrics: Mapping[str, Mapping[str, Any]]) -> list[list[Any]]:
 
 
 def _flatten(figures: Mapping[str, Any], target: str) -> Iterator[list[Any]]:
+    """Rows of one set's (or target's) figures; the last cell says why a figure or its interval is not
+    estimable (pipelines.stats.estimable), "" when it is."""
+    reasons = figures.get(NOT_ESTIMABLE) or {}
+
+    def why(key: str) -> str:
+        return str(reasons.get(key) or reasons.get(f"{key}_ci95") or "")
+
     for key, value in figures.items():
         if key.endswith("_ci95"):
             continue
@@ -47,10 +55,10 @@ def _flatten(figures: Mapping[str, Any], target: str) -> Iterator[list[Any]]:
         elif key == "td_auc" and isinstance(value, list):
             for point in value:
                 lo, hi = point.get("auc_ci95") or [None, None]
-                yield [target, f"td_auc@{point['time']:.4g}", point.get("auc"), lo, hi]
+                yield [target, f"td_auc@{point['time']:.4g}", point.get("auc"), lo, hi, why("td_auc")]
         elif _is_figure(key, value):
             lo, hi = figures.get(f"{key}_ci95") or [None, None]
-            yield [target, key, value, lo, hi]
+            yield [target, key, value, lo, hi, why(key)]
 
 
 def _is_figure(key: str, value: Any) -> bool:
@@ -184,7 +192,7 @@ def render_html(
     ]
     if summary:
         parts += ["<h2>Cross-validation summary</h2>", _table(["figure", "mean", "std"], summary, "summary")]
-    header = ["set", "target", "metric", "value", "95% CI low", "95% CI high"]
+    header = ["set", "target", "metric", "value", "95% CI low", "95% CI high", "not estimable: why"]
     parts += ["<h2>Metrics</h2>", _table(header, rows, "metrics", blank_from=4)]
     for section in sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats.bootstrap import bootstrap_cis
 
 FIGURES = ("pearson_r", "spearman_rho", "r2", "mae")
@@ -62,7 +63,7 @@ def evaluate_regression(
     for name, fn in _FUNCTIONS.items():
         out[name] = fn(y, p)
         out[f"{name}_ci95"] = list(cis[name])
-    return out
+    return estimable.mark(out, estimable.regression_reasons(y, out, list(_FUNCTIONS)))
 
 
 __all__ = ["FIGURES", "evaluate_regression", "mae", "pearson_r", "r2", "spearman_rho"]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2
 
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats.bootstrap import percentile_interval, resamples
 
 #: pairs compared per block in the C-index (bounds memory at about 100 MB for any cohort size)
@@ -156,7 +157,7 @@ def evaluate_survival(
     if high is not None:
         stat, p = logrank_test(time, event, high)
         out.update({"n_high_risk": int(high.sum()), "logrank_chi2": stat, "logrank_p": p})
-    return out
+    return estimable.mark(out, estimable.survival_reasons(time, event, out["c_index"]))
 
 
 __all__ = [

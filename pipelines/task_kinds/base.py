@@ -16,6 +16,7 @@ import torch
 from wsi.errors import LabelError
 from wsi.files import write_csv_atomic
 from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.tasks import TaskConfig
 
 
@@ -158,9 +159,7 @@ class TaskKind:
 
     def summary_line(self, metrics: Mapping[str, Any]) -> str:
         """One line for the command line: the headline figure and its interval."""
-        value = metrics.get(self.headline)
-        ci = metrics.get(f"{self.headline}_ci95") or [None, None]
-        return f"{self.headline} {fmt3(value)} (95% CI {fmt3(ci[0])}-{fmt3(ci[1])})"
+        return f"{self.headline} {figure_text(metrics, self.headline)}"
 
     def target_views(self, preds: PredictionSet) -> list[TargetView]:
         """The set per categorical / continuous target (survival has none: it draws its own figures)."""
@@ -216,6 +215,12 @@ class TaskKind:
         )
 
 
+def figure_text(metrics: Mapping[str, Any], key: str) -> str:
+    """`0.812 (95% CI 0.70-0.91)`, or what is not estimable and why (pipelines.stats.estimable)."""
+    lo, hi = metrics.get(f"{key}_ci95") or [None, None]
+    return estimable.describe(metrics, key, fmt3(metrics.get(key)), f"{fmt3(lo)}-{fmt3(hi)}")
+
+
 def fmt3(value: Any) -> str:
     """A figure for a log line: 3 decimals, or n/a when undefined."""
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
@@ -260,6 +265,7 @@ __all__ = [
     "PredictionSet",
     "TargetView",
     "TaskKind",
+    "figure_text",
     "fmt3",
     "loss_over_set",
     "nanmean",

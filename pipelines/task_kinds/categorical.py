@@ -18,6 +18,7 @@ from wsi.errors import LabelError
 from wsi.pipelines.heatmaps import contribution_to_class
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.stats import classification as cls_stats
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.task_kinds import KINDS, PredictionSet, TargetView, TaskKind, fmt3, worst_if_nan
 
 
@@ -108,7 +109,8 @@ class CategoricalKind(TaskKind):
         probs = preds.outputs
         figures = cls_stats.evaluate(labels, probs, self.classes, n_bootstrap=n_bootstrap, seed=seed)
         figures.update(cls_stats.extra_figures(labels, probs, n_bootstrap=n_bootstrap, seed=seed))
-        return figures
+        ci_keys = [k for k in figures if k.endswith("_ci95")]
+        return estimable.mark(figures, estimable.classification_reasons(labels, self.classes, ci_keys))
 
     def summary_line(self, metrics: Mapping[str, Any]) -> str:
         acc, bal = metrics.get("accuracy"), metrics.get("balanced_accuracy")

@@ -22,12 +22,14 @@ from wsi.errors import LabelError
 from wsi.pipelines.heatmaps import contribution_to_class
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.stats import classification as cls_stats
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats import regression as reg_stats
 from wsi.pipelines.task_kinds import (
     KINDS,
     PredictionSet,
     TargetView,
     TaskKind,
+    figure_text,
     fmt3,
     loss_over_set,
     nanmean,
@@ -207,6 +209,8 @@ class MultiTargetKind(TaskKind):
                 labels = y.astype(np.int64)
                 figures = cls_stats.evaluate(labels, out, t.classes, n_bootstrap=n_bootstrap, seed=seed + i)
                 figures.update(cls_stats.extra_figures(labels, out, n_bootstrap=n_bootstrap, seed=seed + i))
+                ci_keys = [k for k in figures if k.endswith("_ci95")]
+                estimable.mark(figures, estimable.classification_reasons(labels, t.classes, ci_keys))
                 heads.append(figures["auroc"])
             else:
                 figures = reg_stats.evaluate_regression(y, out[:, 0], n_bootstrap=n_bootstrap, seed=seed + i)
@@ -218,11 +222,8 @@ class MultiTargetKind(TaskKind):
         parts = [f"mean score {fmt3(metrics.get('score'))}"]
         for column, f in (metrics.get("targets") or {}).items():
             figure = "auroc" if f.get("type") == "categorical" else "pearson_r"
-            lo, hi = f.get(f"{figure}_ci95") or [None, None]
             name = "AUROC" if figure == "auroc" else "Pearson r"
-            parts.append(
-                f"{column}: {name} {fmt3(f.get(figure))} (95% CI {fmt3(lo)}-{fmt3(hi)}, n={f.get('n')})"
-            )
+            parts.append(f"{column}: {name} {figure_text(f, figure)} on n={f.get('n')}")
         return "; ".join(parts)
 
     def target_views(self, preds: PredictionSet) -> list[TargetView]:

@@ -18,12 +18,14 @@ import torch
 
 from wsi.errors import LabelError
 from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats import regression as reg_stats
 from wsi.pipelines.task_kinds import (
     KINDS,
     PredictionSet,
     TargetView,
     TaskKind,
+    figure_text,
     fmt3,
     loss_over_set,
     nanmean,
@@ -163,13 +165,14 @@ class RegressionKind(TaskKind):
             out[figure] = nanmean([f[figure] for f in per_target.values()])
             if len(self.columns) == 1:
                 out[f"{figure}_ci95"] = per_target[self.columns[0]][f"{figure}_ci95"]
+        if len(self.columns) == 1 and estimable.NOT_ESTIMABLE in per_target[self.columns[0]]:
+            out[estimable.NOT_ESTIMABLE] = per_target[self.columns[0]][estimable.NOT_ESTIMABLE]
         return out
 
     def summary_line(self, metrics: Mapping[str, Any]) -> str:
         parts = []
         for c, f in (metrics.get("targets") or {}).items():
-            lo, hi = f.get("pearson_r_ci95") or [None, None]
-            parts.append(f"{c}: Pearson r {fmt3(f.get('pearson_r'))} (95% CI {fmt3(lo)}-{fmt3(hi)}), "
+            parts.append(f"{c}: Pearson r {figure_text(f, 'pearson_r')}, "
                          f"R^2 {fmt3(f.get('r2'))}, MAE {fmt3(f.get('mae'))}")  # fmt: skip
         return "; ".join(parts)
 

@@ -24,7 +24,7 @@ from wsi.pipelines.task_kinds import (
     KINDS,
     PredictionSet,
     TaskKind,
-    fmt3,
+    figure_text,
     loss_over_set,
     parse_number,
     worst_if_nan,
@@ -152,8 +152,7 @@ class SurvivalKind(TaskKind):
         return {**figures, "time_unit": self.options.time_unit}
 
     def summary_line(self, metrics: Mapping[str, Any]) -> str:
-        lo, hi = metrics.get("c_index_ci95") or [None, None]
-        line = f"C-index {fmt3(metrics.get('c_index'))} (95% CI {fmt3(lo)}-{fmt3(hi)})"
+        line = f"C-index {figure_text(metrics, 'c_index')}"
         if metrics.get("logrank_p") is not None:
             line += f", log-rank p {metrics['logrank_p']:.3g} (split at the training median risk)"
         return line

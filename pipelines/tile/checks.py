@@ -196,7 +196,8 @@ def _why_empty(
     if counts.n_tissue == 0:
         if not tissue_found:
             what = (
-                f"nothing brighter than its dark background (above {params.tissue.dark_level})"
+                "nothing brighter than its dark background's noise (by "
+                f"{params.tissue.dark_noise_sigmas:g} sigma)"
                 if dark
                 else f"no pixel more saturated than --min-saturation {params.tissue.min_saturation:g}"
             )
@@ -299,15 +300,3 @@ def check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file
     if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
         raise SlideIdError(same_id_message(source, meta, tile_file))
     log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
-
-
-def metadata_mpp(path: Path, backend: str) -> float | None:
-    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
-    mpp in use)."""
-    from wsi.slide import open_slide
-
-    try:
-        with open_slide(path, backend=backend) as slide:
-            return slide.mpp
-    except SlideError:
-        return None

@@ -21,7 +21,10 @@ class TileOptions:
 
     backend: Backend = setting("openslide", help="Slide reader.")
     mpp: float | None = setting(
-        None, gt=0, help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins)."
+        None,
+        gt=0,
+        help="Level-0 um/px for slides whose metadata has none (a CSV `mpp` column wins; a slide's metadata "
+        "wins over --mpp, and the log says so, unless --mpp-override).",
     )
     workers: int = setting(1, ge=1, help="Slides processed in parallel (local dask worker processes).")
     scheduler: str | None = setting(
@@ -35,6 +38,11 @@ class TileOptions:
         False,
         help="Redo slides whose output is already complete (also replaces another slide's tiles of the "
         "same id).",
+    )
+    mpp_override: bool = setting(
+        False,
+        help="Use --mpp for every slide, also those whose metadata has an mpp (a CSV mpp column still "
+        "wins). Without it the metadata wins and the log says so.",
     )
     #: not a TileParams field: it describes the slide, like its mpp
     background: BackgroundChoice = setting(

@@ -65,15 +65,20 @@ def classified_chunks(
     gain: float = 1.0,
     probe: FileTileProbe | None = None,
     region_codes: np.ndarray | None = None,
+    signal_level: int | None = None,
+    blur_reduce: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
     dark-background slide and its signal gain (`wsi.tiling.classify_tiles`); probe: locates the bad
     stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
     code of each tile's thumbnail regions (`wsi.tiling.TissueGrid.region_codes`; None: no artifact
-    filter runs), judged with the tile's own pixels (`wsi.tiling.judge_artifacts`)."""
+    filter runs), judged with the tile's own pixels (`wsi.tiling.judge_artifacts`); signal_level: a dim
+    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur_reduction`)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
-        reasons = classify_tiles(tiles, params, dark=dark, gain=gain)
+        reasons = classify_tiles(
+            tiles, params, dark=dark, gain=gain, signal_level=signal_level, blur_reduce=blur_reduce
+        )
         if region_codes is not None:
             reasons = judge_artifacts(tiles, reasons, region_codes[start : start + len(tiles)], params)
         reasons[bad] = UNREADABLE

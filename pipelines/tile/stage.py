@@ -30,8 +30,8 @@ tile file in --out came from another slide file is refused without --overwrite, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import logging
 import os
 import shutil
@@ -42,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-import wsi
 from wsi.config import with_settings
-from wsi.errors import MissingMppError
+from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
@@ -56,42 +55,45 @@ from wsi.pipelines.tile.checks import (
     damage_note,
     explain_empty,
     file_damage,
-    ignored_fallback_mpp,
-    metadata_mpp,
-    mpp_disagreement,
     refuse_id_clashes,
 )
 from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
+from wsi.pipelines.tile.output import pixel_writer, tile_file_attrs
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
+from wsi.pipelines.tile.segment import (
+    SegmentationOptions,
+    artifact_reason_names,
+    artifact_verdicts,
+    model_tissue_mask,
+    same_models,
+    segmentation_attrs,
+    segmenters,
+)
+from wsi.pipelines.tile.yield_notes import artifact_empty, low_yield_note, upsampling_note
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import Roi
-from wsi.slide import Slide, open_slide
+from wsi.slide import Slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
 from wsi.tiff_tiles import FileDamage, FileTileProbe
 from wsi.tile_file import (
     TileFile,
-    TilePixelWriter,
     is_complete,
     pixels_complete,
     read_tile_file,
     write_tile_file,
 )
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, TileCounts, TissueGrid, find_tissue
+from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TileJob",
-    "TileOutputs",
-    "default_threads",
-    "output_paths",
-    "read_tile_chunks",
-    "tile_slide",
+    "TileJob", "TileOutputs", "default_threads", "output_paths", "read_tile_chunks", "tile_slide",
     "tile_slides",
-]
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ class TileJob:
     background: str = "auto"
     #: QuPath GeoJSON annotations restricting the tiles: one file, or a folder of <slide_id>.geojson
     roi: Path | None = None
+    #: use fallback_mpp (--mpp) for slides whose metadata has an mpp too (--mpp-override)
+    mpp_override: bool = False
+    #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
+    segmentation: SegmentationOptions | None = None
 
 
 def tile_slides(
@@ -136,6 +142,7 @@ def tile_slides(
     out_dir: str | os.PathLike[str],
     params: TileParams | None = None,
     options: TileOptions | None = None,
+    segmentation: SegmentationOptions | None = None,
     **settings: Any,
 ) -> list[JobResult]:
     """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
@@ -147,28 +154,29 @@ def tile_slides(
     """
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
-        out_dir=Path(out_dir).absolute(),
-        params=params or TileParams(),
-        backend=opts.backend,
-        fallback_mpp=opts.mpp,
-        save_tiles=opts.save_tiles,
-        overwrite=opts.overwrite,
-        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        out_dir=Path(out_dir).absolute(), params=params or TileParams(), backend=opts.backend,
+        fallback_mpp=opts.mpp, save_tiles=opts.save_tiles, overwrite=opts.overwrite,
         background=opts.background,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
         roi=None if opts.roi is None else Path(opts.roi).absolute(),
+        mpp_override=opts.mpp_override,
+        segmentation=segmentation if segmentation is not None and segmentation.active else None,
     )
+    if job.segmentation is not None:
+        segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
     sources = list(sources)
-    refused = refuse_id_clashes(sources, job.out_dir)
-    for i, reason in refused.items():
-        log.warning("%s: refused: %s", sources[i].slide_id, reason)
-    todo = [src for i, src in enumerate(sources) if i not in refused]
-    work = functools.partial(tile_slide, job=job)
-    ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
-    results = [
-        JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
-        for i, src in enumerate(sources)
-    ]
-    write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
+    with output_lock(job.out_dir):  # one writer: two runs would each rewrite the manifest from their view
+        refused = refuse_id_clashes(sources, job.out_dir)
+        for i, reason in refused.items():
+            log.warning("%s: refused: %s", sources[i].slide_id, reason)
+        todo = [src for i, src in enumerate(sources) if i not in refused]
+        work = functools.partial(tile_slide, job=job)
+        ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
+        results = [
+            JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
+            for i, src in enumerate(sources)
+        ]
+        write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     return results
 
 
@@ -190,7 +198,8 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         if done is not None:
             return done
     roi = load_roi(job.roi, source.slide_id)  # an unusable ROI leaves old output alone, too
-    slide, mpp_source, mpp_note = _open(source, job)  # a slide that cannot be opened leaves old output alone
+    # a slide that cannot be opened leaves old output alone
+    slide, mpp_source, mpp_note = open_with_mpp(source, job.backend, job.fallback_mpp, job.mpp_override)
     with slide:
         if moved and previous is not None:
             check_moved(slide, source, previous, paths.h5)
@@ -198,38 +207,15 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi)
+        counts, empty, note, few = _tile_open_slide(
+            slide, source, job, paths, mpp_source, mpp_note, roi=roi
+        )
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
     rejected = artifact_note(counts.to_dict())  # tiles rejected per artifact, for the manifest
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=rejected)
-
-
-def _open(source: SlideSource, job: TileJob) -> tuple[Slide, str, str]:
-    """The open slide, where its mpp came from ("slide list", "metadata" or "--mpp"), and a warning
-    ("" if none) when a given mpp is more than 2x from the slide's metadata."""
-    backend = job.backend
-    if source.mpp is not None:
-        slide = open_slide(source.path, backend=backend, mpp=source.mpp)
-        found = metadata_mpp(source.path, backend)
-        note = mpp_disagreement(source.mpp, found, "the slide list (mpp column)")
-        _warn(source, note)
-        return slide, "slide list", note
-    try:
-        slide = open_slide(source.path, backend=backend)
-    except MissingMppError:
-        if job.fallback_mpp is None:
-            raise
-        return open_slide(source.path, backend=backend, mpp=job.fallback_mpp), "--mpp", ""
-    if job.fallback_mpp is not None:
-        _warn(source, ignored_fallback_mpp(job.fallback_mpp, slide.mpp))
-    return slide, "metadata", ""
-
-
-def _warn(source: SlideSource, note: str) -> None:
-    if note:
-        log.warning("%s: %s", source.slide_id, note)
+    both = "; ".join(part for part in (rejected, few) if part)
+    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=both)
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
@@ -246,7 +232,7 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = "mpp changed"
     elif source.mpp is None and meta.meta.get("mpp_source") == "slide list":
         reason = f"the slide list no longer gives an mpp (was {meta.mpp:g})"
-    elif meta.meta.get("mpp_source") == "--mpp" and job.fallback_mpp != meta.mpp:
+    elif meta.meta.get("mpp_source") in ("--mpp", OVERRIDE_SOURCE) and job.fallback_mpp != meta.mpp:
         reason = f"--mpp changed (was {meta.mpp:g}, now {job.fallback_mpp})"
     elif job.save_tiles and not pixels_complete(paths.zarr, n=len(meta)):
         reason = "tile pixels (--save-tiles) missing or incomplete"
@@ -256,6 +242,10 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         reason = f"--background changed to {job.background}"
     elif meta.meta.get("roi_sha256", "") != roi_digest(job.roi, source.slide_id):
         reason = "--roi changed"
+    elif (meta.meta.get("mpp_source") == OVERRIDE_SOURCE) != job.mpp_override:
+        reason = "--mpp-override changed"
+    elif not same_models(meta.meta, job.segmentation):
+        reason = "segmentation models or their weights changed"
     elif len(meta) == 0 and "empty_reason" not in meta.meta:
         reason = "no tile kept by a version that did not say why"
     if reason:
@@ -265,21 +255,25 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
         why = str(meta.meta["empty_reason"])
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=artifact_note(meta.meta))
+    both = "; ".join(part for part in (artifact_note(meta.meta), str(meta.meta.get("low_yield", ""))) if part)
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=both)
 
 
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
     roi: Roi | None = None,
-) -> tuple[TileCounts, str, str]:  # fmt: skip
+) -> tuple[TileCounts, str, str, str]:  # fmt: skip
     """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
 
-    Returns the counts, why no tile was kept ("" when some were), and what could not be decoded ("").
+    Returns the counts, why no tile was kept ("" when some were), what could not be decoded ("") and the
+    low-yield note ("": it kept at least `wsi.pipelines.tile.yield_notes.LOW_YIELD` of its tissue tiles).
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
-    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0])
+    tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
+    model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
+    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
     found, roi_attrs = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
@@ -288,47 +282,77 @@ def _tile_open_slide(
             "suit fluorescence.",
             source.slide_id, found.background.reason,
         )  # fmt: skip
-    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id)
+    artifacts = None
+    if artifact_net is not None and job.segmentation is not None:  # judged first: rejected tiles are not read
+        artifacts = artifact_verdicts(slide, artifact_net, found, job.segmentation.max_artifact_fraction)
+    upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
+    if coarse:
+        log.warning("%s: %s", source.slide_id, coarse)
+    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
     note = damage_note(counts, damage, found)
     if note:
         log.warning("%s: %s", source.slide_id, note)
+    art_names = artifact_reason_names(artifact_net) if artifact_net else {}
+    art_counts = {name: int((reasons == code).sum()) for name, code in art_names.items()}
+    seg = (
+        (artifact_net.spec.name, job.segmentation.max_artifact_fraction)
+        if artifact_net and job.segmentation
+        else None
+    )
+    few = low_yield_note(counts, job.params, art_counts, seg[1] if seg else None)
     empty = ""
     if counts.n_kept == 0:
         w0, h0 = slide.dimensions
-        empty = explain_empty(
+        empty = (seg and artifact_empty(counts, art_counts, *seg)) or explain_empty(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
         empty = roi_empty(roi, slide.dimensions, roi_attrs, len(found.candidates)) or empty
-        if mpp_note:
-            empty += f"; also: {mpp_note}"
+        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
+    few = "; ".join(part for part in (few, coarse if few else "") if part)
+    if few:
+        log.warning("%s: %s", source.slide_id, few)
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
+        extra_fates=art_names,
     )  # fmt: skip
     save_png(paths.qc, picture)
     write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
     kept = found.candidates[reasons == KEPT]
-    attrs = _tile_file_attrs(slide, source, job.params, counts, mpp_source)
+    attrs = tile_file_attrs(slide, source, job.params, counts, mpp_source)
     attrs.update(
         background=found.background.kind, background_reason=found.background.reason,
         background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage), **roi_attrs,
+        upsampling=float(upsampling), low_yield=few,
     )  # fmt: skip
+    if job.segmentation is not None:
+        attrs.update(segmentation_attrs(job.segmentation, tissue_net, artifact_net, reasons))
     write_tile_file(
         paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
     )
     log.debug("%s: %s", source.slide_id, counts)
-    return counts, empty, note
+    return counts, empty, note, few
 
 
 def _filter_tiles(
-    slide: Slide, found: TissueGrid, job: TileJob, zarr_path: Path, slide_id: str
+    slide: Slide,
+    found: TissueGrid,
+    job: TileJob,
+    zarr_path: Path,
+    slide_id: str,
+    artifacts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, TileCounts, FileDamage | None]:
     """(M,) reason code per candidate, the counts and what could not be decoded (None: all was); with
     --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
-    (else removed, leaving no partial pixels)."""
+    (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
     params = job.params
-    writer = _pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
+    every = found
+    if artifacts is not None:
+        keep = artifacts == KEPT
+        codes = found.region_codes[keep] if found.region_codes is not None else None
+        found = dataclasses.replace(found, candidates=found.candidates[keep], region_codes=codes)
+    writer = pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0
@@ -337,13 +361,18 @@ def _filter_tiles(
         chunks = classified_chunks(
             slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
             region_codes=found.region_codes,
+            signal_level=kind.signal_level,
+            blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px),
         )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)
             if writer is not None:
                 writer.append(tiles[chunk_reasons == KEPT])
-        counts = count_reasons(found, reasons)
+        if artifacts is not None:
+            reasons, read = artifacts.copy(), reasons
+            reasons[artifacts == KEPT] = read
+        counts = count_reasons(every, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:
             check_damage(slide.path, counts, damage, params)
@@ -354,42 +383,3 @@ def _filter_tiles(
             writer.abort()
         raise
     return reasons, counts, damage
-
-
-def _pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
-    return TilePixelWriter(
-        path,
-        n_max=n_max,
-        tile_px=params.tile_px,
-        attrs={
-            "slide_id": slide_id,
-            "tile_size_um": params.tile_um,
-            "tile_size_px": params.tile_px,
-            "target_mpp": params.target_mpp,
-            "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
-        },
-    )
-
-
-def _tile_file_attrs(
-    slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
-) -> dict[str, Any]:
-    """The attributes of a tile file: wsi.tilefile.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
-    adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
-    w0, h0 = slide.dimensions
-    return {
-        "slide_id": source.slide_id,
-        "slide_path": str(source.path),
-        "tile_size_um": float(params.tile_um),
-        "tile_size_px": int(params.tile_px),
-        "mpp": float(slide.mpp),
-        "mpp_source": mpp_source,
-        "target_mpp": float(params.target_mpp),
-        "level0_width": int(w0),
-        "level0_height": int(h0),
-        "backend": slide.backend,
-        "vendor": slide.vendor,
-        "params": params.to_dict(),  # stored as sorted-key JSON by write_tile_file
-        "wsi_version": wsi.__version__,
-        **counts.to_dict(),
-    }

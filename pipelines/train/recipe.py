@@ -4,9 +4,10 @@ A task names its recipe (`recipe: small-cohort`, the default, or `recipe: paper`
 None (`pipelines.tasks`) is filled here when training starts, once the number of training cases is
 known, and the run record keeps the filled task. A value written in the task YAML always wins.
 
-paper          the seqnorm paper's recipe for TCGA-scale cohorts: whole bags, the preset as named
-               (vit-wsi), AdamW 1e-4 with weight decay 1e-2 and no schedule, the best epoch by the
-               validation figure (categorical: AUROC), patience 10 of at most 100 epochs.
+paper          for TCGA-scale cohorts: whole bags, the preset as named (vit-wsi) and at most 100
+               epochs are the seqnorm paper's (000_980e28d087b08f12.txt, sec. 3.1); AdamW 1e-4 with
+               weight decay 1e-2 and no schedule, the best epoch by the validation figure
+               (categorical: AUROC) and patience 10 are ours: the paper's text names no optimizer.
 small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-parameter transformer
                memorises the training bags within a few epochs and the AUROC of ~15 validation bags
                picks an epoch by chance. It regularises what peers' MIL recipes regularise: random

@@ -43,6 +43,7 @@ import torch
 from wsi.config import config_dict
 from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.output_lock import output_lock
 from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
@@ -165,25 +166,23 @@ def train(
         init_from=str(init_from) if init_from else None, **_machine(resolve_device(device)),
     )  # fmt: skip
     run_dir = Path(out_dir)
-    _check_resumable(run_dir, record, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not record_path(run_dir).is_file():
-        write_run_record(run_dir, record)
-
-    sequential = scheduler is None  # progress bars and the epoch hook only in this process
-    specs = [
-        FoldSpec(
-            task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
-            start=start, device=device, resume=resume, init_from=Path(init_from) if init_from else None,
-            progress=progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
-        )
-        for k, split in enumerate(splits)
-    ]  # fmt: skip
-    fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
-
-    if not cv:
-        return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), run_dir / "best.safetensors")
-    return _summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
+    with output_lock(run_dir):  # one writer per run folder (and the checks below see a settled folder)
+        _check_resumable(run_dir, record, resume)
+        if not record_path(run_dir).is_file():
+            write_run_record(run_dir, record)
+        sequential = scheduler is None  # progress bars and the epoch hook only in this process
+        specs = [
+            FoldSpec(
+                task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
+                start=start, device=device, resume=resume, init_from=Path(init_from) if init_from else None,
+                progress=progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
+            )
+            for k, split in enumerate(splits)
+        ]  # fmt: skip
+        fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
+        if not cv:
+            return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), run_dir / "best.safetensors")
+        return _summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
 
 
 def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> Path:
@@ -264,8 +263,17 @@ def _machine(device: torch.device) -> dict[str, Any]:
 
 
 def _check_resumable(run_dir: Path, record: RunRecord, resume: bool) -> None:
-    """A folder holding a run is continued only with --resume, and only with the same task and data."""
+    """A folder holding a run is continued only with --resume, and only with the same task and data.
+
+    A run that never finished an epoch (a start that failed: a crash, a full disk, an interrupt before
+    the first epoch's weights) holds nothing to keep or resume: its records are removed and the run
+    starts afresh, so a failed start never blocks the next run or --resume."""
     if not record_path(run_dir).is_file():
+        return
+    if not _has_progress(run_dir):
+        log.warning("%s: an earlier start finished no epoch; starting afresh", run_dir)
+        for config in [record_path(run_dir), *(record_path(d) for d in run_dir.glob("fold-*"))]:
+            config.unlink(missing_ok=True)
         return
     if not resume:
         raise ConfigError(
@@ -278,6 +286,12 @@ def _check_resumable(run_dir: Path, record: RunRecord, resume: bool) -> None:
                 f"cannot resume {run_dir}: its {key} differs from this call's "
                 "(same task, options and inputs are needed); start a new --out instead"
             )
+
+
+def _has_progress(run_dir: Path) -> bool:
+    """Whether a run folder holds a finished epoch (weights or resume state) in itself or a fold."""
+    names = ("best.safetensors", "last.safetensors", "metrics.json", "resume/state.json")
+    return any((d / n).is_file() for d in [run_dir, *run_dir.glob("fold-*")] for n in names)
 
 
 def _split_rows(kind: TaskKind, split: Split) -> list[list[str]]:

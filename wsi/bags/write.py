@@ -18,7 +18,7 @@ import numpy as np
 
 from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, BagProvenance
 from wsi.errors import BagFormatError
-from wsi.files import atomic_path
+from wsi.files import atomic_path, ensure_space
 
 #: on-disk feature types: float16 halves the size; float32 for features beyond its range
 DTYPES = ("float16", "float32")
@@ -66,7 +66,9 @@ def write_bag(
         "feat_type": FEAT_TYPE,
     }
     final = Path(path)
-    with atomic_path(final) as tmp, h5py.File(tmp, "w") as h5:
+    size = feats_out.nbytes + 24 * n + (64 << 10)  # features, coords (um, px), header
+    ensure_space(final.parent, size, f"bag {final.name}")  # HDF5 must not meet a full disk mid-file
+    with atomic_path(final, expected_bytes=size) as tmp, h5py.File(tmp, "w") as h5:
         h5.create_dataset("feats", data=feats_out, chunks=(min(max(n, 1), _CHUNK_ROWS), feats.shape[1]))
         h5.create_dataset("coords", data=np.asarray(coords_um, dtype=np.float32))
         h5.create_dataset("coords_px", data=np.asarray(coords_px, dtype=np.int64))

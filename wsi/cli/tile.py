@@ -9,6 +9,7 @@ import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
 from wsi.cli._options import config_options
+from wsi.cli._tile_models import model_options, segmentation_from
 from wsi.pipelines.tile.config import TileOptions
 from wsi.tile_params import ARTIFACT_FILTERS, TileParams
 
@@ -22,7 +23,7 @@ TILE_PARAM_FLAGS = {
 TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
-    "--background": "background", "--roi": "roi",
+    "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override",
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
@@ -40,6 +41,10 @@ Examples:
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
   wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
   wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
+  wsi tile scans/ --out run/ --mpp 0.5 --mpp-override   # the metadata's mpp is wrong: use 0.5
+  wsi tile slides/ --out run/ --tissue-model grandqc-tissue --tissue-weights td.pth
+  wsi tile slides/ --out run/ --artifact-model grandqc-artifact --artifact-weights qc.pth
+  wsi tile dicom/ --out run/       # a folder of DICOM series folders: one slide per series
   wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
 
 \b
@@ -92,6 +97,7 @@ redoes them (and replaces the tiles of another slide with the same id).
     type=click.Choice(list(ARTIFACT_FILTERS)),
     help="Turn an artifact filter off (repeat for several): " + ", ".join(ARTIFACT_FILTERS) + ".",
 )
+@model_options()
 @user_errors
 def command(
     paths: tuple[Path, ...],
@@ -99,13 +105,20 @@ def command(
     tiling: dict[str, Any],
     run: dict[str, Any],
     no_filter: tuple[str, ...],
+    tissue_model: str | None,
+    tissue_weights: Path | None,
+    artifact_model: str | None,
+    artifact_weights: Path | None,
+    max_artifact: float,
+    device: str,
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
-    PATHS are slide files, folders (searched for .svs .tif .tiff .ndpi .vms .vmu .scn .mrxs .svslide
-    .bif .czi) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative paths are
-    taken from the CSV's folder; DICOM .dcm slides are given this way). A failing slide is recorded in
-    the manifest and never stops the others.
+    PATHS are slide files (a DICOM .dcm opens its whole series), folders (searched for .svs .tif .tiff
+    .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
+    id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
+    paths are taken from the CSV's folder). A failing slide is recorded in the manifest and never stops
+    the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from wsi.config import parse_config
@@ -122,8 +135,14 @@ def command(
     }
     params = parse_config(TileParams, tiling, source="wsi tile options")  # ConfigError: exit 2
     options = parse_config(TileOptions, run, source="wsi tile options")
+    if options.mpp_override and options.mpp is None:
+        click.echo("Error: --mpp-override needs --mpp (the value to use for every slide)", err=True)
+        raise SystemExit(EXIT_USAGE)
+    segmentation = segmentation_from(  # ConfigError (a model without weights): exit 2
+        tissue_model, tissue_weights, artifact_model, artifact_weights, max_artifact, device
+    )
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
-    results = tile_slides(sources, out_dir=out_dir, params=params, options=options)
+    results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
     from wsi.pipelines.jobs import RunSummary
 
     summary = RunSummary.of(results)
@@ -139,5 +158,10 @@ def command(
         click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
+    from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX
+
+    for r in results:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
+        if r.status in ("ok", "skipped") and LOW_YIELD_PREFIX in r.note:
+            click.echo(f"  {r.slide_id}: {r.note[r.note.index(LOW_YIELD_PREFIX) :]}", err=True)
     if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

@@ -1,0 +1,186 @@
+"""The published tissue and artifact segmentation networks, built as their authors build them.
+
+Checked against the authors' code (and TRIDENT's, which runs all three):
+- GrandQC tissue (cpath-ukk/grandqc@045b7a2, 01_WSI_inference_OPENSLIDE_QC/wsi_tis_detect.py):
+  `smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", classes=2)`, 512 px windows at 10 um/px of a
+  thumbnail that was JPEG-compressed at quality 80 (the model was trained on such), ImageNet
+  normalisation (smp's preprocessing for that encoder), argmax: class 0 tissue, 1 background.
+- GrandQC artifacts (same commit, main.py and wsi_process.py; TRIDENT mahmoodlab/TRIDENT@a91fa84,
+  trident/segmentation_models/load.py `GrandQCArtifactSegmenter`): `smp.Unet("timm-efficientnet-b0",
+  classes=8)` at 1, 1.5 or 2 um/px (GrandQC_MPP1/15/2.pth), 512 px windows, ImageNet normalisation,
+  argmax: 1 tissue, 2 fold, 3 dark spot & foreign object, 4 pen marking, 5 edge & air bubble, 6 out of
+  focus, 7 background. GrandQC publishes these as pickled whole models, which we never unpickle; TRIDENT's
+  `GrandQC_MPP1_state_dict.pth` (or `torch.save(model.state_dict())` of GrandQC's file) is the input.
+- HEST tissue (mahmoodlab/HEST@afd42c3, src/hest/HESTData.py `segment_tissue`: 512 um patches at
+  1 um/px; TRIDENT's `HESTSegmenter`): torchvision `deeplabv3_resnet50` with `classifier[4]` a 1 x 1
+  conv to 2 classes; the Lightning checkpoint's `state_dict` with `model.` stripped and the `aux_*`
+  tensors dropped; ImageNet normalisation; tissue where softmax(class 1) > 0.5.
+
+segmentation_models_pytorch is an optional extra (`pip install wsi[seg]`); torchvision is a dependency.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from wsi.errors import ConfigError
+from wsi.registry import Registry
+
+SegKind = Literal["tissue", "artifact"]
+StateDict = dict[str, torch.Tensor]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: GrandQC's artifact classes (README "Model Output"), as our rejection reasons
+GRANDQC_ARTIFACT_CLASSES = {
+    1: "tissue",
+    2: "fold",
+    3: "dark_spot",
+    4: "pen",
+    5: "edge_bubble",
+    6: "out_of_focus",
+    7: "background",
+}
+
+
+@dataclass(frozen=True)
+class SegmenterSpec:
+    """One published network: how to build it, read its checkpoint, feed it and read its output."""
+
+    name: str
+    kind: SegKind
+    build: Callable[[], nn.Module]
+    #: um/px the network was trained at; windows are read at this resolution
+    mpp: float
+    #: window side in pixels
+    window_px: int = 512
+    #: JPEG quality of the round trip the network was trained with (None: none)
+    jpeg_quality: int | None = None
+    #: class index -> name; for a tissue network the names are "tissue" and "background"
+    classes: dict[int, str] = field(default_factory=dict)
+    #: "argmax": class = argmax of the logits; "softmax1": class 1 where softmax(logits)[1] > 0.5, else 0
+    decision: Literal["argmax", "softmax1"] = "argmax"
+    #: the network returns {"out": logits} (torchvision) rather than the logits
+    dict_output: bool = False
+    #: authors' key names -> ours (the identity for smp models)
+    key_layout: Callable[[StateDict], StateDict] = lambda s: s
+    #: a hint added to a key mismatch: where the state dict of this model comes from
+    weights_hint: str = ""
+
+    @property
+    def tissue_class(self) -> int:
+        return next(k for k, v in self.classes.items() if v == "tissue")
+
+    @property
+    def artifact_classes(self) -> dict[int, str]:
+        """The classes that reject a tile (not tissue, not background)."""
+        return {k: v for k, v in self.classes.items() if v not in ("tissue", "background")}
+
+
+SEGMENTERS: Registry[SegmenterSpec] = Registry("segmentation model")
+
+
+def _smp() -> object:
+    try:
+        import segmentation_models_pytorch as smp
+    except ImportError:
+        raise ConfigError(
+            "GrandQC models need segmentation_models_pytorch: pip install 'wsi[seg]' "
+            "(or pip install segmentation-models-pytorch)"
+        ) from None
+    return smp
+
+
+def _smp_net(arch: str, classes: int) -> nn.Module:
+    """smp's `arch` on its "timm-efficientnet-b0" encoder: the key layout GrandQC's weights have. smp
+    calls that encoder deprecated (in favour of "tu-" names, whose keys differ); it is still the one."""
+    smp = _smp()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*timm-.*deprecated", category=DeprecationWarning)
+        net: nn.Module = getattr(smp, arch)(
+            encoder_name="timm-efficientnet-b0", encoder_weights=None, classes=classes, activation=None
+        )
+    return net
+
+
+def _grandqc_tissue() -> nn.Module:
+    return _smp_net("UnetPlusPlus", 2)
+
+
+def _grandqc_artifact() -> nn.Module:
+    return _smp_net("Unet", 8)
+
+
+def _hest_tissue() -> nn.Module:
+    from torchvision.models.segmentation import deeplabv3_resnet50
+
+    net = deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21, aux_loss=None)
+    net.classifier[4] = nn.Conv2d(256, 2, kernel_size=1, stride=1)
+    return net
+
+
+def _hest_layout(state: StateDict) -> StateDict:
+    """HEST's Lightning checkpoint: `model.` prefix, auxiliary head dropped (TRIDENT does the same)."""
+    return {k.removeprefix("model."): v for k, v in state.items() if "aux" not in k}
+
+
+_GRANDQC_ART_HINT = (
+    "GrandQC's own GrandQC_MPP*.pth are pickled whole models, which are not loaded (unpickling runs code): "
+    "use TRIDENT's GrandQC_MPP1_state_dict.pth or save model.state_dict() of GrandQC's file once"
+)
+
+
+def _register(spec: SegmenterSpec) -> None:
+    SEGMENTERS.register(spec.name)(spec)
+
+
+_register(
+    SegmenterSpec(
+        "grandqc-tissue", "tissue", _grandqc_tissue, mpp=10.0, jpeg_quality=80,
+        classes={0: "tissue", 1: "background"},
+        weights_hint="GrandQC's Tissue_Detection_MPP10.pth is a state dict",
+    )
+)  # fmt: skip
+for _mpp, _suffix in ((1.0, ""), (1.5, "-mpp15"), (2.0, "-mpp2")):
+    _register(
+        SegmenterSpec(
+            f"grandqc-artifact{_suffix}", "artifact", _grandqc_artifact, mpp=_mpp,
+            classes=dict(GRANDQC_ARTIFACT_CLASSES), weights_hint=_GRANDQC_ART_HINT,
+        )
+    )  # fmt: skip
+_register(
+    SegmenterSpec(
+        "hest-tissue", "tissue", _hest_tissue, mpp=1.0, classes={0: "background", 1: "tissue"},
+        decision="softmax1", dict_output=True, key_layout=_hest_layout,
+        weights_hint="HEST's deeplabv3_seg_v4.ckpt (hf MahmoodLab/hest-tissue-seg) is read as tensors",
+    )
+)  # fmt: skip
+
+
+def segmenter_spec(name: str, kind: SegKind) -> SegmenterSpec:
+    """The spec of `name`, which must be a `kind` model (a tissue model is no artifact model)."""
+    if name not in SEGMENTERS:
+        known = ", ".join(n for n in SEGMENTERS.names() if SEGMENTERS.get(n).kind == kind)
+        raise ConfigError(f"unknown {kind} model {name!r}; known: {known}")
+    spec = SEGMENTERS.get(name)
+    if spec.kind != kind:
+        raise ConfigError(f"{name!r} is a {spec.kind} model, not a {kind} model")
+    return spec
+
+
+__all__ = [
+    "GRANDQC_ARTIFACT_CLASSES",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SEGMENTERS",
+    "SegKind",
+    "SegmenterSpec",
+    "segmenter_spec",
+]

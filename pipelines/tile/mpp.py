@@ -1,0 +1,81 @@
+"""Which mpp a slide is tiled at: a slide list's `mpp` column, the metadata, or --mpp, and saying which.
+
+    open_with_mpp(source, backend, fallback_mpp, override) -> (Slide, mpp_source, note)
+
+Order: a slide list's `mpp` column (per slide, always); then `--mpp` with `--mpp-override` (the user's
+value over the metadata, for a scanner known to write a wrong one); then the metadata; then `--mpp` for a
+slide without one. Given `--mpp` for a slide with metadata and no override, the metadata wins and the log
+says so, naming both values and the option that forces --mpp.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from wsi.errors import MissingMppError, SlideError
+from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
+from wsi.slide import Slide, open_slide
+from wsi.sources import SlideSource
+
+log = logging.getLogger("pipelines.tile")
+
+#: `mpp_source` of a slide tiled at --mpp with --mpp-override (stored in the tile file)
+OVERRIDE_SOURCE = "--mpp-override"
+
+
+def open_with_mpp(
+    source: SlideSource, backend: str, fallback_mpp: float | None, override: bool = False
+) -> tuple[Slide, str, str]:
+    """The open slide, where its mpp came from ("slide list", "--mpp-override", "metadata" or "--mpp"),
+    and a warning ("" if none) when a given mpp is more than 2x from the slide's metadata."""
+    if source.mpp is not None:
+        slide = open_slide(source.path, backend=backend, mpp=source.mpp)
+        note = mpp_disagreement(source.mpp, metadata_mpp(source.path, backend), "the slide list (mpp column)")
+        _warn(source, note)
+        return slide, "slide list", note
+    if override and fallback_mpp is not None:
+        slide = open_slide(source.path, backend=backend, mpp=fallback_mpp)
+        found = metadata_mpp(source.path, backend)
+        if found is not None and abs(found - fallback_mpp) > 1e-9 * max(found, fallback_mpp):
+            log.info(
+                "%s: --mpp %g wins over the metadata's %g um/px (--mpp-override)",
+                source.slide_id,
+                fallback_mpp,
+                found,
+            )
+        return slide, OVERRIDE_SOURCE, mpp_disagreement(fallback_mpp, found, "--mpp (with --mpp-override)")
+    try:
+        slide = open_slide(source.path, backend=backend)
+    except MissingMppError:
+        if fallback_mpp is None:
+            raise
+        return open_slide(source.path, backend=backend, mpp=fallback_mpp), "--mpp", ""
+    if fallback_mpp is not None and abs(fallback_mpp - slide.mpp) > 1e-9 * max(slide.mpp, fallback_mpp):
+        far = ignored_fallback_mpp(fallback_mpp, slide.mpp)
+        if far:
+            _warn(source, far + "; or add --mpp-override to use --mpp for every slide")
+        else:
+            log.info(
+                "%s: the metadata's %g um/px wins over --mpp %g (--mpp serves slides without one; "
+                "--mpp-override forces it)", source.slide_id, slide.mpp, fallback_mpp,
+            )  # fmt: skip
+    return slide, "metadata", ""
+
+
+def _warn(source: SlideSource, note: str) -> None:
+    if note:
+        log.warning("%s: %s", source.slide_id, note)
+
+
+def metadata_mpp(path: Path, backend: str) -> float | None:
+    """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
+    mpp in use)."""
+    try:
+        with open_slide(path, backend=backend) as slide:
+            return slide.mpp
+    except SlideError:
+        return None
+
+
+__all__ = ["OVERRIDE_SOURCE", "metadata_mpp", "open_with_mpp"]

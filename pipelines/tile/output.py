@@ -1,0 +1,56 @@
+"""What the tile stage writes besides the grid: the tile file's attributes and the --save-tiles writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import wsi
+from wsi.slide import Slide
+from wsi.sources import SlideSource
+from wsi.tile_file import TilePixelWriter
+from wsi.tile_params import TileParams
+from wsi.tiling import TileCounts
+
+
+def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
+    return TilePixelWriter(
+        path,
+        n_max=n_max,
+        tile_px=params.tile_px,
+        attrs={
+            "slide_id": slide_id,
+            "tile_size_um": params.tile_um,
+            "tile_size_px": params.tile_px,
+            "target_mpp": params.target_mpp,
+            "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
+        },
+    )
+
+
+def tile_file_attrs(
+    slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
+) -> dict[str, Any]:
+    """The attributes of a tile file: wsi.tile_file.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
+    adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
+    w0, h0 = slide.dimensions
+    return {
+        "slide_id": source.slide_id,
+        "slide_path": str(source.path),
+        "tile_size_um": float(params.tile_um),
+        "tile_size_px": int(params.tile_px),
+        "mpp": float(slide.mpp),
+        "mpp_source": mpp_source,
+        "target_mpp": float(params.target_mpp),
+        "level0_width": int(w0),
+        "level0_height": int(h0),
+        "backend": slide.backend,
+        "vendor": slide.vendor,
+        "params": params.to_dict(),  # stored as sorted-key JSON by write_tile_file
+        "wsi_version": wsi.__version__,
+        **counts.to_dict(),
+    }
+
+
+__all__ = ["pixel_writer", "tile_file_attrs"]
