@@ -11,9 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from wsi.errors import ConfigError
+from wsi.user_text import load_yaml_file, parse_yaml
 
 
 def available(kind: str) -> list[str]:
@@ -23,7 +22,8 @@ def available(kind: str) -> list[str]:
 
 
 def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
-    """Load a packaged config by name, or any YAML file by path. Returns (data, source).
+    """Load a packaged config by name, or any YAML file by path (UTF-8, no aliases: wsi.user_text).
+    Returns (data, source).
 
     Parsed once per file version: one `wsi train` asks for its preset from the recipe, the input checks
     and every model build. A file is keyed by its size and modification time, so an edit is seen; each
@@ -41,24 +41,22 @@ def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]
 def _load_yaml_once(
     kind: str, name_or_path: str, stamp: tuple[int, int] | None
 ) -> tuple[dict[str, Any], str]:
-    text: str
     candidate = Path(name_or_path)
     if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
         if not candidate.is_file():
             raise ConfigError(f"{kind[:-1]} file {candidate} does not exist")
-        text, source = candidate.read_text(encoding="utf-8"), str(candidate)
-    else:
-        res = resources.files(__name__).joinpath(kind, f"{name_or_path}.yaml")
-        if not res.is_file():
-            raise ConfigError(
-                f"unknown {kind[:-1]} {name_or_path!r}; packaged ones: {', '.join(available(kind))}, "
-                "or give a path to a YAML file"
-            )
-        text, source = res.read_text(encoding="utf-8"), f"configs/{kind}/{name_or_path}.yaml"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
+        return _mapping(load_yaml_file(candidate, what=f"{kind[:-1]} file"), str(candidate))
+    res = resources.files(__name__).joinpath(kind, f"{name_or_path}.yaml")
+    if not res.is_file():
+        raise ConfigError(
+            f"unknown {kind[:-1]} {name_or_path!r}; packaged ones: {', '.join(available(kind))}, "
+            "or give a path to a YAML file"
+        )
+    text, source = res.read_text(encoding="utf-8"), f"configs/{kind}/{name_or_path}.yaml"  # ours
+    return _mapping(parse_yaml(text, source), source)
+
+
+def _mapping(data: Any, source: str) -> tuple[dict[str, Any], str]:
     if not isinstance(data, dict):
         raise ConfigError(f"{source} must hold a mapping at the top level")
     return data, source

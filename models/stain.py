@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ import torch
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
+from wsi.user_text import read_utf8
 
 IO = 240.0  # transmitted light of an empty glass (Macenko et al. 2009)
 BETA = 0.15  # optical density below which a channel is background
@@ -63,6 +65,39 @@ class StainReference:
             raise ConfigError("a macenko stain reference needs stain_matrix and max_concentrations")
         if self.method == "reinhard" and (self.lab_mean is None or self.lab_std is None):
             raise ConfigError("a reinhard stain reference needs lab_mean and lab_std")
+        problem = self._degenerate()
+        if problem:
+            where = f" ({self.source})" if self.source else ""
+            raise ConfigError(
+                f"stain reference{where} is unusable: {problem}; every tile would be mapped onto it and "
+                "look alike. Fit it again on tissue (--stain-reference image.png) or use the default"
+            )
+
+    def _degenerate(self) -> str:
+        """Why the numbers cannot be a stain appearance ("" when they can): NaN, zero or negative optical
+        densities, one stain twice, a zero spread. An all-zero matrix maps every tile to one colour."""
+        if self.method == "macenko":
+            stains = [tuple(row[j] for row in self.stain_matrix or ()) for j in (0, 1)]  # two OD vectors
+            conc = self.max_concentrations or ()
+            if not all(math.isfinite(v) for v in (*stains[0], *stains[1], *conc)):
+                return "stain_matrix or max_concentrations holds NaN or infinite values"
+            norms = [math.sqrt(sum(v * v for v in s)) for s in stains]
+            if min(norms) < 1e-3 or any(v < 0 for s in stains for v in s):
+                return "each stain_matrix column must be a non-negative optical-density vector of length ~1"
+            cos = sum(a * b for a, b in zip(*stains, strict=True)) / (norms[0] * norms[1])
+            if cos > 0.9995:  # under ~2 degrees apart: the 3x2 matrix has rank 1
+                return "the two stain vectors are (nearly) the same colour: the matrix has rank 1"
+            if min(conc) <= 0:
+                return "max_concentrations must be positive"
+        else:
+            values = (*(self.lab_mean or ()), *(self.lab_std or ()))
+            if not all(math.isfinite(v) for v in values):
+                return "lab_mean or lab_std holds NaN or infinite values"
+            if min(self.lab_std or (0.0,)) <= 1e-3:
+                return "lab_std must be positive (a zero spread maps every pixel to the mean colour)"
+            if not 0.0 <= (self.lab_mean or (0.0,))[0] <= 100.0:
+                return "lab_mean's lightness L must lie in 0..100"
+        return ""
 
     def digest(self) -> str:
         """sha256 of the numbers tiles are mapped onto (`source` is a note and left out)."""
@@ -98,10 +133,14 @@ def default_reference(method: str) -> StainReference:
 def load_reference(path: str | Path) -> StainReference:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_utf8(path, what="stain reference"))
+    except ValueError as exc:
         raise ConfigError(f"cannot read stain reference {path} ({exc})") from None
-    return parse_config(StainReference, data, source=str(path))
+    try:
+        return parse_config(StainReference, data, source=str(path))
+    except ConfigError as exc:
+        text = str(exc)
+        raise ConfigError(text if text.startswith(str(path)) else f"{path}: {text}") from None
 
 
 def save_reference(reference: StainReference, path: str | Path) -> None:

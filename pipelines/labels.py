@@ -31,6 +31,7 @@ from wsi.files import sanitize_slide_id
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.tasks import LabelColumns, TaskConfig
 from wsi.suffixes import strip_suffix  # the suffixes a slide column may carry
+from wsi.user_text import check_header, read_utf8
 
 if TYPE_CHECKING:
     from wsi.pipelines.task_kinds import TaskKind
@@ -121,13 +122,13 @@ def read_label_table(path: str | Path, *, task: TaskConfig, kind: TaskKind) -> l
 def _read_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     if not path.is_file():
         raise LabelError(f"label table {path} does not exist")
-    text = path.read_text(encoding="utf-8-sig")
+    text = read_utf8(path, what="label table", error=LabelError)  # no silent Latin-1: names the byte
     try:
         dialect = csv.Sniffer().sniff(text.splitlines()[0] if text else ",", delimiters=",;\t")
     except csv.Error:
         dialect = csv.excel
     reader = csv.DictReader(text.splitlines(), dialect=dialect)
-    header = list(reader.fieldnames or [])
+    header = check_header(reader.fieldnames, str(path), error=LabelError)  # "label" twice: refused
     return header, [(i, rec) for i, rec in enumerate(reader, start=2)]
 
 

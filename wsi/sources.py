@@ -11,6 +11,7 @@ fails it, naming the file) and run the others.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import unicodedata
@@ -22,6 +23,7 @@ from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
 from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
+from wsi.user_text import check_header, read_utf8
 
 
 @dataclass(frozen=True)
@@ -82,23 +84,23 @@ def _from_folder(folder: Path) -> list[SlideSource]:
 
 
 def _from_csv(csv_path: Path) -> list[SlideSource]:
+    text = read_utf8(csv_path, what="slide list", error=WsiError)  # names the first non-UTF-8 byte
     try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            columns = [c.strip() for c in reader.fieldnames or []]
-            if "path" not in columns:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        columns = [c.strip() for c in check_header(reader.fieldnames, str(csv_path), error=WsiError)]
+        if "path" not in columns:
+            raise WsiError(
+                f"{csv_path}: a slide list needs a `path` column (optional: slide_id, mpp); "
+                f"found columns {columns}"
+            )
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            if None in row:  # DictReader puts surplus fields under None
                 raise WsiError(
-                    f"{csv_path}: a slide list needs a `path` column (optional: slide_id, mpp); "
-                    f"found columns {columns}"
+                    f"{csv_path} line {line}: more fields than columns; quote paths that contain commas"
                 )
-            rows = []
-            for line, row in enumerate(reader, start=2):
-                if None in row:  # DictReader puts surplus fields under None
-                    raise WsiError(
-                        f"{csv_path} line {line}: more fields than columns; quote paths that contain commas"
-                    )
-                rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
+    except csv.Error as exc:
         raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from exc
     sources = []
     for line, row in enumerate(rows, start=2):

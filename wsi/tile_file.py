@@ -32,7 +32,7 @@ from zarr.codecs import BloscCodec
 
 from wsi.errors import TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
-from wsi.hdf5 import attrs_of, plain
+from wsi.hdf5 import attrs_of, outside_reason, plain, storage_problem
 from wsi.suffixes import TILE_PIXELS_SUFFIX
 
 FORMAT = "wsi-tiles"
@@ -117,6 +117,12 @@ def write_tile_file(
 
 
 def _check(h5: h5py.File, path: Path) -> None:
+    try:  # links out of the file, external or virtual storage, soft-link loops (wsi.hdf5)
+        reason = outside_reason(h5)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        reason = f"its links cannot be walked ({exc})"
+    if reason:
+        raise TileFileError(f"{path} is refused: {reason}; re-run `wsi tile --overwrite`")
     fmt = plain(h5.attrs.get("format"))
     if fmt != FORMAT:
         raise TileFileError(f"{path} is not a wsi tile file (format={fmt!r}); re-run `wsi tile`")
@@ -134,6 +140,10 @@ def _check(h5: h5py.File, path: Path) -> None:
     n = h5["coords"].shape[0]
     if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != plain(h5.attrs["n_kept"]):
         raise TileFileError(f"{path} has inconsistent coords / n_kept; re-run `wsi tile --overwrite`")
+    for name in ("coords", "coords_um"):
+        problem = storage_problem(h5[name], path.stat().st_size)
+        if problem:
+            raise TileFileError(f"{path}: `{name}` {problem}; re-run `wsi tile --overwrite`")
 
 
 def read_tile_file(path: str | os.PathLike[str]) -> TileFile:

@@ -213,6 +213,8 @@ def build_encoder(
             raise ConfigError(f"input_px {input_px} is too small for a CNN/ViT encoder")
     if arch_overrides:
         name = f"{name}@test"
+    if is_recipe_path(name) and recipe.dim:
+        check_declared_width(recipe, name, arch_overrides)
     if weights is None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(RANDOM_SEED)
@@ -246,6 +248,28 @@ def build_encoder(
             path, name, digest[:12], published[:12], name,
         )  # fmt: skip
     return enc.eval()
+
+
+def check_declared_width(
+    recipe: EncoderRecipe, name: str, overrides: Mapping[str, Any] | None = None
+) -> None:
+    """ConfigError when a recipe's `dim` is not the width its model gives: one forward on the meta device
+    (shapes only, no memory). Bags and models would otherwise record a width the features do not have."""
+    with torch.device("meta"):
+        enc = Encoder(
+            recipe, build_backbone(recipe, overrides), name=name, weights_sha256="", input_px=recipe.input_px
+        )
+        try:
+            width = int(enc.eval()(torch.empty(2, 3, recipe.input_px, recipe.input_px)).shape[-1])
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"encoder {name!r}: the model does not run on {recipe.input_px} px input ({exc})"
+            ) from None
+    if width != recipe.dim:
+        raise ConfigError(
+            f"encoder {name!r} declares dim {recipe.dim}, but its model gives {width}-d features "
+            f"(pooling {recipe.pooling!r}); set dim: {width} or fix the architecture arguments"
+        )
 
 
 def arch_facts(backbone: nn.Module) -> dict[str, int]:
@@ -334,6 +358,7 @@ __all__ = [
     "Encoder",
     "build_backbone",
     "build_encoder",
+    "check_declared_width",
     "count_parameters",
     "encoder_id_for",
     "mpp_warning",

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.registry import Registry
+from wsi.user_text import load_yaml_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -142,20 +143,38 @@ def timm_kwargs(recipe: EncoderRecipe, overrides: Mapping[str, Any] | None = Non
 
 def load_recipe_yaml(path: str | Path) -> EncoderRecipe:
     """A user's encoder from YAML: the fields of EncoderRecipe, validated like every config."""
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read encoder recipe {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML ({exc})") from None
+    data = load_yaml_file(path, what="encoder recipe")  # UTF-8, no aliases, size-capped
     recipe = parse_config(EncoderRecipe, data or {}, source=str(path))
+    _refuse_self_loading(recipe, path)
     for key, value in recipe.kwargs.items():
         if key.endswith("_layer") and value not in LAYER_NAMES:
             raise ConfigError(f"{path}: kwargs.{key}: unknown layer {value!r}; choose one of {LAYER_NAMES}")
     return dataclasses.replace(recipe, source=recipe.source or str(path))
+
+
+#: timm.create_model arguments that fetch or read weights by themselves (timm/_builder.py, load_checkpoint):
+#: a bag's provenance records the sha256 of the --weights file, so nothing else may put numbers in
+SELF_LOADING_KWARGS = (
+    "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "pretrained_strict",
+    "cache_dir", "num_classes",
+)  # fmt: skip
+
+
+def _refuse_self_loading(recipe: EncoderRecipe, path: Path) -> None:
+    """Refuse a YAML recipe whose architecture or arguments would load weights other than --weights
+    (a hub id, a local folder, timm's pretrained download or a checkpoint path)."""
+    found = [k for k in recipe.kwargs if k in SELF_LOADING_KWARGS]
+    if found:
+        raise ConfigError(
+            f"{path}: kwargs {', '.join(found)} would make timm load or download weights by itself; the "
+            "weights come from --weights only (their sha256 goes into every bag): remove them"
+        )
+    if ":" in recipe.arch or "/" in recipe.arch:
+        raise ConfigError(
+            f"{path}: arch {recipe.arch!r} names a hub repository or folder, which timm would fetch; give a "
+            "timm architecture name (timm.list_models()) and the weights file with --weights"
+        )
 
 
 def is_recipe_path(name: str) -> bool:

@@ -55,11 +55,36 @@ def _unwrap(obj: object, path: Path) -> StateDict:
     return out
 
 
+def _refuse_text(path: Path) -> None:
+    """A text file given as weights (a README, a download page saved as HTML, a git-lfs pointer): say so
+    by name instead of the unpickler's 'pop from empty list'. Checkpoints start with binary bytes."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(512)
+    except OSError as exc:
+        raise WeightsError(f"cannot read weights file {path}: {exc.strerror or exc}") from None
+    if not head or b"\0" in head:
+        return
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return  # binary
+    if text.startswith("{") and path.suffix == ".safetensors":
+        return  # never a safetensors start (8-byte length first), but let safetensors say so
+    first = text.strip().splitlines()[0][:80] if text.strip() else ""
+    hint = " (a git-lfs pointer: run `git lfs pull`)" if first.startswith("version https://git-lfs") else ""
+    raise WeightsError(
+        f"{path} is a text file, not weights{hint}; it starts with {first!r}. Give the checkpoint file "
+        "(.safetensors, .bin, .pth) or the model folder"
+    )
+
+
 def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
     """Tensors from a checkpoint without ever unpickling objects (weights_only / safetensors)."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
+    _refuse_text(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -87,8 +112,10 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
             f"{path} contains Python objects other than tensors{what}; they are not loaded because "
             "unpickling can run arbitrary code. Save only the state dict: torch.save(model.state_dict(), ...)"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({exc})") from None
+    except Exception as exc:  # an untrusted file: torch's unpickler fails in many ways on garbage
+        raise WeightsError(
+            f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     return _unwrap(obj, path)
 
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from wsi.bags import BagStream, bag_length, finite_chunks, open_bag_stream
+from wsi.bags import BagStream, finite_chunks, fits_in_memory, open_bag_stream, read_bag_header
 from wsi.errors import WsiError
 from wsi.pipelines.devices import autocast_for
 from wsi.pipelines.inputs import Item
@@ -33,16 +33,20 @@ READ_TILES = 4096
 
 def stream_length(run: RunModel, case: Item, above: int | None) -> int | None:
     """The tile count of `case`'s bag when it is predicted streamed, else None: one slide's bag of
-    more than `above` tiles (None: never), and models that read a bag in chunks."""
+    more than `above` tiles (None: never) or too large for the memory available now, and models that
+    read a bag in chunks."""
     if above is None or run.adapter.name != "bags" or case.slides:
         return None
     if not all(hasattr(m, "logits_from_chunks") for m in run.models):
         return None  # e.g. ABMIL: its whole bag is (N, 128) after the first layer, small anyway
     try:
-        n = bag_length(case.path)
+        header = read_bag_header(case.path)
     except WsiError:  # unreadable: the case fails on its own where it is loaded, the batch goes on
         return None
-    return n if n > above else None
+    n = header.n_tiles
+    # a bag whose features (and their float32 copy) would not fit the memory there is now streams too
+    whole = n * header.dim * (np.dtype(header.dtype).itemsize + 4)
+    return n if n > above or (n and not fits_in_memory(whole)) else None
 
 
 def streamed_outputs(run: RunModel, case: Item, *, read_tiles: int | None = None) -> tuple[np.ndarray, int]:

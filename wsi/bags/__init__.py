@@ -27,6 +27,8 @@ Public API:
   check_finite(bag)                      NonFiniteFeaturesError (a BagFormatError) naming file + count
   finite_chunks(stream, size)            stream.chunks(size), NonFiniteFeaturesError at a NaN chunk
   find_bad_bags(paths) -> list[BadBag]   every non-finite, unreadable or empty bag (bounded memory)
+  available_memory() -> int | None       bytes this process may still allocate (RAM, cgroup, ulimit -v)
+  fits_in_memory(nbytes) -> bool         within half of that: loading whole is safe, else stream or refuse
   scan_bag(path) -> BadBag | None
   read_bag_header(path) -> BagHeader     layout, n_tiles, dim, dtype, attrs (no arrays loaded)
   bag_length(path) -> int                number of tiles, read from the dataset shape (no data loaded)
@@ -39,6 +41,9 @@ Public API:
   upgrade_bag(path) -> bool              adds `feat_type` to a bag of ours written before it existed
   bag_info(path, *, mpp=None) -> dict    the summary `wsi info` prints
   FORMAT, FORMAT_VERSION, LAYOUTS, FEAT_TYPE
+Every reader opens a bag through `safe.open_bag_file` (one place): external links, external raw storage,
+virtual datasets, soft links that dangle or loop, non-float features, shapes the file does not store and
+arrays larger than the memory available are refused before any array is read.
 Errors: `BagFormatError` naming the file and the missing dataset or attribute; its subclass
 `NonFiniteFeaturesError` for NaN / infinite features.
 """
@@ -67,6 +72,7 @@ from wsi.bags.read import (
     read_bag_attrs,
     read_bag_header,
 )
+from wsi.bags.safe import available_memory, fits_in_memory
 from wsi.bags.write import upgrade_bag, write_bag
 
 __all__ = [
@@ -81,12 +87,14 @@ __all__ = [
     "BagStream",
     "NonFiniteFeaturesError",
     "Rows",
+    "available_memory",
     "bag_info",
     "bag_layout",
     "bag_length",
     "check_finite",
     "find_bad_bags",
     "finite_chunks",
+    "fits_in_memory",
     "grid_step",
     "is_complete_bag",
     "load_bag",

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from wsi.bags.read import Bag, BagStream, read_bag_header
+from wsi.bags.safe import coords_dataset, feature_dataset, open_bag_file
 from wsi.errors import BagFormatError
 
 #: the largest block of feature rows read at once by `find_bad_bags`
@@ -92,8 +92,13 @@ def scan_bag(path: str | os.PathLike[str], *, max_block_bytes: int = _BLOCK_BYTE
         row_bytes = max(1, header.dim * np.dtype(header.dtype).itemsize)
         block = max(1, max_block_bytes // row_bytes)
         n_bad = 0
-        with h5py.File(path, "r") as h5:
-            ds = h5["feats"] if "feats" in h5 else h5["features"]
+        with open_bag_file(path) as h5:
+            ds = feature_dataset(h5, path)
+            coords = coords_dataset(h5, path, "coords", header.n_tiles)
+            if not np.isfinite(coords[()]).all():  # (N, 2): small beside the features
+                return BadBag(
+                    path, f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it"
+                )
             for start in range(0, header.n_tiles, block):
                 n_bad += count_nonfinite_rows(ds[start : start + block])
     except BagFormatError as exc:

@@ -27,7 +27,8 @@ import numpy as np
 
 from wsi.bags.format import FORMAT, BagProvenance
 from wsi.bags.geometry import Placement, place_pixel_layout, place_um_layout
-from wsi.errors import BagFormatError, ConfigError
+from wsi.bags.safe import check_fits, coords_dataset, feature_dataset, native, open_bag_file
+from wsi.errors import BagFormatError, ConfigError, WsiError
 from wsi.hdf5 import attrs_of, plain
 
 log = logging.getLogger(__name__)
@@ -75,15 +76,6 @@ class BagHeader:
     attrs: dict[str, Any]  # root attributes
 
 
-def _open(path: Path) -> h5py.File:
-    if not path.is_file():
-        raise BagFormatError(f"bag {path} does not exist")
-    try:
-        return h5py.File(path, "r")
-    except OSError as exc:
-        raise BagFormatError(f"{path} is not a readable HDF5 bag ({exc}); re-create it") from None
-
-
 def _layout(h5: h5py.File, path: Path) -> str:
     if plain(h5.attrs.get("format")) == FORMAT:
         return "wsi"
@@ -99,76 +91,69 @@ def _layout(h5: h5py.File, path: Path) -> str:
     raise BagFormatError(f"{path} has neither a `feats` nor a `features` dataset; it is not a feature bag")
 
 
-def _feats_ds(h5: h5py.File, path: Path) -> h5py.Dataset:
-    for name in ("feats", "features"):
-        if name in h5:
-            return h5[name]
-    raise BagFormatError(f"{path} has neither a `feats` nor a `features` dataset")
-
-
 def bag_layout(path: str | os.PathLike[str]) -> str:
     """The layout: "wsi", "stamp", "clam" or "trident"; BagFormatError for anything else."""
     path = Path(path)
-    with _open(path) as h5:
+    with open_bag_file(path) as h5:
         return _layout(h5, path)
 
 
 def read_bag_header(path: str | os.PathLike[str]) -> BagHeader:
     """Layout, tile count, feature width and dtype, and root attributes of a bag of any layout."""
     path = Path(path)
-    with _open(path) as h5:
+    with open_bag_file(path) as h5:
         layout = _layout(h5, path)
-        ds = _feats_ds(h5, path)
+        ds = feature_dataset(h5, path)
+        dtype = ds.dtype.newbyteorder("=").name
         if ds.shape == (0,):  # TRIDENT's empty slide: no tiles, and no width either
-            return BagHeader(path, layout, 0, 0, str(ds.dtype), attrs_of(h5))
-        if ds.ndim != 2:
-            raise BagFormatError(f"{path}: features of shape {ds.shape}, expected (N, D)")
-        return BagHeader(path, layout, int(ds.shape[0]), int(ds.shape[1]), str(ds.dtype), attrs_of(h5))
+            return BagHeader(path, layout, 0, 0, dtype, attrs_of(h5))
+        return BagHeader(path, layout, int(ds.shape[0]), int(ds.shape[1]), dtype, attrs_of(h5))
 
 
 def bag_length(path: str | os.PathLike[str]) -> int:
     """Number of tiles, from the dataset shape alone (cheap on thousands of bags)."""
     path = Path(path)
-    with _open(path) as h5:
-        return int(_feats_ds(h5, path).shape[0])
+    with open_bag_file(path) as h5:
+        return int(feature_dataset(h5, path).shape[0])
 
 
 def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python."""
     path = Path(path)
-    with _open(path) as h5:
+    with open_bag_file(path) as h5:
         return attrs_of(h5)
 
 
 def is_complete_bag(path: str | os.PathLike[str], *, encoder: str, weights_sha256: str) -> bool:
     """Whether a re-run may skip `path`: one of ours, readable, from the same encoder and weights."""
+    path = Path(path)
     try:
-        with h5py.File(path, "r") as h5:
+        with open_bag_file(path) as h5:
             attrs = attrs_of(h5)
-            n = int(h5["feats"].shape[0])
+            n = int(feature_dataset(h5, path).shape[0])
+            coords_dataset(h5, path, "coords", n)
             return (
                 attrs.get("format") == FORMAT
                 and attrs.get("encoder") == encoder
                 and attrs.get("weights_sha256") == weights_sha256
-                and h5["coords"].shape == (n, 2)
                 and attrs.get("n_tiles", n) == n
             )
-    except (OSError, KeyError):
+    except WsiError:
         return False
 
 
 def _read_rows(ds: h5py.Dataset, rows: Rows) -> np.ndarray:
     if rows is None:
-        return ds[()]
+        return native(ds[()])
     if isinstance(rows, slice):
-        return ds[rows]
+        return native(ds[rows])
     idx = np.asarray(rows, dtype=np.int64)
     if idx.size and (idx.min() < -ds.shape[0] or idx.max() >= ds.shape[0]):
         raise IndexError(f"rows out of range for a bag of {ds.shape[0]} tiles")
     idx = np.where(idx < 0, idx + ds.shape[0], idx)
     # h5py fancy indexing wants unique increasing indices: read those, then restore the asked order.
     uniq, inverse = np.unique(idx, return_inverse=True)
-    return ds[uniq][inverse] if uniq.size else ds[:0]
+    return native(ds[uniq][inverse] if uniq.size else ds[:0])
 
 
 def _provenance(root: dict[str, Any], path: Path) -> BagProvenance | None:
@@ -210,11 +195,15 @@ class BagStream:
         chunk overwrites (no allocation per chunk): use or copy it before asking for the next."""
         if size < 1:
             raise ValueError(f"chunk size must be at least 1, got {size}")
-        with _open(self.bag.path) as h5:
-            ds = _feats_ds(h5, self.bag.path)
+        with open_bag_file(self.bag.path) as h5:
+            ds = feature_dataset(h5, self.bag.path)
             if ds.shape != (self.n_tiles, self.dim):
                 raise BagFormatError(f"{self.bag.path} changed while it was read; re-run on the final file")
-            buf = np.empty((min(size, self.n_tiles), self.dim), dtype=ds.dtype)
+            dtype = ds.dtype.newbyteorder("=")  # read_direct converts a big-endian bag's values
+            check_fits(
+                self.bag.path, min(size, self.n_tiles) * self.dim * dtype.itemsize, "a chunk of features"
+            )
+            buf = np.empty((min(size, self.n_tiles), self.dim), dtype=dtype)
             for start in range(0, self.n_tiles, size):
                 rows = min(size, self.n_tiles - start)
                 ds.read_direct(buf, np.s_[start : start + rows], np.s_[:rows])
@@ -232,25 +221,36 @@ def open_bag_stream(
 
 
 def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_feats: bool) -> Bag:
-    with _open(path) as h5:
+    with open_bag_file(path) as h5:
         layout = _layout(h5, path)
-        feats_ds = _feats_ds(h5, path)
-        coords_ds = h5["coords"]
+        feats_ds = feature_dataset(h5, path)
         if feats_ds.shape[:1] == (0,):  # TRIDENT writes (0,) or (0, D) for a slide without tissue
             raise BagFormatError(f"{path} holds no tiles: an empty slide, nothing to learn or predict from")
-        if feats_ds.ndim != 2 or coords_ds.ndim != 2 or coords_ds.shape != (feats_ds.shape[0], 2):
-            raise BagFormatError(
-                f"{path}: features {feats_ds.shape} and coords {coords_ds.shape} do not match; "
-                "expected (N, D) and (N, 2)"
-            )
+        n, dim = feats_ds.shape
+        coords_ds = coords_dataset(h5, path, "coords", n)
+        n_read = n if rows is None else len(range(n)[rows]) if isinstance(rows, slice) else len(rows)
+        row_bytes = dim * feats_ds.dtype.itemsize if with_feats else 0
+        what = f"reading {n_read} tiles x {dim} {feats_ds.dtype.newbyteorder('=').name} features"
+        check_fits(path, n_read * row_bytes + n * 32, what if with_feats else f"reading {n} tile positions")
         root = attrs_of(h5)
         attrs = {**root, **attrs_of(coords_ds)}  # CLAM/TRIDENT keep patch attributes on `coords`
         coords = _read_rows(coords_ds, rows)
+        if not np.isfinite(coords).all():
+            raise BagFormatError(
+                f"{path}: tile positions (`coords`) hold NaN or infinite values; re-create it"
+            )
         # positions only: BagStream reads the features later
-        feats = _read_rows(feats_ds, rows) if with_feats else np.empty((len(coords), 0), feats_ds.dtype)
+        feats = (
+            _read_rows(feats_ds, rows)
+            if with_feats
+            else np.empty((len(coords), 0), feats_ds.dtype.newbyteorder("="))
+        )
         coords_px: np.ndarray | None = None
         if layout == "wsi" and "coords_px" in h5:
-            coords_px = _read_rows(h5["coords_px"], rows).astype(np.int64)
+            coords_px = _read_rows(coords_dataset(h5, path, "coords_px", n), rows)
+            if not np.isfinite(coords_px).all():
+                raise BagFormatError(f"{path}: `coords_px` holds NaN or infinite values; re-create it")
+            coords_px = coords_px.astype(np.int64)
 
         def all_coords() -> np.ndarray:  # the whole grid, for a tile size inferred from it
             return np.asarray(coords_ds[()]) if rows is not None else np.asarray(coords)

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, BagProvenance
+from wsi.bags.read import read_bag_attrs
 from wsi.errors import BagFormatError
 from wsi.files import atomic_path, ensure_space
 
@@ -86,9 +87,9 @@ def upgrade_bag(path: str | os.PathLike[str]) -> bool:
     attribute added to the copy, and the copy renamed over the original (never a half-written bag).
     """
     final = Path(path)
-    with h5py.File(final, "r") as h5:
-        if h5.attrs.get("format") != FORMAT or "feat_type" in h5.attrs:
-            return False
+    attrs = read_bag_attrs(final)  # the one safe opener: this file is read (and copied) only if it is a bag
+    if attrs.get("format") != FORMAT or "feat_type" in attrs:
+        return False
     with atomic_path(final) as tmp:
         shutil.copy2(final, tmp)
         with h5py.File(tmp, "a") as h5:
