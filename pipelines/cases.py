@@ -107,13 +107,20 @@ def make_loader(
     device: torch.device,
     n_targets: int,
     generator: torch.Generator | None = None,
+    preload_bytes: int = 0,
 ) -> DataLoader[Any]:
+    """The loader of `items`. `preload_bytes` > 0: an adapter whose dataset can hold every input in
+    memory (bags: `BagDataset.preload`) does so when their files total at most that many bytes, and the
+    loader then runs in this process (no worker processes spawned per epoch to re-read a tiny cohort)."""
+    dataset = CaseDataset(adapter, items, train=train, n_targets=n_targets)
+    preload = getattr(dataset.base, "preload", None)
+    in_memory = preload_bytes > 0 and callable(preload) and bool(preload(preload_bytes))
     return DataLoader(
-        CaseDataset(adapter, items, train=train, n_targets=n_targets),
+        dataset,
         batch_size=batch_size,
         shuffle=train,
         generator=generator if train else None,
-        num_workers=num_workers,
+        num_workers=0 if in_memory else num_workers,
         collate_fn=CaseCollate(adapter),
         pin_memory=device.type == "cuda",
         persistent_workers=False,

@@ -66,6 +66,7 @@ class BagDataset(Dataset[dict[str, Any]]):
         self.mpp = mpp
         self.mpp_by_slide = dict(mpp_by_slide or {})
         self.uses_positions = uses_positions
+        self.cache: list[dict[str, Any]] | None = None  # every sample, once preload() kept them
 
     def __len__(self) -> int:
         return len(self.items)
@@ -74,14 +75,35 @@ class BagDataset(Dataset[dict[str, Any]]):
         """The slide's level-0 um/px given from outside: its own (CSV column), else the run-wide one."""
         return self.mpp_by_slide.get(item.id, self.mpp)
 
+    def preload(self, limit_bytes: int) -> bool:
+        """Read every bag once and keep it in memory when their files hold at most `limit_bytes` (a
+        small cohort: no HDF5 re-read per epoch; training subsamples in memory with the same RNG draw
+        as from disk). False, and nothing read, for larger cohorts: they stay streamed from disk."""
+        if self.cache is not None:
+            return True
+        if sum(Path(item.path).stat().st_size for item in self.items) > limit_bytes:
+            return False
+        self.cache = [self._read(item, None) for item in self.items]
+        return True
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = self.items[index]
+        if self.cache is not None:
+            sample = self.cache[index]
+            n = sample["x"].shape[0]
+            if self.bag_size is None or n <= self.bag_size:
+                return dict(sample)
+            keep = torch.randperm(n)[: self.bag_size].sort().values  # the draw __getitem__ makes from disk
+            return {k: v[keep] if k in _PER_TILE else v for k, v in sample.items()}
         rows = None
         if self.bag_size is not None:
             n = bag_length(item.path)
             if n > self.bag_size:
                 # torch's RNG: seeded per epoch by the loop (and per worker by the DataLoader).
                 rows = torch.randperm(n)[: self.bag_size].sort().values.numpy()
+        return self._read(item, rows)
+
+    def _read(self, item: Item, rows: Any) -> dict[str, Any]:
         bag = load_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
         check_finite(bag)  # NonFiniteFeaturesError naming the bag: never train or predict on NaN
         sample: dict[str, Any] = {
@@ -96,6 +118,10 @@ class BagDataset(Dataset[dict[str, Any]]):
             sample["coords_px"] = torch.from_numpy(bag.coords_px)  # (N, 2) level-0 px
             sample["tile_size_px0"] = bag.tile_size_px0
         return sample
+
+
+#: the sample entries with one row per tile (what a subsample of a cached bag takes rows of)
+_PER_TILE = frozenset({"x", "coords_um", "coords_px"})
 
 
 def collate_bags(samples: list[dict[str, Any]]) -> Batch:
@@ -148,7 +174,8 @@ def _check_stain(provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
         method = want[0] or "none"
         raise ConfigError(
             f"the model was trained on features of tiles with stain normalisation {method} (reference sha256 "
-            f"{str(want[1])[:12]}), but {len(bad)} bag(s) differ: " + "; ".join(bad[:5])
+            f"{str(want[1])[:12]}), but {len(bad)} bag(s) differ: "
+            + "; ".join(bad[:5])
             + ("; ..." if len(bad) > 5 else "")
             + ". Embed the slides as the training bags were (`wsi embed --stain-norm "
             + f"{method} --stain-reference <the training reference>`, or no --stain-norm for none); "

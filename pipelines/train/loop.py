@@ -6,9 +6,10 @@ and go to `model(x, **batch.model_inputs())`; the task kind (`pipelines.task_kin
 a loss (over `group_bags` bags:
 a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
 `fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
-validate, keep the best and last weights, write the log and the resume state, and stop early when
-validation stops improving. Scoring the best weights on the test split is `pipelines.train.evaluate`'s
-job.
+validate, keep the best weights, write the log, last weights and resume state (when the best epoch
+changes, every STATE_EVERY_S and at the end), and stop early when validation stops improving. Inputs
+of a small cohort are read once and held in memory (PRELOAD_BYTES). Scoring the best weights on the
+test split is `pipelines.train.evaluate`'s job.
 
 CUDA path: bf16 autocast, pinned host memory and non-blocking copies, and no host synchronisation per
 step (the loss is summed on the device and read once per epoch).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
@@ -41,8 +40,9 @@ from wsi.pipelines.inputs import Batch, InputAdapter, Item
 from wsi.pipelines.task_kinds import TaskKind
 from wsi.pipelines.tasks import TaskConfig
 from wsi.pipelines.train.augment import BagAugment
-from wsi.pipelines.train.finite import FiniteWatch, check_outputs
+from wsi.pipelines.train.finite import FiniteWatch
 from wsi.pipelines.train.optim import make_optimizer, make_scheduler
+from wsi.pipelines.train.passes import Predicted, forward_batch, peak_mem_mb, predict_loader
 from wsi.pipelines.train.recipe import is_resolved
 from wsi.pipelines.train.selection import Selection
 from wsi.pipelines.train.splits import Split
@@ -56,6 +56,12 @@ LOG_COLUMNS = (
 
 EpochHook = Callable[[dict[str, Any]], None]
 
+#: inputs whose files total at most this many bytes are read once per loader and kept in memory
+PRELOAD_BYTES = 512 * 2**20
+#: the resume state, last.safetensors and log.csv are written at most this often (and whenever the best
+#: epoch changes, and at the end): an epoch of a small cohort takes milliseconds, its state as long
+STATE_EVERY_S = 30.0
+
 
 def log_columns(kind: TaskKind) -> tuple[str, ...]:
     return ("epoch", "train_loss", "val_loss", *kind.val_columns, "lr", "seconds", "peak_mem_mb")
@@ -64,8 +70,7 @@ def log_columns(kind: TaskKind) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------ building blocks
 
 
-def _forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    return model(batch.x.float() if batch.x.dtype == torch.float16 else batch.x, **batch.model_inputs())
+_forward = forward_batch  # one name per module: tests replace the training pass's forward
 
 
 def train_epoch(
@@ -151,66 +156,6 @@ def _group_loss(
     return kind.loss(logits.float(), targets, labels)
 
 
-@dataclass
-class Predicted:
-    """A model's outputs on a loader, in loader order (host arrays)."""
-
-    ids: list[str]
-    labels: np.ndarray  # (n,) int64 batch labels (categorical: the class)
-    targets: np.ndarray  # (n, T) float target vectors
-    logits: np.ndarray  # (n, C) float32
-    outputs: np.ndarray  # (n, K) the kind's outputs (probabilities, values, risk)
-
-
-@torch.inference_mode()
-def predict_loader(
-    model: torch.nn.Module, loader: DataLoader[Any], *, device: torch.device, kind: TaskKind
-) -> Predicted:
-    """Every case of `loader` through the model; one host sync at the end."""
-    model.eval()
-    autocast = autocast_for(device)
-    ids: list[str] = []
-    labels: list[torch.Tensor] = []
-    targets: list[torch.Tensor] = []
-    logits_all: list[torch.Tensor] = []
-    outputs: list[torch.Tensor] = []
-    for batch in loader:
-        if batch.x.shape[0] == 0:
-            continue
-        batch = batch.to(device)
-        with autocast():
-            logits = _forward(model, batch)
-        outputs.append(kind.outputs(logits))
-        logits_all.append(logits.float())
-        labels.append(batch.labels)
-        if batch.targets is not None:
-            targets.append(batch.targets)
-        ids.extend(batch.ids)
-    n_t, n_o = len(kind.target_names), kind.num_outputs
-    if not ids:
-        no_logits = np.zeros((0, n_o), dtype=np.float32)
-        return Predicted([], np.zeros(0, dtype=np.int64), np.zeros((0, n_t)), no_logits, no_logits.copy())
-    out = torch.cat(outputs).cpu().numpy()
-    check_outputs(ids, out)  # no figure and no class from a NaN output
-    return Predicted(
-        ids=ids,
-        labels=torch.cat(labels).cpu().numpy(),
-        targets=torch.cat(targets).cpu().numpy().astype(np.float64) if targets else np.zeros((len(ids), n_t)),
-        logits=torch.cat(logits_all).cpu().numpy(),
-        outputs=out,
-    )
-
-
-def _peak_mem_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    if device.type == "mps":
-        return torch.mps.driver_allocated_memory() / 2**20
-    # CPU: the process's peak resident set (KiB on Linux, bytes on macOS); not reset per epoch
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (2**20 if sys.platform == "darwin" else 2**10)
-
-
 # ---------------------------------------------------------------------------------------------- fit
 
 
@@ -229,6 +174,7 @@ class Trainer:
     generator: torch.Generator  # shuffles the training loader; saved with the resume state
     augment: BagAugment | None  # training batches only (pipelines.train.augment)
     selection: Selection  # the score that picks best.safetensors, and weight averaging
+    saved_at: float = -math.inf  # time.monotonic() of the last resume state written
 
     @classmethod
     def build(
@@ -247,6 +193,7 @@ class Trainer:
             return make_loader(
                 adapter, items, train=train, batch_size=task.batch_size, num_workers=task.num_workers,
                 device=device, generator=generator, n_targets=len(kind.target_names),
+                preload_bytes=PRELOAD_BYTES,
             )  # fmt: skip
 
         train_loader = loader(split.train, train=True)
@@ -292,34 +239,50 @@ class Trainer:
             **{name: round(value, 6) for name, value in figures.items()},
             "lr": self.optimizer.param_groups[0]["lr"],
             "seconds": round(time.perf_counter() - t0, 3),
-            "peak_mem_mb": round(_peak_mem_mb(device), 1),
+            "peak_mem_mb": round(peak_mem_mb(device), 1),
         }
         return row, score
 
     def end_epoch(
-        self, state: TrainState, row: dict[str, Any], score: tuple[float, float], run_dir: Path
+        self,
+        state: TrainState,
+        row: dict[str, Any],
+        score: tuple[float, float],
+        run_dir: Path,
+        *,
+        final: bool = False,
     ) -> None:
-        """Keep the best and last weights, count epochs without progress, save the log and resume state."""
+        """Keep the best weights, count epochs without progress, and save the log, last weights and
+        resume state when due: the best epoch changed (so best.safetensors and the resume state always
+        agree), STATE_EVERY_S passed since the last save, or the run ends (`final`, early stop).
+        A resumed run re-runs the epochs after the last save."""
         epoch = row["epoch"]
         score = self.selection.score(state.log, row, score)
         self.selection.remember(self.model, run_dir, epoch)
-        if state.best_score is None or score > state.best_score:
+        improved = state.best_score is None or score > state.best_score
+        if improved:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
             self.selection.save_best(self.model, run_dir / "best.safetensors", epoch)
         else:
             state.bad_epochs += 1
-        save_weights(self.model, run_dir / "last.safetensors", {"epoch": str(epoch)})
         state.epoch = epoch
         state.log.append(row)
         if self.task.patience and state.bad_epochs >= self.task.patience:  # 0 / None: never
             state.done = True
             log.info("early stop after epoch %d (best %d)", epoch, state.best_epoch)
+        if improved or final or state.done or time.monotonic() - self.saved_at >= STATE_EVERY_S:
+            self.save(state, run_dir)
+
+    def save(self, state: TrainState, run_dir: Path) -> None:
+        """log.csv, last.safetensors and the resume state after `state.epoch`."""
+        save_weights(self.model, run_dir / "last.safetensors", {"epoch": str(state.epoch)})
         columns = log_columns(self.kind)
         write_csv_atomic(run_dir / "log.csv", columns, ([r[c] for c in columns] for r in state.log))
         save_resume(
             run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             loader_generator=self.generator, state=state,
         )  # fmt: skip
+        self.saved_at = time.monotonic()
 
 
 def require_recipe(task: TaskConfig) -> int:
@@ -357,7 +320,7 @@ def fit(
     )  # fmt: skip
     while not state.finished(epochs):
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
-        trainer.end_epoch(state, row, score, run_dir)
+        trainer.end_epoch(state, row, score, run_dir, final=row["epoch"] >= epochs)
         bar.update(1)
         figure = kind.val_columns[0] if kind.val_columns else "val_loss"
         bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: f"{row[figure]:.3f}"})
@@ -371,6 +334,8 @@ def fit(
 
 __all__ = [
     "LOG_COLUMNS",
+    "PRELOAD_BYTES",
+    "STATE_EVERY_S",
     "Predicted",
     "Trainer",
     "fit",

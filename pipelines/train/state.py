@@ -1,7 +1,8 @@
 """Training state: where a run stands (`TrainState`), the random generators (`RngState`), and the
 resume folder that holds both with the model and optimizer, never unpickled.
 
-The resume state is a folder (`resume/`) written atomically after every epoch: the model, the
+The resume state is a folder (`resume/`) written atomically when the loop saves (the best epoch
+changed, `loop.STATE_EVERY_S` passed, or the run ends): the model, the
 optimizer's tensors and the RNG states as safetensors, everything else (the `TrainState`, optimizer
 hyper-parameters, scheduler counters) as JSON. An interrupted run restarts from it exactly.
 """
