@@ -125,7 +125,7 @@ def test_pickled_objects_are_refused(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match=r"objects other than tensors.*GLOBAL"):
         build_encoder("retccl", weights=evil)
     assert not marker.exists()
-    with pytest.raises(WeightsError, match="not a readable"):
+    with pytest.raises(WeightsError, match="is a text file, not weights"):
         load_state_dict_file(_write(tmp_path / "junk.pth", b"definitely not a checkpoint"))
     with pytest.raises(WeightsError, match="no state dict"):
         load_state_dict_file(_save(tmp_path / "list.pth", [1, 2, 3]))

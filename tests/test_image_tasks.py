@@ -324,7 +324,7 @@ def test_input_kinds_come_from_the_registry() -> None:
     from wsi.pipelines.inputs import INPUTS, available_inputs
     from wsi.pipelines.inputs.bags import BagInput
 
-    assert available_inputs() == ["bags", "images"]
+    assert available_inputs() == ["bags", "images", "slide-embeddings"]
     assert INPUTS.get("bags") is BagInput and INPUTS.get("images") is ImageInput
     with pytest.raises(ConfigError, match=r"unknown input 'tiles'.*bags, images"):
         build_input("tiles")

@@ -236,13 +236,15 @@ def test_bag_heatmaps_draw_over_the_slide_when_it_is_reachable(
     _bag_of_a_slide(bags / "here.h5", slide)
     _bag_of_a_slide(bags / "moved.h5", tmp_path / "elsewhere" / "s.svs")
     drawn: list[Path] = []
-    over_slide = predict_module.slide_heatmap
+    import wsi.pipelines.predict.explain as explain_module
+
+    over_slide = explain_module.slide_heatmap
 
     def spy(thumb, *args, **kw):
         drawn.append(Path(thumb[0]))
         return over_slide(thumb, *args, **kw)
 
-    monkeypatch.setattr(predict_module, "slide_heatmap", spy)
+    monkeypatch.setattr(explain_module, "slide_heatmap", spy)
     result = predict(model_dir=run, features_dir=bags, out_dir=tmp_path / "o", progress=False)
     assert [r.status for r in result.results] == ["ok", "ok"]
     assert drawn == [slide]  # `here` over its slide; `moved` (slide not reachable) on a blank canvas

@@ -38,7 +38,9 @@ def _probs(path: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize("layout", ["single", "cv"])
 def test_format_1_run_folders_predict_the_same(cohort, tmp_path: Path, layout: str) -> None:
     """Run folders written before the run record type (model_spec + model, fold-k/) still load, and
-    predict the very probabilities the code that wrote them did (to the 6 decimals of the CSV)."""
+    predict the very probabilities the code that wrote them did: the same class, and each probability
+    within one unit of the CSV's 6th decimal (float32 kernels differ by CPU, so a value on a rounding
+    boundary may print one unit apart on another machine; seen on this project's machines)."""
     run = tmp_path / layout
     shutil.copytree(FIXTURES / layout, run)
     old = json.loads((run / "config.json").read_text())
@@ -47,7 +49,12 @@ def test_format_1_run_folders_predict_the_same(cohort, tmp_path: Path, layout: s
     result = predict(model_dir=run, out_dir=tmp_path / "p", **kw)
     expected = _probs(run / "expected_predictions.csv")
     assert len(expected) == len(cohort.slides)
-    assert _probs(result.predictions_csv) == expected
+    got = _probs(result.predictions_csv)
+    assert got.keys() == expected.keys()
+    for slide, (luad, lusc, predicted) in expected.items():
+        assert got[slide][2] == predicted, slide
+        assert abs(float(got[slide][0]) - float(luad)) <= 1.01e-6, slide
+        assert abs(float(got[slide][1]) - float(lusc)) <= 1.01e-6, slide
     record = read_run_record(run)
     assert record.format_version == FORMAT_VERSION and record.model == old["model"]
     assert record.cv == (2 if layout == "cv" else None)
