@@ -47,8 +47,8 @@ def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Sample
 
     Slides are written once per session into a temporary folder and shared: the same name and kwargs
     return the same file, so treat it as read-only (copy it before damaging it). `name=` picks the file
-    name, which is the slide id tests expect (`<name>.svs`, or `<name>-NNN.svs` when that name was used
-    for other settings); two names with the same settings are two files.
+    name, which is the slide id tests expect: always `<name>.svs` (in a folder of its own when that name
+    was used for other settings); two names with the same settings are two files.
     """
     from wsi.synthetic import write_sample_slide
 
@@ -59,8 +59,9 @@ def make_slide(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Sample
         key = repr((name, sorted(kwargs.items())))
         if key not in made:
             path = folder / f"{name or 'slide'}.svs"
-            if path.exists():  # the name is taken by a slide with other settings
-                path = folder / f"{name or 'slide'}-{len(made):03d}.svs"
+            if path.exists():  # the name is taken by a slide with other settings: same name, own folder
+                path = folder / f"{len(made):03d}" / path.name
+                path.parent.mkdir()
             made[key] = write_sample_slide(path, **kwargs)
         return made[key]
 

@@ -153,7 +153,7 @@ def test_interrupted_write_leaves_nothing_trusted(
     monkeypatch.setattr("wsi.tile_file.h5py.File", dying_file)
     [failed] = tile_slides([src], out_dir=tmp_path, overwrite=True, save_tiles=True)
     monkeypatch.undo()
-    assert failed.status == "failed" and "No space left on device" in failed.error
+    assert failed.status == "failed" and failed.error.startswith("no space left on")
     paths = output_paths(tmp_path, "coarse")
     assert not paths.h5.exists() and not is_complete(paths.h5)
     assert not [p for p in (tmp_path / "tiles").iterdir() if p.name.startswith(".")]  # no temporaries
