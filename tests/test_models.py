@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from tiny_mil import READOUTS, TINY, VARIANTS
+from tiny_mil import tiny_mil as _mil
 
 from wsi.errors import ConfigError
 from wsi.models.param_groups import param_groups
@@ -15,21 +17,6 @@ from wsi.models.presets import (
     build_model,
     build_model_from_config,
 )
-
-VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
-TINY = {"dim": 32, "attn_dim": 16, "heads": 4, "mlp_dim": 48, "depth": 2}
-# How the bag is read (models.mil): the class token (the paper's), the class token with LayerScale on
-# the attention residual, and gated attention pooling over the tile tokens (vit-wsi-small's readout).
-READOUTS = {
-    "cls": {},
-    "cls-scaled": {"attn_layer_scale": 0.3},
-    "gated": {"pool": "gated", "pool_dim": 12, "attn_layer_scale": 0.5},
-}
-
-
-def _mil(attention: str, **kw: object) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model("vit-wsi", attention=attention, in_dim=20, num_classes=3, **{**TINY, **kw}).eval()
 
 
 def _padded(lengths: list[int], dim: int = 20) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
