@@ -84,18 +84,26 @@ class RefPerceiver(nn.Module):
 
     def __init__(self, c: PerceiverConfig) -> None:
         super().__init__()
-        self.share_x, self.share_tf, self.latent_seq = c.share_xattn_start_layer, c.share_tf_start_layer, c.latent_seq + 1
+        self.share_x, self.share_tf = c.share_xattn_start_layer, c.share_tf_start_layer
+        self.latent_seq = c.latent_seq + 1
         self.latents = nn.Parameter(torch.randn(c.latent_seq + 1, c.latent_dim))
+        d = c.latent_dim
+
+        def get_xattn() -> nn.ModuleDict:
+            xattn = RefCrossAttention(d, c.context_dim, d // c.xattn_heads, c.xattn_heads)
+            return nn.ModuleDict({"xattn": xattn, "ff": RefFeedForward(d)})
+
+        def get_transformer() -> nn.ModuleList:
+            blocks = [
+                {"mhsa": RefMHSA(d, c.mhsa_heads), "ff": RefFeedForward(d)}
+                for _ in range(c.transformer_depth)
+            ]
+            return nn.ModuleList([nn.ModuleDict(b) for b in blocks])
+
         layers: list[nn.ModuleDict] = []
         for i in range(c.perceiver_depth):
-            xattn = nn.ModuleDict({
-                "xattn": RefCrossAttention(c.latent_dim, c.context_dim, c.latent_dim // c.xattn_heads, c.xattn_heads),
-                "ff": RefFeedForward(c.latent_dim),
-            }) if i <= self.share_x else layers[-1]["xattn"]  # fmt: skip
-            tf = nn.ModuleList([
-                nn.ModuleDict({"mhsa": RefMHSA(c.latent_dim, c.mhsa_heads), "ff": RefFeedForward(c.latent_dim)})
-                for _ in range(c.transformer_depth)
-            ]) if i <= self.share_tf else layers[-1]["tf"]  # fmt: skip
+            xattn = get_xattn() if i <= self.share_x else layers[-1]["xattn"]
+            tf = get_transformer() if i <= self.share_tf else layers[-1]["tf"]
             layers.append(nn.ModuleDict({"xattn": xattn, "tf": tf}))
         self.layers = nn.ModuleList(layers)
 
@@ -151,6 +159,11 @@ class RefPrism(nn.Module):
         return self.image_resampler(tile_embeddings)
 
 
+# paige-ai/Prism config.json perceiver_config, and PrismConfig.dim_latents (typed in from the authors' files)
+PUBLISHED = PerceiverConfig(
+    latent_seq=512, latent_dim=1280, context_dim=2560, mhsa_heads=8, perceiver_depth=8, transformer_depth=6,
+    share_xattn_start_layer=1, share_tf_start_layer=0, xattn_heads=1, dim_latents=5120,
+)  # fmt: skip
 TINY = PerceiverConfig(latent_seq=8, latent_dim=32, context_dim=2560, mhsa_heads=4, perceiver_depth=4,
                        transformer_depth=2, dim_latents=40)  # fmt: skip
 
@@ -233,19 +246,21 @@ def test_every_vision_tensor_is_checked_and_only_text_is_skipped(tmp_path: Path)
     )
     path = tmp_path / "unshared.pth"
     torch.save(unshared, path)
-    with pytest.raises(WeightsError, match="layers.1.xattn.xattn.to_q.weight and .*layers.2.xattn.xattn.to_q"):
+    with pytest.raises(WeightsError, match=r"layers\.1\.xattn\.xattn\.to_q\.weight and .*layers\.2\.xattn"):
         _load(TINY, path)
     vision_only = tmp_path / "vision.safetensors"  # a checkpoint without the text side loads too
-    save_file({k: v for k, v in state.items() if not k.startswith(("text_", "temperature"))}, str(vision_only))
+    save_file(
+        {k: v for k, v in state.items() if not k.startswith(("text_", "temperature"))}, str(vision_only)
+    )
     feats = torch.randn(20, 2560)
     torch.testing.assert_close(_load(TINY, vision_only).encode(feats, None, 112.0), _embedding(ref, feats),
                                atol=1e-4, rtol=1e-4)  # fmt: skip
 
 
 def test_parameter_count_is_the_published_config() -> None:
-    cfg = PerceiverConfig()  # config.json perceiver_config + dim_latents 5120
+    assert PerceiverConfig() == PUBLISHED  # what `--encoder prism` builds
     with torch.device("meta"):  # built here from the authors' modules; shared ones count once
-        ref = RefPrism(cfg)
+        ref = RefPrism(PUBLISHED)
     vision = sum(p.numel() for n, p in ref.named_parameters() if not n.startswith(("text_", "temperature")))
     assert count_parameters("prism") == vision == get_spec("prism").params == 105_591_040
     resampler = sum(p.numel() for p in ref.image_resampler.parameters())
@@ -302,8 +317,7 @@ def test_stamp_virchow_full_bags_are_virchow(tmp_path: Path, tiny_prism: None) -
 
 @pytest.mark.slow
 def test_full_published_config_equals_the_authors_forward(tmp_path: Path) -> None:
-    cfg = PerceiverConfig()
-    ref = _reference(cfg, seed=3)
+    ref = _reference(PUBLISHED, seed=3)
     path = tmp_path / "model.safetensors"
     save_model(ref, str(path))
     del ref.text_decoder

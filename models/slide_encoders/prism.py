@@ -157,7 +157,10 @@ class PrismEncoder(SlideEncoder):
         n_tf = min(cfg.share_tf_start_layer, cfg.perceiver_depth - 1) + 1
         self.xattn = nn.ModuleList([_CrossAttention(cfg) for _ in range(n_xattn)])
         self.tf = nn.ModuleList(
-            [nn.ModuleList([_SelfAttentionBlock(cfg) for _ in range(cfg.transformer_depth)]) for _ in range(n_tf)]
+            [
+                nn.ModuleList([_SelfAttentionBlock(cfg) for _ in range(cfg.transformer_depth)])
+                for _ in range(n_tf)
+            ]
         )
         self.cls_norm = nn.LayerNorm(cfg.latent_dim)
         self.img_norm = nn.LayerNorm(cfg.latent_dim)  # the image latents' norm (text decoder input)
@@ -197,7 +200,7 @@ class PrismEncoder(SlideEncoder):
                 continue
             out[ours], source[ours] = value, key
         if skipped:
-            log.info("PRISM: %d text-decoder tensors skipped (the slide embedding does not use them)", skipped)
+            log.info("PRISM: %d text-side tensors skipped (the slide embedding does not use them)", skipped)
         return out
 
     def _our_name(self, key: str) -> str:
@@ -222,7 +225,7 @@ class PrismEncoder(SlideEncoder):
 
 
 def _ff(rest: str) -> str:
-    """FeedForward.net is Sequential(Linear, GEGLU, Linear, Dropout): ff.net.0 -> ff.fc1, ff.net.2 -> ff.fc2."""
+    """FeedForward.net is Sequential(Linear, GEGLU, Linear, Dropout): net.0 -> fc1, net.2 -> fc2."""
     return re.sub(r"^ff\.net\.([02])\.", lambda m: "ff.fc1." if m[1] == "0" else "ff.fc2.", rest)
 
 
