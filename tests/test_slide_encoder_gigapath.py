@@ -241,8 +241,8 @@ def test_dilated_attention_equals_the_authors_scattering(length: int, monkeypatc
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     monkeypatch.setattr(ln, "_CPU_FLASH", None)  # the explicit path (CUDA), a few rows at a time
     monkeypatch.setattr(ln, "ATTN_BLOCK", 5)
-    torch.testing.assert_close(ln.dilated_attention(q[0], k[0], v[0], (8, 16, 32, 64, 128),
-                                                    (1, 2, 4, 8, 16)), want, atol=1e-10, rtol=1e-10)  # fmt: skip
+    got = ln.dilated_attention(q[0], k[0], v[0], (8, 16, 32, 64, 128), (1, 2, 4, 8, 16))
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("layer", [1, None])
@@ -265,7 +265,7 @@ def test_tiny_config_equals_the_authors_forward(layer: int | None, tmp_path: Pat
 def test_published_model_equals_the_authors_forward(name: str, layer: int | None, tmp_path: Path) -> None:
     """The full published configuration; 1,100 tiles fill one 1024 segment and pad the next."""
     ref = _randomise(RefLongNetViT(ln.LongNetConfig(), rows_h=2), seed=5)
-    path = _save_authors_checkpoint(ref, tmp_path / "slide_encoder.pth")
+    _save_authors_checkpoint(ref, tmp_path / "slide_encoder.pth")
     model = build_slide_encoder(name, weights=tmp_path)  # the model folder works: slide_encoder.pth
     coords_um, _ = _strip_bag(1100, rows_h=2, seed=6)
     feats = torch.randn(1100, 1536).half()  # as `wsi embed` stores bags
@@ -356,5 +356,7 @@ def test_embed_slides_end_to_end(tmp_path: Path) -> None:
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     ref = RefLongNetViT(TINY, in_chans=48, rows_h=1)
     path = _save_authors_checkpoint(ref, tmp_path / "slide_encoder.pth")
-    with pytest.raises(WeightsError, match=r"does not fit slide encoder 'gigapath'.*missing: encoder\.layers\.10"):
+    with pytest.raises(
+        WeightsError, match=r"does not fit slide encoder 'gigapath'.*missing: encoder\.layers\.10"
+    ):
         build_slide_encoder("gigapath", weights=path)

@@ -80,7 +80,8 @@ def grid_cells(coords_um: torch.Tensor, tile_size_um: float, ngrids: int = SLIDE
 def tiler_order(cells: torch.Tensor, coords_um: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
     """Row-major order (y, then x), as the authors' tiler lists tiles; exact ties by position, then by
     the features, so that any permutation of a bag's rows gives one sequence."""
-    keys = [feats.float().sum(1).double().cpu(), coords_um[:, 0].double().cpu(),
+    sums = torch.cat([feats[s : s + ROW_CHUNK].float().sum(1) for s in range(0, feats.shape[0], ROW_CHUNK)])
+    keys = [sums.double().cpu(), coords_um[:, 0].double().cpu(),
             coords_um[:, 1].double().cpu(), cells[:, 0].cpu(), cells[:, 1].cpu()]  # fmt: skip
     order = torch.arange(cells.shape[0])
     for key in keys:  # stable sorts, least significant key first
@@ -125,15 +126,16 @@ class _GigaPath(SlideEncoder):
         if coords_um is None:
             raise BagFormatError("Prov-GigaPath's slide encoder needs the tiles' positions in micrometres")
         cells = grid_cells(coords_um, tile_size_um, self.ngrids)
-        order = tiler_order(cells, coords_um, feats)
-        feats, cells = feats[order], cells[order.to(cells.device)]
+        order = tiler_order(cells, coords_um, feats)  # rows picked chunk by chunk: the bag is not copied
+        cells = cells[order.to(cells.device)]
         dim, device = self.config.dim, self.cls_token.device
         x = torch.empty(feats.shape[0] + 1, dim, dtype=torch.float32, device=device)
         x[0] = self.cls_token[0, 0]  # + pos_embed[0], which is zeros
         proj = self.patch_embed.proj
         for s in range(0, feats.shape[0], ROW_CHUNK):
             pos = position_embedding(cells[s : s + ROW_CHUNK].cpu(), dim).to(device, torch.float32)
-            x[1 + s : 1 + s + ROW_CHUNK] = proj(feats[s : s + ROW_CHUNK].to(device, torch.float32)) + pos
+            rows = feats[order[s : s + ROW_CHUNK]].to(device, torch.float32)
+            x[1 + s : 1 + s + ROW_CHUNK] = proj(rows) + pos
         layers = self.encoder.layers if self.LAYER is None else self.encoder.layers[: self.LAYER]
         for layer in layers:
             x = layer(x)
@@ -147,7 +149,7 @@ def _spec(output: str) -> SlideEncoderSpec:
         tile_encoders=("prov-gigapath",), tile_size_um=128.0, tile_mpp=0.5, in_dim=1536, dim=768,
         params=86_330_880,  # demo/run_gigapath.ipynb: "Slide encoder param # 86330880"
         licence="Apache-2.0 (LICENSE since 2025-03; model card: research use only, gated on Hugging Face)",
-        weights_page="https://huggingface.co/prov-gigapath/prov-gigapath (slide_encoder.pth)",
+        weights_page="https://huggingface.co/prov-gigapath/prov-gigapath",
         weights_files=("slide_encoder.pth",), reference=f"{_REFERENCE}; output: {output}",
         # the authors say nothing on patients; STAMP lays a patient's slides side by side on one grid,
         # which can overflow the 1000-tile grid: the mean of the slide embeddings instead
