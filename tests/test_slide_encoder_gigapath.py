@@ -360,3 +360,16 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
         WeightsError, match=r"does not fit slide encoder 'gigapath'.*missing: encoder\.layers\.10"
     ):
         build_slide_encoder("gigapath", weights=path)
+
+
+def test_encoders_cli_lists_it() -> None:
+    from click.testing import CliRunner
+
+    from wsi.cli.main import cli
+
+    table = CliRunner().invoke(cli, ["encoders", "--slide"])
+    assert table.exit_code == 0
+    assert any(row.split()[:2] == ["gigapath", "prov-gigapath"] and "86.33M" in row
+               for row in table.output.splitlines())  # fmt: skip
+    one = CliRunner().invoke(cli, ["encoders", "--slide", "gigapath"])
+    assert "huggingface.co/prov-gigapath/prov-gigapath" in one.output and "slide_encoder.pth" in one.output
