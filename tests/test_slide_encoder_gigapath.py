@@ -373,3 +373,16 @@ def test_encoders_cli_lists_it() -> None:
                for row in table.output.splitlines())  # fmt: skip
     one = CliRunner().invoke(cli, ["encoders", "--slide", "gigapath"])
     assert "huggingface.co/prov-gigapath/prov-gigapath" in one.output and "slide_encoder.pth" in one.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_cpu() -> None:
+    """On CUDA the sparse segments go through chunked matmuls instead of the fused CPU kernel."""
+    torch.manual_seed(0)
+    model = type("Tiny", (GigaPath,), {"LAYER": None})(TINY, in_dim=48).eval()
+    coords_um, _ = _strip_bag(3000, rows_h=40, seed=9)
+    feats = torch.randn(3000, 48).half()
+    want = model.encode(feats, coords_um, 128.0)
+    got = model.cuda().encode(feats.cuda(), coords_um.cuda(), 128.0).cpu()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
