@@ -214,24 +214,30 @@ class Titan(SlideEncoder):
         return self._neg_slopes[:, None, None] * dist[None]
 
     def _block(self, blk: _Block, x: torch.Tensor, points: torch.Tensor) -> None:
-        """x (T, dim) <- blk(x), in place: K/V of all tokens, then query rows a block at a time."""
+        """x (T, dim) <- blk(x), in place: K/V of all tokens, then rows a chunk at a time (projections and
+        MLP on `ROW_CHUNK` rows, attention scores on as many query rows as `SCORE_BYTES` allows)."""
         t, dim = x.shape
         h, hd = self.heads, dim // self.heads
         w_q, w_k, w_v = blk.attn.qkv.weight.split(dim)
         b_q, b_k, b_v = blk.attn.qkv.bias.split(dim)
-        k = torch.empty(h, t, hd, device=x.device)
-        v = torch.empty(h, t, hd, device=x.device)
+        k = torch.empty(1, h, t, hd, device=x.device)
+        v = torch.empty(1, h, t, hd, device=x.device)
         for s in range(0, t, ROW_CHUNK):
             y = blk.norm1(x[s : s + ROW_CHUNK])
-            k[:, s : s + len(y)] = F.linear(y, w_k, b_k).view(-1, h, hd).transpose(0, 1)
-            v[:, s : s + len(y)] = F.linear(y, w_v, b_v).view(-1, h, hd).transpose(0, 1)
+            k[0, :, s : s + len(y)] = F.linear(y, w_k, b_k).view(-1, h, hd).transpose(0, 1)
+            v[0, :, s : s + len(y)] = F.linear(y, w_v, b_v).view(-1, h, hd).transpose(0, 1)
         rows = max(1, min(t, SCORE_BYTES // (4 * h * t)))
-        for s in range(0, t, rows):
-            e = min(t, s + rows)
-            # rows s:e of x are still this block's input: earlier blocks of rows only changed their own
-            q = F.linear(blk.norm1(x[s:e]), w_q, b_q).view(-1, h, hd).transpose(0, 1)
-            out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=self._bias(points, s, e)[None])
-            x[s:e] += blk.attn.proj(out[0].transpose(0, 1).reshape(e - s, dim))
+        for s in range(0, t, ROW_CHUNK):
+            e = min(t, s + ROW_CHUNK)
+            # rows s:e of x are still this block's input: earlier chunks only changed their own rows
+            q = F.linear(blk.norm1(x[s:e]), w_q, b_q).view(-1, h, hd).transpose(0, 1)[None]
+            out = torch.empty(e - s, h, hd, device=x.device)
+            for a in range(s, e, rows):
+                b = min(e, a + rows)
+                bias = self._bias(points, a, b)[None]
+                att = F.scaled_dot_product_attention(q[:, :, a - s : b - s], k, v, attn_mask=bias)
+                out[a - s : b - s] = att[0].transpose(0, 1)
+            x[s:e] += blk.attn.proj(out.view(e - s, dim))
             x[s:e] += blk.mlp(blk.norm2(x[s:e]))
 
     @torch.no_grad()
