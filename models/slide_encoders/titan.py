@@ -69,7 +69,8 @@ def tile_grid(coords_um: torch.Tensor, tile_size_um: float) -> torch.Tensor:
     """(N, 2) grid cells floor((coords - min) / tile side), int64: TITAN's positions from micrometres."""
     if tile_size_um <= 0:
         raise ValueError(f"TITAN needs the tile side in micrometres, got {tile_size_um}")
-    rel = (coords_um.double() - coords_um.double().min(0).values) / float(tile_size_um)
+    coords = coords_um.detach().cpu().double()  # float64 on the CPU: MPS has no float64
+    rel = (coords - coords.min(0).values) / float(tile_size_um)
     return torch.floor(rel + _GRID_TOL).long()
 
 
