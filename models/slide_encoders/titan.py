@@ -207,8 +207,8 @@ class Titan(SlideEncoder):
     # ------------------------------------------------------------------------------------- attention
     def _bias(self, points: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """ALiBi bias (heads, stop - start, T) of token rows start:stop against all T tokens (0 = class)."""
-        pq, pk = points[start:stop], points
-        dist = torch.sqrt((pq[:, None, 0] - pk[None, :, 0]) ** 2 + (pq[:, None, 1] - pk[None, :, 1]) ** 2)
+        # exact Euclidean distances (not the |a|^2 + |b|^2 - 2ab matrix-product shortcut)
+        dist = torch.cdist(points[start:stop], points, compute_mode="donot_use_mm_for_euclid_dist")
         dist[:, 0] = 0.0  # the class token is at no distance from anything
         if start == 0:
             dist[0] = 0.0
