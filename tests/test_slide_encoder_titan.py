@@ -315,3 +315,14 @@ def test_embed_slides_cli_and_wrong_tile_encoder(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "titan-slide").glob("*.h5")] == ["good.h5"]
     listing = CliRunner().invoke(cli, ["encoders", "--slide"])
     assert listing.exit_code == 0 and "titan" in listing.output and "conch-v1.5" in listing.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_cpu(model, monkeypatch) -> None:
+    feats, _, coords_um, _ = _slide(n=150, seed=9)
+    want = model.encode(feats, coords_um.float(), 256.0)
+    gpu = build_slide_encoder("titan", random_init=True).cuda()
+    monkeypatch.setattr(titan_mod, "SCORE_BYTES", 4 * 12 * 151 * 40)  # blocks of query rows on the GPU too
+    got = gpu.encode(feats.half().cuda(), coords_um.float().cuda(), 256.0).cpu()
+    assert F.cosine_similarity(got, want, dim=0) > 0.999
