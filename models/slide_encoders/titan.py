@@ -150,6 +150,7 @@ class Titan(SlideEncoder):
         # slide (encode_patients_), we average the slide embeddings instead
         uses_positions=True, patient_fusion="late",
     )  # fmt: skip
+    _neg_slopes: torch.Tensor  # -ALiBi slope per head (a buffer: follows the model to its device)
 
     def __init__(
         self,
