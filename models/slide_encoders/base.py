@@ -78,6 +78,7 @@ SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
         "wsi.models.slide_encoders.chief",
         "wsi.models.slide_encoders.prism",
         "wsi.models.slide_encoders.gigapath",
+        "wsi.models.slide_encoders.titan",
     ),
 )
 
