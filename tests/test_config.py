@@ -23,3 +23,9 @@ def test_task_replace_checks_each_value_against_its_own_field() -> None:
         task.replace(**{"epochs.x": 1})
     with pytest.raises(ConfigError, match="epochs must be at least 1"):
         task.replace(epochs=0)
+
+
+def test_task_replace_sets_keys_of_a_free_form_mapping() -> None:
+    task = load_task("nsclc-subtype")
+    changed = task.replace(**{"input_options.bag_size": 64})
+    assert changed.input_options == {**task.input_options, "bag_size": 64}

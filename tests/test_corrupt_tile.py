@@ -8,7 +8,6 @@ copy with many bad tiles still fails as a damaged file.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -93,12 +92,13 @@ def test_the_slide_is_tiled_and_the_bad_tiles_counted(
     x0, y0 = COL * JPEG_TILE_PX, ROW * JPEG_TILE_PX
     hit_x = [x for x in range(0, 2220 - step + 1, step) if x < x0 + JPEG_TILE_PX and x + step > x0]
     hit_y = [y for y in range(0, 2967 - step + 1, step) if y < y0 + JPEG_TILE_PX and y + step > y0]
-    assert meta["n_unreadable"] == len(hit_x) * len(hit_y) == 4
-    assert meta["n_kept"] == result.n == meta["n_tissue"] - 4 - meta["n_background"] - meta["n_blurry"] > 0
+    c = meta.counts
+    assert c.n_unreadable == len(hit_x) * len(hit_y) == 4
+    assert c.n_kept == result.n == c.n_tissue - 4 - c.n_background - c.n_blurry > 0
     # the real place, in the tile file, the manifest row and the log; "x=0 y=0" nowhere
-    assert json.loads(meta["unreadable_regions"]) == [[x0, y0, JPEG_TILE_PX, JPEG_TILE_PX, 0]]
-    assert meta["n_thumbnail_unreadable"] == 1
-    assert (meta["n_file_tiles_unreadable"], meta["n_file_tiles_tissue"]) == (1, 59)
+    assert meta.damage.regions == ((x0, y0, JPEG_TILE_PX, JPEG_TILE_PX, 0),)
+    assert meta.damage.n_thumbnail_unreadable == 1
+    assert (meta.damage.n_file_tiles_unreadable, meta.damage.n_file_tiles_tissue) == (1, 59)
     [row] = read_manifest(tmp_path / "tiles" / "manifest.csv")
     assert row.status == "ok" and f"x={x0} y={y0}" in row.error and "4 of 10 tissue tiles" in row.error
     assert "x=0 y=0" not in caplog.text
