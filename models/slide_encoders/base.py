@@ -72,7 +72,12 @@ class SlideEncoder(nn.Module):
 
 
 SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
-    "slide encoder", modules=("wsi.models.slide_encoders.feather", "wsi.models.slide_encoders.chief")
+    "slide encoder",
+    modules=(
+        "wsi.models.slide_encoders.feather",
+        "wsi.models.slide_encoders.chief",
+        "wsi.models.slide_encoders.madeleine",
+    ),
 )
 
 
