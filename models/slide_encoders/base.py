@@ -77,6 +77,7 @@ SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
         "wsi.models.slide_encoders.feather",
         "wsi.models.slide_encoders.chief",
         "wsi.models.slide_encoders.madeleine",
+        "wsi.models.slide_encoders.cobra",
     ),
 )
 
