@@ -51,7 +51,10 @@ class Mamba2Step(nn.Module):
             z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.d_inner + 2 * self.d_state, self.nheads], -1)
             conv_state = torch.roll(conv_state, shifts=-1, dims=-1)
             conv_state[:, :, -1] = xBC
-            xBC = torch.sum(conv_state * rearrange(self.conv1d.weight, "d 1 w -> d w"), dim=-1) + self.conv1d.bias
+            xBC = (
+                torch.sum(conv_state * rearrange(self.conv1d.weight, "d 1 w -> d w"), dim=-1)
+                + self.conv1d.bias
+            )
             xBC = F.silu(xBC)
             x, B, C = torch.split(xBC, [self.d_inner, self.d_state, self.d_state], dim=-1)
             A = -torch.exp(self.A_log)
@@ -70,7 +73,7 @@ class Mamba2Step(nn.Module):
 class Embed(nn.Module):
     def __init__(self, dim: int, embed_dim: int = 768, dropout: float = 0.25) -> None:
         super().__init__()
-        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, embed_dim), nn.Dropout(dropout), nn.SiLU(),
+        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, embed_dim), nn.Dropout(dropout), nn.SiLU(),  # noqa: E501
                                   nn.Linear(embed_dim, embed_dim))  # fmt: skip
 
 
@@ -132,7 +135,9 @@ def _reference(seed: int = 1) -> CobraReference:
     with torch.no_grad():
         for name, p in ref.named_parameters():
             if not name.endswith(("dt_bias", "A_log", "D")):  # those keep Mamba2's own initialisation
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05 + (1.0 if name.endswith("norm.weight") else 0))
+                p.copy_(
+                    torch.randn(p.shape, generator=g) * 0.05 + (1.0 if name.endswith("norm.weight") else 0)
+                )
     return ref.eval()
 
 

@@ -141,7 +141,7 @@ def test_weights_are_checked_key_by_key(tmp_path: Path) -> None:
         build_slide_encoder("madeleine", weights=tmp_path / "short.pt")
     torch.save({k: v[..., :1] if k == "projector.weight" else v for k, v in ref.state_dict().items()},
                tmp_path / "narrow.pt")  # fmt: skip
-    with pytest.raises(WeightsError, match="wrong shape.*projector.weight"):
+    with pytest.raises(WeightsError, match=r"wrong shape.*projector\.weight"):
         build_slide_encoder("madeleine", weights=tmp_path / "narrow.pt")
     assert build_slide_encoder("madeleine", weights=tmp_path).weights_sha256  # the model folder works
 
@@ -190,5 +190,5 @@ def test_stamp_conch_bags_are_conch_v1(tmp_path: Path) -> None:
     assert source.encoder == "conch-v1"
     with h5py.File(path, "a") as h5:
         h5.attrs["extractor"] = "conch1_5-abc123"
-    with pytest.raises(BagFormatError, match="holds conch-v1.5 features, but slide encoder 'madeleine'"):
+    with pytest.raises(BagFormatError, match=r"holds conch-v1\.5 features, but slide encoder 'madeleine'"):
         check_bag(load_bag(path, require_um=False), get_spec("madeleine"), "madeleine")

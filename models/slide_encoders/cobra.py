@@ -21,7 +21,9 @@ COBRA README and STAMP's required_extractors list; 224 um tiles at 224 px (extra
 Order: Mamba-2 reads the tiles as a sequence. The authors feed the file's row order and pretrained on
 randomly permuted tiles (cobra/ssl/data.py pad_or_sample), so no order is theirs; we sort the tiles by
 position (rows top to bottom, left to right within a row) so that the embedding is a function of the
-slide, not of how its bag's rows happen to be stored. No positions enter the model otherwise.
+slide, not of how its bag's rows happen to be stored (so the spec says it uses positions: a bag without
+them is refused). No positions enter the model otherwise. A patient's bags (early fusion, as
+cobra/inference/extract_feats.py get_pat_embs concatenates them) are read in slide order, rows as stored.
 Memory: the sequence is streamed `CHUNK_TILES` tiles at a time (Mamba's conv and SSM states carried
 between chunks, online softmax for the pooling): exact, and bounded on 100,000-tile slides.
 """
@@ -128,11 +130,13 @@ def raster_order(coords_um: torch.Tensor) -> torch.Tensor:
 def _spec(tile_encoder: str, in_dim: int, dim: int) -> SlideEncoderSpec:
     return SlideEncoderSpec(
         tile_encoders=(tile_encoder,), tile_size_um=224.0, tile_mpp=1.0, in_dim=in_dim, dim=dim,
-        params=COBRA_II_PARAMS, licence="CC-BY-NC-ND 4.0 (non-commercial; gated on Hugging Face)",
+        params=COBRA_II_PARAMS,
+        licence="GPL-3.0 (KatherLab/COBRA LICENSE; weights gated on Hugging Face, model card terms)",
         weights_page="https://huggingface.co/KatherLab/COBRA", weights_files=("cobraII.pth.tar",),
         reference="KatherLab/COBRA 49d2311 cobra/model/cobra.py + utils/load_cobra.py get_cobraII + "
         "utils/mamba2.py; state-spaces/mamba e9594ce mamba_ssm/modules/mamba2.py",
-        uses_positions=False, patient_fusion="early",  # COBRA get_pat_embs and STAMP: tiles concatenated
+        # positions order the sequence (module docstring), so bags without micrometre positions are refused
+        uses_positions=True, patient_fusion="early",  # COBRA get_pat_embs and STAMP: tiles concatenated
     )  # fmt: skip
 
 

@@ -132,4 +132,3 @@ class Madeleine(SlideEncoder):
         del coords_um, tile_size_um  # attention pooling: permutation invariant, reads no positions
         pooled = multi_head_pool(self._heads, feats)  # (512, 4)
         return self.projector(pooled.flatten())  # flattened e*4 + c, as .view(bs, d_out * n_heads)
-
