@@ -30,7 +30,7 @@ between chunks, online softmax for the pooling): exact, and bounded on 100,000-t
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
@@ -64,7 +64,8 @@ class _Mamba2Enc(nn.Module):
     def forward(self, x: torch.Tensor, states: list[State]) -> torch.Tensor:
         h = self._fc1(x)
         for i, layer in enumerate(self.layers):
-            out, states[i] = layer[1](layer[0](h), states[i])
+            norm, mixer = cast(nn.Sequential, layer)
+            out, states[i] = mixer(norm(h), states[i])
             h = h + out
         return self.classifier(h)
 
@@ -102,7 +103,8 @@ class _Cobra(SlideEncoder):
         return state
 
     def _scores(self, x: torch.Tensor, states: list[State]) -> torch.Tensor:
-        h = self.norm(self.mamba_enc(self.embed[str(self.TILE_DIM)].head(x), states))
+        embed = cast(_Embed, self.embed[str(self.TILE_DIM)])
+        h = self.norm(self.mamba_enc(embed.head(x), states))
         h = h.unflatten(-1, (EMBED_DIM // N_HEADS, N_HEADS))  # (n, e, c): column e*4 + c
         return torch.stack([net(h[:, :, c]) for c, net in enumerate(self.attn)], -1).mean(-1)
 
@@ -110,15 +112,18 @@ class _Cobra(SlideEncoder):
         self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
     ) -> torch.Tensor:
         del tile_size_um
-        x = feats[:, : self.TILE_DIM]
-        if coords_um is not None:
-            x = x[raster_order(coords_um)]
-        states = [layer[1].initial_state(x.device) for layer in self.mamba_enc.layers]
+        n = feats.shape[0]
+        order = raster_order(coords_um) if coords_um is not None else torch.arange(n, device=feats.device)
+        states = [cast(Mamba2Mixer, cast(nn.Sequential, layer)[1]).initial_state(feats.device)
+                  for layer in self.mamba_enc.layers]  # fmt: skip
 
-        def scores(chunk: torch.Tensor) -> torch.Tensor:  # called once per chunk, in sequence order
-            return self._scores(chunk.float(), states)
+        def rows(idx: torch.Tensor) -> torch.Tensor:  # gathered per chunk: the bag is never copied whole
+            return feats[idx, : self.TILE_DIM].float()
 
-        return base.streaming_attention_pool(scores, lambda chunk: chunk.float(), x)
+        def scores(idx: torch.Tensor) -> torch.Tensor:  # called once per chunk, in sequence order
+            return self._scores(rows(idx), states)
+
+        return base.streaming_attention_pool(scores, rows, order)
 
 
 def raster_order(coords_um: torch.Tensor) -> torch.Tensor:
