@@ -239,3 +239,49 @@ def test_checkpoint_layouts(checkpoint, tmp_path: Path) -> None:
     torch.save({k: v for k, v in bare.items() if "mamba_enc.layers.0.1" not in k}, tmp_path / "short.pth")
     with pytest.raises(WeightsError, match=r"8 missing: mamba_enc\.layers\.0\.1\.A_log"):
         build_slide_encoder("cobra-uni", weights=tmp_path / "short.pth")
+
+
+def _bag(path: Path, encoder: str, dim: int, tile_um: float = 224.0, n: int = 24) -> torch.Tensor:
+    import numpy as np
+
+    from wsi.bags import BagProvenance, write_bag
+
+    feats = np.random.default_rng(len(path.stem)).normal(size=(n, dim)).astype(np.float32)
+    coords_um = np.stack([np.arange(n) % 6, np.arange(n) // 6], axis=1).astype(np.float32) * tile_um
+    prov = BagProvenance(
+        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_size_um=tile_um,
+        tile_size_px=round(tile_um), mpp=0.25, level0_width=9000, level0_height=9000,
+        tile_params={"tile_um": tile_um}, target_mpp=1.0,
+    )  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = np.random.default_rng(0).permutation(n)  # stored in no particular order
+    px = (coords_um[rows] / 0.25).astype(np.int64)
+    write_bag(path, feats=feats[rows], coords_um=coords_um[rows], coords_px=px, provenance=prov,
+              dtype="float32")  # fmt: skip
+    return torch.from_numpy(feats)
+
+
+def test_embed_slides_refuses_another_tile_encoder_and_pools_patients(tmp_path: Path) -> None:
+    from wsi.pipelines.embed_slides import embed_slides, read_embedding
+
+    a = _bag(tmp_path / "bags" / "a.h5", "uni", 1024)
+    b = _bag(tmp_path / "bags" / "bb.h5", "uni", 1024)
+    _bag(tmp_path / "bags" / "ccc.h5", "virchow2", 2560)
+    out, results = embed_slides(features=tmp_path / "bags", encoder="cobra-uni", random_init=True,
+                                out=tmp_path / "out")  # fmt: skip
+    by_id = {r.slide_id: r for r in results}
+    assert by_id["a"].status == by_id["bb"].status == "ok"
+    error = str(by_id["ccc"].error)
+    assert "holds virchow2 features, but slide encoder 'cobra-uni' reads uni features" in error
+    model = build_slide_encoder("cobra-uni", random_init=True)
+    grid = torch.stack([torch.arange(24) % 6, torch.arange(24) // 6], 1).float() * 224.0
+    want = model.encode(a, grid, 224.0)  # rows stored shuffled: the embedding of the slide in raster order
+    got = torch.from_numpy(read_embedding(out / "a.h5").vector)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    table = tmp_path / "slides.csv"
+    table.write_text("patient,slide\nP1,a\nP1,bb\n")
+    out_p, results = embed_slides(features=tmp_path / "bags", encoder="cobra-uni", random_init=True,
+                                  out=tmp_path / "out", level="patient", slide_table=table)  # fmt: skip
+    assert [r.status for r in results] == ["ok"]
+    assert read_embedding(out_p / "P1.h5").vector.shape == (1024,)
+    del b
