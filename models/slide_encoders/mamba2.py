@@ -88,10 +88,11 @@ def _ssd_block(
     """One block of the scan. x (T, H, P), dt/a (T, H), b/c (T, N), h0 (H, P, N) -> y (T, H, P), h_T."""
     cum = torch.cumsum(a, 0)  # (T, H): log decay from the block start to t, inclusive
     t = x.shape[0]
-    causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-    seg = (cum[:, None, :] - cum[None, :, :]).masked_fill(~causal[:, :, None], float("-inf"))  # (T, S, H)
-    weights = (c @ b.T)[None] * torch.exp(seg.permute(2, 0, 1)) * dt.T[:, None, :]  # (H, T, S)
-    y = torch.bmm(weights, x.transpose(0, 1)).transpose(0, 1)  # (T, H, P)
+    cum_h = cum.T.contiguous()  # (H, T): every (H, T, S) tensor below is contiguous, for a fast bmm
+    seg = cum_h[:, :, None] - cum_h[:, None, :]  # (H, T, S): log decay from step s to step t
+    seg = seg.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+    weights = torch.exp(seg).mul_((c @ b.T)[None]).mul_(dt.T[:, None, :])  # (H, T, S)
+    y = torch.bmm(weights, x.transpose(0, 1).contiguous()).transpose(0, 1)  # (T, H, P)
     n_h, n_p = x.shape[1], x.shape[2]
     y = y + torch.exp(cum)[:, :, None] * (c @ h0.reshape(n_h * n_p, -1).T).view(t, n_h, n_p)  # carried in
     to_end = torch.exp(cum[-1][None, :] - cum) * dt  # (S, H): decay from step s to the block end
