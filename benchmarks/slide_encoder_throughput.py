@@ -9,6 +9,11 @@ given (`--device cuda`), reports torch.cuda.max_memory_allocated instead.
     python benchmarks/slide_encoder_throughput.py                    # the table in docs/benchmarks.md
     python benchmarks/slide_encoder_throughput.py --one-pass         # the authors' one-pass memory
     python benchmarks/slide_encoder_throughput.py --tiles 1000 --encoders chief   # smoke run
+    python benchmarks/slide_encoder_throughput.py --encoders gigapath --depth 1   # 1 LongNet layer
+
+`--depth K` keeps the first K transformer layers of encoders that have them (Prov-GigaPath): layers run
+one after the other and free their activations, so the peak memory is the full model's and the time
+scales with the number of layers (gigapath runs 11 of its 12).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ def _rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-def _point(name: str, n: int, device: str, one_pass: bool, threads: int, out: mp.Queue) -> None:
+def _point(
+    name: str, n: int, device: str, one_pass: bool, threads: int, depth: int | None, out: mp.Queue
+) -> None:
     import torch
 
     from wsi.models import slide_encoders
@@ -37,6 +44,9 @@ def _point(name: str, n: int, device: str, one_pass: bool, threads: int, out: mp
     torch.set_num_threads(threads)
     spec = get_spec(name)
     model = build_slide_encoder(name, random_init=True).to(device)
+    layers = getattr(getattr(model, "encoder", None), "layers", None)
+    if depth is not None and layers is not None:
+        model.encoder.layers = layers[:depth]
     g = torch.Generator().manual_seed(0)
     feats = torch.empty(n, spec.in_dim, dtype=torch.float16)
     for i in range(0, n, 4096):  # filled in blocks: no float32 copy of the bag raises the high-water mark
@@ -72,6 +82,12 @@ def main() -> None:
     parser.add_argument("--encoders", nargs="+", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="Keep the first K transformer layers (LongNet encoders); see above.",
+    )
     parser.add_argument("--one-pass", action="store_true", help="Score the whole bag at once (no chunks).")
     args = parser.parse_args()
     from _machine import cpu_model
@@ -84,7 +100,10 @@ def main() -> None:
     for name in names:
         for n in args.tiles:
             q: mp.Queue = ctx.Queue()
-            p = ctx.Process(target=_point, args=(name, n, args.device, args.one_pass, args.threads, q))
+            p = ctx.Process(
+                target=_point,
+                args=(name, n, args.device, args.one_pass, args.threads, args.depth, q),
+            )
             p.start()
             p.join()
             if p.exitcode != 0:
@@ -92,7 +111,8 @@ def main() -> None:
                 continue
             rows.append(q.get())
     chunk = "one pass" if args.one_pass else f"chunks of {CHUNK_TILES}"
-    print(f"\n{args.device} ({cpu_model()}, {args.threads} threads), {chunk}, float16 bags\n")
+    depth = f", first {args.depth} transformer layer(s)" if args.depth else ""
+    print(f"\n{args.device} ({cpu_model()}, {args.threads} threads), {chunk}{depth}, float16 bags\n")
     print("| encoder | tiles | time (s) | tiles/s | bag (MB) | base RSS (MB) | extra peak (MB) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:

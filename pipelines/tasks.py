@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from wsi.config import config_dict, config_model, parse_config
+from wsi.config import config_model, parse_config, replace_config
 from wsi.configs import load_yaml
 from wsi.errors import ConfigError
 
@@ -173,17 +173,10 @@ class TaskConfig:
     bootstrap: int = 1000  # bootstrap resamples for every 95% interval of the test figures
 
     def replace(self, **changes: Any) -> TaskConfig:
-        """A copy with dotted-key changes, e.g. {"model.attention": "sima", "epochs": 5}, re-validated."""
-        data = config_dict(self)
-        for key, value in changes.items():
-            node = data
-            *parents, last = key.split(".")
-            for part in parents:
-                if not isinstance(node.get(part), dict):
-                    raise ConfigError(f"{self.name}: cannot set {key!r}: {part!r} is not a group of fields")
-                node = node[part]
-            node[last] = value
-        return parse_task(data, source=f"{self.name} (with overrides)")
+        """A copy with dotted-key changes, e.g. {"model.attention": "sima", "epochs": 5}: each value checked
+        against its field's type, then the rules between fields (`check_task`)."""
+        source = f"{self.name} (with overrides)"
+        return check_task(replace_config(self, changes, source=source), source)
 
 
     @property

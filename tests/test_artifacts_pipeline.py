@@ -54,16 +54,17 @@ def test_inked_slide_loses_its_ink_tiles_and_says_so(inked, tmp_path: Path) -> N
     assert result.status == "ok", result.error
     tf = read_tile_file(output_paths(tmp_path, "inked").h5)
     m = tf.meta
-    assert m["n_ink"] >= 20  # the green circle crosses dozens of 256 um tiles
-    assert m["n_tissue"] == m["n_background"] + m["n_blurry"] + m["n_unreadable"] + m["n_kept"] + sum(
-        m[f"n_{name}"] for name in FILTERS
+    c = m.counts
+    assert c.n_ink >= 20  # the green circle crosses dozens of 256 um tiles
+    assert c.n_tissue == c.n_background + c.n_blurry + c.n_unreadable + c.n_kept + sum(
+        getattr(c, f"n_{name}") for name in FILTERS
     )
     kept_share = _truth_share(truth, tf.coords)
     assert (kept_share > 0.2).sum() == 0  # no kept tile is more than 20% ink
     assert tf.params["artifacts"]["filters"] == list(FILTERS)
     with open(tmp_path / "tiles" / "manifest.csv", newline="") as fh:
         [row] = list(csv.DictReader(fh))
-    assert row["note"].startswith(f"rejected as artifacts: {m['n_ink']} ink")
+    assert row["note"].startswith(f"rejected as artifacts: {c.n_ink} ink")
     qc = np.asarray(Image.open(output_paths(tmp_path, "inked").qc))
     assert (qc.reshape(-1, 3) == ARTIFACT_RGB["ink"]).all(axis=1).sum() > 100  # ink tiles outlined orange
 
@@ -81,8 +82,8 @@ def test_cli_no_filter_keeps_the_ink_and_the_summary_names_each_filter(inked, tm
     assert off.exit_code == 0, off.output
     m_on = read_tile_file(output_paths(tmp_path / "on", "inked").h5).meta
     m_off = read_tile_file(output_paths(tmp_path / "off", "inked").h5).meta
-    assert m_off["n_ink"] == 0 and m_off["n_kept"] > m_on["n_kept"]
-    assert "ink" not in m_off["params"]["artifacts"]["filters"]
+    assert m_off.counts.n_ink == 0 and m_off.counts.n_kept > m_on.counts.n_kept
+    assert "ink" not in m_off.params["artifacts"]["filters"]
     bad = CliRunner().invoke(cli, [*common, "--out", str(tmp_path / "x"), "--no-filter", "smudge"])
     assert bad.exit_code == 2 and "smudge" in bad.output
 

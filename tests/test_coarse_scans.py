@@ -36,7 +36,7 @@ def test_coarse_scan_judged_for_blur_at_its_own_resolution(coarse, tmp_path: Pat
         [r] = tile_slides([SlideSource("coarse", coarse.path)], out_dir=tmp_path)
     assert r.status == "ok" and not r.note
     tf = read_tile_file(output_paths(tmp_path, "coarse").h5)
-    assert tf.meta["upsampling"] == pytest.approx(4.0)
+    assert tf.meta.upsampling == pytest.approx(4.0)
     assert "upsampled 4x" in caplog.text and "blur is judged at the scan's own resolution" in caplog.text
     kept = {tuple(c) for c in tf.coords_um.tolist()}
     sharp, blurred = _grid(coarse)
@@ -89,14 +89,14 @@ def test_mpp_against_metadata_says_which_wins_and_override_forces_it(
     assert r.status == "ok"
     assert "the metadata's 0.5 um/px wins over --mpp 0.4" in caplog.text and "--mpp-override" in caplog.text
     tf = read_tile_file(output_paths(tmp_path, "s").h5)
-    assert tf.mpp == pytest.approx(0.5) and tf.meta["mpp_source"] == "metadata"
+    assert tf.mpp == pytest.approx(0.5) and tf.meta.mpp_source == "metadata"
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pipelines.tile"):
         [forced] = tile_slides(src, out_dir=tmp_path, mpp=0.4, mpp_override=True)
     assert forced.status == "ok"  # recomputed, not skipped: the override changes the mpp
     assert "--mpp 0.4 wins over the metadata's 0.5 um/px (--mpp-override)" in caplog.text
     tf = read_tile_file(output_paths(tmp_path, "s").h5)
-    assert tf.mpp == pytest.approx(0.4) and tf.meta["mpp_source"] == "--mpp-override"
+    assert tf.mpp == pytest.approx(0.4) and tf.meta.mpp_source == "--mpp-override"
     [again] = tile_slides(src, out_dir=tmp_path, mpp=0.4, mpp_override=True)
     assert again.status == "skipped"
     bad = CliRunner().invoke(cli, ["tile", str(sample_slide.path), "--out", str(tmp_path), "--mpp-override"])

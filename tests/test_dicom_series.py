@@ -74,7 +74,7 @@ def test_wsi_tile_on_a_folder_of_series(cohort: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for case in ("caseA", "caseB"):
         tf = read_tile_file(out / "tiles" / f"{case}.h5")
-        assert len(tf) > 0 and tf.meta["vendor"] == "dicom"
+        assert len(tf) > 0 and tf.meta.vendor == "dicom"
 
 
 def test_series_found_without_pydicom_through_openslide(cohort: Path, monkeypatch) -> None:

@@ -97,5 +97,5 @@ def test_dim_slide_keeps_its_tissue_tiles_and_a_blank_one_none(dim_slide: Path, 
         for x in range(0, SIZE - 255, 256)
     )
     assert min(inside) >= 0.2  # never a tile of noise alone
-    assert tf.meta["n_kept"] >= full  # every tile wholly inside the tissue (and edge tiles) kept
+    assert tf.meta.counts.n_kept >= full  # every tile wholly inside the tissue (and edge tiles) kept
     assert results[1].status == "empty" and "noise" in (results[1].error or "")

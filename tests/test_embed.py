@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -23,6 +24,7 @@ from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides
 from wsi.tile_file import read_tile_file, write_tile_file
+from wsi.tile_meta import TileFileMeta
 from wsi.tile_params import TileParams
 
 ENCODER = "timm:test_resnet"  # ~0.4 M parameters: the whole pipeline in well under a second
@@ -77,7 +79,7 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
         assert prov is not None and prov.tile_params == tf.params and prov.tile_file == str(tf.path)
         assert (prov.encoder_id, prov.input_px, prov.precision) == ("timm-test_resnet", 64, "fp32")
         assert (prov.n_tiles_requested, prov.target_mpp, prov.slide_path) == (len(tf), 4.0, tf.slide_path)
-        assert (prov.level0_width, prov.level0_height) == (tf.meta["level0_width"], tf.meta["level0_height"])
+        assert (prov.level0_width, prov.level0_height) == (tf.meta.level0_width, tf.meta.level0_height)
         # the same pixels the tile stage saw, through the one reading function
         with open_slide(tf.slide_path) as slide:
             pixels = np.stack([slide.read_region_um(int(x), int(y), 128.0, 4.0) for x, y in tf.coords[:6]])
@@ -117,7 +119,7 @@ def test_broken_jpeg_tile_is_skipped_and_counted(make_slide, tmp_path: Path) -> 
     bad_xy = (768, 256)
     assert bad_xy in {tuple(c) for c in tf.coords.tolist()}, "the damaged tile must be one of the kept tiles"
     write_tile_file(
-        h5, coords=tf.coords, coords_um=tf.coords_um, attrs={**tf.meta, "slide_path": str(broken.path)}
+        h5, coords=tf.coords, coords_um=tf.coords_um, meta=replace(tf.meta, slide_path=str(broken.path))
     )
 
     results = embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)
@@ -175,7 +177,7 @@ def test_resume_after_an_interrupted_run(
     tf = read_tile_file(h5)
     shutil.rmtree(h5.with_suffix(".zarr"))
     write_tile_file(
-        h5, coords=tf.coords[:-1], coords_um=tf.coords_um[:-1], attrs={**tf.meta, "n_kept": len(tf) - 1}
+        h5, coords=tf.coords[:-1], coords_um=tf.coords_um[:-1], meta=_with_kept(tf.meta, len(tf) - 1)
     )
     assert run() == [("emb-a", "ok"), ("emb-b", "skipped")]
     assert len(load_bag(bags / "emb-a.h5")) == len(tf) - 1
@@ -305,3 +307,7 @@ def test_cuda_run_matches_the_cpu_run(run_dir: Path, local_run: Path, tmp_path: 
         assert gpu.meta["precision"] == precision
         tol = 1e-3 if precision == "fp32" else 0.1
         np.testing.assert_allclose(gpu.feats, cpu.feats, rtol=tol, atol=tol)
+
+
+def _with_kept(meta: TileFileMeta, n: int) -> TileFileMeta:
+    return replace(meta, counts=replace(meta.counts, n_kept=n))

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def _as_other_slide(tile_file: Path, slide_path: Path) -> None:
     """Rewrite a tile file as if its slide id had been given to another slide file."""
     tf = read_tile_file(tile_file)
     write_tile_file(
-        tile_file, coords=tf.coords, coords_um=tf.coords_um, attrs={**tf.meta, "slide_path": str(slide_path)}
+        tile_file, coords=tf.coords, coords_um=tf.coords_um, meta=replace(tf.meta, slide_path=str(slide_path))
     )
 
 
@@ -102,7 +103,7 @@ def test_ids_differing_only_by_case_are_refused(slides: tuple[Path, Path], tmp_p
     tiles = run / "tiles"
     tf = read_tile_file(tiles / "chk-b.h5")
     write_tile_file(
-        tiles / "CHK-A.h5", coords=tf.coords, coords_um=tf.coords_um, attrs={**tf.meta, "slide_id": "CHK-A"}
+        tiles / "CHK-A.h5", coords=tf.coords, coords_um=tf.coords_um, meta=replace(tf.meta, slide_id="CHK-A")
     )
     (tiles / "chk-b.h5").unlink()
     rows = {r.slide_id: r for r in embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)}

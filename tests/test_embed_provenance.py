@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -147,8 +148,8 @@ def test_background_only_tiles_fall_back_without_nan(run_dir: Path, tmp_path: Pa
     (run / "tiles").mkdir(parents=True)
     coords = np.asarray(glass, np.int64)
     coords_um = (coords * tf.mpp).astype(np.float32)
-    attrs = {**tf.meta, "n_kept": len(coords)}
-    write_tile_file(run / "tiles" / "prov-a.h5", coords=coords, coords_um=coords_um, attrs=attrs)
+    meta = replace(tf.meta, counts=replace(tf.meta.counts, n_kept=len(coords)))
+    write_tile_file(run / "tiles" / "prov-a.h5", coords=coords, coords_um=coords_um, meta=meta)
     assert _run(run, run, dataclasses.replace(OPTIONS, stain_norm=method)) == ["ok"]
     bag = load_bag(run / BAGS / "prov-a.h5")
     assert len(bag) == len(glass) and np.isfinite(bag.feats).all()

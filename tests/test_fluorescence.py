@@ -68,10 +68,11 @@ def test_tissue_found_and_sharp_tiles_kept_blurred_ones_rejected(fluo, fluo_tile
     result, tf = fluo_tiled
     assert result.status == "ok", result.error
     m = tf.meta
-    assert m["background"] == "dark" and m["background_choice"] == "auto"
+    c = m.counts
+    assert m.background.kind == "dark" and m.background.choice == "auto"
     # the noise-level mask (issue 20) reaches a cell or two at the tissue's dim edge, which the tile filter
     # then rejects as mostly dark: correct, and never more than a couple
-    assert m["n_tissue"] >= 40 and m["n_background"] <= 2
+    assert c.n_tissue >= 40 and c.n_background <= 2
     kept = {tuple(xy) for xy in tf.coords_um.tolist()}
     grid = [(i * 256.0, j * 256.0) for j in range(8) for i in range(8)]
     sharp = [c for c in grid if fluo.tissue_fraction(*c, 256) == 1 and fluo.blur_fraction(*c, 256) == 0]
@@ -79,7 +80,7 @@ def test_tissue_found_and_sharp_tiles_kept_blurred_ones_rejected(fluo, fluo_tile
     assert sharp and blurred
     assert set(sharp) <= kept  # every sharp tissue tile kept (the H&E filters kept none of them)
     assert not kept & set(blurred)  # and the out-of-focus ones rejected as blurry
-    assert m["n_blurry"] >= len(blurred)
+    assert c.n_blurry >= len(blurred)
     for x, y in kept:
         assert fluo.tissue_fraction(x, y, 256) >= 0.2  # never on the dark background
 

@@ -5,6 +5,7 @@ fall back to the CPU path. Run with device="cpu" (libjpeg-turbo through the same
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,7 @@ def test_broken_jpeg_tile_is_counted_and_the_rest_embeds_like_the_cpu_path(
     h5 = tmp_path / "tiles" / "emb-clean.h5"
     tf = read_tile_file(h5)
     write_tile_file(
-        h5, coords=tf.coords, coords_um=tf.coords_um, attrs={**tf.meta, "slide_path": str(broken.path)}
+        h5, coords=tf.coords, coords_um=tf.coords_um, meta=replace(tf.meta, slide_path=str(broken.path))
     )
     bags = {}
     for decode, readers in (("device", 1), ("cpu", 0)):  # the device run with a reader process

@@ -13,9 +13,9 @@ from test_train_synthetic import make_bag, make_cohort, write_task
 
 from wsi.errors import LabelError
 from wsi.pipelines.inputs import Item
+from wsi.pipelines.labels import default_patient, match_items, read_labels
 from wsi.pipelines.tasks import LabelColumns
 from wsi.pipelines.train import train
-from wsi.pipelines.train.labels import default_patient, match_items, read_labels
 from wsi.pipelines.train.metrics import auroc, bootstrap_auroc, evaluate
 from wsi.pipelines.train.splits import kfold_items, split_items
 

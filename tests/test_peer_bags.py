@@ -83,16 +83,19 @@ def test_our_bags_carry_every_attribute_stamp_requires(tmp_path: Path) -> None:
 def test_a_run_folder_with_tile_files_is_still_one_feature_type_for_stamp(tmp_path: Path) -> None:
     """STAMP rglobs every .h5 under the folder it is given: our tile files count as "tile" too."""
     from wsi.tile_file import write_tile_file
+    from wsi.tile_meta import TileFileMeta
 
     _our_bag(tmp_path / "features" / "timm-resnet18" / "s1.h5")
     coords = grid_coords(3, 512)
     write_tile_file(
         tmp_path / "tiles" / "s1.h5", coords=coords, coords_um=(coords * MPP).astype(np.float32),
-        attrs={"slide_id": "s1", "slide_path": "/x/s1.svs", "tile_size_um": 256.0, "tile_size_px": 224,
-               "mpp": MPP, "target_mpp": 256 / 224, "level0_width": 5000, "level0_height": 4000,
-               "backend": "openslide", "vendor": "aperio", "params": json.dumps({"tile_um": 256.0}),
-               "n_grid": 9, "n_tissue": 3, "n_background": 0, "n_blurry": 0, "n_kept": 3,
-               "wsi_version": "0"},
+        meta=TileFileMeta.from_attrs(
+            {"slide_id": "s1", "slide_path": "/x/s1.svs", "tile_size_um": 256.0, "tile_size_px": 224,
+             "mpp": MPP, "target_mpp": 256 / 224, "level0_width": 5000, "level0_height": 4000,
+             "backend": "openslide", "vendor": "aperio", "params": json.dumps({"tile_um": 256.0}),
+             "n_grid": 9, "n_tissue": 3, "n_background": 0, "n_blurry": 0, "n_kept": 3,
+             "wsi_version": "0"}, source="test",
+        ),
     )  # fmt: skip
     assert stamp_feature_type(tmp_path) == "tile"
 

@@ -52,7 +52,7 @@ def test_tile_colours_land_on_their_tiles(scene_qc) -> None:
     scale = 1200 / 4096  # QC px per level-0 px
     step = 256.0 / 0.5
     kept = {tuple(xy) for xy in tf.coords.tolist()}
-    assert len(kept) > 10 and tf.meta["n_blurry"] > 0
+    assert len(kept) > 10 and tf.meta.counts.n_blurry > 0
 
     def box(x: float, y: float) -> tuple[int, int, int, int]:
         return round(x * scale), round(y * scale), round((x + step) * scale), round((y + step) * scale)
@@ -63,7 +63,7 @@ def test_tile_colours_land_on_their_tiles(scene_qc) -> None:
     # the blurred box of the scene: rejected cells drawn red, never green
     blurred = [(i * step, j * step) for j in range(8) for i in range(8) if (i * step, j * step) not in kept]
     red = [c for c in blurred if _edge_share(qc, box(*c), BLURRY_RGB) > 0.5]
-    assert len(red) == tf.meta["n_blurry"]
+    assert len(red) == tf.meta.counts.n_blurry
     assert all(_edge_share(qc, box(*c), KEPT_RGB) < 0.1 for c in red)
     # cells on bare glass are left as the slide shows them: no fate colour on their border
     glass = [(i * step, j * step) for j in range(8) for i in range(8)

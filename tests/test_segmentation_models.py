@@ -9,7 +9,6 @@ classes, pixel for pixel.
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -196,11 +195,11 @@ def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide,
     [r] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options)
     assert r.status == "empty" and r.n == 0
     tf = read_tile_file(output_paths(out, "seg").h5)
-    models = json.loads(tf.meta["segmentation"])
+    models = tf.meta.segmentation.models
     assert models["tissue"]["name"] == "grandqc-tissue" and models["artifact"]["mpp"] == 2.0
     assert len(models["artifact"]["sha256"]) == 64
-    counts = json.loads(tf.meta["artifact_counts"])
-    assert counts["artifact: pen"] == tf.meta["n_artifact"] == tf.meta["n_tissue"] > 0
+    counts = tf.meta.segmentation.artifact_counts
+    assert counts["artifact: pen"] == tf.meta.segmentation.n_artifact == tf.meta.counts.n_tissue > 0
     assert counts["artifact: fold"] == 0
     # the same run again is skipped as done; other weights recompute it
     [again] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options)
@@ -210,4 +209,4 @@ def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide,
     [clean] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options)
     assert clean.status == "ok" and clean.n > 0
     meta = read_tile_file(output_paths(out, "seg").h5).meta
-    assert json.loads(meta["artifact_counts"])["artifact: pen"] == 0
+    assert meta.segmentation.artifact_counts["artifact: pen"] == 0

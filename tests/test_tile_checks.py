@@ -52,7 +52,7 @@ def test_all_blurry_slide_is_empty_not_ok_and_exit_is_non_zero(blurred, good, tm
     assert "1 empty" in result.stderr and "empty all-blurred: no tile kept" in result.stderr
     # the QC picture and a tile file (0 tiles, with the reason) are there to look at
     assert output_paths(out, "all-blurred").qc.is_file()
-    assert read_tile_file(output_paths(out, "all-blurred").h5).meta["empty_reason"] == why
+    assert read_tile_file(output_paths(out, "all-blurred").h5).meta.empty_reason == why
 
     # a re-run does not turn it into "already done": it is empty again, with the same reason
     again = _tile(str(blurred.path), "--out", str(out))

@@ -44,10 +44,11 @@ def test_kept_tiles_on_tissue_blur_rejected_counts_add_up(scene, tmp_path: Path)
     assert result.status == "ok", result.error
     tf = read_tile_file(output_paths(tmp_path, "scene").h5)
     m = tf.meta
-    assert m["n_grid"] == 64
-    assert m["n_tissue"] == m["n_background"] + m["n_blurry"] + m["n_unreadable"] + m["n_kept"]
-    assert m["n_unreadable"] == 0
-    assert result.n == m["n_kept"] == len(tf) > 10
+    c = m.counts
+    assert c.n_grid == 64
+    assert c.n_tissue == c.n_background + c.n_blurry + c.n_unreadable + c.n_kept
+    assert c.n_unreadable == 0
+    assert result.n == c.n_kept == len(tf) > 10
 
     kept = {tuple(xy) for xy in tf.coords_um.tolist()}
     for x_um, y_um in kept:
@@ -60,12 +61,12 @@ def test_kept_tiles_on_tissue_blur_rejected_counts_add_up(scene, tmp_path: Path)
     ]
     assert in_blur and sharp
     assert not kept & set(in_blur)  # every wholly blurred cell was rejected ...
-    assert m["n_blurry"] >= len(in_blur)  # ... as blurry
+    assert c.n_blurry >= len(in_blur)  # ... as blurry
     assert set(sharp) <= kept  # and no sharp tissue cell was lost
     np.testing.assert_allclose(tf.coords * scene.mpp, tf.coords_um, atol=scene.mpp)
     assert tf.params == TileParams().to_dict()
-    assert (m["tile_size_um"], m["tile_size_px"], m["target_mpp"], m["mpp"]) == (256.0, 256, 1.0, 0.5)
-    assert (m["level0_width"], m["level0_height"], m["backend"]) == (4096, 4096, "openslide")
+    assert (m.tile_size_um, m.tile_size_px, m.target_mpp, m.mpp) == (256.0, 256, 1.0, 0.5)
+    assert (m.level0_width, m.level0_height, m.backend) == (4096, 4096, "openslide")
 
     # the zarr cache holds exactly the pixels read_region_um gives at the kept coords
     pixels = open_tile_pixels(output_paths(tmp_path, "scene").zarr)
@@ -103,11 +104,9 @@ def test_both_backends_same_coordinates(pair, tmp_path: Path) -> None:
     tile_slides([_src(fine)], out_dir=tmp_path / "t", backend="tiffslide")
     a = read_tile_file(output_paths(tmp_path / "o", "fine").h5)
     b = read_tile_file(output_paths(tmp_path / "t", "fine").h5)
-    assert b.meta["backend"] == "tiffslide"
+    assert b.meta.backend == "tiffslide"
     np.testing.assert_array_equal(a.coords, b.coords)
-    assert {k: a.meta[k] for k in a.meta if k.startswith("n_")} == {
-        k: b.meta[k] for k in b.meta if k.startswith("n_")
-    }
+    assert a.meta.counts == b.meta.counts
 
 
 def test_rerun_skips_done_slides_and_redoes_on_change(pair, tmp_path: Path) -> None:
@@ -238,8 +237,8 @@ def test_real_cmu_slide_tiles_on_tissue(shared_data: Path, tmp_path: Path) -> No
     [r] = tile_slides(find_slides([path]), out_dir=tmp_path)
     assert r.status == "ok", r.error
     tf = read_tile_file(output_paths(tmp_path, "CMU-1-Small-Region").h5)
-    assert tf.mpp == pytest.approx(0.499) and tf.meta["vendor"] == "aperio"
-    assert tf.meta["n_grid"] == 20 and 5 <= len(tf) <= 16  # about half the small region is tissue
+    assert tf.mpp == pytest.approx(0.499) and tf.meta.vendor == "aperio"
+    assert tf.meta.counts.n_grid == 20 and 5 <= len(tf) <= 16  # about half the small region is tissue
     with open_slide(path) as slide:
         for x, y in tf.coords.tolist():
             tile = slide.read_region_um(x, y, 256.0, 1.0)
@@ -253,7 +252,7 @@ def test_real_slide_without_mpp(shared_data: Path, tmp_path: Path) -> None:
     [r] = tile_slides(find_slides([path]), out_dir=tmp_path, mpp=0.25)
     assert r.status == "ok" and r.n > 0
     tf = read_tile_file(output_paths(tmp_path, path.stem).h5)
-    assert tf.mpp == 0.25 and tf.meta["mpp_source"] == "--mpp"
+    assert tf.mpp == 0.25 and tf.meta.mpp_source == "--mpp"
     # a re-run that forgets --mpp fails for that slide but does not destroy the earlier output
     [r] = tile_slides(find_slides([path]), out_dir=tmp_path)
     assert r.status == "failed" and "--mpp" in r.error
@@ -264,8 +263,8 @@ def test_real_slide_without_mpp(shared_data: Path, tmp_path: Path) -> None:
     [r] = tile_slides(find_slides([listing]), out_dir=tmp_path)
     assert r.status == "ok"
     tf = read_tile_file(output_paths(tmp_path, path.stem).h5)
-    assert tf.mpp == 0.5 and tf.meta["mpp_source"] == "slide list"
-    assert tf.meta["n_grid"] == 8 * 6  # 4443 x 3567 px at 0.5 um/px = 2221 x 1783 um
+    assert tf.mpp == 0.5 and tf.meta.mpp_source == "slide list"
+    assert tf.meta.counts.n_grid == 8 * 6  # 4443 x 3567 px at 0.5 um/px = 2221 x 1783 um
 
 
 def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, tmp_path: Path) -> None:
@@ -284,12 +283,10 @@ def test_corrupt_jpeg_tile_is_skipped_and_counted_not_fatal(scene, make_slide, t
     assert good.status == bad.status == "ok", bad.error
     m_good = read_tile_file(output_paths(tmp_path, "good").h5).meta
     m_bad = read_tile_file(output_paths(tmp_path, "bad").h5).meta
-    assert m_bad["n_unreadable"] == 1 and m_good["n_unreadable"] == 0
-    assert m_bad["n_kept"] == m_good["n_kept"] - 1
-    assert (
-        m_bad["n_tissue"]
-        == m_bad["n_background"] + m_bad["n_blurry"] + m_bad["n_unreadable"] + m_bad["n_kept"]
-    )
+    c_good, c_bad = m_good.counts, m_bad.counts
+    assert c_bad.n_unreadable == 1 and c_good.n_unreadable == 0
+    assert c_bad.n_kept == c_good.n_kept - 1
+    assert c_bad.n_tissue == c_bad.n_background + c_bad.n_blurry + c_bad.n_unreadable + c_bad.n_kept
     assert [col * 256, row * 256] not in read_tile_file(output_paths(tmp_path, "bad").h5).coords.tolist()
 
     # a slide that is mostly unreadable fails with a reason instead of silently losing tissue
@@ -352,7 +349,7 @@ def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path
     Image.new("RGB", (8, 8)).save(paths.qc)  # the QC image the previous run left
     stamp = paths.h5.stat().st_mtime_ns
     old = read_tile_file(paths.h5).meta  # loads without the attributes on undecodable parts added since
-    assert "n_thumbnail_unreadable" not in old and "unreadable_regions" not in old
+    assert old.damage is None and old.background is None and old.counts.n_ink == 0
 
     [again] = tile_slides([_src(scene)], out_dir=tmp_path)
     assert (again.status, again.n) == ("skipped", 3)
@@ -361,7 +358,7 @@ def test_tile_file_of_the_previous_version_resumes_as_done(scene, tmp_path: Path
     [changed] = tile_slides([_src(scene)], out_dir=tmp_path, params=TileParams(min_blur_variance=10.0))
     assert changed.status == "ok" and read_tile_file(paths.h5).params["min_blur_variance"] == 10.0
     new = read_tile_file(paths.h5).meta
-    assert new["n_thumbnail_unreadable"] == 0 and json.loads(new["unreadable_regions"]) == []
+    assert new.damage.n_thumbnail_unreadable == 0 and list(new.damage.regions) == []
 
 
 def test_tile_file_from_before_the_artifact_filters_is_recomputed(scene, tmp_path: Path) -> None:

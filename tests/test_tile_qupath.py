@@ -54,18 +54,17 @@ def test_qc_geojson_holds_tissue_outline_and_every_tile_with_its_fate(scene, ful
     np.testing.assert_allclose(found, boxes_px, atol=8 / scene.mpp + 1)
     tiles = [o for o in objects if o["objectType"] == "tile"]
     m = tf.meta
-    assert len(tiles) == m["n_tissue"]
+    c = m.counts
+    assert len(tiles) == c.n_tissue
     fates = Counter(o["classification"] for o in tiles)
     assert fates == {
-        k: v
-        for k, v in {"kept": m["n_kept"], "blurry": m["n_blurry"], "background": m["n_background"]}.items()
-        if v
+        k: v for k, v in {"kept": c.n_kept, "blurry": c.n_blurry, "background": c.n_background}.items() if v
     }
     kept = sorted(tuple(o["rings"][0][0]) for o in tiles if o["classification"] == "kept")
     assert kept == sorted(tuple(float(v) for v in xy) for xy in tf.coords)  # top-left corners, level-0 px
     assert all(0.25 <= o["measurements"]["Tissue fraction"] <= 1 for o in tiles)
     props = json.loads(paths.geojson.read_text())["properties"]
-    assert props["slide_id"] == "scene" and props["tiles"]["kept"] == m["n_kept"]
+    assert props["slide_id"] == "scene" and props["tiles"]["kept"] == c.n_kept
 
 
 def _centre_inside(xy: np.ndarray, step: float, box: tuple[float, float, float, float]) -> np.ndarray:
@@ -99,13 +98,13 @@ def test_roi_keeps_exactly_the_tiles_whose_centre_is_inside(scene, full: Path, t
     expected = before[left & ~hole & ~ignored]
     assert hole.any() and ignored.any() and (~left).any()  # each rule removes some kept tile here
     assert sorted(map(tuple, after.coords.tolist())) == sorted(map(tuple, expected.astype(int).tolist()))
-    assert after.meta["roi_sha256"] == sha256_file(roi_path)
-    assert after.meta["n_outside_roi"] > 0 and after.meta["roi_path"] == str(roi_path.absolute())
+    assert after.meta.roi.sha256 == sha256_file(roi_path)
+    assert after.meta.roi.n_outside > 0 and after.meta.roi.path == str(roi_path.absolute())
     # the QC GeoJSON shows only the tiles tiled (inside the ROI)
     tiles = [
         o for o in parse_file(output_paths(tmp_path / "out", "scene").geojson) if o["objectType"] == "tile"
     ]
-    assert len(tiles) == after.meta["n_tissue"]
+    assert len(tiles) == after.meta.counts.n_tissue
     assert read_roi(roi_path).contains(np.array([r["rings"][0][0] for r in tiles]) + step / 2).all()
 
     # re-run: same ROI skipped; a changed ROI re-tiles

@@ -11,7 +11,6 @@ import pytest
 
 from wsi.errors import TileFileError
 from wsi.tile_file import (
-    REQUIRED_ATTRS,
     TilePixelWriter,
     is_complete,
     open_tile_pixels,
@@ -19,6 +18,7 @@ from wsi.tile_file import (
     read_tile_file,
     write_tile_file,
 )
+from wsi.tile_meta import REQUIRED_ATTRS, TileFileMeta
 
 
 def _attrs(n: int) -> dict:
@@ -33,7 +33,8 @@ def _attrs(n: int) -> dict:
 
 def _write(path: Path, n: int = 3) -> None:
     coords = np.arange(n * 2).reshape(n, 2) * 512
-    write_tile_file(path, coords=coords, coords_um=coords * 0.5, attrs=_attrs(n))
+    meta = TileFileMeta.from_attrs(_attrs(n), source="test")
+    write_tile_file(path, coords=coords, coords_um=coords * 0.5, meta=meta)
 
 
 def test_layout_matches_contract(tmp_path: Path) -> None:
@@ -123,3 +124,45 @@ def test_pixel_store_not_trusted_when_foreign(tmp_path: Path) -> None:
         open_tile_pixels(tmp_path / "x.zarr")
     (tmp_path / "y.zarr").mkdir()
     assert not pixels_complete(tmp_path / "y.zarr")
+
+
+def test_typed_metadata_round_trips_every_section(tmp_path: Path) -> None:
+    """The tile stage writes a TileFileMeta; reading the file gives the same record back."""
+    from dataclasses import replace
+
+    from wsi.tile_meta import BackgroundRecord, DamageRecord, RoiRecord, SegmentationRecord
+
+    base = TileFileMeta.from_attrs(_attrs(2), source="test")
+    full = replace(
+        base,
+        mpp_source="metadata",
+        background=BackgroundRecord(kind="dark", reason="fluorescence", choice="auto"),
+        empty_reason="",
+        damage=DamageRecord(1, 2, 5, regions=((0, 0, 256, 256, 0),)),
+        roi=RoiRecord(path="/r.geojson", sha256="ab" * 32, rule="centre", n_included=1, n_excluded=0,
+                      n_outside=4),
+        segmentation=SegmentationRecord(models={"tissue": {"name": "grandqc"}}, n_artifact=3,
+                                        artifact_counts={"artifact: pen": 3}),
+    )  # fmt: skip
+    path = tmp_path / "s1.h5"
+    coords = np.zeros((2, 2), dtype=np.int64)
+    write_tile_file(path, coords=coords, coords_um=coords.astype(np.float32), meta=full)
+    assert read_tile_file(path).meta == full
+    with h5py.File(path) as h5:  # the stored layout is the flat one readers of format 1 know
+        assert h5.attrs["background"] == "dark" and h5.attrs["n_outside_roi"] == 4
+        assert json.loads(h5.attrs["artifact_counts"]) == {"artifact: pen": 3}
+
+
+def test_a_mistyped_or_missing_attribute_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "s1.h5"
+    _write(path)
+    with h5py.File(path, "a") as h5:
+        h5.attrs["tile_size_px"] = "big"
+    with pytest.raises(TileFileError, match=r"s1\.h5.*tile_size_px.*wsi tile --overwrite"):
+        read_tile_file(path)
+    assert not is_complete(path)
+    _write(path)
+    with h5py.File(path, "a") as h5:
+        del h5.attrs["n_blurry"]
+    with pytest.raises(TileFileError, match="n_blurry"):
+        read_tile_file(path)

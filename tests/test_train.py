@@ -18,7 +18,8 @@ from wsi.errors import ConfigError
 from wsi.models import build_model
 from wsi.models.presets import build_model_from_config
 from wsi.pipelines.devices import resolve_device as pick_device
-from wsi.pipelines.train import load_task, train
+from wsi.pipelines.tasks import load_task
+from wsi.pipelines.train import train
 from wsi.pipelines.train.folds import init_from
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.tile_file import REQUIRED_ATTRS, write_tile_file
+from wsi.tile_file import write_tile_file
+from wsi.tile_meta import REQUIRED_ATTRS, TileFileMeta
 from wsi.tile_values import write_tile_values
 
 SIDE_UM = 600.0
@@ -80,7 +81,8 @@ def build_folder(root: Path, slide_path: Path) -> Path:
         target_mpp=TILE_UM / 224, level0_width=int(SIDE_UM / MPP), level0_height=int(SIDE_UM / MPP),
         backend="openslide", vendor="aperio", params={}, n_kept=len(xy), wsi_version="test",
     )  # fmt: skip
-    write_tile_file(out / "work" / "tiles" / "s1.h5", coords=np.round(xy / MPP), coords_um=xy, attrs=attrs)
+    meta = TileFileMeta.from_attrs(attrs, source="view fixture")
+    write_tile_file(out / "work" / "tiles" / "s1.h5", coords=np.round(xy / MPP), coords_um=xy, meta=meta)
     outline = [[[0, 0], [1200, 0], [1200, 1200], [0, 1200], [0, 0]]]
     tissue = {"objectType": "annotation", "classification": {"name": "Tissue", "color": [255, 200, 0]}}
     feature = {

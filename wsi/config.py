@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal, TypeVar, cast
 
@@ -145,4 +146,49 @@ def _describe(err: Any) -> str:
     return f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
 
 
-__all__ = ["check_bounds", "config_dict", "config_model", "parse_config", "setting", "with_settings"]
+def replace_config(config: T, changes: Mapping[str, Any], *, source: str) -> T:
+    """A copy of `config` with dotted-key changes ({"model.attention": "sima", "epochs": 5}): each value
+    validated against its own field's type, the groups above it rebuilt with `dataclasses.replace` (so
+    ranges are checked again); the other fields are the very objects they were, never re-parsed."""
+    for key, value in changes.items():
+        config = _replace_one(config, key.split("."), value, key, source)
+    return config
+
+
+def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) -> Any:
+    name, rest = path[0], path[1:]
+    if not dataclasses.is_dataclass(node):
+        raise ConfigError(f"{source}: cannot set {key!r}: it is not inside a group of fields")
+    hints = _field_types(type(node))
+    if name not in hints:
+        valid = ", ".join(hints)
+        raise ConfigError(f"{source}: cannot set {key!r}: no field {name!r} (valid fields: {valid})")
+    if rest:
+        new = _replace_one(getattr(node, name), rest, value, key, source)
+    else:
+        try:
+            new = _cached_adapter(hints[name]).validate_python(value)
+        except ValidationError as exc:
+            problems = "; ".join(str(err["msg"]) for err in exc.errors())
+            raise ConfigError(f"{source}: {key}: {problems} (got {value!r})") from None
+    try:
+        return dataclasses.replace(node, **{name: new})
+    except ValueError as exc:  # a range (check_bounds) or a class's own rule
+        raise ConfigError(f"{source}: {key}: {exc}") from None
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+__all__ = [
+    "check_bounds",
+    "config_dict",
+    "config_model",
+    "parse_config",
+    "replace_config",
+    "setting",
+    "with_settings",
+]

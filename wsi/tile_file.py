@@ -2,8 +2,9 @@
 
 Public API (the layout is the contract in docs/architecture.md):
 
-    TileFile                                    # what a tile file holds (coords, coords_um, meta, ...)
-    write_tile_file(path, *, coords, coords_um, attrs) -> None       # atomic; `complete` attr last
+    TileFile                                    # what a tile file holds (coords, coords_um, meta)
+    TileFileMeta (wsi.tile_meta)                # its attributes, typed
+    write_tile_file(path, *, coords, coords_um, meta) -> None        # atomic; `complete` attr last
     read_tile_file(path) -> TileFile            # TileFileError if missing, incomplete or foreign
     is_complete(path) -> bool                   # True only for a finished file of our format
     is_tile_file(path) -> bool                  # says it is one of ours (finished or not); never raises
@@ -18,10 +19,9 @@ attribute set as the last step, so a half-written or foreign file is never trust
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,15 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
-from wsi.errors import TileFileError
+from wsi.errors import ConfigError, TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
 from wsi.hdf5 import attrs_of, outside_reason, plain, storage_problem
 from wsi.suffixes import TILE_PIXELS_SUFFIX
+from wsi.tile_meta import TileFileMeta
 
 FORMAT = "wsi-tiles"
 FORMAT_VERSION = 1
 PIXELS_FORMAT = "wsi-tile-pixels"
-
-#: attributes every tile file carries (besides `format`, `format_version`, `complete`)
-REQUIRED_ATTRS = (
-    "slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "level0_width",
-    "level0_height", "backend", "vendor", "params", "n_grid", "n_tissue", "n_background", "n_blurry",
-    "n_kept", "wsi_version",
-)  # fmt: skip
 
 
 @dataclass
@@ -54,35 +48,35 @@ class TileFile:
     path: Path
     coords: np.ndarray  # (N, 2) int64, top-left in level-0 pixels
     coords_um: np.ndarray  # (N, 2) float32, top-left in micrometres
-    meta: dict[str, Any] = field(default_factory=dict)  # every attribute, `params` decoded from JSON
+    meta: TileFileMeta  # every attribute, typed
 
     @property
     def slide_id(self) -> str:
-        return str(self.meta["slide_id"])
+        return self.meta.slide_id
 
     @property
     def slide_path(self) -> str:
-        return str(self.meta["slide_path"])
+        return self.meta.slide_path
 
     @property
     def tile_size_um(self) -> float:
-        return float(self.meta["tile_size_um"])
+        return self.meta.tile_size_um
 
     @property
     def tile_size_px(self) -> int:
-        return int(self.meta["tile_size_px"])
+        return self.meta.tile_size_px
 
     @property
     def mpp(self) -> float:
-        return float(self.meta["mpp"])
+        return self.meta.mpp
 
     @property
     def target_mpp(self) -> float:
-        return float(self.meta["target_mpp"])
+        return self.meta.target_mpp
 
     @property
     def params(self) -> dict[str, Any]:
-        return dict(self.meta["params"])
+        return dict(self.meta.params)
 
     def __len__(self) -> int:
         return len(self.coords)
@@ -93,13 +87,9 @@ def write_tile_file(
     *,
     coords: np.ndarray,
     coords_um: np.ndarray,
-    attrs: dict[str, Any],
+    meta: TileFileMeta,
 ) -> None:
-    """Write a tile file atomically. `attrs` must hold every name in REQUIRED_ATTRS; `params` may be a
-    dict (stored as JSON) or a JSON string."""
-    missing = [name for name in REQUIRED_ATTRS if name not in attrs]
-    if missing:
-        raise ValueError(f"tile file attributes missing: {missing}")
+    """Write a tile file atomically, `meta` as its root attributes (`complete` set last)."""
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
     coords_um = np.asarray(coords_um, dtype=np.float32).reshape(-1, 2)
     if len(coords) != len(coords_um):
@@ -107,16 +97,14 @@ def write_tile_file(
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
         h5.create_dataset("coords", data=coords)
         h5.create_dataset("coords_um", data=coords_um)
-        for name, value in attrs.items():
-            if name == "params" and not isinstance(value, str):
-                value = json.dumps(value, sort_keys=True)
+        for name, value in meta.to_attrs().items():
             h5.attrs[name] = value
         h5.attrs["format"] = FORMAT
         h5.attrs["format_version"] = FORMAT_VERSION
         h5.attrs["complete"] = True  # last: a file without it was cut short
 
 
-def _check(h5: h5py.File, path: Path) -> None:
+def _check(h5: h5py.File, path: Path) -> TileFileMeta:
     try:  # links out of the file, external or virtual storage, soft-link loops (wsi.hdf5)
         reason = outside_reason(h5)
     except (RuntimeError, KeyError, ValueError) as exc:
@@ -134,16 +122,20 @@ def _check(h5: h5py.File, path: Path) -> None:
         )
     if not bool(plain(h5.attrs.get("complete", False))):
         raise TileFileError(f"{path} is incomplete (interrupted write); re-run `wsi tile`")
-    missing = [name for name in REQUIRED_ATTRS if name not in h5.attrs]
-    if missing or "coords" not in h5 or "coords_um" not in h5:
-        raise TileFileError(f"{path} lacks {missing or 'coords'}; re-run `wsi tile --overwrite`")
+    try:
+        meta = TileFileMeta.from_attrs(attrs_of(h5), source=str(path))
+    except ConfigError as exc:
+        raise TileFileError(f"{exc}; re-run `wsi tile --overwrite`") from None
+    if "coords" not in h5 or "coords_um" not in h5:
+        raise TileFileError(f"{path} lacks coords; re-run `wsi tile --overwrite`")
     n = h5["coords"].shape[0]
-    if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != plain(h5.attrs["n_kept"]):
+    if h5["coords"].shape != (n, 2) or h5["coords_um"].shape != (n, 2) or n != meta.n_kept:
         raise TileFileError(f"{path} has inconsistent coords / n_kept; re-run `wsi tile --overwrite`")
     for name in ("coords", "coords_um"):
         problem = storage_problem(h5[name], path.stat().st_size)
         if problem:
             raise TileFileError(f"{path}: `{name}` {problem}; re-run `wsi tile --overwrite`")
+    return meta
 
 
 def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
@@ -153,13 +145,11 @@ def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
         raise TileFileError(f"tile file {path} not found; run `wsi tile` first")
     try:
         with h5py.File(path, "r") as h5:
-            _check(h5, path)
+            meta = _check(h5, path)
             coords = h5["coords"][()].astype(np.int64)
             coords_um = h5["coords_um"][()].astype(np.float32)
-            meta = attrs_of(h5)
     except OSError as exc:
         raise TileFileError(f"{path} is not a readable HDF5 file ({exc}); re-run `wsi tile`") from exc
-    meta["params"] = json.loads(meta["params"])
     return TileFile(path=path, coords=coords, coords_um=coords_um, meta=meta)
 
 
@@ -196,7 +186,7 @@ def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """An ordered summary of one tile file, as `wsi info` prints it (TileFileError if unreadable)."""
     path = Path(path)
     tf = read_tile_file(path)
-    m = tf.meta
+    m = tf.meta.to_attrs()
     out: dict[str, Any] = {"file": str(path), "kind": f"tile file ({FORMAT})", "tiles": len(tf)}
     for key in _INFO_KEYS:
         if key in m:

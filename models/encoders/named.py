@@ -99,6 +99,37 @@ def uni2_h() -> EncoderRecipe:
     )
 
 
+@ENCODERS.register("virchow")
+def virchow() -> EncoderRecipe:
+    # Virchow (v1; Vorontsov et al. 2024, Nature Medicine), PRISM's tile encoder: ViT-H/14 as Virchow2 but
+    # without register tokens (1 + 256 positions), SwiGLU-packed MLP (ratio 5.3375), SiLU, LayerScale
+    # 1e-5; output = [class token, mean of the 256 patch tokens] = 2560, the tile embedding PRISM reads.
+    # The hub config (tag virchow_v1): vit_huge_patch14_224, img_size 224, init_values 1e-5, mlp_ratio
+    # 5.3375, global_pool "", bicubic, crop_pct 1.0, ImageNet mean/std. TRIDENT VirchowInferenceEncoder
+    # (cls + mean of output[:, 1:]) and STAMP preprocessing/extractor/virchow_full.py ("virchow-full",
+    # what STAMP's PRISM requires) agree; STAMP's "virchow" keeps the class token only (1280).
+    return EncoderRecipe(
+        arch="vit_huge_patch14_224",
+        dim=2560,
+        input_px=224,
+        kwargs={
+            "img_size": 224,
+            "init_values": 1e-5,
+            "mlp_ratio": 5.3375,
+            "mlp_layer": "swiglu_packed",
+            "act_layer": "silu",
+        },
+        interpolation="bicubic",
+        pooling="cls+mean",
+        weights_files=("pytorch_model.bin", "model.safetensors"),
+        params=631_229_184,
+        training_mpp=0.5,  # 224 px tiles at 20x (the Virchow paper; PRISM's tiling)
+        licence="Apache-2.0 with the authors' terms of use (gated; research use)",
+        source="huggingface.co/paige-ai/Virchow: pytorch_model.bin",
+        reference="mahmoodlab/TRIDENT trident/patch_encoder_models/load.py (VirchowInferenceEncoder)",
+    )
+
+
 @ENCODERS.register("virchow2")
 def virchow2() -> EncoderRecipe:
     # Virchow2 (Zimmermann et al. 2024): ViT-H/14, SwiGLU-packed MLP (ratio 5.3375), SiLU, LayerScale 1e-5,

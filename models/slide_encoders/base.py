@@ -76,6 +76,8 @@ SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
     modules=(
         "wsi.models.slide_encoders.feather",
         "wsi.models.slide_encoders.chief",
+        "wsi.models.slide_encoders.prism",
+        "wsi.models.slide_encoders.gigapath",
         "wsi.models.slide_encoders.madeleine",
         "wsi.models.slide_encoders.cobra",
     ),

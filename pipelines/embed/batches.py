@@ -50,7 +50,7 @@ def slide_tiles_from_tile_file(tile_file: TileFile, *, use_cache: bool = True) -
     return SlideTiles(
         slide_id=tile_file.slide_id,
         slide_path=tile_file.slide_path,
-        backend=str(tile_file.meta.get("backend", "openslide")),
+        backend=tile_file.meta.backend,
         mpp=tile_file.mpp,
         tile_size_um=tile_file.tile_size_um,
         target_mpp=tile_file.target_mpp,

@@ -61,10 +61,10 @@ def read_tile_files(files: Sequence[Path], options: EmbedOptions) -> tuple[list[
             bag_path=Path(),
             coords_um=tf.coords_um,
             tile_params=tf.params,
-            level0_size=(int(tf.meta["level0_width"]), int(tf.meta["level0_height"])),
+            level0_size=(tf.meta.level0_width, tf.meta.level0_height),
             tile_file=str(path),
         )
-        slides.append((path, job, str(tf.meta.get("empty_reason") or "the tile file holds no tile")))
+        slides.append((path, job, tf.meta.empty_reason or "the tile file holds no tile"))
     return slides, failed
 
 

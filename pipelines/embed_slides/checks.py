@@ -26,7 +26,10 @@ STAMP_EXTRACTORS: dict[str, tuple[str, str | None]] = {
     "uni": ("uni", None),
     "uni2": ("uni2-h", None),
     "gigapath": ("prov-gigapath", None),
-    "virchow": ("virchow", None),
+    # STAMP's "virchow" keeps the class token only (1280); "virchow-full" is the class token + mean patch
+    # token (2560) that wsi's `virchow` and PRISM use (src/stamp/preprocessing/extractor/virchow*.py)
+    "virchow": ("virchow (class token only)", None),
+    "virchow-full": ("virchow", None),
     "virchow2": ("virchow2", None),
     "h-optimus-0": ("h-optimus-0", None),
     "h-optimus-1": ("h-optimus-1", None),

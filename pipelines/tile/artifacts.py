@@ -71,7 +71,7 @@ def artifact_summary(results: Sequence[JobResult], out_dir: Path) -> str:
             meta = read_tile_file(out_dir / "tiles" / f"{r.slide_id}.h5").meta
         except (TileFileError, OSError):
             continue
-        for name, n in _tally(meta):
+        for name, n in _tally(meta.counts.to_dict()):
             tiles[name] += n
             slides[name] += 1
     parts = [

@@ -12,17 +12,16 @@ that fixes it:
 - `file_damage(...)`, `check_damage(...)`: how much of the file could not be decoded, counted in the
   file's own tiles; a slide fails only when that is beyond `max_unreadable_fraction`
   (`wsi.file_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
-  warning and the manifest row (`damage_note`), the tile file (`damage_attrs`) and the QC picture.
+  warning and the manifest row (`damage_note`), the tile file (`damage_record`) and the QC picture.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +39,7 @@ from wsi.tiff_tiles import (
     file_tile_px,
     file_tiles_under,
 )
+from wsi.tile_meta import DamageRecord, TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts, TissueGrid
 
@@ -111,14 +111,14 @@ def _existing_ids(tiles_dir: Path) -> dict[str, str]:
         return {}
 
 
-def check_same_slide(source: SlideSource, meta: dict[str, Any], tile_file: Path, *, overwrite: bool) -> bool:
+def check_same_slide(source: SlideSource, meta: TileFileMeta, tile_file: Path, *, overwrite: bool) -> bool:
     """Whether the finished tile file of this id was made from another slide file whose fate is unknown.
 
     Raises SlideIdError (the slide fails, its old output stays) when the other file still exists and is
     not this one: two slides share the id. Returns True when the old file is gone (the slide was likely
     moved; the caller compares its size before replacing the tiles), False when nothing is in the way.
     """
-    old = str(meta.get("slide_path", ""))
+    old = meta.slide_path
     if overwrite or not old or old == str(source.path):
         return False
     if Path(old).exists():
@@ -131,9 +131,9 @@ def check_same_slide(source: SlideSource, meta: dict[str, Any], tile_file: Path,
     return True
 
 
-def same_id_message(source: SlideSource, meta: dict[str, Any], tile_file: Path) -> str:
+def same_id_message(source: SlideSource, meta: TileFileMeta, tile_file: Path) -> str:
     """Why a slide is refused: its id is taken in --out by the tiles of another slide file."""
-    old = str(meta.get("slide_path", ""))
+    old = meta.slide_path
     return (
         f"slide id {source.slide_id!r} is already taken in {tile_file.parent.parent} by another slide: "
         f"{tile_file.name} was made from {old}, this slide is {source.path}. Nothing was replaced; give this "
@@ -281,22 +281,21 @@ def damage_note(counts: TileCounts, damage: FileDamage | None, found: TissueGrid
     return "; ".join(parts)
 
 
-def damage_attrs(found: TissueGrid, damage: FileDamage | None) -> dict[str, Any]:
-    """Tile-file attributes on what could not be decoded (absent from files of older versions): the
-    count of the tissue thumbnail's undecodable regions, the bad stored tiles against those under the
-    tissue, and every region as JSON [[x, y, w, h, level], ...] in level-0 px."""
+def damage_record(found: TissueGrid, damage: FileDamage | None) -> DamageRecord:
+    """What could not be decoded, for the tile file: the tissue thumbnail's undecodable regions, the bad
+    stored tiles against those under the tissue, and every region [x, y, w, h, level] in level-0 px."""
     regions = distinct_regions(found.unreadable, damage.regions if damage else ())
-    return {
-        "n_thumbnail_unreadable": len(found.unreadable),
-        "n_file_tiles_unreadable": damage.n_bad if damage else 0,
-        "n_file_tiles_tissue": damage.n_tissue if damage else 0,
-        "unreadable_regions": json.dumps([r.as_list() for r in regions[:MAX_STORED_REGIONS]]),
-    }
+    return DamageRecord(
+        n_thumbnail_unreadable=len(found.unreadable),
+        n_file_tiles_unreadable=damage.n_bad if damage else 0,
+        n_file_tiles_tissue=damage.n_tissue if damage else 0,
+        regions=tuple(tuple(r.as_list()) for r in regions[:MAX_STORED_REGIONS]),
+    )
 
 
 def check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
     """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
     meta = previous.meta
-    if (meta.get("level0_width"), meta.get("level0_height")) != tuple(slide.dimensions):
+    if (meta.level0_width, meta.level0_height) != tuple(slide.dimensions):
         raise SlideIdError(same_id_message(source, meta, tile_file))
-    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.get("slide_path"))
+    log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.slide_path)

@@ -10,6 +10,7 @@ import wsi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
 from wsi.tile_file import TilePixelWriter
+from wsi.tile_meta import TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts
 
@@ -29,28 +30,34 @@ def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> T
     )
 
 
-def tile_file_attrs(
-    slide: Slide, source: SlideSource, params: TileParams, counts: TileCounts, mpp_source: str
-) -> dict[str, Any]:
-    """The attributes of a tile file: wsi.tile_file.REQUIRED_ATTRS, `mpp_source` and the counts (the caller
-    adds `background`, `background_reason`, `background_choice` and `empty_reason`)."""
+def tile_file_meta(
+    slide: Slide,
+    source: SlideSource,
+    params: TileParams,
+    counts: TileCounts,
+    mpp_source: str,
+    **sections: Any,
+) -> TileFileMeta:
+    """The tile file's record of this slide and its tiles; `sections` are TileFileMeta's optional fields
+    (background, empty_reason, damage, roi, segmentation, ...)."""
     w0, h0 = slide.dimensions
-    return {
-        "slide_id": source.slide_id,
-        "slide_path": str(source.path),
-        "tile_size_um": float(params.tile_um),
-        "tile_size_px": int(params.tile_px),
-        "mpp": float(slide.mpp),
-        "mpp_source": mpp_source,
-        "target_mpp": float(params.target_mpp),
-        "level0_width": int(w0),
-        "level0_height": int(h0),
-        "backend": slide.backend,
-        "vendor": slide.vendor,
-        "params": params.to_dict(),  # stored as sorted-key JSON by write_tile_file
-        "wsi_version": wsi.__version__,
-        **counts.to_dict(),
-    }
+    return TileFileMeta(
+        slide_id=source.slide_id,
+        slide_path=str(source.path),
+        tile_size_um=float(params.tile_um),
+        tile_size_px=int(params.tile_px),
+        mpp=float(slide.mpp),
+        mpp_source=mpp_source,
+        target_mpp=float(params.target_mpp),
+        level0_width=int(w0),
+        level0_height=int(h0),
+        backend=slide.backend,
+        vendor=slide.vendor,
+        params=params.to_dict(),
+        counts=counts,
+        wsi_version=wsi.__version__,
+        **sections,
+    )
 
 
-__all__ = ["pixel_writer", "tile_file_attrs"]
+__all__ = ["pixel_writer", "tile_file_meta"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from wsi.qupath import (
     tile_features,
     write_geojson,
 )
+from wsi.tile_meta import RoiRecord
 from wsi.tiling import REASON_NAMES, TissueGrid, tissue_fractions
 
 if TYPE_CHECKING:
@@ -66,28 +67,28 @@ def roi_digest(roi: Path | None, slide_id: str) -> str:
         return "missing"
 
 
-def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, dict[str, Any]]:
-    """The candidates whose centre the ROI holds, and the tile-file attributes that record it."""
+def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, RoiRecord | None]:
+    """The candidates whose centre the ROI holds, and the tile file's record of it."""
     if roi is None:
-        return found, {}
+        return found, None
     centres = found.candidate_coords.astype(np.float64) + found.grid.step_px / 2
     keep = roi.contains(centres)
-    attrs = {
-        "roi_path": str(roi.path),
-        "roi_sha256": roi.sha256,
-        "roi_rule": ROI_RULE,
-        "n_roi_included": len(roi.include),
-        "n_roi_excluded": len(roi.exclude),
-        "n_outside_roi": int((~keep).sum()),
-    }
+    record = RoiRecord(
+        path=str(roi.path),
+        sha256=roi.sha256,
+        rule=ROI_RULE,
+        n_included=len(roi.include),
+        n_excluded=len(roi.exclude),
+        n_outside=int((~keep).sum()),
+    )
     log.info("%s: %d of %d tissue cells inside", roi.describe(), int(keep.sum()), len(keep))
-    return replace(found, candidates=found.candidates[keep]), attrs
+    return replace(found, candidates=found.candidates[keep]), record
 
 
-def roi_empty(roi: Roi | None, size: tuple[int, int], attrs: dict[str, Any], n_left: int) -> str:
+def roi_empty(roi: Roi | None, size: tuple[int, int], record: RoiRecord | None, n_left: int) -> str:
     """Why a slide kept no tile when the ROI left out all its tissue cells (likely another slide's
     ROI); "" otherwise."""
-    n_before = int(attrs.get("n_outside_roi", 0)) + n_left
+    n_before = (record.n_outside if record else 0) + n_left
     if roi is None or n_left or not n_before:
         return ""
     box = roi.bounds()

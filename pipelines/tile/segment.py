@@ -10,13 +10,12 @@ and each candidate tile's share of every artifact class follow.
 
 A tile whose artifact share is over `max_artifact_fraction` is rejected for the artifact class that
 covers most of it; the reasons are codes ARTIFACT_BASE + class index (`artifact_reason_names`), and the
-tile file records each model's name, weights file and sha256 (`segmentation_attrs`).
+tile file records each model's name, weights file and sha256 (`segmentation_record`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from wsi.models.segmentation import Segmenter, load_segmenter
 from wsi.pipelines.devices import resolve_device
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
+from wsi.tile_meta import SegmentationRecord, TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, TissueGrid, min_rgb
 
@@ -186,29 +186,19 @@ def artifact_reason_names(seg: Segmenter) -> dict[str, int]:
     return {f"artifact: {name}": ARTIFACT_BASE + k for k, name in sorted(seg.spec.artifact_classes.items())}
 
 
-def segmentation_attrs(
+def segmentation_record(
     options: SegmentationOptions, tissue: Segmenter | None, artifact: Segmenter | None, reasons: np.ndarray
-) -> dict[str, Any]:
-    """Tile-file attributes: the models (name, weights, sha256, mpp) and the tiles each artifact removed."""
+) -> SegmentationRecord:
+    """For the tile file: the models (name, weights, sha256, mpp) and the tiles each artifact removed."""
     models: dict[str, Any] = {}
     if tissue is not None:
         models["tissue"] = tissue.describe()
     if artifact is not None:
         models["artifact"] = {**artifact.describe(), "max_artifact_fraction": options.max_artifact_fraction}
-    attrs: dict[str, Any] = {"segmentation": json.dumps(models, sort_keys=True)}
-    if artifact is not None:
-        counts = {
-            name: int((reasons == code).sum()) for name, code in artifact_reason_names(artifact).items()
-        }
-        attrs["n_artifact"] = int(sum(counts.values()))
-        attrs["artifact_counts"] = json.dumps(counts, sort_keys=True)
-    return attrs
-
-
-def stored_models(meta: dict[str, Any]) -> dict[str, Any]:
-    """The `segmentation` attribute of a tile file, decoded ({} for a file made without models)."""
-    raw = meta.get("segmentation")
-    return json.loads(raw) if isinstance(raw, str) and raw else {}
+    if artifact is None:
+        return SegmentationRecord(models=models)
+    counts = {name: int((reasons == code).sum()) for name, code in artifact_reason_names(artifact).items()}
+    return SegmentationRecord(models=models, n_artifact=int(sum(counts.values())), artifact_counts=counts)
 
 
 def wanted_models(options: SegmentationOptions | None) -> dict[str, Any]:
@@ -227,9 +217,9 @@ def wanted_models(options: SegmentationOptions | None) -> dict[str, Any]:
     return out
 
 
-def same_models(meta: dict[str, Any], options: SegmentationOptions | None) -> bool:
+def same_models(meta: TileFileMeta, options: SegmentationOptions | None) -> bool:
     """Whether a finished tile file was made with the models (and weights) of `options`."""
-    stored = stored_models(meta)
+    stored = meta.segmentation_models()
     got: dict[str, Any] = {}
     if "tissue" in stored:
         got["tissue"] = (stored["tissue"]["name"], stored["tissue"]["sha256"])
@@ -248,6 +238,6 @@ __all__ = [
     "class_fractions",
     "model_tissue_mask",
     "same_models",
-    "segmentation_attrs",
+    "segmentation_record",
     "segmenters",
 ]

@@ -51,15 +51,15 @@ from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
     check_usable_id,
-    damage_attrs,
     damage_note,
+    damage_record,
     explain_empty,
     file_damage,
     refuse_id_clashes,
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
-from wsi.pipelines.tile.output import pixel_writer, tile_file_attrs
+from wsi.pipelines.tile.output import pixel_writer, tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.pipelines.tile.segment import (
@@ -68,7 +68,7 @@ from wsi.pipelines.tile.segment import (
     artifact_verdicts,
     model_tissue_mask,
     same_models,
-    segmentation_attrs,
+    segmentation_record,
     segmenters,
 )
 from wsi.pipelines.tile.yield_notes import artifact_empty, low_yield_note, upsampling_note
@@ -85,6 +85,7 @@ from wsi.tile_file import (
     read_tile_file,
     write_tile_file,
 )
+from wsi.tile_meta import BackgroundRecord
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
 
@@ -154,8 +155,12 @@ def tile_slides(
     """
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     job = TileJob(
-        out_dir=Path(out_dir).absolute(), params=params or TileParams(), backend=opts.backend,
-        fallback_mpp=opts.mpp, save_tiles=opts.save_tiles, overwrite=opts.overwrite,
+        out_dir=Path(out_dir).absolute(),
+        params=params or TileParams(),
+        backend=opts.backend,
+        fallback_mpp=opts.mpp,
+        save_tiles=opts.save_tiles,
+        overwrite=opts.overwrite,
         background=opts.background,
         threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
         roi=None if opts.roi is None else Path(opts.roi).absolute(),
@@ -207,9 +212,7 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note, few = _tile_open_slide(
-            slide, source, job, paths, mpp_source, mpp_note, roi=roi
-        )
+        counts, empty, note, few = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi)
     if empty:
         log.warning("%s: %s", source.slide_id, empty)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
@@ -226,36 +229,37 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
     reason = None
     if meta.params != job.params.to_dict():  # the stored JSON, decoded; files of any version compare
         reason = "tile settings changed"
-    elif meta.meta.get("slide_path") != str(source.path):
-        reason = f"slide path changed (was {meta.meta.get('slide_path')})"
+    elif meta.slide_path != str(source.path):
+        reason = f"slide path changed (was {meta.slide_path})"
     elif source.mpp is not None and abs(meta.mpp - source.mpp) > 1e-9:
         reason = "mpp changed"
-    elif source.mpp is None and meta.meta.get("mpp_source") == "slide list":
+    elif source.mpp is None and meta.meta.mpp_source == "slide list":
         reason = f"the slide list no longer gives an mpp (was {meta.mpp:g})"
-    elif meta.meta.get("mpp_source") in ("--mpp", OVERRIDE_SOURCE) and job.fallback_mpp != meta.mpp:
+    elif meta.meta.mpp_source in ("--mpp", OVERRIDE_SOURCE) and job.fallback_mpp != meta.mpp:
         reason = f"--mpp changed (was {meta.mpp:g}, now {job.fallback_mpp})"
     elif job.save_tiles and not pixels_complete(paths.zarr, n=len(meta)):
         reason = "tile pixels (--save-tiles) missing or incomplete"
     elif not paths.qc.is_file():
         reason = "QC image missing"
-    elif meta.meta.get("background_choice", "auto") != job.background:
+    elif (meta.meta.background.choice if meta.meta.background else "auto") != job.background:
         reason = f"--background changed to {job.background}"
-    elif meta.meta.get("roi_sha256", "") != roi_digest(job.roi, source.slide_id):
+    elif (meta.meta.roi.sha256 if meta.meta.roi else "") != roi_digest(job.roi, source.slide_id):
         reason = "--roi changed"
-    elif (meta.meta.get("mpp_source") == OVERRIDE_SOURCE) != job.mpp_override:
+    elif (meta.meta.mpp_source == OVERRIDE_SOURCE) != job.mpp_override:
         reason = "--mpp-override changed"
     elif not same_models(meta.meta, job.segmentation):
         reason = "segmentation models or their weights changed"
-    elif len(meta) == 0 and "empty_reason" not in meta.meta:
+    elif len(meta) == 0 and meta.meta.empty_reason is None:
         reason = "no tile kept by a version that did not say why"
     if reason:
         log.info("%s: recomputing (%s)", source.slide_id, reason)
         return None
     if len(meta) == 0:
-        why = str(meta.meta["empty_reason"])
+        why = str(meta.meta.empty_reason)
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    both = "; ".join(part for part in (artifact_note(meta.meta), str(meta.meta.get("low_yield", ""))) if part)
+    rejected = artifact_note(meta.meta.counts.to_dict())
+    both = "; ".join(part for part in (rejected, meta.meta.low_yield) if part)
     return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=both)
 
 
@@ -274,7 +278,7 @@ def _tile_open_slide(
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
-    found, roi_attrs = restrict_to_roi(found, roi)
+    found, roi_record = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -307,7 +311,7 @@ def _tile_open_slide(
             counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
-        empty = roi_empty(roi, slide.dimensions, roi_attrs, len(found.candidates)) or empty
+        empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
         empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
     few = "; ".join(part for part in (few, coarse if few else "") if part)
     if few:
@@ -320,17 +324,16 @@ def _tile_open_slide(
     save_png(paths.qc, picture)
     write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
     kept = found.candidates[reasons == KEPT]
-    attrs = tile_file_attrs(slide, source, job.params, counts, mpp_source)
-    attrs.update(
-        background=found.background.kind, background_reason=found.background.reason,
-        background_choice=job.background, empty_reason=empty, **damage_attrs(found, damage), **roi_attrs,
+    bg = found.background
+    meta = tile_file_meta(
+        slide, source, job.params, counts, mpp_source,
+        background=BackgroundRecord(kind=bg.kind, reason=bg.reason, choice=job.background),
+        empty_reason=empty, damage=damage_record(found, damage), roi=roi_record,
         upsampling=float(upsampling), low_yield=few,
+        segmentation=None if job.segmentation is None
+        else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
     )  # fmt: skip
-    if job.segmentation is not None:
-        attrs.update(segmentation_attrs(job.segmentation, tissue_net, artifact_net, reasons))
-    write_tile_file(
-        paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], attrs=attrs
-    )
+    write_tile_file(paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], meta=meta)
     log.debug("%s: %s", source.slide_id, counts)
     return counts, empty, note, few
 

@@ -2,11 +2,10 @@
 
 Public API:
   train(task=..., labels_csv=..., out_dir=..., features_dir=... | images_dir=..., **options) -> TrainResult
-  load_task(name_or_path) -> TaskConfig          (defined in pipelines.tasks, shared with predict)
+Tasks (`load_task`, `TaskConfig`) live in `wsi.pipelines.tasks`, shared with predict.
 See pipelines/train/run.py for the run-folder layout and pipelines/run_record.py for its config.json.
 """
 
-from wsi.pipelines.tasks import TaskConfig, load_task
 from wsi.pipelines.train.run import TrainResult, train
 
-__all__ = ["TaskConfig", "TrainResult", "load_task", "train"]
+__all__ = ["TrainResult", "train"]

@@ -13,9 +13,11 @@ A dark-background (fluorescence-like) slide is not judged: the colour rules are 
 """
 
 from wsi.artifacts.colour import INK_COLOURS, hsv, ink_mask, ink_pixels, tile_ink_share
-from wsi.artifacts.params import DESCRIPTIONS, FILTERS, ArtifactParams
 from wsi.artifacts.reasons import BORDER, BUBBLE, CODES, DUST, FOLD, INK, artifact_verdicts, judge_tiles
 from wsi.artifacts.regions import ArtifactMaps, find_artifacts
+from wsi.tile_params import ARTIFACT_DESCRIPTIONS as DESCRIPTIONS
+from wsi.tile_params import ARTIFACT_FILTERS as FILTERS
+from wsi.tile_params import ArtifactParams
 
 __all__ = [
     "BORDER", "BUBBLE", "CODES", "DESCRIPTIONS", "DUST", "FILTERS", "FOLD", "INK", "INK_COLOURS",

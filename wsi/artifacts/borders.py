@@ -11,7 +11,7 @@ import numpy as np
 from scipy import ndimage
 from skimage.measure import label
 
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 #: the fill's brightness varies by at most this (0-255 standard deviation) over a region
 _MAX_FILL_STD = 3.0

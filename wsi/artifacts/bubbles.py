@@ -19,7 +19,7 @@ from skimage.measure import label
 from skimage.morphology import black_tophat, disk
 
 from wsi.artifacts.morph import dilate
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 
 def bubble_regions(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 #: ink colours, in the order they are reported
 INK_COLOURS = ("green", "blue", "red", "black")

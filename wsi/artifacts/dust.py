@@ -11,7 +11,7 @@ from scipy import ndimage
 from skimage.measure import label
 
 from wsi.artifacts.morph import block_reduce
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 
 def dust_regions(tissue: np.ndarray, *, mpp: float, params: ArtifactParams) -> np.ndarray:

@@ -15,7 +15,7 @@ from skimage.morphology import remove_small_objects
 
 from wsi.artifacts.colour import HSV
 from wsi.artifacts.morph import opening
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 #: folds narrower than this (um) are dense nuclei, not a fold
 _MIN_WIDTH_UM = 24.0

@@ -16,7 +16,7 @@ from skimage.morphology import remove_small_objects
 
 from wsi.artifacts.colour import HSV, ink_rules
 from wsi.artifacts.morph import closing, opening
-from wsi.artifacts.params import ArtifactParams
+from wsi.tile_params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise
 _MIN_STROKE_UM = 30.0

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from wsi.artifacts.colour import tile_ink_share
-from wsi.artifacts.params import FILTERS, ArtifactParams
+from wsi.tile_params import ARTIFACT_FILTERS as FILTERS
+from wsi.tile_params import ArtifactParams
 
 INK, FOLD, BUBBLE, BORDER, DUST = 4, 5, 6, 7, 8
 #: filter name -> reason code, in the order a tile with several artifacts is named

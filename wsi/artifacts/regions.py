@@ -22,7 +22,8 @@ from wsi.artifacts.dust import dust_regions
 from wsi.artifacts.folds import fold_regions
 from wsi.artifacts.ink import ink_regions
 from wsi.artifacts.morph import block_reduce
-from wsi.artifacts.params import FILTERS, ArtifactParams
+from wsi.tile_params import ARTIFACT_FILTERS as FILTERS
+from wsi.tile_params import ArtifactParams
 from wsi.tissue import cell_fractions
 
 #: resolution (um/px) the region filters work at; the thumbnail is reduced to it by whole blocks
