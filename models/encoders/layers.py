@@ -147,4 +147,57 @@ class AttentionPool(nn.Module):
         return self.norm(out)
 
 
-__all__ = ["POOLINGS", "AttentionPool", "ClassAndPatchMean", "ClassToken", "ConvStem", "ModelHead"]
+class _MhaWeights(nn.Module):
+    """torch.nn.MultiheadAttention's tensor names when kdim/vdim differ from the model width."""
+
+    def __init__(self, dim: int, context: int) -> None:
+        super().__init__()
+        self.q_proj_weight = nn.Parameter(torch.zeros(dim, dim))
+        self.k_proj_weight = nn.Parameter(torch.zeros(dim, context))
+        self.v_proj_weight = nn.Parameter(torch.zeros(dim, context))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
+        self.out_proj = nn.Linear(dim, dim)
+
+
+@POOLINGS.register("mha-pool")
+class MhaAttentionPool(nn.Module):
+    """CONCH v1's contrastive pooler: one learned query, 8-head attention with biases, then LayerNorm.
+
+    Written from mahmoodlab/CONCH 141cc09 conch/open_clip_custom/transformer.py AttentionalPooler (an
+    nn.MultiheadAttention(512, 8, kdim=768, vdim=768) over ln_k(tokens), query ln_q(query)) and
+    vision_tower.py `forward_no_head` (ln_contrast, no proj_contrast: `encode_image(proj_contrast=False)`).
+    """
+
+    heads = 8
+
+    def __init__(self, backbone: nn.Module, dim: int) -> None:
+        super().__init__()
+        context = int(cast(Any, backbone).num_features)
+        self.query = nn.Parameter(torch.zeros(1, dim))
+        self.ln_q = nn.LayerNorm(dim)
+        self.ln_k = nn.LayerNorm(context)
+        self.attn = _MhaWeights(dim, context)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.ln_k(_tokens(backbone, x))  # (B, N, C)
+        b, n, _ = tokens.shape
+        a, h = self.attn, self.heads
+        bq, bk, bv = a.in_proj_bias.chunk(3)
+        q = nn.functional.linear(self.ln_q(self.query), a.q_proj_weight, bq)  # (1, D)
+        q = q.view(1, h, 1, -1).expand(b, -1, -1, -1)  # (B, h, 1, d)
+        k = nn.functional.linear(tokens, a.k_proj_weight, bk).view(b, n, h, -1).transpose(1, 2)
+        v = nn.functional.linear(tokens, a.v_proj_weight, bv).view(b, n, h, -1).transpose(1, 2)
+        out = nn.functional.scaled_dot_product_attention(q, k, v)  # (B, h, 1, d)
+        return self.norm(a.out_proj(out.transpose(1, 2).reshape(b, -1)))
+
+
+__all__ = [
+    "POOLINGS",
+    "AttentionPool",
+    "ClassAndPatchMean",
+    "ClassToken",
+    "ConvStem",
+    "MhaAttentionPool",
+    "ModelHead",
+]

@@ -299,4 +299,43 @@ def conch_v15() -> EncoderRecipe:
     )
 
 
+@ENCODERS.register("conch-v1")
+def conch_v1() -> EncoderRecipe:
+    # CONCH v1 (Lu et al., Nature Medicine 2024), mahmoodlab/CONCH 141cc09: conch_ViT-B-16.json (image_size
+    # 448, patch 16, attentional pooler 8 heads, 1 contrast query, embed_dim 512) builds a timm ViT-B/16
+    # trunk (coca_model._build_vision_tower: class token, qkv bias, no LayerScale, forward_features = normed
+    # tokens); the feature is encode_image(proj_contrast=False, normalize=False) = ln_contrast(pooled), 512-d,
+    # what MADELEINE (madeleine/preprocessing/conch_patch_embedder.py), TRIDENT Conchv1InferenceEncoder and
+    # STAMP preprocessing/extractor/conch.py all take. transform.py: Resize(448, bicubic) + CenterCrop(448),
+    # OpenAI CLIP mean/std (factory.py). MADELEINE's own extraction forced 224 px; TRIDENT and STAMP run
+    # the model's 448: we follow the model's config.
+    return EncoderRecipe(
+        arch="vit_base_patch16_224",
+        dim=512,
+        input_px=448,
+        mean=(0.48145466, 0.4578275, 0.40821073),
+        std=(0.26862954, 0.26130258, 0.27577711),
+        kwargs={"img_size": 448, "patch_size": 16},
+        interpolation="bicubic",
+        pooling="mha-pool",
+        key_layout="conch-v1",
+        ignore_keys=(  # the caption pooler, the contrastive projection and the text towers
+            r"^(visual\.)?(proj_contrast|attn_pool_caption\.|ln_caption\.)",
+            r"^(text|text_decoder)\.",
+            r"^logit_scale$",
+        ),
+        weights_files=("pytorch_model.bin",),
+        params=CONCH_V1_PARAMS,
+        training_mpp=0.5,
+        licence="CC-BY-NC-ND-4.0 (gated)",
+        source="huggingface.co/MahmoodLab/CONCH: pytorch_model.bin",
+        reference="mahmoodlab/CONCH 141cc09 conch/open_clip_custom/ (coca_model.py, vision_tower.py, "
+        "transformer.py, factory.py, transform.py)",
+    )
+
+
+#: timm ViT-B/16 at 448 px (784 + 1 positions) 86,250,240 + the contrastive pooler and ln_contrast 1,316,864
+CONCH_V1_PARAMS = 87_567_104
+
+
 __all__ = ["CTRANSPATH_SHA256", "RETCCL_SHA256"]

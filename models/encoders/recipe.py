@@ -29,7 +29,7 @@ from wsi.user_text import load_yaml_file
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-Pooling = Literal["model", "cls", "cls+mean", "attn-pool"]
+Pooling = Literal["model", "cls", "cls+mean", "attn-pool", "mha-pool"]
 #: recipe fields that change no feature value (facts for people, where to find files, how to run fast):
 #: left out of `EncoderRecipe.digest`, so a licence note edited in a recipe does not re-embed a cohort
 DESCRIPTIVE_FIELDS = (
@@ -56,7 +56,8 @@ class EncoderRecipe:
     interpolation: Literal["bilinear", "bicubic"] = "bilinear"  # the resize filter (antialiased)
     # how tokens become one vector: "model" (the timm model's own head: global average for CNN/Swin),
     # "cls" (class token), "cls+mean" (class token concatenated with the mean of the patch tokens, registers
-    # excluded), "attn-pool" (CONCH's attentional pooler + LayerNorm, weights in the checkpoint)
+    # excluded), "attn-pool" (CONCH v1.5's attentional pooler + LayerNorm, weights in the checkpoint),
+    # "mha-pool" (CONCH v1's: the same with nn.MultiheadAttention's biases)
     pooling: Pooling = "model"
     key_layout: str = "timm"  # how the authors' checkpoint names tensors (models/encoders/weights.py)
     # regexes of checkpoint tensors that are not part of the encoder: classifier heads, training-only

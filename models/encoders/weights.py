@@ -254,6 +254,37 @@ def _conch_layout(state: StateDict, encoder: nn.Module) -> StateDict:
     return out
 
 
+@KEY_LAYOUTS.register("conch-v1")
+def _conch_v1_layout(state: StateDict, encoder: nn.Module) -> StateDict:
+    """CONCH v1's CoCa checkpoint (visual.trunk, visual.attn_pool_contrast, visual.ln_contrast; the text
+    towers are dropped by the recipe's ignore_keys). A position table of another grid is resampled
+    bilinearly as CONCH's coca_model.resize_pos_embed does (mahmoodlab/CONCH 141cc09)."""
+    from timm.layers import resample_abs_pos_embed
+
+    out: StateDict = {}
+    for key, value in state.items():
+        key = key.removeprefix("visual.")
+        if key.startswith("trunk."):
+            out["backbone." + key[len("trunk.") :]] = value
+        elif key.startswith("attn_pool_contrast."):
+            out["pool." + key[len("attn_pool_contrast.") :]] = value
+        elif key.startswith("ln_contrast."):
+            out["pool.norm." + key[len("ln_contrast.") :]] = value
+        else:
+            out[key] = value
+    pos = out.get("backbone.pos_embed")
+    grid = tuple(cast(Any, encoder).backbone.patch_embed.grid_size)
+    if (
+        pos is not None
+        and pos.shape[1] != 1 + grid[0] * grid[1]
+        and math.isqrt(pos.shape[1] - 1) ** 2 == pos.shape[1] - 1
+    ):
+        out["backbone.pos_embed"] = resample_abs_pos_embed(
+            pos, new_size=list(grid), num_prefix_tokens=1, interpolation="bilinear", antialias=False
+        )
+    return out
+
+
 def dino_pos_embed(pos: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """A (1, 1 + n*n, D) class + square position table at the (H, W) grid the way CONCH's tower does it.
 

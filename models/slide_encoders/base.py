@@ -79,6 +79,8 @@ SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
         "wsi.models.slide_encoders.prism",
         "wsi.models.slide_encoders.gigapath",
         "wsi.models.slide_encoders.titan",
+        "wsi.models.slide_encoders.madeleine",
+        "wsi.models.slide_encoders.cobra",
     ),
 )
 

@@ -22,7 +22,7 @@ STAMP_EXTRACTORS: dict[str, tuple[str, str | None]] = {
     "ctranspath": ("ctranspath", "7c998680060c8743551a412583fac689db43cec07053b72dfec6dcd810113539"),
     "chief-ctranspath": ("ctranspath", "1646f23001214f74cf432ef0e80b808ee6605143802ae6ed53a87564ddc4924a"),
     "conch1_5": ("conch-v1.5", None),
-    "conch": ("conch", None),
+    "conch": ("conch-v1", None),
     "uni": ("uni", None),
     "uni2": ("uni2-h", None),
     "gigapath": ("prov-gigapath", None),
