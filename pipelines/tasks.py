@@ -154,6 +154,9 @@ class TaskConfig:
     input: str = "bags"  # pipelines.inputs registry: bags | images
     input_options: dict[str, Any] = field(default_factory=dict)  # validated by the input adapter
     columns: LabelColumns = field(default_factory=LabelColumns)  # label table column names
+    standardize_features: bool = False  # z-score every input feature with the mean and sd of the
+    # training split's tiles (each fold its own), stored with the model and applied identically in
+    # validation, test and `wsi predict`; features with sd ~0 are left unscaled (ours)
     recipe: Recipe = "small-cohort"  # what the fields left None below default to: small-cohort (any
     # cohort below a few hundred cases; regularised, sized to the data) or paper (whole bags, the
     # preset as named, best epoch by the validation figure); see README.md "Which training recipe"
