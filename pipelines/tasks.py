@@ -276,6 +276,11 @@ def check_task(task: TaskConfig, source: str) -> TaskConfig:
             raise ConfigError(f"{source}: {name} must be at least 1, got {value}")
     if (task.patience or 0) < 0 or task.num_workers < 0:
         raise ConfigError(f"{source}: patience and num_workers must be >= 0")
+    if task.standardize_features and task.input == "images":
+        raise ConfigError(
+            f"{source}: standardize_features z-scores the features of bags or slide embeddings, not "
+            "images (their transforms normalise pixels); set it false"
+        )
     _check_recipe_fields(task, source)
     return task
 
