@@ -27,6 +27,7 @@ from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.pooling import GatedAttentionPool
+from wsi.models.standardize import standardize_input
 
 _Width = Annotated[int, Field(gt=0, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
@@ -97,7 +98,7 @@ class ABMIL(KindModel):
 
         Padded rows are zeroed first so that NaN or huge padding can never reach a sum.
         """
-        x = x.to(self.head.weight.dtype)
+        x = standardize_input(self, x).to(self.head.weight.dtype)  # z-scores when the task asked
         if mask is not None:
             x = x.masked_fill(~mask[..., None], 0.0)
         return self.embed(self.feature_dropout(x))

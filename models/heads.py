@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
+from wsi.models.standardize import standardize_input
 
 _Width = Annotated[int, Field(gt=0, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
@@ -66,7 +67,7 @@ class _Head(KindModel):
     out: nn.Linear
 
     def _rows(self, x: Tensor) -> Tensor:
-        x = x.to(self.out.weight.dtype)
+        x = standardize_input(self, x).to(self.out.weight.dtype)  # z-scores when the task asked
         return self.norm(x)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None) -> Tensor:

@@ -37,6 +37,7 @@ from wsi.models.layout import TileLayout, tile_layout
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.pooling import GatedAttentionPool, present_only
 from wsi.models.posenc import sincos_from_coords_um
+from wsi.models.standardize import standardize_input
 from wsi.models.transformer import (
     AUTO_CHUNK_TOKENS,
     PositiveInt,
@@ -123,6 +124,7 @@ class MILTransformer(KindModel):
 
     def _embed(self, x: Tensor, coords_um: Tensor | None) -> Tensor:
         """Tile features (B, n, in_dim) of any float dtype -> tokens (B, n, dim)."""
+        x = standardize_input(self, x)  # the training split's z-scores when the task asked (float32)
         t = self.proj(x.to(self.proj.weight.dtype))
         if self.config.pos_encoding and coords_um is not None:
             t = t + sincos_from_coords_um(coords_um, self.config.dim, self.config.pos_unit_um).to(t.dtype)

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_model
 
 from wsi.errors import WeightsError
 from wsi.files import atomic_path
+from wsi.models.standardize import ensure_for_state
 
 
 def save_weights(model: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -34,7 +35,13 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def load_into(model: torch.nn.Module, path: Path) -> None:
     """Load a checkpoint into `model` in place; refuse one of another architecture by name."""
-    state = load_weights(path)
+    load_state_into(model, load_weights(path), path)
+
+
+def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load a state dict read from `path` into `model` in place. Weights that hold an input
+    standardisation (`standardize_features`) give the model one to load it into first."""
+    ensure_for_state(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # save_model drops duplicate names of tied tensors; those are the only acceptable "missing" keys
     really_missing = [k for k in missing if not _is_tied_alias(model, k, state)]
@@ -53,4 +60,4 @@ def _is_tied_alias(model: torch.nn.Module, key: str, state: dict[str, torch.Tens
     )
 
 
-__all__ = ["load_into", "load_weights", "save_weights"]
+__all__ = ["load_into", "load_state_into", "load_weights", "save_weights"]

@@ -154,6 +154,9 @@ class TaskConfig:
     input: str = "bags"  # pipelines.inputs registry: bags | images
     input_options: dict[str, Any] = field(default_factory=dict)  # validated by the input adapter
     columns: LabelColumns = field(default_factory=LabelColumns)  # label table column names
+    standardize_features: bool = False  # z-score every input feature with the mean and sd of the
+    # training split's tiles (each fold its own), stored with the model and applied identically in
+    # validation, test and `wsi predict`; features with sd ~0 are left unscaled (ours)
     recipe: Recipe = "small-cohort"  # what the fields left None below default to: small-cohort (any
     # cohort below a few hundred cases; regularised, sized to the data) or paper (whole bags, the
     # preset as named, best epoch by the validation figure); see README.md "Which training recipe"
@@ -266,6 +269,11 @@ def check_task(task: TaskConfig, source: str) -> TaskConfig:
             raise ConfigError(f"{source}: {name} must be at least 1, got {value}")
     if (task.patience or 0) < 0 or task.num_workers < 0:
         raise ConfigError(f"{source}: patience and num_workers must be >= 0")
+    if task.standardize_features and task.input == "images":
+        raise ConfigError(
+            f"{source}: standardize_features z-scores the features of bags or slide embeddings, not "
+            "images (their transforms normalise pixels); set it false"
+        )
     _check_recipe_fields(task, source)
     return task
 

@@ -97,6 +97,7 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
     for ckpt in ckpts:
         model = build_model_from_config(record.model, source=str(record_path(run)), saved=True)
         load_into(model, ckpt)
+        _check_standardization(model, record, ckpt)
         models.append(model.to(dev).eval())
         kinds.append(build_kind(record.task, read_fitted(ckpt.parent)))
     fitted = kinds[0].fitted()
@@ -105,6 +106,21 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
         fitted["risk_cutoff"] = float(np.mean([float(c) for c in cutoffs if c is not None]))
     adapter = build_input(record.input.name, record.task.input_options)
     return RunModel(models, kinds, build_kind(record.task, fitted), record, adapter, dev, run, ckpts)
+
+
+def _check_standardization(model: torch.nn.Module, record: RunRecord, ckpt: Path) -> None:
+    """The weights hold an input standardisation exactly when the run's task asked for one (a run
+    folder whose weights were swapped would otherwise predict on the wrong feature scale)."""
+    from wsi.models.standardize import input_standardizer
+
+    has = input_standardizer(model) is not None
+    if has != record.task.standardize_features:
+        said = "asks for" if record.task.standardize_features else "does not ask for"
+        held = "hold" if has else "lack"
+        raise ConfigError(
+            f"{ckpt}: the weights {held} an input standardisation, but the run's config.json {said} "
+            "one (standardize_features); this folder mixes runs: retrain it or restore its weights"
+        )
 
 
 def _checkpoints(run: Path, record: RunRecord) -> list[Path]:

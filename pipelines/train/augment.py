@@ -11,7 +11,7 @@ saves with the resume state: the same seed gives the same subsets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -73,19 +73,32 @@ def tile_subset(batch: Batch, fraction: tuple[float, float]) -> Batch:
     )  # fmt: skip
 
 
+def centred_dropout(x: torch.Tensor, p: float, center: torch.Tensor) -> torch.Tensor:
+    """Inverted dropout of each feature's deviation from `center` (D,): a dropped feature becomes its
+    centre, a kept one center + (x - center) / (1 - p). With the model's standardisation mean as the
+    centre this is plain inverted dropout of the z-scores the model sees (zeroing a raw feature would
+    hand it -mean/sd, far outside the training range for a feature far from 0)."""
+    center = center.to(device=x.device, dtype=x.dtype)
+    return center + F.dropout(x - center, p, training=True)
+
+
 @dataclass(frozen=True)
 class BagAugment:
     """What happens to a training batch of feature bags before the model sees it."""
 
     tile_fraction: tuple[float, float] = (1.0, 1.0)  # share of each bag's tiles kept
     feature_dropout: float = 0.0  # chance each input feature is zeroed (inverted dropout)
+    # (D,) what a dropped feature becomes: the model's input standardisation mean, so that dropout acts
+    # on z-scores; None: 0
+    center: torch.Tensor | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, task: TaskConfig) -> BagAugment | None:
-        """The task's augmentation, or None when it changes nothing or the input is not feature bags."""
+    def of(cls, task: TaskConfig, center: torch.Tensor | None = None) -> BagAugment | None:
+        """The task's augmentation, or None when it changes nothing or the input is not feature bags.
+        `center`: the mean of the model's input standardisation, when it has one."""
         aug = task.augment
         fraction = tuple(aug.tile_fraction or (1.0, 1.0))
-        made = cls((float(fraction[0]), float(fraction[1])), float(aug.feature_dropout or 0.0))
+        made = cls((float(fraction[0]), float(fraction[1])), float(aug.feature_dropout or 0.0), center)
         if task.input != "bags" or (made.tile_fraction[0] >= 1.0 and made.feature_dropout == 0.0):
             return None
         return made
@@ -96,8 +109,11 @@ class BagAugment:
         batch = tile_subset(batch, self.tile_fraction)
         if self.feature_dropout > 0:
             x = batch.x.float() if batch.x.dtype == torch.float16 else batch.x  # as the model gets it
-            batch.x = F.dropout(x, self.feature_dropout, training=True)
+            if self.center is None:
+                batch.x = F.dropout(x, self.feature_dropout, training=True)
+            else:
+                batch.x = centred_dropout(x, self.feature_dropout, self.center)
         return batch
 
 
-__all__ = ["BagAugment", "tile_subset"]
+__all__ = ["BagAugment", "centred_dropout", "tile_subset"]

@@ -18,13 +18,15 @@ from typing import Any
 import torch
 
 from wsi.errors import ConfigError, WeightsError
-from wsi.pipelines.checkpoints import load_into, load_weights
+from wsi.models.standardize import STANDARDIZER, attach_standardizer
+from wsi.pipelines.checkpoints import load_state_into, load_weights
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter
 from wsi.pipelines.run_record import read_run_record, record_path, write_fitted
 from wsi.pipelines.task_kinds import build_kind
 from wsi.pipelines.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
+from wsi.pipelines.train.feature_stats import fit_feature_stats
 from wsi.pipelines.train.loop import EpochHook, fit
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import RngState, has_resume, seed_everything
@@ -101,6 +103,9 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
         init_from(model, spec.init_from, spec.task.model.attention)
     kind = build_kind(spec.task)
     kind.fit(spec.split.train, device)  # class weights, standardisation: from this fold's training cases
+    if spec.task.standardize_features:  # the input's z-scores: this fold's training tiles, into the model
+        stats = fit_feature_stats(spec.adapter, spec.split.train, num_workers=spec.task.num_workers)
+        attach_standardizer(model, *stats.tensors())
     if kind.fitted():
         write_fitted(spec.run_dir, kind.fitted())
     state = fit(
@@ -123,8 +128,13 @@ def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> No
     src_attention = None
     if record_path(ckpt.parent).is_file():
         src_attention = read_run_record(ckpt.parent).task.model.attention
+    state = load_weights(ckpt)
+    dropped = [k for k in state if k.startswith(f"{STANDARDIZER}.")]
+    if dropped:  # this run's own standardize_features decides its input's standardisation
+        log.warning("--init-from %s: its input standardisation is not carried over", ckpt)
+        state = {k: v for k, v in state.items() if k not in dropped}
     if src_attention == attention:
-        load_into(model, ckpt)
+        load_state_into(model, state, ckpt)
         log.info("initialised from %s (same attention %s)", ckpt, attention)
         return
     if src_attention not in (None, "softmax"):
@@ -132,7 +142,7 @@ def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> No
             f"--init-from {source}: that run used {src_attention!r} attention; give a softmax checkpoint "
             f"(transferred to {attention!r}) or one with {attention!r} attention"
         )
-    new_keys = transfer_softmax_to_seqnorm(load_weights(ckpt), model)
+    new_keys = transfer_softmax_to_seqnorm(state, model)
     log.info(
         "initialised %s model from softmax checkpoint %s (%d new tensors)", attention, ckpt, len(new_keys)
     )

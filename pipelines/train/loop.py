@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
+from wsi.models.standardize import input_standardizer
 from wsi.pipelines.cases import make_loader
 from wsi.pipelines.checkpoints import save_weights
 from wsi.pipelines.devices import autocast_for
@@ -205,7 +206,7 @@ class Trainer:
             task=task, kind=kind, model=model, device=device, train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
             scheduler=make_scheduler(optimizer, task, steps_per_epoch), generator=generator,
-            augment=BagAugment.of(task), selection=Selection.of(task),
+            augment=BagAugment.of(task, center=_input_mean(model)), selection=Selection.of(task),
         )  # fmt: skip
 
     def start(self, run_dir: Path, *, resume: bool) -> TrainState:
@@ -283,6 +284,12 @@ class Trainer:
             loader_generator=self.generator, state=state,
         )  # fmt: skip
         self.saved_at = time.monotonic()
+
+
+def _input_mean(model: torch.nn.Module) -> torch.Tensor | None:
+    """The mean of the model's input standardisation (what feature dropout drops a feature to)."""
+    module = input_standardizer(model)
+    return None if module is None else module.mean.detach().clone()
 
 
 def require_recipe(task: TaskConfig) -> int:

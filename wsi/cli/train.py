@@ -17,6 +17,7 @@ Examples:
   wsi train --task nsclc-subtype --features run/features/retccl --labels labels.csv --out model/
   wsi train --task nsclc-subtype --features bags/ --labels labels.csv --out cmp/sima --attention sima
   wsi train --task my-task.yaml --features bags/ --labels labels.csv --out model/ --cv 5
+  wsi train --task my-task.yaml --features bags/ --labels labels.csv --out z/ --standardize-features
   wsi train --task nsclc-subtype ... --cv 5 --scheduler tcp://10.0.0.5:8786   # folds in parallel
   wsi train --task nsclc-subtype ... --out model/ --resume                     # after an interruption
   wsi train --task nsclc-subtype ... --init-from softmax-run/ --attention seqnorm
@@ -111,6 +112,12 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     help="Background processes reading bags (GPU training: 2-8) [default: the task's].",
 )
 @click.option(
+    "--standardize-features/--no-standardize-features",
+    default=None,
+    help="Z-score each input feature with the training split's tile mean and sd (stored with the model, "
+    "applied in validation, test and predict) [default: the task's standardize_features].",
+)
+@click.option(
     "--cv", type=click.IntRange(min=2), default=None, help="K-fold cross-validation (patient-grouped)."
 )
 @scheduler_option("Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).")
@@ -142,6 +149,7 @@ def command(
     grad_accum: int | None,
     bag_size: int | None,
     num_workers: int | None,
+    standardize_features: bool | None,
     cv: int | None,
     scheduler: str | None,
     resume: bool,
@@ -162,6 +170,8 @@ def command(
         overrides["num_workers"] = num_workers
     if model_preset is not None:
         overrides["model.preset"] = model_preset
+    if standardize_features is not None:
+        overrides["standardize_features"] = standardize_features
     result = train(
         task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
         attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,
