@@ -162,9 +162,9 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
         if rest and name not in node:
             raise ConfigError(f"{source}: cannot set {key!r}: {name!r} is not in the mapping")
         return {**node, name: inner if rest else value}
-    if not dataclasses.is_dataclass(node):
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
         raise ConfigError(f"{source}: cannot set {key!r}: it is not inside a group of fields")
-    hints = _field_types(type(node))
+    hints = _field_types(cast(Hashable, type(node)))
     if name not in hints:
         valid = ", ".join(hints)
         raise ConfigError(f"{source}: cannot set {key!r}: no field {name!r} (valid fields: {valid})")
@@ -183,7 +183,7 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
 
 
 @functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
