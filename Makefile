@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/wsi demo --out demo-out
 
+# one pytest worker per core (pytest-xdist; each worker keeps torch on one thread: tests/conftest.py)
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 # mypy cannot follow setup.py's folder -> wsi.* mapping, so it checks a tree of links laid out as the
 # wheel installs it (build/typecheck/wsi/{models,pipelines,configs,...}); paths in its messages read
