@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from wsi.errors import WeightsError
-from wsi.models.standardize import ensure_for_state
 from wsi.files import atomic_path
+from wsi.models.standardize import ensure_for_state
 
 
 def save_weights(model: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:

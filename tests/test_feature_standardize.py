@@ -34,6 +34,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "run-v1"
 
 def _task(root: Path, **changes: object) -> Path:
     fields: dict[str, object] = {"epochs": 3, "patience": 0, "bootstrap": 20, "standardize_features": True}
+    fields["recipe"] = "small-cohort"  # tile subsets, feature dropout, weights averaged over epochs
     fields["model"] = {"preset": "vit-wsi", "attention": "seqnorm", "overrides": SMALL}
     return write_task(root / "task.yaml", **{**fields, **changes})
 
@@ -100,8 +101,9 @@ def test_each_fold_stores_the_mean_and_sd_of_its_own_training_tiles(cv_run: tupl
         tiles = np.concatenate([load_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids])
         for name in ("best.safetensors", "last.safetensors"):
             state = load_weights(fold / name)
-            np.testing.assert_allclose(state[MEAN_KEY].numpy(), tiles.mean(0), rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(state[SCALE_KEY].numpy(), tiles.std(0), rtol=1e-5)
+            # float32 of numpy's float64 figures (averaged weights keep them bit for bit)
+            np.testing.assert_allclose(state[MEAN_KEY].numpy(), tiles.mean(0), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state[SCALE_KEY].numpy(), tiles.std(0), rtol=1e-6)
         everything = np.concatenate(
             [load_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids + held_out]
         )
@@ -146,7 +148,8 @@ def test_weights_that_disagree_with_the_record_are_refused(cv_run: tuple[Path, P
     fold = tmp_path / "fold"
     shutil.copytree(run / "fold-1", fold)
     config = fold / "config.json"
-    config.write_text(config.read_text().replace('"standardize_features": true', '"standardize_features": false'))
+    text = config.read_text()
+    config.write_text(text.replace('"standardize_features": true', '"standardize_features": false'))
     with pytest.raises(ConfigError, match="input standardisation"):
         load_run(fold, device="cpu")
 
@@ -164,7 +167,9 @@ def _probs(result_dir: Path) -> np.ndarray:
     return np.array([float(rows[s]["prob_LUSC"]) for s in sorted(rows)])
 
 
-def test_a_feature_scaled_1000x_trains_the_same_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_feature_scaled_1000x_trains_the_same_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Feature 0 carries the class signal; multiplied by 1000 in every bag, a seeded run with
     standardisation on predicts (nearly) the same, and one without it does not."""
     _no_report(monkeypatch)
@@ -230,3 +235,60 @@ def test_images_refuse_standardize_features() -> None:
     with pytest.raises(ConfigError, match="standardize_features"):
         parse_task({"name": "x", "classes": ["a", "b"], "input": "images", "standardize_features": True},
                    source="t.yaml")  # fmt: skip
+
+
+def test_slide_embeddings_are_standardised_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head on slide embeddings (`input: slide-embeddings`) gets the same treatment: its training
+    slides' embedding mean and sd in its weights, and predict repeats the evaluation."""
+    from test_slide_heads import _embed_by_mean
+
+    _no_report(monkeypatch)
+    cohort = make_cohort(tmp_path, n_patients=12)
+    emb = _embed_by_mean(cohort.bags, tmp_path / "emb")
+    run = tmp_path / "run"
+    train(task=_task(tmp_path), labels_csv=cohort.labels, features_dir=emb, out_dir=run, progress=False)
+    train_ids = _split(run, "train")
+    bags = [load_bag(cohort.bags / f"{s}.h5").feats.astype(np.float32) for s in train_ids]
+    vectors = np.stack([b.mean(0) for b in bags])  # what _embed_by_mean wrote
+    state = load_weights(run / "best.safetensors")
+    np.testing.assert_allclose(state[MEAN_KEY].numpy(), vectors.mean(0), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(state[SCALE_KEY].numpy(), vectors.std(0), rtol=1e-3, atol=1e-3)
+    result = predict(model_dir=run, features_dir=emb, out_dir=tmp_path / "p", progress=False, heatmaps=False)
+    got = _rows(result.predictions_csv)
+    for slide, row in _rows(run / "test_predictions.csv").items():
+        assert abs(float(got[slide]["prob_LUSC"]) - float(row["prob_LUSC"])) <= 2e-6, slide
+
+
+@pytest.mark.slow  # tiles and embeds four synthetic slides, trains, predicts twice (~1 min)
+def test_raw_slides_predict_as_their_bags_with_standardisation(tmp_path: Path) -> None:
+    """Predicting raw slides (tile + embed at predict time) with a standardised run gives the
+    probabilities of predicting their bags, which are the evaluation's."""
+    from wsi.pipelines.embed.engine import EmbedOptions
+    from wsi.pipelines.embed.stage import embed_slides
+    from wsi.sources import find_slides
+    from wsi.synthetic import write_sample_cohort
+    from wsi.tile_params import TileParams
+
+    slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
+    options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
+    params = TileParams(tile_um=96, tile_px=32, min_blur_variance=0)
+    embed_slides(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
+                 tile_params=params, progress=False)  # fmt: skip
+    labels = tmp_path / "labels.csv"
+    labels.write_text(
+        "slide,label\n" + "".join(f"{s.path.stem},{('LUAD', 'LUSC')[i % 2]}\n" for i, s in enumerate(slides))
+    )
+    bags = tmp_path / "emb" / "features" / "timm-resnet18"
+    run = tmp_path / "run"
+    train(task=_task(tmp_path, epochs=2), labels_csv=labels, features_dir=bags, out_dir=run, progress=False)
+    assert input_standardizer(load_run(run, device="cpu").models[0]) is not None
+    targets = [s.path for s in slides]
+    from_slides = predict(model_dir=run, inputs=targets, out_dir=tmp_path / "p1", progress=False)
+    from_bags = predict(model_dir=run, features_dir=bags, out_dir=tmp_path / "p2", progress=False)
+    by_bag = {r["slide"]: r for r in from_bags.rows}
+    assert len(from_slides.rows) == len(slides)
+    for row in from_slides.rows:
+        assert row["prob_LUSC"] == pytest.approx(by_bag[row["slide"]]["prob_LUSC"], abs=1e-5)
+    (evaluated,) = run.glob("*_predictions.csv")  # test, or val when 4 slides leave no test split
+    for slide, row in _rows(evaluated).items():
+        assert float(by_bag[slide]["prob_LUSC"]) == pytest.approx(float(row["prob_LUSC"]), abs=2e-6)

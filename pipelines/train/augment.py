@@ -88,8 +88,9 @@ class BagAugment:
 
     tile_fraction: tuple[float, float] = (1.0, 1.0)  # share of each bag's tiles kept
     feature_dropout: float = 0.0  # chance each input feature is zeroed (inverted dropout)
-    center: torch.Tensor | None = field(default=None, compare=False)  # (D,) what a dropped feature becomes (the model's input
-    # standardisation mean, so that dropout acts on z-scores); None: 0
+    # (D,) what a dropped feature becomes: the model's input standardisation mean, so that dropout acts
+    # on z-scores; None: 0
+    center: torch.Tensor | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, task: TaskConfig, center: torch.Tensor | None = None) -> BagAugment | None:

@@ -79,9 +79,9 @@ class Selection:
             if epoch - self.window < _epoch_of(p) <= epoch
         ]
         states = [load_weights(p) for p in files]
-        mean = {
+        mean = {  # a tensor no epoch changed (the input standardisation) is kept bit for bit
             key: torch.stack([s[key].float() for s in states]).mean(0).to(value.dtype)
-            if value.is_floating_point()
+            if value.is_floating_point() and not all(torch.equal(s[key], value) for s in states)
             else value
             for key, value in states[-1].items()
         }
