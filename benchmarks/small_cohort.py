@@ -302,10 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     if 0 in args.data_seeds:
         ap.error("--data-seeds 0 made the design cohort; use --design to add it, labelled as design data")
     if args.table is not None:
-        rows = [r for path in args.table for r in read_rows(path)]
-        if not rows:
+        found = [r for path in args.table for r in read_rows(path)]
+        if not found:
             raise SystemExit(f"no rows in {', '.join(map(str, args.table)) or 'no file'}")
-        print(table(summarise(rows, folds=args.folds)))
+        print(table(summarise(found, folds=max(int(r["fold"]) for r in found))))
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
