@@ -79,6 +79,7 @@ class TrainResult:
     metrics: dict[str, Any]  # what metrics.json holds
     config_path: Path
     best_checkpoint: Path | None  # None at the top of a cross-validation run
+    kind: TaskKind  # the run's task kind (summary keys and lines; unfitted: each fold fits its own)
     folds: list[TrainResult] = field(default_factory=list)
 
 
@@ -181,7 +182,8 @@ def train(
         ]  # fmt: skip
         fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
         if not cv:
-            return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), run_dir / "best.safetensors")
+            best = run_dir / "best.safetensors"
+            return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), best, kind)
         return _summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
 
 
@@ -355,10 +357,10 @@ def _summarise_folds(
         kind.summary_keys[0], head["mean"], head["std"], len(splits), kind.summary_line(pooled_metrics),
     )  # fmt: skip
     folds = [
-        TrainResult(d, m, record_path(d), d / "best.safetensors")
+        TrainResult(d, m, record_path(d), d / "best.safetensors", kind)
         for d, m in zip(fold_dirs, fold_metrics, strict=True)
     ]
-    return TrainResult(run_dir, summary, record_path(run_dir), None, folds)
+    return TrainResult(run_dir, summary, record_path(run_dir), None, kind, folds)
 
 
 __all__ = ["Item", "TrainResult", "resolve_task", "train"]

@@ -179,10 +179,9 @@ def command(
         overrides=overrides or None, progress=not no_progress, mpp=mpp,
     )  # fmt: skip
     from wsi.pipelines.run_record import read_run_record
-    from wsi.pipelines.task_kinds import build_kind
 
     record = read_run_record(result.run_dir)
-    kind = build_kind(record.task)
+    kind = result.kind
     m = result.metrics
     if cv:
         key = kind.summary_keys[0]
