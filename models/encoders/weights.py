@@ -235,19 +235,25 @@ def _swin_v1_layout(state: StateDict, encoder: nn.Module) -> StateDict:
     return out
 
 
+#: CONCH's CoCa vision tower -> ours (both versions name it so; v1 puts it under `visual.`)
+_COCA_VISION = (("trunk.", "backbone."), ("attn_pool_contrast.", "pool."), ("ln_contrast.", "pool.norm."))
+
+
+def _coca_vision_keys(state: StateDict) -> StateDict:
+    out: StateDict = {}
+    for key, value in state.items():
+        for theirs, ours in _COCA_VISION:
+            if key.startswith(theirs):
+                key = ours + key[len(theirs) :]
+                break
+        out[key] = value
+    return out
+
+
 @KEY_LAYOUTS.register("conch-v1.5")
 def _conch_layout(state: StateDict, encoder: nn.Module) -> StateDict:
     """CONCH v1.5's vision tower (trunk, attn_pool_contrast, ln_contrast); position grid fitted to 448 px."""
-    out: StateDict = {}
-    for key, value in state.items():
-        if key.startswith("trunk."):
-            out["backbone." + key[len("trunk.") :]] = value
-        elif key.startswith("attn_pool_contrast."):
-            out["pool." + key[len("attn_pool_contrast.") :]] = value
-        elif key.startswith("ln_contrast."):
-            out["pool.norm." + key[len("ln_contrast.") :]] = value
-        else:
-            out[key] = value
+    out = _coca_vision_keys(state)
     if "backbone.pos_embed" in out:
         grid = cast(Any, encoder).backbone.patch_embed.grid_size
         out["backbone.pos_embed"] = dino_pos_embed(out["backbone.pos_embed"], grid)
@@ -261,17 +267,7 @@ def _conch_v1_layout(state: StateDict, encoder: nn.Module) -> StateDict:
     bilinearly as CONCH's coca_model.resize_pos_embed does (mahmoodlab/CONCH 141cc09)."""
     from timm.layers import resample_abs_pos_embed
 
-    out: StateDict = {}
-    for key, value in state.items():
-        key = key.removeprefix("visual.")
-        if key.startswith("trunk."):
-            out["backbone." + key[len("trunk.") :]] = value
-        elif key.startswith("attn_pool_contrast."):
-            out["pool." + key[len("attn_pool_contrast.") :]] = value
-        elif key.startswith("ln_contrast."):
-            out["pool.norm." + key[len("ln_contrast.") :]] = value
-        else:
-            out[key] = value
+    out = _coca_vision_keys({key.removeprefix("visual."): value for key, value in state.items()})
     pos = out.get("backbone.pos_embed")
     grid = tuple(cast(Any, encoder).backbone.patch_embed.grid_size)
     if (
