@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/wsi demo --out demo-out
 
-# one pytest worker per core (pytest-xdist; each worker keeps torch on one thread: tests/conftest.py)
+# one pytest worker per core, at most 4 (pytest-xdist; each worker keeps torch on one thread:
+# tests/conftest.py); more would only add memory (a worker peaks near 3 GiB in the streaming tests)
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 # mypy cannot follow setup.py's folder -> wsi.* mapping, so it checks a tree of links laid out as the
 # wheel installs it (build/typecheck/wsi/{models,pipelines,configs,...}); paths in its messages read
