@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from test_embed_slides import make_bag
 from torch import nn
 
-from wsi.bags import BagProvenance, load_bag, write_bag
+from wsi.bags import load_bag
 from wsi.errors import BagFormatError, WeightsError
 from wsi.models.slide_encoders import SLIDE_ENCODERS, build_slide_encoder, count_parameters, get_spec
 from wsi.models.slide_encoders.madeleine import multi_head_pool
@@ -146,24 +147,10 @@ def test_weights_are_checked_key_by_key(tmp_path: Path) -> None:
     assert build_slide_encoder("madeleine", weights=tmp_path).weights_sha256  # the model folder works
 
 
-def _bag(path: Path, encoder: str, dim: int, tile_um: float = 256.0, mpp: float = 1.0) -> np.ndarray:
-    feats = np.random.default_rng(0).normal(size=(30, dim)).astype(np.float32)
-    coords_um = np.stack([np.arange(30) % 6, np.arange(30) // 6], axis=1).astype(np.float32) * tile_um
-    prov = BagProvenance(
-        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_size_um=tile_um,
-        tile_size_px=round(tile_um / mpp), mpp=0.25, level0_width=9000, level0_height=9000,
-        tile_params={"tile_um": tile_um}, target_mpp=mpp,
-    )  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bag(path, feats=feats, coords_um=coords_um, coords_px=(coords_um / 0.25).astype(np.int64),
-              provenance=prov, dtype="float32")  # fmt: skip
-    return feats
-
-
 def test_wrong_tile_encoder_is_refused_naming_both(tmp_path: Path) -> None:
-    feats = _bag(tmp_path / "bags" / "good.h5", "conch-v1", 512)
-    _bag(tmp_path / "bags" / "v15.h5", "conch-v1.5", 768, tile_um=256.0, mpp=0.5)
-    _bag(tmp_path / "bags" / "at20x.h5", "conch-v1", 512, tile_um=128.0, mpp=0.5)
+    feats = make_bag(tmp_path / "bags" / "good.h5", encoder="conch-v1", dim=512, mpp=1.0)
+    make_bag(tmp_path / "bags" / "v15.h5", encoder="conch-v1.5", dim=768, tile_um=256.0, mpp=0.5)
+    make_bag(tmp_path / "bags" / "at20x.h5", encoder="conch-v1", dim=512, tile_um=128.0, mpp=0.5)
     out, results = embed_slides(features=tmp_path / "bags", encoder="madeleine", random_init=True,
                                 out=tmp_path / "out")  # fmt: skip
     by_id = {r.slide_id: r for r in results}

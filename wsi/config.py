@@ -158,10 +158,11 @@ def replace_config(config: T, changes: Mapping[str, Any], *, source: str) -> T:
 def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) -> Any:
     name, rest = path[0], path[1:]
     if isinstance(node, Mapping):  # a free-form mapping field (input_options): its keys are not typed here
-        inner = _replace_one(node[name], rest, value, key, source) if rest and name in node else None
-        if rest and name not in node:
+        if not rest:
+            return {**node, name: value}
+        if name not in node:
             raise ConfigError(f"{source}: cannot set {key!r}: {name!r} is not in the mapping")
-        return {**node, name: inner if rest else value}
+        return {**node, name: _replace_one(node[name], rest, value, key, source)}
     if not dataclasses.is_dataclass(node) or isinstance(node, type):
         raise ConfigError(f"{source}: cannot set {key!r}: it is not inside a group of fields")
     hints = _field_types(cast(Hashable, type(node)))
