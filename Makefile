@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean-demo gpu-check gpu-smoke
+.PHONY: demo test test-heavy lint clean-demo gpu-check gpu-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,13 @@ demo: $(STAMP)
 
 # one pytest worker per core, at most 4 (pytest-xdist; each worker keeps torch on one thread:
 # tests/conftest.py); more would only add memory (a worker peaks near 3 GiB in the streaming tests)
+# The million-scale tests (marked `heavy`: a 4 GB bag predicted in bounded memory, 1,000,000 tokens in
+# fp16/bf16) take minutes of their own and run in `make test-heavy`; CI (.ci/run) runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4
+	$(PY) -m pytest -q -n auto --maxprocesses 4 -m "not heavy"
+
+test-heavy: $(STAMP)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 -m heavy
 
 # mypy cannot follow setup.py's folder -> wsi.* mapping, so it checks a tree of links laid out as the
 # wheel installs it (build/typecheck/wsi/{models,pipelines,configs,...}); paths in its messages read

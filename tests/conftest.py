@@ -27,9 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The `slow` tests first (a stable sort, the same in every worker): with one worker per core, a
-    minutes-long test started last would leave the other cores idle while it finishes."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The `heavy` and `slow` tests first (a stable sort, the same in every worker): with one worker per
+    core, a minutes-long test started last would leave the other cores idle while it finishes."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("heavy", "slow")))
 
 
 @pytest.fixture(scope="session")

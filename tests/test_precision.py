@@ -58,7 +58,7 @@ def test_seqnorm_in_a_float32_pass_matches_float64_closely_on_the_hard_case() ->
         assert _rel(attn(x), attn.double()(x.double())) < 1e-5
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["seqnorm", "gdla"])
 def test_a_million_tokens_in_fp16_and_bf16_stay_finite_and_close_to_float32(name: str) -> None:
     """Tiny widths, 1,000,000 correlated tokens (a 1000 x 1000 grid for gdla's local path): autocast

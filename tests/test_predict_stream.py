@@ -1,6 +1,6 @@
 """`wsi predict` streams a bag too long to load from its HDF5 file (issue 11, item 3): the same
 probabilities as the in-memory forward, a manifest note instead of a heatmap, a NaN chunk failing only
-its slide, pixel-layout bags placed as in memory, and a million-tile bag under 3 GiB (slow)."""
+its slide, pixel-layout bags placed as in memory, and a million-tile bag under 3 GiB (heavy: `make test-heavy`)."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def _million_tile_run(root: Path) -> Path:
     return result.run_dir
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status VmHWM is Linux behaviour")
 def test_wsi_predict_streams_a_million_tile_bag_in_under_3_gib(tmp_path: Path) -> None:
     bags = tmp_path / "bags"
