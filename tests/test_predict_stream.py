@@ -1,6 +1,7 @@
 """`wsi predict` streams a bag too long to load from its HDF5 file (issue 11, item 3): the same
 probabilities as the in-memory forward, a manifest note instead of a heatmap, a NaN chunk failing only
-its slide, pixel-layout bags placed as in memory, and a million-tile bag under 3 GiB (heavy: `make test-heavy`)."""
+its slide, pixel-layout bags placed as in memory, and a million-tile bag under 3 GiB (`heavy`: run by
+`make test-heavy`)."""
 
 from __future__ import annotations
 
