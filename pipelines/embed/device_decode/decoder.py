@@ -42,6 +42,28 @@ _MAX_OPEN_SLIDES = 4
 Mode = Literal["device", "cpu", "slide"]
 
 
+def decode_jpegs(streams: list[torch.Tensor], on: torch.device) -> list[torch.Tensor]:
+    """RGB images of JPEG `streams`, decoded on `on`, safe for the memory of kernels still queued.
+
+    On CUDA, torchvision allocates the outputs on the calling stream but lets nvJPEG write them from a
+    private stream that is not ordered after it (pytorch/vision PR 9606; the hardware engine ignores
+    its stream as well, meta-pytorch/torchcodec PR 1634). The caching allocator may hand the decoder a
+    block that kernels queued on the calling stream are still reading (the previous batch's gather
+    indices), which then read overwritten memory: an "index out of bounds" device-side assert, as in
+    the GPU suite. Waiting for the calling stream first closes that window; decoding runs in the
+    decode-ahead thread on its own stream, so only that thread waits (for its own previous batch).
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if not streams:
+        return []
+    if on.type == "cuda":
+        torch.cuda.current_stream(on).synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchvision's "decoding is deprecated" notice
+        return list(decode_jpeg(streams, mode=ImageReadMode.RGB, device=on))
+
+
 class DeviceDecoder:
     """Turns RawBatch into (b, P, P, 3) uint8 tiles on `device`. One per stream; not thread-safe."""
 
@@ -126,8 +148,6 @@ class DeviceDecoder:
     def _decode_streams(self, raw: RawBatch, on: torch.device) -> tuple[torch.Tensor, np.ndarray]:
         """(J + 1, th, tw, 3) uint8 on `on`: the decoded streams (bad ones white), then a white tile; and
         the (J,) bool of bad streams."""
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         lengths = np.asarray(raw.lengths, np.int64)
         bad = lengths == 0
         tw, th = raw.tile_wh
@@ -135,26 +155,20 @@ class DeviceDecoder:
         parts = list(torch.split(raw.data, raw.lengths))  # views, (len_i,) uint8 each
         good = np.flatnonzero(~bad)
         decoded: list[torch.Tensor | None] = [None] * len(parts)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torchvision's "decoding is deprecated" notice
-            try:
-                streams = [parts[i] for i in good]
-                batch = decode_jpeg(streams, mode=ImageReadMode.RGB, device=on) if streams else []
-                for i, img in zip(good, batch, strict=True):
-                    decoded[i] = img
-            except Exception:  # one broken stream fails the batch call: find it stream by stream
-                log.debug(
-                    "%s: batched JPEG decode failed; decoding one by one", raw.slide_path, exc_info=True
-                )
-                for i in good:
-                    try:
-                        decoded[i] = decode_jpeg(parts[i], mode=ImageReadMode.RGB, device=on)
-                    except Exception as exc:
-                        col, row = raw.cells[i]
-                        log.warning(
-                            "%s: JPEG tile (%d, %d) of level %d does not decode (%s); its tiles are read "
-                            "on the CPU", raw.slide_path, col, row, raw.level, exc,
-                        )  # fmt: skip
+        try:
+            for i, image in zip(good, decode_jpegs([parts[i] for i in good], on), strict=True):
+                decoded[i] = image
+        except Exception:  # one broken stream fails the batch call: find it stream by stream
+            log.debug("%s: batched JPEG decode failed; decoding one by one", raw.slide_path, exc_info=True)
+            for i in good:
+                try:
+                    decoded[i] = decode_jpegs([parts[i]], on)[0]
+                except Exception as exc:
+                    col, row = raw.cells[i]
+                    log.warning(
+                        "%s: JPEG tile (%d, %d) of level %d does not decode (%s); its tiles are read "
+                        "on the CPU", raw.slide_path, col, row, raw.level, exc,
+                    )  # fmt: skip
         images: list[torch.Tensor] = []
         for slot, img in enumerate(decoded):
             if img is None or tuple(img.shape) != (3, th, tw):
