@@ -111,8 +111,26 @@ class ClassAndPatchMean(nn.Module):
         return torch.cat([tokens[:, 0], tokens[:, self.skip :].mean(dim=1)], dim=-1)  # (B, 2D)
 
 
+class _QueryPool(nn.Module):
+    """The frame both CONCH poolers share: one learned query (LayerNorm ln_q) attends over the backbone's
+    tokens (LayerNorm ln_k), and the pooled vector is LayerNorm'd (norm); subclasses add the attention."""
+
+    heads = 8
+
+    def __init__(self, backbone: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.context = int(cast(Any, backbone).num_features)
+        self.query = nn.Parameter(torch.zeros(1, dim))
+        self.ln_q = nn.LayerNorm(dim)
+        self.ln_k = nn.LayerNorm(self.context)
+        self.norm = nn.LayerNorm(dim)
+
+    def keys(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.ln_k(_tokens(backbone, x))  # (B, N, C)
+
+
 @POOLINGS.register("attn-pool")
-class AttentionPool(nn.Module):
+class AttentionPool(_QueryPool):
     """CONCH's contrastive pooler: one learned query attends over all tokens, then LayerNorm.
 
     Written from the CONCH v1.5 vision tower as published in mahmoodlab/TRIDENT
@@ -121,21 +139,14 @@ class AttentionPool(nn.Module):
     the checkpoint's names are mapped in weights.py (key layout "conch-v1.5").
     """
 
-    heads = 8
-
     def __init__(self, backbone: nn.Module, dim: int) -> None:
-        super().__init__()
-        context = int(cast(Any, backbone).num_features)
-        self.query = nn.Parameter(torch.zeros(1, dim))
-        self.ln_q = nn.LayerNorm(dim)
-        self.ln_k = nn.LayerNorm(context)
+        super().__init__(backbone, dim)
         self.to_q = nn.Linear(dim, dim, bias=False)
-        self.to_kv = nn.Linear(context, 2 * dim, bias=False)
+        self.to_kv = nn.Linear(self.context, 2 * dim, bias=False)
         self.to_out = nn.Linear(dim, dim, bias=False)
-        self.norm = nn.LayerNorm(dim)
 
     def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.ln_k(_tokens(backbone, x))  # (B, N, C)
+        tokens = self.keys(backbone, x)  # (B, N, C)
         b, n, _ = tokens.shape
         h = self.heads
         q = self.to_q(self.ln_q(self.query)).view(1, h, 1, -1).expand(b, -1, -1, -1)  # (B, h, 1, d)
@@ -160,7 +171,7 @@ class _MhaWeights(nn.Module):
 
 
 @POOLINGS.register("mha-pool")
-class MhaAttentionPool(nn.Module):
+class MhaAttentionPool(_QueryPool):
     """CONCH v1's contrastive pooler: one learned query, 8-head attention with biases, then LayerNorm.
 
     Written from mahmoodlab/CONCH 141cc09 conch/open_clip_custom/transformer.py AttentionalPooler (an
@@ -168,19 +179,12 @@ class MhaAttentionPool(nn.Module):
     vision_tower.py `forward_no_head` (ln_contrast, no proj_contrast: `encode_image(proj_contrast=False)`).
     """
 
-    heads = 8
-
     def __init__(self, backbone: nn.Module, dim: int) -> None:
-        super().__init__()
-        context = int(cast(Any, backbone).num_features)
-        self.query = nn.Parameter(torch.zeros(1, dim))
-        self.ln_q = nn.LayerNorm(dim)
-        self.ln_k = nn.LayerNorm(context)
-        self.attn = _MhaWeights(dim, context)
-        self.norm = nn.LayerNorm(dim)
+        super().__init__(backbone, dim)
+        self.attn = _MhaWeights(dim, self.context)
 
     def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.ln_k(_tokens(backbone, x))  # (B, N, C)
+        tokens = self.keys(backbone, x)  # (B, N, C)
         b, n, _ = tokens.shape
         a, h = self.attn, self.heads
         bq, bk, bv = a.in_proj_bias.chunk(3)

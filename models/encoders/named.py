@@ -12,6 +12,8 @@ the checkpoint does not use timm's names, and a row in tests/test_encoders.py's 
 
 from __future__ import annotations
 
+from typing import Any
+
 from wsi.models.encoders.recipe import ENCODERS, EncoderRecipe
 
 RETCCL_SHA256 = "931956f31d3f1a3f6047f3172b9e59ee3460d29f7c0c2bb219cbc8e9207795ff"
@@ -99,6 +101,16 @@ def uni2_h() -> EncoderRecipe:
     )
 
 
+#: Virchow's and Virchow2's ViT-H/14 (the hub configs): SwiGLU-packed MLP, SiLU, LayerScale 1e-5
+_VIRCHOW_VIT: dict[str, Any] = {
+    "img_size": 224,
+    "init_values": 1e-5,
+    "mlp_ratio": 5.3375,
+    "mlp_layer": "swiglu_packed",
+    "act_layer": "silu",
+}
+
+
 @ENCODERS.register("virchow")
 def virchow() -> EncoderRecipe:
     # Virchow (v1; Vorontsov et al. 2024, Nature Medicine), PRISM's tile encoder: ViT-H/14 as Virchow2 but
@@ -112,13 +124,7 @@ def virchow() -> EncoderRecipe:
         arch="vit_huge_patch14_224",
         dim=2560,
         input_px=224,
-        kwargs={
-            "img_size": 224,
-            "init_values": 1e-5,
-            "mlp_ratio": 5.3375,
-            "mlp_layer": "swiglu_packed",
-            "act_layer": "silu",
-        },
+        kwargs=dict(_VIRCHOW_VIT),
         interpolation="bicubic",
         pooling="cls+mean",
         weights_files=("pytorch_model.bin", "model.safetensors"),
@@ -141,14 +147,7 @@ def virchow2() -> EncoderRecipe:
         arch="vit_huge_patch14_224",
         dim=2560,
         input_px=224,
-        kwargs={
-            "img_size": 224,
-            "init_values": 1e-5,
-            "reg_tokens": 4,
-            "mlp_ratio": 5.3375,
-            "mlp_layer": "swiglu_packed",
-            "act_layer": "silu",
-        },
+        kwargs={**_VIRCHOW_VIT, "reg_tokens": 4},
         interpolation="bicubic",
         pooling="cls+mean",
         weights_files=("model.safetensors", "pytorch_model.bin"),
