@@ -21,6 +21,7 @@ Public API:
   Colour = Literal["rgb", "ycbcr"]
   JpegHeader(components, jfif, adobe_transform)    from `parse_header(stream)` (None: not a JPEG header)
   stream_colour(header) -> (Colour | None, why)    None: the stream does not say; the container decides
+  colour_to_decode(stream, container) -> Colour    the stream's declaration, else the container's
   libjpeg_colour(header) -> Colour                 libjpeg-turbo's own default (decoders that guess)
   ycbcr_to_rgb(pixels) -> (h, w, 3) uint8          bit-exact libjpeg-turbo conversion of decoded Y'CbCr
 """
@@ -120,6 +121,14 @@ def stream_colour(header: JpegHeader) -> tuple[Colour | None, str]:
     return None, f"no colour marker, component ids {','.join(map(str, ids))}, sampling {header.sampling()}"
 
 
+def colour_to_decode(stream: bytes, container: Colour) -> Colour:
+    """What to decode a tile as: what its stream declares (`stream_colour`), else what the container
+    says. For decoders told the colour space (an inserted Adobe marker, a `colorspace` argument)."""
+    header = parse_header(stream)
+    declared = stream_colour(header)[0] if header is not None else None
+    return declared or container
+
+
 def libjpeg_colour(header: JpegHeader) -> Colour:
     """libjpeg-turbo's default for a 3-component stream (jdapimin.c): what a decoder that is not told
     the colour space (Pillow, torchvision, imagecodecs without `colorspace`) decodes it as."""
@@ -167,4 +176,12 @@ def ycbcr_to_rgb(pixels: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-__all__ = ["Colour", "JpegHeader", "libjpeg_colour", "parse_header", "stream_colour", "ycbcr_to_rgb"]
+__all__ = [
+    "Colour",
+    "JpegHeader",
+    "colour_to_decode",
+    "libjpeg_colour",
+    "parse_header",
+    "stream_colour",
+    "ycbcr_to_rgb",
+]

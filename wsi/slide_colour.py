@@ -20,12 +20,14 @@ pixels, and raises SlideError saying what to do.
 Public API:
   ColourFix(levels, note)                    .apply(rgb, level), .apply_rgba(rgba, level), bool(fix)
   check_colours(path, backend, vendor, level_dimensions) -> ColourFix   cached per file; logs once
+  first_tile(filehandle, page) -> bytes      a tifffile page's first stored tile (its JPEG header)
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,12 +86,14 @@ class ColourFix:
 NO_FIX = ColourFix()
 
 
-def check_colours(path: Path, backend: str, vendor: str, level_dimensions: _Dims) -> ColourFix:
+def check_colours(
+    path: str | os.PathLike[str], backend: str, vendor: str, level_dimensions: _Dims
+) -> ColourFix:
     """What the backend's pixels of this slide need; one log line (WARNING) per file and process.
 
     Raises SlideError when the backend converts RGB samples as YCbCr (not correctable from its output).
     """
-    stat = path.stat()
+    stat = Path(path).stat()
     return _check(str(path), backend, vendor, tuple(level_dimensions), stat.st_mtime_ns, stat.st_size)
 
 
@@ -149,10 +153,10 @@ def _tiff_levels(path: Path, backend: str, dims: _Dims) -> list[LevelColour]:
                 if isinstance(p, tifffile.TiffPage) and p.is_tiled
             }
             for level, wh in enumerate(dims):
-                page = pages.get(tuple(wh))
+                page = pages.get((int(wh[0]), int(wh[1])))
                 if page is None or not _direct_jpeg(page):
                     continue
-                header = parse_header(_first_tile(tif.filehandle, page))
+                header = parse_header(first_tile(tif.filehandle, page))
                 if header is None:
                     continue
                 stream, why = stream_colour(header)
@@ -177,7 +181,8 @@ def _direct_jpeg(page: Any) -> bool:
     )
 
 
-def _first_tile(fh: Any, page: Any) -> bytes:
+def first_tile(fh: Any, page: Any) -> bytes:
+    """The start of a tifffile page's first stored tile (enough for its JPEG header); b"" if none."""
     for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
         if offset and count:
             fh.seek(offset)
@@ -298,4 +303,4 @@ def _item_length(item: bytes) -> int | None:
     return int(struct.unpack("<I", item[4:])[0])
 
 
-__all__ = ["NO_FIX", "ColourFix", "check_colours"]
+__all__ = ["NO_FIX", "ColourFix", "check_colours", "first_tile"]
