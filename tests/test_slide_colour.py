@@ -282,21 +282,34 @@ def test_tiffs_with_ycbcr_tiles_read_right_with_both_backends_and_the_device_dec
         with open_slide(path, backend=backend) as slide:
             assert bool(slide.colour_fix) == wrong
             np.testing.assert_array_equal(slide.read_level(0, 0, 0, 1024, 768), expected)
+    _check_device_decode(path, "cpu")
+
+
+def _check_device_decode(path: Path, device: str) -> None:
+    """The embed stage's device decoder decodes the tiles as their streams say, as read_region_um does."""
     st = SlideTiles(
-        slide_id=name, slide_path=str(path), backend="openslide", mpp=MPP, tile_size_um=128.0,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=MPP, tile_size_um=128.0,
         target_mpp=0.5, tile_px=256, coords_px=np.array([[0, 0], [300, 200], [700, 500]], np.int64),
         decode="device",
     )  # fmt: skip
     reader = RawSlideReader.open(st)
-    assert reader is not None and not reader.lv.rgb  # decoded as the streams say
+    assert reader is not None and not reader.lv.rgb  # no Adobe RGB marker put in: the streams decide
     raw_batch = reader.read(0, st.n)
     reader.close()
-    with DeviceDecoder("cpu") as decoder:
+    with DeviceDecoder(device) as decoder:
         got, ok = decoder.decode(raw_batch)
     with open_slide(path) as slide:
         ref = np.stack([slide.read_region_um(int(x), int(y), 128.0, 0.5) for x, y in st.coords_px])
-    assert ok.all() and np.abs(got.numpy().astype(float) - ref).mean(axis=(1, 2, 3)).max() < FEW_UNITS
-    assert isinstance(got, torch.Tensor)
+    assert ok.all() and np.abs(got.cpu().numpy().astype(float) - ref).mean(axis=(1, 2, 3)).max() < FEW_UNITS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nvjpeg_decodes_ycbcr_tiles_under_an_rgb_tag_as_ycbcr(cmu: np.ndarray, tmp_path: Path) -> None:
+    pixels = cmu[:768, :1024]
+    for strip in (False, True):
+        tiles = [_strip_app0(_jpeg(t)) if strip else _jpeg(t) for t in _grid(pixels)]
+        _check_device_decode(_tiff(tmp_path / f"nvjpeg-{strip}.tiff", pixels, 2, tiles), "cuda")
 
 
 def test_rgb_tiles_under_a_ycbcr_tag_fail_on_openslide_and_read_on_tiffslide(

@@ -140,8 +140,9 @@ def libjpeg_colour(header: JpegHeader) -> Colour:
 
 
 def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """libjpeg-turbo's build_ycc_rgb_table (jdcolor.c), 16-bit fixed point: Cr->R, Cb->B and the G offset
-    of every (Cb, Cr) pair, (Cb_g[cb] + Cr_g[cr]) >> 16, as a 256 x 256 table."""
+    """libjpeg-turbo's build_ycc_rgb_table (jdcolor.c), 16-bit fixed point, as lookup tables: R and B of
+    every (Y, Cr) and (Y, Cb) pair, range-limited (uint8, 256 x 256), and the G offset of every (Cb, Cr)
+    pair, (Cb_g[cb] + Cr_g[cr]) >> 16 (int16, 256 x 256), to add to Y."""
     x = np.arange(256, dtype=np.int64) - 128
 
     def fix(v: float) -> int:
@@ -152,11 +153,14 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cb_b = (fix(1.77200) * x + half) >> 16
     cb_g = -fix(0.34414) * x + half
     cr_g = -fix(0.71414) * x
-    g = (cb_g[:, None] + cr_g[None, :]) >> 16  # (cb, cr)
-    return cr_r.astype(np.int16), cb_b.astype(np.int16), g.astype(np.int16).ravel()
+    y = np.arange(256, dtype=np.int64)[:, None]
+    r = np.clip(y + cr_r[None, :], 0, 255).astype(np.uint8).ravel()  # (y, cr)
+    b = np.clip(y + cb_b[None, :], 0, 255).astype(np.uint8).ravel()  # (y, cb)
+    g = ((cb_g[:, None] + cr_g[None, :]) >> 16).astype(np.int16).ravel()  # (cb, cr)
+    return r, b, g
 
 
-_CR_R, _CB_B, _G = _tables()
+_R_OF_Y_CR, _B_OF_Y_CB, _G_OFFSET = _tables()
 
 
 def ycbcr_to_rgb(pixels: np.ndarray) -> np.ndarray:
@@ -166,14 +170,18 @@ def ycbcr_to_rgb(pixels: np.ndarray) -> np.ndarray:
     default, which openslide keeps) colour conversion is a separate per-pixel step (jdmaster.c
     `use_merged_upsample`), and this is that step's integer arithmetic (jdcolext.c `ycc_rgb_convert`).
     """
-    y = pixels[..., 0].astype(np.int16)
-    cb, cr = pixels[..., 1], pixels[..., 2]
-    out = np.empty((*pixels.shape[:-1], 3), np.int16)
-    np.add(y, _CR_R[cr], out=out[..., 0])
-    np.add(y, _G[(cb.astype(np.uint16) << 8) | cr], out=out[..., 1])
-    np.add(y, _CB_B[cb], out=out[..., 2])
-    np.clip(out, 0, 255, out=out)
-    return out.astype(np.uint8)
+    y, cb, cr = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    out = np.empty((*pixels.shape[:-1], 3), np.uint8)
+    y_hi = y.astype(np.uint16) << 8
+    out[..., 0] = _R_OF_Y_CR.take(y_hi | cr)
+    out[..., 2] = _B_OF_Y_CB.take(y_hi | cb)
+    cb_cr = cb.astype(np.uint16) << 8
+    cb_cr |= cr
+    g = _G_OFFSET.take(cb_cr)
+    g += y
+    np.clip(g, 0, 255, out=g)
+    out[..., 1] = g
+    return out
 
 
 __all__ = [
