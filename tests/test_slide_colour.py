@@ -29,6 +29,7 @@ from wsi.pipelines.embed.batches import SlideTiles
 from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader
 from wsi.pipelines.embed.feed import BatchReader
 from wsi.slide import open_slide
+from wsi.slide_info import slide_info
 from wsi.tile_file import read_tile_file
 from wsi.view.dzi import open_deepzoom
 
@@ -137,6 +138,7 @@ def test_the_mislabelled_series_reads_as_the_svs_does(
     svs = open_slide(shared_data / SVS)
     with mislabelled, labelled, svs:
         assert mislabelled.colour_fix.levels == {0, 1} and not labelled.colour_fix
+        assert "JFIF" in slide_info(path)["colour"] and "colour" not in slide_info(labelled.path)  # wsi info
         for level, (w, h) in enumerate(mislabelled.level_dimensions):  # exactly the right series' pixels
             got = mislabelled.read_level(level, 0, 0, w, h)
             np.testing.assert_array_equal(got, labelled.read_level(level, 0, 0, w, h))

@@ -48,6 +48,10 @@ _ITEM = (0xFFFE, 0xE000)
 #: bytes of a frame or tile read to find its header (SOF follows the tables: a few hundred bytes)
 _HEAD_BYTES = 1 << 16
 _Dims = tuple[tuple[int, int], ...]
+#: openslide vendors whose TIFF JPEG tiles go through `_openslide_tiff_read_tile` (openslide-decode-tiff.c)
+_OPENSLIDE_TIFF_VENDORS = frozenset(
+    {"aperio", "argos", "generic-tiff", "huron", "leica", "philips", "trestle", "ventana"}
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class ColourFix:
     """The levels whose pixels the backend returns as raw Y'CbCr; empty for almost every slide."""
 
     levels: frozenset[int] = frozenset()
-    note: str = ""  # the one log line's text
+    note: str = ""  # what was found and done (the log line, after the slide's path; `wsi info`)
 
     def __bool__(self) -> bool:
         return bool(self.levels)
@@ -100,13 +104,17 @@ def check_colours(
 @functools.lru_cache(maxsize=64)
 def _check(path_str: str, backend: str, vendor: str, dims: _Dims, _mtime: int, _size: int) -> ColourFix:
     path = Path(path_str)
-    if backend == "openslide" and vendor == "dicom":
-        found = _dicom_levels(path, dims)
-        container = "PhotometricInterpretation"
-    elif _is_tiff(path):
-        found = _tiff_levels(path, backend, dims)
-        container = "TIFF Photometric tag"
-    else:
+    try:
+        if backend == "openslide" and vendor == "dicom":
+            found = _dicom_levels(path, dims)
+            container = "PhotometricInterpretation"
+        elif (backend == "tiffslide" or vendor in _OPENSLIDE_TIFF_VENDORS) and _is_tiff(path):
+            found = _tiff_levels(path, backend, dims)
+            container = "TIFF Photometric tag"
+        else:
+            return NO_FIX
+    except Exception:  # a damaged file: the backend's own reads say what is wrong with it
+        log.debug("%s: the JPEG colour check could not read the file", path, exc_info=True)
         return NO_FIX
     if not found:
         return NO_FIX
@@ -127,10 +135,10 @@ def _check(path_str: str, backend: str, vendor: str, dims: _Dims, _mtime: int, _
     first = found[0]
     which = ", ".join(map(str, sorted(levels)))
     note = (
-        f"{path}: its JPEG tiles are YCbCr ({first.why}) but {backend} decodes them as RGB; converting "
-        f"them as the stream says (level{'s' if len(levels) > 1 else ''} {which})"
+        f"its JPEG tiles are YCbCr ({first.why}) but {backend} decodes them as RGB; converting them as the "
+        f"stream says (level{'s' if len(levels) > 1 else ''} {which})"
     )
-    log.warning("%s", note)
+    log.warning("%s: %s", path, note)
     return ColourFix(levels, note)
 
 
@@ -145,27 +153,24 @@ def _tiff_levels(path: Path, backend: str, dims: _Dims) -> list[LevelColour]:
     import tifffile
 
     out = []
-    try:
-        with tifffile.TiffFile(path) as tif:
-            pages = {
-                (int(p.imagewidth), int(p.imagelength)): p
-                for p in reversed(tif.pages)  # the first page of a size wins
-                if isinstance(p, tifffile.TiffPage) and p.is_tiled
-            }
-            for level, wh in enumerate(dims):
-                page = pages.get((int(wh[0]), int(wh[1])))
-                if page is None or not _direct_jpeg(page):
-                    continue
-                header = parse_header(first_tile(tif.filehandle, page))
-                if header is None:
-                    continue
-                stream, why = stream_colour(header)
-                decoded = _tiff_decoded_as(backend, int(page.photometric), header)
-                if stream is not None and decoded is not None and stream != decoded:
-                    photometric = "RGB" if int(page.photometric) == 2 else "YCbCr"
-                    out.append(LevelColour(level, stream, decoded, f"{why}; TIFF Photometric {photometric}"))
-    except (OSError, ValueError, tifffile.TiffFileError):  # not a TIFF tifffile parses: nothing to check
-        log.debug("%s: tifffile could not read the tiles' JPEG headers", path, exc_info=True)
+    with tifffile.TiffFile(path) as tif:
+        pages = {
+            (int(p.imagewidth), int(p.imagelength)): p
+            for p in reversed(tif.pages)  # the first page of a size wins
+            if isinstance(p, tifffile.TiffPage) and p.is_tiled
+        }
+        for level, wh in enumerate(dims):
+            page = pages.get((int(wh[0]), int(wh[1])))
+            if page is None or not _direct_jpeg(page):
+                continue
+            header = parse_header(first_tile(tif.filehandle, page))
+            if header is None:
+                continue
+            stream, why = stream_colour(header)
+            decoded = _tiff_decoded_as(backend, int(page.photometric), header)
+            if stream is not None and decoded is not None and stream != decoded:
+                photometric = "RGB" if int(page.photometric) == 2 else "YCbCr"
+                out.append(LevelColour(level, stream, decoded, f"{why}; TIFF Photometric {photometric}"))
     return out
 
 
