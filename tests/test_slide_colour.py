@@ -52,6 +52,17 @@ def _strip_app0(stream: bytes) -> bytes:
     return stream[:2] + stream[4 + int.from_bytes(stream[4:6], "big") :]
 
 
+def _abbreviated(stream: bytes) -> bytes:
+    """The stream without its DQT and DHT segments, as a TIFF tile whose tables sit in JPEGTables."""
+    out, pos = bytearray(stream[:2]), 2
+    while stream[pos + 1] != 0xDA:  # up to the scan
+        length = int.from_bytes(stream[pos + 2 : pos + 4], "big")
+        if stream[pos + 1] not in (0xDB, 0xC4):
+            out += stream[pos : pos + 2 + length]
+        pos += 2 + length
+    return bytes(out + stream[pos:])
+
+
 @pytest.fixture(scope="module")
 def cmu(shared_data: Path) -> np.ndarray:
     """Level 0 of the SVS (2220 x 2967 px), as openslide reads it."""
@@ -88,6 +99,7 @@ def test_stream_markers_say_what_the_stream_holds(shared_data: Path, cmu: np.nda
         "jfif 4:2:0": (jfif, "ycbcr"),
         "no marker, 4:2:0": (_strip_app0(jfif), "ycbcr"),  # subsampled chroma: luma + chroma
         "no marker, 4:4:4, ids 1,2,3": (_strip_app0(_jpeg(crop, 0)), None),  # ids alone do not say
+        "abbreviated, no marker, 4:2:0": (_abbreviated(_strip_app0(jfif)), "ycbcr"),  # YCbCr SVS + tables
         "adobe rgb": (bytes(jpeg8_encode(crop, level=90, colorspace="RGB", outcolorspace="RGB")), "rgb"),
         "adobe ycbcr": (
             jfif[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01" + _strip_app0(jfif)[2:],
@@ -107,6 +119,9 @@ def test_stream_markers_say_what_the_stream_holds(shared_data: Path, cmu: np.nda
     assert header is not None and [c[0] for c in header.components] == [0, 1, 2]
     assert stream_colour(header)[0] is None and libjpeg_colour(header) == "ycbcr"  # what decoders guess
     assert parse_header(b"not a jpeg") is None
+    for n in range(0, len(jfif), 7):  # a cut stream: a header or None, never an exception
+        parse_header(jfif[:n])
+    assert parse_header(jfif[:300]) is None  # cut inside the tables, before the frame header
 
 
 def test_the_conversion_is_libjpeg_turbos_own_bit_for_bit(cmu: np.ndarray) -> None:

@@ -93,10 +93,9 @@ def parse_header(stream: bytes) -> JpegHeader | None:
             jfif = True  # libjpeg's examine_app0: 14 data bytes at least
         elif marker == _APP14 and length >= 14 and body[:5] == b"Adobe":
             adobe = body[11]  # version (2), flags0 (2), flags1 (2), transform (1) after "Adobe"
-        elif marker in _SOF and len(body) >= 6:
-            n = body[5]
-            comps = body[6 : 6 + 3 * n]
-            components = tuple((comps[3 * i], comps[3 * i + 1] >> 4, comps[3 * i + 1] & 15) for i in range(n))
+        elif marker in _SOF and len(body) >= 6 and len(body) >= 6 + 3 * body[5]:
+            comps = body[6 : 6 + 3 * body[5]]  # (id, h << 4 | v, table) per component
+            components = tuple((c, hv >> 4, hv & 15) for c, hv in zip(comps[::3], comps[1::3], strict=True))
         pos += 2 + length
     if not components:
         return None

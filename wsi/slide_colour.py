@@ -6,15 +6,24 @@ A converter may write JFIF (YCbCr, 4:2:0) frames into a DICOM series whose heade
 4.0.1 decodes DICOM and tiled-TIFF JPEG with the container's colour space (src/openslide-vendor-dicom.c
 and src/openslide-decode-tiff.c `decode_jpeg`, commit e8dccf0d), so it hands back the upsampled Y'CbCr
 samples as RGB: tissue turns salmon and green and every tile looks like ink. tiffslide (tifffile
-`jpeg_decode_colorspace`) follows a JFIF marker but forces RGB on any other stream of an RGB TIFF.
+2026.3.3 `jpeg_decode_colorspace`) follows a JFIF marker but forces RGB on any other stream of an RGB
+TIFF. pydicom 3 follows the stream (`_conform_jpg_colorspace`); wsidicom did until 0.35.0, whose
+decoders now keep RGB-labelled frames untransformed unless the stream signals RGB itself (commit
+8574273, wsidicom/codec/decoder.py `_should_suppress_color_transform`), i.e. as openslide does.
+
+Which levels: openslide sorts a DICOM series' VOLUME instances by width into levels, finding the series'
+other files in the same folder (openslide-vendor-dicom.c); a level here is the instance whose
+TotalPixelMatrixColumns x Rows equal the level's size, a TIFF level the tiled page of that size.
 
 `check_colours` finds out once per slide: it reads the first JPEG tile of every pyramid level (the
 TIFF page, or the first frame of the level's DICOM instance, read with pydicom up to the pixel data and
 then one fragment), asks the stream what it holds (`wsi.jpeg_colour.stream_colour`) and the backend
 what it will decode it as. When the backend would return Y'CbCr as RGB, `ColourFix.apply` converts the
 pixels with libjpeg-turbo's own integer arithmetic, so they equal a decode that followed the stream, bit
-for bit; this costs a per-pixel table lookup (benchmarks/dicom_colour.py) and only on those slides. The
-opposite case (RGB samples the backend converts as YCbCr, clipping them) cannot be undone from the
+for bit wherever the backend does not resample (openslide shifts a level with a fractional downsample
+by part of a pixel, interpolating the raw Y'CbCr first: equal up to rounding where the conversion clips).
+It costs a per-pixel table lookup, 10-30% of a read, only on those slides (benchmarks/dicom_colour.py).
+The opposite case (RGB samples the backend converts as YCbCr, clipping them) cannot be undone from the
 pixels, and raises SlideError saying what to do.
 
 Public API:
@@ -45,8 +54,8 @@ _JPEG_BASELINE = "1.2.840.10008.1.2.4.50"  # the one JPEG transfer syntax opensl
 _TIFF_JPEG = 7
 _PIXEL_DATA = (0x7FE0, 0x0010)
 _ITEM = (0xFFFE, 0xE000)
-#: bytes of a frame or tile read to find its header (SOF follows the tables: a few hundred bytes)
-_HEAD_BYTES = 1 << 16
+#: bytes of a frame or tile read to find its header (SOF follows the tables and any APPn segments)
+_HEAD_BYTES = 1 << 18
 _Dims = tuple[tuple[int, int], ...]
 #: openslide vendors whose TIFF JPEG tiles go through `_openslide_tiff_read_tile` (openslide-decode-tiff.c)
 _OPENSLIDE_TIFF_VENDORS = frozenset(
