@@ -56,3 +56,10 @@ class TileOptions:
         "folder of <slide_id>.geojson (a slide without its file fails). A tile is kept when its centre lies "
         "in an annotation and in none classed Exclude or Ignore* (any class ending in *, except Region*).",
     )  # fmt: skip
+    review: Path | None = setting(
+        None, existing="any",
+        help="A reviewed qc/<slide_id>.geojson exported from QuPath (File > Export objects as GeoJSON), or a "
+        "folder of <slide_id>.geojson: a tile classed kept is kept, any other class dropped, and so is every "
+        "tile whose centre lies in an annotation classed Exclude or Ignore*; tiles not in the file keep the "
+        "filters' verdict. Applied from the tile file, without reading the slide again.",
+    )  # fmt: skip
