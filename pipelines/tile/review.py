@@ -163,10 +163,10 @@ def review_verdicts(review: ReviewFile, coords: np.ndarray, step_px: float) -> n
         if len(missing):
             x, y = boxes[missing[0], :2]
             raise ReviewError(
-                f"{where}: {len(missing)} of its {len(boxes)} tile objects are not candidate tiles of this "
-                f"slide (first at x={x:g}, y={y:g} level-0 px): it is another slide's file, or the tiles were "
-                "made with other settings (--tile-um, --mpp, --min-tissue, --roi); review this slide's own "
-                "qc/<slide_id>.geojson"
+                f"{where}: {len(missing)} of its {len(boxes)} tile objects are not candidate tiles of "
+                f"this slide (first at x={x:g}, y={y:g} level-0 px): it is another slide's file, or the "
+                "tiles were made with other settings (--tile-um, --mpp, --min-tissue, --roi); review this "
+                "slide's own qc/<slide_id>.geojson"
             )
         says = np.array([_verdict(c) for c in review.classes], dtype=np.int8)
         for i, v in zip(found, says, strict=True):
@@ -287,6 +287,8 @@ def _rebuild_pixels(
     old = open_tile_pixels(paths.zarr) if held is not None else None
     position = np.cumsum(held) - 1 if held is not None else None  # candidate -> row of the old store
     new = kept & ~held if held is not None else kept
+    if new.any():
+        log.info("%s: reading %d newly kept tile(s) from the slide (--save-tiles)", slide_id, int(new.sum()))
     writer = pixel_writer(paths.zarr, params, slide_id, int(kept.sum()))
     try:
         with opener() if new.any() else contextlib.nullcontext() as slide:
@@ -321,7 +323,7 @@ def rereview(source: SlideSource, job: TileJob, paths: TileOutputs, previous: Ti
         opener=lambda: open_slide(source.path, backend=job.backend, mpp=previous.mpp), threads=job.threads,
     )  # fmt: skip
     what = f"review {review.path} applied" if review is not None else "review removed: the filters' verdicts"
-    log.info("%s: %s from the tile file (%d tiles kept, no slide read)", source.slide_id, what, meta.n_kept)
+    log.info("%s: %s from the tile file (%d tiles kept)", source.slide_id, what, meta.n_kept)
     if meta.n_kept == 0:
         why = str(meta.empty_reason)
         log.warning("%s: %s", source.slide_id, why)

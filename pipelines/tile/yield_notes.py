@@ -40,6 +40,8 @@ LOW_YIELD_PREFIX = "low yield"
 HEAVY_FILTER = 0.05
 #: that note's first words, by which the command's summary finds it
 HEAVY_FILTER_PREFIX = "check filter"
+#: the first words of the review's part of a note
+REVIEW_PREFIX = "reviewed ("
 
 
 def upsampling_note(slide_mpp: float, target_mpp: float) -> tuple[float, str]:
@@ -137,11 +139,22 @@ def row_note(meta: TileFileMeta) -> str:
     if meta.review is not None:
         r = meta.review
         review = (
-            f"reviewed ({Path(r.path).name}): {r.n_restored} rejected tile(s) kept, {r.n_dropped} kept "
+            f"{REVIEW_PREFIX}{Path(r.path).name}): {r.n_restored} rejected tile(s) kept, {r.n_dropped} kept "
             f"tile(s) dropped ({r.n_tiles} tile objects, {r.n_regions} Exclude region(s))"
         )
     parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review)
     return "; ".join(part for part in parts if part)
+
+
+def note_part(note: str, prefix: str) -> str:
+    """The part of a manifest note (`row_note`: parts joined by "; ") that starts with `prefix`, up to
+    the next part of another kind ("" when there is none)."""
+    if prefix not in note:
+        return ""
+    rest = note[note.index(prefix) :]
+    others = (p for p in (LOW_YIELD_PREFIX, HEAVY_FILTER_PREFIX, REVIEW_PREFIX) if p != prefix)
+    ends = [e for p in others if (e := rest.find(f"; {p}")) > 0]
+    return rest[: min(ends, default=len(rest))]
 
 
 def artifact_empty(
@@ -165,9 +178,11 @@ __all__ = [
     "HEAVY_FILTER_PREFIX",
     "LOW_YIELD",
     "LOW_YIELD_PREFIX",
+    "REVIEW_PREFIX",
     "artifact_empty",
     "heavy_filter_note",
     "low_yield_note",
+    "note_part",
     "rejections",
     "row_note",
     "upsampling_note",

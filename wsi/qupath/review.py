@@ -81,8 +81,8 @@ def read_review(path: str | Path) -> ReviewFile:
         if kind in _TILE_TYPES and polygons:
             if len(polygons) != 1 or len(polygons[0]) != 1:
                 raise ReviewError(f"{where}: a tile object whose geometry is not one square (split?)")
-            ring = polygons[0][0]
-            boxes.append((*(float(v) for v in ring.min(0)), *(float(v) for v in ring.max(0))))  # type: ignore[arg-type]
+            (x0, y0), (x1, y1) = polygons[0][0].min(0), polygons[0][0].max(0)
+            boxes.append((float(x0), float(y0), float(x1), float(y1)))
             classes.append(class_of(props.get("classification")))
         elif kind in _ANNOTATION_TYPES and polygons and is_excluded(props.get("classification")):
             exclude.extend(polygons)
