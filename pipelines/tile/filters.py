@@ -21,7 +21,7 @@ from wsi.tiff_tiles import FileDamage, FileTileProbe
 from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction
 
 if TYPE_CHECKING:
-    from wsi.pipelines.tile.stage import TileJob
+    from wsi.pipelines.tile.job import TileJob
 
 
 def filter_tiles(

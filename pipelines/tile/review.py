@@ -50,7 +50,7 @@ from wsi.tile_params import TileParams
 from wsi.tiling import EXCLUDED, KEPT, UNREADABLE
 
 if TYPE_CHECKING:
-    from wsi.pipelines.tile.stage import TileJob, TileOutputs
+    from wsi.pipelines.tile.job import TileJob, TileOutputs
     from wsi.sources import SlideSource
 
 log = logging.getLogger(__name__)

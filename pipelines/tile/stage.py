@@ -9,13 +9,16 @@ Public API:
                 background="auto") -> list[JobResult]
     tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png and .geojson of one slide
-    read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
+    read_tile_chunks, default_threads                  # re-exported from pipelines.tile.read
+    (TileJob, TileOutputs, output_paths live in pipelines.tile.job; the read-and-filter step in filters.py)
 
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`; GeoJSON `.qupath`), then the tile file. Every
-file is written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+candidate (`pipelines.tile.filters`), write the QC image (`wsi.qc`; GeoJSON `.qupath`: the filters' verdicts),
+then the tile file: the kept tiles after any `--review` (`pipelines.tile.review`) and every candidate with the
+filters' verdict, so that a new or changed review is applied from the tile file alone. Every file is
+written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -36,7 +39,6 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from wsi.pipelines.tile.checks import (
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.filters import filter_tiles
+from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
 from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
@@ -85,48 +88,6 @@ __all__ = [
     "TileJob", "TileOutputs", "default_threads", "output_paths", "read_tile_chunks", "tile_slide",
     "tile_slides",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TileOutputs:
-    h5: Path
-    zarr: Path
-    qc: Path
-    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile.qupath)
-
-
-def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
-    out = Path(out_dir)
-    return TileOutputs(
-        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png",
-        out / "qc" / f"{slide_id}.geojson",
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TileJob:
-    """Settings shared by every slide of a run (sent to each worker with the slide)."""
-
-    out_dir: Path
-    params: TileParams = field(default_factory=TileParams)
-    backend: str = "openslide"
-    #: level-0 um/px for slides whose metadata has none (a record's own `mpp` wins)
-    fallback_mpp: float | None = None
-    save_tiles: bool = False
-    overwrite: bool = False
-    #: reader threads per slide
-    threads: int = 1
-    #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
-    #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
-    background: str = "auto"
-    #: QuPath GeoJSON annotations restricting the tiles: one file, or a folder of <slide_id>.geojson
-    roi: Path | None = None
-    #: a reviewed qc/<slide_id>.geojson exported from QuPath, or a folder of them (`pipelines.tile.review`)
-    review: Path | None = None
-    #: use fallback_mpp (--mpp) for slides whose metadata has an mpp too (--mpp-override)
-    mpp_override: bool = False
-    #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
-    segmentation: SegmentationOptions | None = None
 
 
 def tile_slides(
