@@ -16,7 +16,9 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from wsi.cli.main import cli
 from wsi.errors import ConfigError, ReviewError
 from wsi.files import sha256_file
 from wsi.pipelines.embed import EmbedOptions, embed_tiles
@@ -352,6 +354,15 @@ def test_review_option_checks(scene, sample_slide, tiled, tmp_path: Path, caplog
     assert "scnee.geojson" in caplog.text and "match no slide" in caplog.text
     assert read_tile_file(output_paths(out, "scene").h5).meta.review is not None
     assert read_tile_file(output_paths(out, "sample").h5).meta.review is None
+    # the command: the option, its refusal (exit 2, nothing run) and a review applied
+    run = ["tile", str(scene.path), "--out", str(out), "--review"]
+    refused = CliRunner().invoke(cli, [*run, str(out / "qc")])
+    assert refused.exit_code == 2 and "inside this run's qc/ folder" in refused.output
+    edited = qupath_export(tiled[1], {sorted(_fates(tiled[1])["kept"])[0]: "Ignore*"})
+    done = CliRunner().invoke(cli, [*run, str(_write(tmp_path / "cli" / "scene.geojson", edited))])
+    rows = {r.slide_id: r for r in read_manifest(out / "tiles" / "manifest.csv")}
+    assert done.exit_code == 0 and "1 kept tile(s) dropped" in rows["scene"].note, done.output
+    assert "--review FILE|FOLDER" in CliRunner().invoke(cli, ["tile", "--help"]).output
 
 
 def test_a_review_dropping_every_tile_leaves_the_slide_empty(scene, tiled, tmp_path: Path) -> None:

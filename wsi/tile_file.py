@@ -246,7 +246,7 @@ def is_tile_file(path: str | os.PathLike[str]) -> bool:
 #: tile-file attributes `wsi info` shows, in this order
 _INFO_KEYS = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "backend",
               "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept",
-              "wsi_version")  # fmt: skip
+              "review_path", "n_review_restored", "n_review_dropped", "wsi_version")  # fmt: skip
 
 
 def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:

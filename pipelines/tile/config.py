@@ -17,7 +17,8 @@ BackgroundChoice = Literal["auto", "light", "dark"]
 @config_model
 @dataclass(frozen=True)
 class TileOptions:
-    """How a tiling run reads and schedules slides; none of it changes which tiles are kept."""
+    """How a tiling run reads and schedules slides; none of it changes which tiles are kept but --roi and
+    --review, which name files of the user's, recorded per slide in its tile file (path and sha256)."""
 
     backend: Backend = setting("openslide", help="Slide reader.")
     mpp: float | None = setting(
