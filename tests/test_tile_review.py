@@ -28,7 +28,7 @@ from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.qupath import ReviewFile
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
-from wsi.tile_file import open_tile_pixels, read_candidates, read_tile_file
+from wsi.tile_file import open_tile_pixels, read_candidates, read_tile_file, write_tile_file
 from wsi.tiling import BLURRY, KEPT, UNREADABLE
 
 STEP = 512.0  # 256 um tiles at 0.5 um/px, level-0 px
@@ -375,6 +375,18 @@ def test_a_review_dropping_every_tile_leaves_the_slide_empty(scene, tiled, tmp_p
     assert cands is not None and (cands.reasons == KEPT).sum() == len(_fates(tiled[1])["kept"])
     [back] = tile_slides(_src(scene), out_dir=out)
     assert back.status == "ok" and back.n == len(_fates(tiled[1])["kept"])
+
+
+def test_a_tile_file_without_candidates_is_tiled_again_for_a_review(scene, tiled, tmp_path: Path) -> None:
+    out = _copy_run(tiled[0], tmp_path / "run")
+    h5 = output_paths(out, "scene").h5
+    tf = read_tile_file(h5)
+    write_tile_file(h5, coords=tf.coords, coords_um=tf.coords_um, meta=tf.meta)  # as an older version wrote
+    assert read_candidates(h5) is None
+    reclass = {sorted(_fates(tiled[1])["kept"])[0]: "ink"}
+    review = _write(tmp_path / "r.geojson", qupath_export(tiled[1], reclass))
+    [row] = tile_slides(_src(scene), out_dir=out, review=review)
+    assert row.status == "ok" and row.n == len(tf) - 1 and read_candidates(h5) is not None
 
 
 def test_a_tile_that_could_not_be_decoded_cannot_be_kept(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ ExportObjectsCommand.java, qupath-core/src/main/java/qupath/lib/io/):
 - GsonTools.PathClassTypeAdapter.write: a classification is {"name": ..., "color": [r, g, b(, a)]}, or
   {"names": [...], "color": ...} for a derived class ("A: B").
 - ROITypeAdapters.writeGeometry: coordinates with at most 2 decimals (GeneralTools.formatNumber), so an
-  integer corner comes back as 512, never 512.0; a rectangle's ring may start at any corner.
+  integer corner comes back as 512, never 512.0. A square tile is imported as a rectangle ROI
+  (GeometryTools.geometryToROI) and written back by JTS's GeometricShapeFactory.createRectangle; we take
+  each tile's box from its ring's min and max, whatever corner the ring starts at.
 
 A tile is known by its box (the min and max of its ring), not by its id: the ids are QuPath's own, made
 on import.
@@ -33,8 +35,8 @@ from wsi.errors import ReviewError
 from wsi.files import sha256_file
 from wsi.qupath.read import Polygon, features, is_excluded, load_geojson, polygons_of
 
-#: the object types a tile may come back as (a user may convert tiles to detections)
-_TILE_TYPES = frozenset({"tile", "PathTileObject", "detection", "PathDetectionObject"})
+#: the object types our tiles come back as (detections and cells a user adds in QuPath are not tiles)
+_TILE_TYPES = frozenset({"tile", "PathTileObject"})
 _ANNOTATION_TYPES = frozenset({"annotation", "unknown", "PathAnnotationObject"})
 
 
