@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from qupath_rules import parse
 
 from wsi.cli.main import cli
 from wsi.errors import ConfigError, ReviewError
@@ -25,7 +26,7 @@ from wsi.pipelines.embed import EmbedOptions, embed_tiles
 from wsi.pipelines.jobs import read_manifest
 from wsi.pipelines.tile.review import apply_review
 from wsi.pipelines.tile.stage import output_paths, tile_slides
-from wsi.qupath import ReviewFile
+from wsi.qupath import ReviewFile, read_review
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 from wsi.tile_file import open_tile_pixels, read_candidates, read_tile_file, write_tile_file
@@ -151,7 +152,14 @@ def test_review_round_trip_keeps_exactly_the_reviewed_tiles_without_reading_the_
     filtered = _coords(paths.h5)
     export, restored, reclassed, in_region = _review_edits(qc)
     assert len(restored) == 2 and in_region and not in_region & reclassed
+    assert len(parse(export)) == len(export["features"])  # what QuPath's importer reads (tests/qupath_rules)
     review = _write(tmp_path / "reviewed" / "scene.geojson", export)
+    as_list = read_review(
+        _write(tmp_path / "list.geojson", export["features"])
+    )  # "FeatureCollection" unticked
+    plain = read_review(review)
+    np.testing.assert_array_equal(as_list.boxes, plain.boxes)
+    assert as_list.classes == plain.classes and len(plain.exclude) == 1 and plain.slide_id is None
 
     with monkeypatch.context() as m:  # nothing may open the slide: the review comes from the tile file
         m.setattr(Slide, "__init__", lambda *a, **k: pytest.fail("the slide was opened during a review"))
