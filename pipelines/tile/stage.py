@@ -71,7 +71,7 @@ from wsi.pipelines.tile.segment import (
     segmentation_record,
     segmenters,
 )
-from wsi.pipelines.tile.yield_notes import artifact_empty, low_yield_note, row_note, upsampling_note
+from wsi.pipelines.tile.yield_notes import artifact_empty, row_note, upsampling_note
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import ReviewFile, Roi
 from wsi.slide import Slide
@@ -258,7 +258,6 @@ def _tile_open_slide(
         if artifact_net and job.segmentation
         else None
     )
-    few = low_yield_note(counts, job.params, art_counts, seg[1] if seg else None)
     empty = ""
     if counts.n_kept == 0:
         w0, h0 = slide.dimensions
@@ -268,7 +267,6 @@ def _tile_open_slide(
         )  # fmt: skip
         empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
         empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
-    few = "; ".join(part for part in (few, coarse if few else "") if part)
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
@@ -281,7 +279,7 @@ def _tile_open_slide(
         slide, source, job.params, counts, mpp_source,
         background=BackgroundRecord(kind=bg.kind, reason=bg.reason, choice=job.background),
         empty_reason=empty, damage=damage_record(found, damage), roi=roi_record,
-        upsampling=float(upsampling), low_yield=few,
+        upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
         segmentation=None if job.segmentation is None
         else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
     )  # fmt: skip
