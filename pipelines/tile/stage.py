@@ -273,7 +273,8 @@ def _tile_open_slide(
         extra_fates=art_names,
     )  # fmt: skip
     save_png(paths.qc, picture)
-    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
+    names = {code: name for name, code in art_names.items()}  # an artifact network's classes
+    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id, names)
     bg = found.background
     meta = tile_file_meta(
         slide, source, job.params, counts, mpp_source,
@@ -286,7 +287,7 @@ def _tile_open_slide(
     cells = found.candidates
     candidates = Candidates(
         coords=found.grid.coords[cells], coords_um=found.grid.coords_um[cells], reasons=reasons,
-        names={**REASON_NAMES, **{code: name for name, code in art_names.items()}}, empty_reason=empty,
+        names={**REASON_NAMES, **names}, empty_reason=empty,
     )  # fmt: skip
     meta = write_tiles(
         paths, meta, candidates, review, params=job.params, save_tiles=job.save_tiles,
