@@ -121,6 +121,22 @@ def no_slide_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Slide, "__init__", refuse)
 
 
+@pytest.fixture(scope="module")
+def tiled(scene, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The scene tiled once (copied per test) and its qc GeoJSON."""
+    out = tmp_path_factory.mktemp("tiled")
+    [row] = tile_slides(_src(scene), out_dir=out)
+    assert row.status == "ok", row.error
+    return out, json.loads(output_paths(out, "scene").geojson.read_text())
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
 def _review_edits(qc: dict[str, Any]) -> tuple[dict, set, set, set]:
     """Two blurry tiles re-classed kept, one kept tile re-classed ink, an Ignore* rectangle over the
     centres of kept tiles; returns (export, restored, dropped by class, dropped by the region)."""
@@ -141,11 +157,10 @@ def _review_edits(qc: dict[str, Any]) -> tuple[dict, set, set, set]:
 
 
 def test_review_round_trip_keeps_exactly_the_reviewed_tiles_without_reading_the_slide(
-    scene, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scene, tiled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "run"
-    [first] = tile_slides(_src(scene), out_dir=out)
-    assert first.status == "ok", first.error
+    out = _copy_run(tiled[0], tmp_path / "run")
+    first = read_tile_file(output_paths(out, "scene").h5)
     paths = output_paths(out, "scene")
     qc = json.loads(paths.geojson.read_text())
     qc_bytes, png_bytes = paths.geojson.read_bytes(), paths.qc.read_bytes()
@@ -170,7 +185,7 @@ def test_review_round_trip_keeps_exactly_the_reviewed_tiles_without_reading_the_
         meta = read_tile_file(paths.h5).meta
         assert meta.review is not None and meta.review.sha256 == sha256_file(review)
         assert (meta.review.n_restored, meta.review.n_dropped) == (2, 1 + len(in_region))
-        assert meta.review.n_tiles == first.n + len(_fates(qc)["blurry"]) and meta.review.n_regions == 1
+        assert meta.review.n_tiles == len(first) + len(_fates(qc)["blurry"]) and meta.review.n_regions == 1
         c = meta.counts
         assert (c.n_kept, c.n_excluded, c.n_blurry) == (
             len(expected),
@@ -235,9 +250,9 @@ def test_review_with_saved_pixels_reads_only_the_newly_kept_tiles(
             np.testing.assert_array_equal(pixels[i], slide.read_region_um(int(x), int(y), 256.0, 1.0))
 
 
-def test_a_changed_tile_set_remakes_the_bag(scene, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    [first] = tile_slides(_src(scene), out_dir=out)
+def test_a_changed_tile_set_remakes_the_bag(scene, tiled, tmp_path: Path) -> None:
+    out = _copy_run(tiled[0], tmp_path / "run")
+    first = read_tile_file(output_paths(out, "scene").h5)
     options = EmbedOptions(encoder="timm:test_resnet", random_init=True, input_px=64, batch_size=8, readers=0,
                            dtype="float32", threads=1)  # fmt: skip
     assert [r.status for r in embed_tiles(tiles_dir=out, out_dir=out, options=options, progress=False)] == [
@@ -254,7 +269,7 @@ def test_a_changed_tile_set_remakes_the_bag(scene, tmp_path: Path) -> None:
         )
 
     [row] = tile_slides(_src(scene), out_dir=out, review=swap(0))
-    assert row.status == "ok" and row.n == first.n
+    assert row.status == "ok" and row.n == len(first)
     [again] = embed_tiles(tiles_dir=out, out_dir=out, options=options, progress=False)
     assert again.status == "ok"  # re-made, though the count is the same
     with h5py.File(bag) as h5:
@@ -269,22 +284,6 @@ def test_a_changed_tile_set_remakes_the_bag(scene, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------- errors
-@pytest.fixture(scope="module")
-def tiled(scene, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The scene tiled once (copied per test) and its qc GeoJSON."""
-    out = tmp_path_factory.mktemp("tiled")
-    [row] = tile_slides(_src(scene), out_dir=out)
-    assert row.status == "ok", row.error
-    return out, json.loads(output_paths(out, "scene").geojson.read_text())
-
-
-def _copy_run(src: Path, dst: Path) -> Path:
-    import shutil
-
-    shutil.copytree(src, dst)
-    return dst
-
-
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
