@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from qupath_export import fates, qupath_export
 from qupath_rules import parse
 
 from wsi.cli.main import cli
@@ -43,62 +44,6 @@ def scene(make_slide):
 
 def _src(scene, slide_id: str = "scene") -> list[SlideSource]:
     return [SlideSource(slide_id, scene.path, None)]
-
-
-def _number(v: float) -> float | int:
-    """A coordinate as QuPath writes it: at most 2 decimals, an integer without ".0"
-    (ROITypeAdapters.coordinateToString -> GeneralTools.formatNumber)."""
-    r = round(float(v), 2)
-    return int(r) if r == int(r) else r
-
-
-def _numbers(nested: Any) -> Any:
-    return [_numbers(v) for v in nested] if isinstance(nested, list) else _number(nested)
-
-
-def qupath_export(qc: dict[str, Any], classes: dict[tuple[int, int], str], regions=()) -> dict[str, Any]:
-    """What QuPath's File > Export objects as GeoJSON (All objects, FeatureCollection) writes after our qc
-    file was imported and edited (qupath/qupath e7662d89ec70: PathObjectTypeAdapter.write,
-    PathClassTypeAdapter.write, ROITypeAdapters): each feature "type", "id" (UUID), "geometry", then
-    "properties" with "objectType", "name", "classification" {"name", "color"}, "isLocked" only when
-    true, "measurements" as a map; the collection's own "properties" are not written back.
-    classes: (x, y) top-left -> the class the reviewer gave that tile; regions: annotation rings drawn,
-    as (ring, class name)."""
-    colours = {"kept": [0, 170, 0], "blurry": [200, 0, 0], "ink": [255, 140, 0], "Ignore*": [180, 180, 180]}
-    features = []
-    for f in qc["features"]:
-        props = f["properties"]
-        geometry = {"type": f["geometry"]["type"], "coordinates": _numbers(f["geometry"]["coordinates"])}
-        out: dict[str, Any] = {"objectType": props["objectType"]}
-        if "name" in props:
-            out["name"] = props["name"]
-        name = props["classification"]["name"]
-        if props["objectType"] == "tile":
-            x, y = geometry["coordinates"][0][0]
-            name = classes.get((int(x), int(y)), name)
-        out["classification"] = {"name": name, "color": colours.get(name, props["classification"]["color"])}
-        if props["objectType"] == "annotation":
-            out["isLocked"] = True
-        if "measurements" in props:
-            out["measurements"] = {k: float(np.float32(v)) for k, v in props["measurements"].items()}
-        features.append({"type": "Feature", "id": str(uuid.uuid4()), "geometry": geometry, "properties": out})
-    for ring, name in regions:
-        cls = {"name": name, "color": colours[name]}
-        features.append({
-            "type": "Feature", "id": str(uuid.uuid4()),
-            "geometry": {"type": "Polygon", "coordinates": _numbers([ring])},
-            "properties": {"objectType": "annotation", "classification": cls},
-        })  # fmt: skip
-    return {"type": "FeatureCollection", "features": features}
-
-
-def _fates(qc: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
-    out: dict[str, list[tuple[int, int]]] = {}
-    for f in qc["features"]:
-        if f["properties"]["objectType"] == "tile":
-            x, y = f["geometry"]["coordinates"][0][0]
-            out.setdefault(f["properties"]["classification"]["name"], []).append((int(x), int(y)))
-    return out
 
 
 def _coords(path: Path) -> set[tuple[int, int]]:
@@ -140,9 +85,9 @@ def _copy_run(src: Path, dst: Path) -> Path:
 def _review_edits(qc: dict[str, Any]) -> tuple[dict, set, set, set]:
     """Two blurry tiles re-classed kept, one kept tile re-classed ink, an Ignore* rectangle over the
     centres of kept tiles; returns (export, restored, dropped by class, dropped by the region)."""
-    fates = _fates(qc)
-    kept = sorted(fates["kept"])
-    restored = set(sorted(fates["blurry"])[:2])
+    fate = fates(qc)
+    kept = sorted(fate["kept"])
+    restored = set(sorted(fate["blurry"])[:2])
     reclassed = {kept[0]}
     x0, y0 = kept[-1]  # a region holding the centres of the last kept tile (and any other inside it)
     ring = [[x0 + 100, y0 + 100], [x0 + 400.5, y0 + 100], [x0 + 400.5, y0 + 400.25], [x0 + 100, y0 + 400.25]]
@@ -185,12 +130,12 @@ def test_review_round_trip_keeps_exactly_the_reviewed_tiles_without_reading_the_
         meta = read_tile_file(paths.h5).meta
         assert meta.review is not None and meta.review.sha256 == sha256_file(review)
         assert (meta.review.n_restored, meta.review.n_dropped) == (2, 1 + len(in_region))
-        assert meta.review.n_tiles == len(first) + len(_fates(qc)["blurry"]) and meta.review.n_regions == 1
+        assert meta.review.n_tiles == len(first) + len(fates(qc)["blurry"]) and meta.review.n_regions == 1
         c = meta.counts
         assert (c.n_kept, c.n_excluded, c.n_blurry) == (
             len(expected),
             1 + len(in_region),
-            len(_fates(qc)["blurry"]) - 2,
+            len(fates(qc)["blurry"]) - 2,
         )
         assert (
             f"reviewed (scene.geojson): 2 rejected tile(s) kept, {1 + len(in_region)} kept tile(s) dropped"
@@ -260,10 +205,10 @@ def test_a_changed_tile_set_remakes_the_bag(scene, tiled, tmp_path: Path) -> Non
     ]
     bag = out / "features" / "timm-test_resnet" / "scene.h5"
     paths = output_paths(out, "scene")
-    fates = _fates(json.loads(paths.geojson.read_text()))
+    fate = fates(json.loads(paths.geojson.read_text()))
 
     def swap(k: int) -> Path:  # one blurry tile kept, one kept tile dropped: the same number of tiles
-        classes = {sorted(fates["blurry"])[k]: "kept", sorted(fates["kept"])[k]: "blurry"}
+        classes = {sorted(fate["blurry"])[k]: "kept", sorted(fate["kept"])[k]: "blurry"}
         return _write(
             tmp_path / f"swap{k}.geojson", qupath_export(json.loads(paths.geojson.read_text()), classes)
         )
@@ -365,7 +310,7 @@ def test_review_option_checks(scene, sample_slide, tiled, tmp_path: Path, caplog
     run = ["tile", str(scene.path), "--out", str(out), "--review"]
     refused = CliRunner().invoke(cli, [*run, str(out / "qc")])
     assert refused.exit_code == 2 and "inside this run's qc/ folder" in refused.output
-    edited = qupath_export(tiled[1], {sorted(_fates(tiled[1])["kept"])[0]: "Ignore*"})
+    edited = qupath_export(tiled[1], {sorted(fates(tiled[1])["kept"])[0]: "Ignore*"})
     done = CliRunner().invoke(cli, [*run, str(_write(tmp_path / "cli" / "scene.geojson", edited))])
     rows = {r.slide_id: r for r in read_manifest(out / "tiles" / "manifest.csv")}
     assert done.exit_code == 0 and "1 kept tile(s) dropped" in rows["scene"].note, done.output
@@ -379,9 +324,9 @@ def test_a_review_dropping_every_tile_leaves_the_slide_empty(scene, tiled, tmp_p
     [row] = tile_slides(_src(scene), out_dir=out, review=review)
     assert row.status == "empty" and "dropped all" in row.error and "run without --review" in row.error
     cands = read_candidates(output_paths(out, "scene").h5)  # the filters' verdicts are still there
-    assert cands is not None and (cands.reasons == KEPT).sum() == len(_fates(tiled[1])["kept"])
+    assert cands is not None and (cands.reasons == KEPT).sum() == len(fates(tiled[1])["kept"])
     [back] = tile_slides(_src(scene), out_dir=out)
-    assert back.status == "ok" and back.n == len(_fates(tiled[1])["kept"])
+    assert back.status == "ok" and back.n == len(fates(tiled[1])["kept"])
 
 
 def test_a_tile_file_without_candidates_is_tiled_again_for_a_review(scene, tiled, tmp_path: Path) -> None:
@@ -390,7 +335,7 @@ def test_a_tile_file_without_candidates_is_tiled_again_for_a_review(scene, tiled
     tf = read_tile_file(h5)
     write_tile_file(h5, coords=tf.coords, coords_um=tf.coords_um, meta=tf.meta)  # as an older version wrote
     assert read_candidates(h5) is None
-    reclass = {sorted(_fates(tiled[1])["kept"])[0]: "ink"}
+    reclass = {sorted(fates(tiled[1])["kept"])[0]: "ink"}
     review = _write(tmp_path / "r.geojson", qupath_export(tiled[1], reclass))
     [row] = tile_slides(_src(scene), out_dir=out, review=review)
     assert row.status == "ok" and row.n == len(tf) - 1 and read_candidates(h5) is not None
