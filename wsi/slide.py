@@ -22,6 +22,8 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.slide_colour import ColourFix, check_colours
+from wsi.storage.slides import RangeFile, open_binary, remote_slide
+from wsi.storage.urls import Url, is_url, parse_url
 from wsi.suffixes import SLIDE_SUFFIXES
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ _WHITE = 255
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
-def _mpp_hint(path: Path) -> str:
+def _mpp_hint(path: Path | Url) -> str:
     return (
         f"{path}: the slide has no resolution (um/px) in its metadata; give it with --mpp "
         "(e.g. --mpp 0.25 for a 40x scan, 0.5 for 20x) or an `mpp` column in the slide list CSV"
@@ -45,7 +47,9 @@ def _mpp_hint(path: Path) -> str:
 class Slide:
     """An open whole-slide image. Use `open_slide`; close it (or use `with`) to free the file."""
 
-    path: Path
+    path: Path | Url  # the slide as the user named it: a local file, or a URL (s3://, gs://, https://)
+    #: what is read: the local file (for a URL: its copy in the local cache), or a remote file read by ranges
+    file: Path | RangeFile
     backend: str
     vendor: str
     mpp: float  # level-0 um/px
@@ -56,8 +60,11 @@ class Slide:
     properties: dict[str, str]
     colour_fix: ColourFix  # levels whose JPEG tiles the backend decodes in the wrong colour space
 
-    def __init__(self, path: Path, backend: str, mpp: float | None) -> None:
+    def __init__(
+        self, path: Path | Url, backend: str, mpp: float | None, *, file: Path | RangeFile | None = None
+    ) -> None:
         self.path = path
+        self.file = file if file is not None else Path(path)
         self.backend = backend
         h = self._new_handle()
         self._handle: Any = h
@@ -68,7 +75,7 @@ class Slide:
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
         try:
-            self.colour_fix = check_colours(path, backend, self.vendor, self.level_dimensions)
+            self.colour_fix = check_colours(self.file, backend, self.vendor, self.level_dimensions)
         except SlideError:
             self.close()
             raise
@@ -93,10 +100,10 @@ class Slide:
             if self.backend == "openslide":
                 import openslide
 
-                return openslide.OpenSlide(self.path)
+                return openslide.OpenSlide(self.file)
             import tiffslide
 
-            return tiffslide.TiffSlide(self.path)
+            return tiffslide.TiffSlide(self.file.open() if isinstance(self.file, RangeFile) else self.file)
         except Exception as exc:  # each backend raises its own types; the user needs file + reason
             raise SlideError(
                 f"{self.path}: not a slide {self.backend} can read ({type(exc).__name__}: {exc}); "
@@ -113,7 +120,7 @@ class Slide:
                 if y is not None and abs(y - value) > 0.01 * value:
                     log.warning("%s: mpp-x %.4g differs from mpp-y %.4g; using mpp-x", self.path, value, y)
                 return value, f"metadata ({key})"
-        tags = _mpp_from_tiff_tags(self.path)
+        tags = _mpp_from_tiff_tags(self.file)
         return tags, "TIFF resolution tags" if tags is not None else ""
 
     # ------------------------------------------------------------------------------------------- read
@@ -239,13 +246,18 @@ def open_slide(
 ) -> Slide:
     """Open a whole-slide image.
 
+    path: a local file, or a URL (s3://, gs://, https://...): tiffslide reads a remote slide in place by
+    byte ranges; openslide, DICOM series and MIRAX read a copy in the local cache (`wsi.storage.slides`).
     backend: "openslide" (default) or "tiffslide"; anything else raises ConfigError.
     mpp: level-0 um/px, overriding the metadata (needed for slides that carry none).
-    Raises SlideError (missing, empty, not a slide, truncated) or MissingMppError.
+    Raises SlideError (missing, empty, not a slide, truncated) or MissingMppError; StorageError for a
+    remote slide that cannot be reached (missing bucket, refused credentials).
     A Slide may be shared by threads for reading (both backends read thread-safely).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown slide backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if is_url(path):
+        return _open_remote(parse_url(str(path), what="slide"), backend, mpp)
     path = Path(path)
     if not path.exists():
         raise SlideError(f"{path}: slide file not found")
@@ -253,8 +265,18 @@ def open_slide(
         raise SlideError(f"{path}: is a folder, not a slide file (MIRAX .mrxs: give the .mrxs file)")
     if path.stat().st_size == 0:
         raise SlideError(f"{path}: the file is empty (0 bytes); copy or download it again")
-    _check_tiff_complete(path)
+    _check_tiff_complete(path, shown=path)
     return Slide(path, backend, mpp)
+
+
+def _open_remote(url: Url, backend: str, mpp: float | None) -> Slide:
+    """A remote slide: read by ranges (tiffslide) or from its local copy (openslide, multi-file formats)."""
+    file = remote_slide(url, backend)
+    size = file.size if isinstance(file, RangeFile) else file.stat().st_size
+    if size == 0:
+        raise SlideError(f"{url}: the file is empty (0 bytes); upload it again")
+    _check_tiff_complete(file, size, shown=url)
+    return Slide(url, backend, mpp, file=file)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -286,21 +308,24 @@ def _loc_for(level_px: int, downsample: float) -> int:
     return loc
 
 
-def is_tiff(path: Path) -> bool:
+def is_tiff(path: Path | RangeFile) -> bool:
     """Whether the file starts like a TIFF (classic or BigTIFF, either byte order)."""
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         return fh.read(4) in _TIFF_MAGIC
 
 
-def _check_tiff_complete(path: Path) -> None:
+def _check_tiff_complete(
+    path: Path | RangeFile, size: int | None = None, shown: Path | Url | None = None
+) -> None:
     """A TIFF whose IFDs or tile data run past the end of the file is truncated: say so at open time."""
     if not is_tiff(path):
         return
     import tifffile
 
-    size = path.stat().st_size
+    size = path.stat().st_size if size is None and isinstance(path, Path) else int(size or 0)
+    shown = shown if shown is not None else path
     try:
-        with tifffile.TiffFile(path) as tif:
+        with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
             end = 0
             for page in tif.pages:
                 offsets = page.dataoffsets
@@ -312,19 +337,19 @@ def _check_tiff_complete(path: Path) -> None:
         return
     if end > size:
         raise SlideError(
-            f"{path}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
+            f"{shown}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
             "copy or download it again"
         )
 
 
-def _mpp_from_tiff_tags(path: Path) -> float | None:
+def _mpp_from_tiff_tags(path: Path | RangeFile) -> float | None:
     """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only)."""
     if not is_tiff(path):
         return None
     import tifffile
 
     try:
-        with tifffile.TiffFile(path) as tif:
+        with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
             tags = tif.pages.first.tags
             unit = tags.get("ResolutionUnit")
             xres = tags.get("XResolution")
