@@ -13,6 +13,7 @@ Public API (what the stages call):
     remote_output(out) -> Mirror | None       a remote --out, checked writable before any work
     local_folder(folder, suffixes=()) -> Path a remote input folder pulled into its local mirror
     local_file(path) -> Path                  a remote input file copied to the local cache
+    local_view(folder) -> Path                where this machine keeps a folder (its mirror for a URL)
     origin(path) -> str                       the URL a local mirror or copy stands for, else the path
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from wsi.storage.cache import local_copy, origin_of_copy
-from wsi.storage.mirror import Mirror, origin_of_output
+from wsi.storage.mirror import Mirror, mirror_dir, origin_of_output
 from wsi.storage.settings import StorageSettings, storage_settings
 from wsi.storage.urls import Url, is_url, join, parse_url, redact
 
@@ -51,6 +52,12 @@ def remote_output(out: str | os.PathLike[str] | None) -> Mirror | None:
     mirror = Mirror(where)
     mirror.check_writable()
     return mirror
+
+
+def local_view(folder: str | os.PathLike[str]) -> Path:
+    """Where this machine keeps `folder`: itself when local, else its mirror (nothing is fetched)."""
+    where = location(folder)
+    return mirror_dir(where) if isinstance(where, Url) else where
 
 
 def local_folder(folder: str | os.PathLike[str], *, suffixes: tuple[str, ...] = ()) -> Path:
@@ -82,6 +89,7 @@ def origin(path: str | os.PathLike[str]) -> str:
 
 
 __all__ = [
-    "Mirror", "StorageSettings", "Url", "is_url", "join", "local_file", "local_folder", "location", "origin",
+    "Mirror", "StorageSettings", "Url", "is_url", "join", "local_file", "local_folder", "local_view",
+    "location", "origin",
     "parse_url", "redact", "remote_output", "storage_settings",
 ]  # fmt: skip
