@@ -80,12 +80,12 @@ def local_file(path: str | os.PathLike[str], *, what: str = "input file") -> Pat
 
 def origin(path: str | os.PathLike[str]) -> str:
     """What a path stands for, to be recorded in outputs: the URL of a mirror's file or of a cached copy,
-    else the absolute local path."""
+    else the resolved local path."""
     if is_url(path):
         return str(path)
     settings = storage_settings()
     local = Path(path).absolute()
-    return origin_of_output(local, settings) or origin_of_copy(local, settings) or str(local)
+    return origin_of_output(local, settings) or origin_of_copy(local, settings) or str(local.resolve())
 
 
 __all__ = [

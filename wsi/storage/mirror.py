@@ -39,6 +39,8 @@ log = logging.getLogger("wsi.storage")
 
 STATE = ".wsi-sync"
 _URL_FILE = "url"
+#: in a unit folder (pushed and pulled whole): each file's remote version, written after all of them
+UNIT_MARKER = ".wsi-unit.json"
 
 
 def mirror_dir(url: Url, settings: StorageSettings | None = None) -> Path:
@@ -146,21 +148,64 @@ class Mirror:
                 tmp.unlink(missing_ok=True)
             self._remember(rel, info.version)
 
-    def pull_folder(self, sub: str = "", *, suffixes: tuple[str, ...] = ()) -> list[str]:
-        """Pull every file under `sub` (with one of `suffixes`); the relative paths pulled."""
+    def pull_folder(
+        self, sub: str = "", *, suffixes: tuple[str, ...] = (), units: tuple[str, ...] = (),
+        skip: tuple[str, ...] = (),
+    ) -> list[str]:  # fmt: skip
+        """Pull every file under `sub` (with one of `suffixes`); the relative paths pulled. A folder named
+        in `units` is pulled only as the consistent whole its last push left (else left as it is here);
+        one named in `skip` not at all."""
         base = join(self.url, sub) if sub else self.url
         found = list_files(base, suffixes=suffixes, doing="listing the output folder")
         infos = {f"{sub.strip('/')}/{rel}" if sub else rel: info for rel, info in found.items()}
+        infos = {rel: i for rel, i in infos.items() if not set(rel.split("/")[:-1]) & set(skip)}
+        for folder in sorted({_unit_of(rel, units) for rel in infos} - {None}):
+            inside = {rel: i for rel, i in infos.items() if _unit_of(rel, units) == folder}
+            if not self._whole(str(folder), inside):
+                log.info("%s: not pulled (its last upload did not finish)", join(self.url, str(folder)))
+                infos = {rel: i for rel, i in infos.items() if rel not in inside}
         local_base = self.local / sub
         here = [self.rel(p) for p in local_base.rglob("*") if p.is_file() and not _hidden(p, local_base)] if (
             local_base.is_dir()) else []  # fmt: skip
         if suffixes:
             here = [r for r in here if r.lower().endswith(suffixes)]
+        here = [r for r in here if _unit_of(r, units) is None and not set(r.split("/")[:-1]) & set(skip)]
         known: dict[str, RemoteInfo | None] = {**dict.fromkeys(here), **infos}
         self.pull(sorted(known), infos=known)
         return sorted(infos)
 
+    def _whole(self, folder: str, inside: Mapping[str, RemoteInfo]) -> bool:
+        """Whether a unit folder's remote files are exactly those its marker lists, in those versions."""
+        try:
+            listed = json.loads(self.fs.cat_file(self._remote(f"{folder}/{UNIT_MARKER}")))
+        except FileNotFoundError:
+            return False
+        except ValueError:
+            return False
+        except Exception as exc:
+            raise storage_error(exc, join(self.url, folder), "reading the output folder") from None
+        versions = {rel: info.version for rel, info in inside.items()}
+        return isinstance(listed, dict) and {f"{folder}/{k}": v for k, v in listed.items()} == versions
+
     # ------------------------------------------------------------------------------------------- push
+    def push_unit(self, folder: str) -> int:
+        """Upload a folder the stage writes as a whole (a training run's resume/): its marker is removed
+        first and written last, listing every file's version, so a pull never takes a mix of two saves."""
+        base = self.local / folder
+        rels = sorted(self.rel(p) for p in base.rglob("*") if p.is_file() and not _hidden(p, base))
+        changed = [r for r in rels if not self._unchanged(r, self._state(r))]
+        if not changed and self._state(f"{folder}/{UNIT_MARKER}") is not None:
+            return 0
+        self._delete(f"{folder}/{UNIT_MARKER}", missing_ok=True)
+        n = self.push(rels, deletions=False)
+        listing = {r[len(folder) + 1 :]: str((self._state(r) or {}).get("version")) for r in rels}
+        marker = self.local / STATE / "units" / folder / UNIT_MARKER
+        write_text_atomic(marker, json.dumps(listing, sort_keys=True))
+        with translated(join(self.url, folder), "uploading an output"):
+            self.fs.put_file(str(marker), self._remote(f"{folder}/{UNIT_MARKER}"))
+        write_text_atomic(self._state_path(f"{folder}/{UNIT_MARKER}"), "{}")
+        return n
+
     def push(self, rels: Sequence[str], *, last: Sequence[str] = (), deletions: bool = True) -> int:
         """Upload the files of `rels` that changed locally, those of `last` after all others; remove
         remotely what was removed locally (`deletions`). Returns the number of files uploaded."""
@@ -181,11 +226,15 @@ class Mirror:
                 self._forget(rel)
         return n
 
-    def push_all(self, sub: str = "", *, last: Sequence[str] = ()) -> int:
-        """Upload every local file under `sub` that is new or changed (nothing is removed remotely)."""
+    def push_all(self, sub: str = "", *, last: Sequence[str] = (), units: tuple[str, ...] = ()) -> int:
+        """Upload every local file under `sub` that is new or changed (nothing is removed remotely); the
+        folders named in `units` each as a whole (`push_unit`)."""
         base = self.local / sub
         rels = sorted(self.rel(p) for p in base.rglob("*") if p.is_file() and not _hidden(p, self.local))
-        return self.push(rels, last=[r for r in last if r in rels], deletions=False)
+        whole = sorted({u for u in (_unit_of(r, units) for r in rels) if u is not None})
+        plain = [r for r in rels if _unit_of(r, units) is None]
+        n = sum(self.push_unit(folder) for folder in whole)
+        return n + self.push(plain, last=[r for r in last if r in plain], deletions=False)
 
     def _upload(self, rel: str) -> None:
         final = self._remote(rel)
@@ -212,6 +261,15 @@ class Mirror:
                 raise
         except Exception as exc:
             raise storage_error(exc, join(self.url, rel), "removing an outdated output") from None
+
+
+def _unit_of(rel: str, units: tuple[str, ...]) -> str | None:
+    """The unit folder (named in `units`, at any depth) that `rel` lies in, as a relative path."""
+    parts = rel.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part in units:
+            return "/".join(parts[: i + 1])
+    return None
 
 
 def _hidden(path: Path, base: Path) -> bool:
