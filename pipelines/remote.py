@@ -24,11 +24,13 @@ from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_
 
 
 class _Item(Protocol):
-    slide_id: str
+    @property
+    def slide_id(self) -> str: ...
 
 
 class _RemoteJob(Protocol):
-    remote: str | None
+    @property
+    def remote(self) -> str | None: ...
 
 
 J = TypeVar("J", bound=_RemoteJob)

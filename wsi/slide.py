@@ -100,10 +100,13 @@ class Slide:
             if self.backend == "openslide":
                 import openslide
 
+                if isinstance(self.file, RangeFile):  # remote_slide gives openslide a local copy
+                    raise TypeError("openslide reads local files only")
                 return openslide.OpenSlide(self.file)
             import tiffslide
 
-            return tiffslide.TiffSlide(self.file.open() if isinstance(self.file, RangeFile) else self.file)
+            source: Any = self.file.open() if isinstance(self.file, RangeFile) else self.file
+            return tiffslide.TiffSlide(source)
         except Exception as exc:  # each backend raises its own types; the user needs file + reason
             raise SlideError(
                 f"{self.path}: not a slide {self.backend} can read ({type(exc).__name__}: {exc}); "
@@ -323,7 +326,7 @@ def _check_tiff_complete(
     import tifffile
 
     size = path.stat().st_size if size is None and isinstance(path, Path) else int(size or 0)
-    shown = shown if shown is not None else path
+    named = shown if shown is not None else path
     try:
         with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
             end = 0
@@ -337,7 +340,7 @@ def _check_tiff_complete(
         return
     if end > size:
         raise SlideError(
-            f"{shown}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
+            f"{named}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
             "copy or download it again"
         )
 

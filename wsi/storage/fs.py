@@ -119,7 +119,7 @@ def remote_info(fs: Any, path: str, info: dict[str, Any] | None = None) -> Remot
     data = info if info is not None else fs.info(path)
     version = next(
         (str(data[k]) for k in ("ETag", "etag", "generation", "md5Hash", "VersionId") if data.get(k)),
-        f"{data.get('size')}-{data.get('LastModified') or data.get('mtime') or data.get('last_modified')}",
+        f"{data.get('size')}-{data.get('LastModified') or data.get('mtime') or data.get('created')}",
     )
     return RemoteInfo(int(data.get("size") or 0), version.strip('"'))
 

@@ -159,10 +159,10 @@ class Mirror:
         found = list_files(base, suffixes=suffixes, doing="listing the output folder")
         infos = {f"{sub.strip('/')}/{rel}" if sub else rel: info for rel, info in found.items()}
         infos = {rel: i for rel, i in infos.items() if not set(rel.split("/")[:-1]) & set(skip)}
-        for folder in sorted({_unit_of(rel, units) for rel in infos} - {None}):
+        for folder in sorted({u for rel in infos if (u := _unit_of(rel, units)) is not None}):
             inside = {rel: i for rel, i in infos.items() if _unit_of(rel, units) == folder}
-            if not self._whole(str(folder), inside):
-                log.info("%s: not pulled (its last upload did not finish)", join(self.url, str(folder)))
+            if not self._whole(folder, inside):
+                log.info("%s: not pulled (its last upload did not finish)", join(self.url, folder))
                 infos = {rel: i for rel, i in infos.items() if rel not in inside}
         local_base = self.local / sub
         here = [self.rel(p) for p in local_base.rglob("*") if p.is_file() and not _hidden(p, local_base)] if (
@@ -231,7 +231,7 @@ class Mirror:
         folders named in `units` each as a whole (`push_unit`)."""
         base = self.local / sub
         rels = sorted(self.rel(p) for p in base.rglob("*") if p.is_file() and not _hidden(p, self.local))
-        whole = sorted({u for u in (_unit_of(r, units) for r in rels) if u is not None})
+        whole = sorted({u for r in rels if (u := _unit_of(r, units)) is not None})
         plain = [r for r in rels if _unit_of(r, units) is None]
         n = sum(self.push_unit(folder) for folder in whole)
         return n + self.push(plain, last=[r for r in last if r in plain], deletions=False)

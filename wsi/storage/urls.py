@@ -87,7 +87,7 @@ def is_url(text: object) -> bool:
     if not isinstance(text, str):
         return False
     m = _SCHEME.match(text)
-    return bool(m) and m.group(1).lower() not in LOCAL_SCHEMES
+    return m is not None and m.group(1).lower() not in LOCAL_SCHEMES
 
 
 def parse_url(text: str, *, what: str = "location") -> Url:
