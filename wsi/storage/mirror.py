@@ -261,6 +261,7 @@ class Mirror:
                 raise
         except Exception as exc:
             raise storage_error(exc, join(self.url, rel), "removing an outdated output") from None
+        self._forget(rel)
 
 
 def _unit_of(rel: str, units: tuple[str, ...]) -> str | None:
