@@ -77,6 +77,9 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 def cli(verbose: int, quiet: bool) -> None:
     """wsi: whole-slide images to tiles, feature bags and slide-level predictions."""
+    from wsi.storage.hf import offline
+
+    offline()  # weights come from the Hugging Face cache as it is: nothing is downloaded at run time
     level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("distributed").setLevel(max(level, logging.WARNING))
