@@ -108,7 +108,9 @@ def _describe(name: str, r: EncoderRecipe) -> None:
         f"  weights:   {r.source}",
         f"  licence:   {r.licence}",
         f"  checked:   {r.reference}",
-        *weights_lines(name, repo_of(r.source), r.weights_files, "encoder"),
+        *weights_lines(
+            f"wsi embed --tiles run/ --out run/ --encoder {name}", repo_of(r.source), r.weights_files
+        ),
     ]
     click.echo("\n".join(lines))
 
@@ -122,20 +124,21 @@ def weights_state(repo: str | None, files: tuple[str, ...]) -> str:
     return "cached" if is_cached(repo, files) else "-"
 
 
-def weights_lines(name: str, repo: str | None, files: tuple[str, ...], option: str) -> list[str]:
-    """Where this machine has the weights, or the command that puts them where they are found."""
+def weights_lines(run: str, repo: str | None, files: tuple[str, ...]) -> list[str]:
+    """Where this machine has the weights, or the command that puts them where they are found; `run` is
+    the command that uses them, without --weights."""
     from wsi.storage.hf import cached_file, download_command, hub_cache
 
-    run = f"wsi embed --tiles run/ --out run/ --encoder {name}"
-    if option != "encoder":
-        run = f"wsi embed-slides --features run/features/TILE-ENCODER --encoder {name} --out run/"
     if repo is None:
         return [f"  command:   {run} --weights /path/{files[0]}"]
     found = cached_file(repo, files)
+    by_path = f"             {run} --weights /path/{files[0]}"
     if found is not None:
-        return [f"  cached:    {found}", f"  command:   {run}    (or --weights hf:{repo})"]
+        return [f"  cached:    {found}", f"  command:   {run}    (from the cache; or --weights hf:{repo})",
+                by_path]  # fmt: skip
     return [
         f"  cached:    no ({hub_cache()}); accept the licence at https://huggingface.co/{repo}, then",
         f"             {download_command(repo, files[0])}",
         f"  command:   {run}    (then from the cache, offline)",
+        by_path,
     ]

@@ -31,7 +31,10 @@ def show_slide_encoders(name: str | None, *, as_json: bool = False) -> None:
             f"  checked:   {s.reference}",
             f"  commands:  wsi tile SLIDES --out run/ --tile-um {s.tile_size_um:g} --tile-px {px}",
             f"             wsi embed --tiles run/ --out run/ --encoder {s.tile_encoders[0]} --weights ...",
-            *weights_lines(name, repo_of(s.weights_page), s.weights_files, "slide"),
+            *weights_lines(
+                f"wsi embed-slides --features run/features/{s.tile_encoders[0]} --encoder {name} --out run/",
+                repo_of(s.weights_page), s.weights_files,
+            ),
         ]
         click.echo("\n".join(lines))
         return
