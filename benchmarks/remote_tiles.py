@@ -14,7 +14,7 @@ local and remote runs (best of --repeat each):
   copy     openslide on the s3:// slide: the first run copies it to the local cache (timed with the
            stage), later runs find the copy unchanged
 
-    python benchmarks/remote_tiles.py --quick      # a 2 x 2 mm slide, about a minute
+    python benchmarks/remote_tiles.py --quick 2>/dev/null   # a 2 x 2 mm slide, about a minute
     python benchmarks/remote_tiles.py              # 4 x 4 mm at 0.5 um/px (8,000 px square)
 Needs `pip install 'wsi[cloud,dev]'` (s3fs, moto[server]).
 """
@@ -108,7 +108,6 @@ def main() -> None:
     if args.quick:
         args.size_um, args.mpp, args.repeat = 2000.0, 0.5, 2
     logging.basicConfig(level=logging.WARNING)
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the stage's progress bars would interleave with the table
     args.cache.mkdir(parents=True, exist_ok=True)
     local = slide_file(args.cache, args.size_um, args.mpp)
     proc, endpoint = start_server()

@@ -26,7 +26,7 @@ from wsi.pipelines.predict.stage import predict
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.pipelines.train import train
 from wsi.sources import find_slides
-from wsi.storage import local_view
+from wsi.storage import local_folder, local_view
 from wsi.tile_params import TileParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -160,6 +160,16 @@ def test_tile_and_embed_from_and_to_the_bucket_equal_a_local_run(
     assert s3.objects(bucket, f"run/{BAGS}/s3-a.h5") == {f"run/{BAGS}/s3-a.h5": stored[f"run/{BAGS}/s3-a.h5"]}
     _no_credentials(s3, bucket, tiled.output + embedded.output + again.output)
 
+    # `wsi view s3://.../run/`: the folder pulled, its slides opened from their URLs by ranges
+    from wsi.view.catalog import Catalog
+    from wsi.view.dzi import open_deepzoom
+
+    entry = Catalog(local_folder(run)).slides["s3-a"]
+    assert entry.path == f"s3://{bucket}/slides/s3-a.svs"
+    view = open_deepzoom(entry.path, "tiffslide")
+    assert view.generator.level_dimensions[-1] == (1000, 1000)
+    view.handle.close()
+
 
 def _no_credentials(s3: S3Server, bucket: str, *logs: str) -> None:
     """No object of the bucket and no log holds the secret key, the key id or a user:password URL."""
@@ -269,3 +279,43 @@ def test_a_dask_cluster_of_separate_processes_tiles_from_the_bucket(
     assert len(list(workers.rglob("tiles/*.h5"))) == 2  # written where the workers run, then uploaded
     client = local_view(f"s3://{bucket}/cluster/")  # the client's own mirror never held them
     assert not list(client.rglob("*.h5")) and (client / "tiles" / "manifest.csv").is_file()
+
+
+def test_openslide_and_dicom_series_read_local_copies_within_the_cache_limit(
+    s3: S3Server, slides: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    import logging
+
+    from wsi.slide import open_slide
+    from wsi.synthetic.dicom import write_dicom_series
+
+    folder, bucket = slides
+    sizes = {p.name: p.stat().st_size for p in folder.glob("*.svs")}
+    monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WSI_CACHE_GB", str(max(sizes.values()) * 1.2 / 1e9))  # room for one copy
+    caplog.set_level(logging.INFO, logger="wsi.storage")
+    for name in ("s3-a.svs", "s3-b.svs", "s3-b.svs"):
+        with open_slide(f"s3://{bucket}/slides/{name}") as slide, open_slide(folder / name) as here:
+            np.testing.assert_array_equal(
+                slide.read_level(1, 0, 0, 300, 200), here.read_level(1, 0, 0, 300, 200)
+            )
+            assert slide.path == f"s3://{bucket}/slides/{name}"
+    copies = [r.getMessage() for r in caplog.records if "copying it" in r.getMessage()]
+    assert len(copies) == 2 and "openslide reads local files only" in copies[0]  # b's copy was reused
+    held = [p for p in (tmp_path / "cache" / "files").rglob("*.svs")]
+    assert [p.name for p in held] == ["s3-b.svs"]  # a's copy went to make room
+
+    rng = np.random.default_rng(0)
+    levels = [rng.integers(0, 255, (512, 768, 3), dtype=np.uint8)]
+    levels.append(levels[0][::2, ::2].copy())
+    series = write_dicom_series(tmp_path / "case-1", levels, mpp=0.5)
+    for path in series:
+        s3.client().upload_file(str(path), bucket, f"dicom/case-1/{path.name}")
+    [source] = find_slides([f"s3://{bucket}/dicom/"])
+    assert source.slide_id == "case-1" and str(source.path).startswith(f"s3://{bucket}/dicom/case-1/")
+    caplog.clear()
+    with open_slide(source.path) as slide, open_slide(tmp_path / "case-1" / Path(source.path).name) as here:
+        assert slide.dimensions == here.dimensions == (768, 512)
+        np.testing.assert_array_equal(slide.read_level(0, 0, 0, 256, 256), here.read_level(0, 0, 0, 256, 256))
+    assert any("2 files" in r.getMessage() and "DICOM series" in r.getMessage() for r in caplog.records)
