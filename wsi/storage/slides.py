@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
 from wsi.storage.cache import local_copies
 from wsi.storage.fs import filesystem, list_files, remote_info, translated
@@ -41,7 +41,6 @@ class RangeFile:
     block_bytes: int
     blocks: int
     _fetched: int = 0
-    _handles: list[Any] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def open(self, mode: str = "rb", *, block_bytes: int | None = None) -> BinaryIO:
@@ -54,17 +53,22 @@ class RangeFile:
                 path, "rb", block_size=block_bytes or self.block_bytes, cache_type="blockcache",
                 cache_options={"maxblocks": self.blocks}, size=self.size,
             )  # fmt: skip
-        with self._lock:
-            self._handles = [h for h in self._handles if not getattr(h, "closed", False)] + [fh]
+        fetch = fh.cache.fetcher  # the block cache's one way to the storage: counted on its way
+
+        def counted(start: int, end: int) -> bytes:
+            data: bytes = fetch(start, end)
+            with self._lock:
+                self._fetched += len(data)
+            return data
+
+        fh.cache.fetcher = counted
         return cast(BinaryIO, fh)
 
     @property
     def bytes_fetched(self) -> int:
         """Bytes fetched from the storage by every handle opened so far."""
         with self._lock:
-            return sum(
-                int(getattr(getattr(h, "cache", None), "total_requested_bytes", 0)) for h in self._handles
-            )
+            return self._fetched
 
     def __str__(self) -> str:
         return str(self.url)
@@ -100,7 +104,7 @@ def remote_slide(url: Url, backend: str) -> RangeFile | Path:
 
 
 #: block size of a look at a remote file's headers (TIFF IFDs, the first tile of a level)
-PROBE_BYTES = 1 << 18
+PROBE_BYTES = 1 << 16
 
 
 def open_binary(source: Path | RangeFile) -> BinaryIO:
