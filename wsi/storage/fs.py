@@ -80,10 +80,7 @@ def storage_error(exc: BaseException, url: Url, doing: str) -> StorageError:
         )
     if isinstance(exc, FileNotFoundError):
         if "bucket" in text.lower() and ("not exist" in text.lower() or "NoSuchBucket" in text):
-            return StorageError(
-                f"{where}: the bucket {bucket_of(url)!r} does not exist (while {doing}); check its name "
-                "and the endpoint (AWS_ENDPOINT_URL for a server other than AWS)"
-            )
+            return no_bucket(url, doing)
         return StorageError(f"{url}: not found while {doing}")
     if name in _CONNECTION or isinstance(exc, ConnectionError) or getattr(exc, "errno", None) in (
         errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ETIMEDOUT,
@@ -93,6 +90,13 @@ def storage_error(exc: BaseException, url: Url, doing: str) -> StorageError:
             "endpoint (AWS_ENDPOINT_URL)"
         )
     return StorageError(f"{where}: {doing} failed ({name}: {text})")
+
+
+def no_bucket(url: Url, doing: str) -> StorageError:
+    return StorageError(
+        f"{url} ({endpoint(url)}): the bucket {bucket_of(url)!r} does not exist (while {doing}); check its "
+        "name and the endpoint (AWS_ENDPOINT_URL for a server other than AWS)"
+    )
 
 
 @contextmanager
@@ -149,11 +153,12 @@ def list_files(url: Url, *, suffixes: tuple[str, ...] = (), doing: str = "listin
 
 def _check_bucket(fs: Any, url: Url, doing: str) -> None:
     """A folder that does not exist is fine (nothing there yet); its bucket must (and be readable)."""
-    bucket = bucket_of(url)
     if url.scheme in ("http", "https"):
         return
     try:
-        fs.ls(bucket, detail=False)
+        fs.info(bucket_of(url))  # one request, however many objects the bucket holds
+    except FileNotFoundError:
+        raise no_bucket(url, doing) from None
     except Exception as exc:
         raise storage_error(exc, url, doing) from None
 
