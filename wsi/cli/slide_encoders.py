@@ -8,7 +8,7 @@ import click
 
 
 def show_slide_encoders(name: str | None, *, as_json: bool = False) -> None:
-    from wsi.cli.encoders import weights_lines, weights_state
+    from wsi.cli._weights import weights_lines, weights_state
     from wsi.models.slide_encoders import SLIDE_ENCODERS, get_spec
     from wsi.storage.hf import repo_of
 
