@@ -96,11 +96,25 @@ class ArtifactParams:
     red_hue_max: float = setting(15.0, ge=0, le=360, help="Red ink hue up to this (degrees, after 0).")
     #: eosin-rich tissue stays under ~0.55
     red_min_saturation: float = setting(0.55, ge=0, le=1, help="Least saturation of red ink.")
+    #: marker red passes red light: OD_R / OD_G 0.09-0.18 over glass; every H&E pixel (blood, muscle and
+    #: eosin-rich stroma included) 0.21-0.33, measured on ../shared/data/artifacts and MSKCC slides
+    red_max_od_ratio: float = setting(
+        0.19, ge=0, le=1,
+        help="A red region is marker only when the median ratio of its red to green optical density is at "
+        "most this (blood and eosin absorb more red light than marker).",
+    )  # fmt: skip
     #: the streaky inside of a drying red marker, only where it touches a stroke found by the rules above
     red_faint_hue_min: float = setting(333.0, ge=0, le=360, help="Faint red ink hue from this (degrees).")
     red_faint_min_saturation: float = setting(0.3, ge=0, le=1, help="Least saturation of faint red ink.")
     #: dense nuclei and dark DAB stay above ~0.3
     black_max_value: float = setting(0.25, ge=0, le=1, help="Black ink: brightest channel at most this.")
+    #: black and grey marker absorb the three channels alike (0.75-0.95); dense haematoxylin, folds and
+    #: lymphoid aggregates are purple (0.55-0.75)
+    black_min_neutrality: float = setting(
+        0.0, ge=0, le=1,
+        help="A black region is marker only when the median ratio of its smallest to largest channel optical "
+        "density is at least this (dense nuclei and folds are purple, not neutral).",
+    )  # fmt: skip
     #: a stroke's paler ends, only where they touch black ink
     black_faint_max_value: float = setting(
         0.45, ge=0, le=1, help="Paler black ink (touching a black stroke): brightest channel at most this."

@@ -16,10 +16,16 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 from skimage.measure import label
-from skimage.morphology import black_tophat, disk
+from skimage.morphology import black_tophat, disk, skeletonize
 
 from wsi.artifacts.morph import dilate
 from wsi.tile_params import ArtifactParams
+
+#: a line with more branch points per mm of its skeleton than this is a net (lacy tissue), not a rim
+_MAX_BRANCHES_PER_MM = 10.0
+#: ... unless most of it lies this far (um) from any tissue: a coverslip edge's mountant ridge is
+#: ragged too, but it runs over the glass, where a lacy tissue's walls border its own tissue
+_LACE_GAP_UM = 300.0
 
 
 def bubble_regions(
@@ -37,6 +43,7 @@ def bubble_regions(
         return mask
     min_len = params.bubble_min_length_um / mpp
     areas = np.bincount(labels.ravel())
+    away = np.asarray(ndimage.distance_transform_edt(~tissue)) * mpp  # um from the nearest tissue
     long = np.zeros(labels.max() + 1, bool)
     for i, box in enumerate(ndimage.find_objects(labels), start=1):
         if box is None:
@@ -44,5 +51,17 @@ def bubble_regions(
         length = np.hypot(box[0].stop - box[0].start, box[1].stop - box[1].start)
         # a line (or a ring) is long, and thin: its area is about its length times its width, where
         # a patch of textured tissue or debris as long is far wider
-        long[i] = length >= min_len and areas[i] <= 3 * r * length
+        if not (length >= min_len and areas[i] <= 3 * r * length):
+            continue
+        part = labels[box] == i
+        long[i] = _smooth(part, mpp) or float(np.median(away[box][part])) >= _LACE_GAP_UM
     return dilate(long[labels], r)
+
+
+def _smooth(part: np.ndarray, mpp: float) -> bool:
+    """A rim or an edge is a smooth line: few branch points per mm of its skeleton. The thin walls of
+    lung alveoli (or any lacy tissue) at the tissue's edge form a net: about 20 branch points per mm."""
+    skeleton = skeletonize(part)
+    neighbours = ndimage.convolve(skeleton.astype(np.int16), np.ones((3, 3), np.int16), mode="constant")
+    branches = np.count_nonzero(skeleton & (neighbours >= 4))  # the pixel and 3+ neighbours
+    return branches <= _MAX_BRANCHES_PER_MM * np.count_nonzero(skeleton) * mpp / 1000.0

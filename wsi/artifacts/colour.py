@@ -1,15 +1,31 @@
-"""Per-pixel colour rules for marker ink, in HSV, cheap enough to run on every tile.
+"""Per-pixel colour rules for marker ink, in HSV, and the optical-density signatures that tell marker
+from stain: cheap enough to run on every tile.
 
-Rules of our own, after reading two weight-free detectors:
+Hue finds the candidates; it cannot decide alone. Rules of our own, after reading three detectors:
 - histolab (histolab/histolab @202a8bca, src/histolab/filters/image_filters_functional.py:
   green_pen_filter, blue_pen_filter, red_pen_filter) ORs a dozen RGB boxes per colour
-  (e.g. blue: R < 60, G < 120, B > 190). Boxes in RGB follow brightness, so faint strokes need
-  many boxes; hue and saturation separate ink from stain with one range each.
+  (e.g. red: R > 150, G < 80, B < 90), which blood and eosin-rich muscle fall into as well.
 - HistoQC (choosehappy/HistoQC @b7956129, histoqc/ClassificationModule.py byExampleWithFeatures with
   config pen_markings) trains a per-pixel classifier on example masks (those in ../shared/data/artifacts),
   i.e. needs its training images at run time; we use those masks only to choose and test thresholds.
-Hue separates the inks from both H&E stains: eosin is pink-magenta (300-345 degrees), haematoxylin
-purple (260-330), DAB brown (10-40, a hue no ink rule uses except black, which is far darker).
+- PenAnnotationExtractor (MSKCC-Computational-Pathology/PenAnnotationExtractor @83a91207,
+  penAnnotationExtractor.py) takes black as HSV value <= 125/255 and blue/green as saturated hue bands,
+  and has no red rule at all: its slides (and many labs') use black, blue and green markers.
+Hue separates green and blue ink from both H&E stains: eosin is pink-magenta (300-345 degrees),
+haematoxylin purple (260-330), DAB brown (10-40). Red and black ink share their hue with tissue:
+blood, eosin-rich stroma and muscle are as red as a red marker; dense nuclei, folds and pigment as dark
+as a black one. What separates them is how they absorb (Beer-Lambert: optical density OD = -log10 of
+the transmitted light, per channel, adds up over what the light passes through):
+- every H&E pixel is a non-negative mix of haematoxylin and eosin, and both absorb some red light, so
+  its red OD is a sizeable share of its green OD: OD_R / OD_G >= the eosin vector's own (0.27 in
+  Macenko et al.'s reference H&E vectors, 0.21-0.33 measured on blood, muscle and eosin-rich stroma in
+  ../shared/data/artifacts and 40 MSKCC slides). A red marker's dye passes red light almost untouched:
+  0.09-0.18 over glass (HistoQC's and histolab's red-pen slides). `red_od_ratio` is that ratio.
+- a black marker absorbs all three channels about alike (a neutral density); dense haematoxylin, folds
+  and lymphoid aggregates are purple: they pass more red and blue than green. `neutrality` is the
+  smallest channel's OD over the largest: 0.75-0.95 on black and grey markers, 0.55-0.75 on dark tissue.
+Single pixels are noisy (and a pale pixel's ratio is mostly noise), so both signatures are judged as the
+median over a region's or a tile's candidate pixels dense enough to measure (`wsi.artifacts.ink`).
 """
 
 from __future__ import annotations
@@ -22,6 +38,11 @@ from wsi.tile_params import ArtifactParams
 INK_COLOURS = ("green", "blue", "red", "black")
 #: (hue degrees, saturation, value) planes of an image, float32
 HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
+#: a red candidate's signature is measured where its green OD is at least this (transmission <= 32%):
+#: paler pixels' red OD is a few grey levels, as much JPEG noise as absorption
+RED_DENSE_OD = 0.5
+#: a black candidate's signature is measured where its largest OD is at least this
+BLACK_DENSE_OD = 0.8
 
 
 def hsv(rgb: np.ndarray) -> HSV:
@@ -41,13 +62,36 @@ def hsv(rgb: np.ndarray) -> HSV:
     return hue.astype(np.float32), sat.astype(np.float32), (high / 255.0).astype(np.float32)
 
 
+def optical_density(rgb: np.ndarray) -> np.ndarray:
+    """(..., 3) float32 OD = -log10(I / 255) of (..., 3) pixels (0-255; 0 taken as 1: OD <= 2.4)."""
+    px = np.maximum(rgb[..., :3].astype(np.float32), 1.0)
+    return (np.log10(np.float32(255.0)) - np.log10(px)).astype(np.float32)
+
+
+def red_od_ratio(od: np.ndarray) -> np.ndarray:
+    """(...) OD_R / OD_G: ~0.1 for a red marker, >= ~0.21 for anything stained with H&E (blood included)."""
+    return od[..., 0] / np.maximum(od[..., 1], 1e-3)
+
+
+def neutrality(od: np.ndarray) -> np.ndarray:
+    """(...) smallest / largest channel OD: ~0.8-0.95 for black or grey marker, ~0.55-0.75 for dense
+    haematoxylin, which absorbs green most."""
+    high = np.maximum(np.maximum(od[..., 0], od[..., 1]), od[..., 2])
+    low = np.minimum(np.minimum(od[..., 0], od[..., 1]), od[..., 2])
+    return low / np.maximum(high, 1e-3)
+
+
 def ink_pixels(rgb: np.ndarray, params: ArtifactParams) -> dict[str, np.ndarray]:
-    """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` that look like that ink."""
+    """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` whose colour could be that ink (red
+    and black: candidates, see `ink_rules`)."""
     return ink_rules(hsv(rgb), params)
 
 
 def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
-    """Colour -> bool mask of the pixels of an image's HSV `planes` that look like that ink."""
+    """Colour -> bool mask of the pixels of an image's HSV `planes` whose colour could be that ink.
+
+    Green and blue are ink by colour alone. Red and black are candidates: tissue takes those colours
+    too, and a candidate becomes ink only when its region's (or tile's) optical density says marker."""
     hue, sat, val = planes
     p = params
     lit = val >= 0.15  # hue of near-black pixels is noise
@@ -58,13 +102,6 @@ def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
     return {"green": green, "blue": blue, "red": red, "black": black}
 
 
-def ink_mask(rgb: np.ndarray, params: ArtifactParams) -> np.ndarray:
-    """(...) bool: pixels of any ink colour."""
-    masks = ink_pixels(rgb, params)
-    out = masks["green"] | masks["blue"] | masks["red"] | masks["black"]
-    return out
-
-
 #: a tile's ink share is measured on every `TILE_STRIDE`-th pixel in each direction (1/64 of them):
 #: 1,024 samples of a 256 px tile give its share to about 1% (binomial sd near the 10% threshold), at a
 #: fifth of the cost of 1/16 (measured 0.1 vs 0.48 ms per tile, against ~1.4 ms for the background
@@ -73,7 +110,45 @@ TILE_STRIDE = 8
 
 
 def tile_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
-    """(B,) share of ink pixels of (B, P, P, 3) uint8 tiles (sampled every TILE_STRIDE pixels)."""
-    sample = tiles[:, ::TILE_STRIDE, ::TILE_STRIDE]
-    ink = ink_mask(sample, params)
-    return np.count_nonzero(ink, axis=(1, 2)) / max(1, ink.shape[1] * ink.shape[2])
+    """(B,) share of ink pixels of (B, P, P, 3) uint8 tiles (sampled every TILE_STRIDE pixels).
+
+    Green and blue pixels count as they are; a tile's red (black) candidates count only when their
+    median optical-density signature over the dense ones says marker, as for a thumbnail region."""
+    sample = tiles[:, ::TILE_STRIDE, ::TILE_STRIDE].reshape(len(tiles), -1, tiles.shape[-1])  # (B, n, 3)
+    colours = ink_pixels(sample, params)
+    ink = colours["green"] | colours["blue"]
+    if colours["red"].any() or colours["black"].any():
+        od = optical_density(sample)
+        ink |= colours["red"] & is_red_ink(od, colours["red"], params)[:, None]
+        ink |= colours["black"] & is_black_ink(od, colours["black"], params)[:, None]
+    return np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
+
+
+def is_red_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(B,) bool per row of (B, n, 3) `od`: its (B, n) `candidates` are red marker (median OD_R/OD_G
+    of the dense ones at most params.red_max_od_ratio)."""
+    dense = candidates & (od[..., 1] >= RED_DENSE_OD)
+    return _row_median(red_od_ratio(od), dense) <= params.red_max_od_ratio
+
+
+def is_black_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(B,) bool per row of (B, n, 3) `od`: its (B, n) `candidates` are black marker (median neutrality
+    of the dense ones at least params.black_min_neutrality)."""
+    dense = candidates & (od.max(axis=-1) >= BLACK_DENSE_OD)
+    return _row_median(neutrality(od), dense) >= params.black_min_neutrality
+
+
+def _row_median(values: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """(B,) median of each row's (B, n) `values` where `use`; NaN for a row with none (compares False)."""
+    masked = np.where(use, values, np.nan)
+    out = np.full(len(values), np.nan, np.float32)
+    rows = use.any(axis=1)
+    if rows.any():
+        out[rows] = np.nanmedian(masked[rows], axis=1)
+    return out
+
+
+def ink_mask(rgb: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(...) bool: pixels whose colour could be any ink (candidates, before the signature tests)."""
+    masks = ink_pixels(rgb, params)
+    return masks["green"] | masks["blue"] | masks["red"] | masks["black"]
