@@ -24,7 +24,9 @@ from scipy import ndimage
 from skimage.measure import label
 from skimage.morphology import remove_small_objects
 
-from wsi.artifacts.colour import BLACK_DENSE_OD, HSV, RED_DENSE_OD, ink_rules, neutrality, red_od_ratio
+from wsi.artifacts.colour import (
+    BLACK_DENSE_OD, HSV, RED_DENSE_OD, ink_rules, median_margin, neutrality, red_od_ratio,
+)  # fmt: skip
 from wsi.artifacts.morph import closing, dilate, opening
 from wsi.tile_params import ArtifactParams
 
@@ -35,7 +37,7 @@ _MIN_BLACK_STROKE_UM = 200.0
 #: gaps inside a stroke (streaks of a drying marker) up to this wide (um) are closed
 _GAP_UM = 60.0
 #: faint ink is grown at most this far (um) from a stroke's seed: a marker stroke is 0.5-2 mm wide
-_GROW_UM = 1000.0
+_GROW_UM = 600.0
 NEAR_RATIO = 0.26
 NEAR_UM = 500.0
 #: ink regions smaller than this (um^2) are left alone
@@ -57,16 +59,16 @@ def ink_regions(
         colours = {name: mask & ~exclude for name, mask in colours.items()}
     red_parts = opening(colours["red"], _MIN_STROKE_UM / 2 / mpp)
     ratio, dense = red_od_ratio(od), od[..., 1] >= RED_DENSE_OD
-    red = _marker_regions(red_parts, ratio, dense, lambda m: m <= params.red_max_od_ratio)
+    red = _marker_regions(red_parts, ratio, dense, lambda m: m <= params.red_max_od_ratio, +1, mpp)
     if red.any() and NEAR_RATIO > params.red_max_od_ratio:
         # marker over tissue absorbs the tissue's red light too: a part next to a sure stroke is
         # marker up to NEAR_RATIO
-        near = _marker_regions(red_parts & ~red, ratio, dense, lambda m: m <= NEAR_RATIO)
+        near = _marker_regions(red_parts & ~red, ratio, dense, lambda m: m <= NEAR_RATIO, 0, mpp)
         red |= _touching(near | dilate(red, NEAR_UM / mpp), red) & near
     
     black = _marker_regions(
         opening(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp),
-        neutrality(od), od.max(axis=-1) >= BLACK_DENSE_OD, lambda m: m >= params.black_min_neutrality,
+        neutrality(od), od.max(axis=-1) >= BLACK_DENSE_OD, lambda m: m >= params.black_min_neutrality, -1, mpp,
     )  # fmt: skip
     hue, sat, val = planes
     faint_red = ((hue >= params.red_faint_hue_min) | (hue <= params.red_hue_max)) & (
@@ -95,23 +97,33 @@ def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float) -> np.ndarray:
 
 
 def _marker_regions(
-    seeds: np.ndarray, signature: np.ndarray, dense: np.ndarray, is_marker: Callable[[np.ndarray], np.ndarray]
+    seeds: np.ndarray,
+    signature: np.ndarray,
+    dense: np.ndarray,
+    is_marker: Callable[[np.ndarray], np.ndarray],
+    side: int,
+    mpp: float,
 ) -> np.ndarray:
     """The connected parts of `seeds` whose median `signature` over their `dense` pixels passes
-    `is_marker` (a region without dense pixels cannot be told from tissue and is left alone)."""
-    labels, n = ndimage.label(seeds, structure=np.ones((3, 3), bool))
-    if n == 0:
+    `is_marker`, judged on the median moved toward tissue by `colour.median_margin` (`side` +1: up,
+    -1: down, 0: not moved), so that the median of a few pixels, mostly noise, does not make a speck of
+    blood a marker."""
+    if not seeds.any():
         return seeds
-    measured = np.where(dense, labels, 0)
+    # the streaks of one stroke (a drying marker) are one region: labelled after closing their gaps
+    labels, n = ndimage.label(seeds, structure=np.ones((3, 3), bool))
+    measured = np.where(dense & seeds, labels, 0)
     index = np.arange(1, n + 1)
-    has = np.bincount(measured.ravel(), minlength=n + 1)[1:] > 0
+    counts = np.bincount(measured.ravel(), minlength=n + 1)[1:]
+    has = counts > 0
     medians = np.full(n, np.nan)
     if has.any():
         medians[has] = ndimage.median(signature, labels=measured, index=index[has])
+        medians[has] += side * median_margin(counts[has])
     keep = np.zeros(n + 1, bool)
     with np.errstate(invalid="ignore"):
         keep[1:] = has & is_marker(medians)
-    return keep[labels]
+    return keep[labels] & seeds
 
 
 def _touching(candidates: np.ndarray, seeds: np.ndarray) -> np.ndarray:
