@@ -108,13 +108,6 @@ class ArtifactParams:
     red_faint_min_saturation: float = setting(0.3, ge=0, le=1, help="Least saturation of faint red ink.")
     #: dense nuclei and dark DAB stay above ~0.3
     black_max_value: float = setting(0.25, ge=0, le=1, help="Black ink: brightest channel at most this.")
-    #: black and grey marker absorb the three channels alike (0.75-0.95); dense haematoxylin, folds and
-    #: lymphoid aggregates are purple (0.55-0.75)
-    black_min_neutrality: float = setting(
-        0.0, ge=0, le=1,
-        help="A black region is marker only when the median ratio of its smallest to largest channel optical "
-        "density is at least this (dense nuclei and folds are purple, not neutral).",
-    )  # fmt: skip
     #: a stroke's paler ends, only where they touch black ink
     black_faint_max_value: float = setting(
         0.45, ge=0, le=1, help="Paler black ink (touching a black stroke): brightest channel at most this."

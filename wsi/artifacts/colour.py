@@ -1,5 +1,5 @@
-"""Per-pixel colour rules for marker ink, in HSV, and the optical-density signatures that tell marker
-from stain: cheap enough to run on every tile.
+"""Per-pixel colour rules for marker ink, in HSV, and the optical-density ratio that tells red marker
+from blood and eosin: cheap enough to run on every tile.
 
 Hue finds the candidates; it cannot decide alone. Rules of our own, after reading three detectors:
 - histolab (histolab/histolab @202a8bca, src/histolab/filters/image_filters_functional.py:
@@ -21,11 +21,12 @@ the transmitted light, per channel, adds up over what the light passes through):
   Macenko et al.'s reference H&E vectors, 0.21-0.33 measured on blood, muscle and eosin-rich stroma in
   ../shared/data/artifacts and 40 MSKCC slides). A red marker's dye passes red light almost untouched:
   0.09-0.18 over glass (HistoQC's and histolab's red-pen slides). `red_od_ratio` is that ratio.
-- a black marker absorbs all three channels about alike (a neutral density); dense haematoxylin, folds
-  and lymphoid aggregates are purple: they pass more red and blue than green. `neutrality` is the
-  smallest channel's OD over the largest: 0.75-0.95 on black and grey markers, 0.55-0.75 on dark tissue.
-Single pixels are noisy (and a pale pixel's ratio is mostly noise), so both signatures are judged as the
-median over a region's or a tile's candidate pixels dense enough to measure (`wsi.artifacts.ink`).
+Black marker is told from dense nuclei, folds and pigment by darkness and stroke width in
+`wsi.artifacts.ink`, not by colour: a neutral-density test (smallest channel OD over largest) was
+measured and dropped, because markers sold as black are often purple-black (0.40-0.70 on histolab's
+diagnostic-slide thumbnail, against 0.55-0.80 on dark tissue).
+Single pixels are noisy (and a pale pixel's ratio is mostly noise), so the ratio is judged as the median
+over a region's or a tile's red pixels dense enough to measure.
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: a red candidate's signature is measured where its green OD is at least this (transmission <= 32%):
 #: paler pixels' red OD is a few grey levels, as much JPEG noise as absorption
 RED_DENSE_OD = 0.5
-#: a black candidate's signature is measured where its largest OD is at least this
-BLACK_DENSE_OD = 0.8
-#: spread (sd) of a signature over the pixels of one region, blood or marker alike (measured 0.04-0.06)
+#: spread (sd) of the ratio over the pixels of one region, blood or marker alike (measured 0.04-0.06)
 SIGNATURE_SD = 0.05
 
 
@@ -85,25 +84,18 @@ def red_od_ratio(od: np.ndarray) -> np.ndarray:
     return od[..., 0] / np.maximum(od[..., 1], 1e-3)
 
 
-def neutrality(od: np.ndarray) -> np.ndarray:
-    """(...) smallest / largest channel OD: ~0.8-0.95 for black or grey marker, ~0.55-0.75 for dense
-    haematoxylin, which absorbs green most."""
-    high = np.maximum(np.maximum(od[..., 0], od[..., 1]), od[..., 2])
-    low = np.minimum(np.minimum(od[..., 0], od[..., 1]), od[..., 2])
-    return low / np.maximum(high, 1e-3)
-
-
 def ink_pixels(rgb: np.ndarray, params: ArtifactParams) -> dict[str, np.ndarray]:
-    """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` whose colour could be that ink (red
-    and black: candidates, see `ink_rules`)."""
+    """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` whose colour could be that ink (red:
+    candidates, see `ink_rules`)."""
     return ink_rules(hsv(rgb), params)
 
 
 def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
     """Colour -> bool mask of the pixels of an image's HSV `planes` whose colour could be that ink.
 
-    Green and blue are ink by colour alone. Red and black are candidates: tissue takes those colours
-    too, and a candidate becomes ink only when its region's (or tile's) optical density says marker."""
+    Green, blue and black are ink by colour here (black strokes must also be wide: `wsi.artifacts.ink`).
+    Red are candidates: blood and eosin take that colour too, and a red pixel is ink only when its
+    region's (or tile's) optical density says marker."""
     hue, sat, val = planes
     p = params
     lit = val >= 0.15  # hue of near-black pixels is noise
@@ -124,32 +116,22 @@ TILE_STRIDE = 8
 def tile_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
     """(B,) share of ink pixels of (B, P, P, 3) uint8 tiles (sampled every TILE_STRIDE pixels).
 
-    Green and blue pixels count as they are; a tile's red (black) candidates count only when their
-    median optical-density signature over the dense ones says marker, as for a thumbnail region."""
+    Green, blue and black pixels count as they are; a tile's red pixels count only when their median
+    optical-density ratio over the dense ones says marker (`is_red_ink`), as for a thumbnail region."""
     sample = tiles[:, ::TILE_STRIDE, ::TILE_STRIDE].reshape(len(tiles), -1, tiles.shape[-1])  # (B, n, 3)
     colours = ink_pixels(sample, params)
-    ink = colours["green"] | colours["blue"]
-    if colours["red"].any() or colours["black"].any():
-        od = optical_density(sample)
-        ink |= colours["red"] & is_red_ink(od, colours["red"], params)[:, None]
-        ink |= colours["black"] & is_black_ink(od, colours["black"], params)[:, None]
+    ink = colours["green"] | colours["blue"] | colours["black"]
+    if colours["red"].any():
+        ink |= colours["red"] & is_red_ink(optical_density(sample), colours["red"], params)[:, None]
     return np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
 
 
 def is_red_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
-    """(B,) bool per row of (B, n, 3) `od`: its (B, n) `candidates` are red marker (median OD_R/OD_G
-    of the dense ones at most params.red_max_od_ratio)."""
+    """(B,) bool per row of (B, n, 3) `od`: its (B, n) red `candidates` are marker (the median OD_R / OD_G
+    of the dense ones, moved up by `median_margin`, at most params.red_max_od_ratio)."""
     dense = candidates & (od[..., 1] >= RED_DENSE_OD)
     bound = _row_median(red_od_ratio(od), dense) + median_margin(dense.sum(axis=1))
-    return bound <= params.red_max_od_ratio
-
-
-def is_black_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
-    """(B,) bool per row of (B, n, 3) `od`: its (B, n) `candidates` are black marker (median neutrality
-    of the dense ones at least params.black_min_neutrality)."""
-    dense = candidates & (od.max(axis=-1) >= BLACK_DENSE_OD)
-    bound = _row_median(neutrality(od), dense) - median_margin(dense.sum(axis=1))
-    return bound >= params.black_min_neutrality
+    return np.asarray(bound <= params.red_max_od_ratio)
 
 
 def _row_median(values: np.ndarray, use: np.ndarray) -> np.ndarray:
@@ -163,6 +145,6 @@ def _row_median(values: np.ndarray, use: np.ndarray) -> np.ndarray:
 
 
 def ink_mask(rgb: np.ndarray, params: ArtifactParams) -> np.ndarray:
-    """(...) bool: pixels whose colour could be any ink (candidates, before the signature tests)."""
+    """(...) bool: pixels whose colour could be any ink (red candidates before their density test)."""
     masks = ink_pixels(rgb, params)
     return masks["green"] | masks["blue"] | masks["red"] | masks["black"]
