@@ -86,6 +86,9 @@ def _red_strokes(parts: np.ndarray, od: np.ndarray, *, mpp: float, params: Artif
     """The red `parts` that are marker: sure strokes by their own optical density, and the parts next to
     them where a stroke goes over tissue."""
     ratio, dense = red_od_ratio(od), od[..., 1] >= RED_DENSE_OD
+    # a stroke drawn up to a pool of blood is one red region with it: parted where the pixels absorb
+    # more red light than marker over tissue does, so that each part is judged on its own
+    parts = parts & ~(dense & (ratio > _NEAR_RATIO))
     sure = _regions_under(parts, ratio, dense, params.red_max_od_ratio, margin=True)
     if not sure.any() or params.red_max_od_ratio >= _NEAR_RATIO:
         return sure
