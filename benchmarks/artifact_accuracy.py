@@ -104,7 +104,8 @@ def shared_cases(shared: Path) -> list[Case]:
         ("neg06_mskcc_thumbnail_00160_inkfree-crop_clot.png", 16.0, "tune", "none"),
         ("ink01_mskcc_thumbnail_00160_clot_black-ink.jpg", 20.0, "report", "colours:black"),
         ("ink02_mskcc_thumbnail_00303_hemorrhage_black-ink.jpg", 20.0, "report", "colours:black"),
-        ("ink03_histolab_diagnostic-slide-thumb_red-black-green-pen.png", 40.0, "report", "colours:red,black,green,dark"),
+        ("ink03_histolab_diagnostic-slide-thumb_red-black-green-pen.png", 40.0, "report",
+         "colours:red,black,green,dark"),
         ("ink04_histolab_tcga-red-pen.png", 2.0, "tune", "colours:red"),
     ):  # fmt: skip
         out.append(Case(stem[:5], look / stem, mpp, split, truth))
@@ -160,9 +161,10 @@ def judge(rgb: np.ndarray, mpp: float, params: TileParams) -> tuple[np.ndarray, 
         thumbnail=Thumbnail(thumb, np.zeros(thumb.shape[:2], bool), mpp * w / thumb.shape[1]),
     )
     coords, step = found.candidate_coords, found.grid.step_px
-    tiles = np.stack(
-        [_resized(rgb[y : round(y + step), x : round(x + step)], params.tile_px, params.tile_px) for x, y in coords]
-    ) if len(coords) else np.zeros((0, params.tile_px, params.tile_px, 3), np.uint8)  # fmt: skip
+    side = params.tile_px
+    tiles = np.zeros((len(coords), side, side, 3), np.uint8)
+    for i, (x, y) in enumerate(coords):
+        tiles[i] = _resized(rgb[y : round(y + step), x : round(x + step)], side, side)
     codes = found.region_codes if found.region_codes is not None else np.zeros(len(coords), np.int8)
     reasons = judge_artifacts(tiles, np.zeros(len(coords), np.int8), codes, params)
     tissue = tissue_fractions(found.grid, found.mask, level0_width=w, level0_height=h)[found.candidates]
@@ -177,7 +179,7 @@ def _resized(rgb: np.ndarray, w: int, h: int) -> np.ndarray:
 def _share(mask: np.ndarray | None, box: np.ndarray) -> float:
     if mask is None:
         return 0.0
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    x0, y0, x1, y1 = (round(float(v)) for v in box)
     part = mask[y0:y1, x0:x1]
     return float(part.mean()) if part.size else 0.0
 
@@ -213,7 +215,8 @@ def slide_scores(shared: Path, params: TileParams, work: Path) -> Iterator[Score
     from wsi.sources import SlideSource
     from wsi.tile_file import read_candidates
 
-    for name, mpp, tile_px in (("CMU-1-Small-Region.svs", None, params.tile_px), ("tcga-cr-7395-01a-01-ts1.svs", 2.0, 128)):
+    runs = (("CMU-1-Small-Region.svs", None, params.tile_px), ("tcga-cr-7395-01a-01-ts1.svs", 2.0, 128))
+    for name, mpp, tile_px in runs:
         path = shared / "slides" / name
         if not path.is_file():
             continue
@@ -235,15 +238,18 @@ def _pct(k: int, n: int) -> str:
 
 
 def table(scores: list[Score]) -> str:
-    head = "| image | split | tiles >20% ink | rejected as ink | as any artifact | ink-free tissue tiles | rejected (any) | by filter |"
+    head = (
+        "| image | split | tiles >20% ink | rejected as ink | as any artifact | ink-free tissue tiles "
+        "| rejected (any) | by filter |"
+    )
     rows = [head, "|" + "---|" * 8]
     for s in scores:
         n_false = sum(s.false.values())
         by = ", ".join(f"{v} {k}" for k, v in sorted(s.false.items())) or "-"
         inked = f"{s.inked}{' (approx.)' if s.approx and s.inked else ''}"
         rows.append(
-            f"| {s.name} | {s.split} | {inked} | {_pct(s.as_ink, s.inked)} | {_pct(s.as_any, s.inked)} | {s.clean} "
-            f"| {n_false} ({_pct(n_false, s.clean)}) | {by} |"
+            f"| {s.name} | {s.split} | {inked} | {_pct(s.as_ink, s.inked)} | {_pct(s.as_any, s.inked)} "
+            f"| {s.clean} | {n_false} ({_pct(n_false, s.clean)}) | {by} |"
         )
     for split in ("tune", "report", "other"):
         for approx in (False, True):
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.writer(fh)
             w.writerow(["image", "split", "approx", "inked", "as_ink", "as_any", "clean", *ARTIFACTS])
             for s in scores:
-                w.writerow([s.name, s.split, s.approx, s.inked, s.as_ink, s.as_any, s.clean, *(s.false.get(a, 0) for a in ARTIFACTS)])
+                counts = [s.false.get(a, 0) for a in ARTIFACTS]
+                w.writerow([s.name, s.split, s.approx, s.inked, s.as_ink, s.as_any, s.clean, *counts])
     return 0
 
 

@@ -59,7 +59,9 @@ def test_the_median_of_a_few_pixels_is_not_trusted() -> None:
 
 
 @pytest.mark.parametrize("name", ["neg01", "neg02", "neg05", "neg06"])
-def test_blood_muscle_and_eosin_rich_stroma_keep_their_tissue(cases: dict[str, bench.Case], name: str) -> None:
+def test_blood_muscle_and_eosin_rich_stroma_keep_their_tissue(
+    cases: dict[str, bench.Case], name: str
+) -> None:
     """No ink on these slides: at most 1% of their tissue tiles rejected as any artifact (the issue's
     figures before: neg01 110 of 316 and neg06 310 of 468 tiles as ink)."""
     s = bench.score(cases[name], PARAMS)

@@ -102,7 +102,7 @@ def test_ink_tiles_rejected_and_ink_free_tissue_kept_on_histoqc_masks(histoqc: P
         share = _cells(truth)
         positive, negative = share > 0.2, (share == 0) & (tissue >= 0.5)
         rejected = codes == INK
-        # each image on its own, too (the red 1k slide: 90%, its faint streaks over tissue; docs/benchmarks.md)
+        # each image on its own, too (the red 1k slide: 90%: faint streaks over tissue; docs/benchmarks.md)
         assert rejected[positive].mean() >= 0.88, name
         inked, hit = inked + positive.sum(), hit + (rejected & positive).sum()
         clean, false = clean + negative.sum(), false + ((codes > 0) & negative).sum()
