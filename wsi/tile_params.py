@@ -95,7 +95,7 @@ class ArtifactParams:
     #: eosin is 300-345 degrees
     red_hue_min: float = setting(342.0, ge=0, le=360, help="Red ink hue from this (degrees, through 0).")
     red_hue_max: float = setting(15.0, ge=0, le=360, help="Red ink hue up to this (degrees, after 0).")
-    #: most eosin-rich tissue stays under ~0.55; blood and red muscle do not: they are left to red_max_od_ratio
+    #: most eosin-rich tissue stays under ~0.55; blood and red muscle do not: red_max_od_ratio decides
     red_min_saturation: float = setting(0.55, ge=0, le=1, help="Least saturation of red ink.")
     #: marker red passes red light: OD_R / OD_G 0.09-0.18 over glass; every H&E pixel (blood, muscle and
     #: eosin-rich stroma included) 0.21-0.33, measured on ../shared/data/artifacts and MSKCC slides
