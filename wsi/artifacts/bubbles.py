@@ -6,9 +6,14 @@ ridges found with a Frangi vesselness filter (grey < 0.3, response > 5, small ob
 cheaper and keeps pale lines (an IHC slide's coverslip edge is light grey on glass): a black top-hat
 (the image closed with a disk wider than the line, minus the image) finds thin dark structures of
 any brightness; grey (unsaturated) and long ones are kept, stained tissue and short debris are not.
-The brightness used is each block's darkest pixel (`dark`), so a line thinner than a block survives
-the downsampling at full contrast. The line is widened by its own width: a tile counts the band the
-rim spoils.
+The colour used is each block's darkest value per channel (`dark`, `sat`), so a line thinner than a
+block survives the downsampling at full contrast and in its own colour. The line is widened by its own
+width: a tile counts the band the rim spoils.
+
+Lacy tissue is no rim: the alveolar walls of lung, thin and pale between air spaces the tissue mask
+leaves out, are long grey lines too (they took 20-220 tissue tiles per MSKCC lung slide as "bubble").
+A rim or an edge is a smooth line (few branch points per mm of its skeleton) or runs over the glass
+(most of it hundreds of um from any tissue); a net of walls beside its own tissue is neither.
 """
 
 from __future__ import annotations
