@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from PIL import Image
 
 from wsi.pipelines.embed.batches import RawBatch
 from wsi.pipelines.embed.device_decode.resample import finish_tiles, to_device
@@ -129,13 +130,14 @@ class DeviceDecoder:
             needs_cpu = np.asarray(hit.reshape(b, -1).any(axis=1))
         table[table < 0] = len(raw.lengths)  # the white tile after the streams
         out = torch.empty((b, p, p, 3), dtype=torch.uint8, device=self.device)
-        groups: dict[tuple[int, int, str], list[int]] = {}
-        for i in range(b):
-            groups.setdefault((int(raw.kind[i]), int(raw.factor[i]), raw.filt[i]), []).append(i)
-        for (kind, k, filt), members in groups.items():
-            idx = np.asarray(members)
+        keys = np.stack([raw.kind, raw.factor, raw.filt], axis=1)  # (B, 3): one group per kind of plan
+        groups, which = np.unique(keys, axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        for g, (kind, k, filt) in enumerate(groups.tolist()):
+            idx = np.flatnonzero(which == g)
             canvas = self._gather(raw, stack, table[idx], idx, k * p if kind != RegionKind.RESAMPLE else None)
-            tiles = finish_tiles(canvas, kind, k, filt, p, raw.box[idx], raw.win[idx])
+            name = Image.Resampling(filt).name if kind == RegionKind.RESAMPLE else ""
+            tiles = finish_tiles(canvas, kind, k, name, p, raw.box[idx], raw.win[idx])
             if len(groups) == 1:
                 out = tiles
             else:
@@ -152,9 +154,9 @@ class DeviceDecoder:
         bad = lengths == 0
         tw, th = raw.tile_wh
         white = torch.full((3, th, tw), _WHITE, dtype=torch.uint8, device=on)
-        parts = list(torch.split(raw.data, raw.lengths))  # views, (len_i,) uint8 each
-        good = np.flatnonzero(~bad)
-        decoded: list[torch.Tensor | None] = [None] * len(parts)
+        good = np.flatnonzero(~bad).tolist()
+        parts = {i: raw.stream(i) for i in good}  # views into raw.data
+        decoded: list[torch.Tensor | None] = [None] * len(lengths)
         try:
             for i, image in zip(good, decode_jpegs([parts[i] for i in good], on), strict=True):
                 decoded[i] = image
