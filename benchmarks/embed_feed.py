@@ -19,8 +19,8 @@ tiles at 1 um/px, so every tile is read from the 0.92 um/px level and resized. S
   forward         the network alone (--encoder, random weights)
   write bag       one slide's features to an HDF5 bag
 Together: `feed` (iter_batches with --readers processes + decode-ahead: tiles on the device) and
-`end2end` (embed_works, as `wsi embed`). The three reads are timed in turns (pread, before, read, pread,
-...) in this one process, so the machine's load hits them alike; the tables give medians.
+`end2end` (embed_works, as `wsi embed`). The reads are timed in turns, in a new order each round, in this
+one process, so the machine's load hits them alike; the tables give medians.
 
     python benchmarks/embed_feed.py --quick                        # seconds, CPU
     python benchmarks/embed_feed.py --device cpu                   # the docs/benchmarks.md table
@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -54,14 +55,19 @@ from wsi.bags import BagProvenance, write_bag  # noqa: E402
 from wsi.pipelines.devices import resolve_device  # noqa: E402
 from wsi.pipelines.embed.batches import SlideTiles  # noqa: E402
 from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, decode_ahead  # noqa: E402
-from wsi.pipelines.embed.device_decode.decoder import decode_jpegs  # noqa: E402
 from wsi.pipelines.embed.device_decode.tile_bytes import cell_table  # noqa: E402
-from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works  # noqa: E402
-from wsi.pipelines.embed.engine import encode, prepare_runtime  # noqa: E402
+from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime  # noqa: E402  # noqa: E402
 from wsi.pipelines.embed.feed import iter_batches  # noqa: E402
 
 log = logging.getLogger("embed_feed")
-READS = ("pread", "pread, bytes dropped", "read (before)", "read", "read (before), Aperio tiles", "read, Aperio tiles")
+READS = (
+    "pread",
+    "pread, bytes dropped",
+    "read (before)",
+    "read",
+    "read (before), Aperio tiles",
+    "read, Aperio tiles",
+)
 #: stands in for an Aperio JPEGTables tag (CMU-1's is 289 bytes): SOI, tables, EOI
 APERIO_TABLES = b"\xff\xd8" + bytes(285) + b"\xff\xd9"
 
@@ -128,8 +134,12 @@ def time_reads(reader: RawSlideReader, spans: list[tuple[int, int]], pin: bool, 
         fn()
     wall: dict[str, list[float]] = {name: [] for name in fns}
     cpu: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in fns.items():
+        shuffle(order)  # a new order each round: no read always runs after the same other one
+        for name in order:
+            fn = fns[name]
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             wall[name].append(time.perf_counter() - t0)

@@ -147,7 +147,8 @@ class RawSlideReader:
         if self._slide is None:  # the whole slide at once: a batch then only slices arrays
             self._slide = _SlidePlans.of(self.plans(0, st.n), lv)
         sp = self._slide
-        table, cells = table_of_keys(sp.keys[start:stop], lv.n_cols)
+        gh, gw = sp.extent[start:stop].max(axis=0, initial=1).tolist()  # this batch's table: no wider
+        table, cells = table_of_keys(sp.keys[start:stop, :gh, :gw], lv.n_cols)
         flat = cells[:, 1] * lv.n_cols + cells[:, 0]
         streams = read_streams(
             self._fd, lv.offsets[flat], lv.counts[flat], stream_header(lv.tables, lv.rgb), lv.rgb,
@@ -178,9 +179,11 @@ class _SlidePlans:
     filt: np.ndarray  # (N,)
     grid0: np.ndarray  # (N, 2) first JPEG cell of each window
     keys: np.ndarray  # (N, GH, GW) the cells each window touches (tile_bytes.cell_keys)
+    extent: np.ndarray  # (N, 2) rows and columns of cells each window touches
 
     @classmethod
     def of(cls, plans: RegionPlans, lv: JpegLevel) -> _SlidePlans:
         grid0, keys = cell_keys(plans.win, lv)
+        extent = np.stack([(keys >= 0).any(axis=2).sum(axis=1), (keys >= 0).any(axis=1).sum(axis=1)], 1)
         return cls(plans.tile_px, plans.win, plans.box(), plans.kind, plans.factor, plans.filters(), grid0,
-                   keys)  # fmt: skip
+                   keys, extent)  # fmt: skip

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -206,16 +206,16 @@ def _read(
     if not len(off):
         return full
     view = memoryview(buf)
-    starts = np.flatnonzero(first).tolist() + [len(off)]
+    starts = [*np.flatnonzero(first).tolist(), len(off)]
     end = off + cnt
     if whole:
-        for a, z in zip(starts[:-1], starts[1:], strict=True):
+        for a, z in pairwise(starts):
             t, o = int(dst[a]), int(off[a])
             n = os.preadv(fd, [view[t : t + int(end[z - 1]) - o]], o)  # ends rise within a run
             full[a:z] = end[a:z] - o <= n
     else:
         g, t, e = gap.tolist(), dst.tolist(), (dst + cnt).tolist()
-        for a, z in zip(starts[:-1], starts[1:], strict=True):
+        for a, z in pairwise(starts):
             for a0 in range(a, z, MAX_CELLS_PER_READ):
                 z0 = min(z, a0 + MAX_CELLS_PER_READ)
                 if not any(g[a0 + 1 : z0]):  # tiles back to back in the file (Aperio): map, no loop
