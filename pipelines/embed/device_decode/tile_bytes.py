@@ -173,7 +173,7 @@ def read_streams(
     if not whole:  # the header over each tile's SOI (and a dropped JFIF segment); map: no Python loop
         at_ok = starts[full].tolist()
         ends = (starts[full] + n_head).tolist()
-        deque(map(memoryview(buf).__setitem__, map(slice, at_ok, ends), repeat(header, len(at_ok))), 0)
+        deque(map(buf.data.__setitem__, map(slice, at_ok, ends), repeat(header, len(at_ok))), 0)
     out_starts, lengths = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
     out_starts[order] = np.where(full, starts, 0)
     lengths[order] = lengths_in_order
@@ -205,7 +205,7 @@ def _read(
     full = np.zeros(len(off), bool)
     if not len(off):
         return full
-    view = memoryview(buf)
+    view = buf.data
     starts = [*np.flatnonzero(first).tolist(), len(off)]
     end = off + cnt
     if whole:
