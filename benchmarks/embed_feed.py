@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--encoder-batches", type=int, default=None, help="batches timed [cuda 20, cpu 1]")
     ap.add_argument("--together", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the feed and end2end together [on]")  # fmt: skip
+    ap.add_argument("--together-tiles", type=int, default=None,
+                    help="tiles of the feed and end2end runs [cuda 10 slide passes, cpu 96]")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="a small run (seconds, CPU)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -341,7 +343,9 @@ def main(argv: list[str] | None = None) -> None:
         steps["write bag"] = (time_write(Path(tmp), st.n, enc["dim"]), st.n)
         together = None
         if args.together:
-            passes = [dataclasses.replace(st, slide_id=f"pass-{i}") for i in range(1 if not cuda else 10)]
+            n = args.together_tiles or (st.n * 10 if cuda else 96)  # the CPU forward is slow
+            passes = [dataclasses.replace(st, slide_id=f"pass-{i}", coords_px=st.coords_px[: n - i * st.n])
+                      for i in range(-(-n // st.n))]  # fmt: skip
             together = time_together(passes, enc["rt"], args, device, Path(tmp))
     device_name = torch.cuda.get_device_name(device) if cuda else cpu_model()
     print(report(reads, steps, st.n, n_enc, together, args, device_name, cores))

@@ -164,10 +164,10 @@ def read_streams(
     data = batch_buffer(total)
     buf = data.numpy()
     full = _read(fd, off, cnt, dst, gap, first, whole, buf, scratch)
-    if full.any():
-        at = np.where(full, dst, 0)
+    at = np.where(full, dst, 0)  # where each tile read whole starts (0: not read, never looked at)
+    if len(at) and len(buf):
         full &= (buf[at] == SOI[0]) & (buf[at + 1] == SOI[1])
-    skip = _jfif_skip(buf, np.where(full, dst, 0), cnt, full) if rgb else 0
+    skip = _jfif_skip(buf, at, cnt, full) if rgb else 0
     starts = dst - (n_head - 2) + skip
     lengths_in_order = np.where(full, n_head + cnt - 2 - skip, 0)
     if not whole:  # the header over each tile's SOI (and a dropped JFIF segment); map: no Python loop
@@ -180,14 +180,16 @@ def read_streams(
     return Streams(data, out_starts, lengths, missing)
 
 
-def _jfif_skip(buf: np.ndarray, at: np.ndarray, counts: np.ndarray, ok: np.ndarray) -> np.ndarray:
+def _jfif_skip(buf: np.ndarray, at: np.ndarray, counts: np.ndarray, ok: np.ndarray) -> np.ndarray | int:
     """Bytes of a JFIF APP0 segment right after each tile's SOI, which complete_jpeg drops from RGB
-    tiles (JFIF would make decoders take them for YCbCr); 0 where there is none."""
-    skip = np.zeros(len(counts), np.int64)
+    tiles (JFIF would make decoders take them for YCbCr); 0 where there is none (0 alone: none at all)."""
     can = ok & (counts >= 11)  # SOI, APP0 marker, length, "JFIF\0": shorter bodies never match
-    can[can] = buf[at[can] + 3] == _APP0[1]  # most tiles have no APP0: one look settles them
     if not can.any():
-        return skip
+        return 0
+    can &= buf[np.where(can, at + 3, 0)] == _APP0[1]  # most tiles have no APP0: one look settles them
+    if not can.any():
+        return 0
+    skip = np.zeros(len(counts), np.int64)
     a = at[can]
     ident = buf[a[:, None] + np.arange(6, 11)]  # (n, 5)
     jfif = (buf[a + 2] == _APP0[0]) & (ident == _JFIF).all(axis=1)
