@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from itertools import pairwise, repeat
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -32,8 +32,20 @@ from torch.utils.data import get_worker_info
 
 from wsi.pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
 
-if TYPE_CHECKING:
-    from wsi.pipelines.embed.device_decode.raw_tiles import JpegLevel
+
+class JpegLevel(Protocol):
+    """What the cell arithmetic needs of raw_tiles.JpegLevel (a protocol: raw_tiles imports this module)."""
+
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+    @property
+    def tile_w(self) -> int: ...
+    @property
+    def tile_h(self) -> int: ...
+    @property
+    def n_cols(self) -> int: ...
 
 #: bytes between two cells' data that are still read in one call (and dropped): a syscall costs about
 #: as much as copying 16-32 kB, and a level's tiles are mostly stored back to back in row order
