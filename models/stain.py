@@ -32,9 +32,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
@@ -48,16 +49,22 @@ MIN_TISSUE_PX = 64  # fewer tissue pixels than this: no stable fit
 FIT_PX = 8192  # pixels per tile used to fit (strided subsample): quantiles stay cheap and exact enough
 
 
+# Optical densities and concentrations are small positive numbers (0-3), CIELAB within +-128; the
+# bounds only keep the arithmetic finite, `_degenerate` says what a usable reference is.
+_Od = Annotated[float, Field(ge=-1e3, le=1e3)]
+_Lab = Annotated[float, Field(ge=-1e3, le=1e3)]
+
+
 @config_model
 @dataclass(frozen=True)
 class StainReference:
     """The appearance tiles are mapped onto; fields unused by a method stay None."""
 
     method: Literal["macenko", "reinhard"]
-    stain_matrix: tuple[tuple[float, float], tuple[float, float], tuple[float, float]] | None = None  # (3, 2)
-    max_concentrations: tuple[float, float] | None = None  # 99th percentile of H and E concentrations
-    lab_mean: tuple[float, float, float] | None = None  # CIELAB (D65) mean of tissue pixels
-    lab_std: tuple[float, float, float] | None = None  # CIELAB standard deviation of tissue pixels
+    stain_matrix: tuple[tuple[_Od, _Od], tuple[_Od, _Od], tuple[_Od, _Od]] | None = None  # (3, 2)
+    max_concentrations: tuple[_Od, _Od] | None = None  # 99th percentile of H and E concentrations
+    lab_mean: tuple[_Lab, _Lab, _Lab] | None = None  # CIELAB (D65) mean of tissue pixels
+    lab_std: tuple[_Lab, _Lab, _Lab] | None = None  # CIELAB standard deviation of tissue pixels
     source: str = ""  # where the reference came from (default, or the tiles it was fitted on)
 
     def __post_init__(self) -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from wsi.config import config_dict, config_model, parse_config
+from pydantic import Field
+
+from wsi.config import Count, Mpp, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
 from wsi.pipelines.tasks import TaskConfig, check_task
@@ -32,6 +34,10 @@ from wsi.pipelines.tasks import TaskConfig, check_task
 RECORD_NAME = "config.json"
 FORMAT_VERSION = 3
 FITTED_NAME = "fitted.json"
+#: the most folds of a cross-validation (one case each: leave-one-out of a large cohort is not run)
+MAX_FOLDS = 1000
+_REAL = 1e300  # fitted values in label units (a mean, a std, a risk): any finite number
+_Real = Annotated[float, Field(ge=-_REAL, le=_REAL)]
 
 
 @config_model
@@ -40,17 +46,17 @@ class InputRecord:
     name: str  # the input adapter (pipelines.inputs registry): bags | images
     options: dict[str, Any] = field(default_factory=dict)  # the task's input_options it was built with
     provenance: dict[str, Any] = field(default_factory=dict)  # how the inputs were made (adapter's own)
-    mpp: float | None = None  # --mpp: run-wide level-0 um/px for bags in pixels (CLAM, TRIDENT)
-    mpp_by_slide: dict[str, float] = field(default_factory=dict)  # the labels CSV `mpp` column, per slide
+    mpp: Mpp | None = None  # --mpp: run-wide level-0 um/px for bags in pixels (CLAM, TRIDENT)
+    mpp_by_slide: dict[str, Mpp] = field(default_factory=dict)  # the labels CSV `mpp` column, per slide
 
 
 @config_model
 @dataclass(frozen=True)
 class Counts:
-    slides: int  # labelled items that have an input: what was split and trained on
-    patients: int  # distinct patients among them (the split unit)
-    labelled_without_input: int  # label rows with no input found (left out, reported)
-    inputs_without_label: int  # inputs found with no label row (left out, reported)
+    slides: Count  # labelled items that have an input: what was split and trained on
+    patients: Count  # distinct patients among them (the split unit)
+    labelled_without_input: Count  # label rows with no input found (left out, reported)
+    inputs_without_label: Count  # inputs found with no label row (left out, reported)
 
 
 @config_model
@@ -72,14 +78,18 @@ class RunRecord:
     source: str  # absolute path of the input folder (--features / --images)
     counts: Counts
     splits: tuple[SplitIds, ...]  # one per fold (one without cross-validation)
-    cv: int | None  # K of K-fold cross-validation; None for one split
+    cv: Annotated[int, Field(ge=2, le=MAX_FOLDS)] | None  # K of K-fold cross-validation; None for one split
     init_from: str | None  # run folder or checkpoint the weights started from (--init-from)
     device: str  # where it trained (cpu, cuda:0, mps)
     amp: str | None  # mixed precision used: bf16 on CUDA, else None
     created: str  # ISO 8601 UTC time the run started
     versions: dict[str, str]  # wsi, torch, python
-    fold: int | None = None  # 1-based fold of a cross-validation run's fold-<k>/ folder
-    format_version: int = FORMAT_VERSION  # of this record's layout (see the module docstring)
+    fold: Annotated[int, Field(ge=1, le=MAX_FOLDS)] | None = (
+        None  # 1-based fold of a cross-validation run's fold-<k>/ folder
+    )
+    format_version: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = (
+        FORMAT_VERSION  # of this record's layout (see the module docstring)
+    )
 
 
 @config_model
@@ -87,9 +97,11 @@ class RunRecord:
 class Fitted:
     """fitted.json: values fitted on a run folder's training split that prediction needs."""
 
-    target_scaling: dict[str, tuple[float, float]] = field(default_factory=dict)  # column: (mean, std)
-    risk_cutoff: float | None = None  # survival: median training risk (best weights): the KM split
-    format_version: int = 1  # of this file's layout
+    target_scaling: dict[str, tuple[_Real, Annotated[float, Field(gt=0, le=_REAL)]]] = field(
+        default_factory=dict
+    )  # column: (mean, std)
+    risk_cutoff: _Real | None = None  # survival: median training risk (best weights): the KM split
+    format_version: Annotated[int, Field(ge=1, le=1)] = 1  # of this file's layout
 
 
 def write_fitted(run_dir: str | Path, values: dict[str, Any]) -> Path:

@@ -28,6 +28,7 @@ from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.pipelines.tasks import MAX_BAG_SIZE
 from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -206,8 +207,13 @@ class BagInput:
         mpp_by_slide: Mapping[str, float] | None = None,
         uses_positions: bool = True,
     ) -> None:
-        if bag_size is not None and (not isinstance(bag_size, int) or bag_size < 1):
-            raise ConfigError(f"input_options.bag_size must be a positive integer or null, not {bag_size!r}")
+        if bag_size is not None and (
+            not isinstance(bag_size, int) or isinstance(bag_size, bool) or not 1 <= bag_size <= MAX_BAG_SIZE
+        ):
+            raise ConfigError(
+                f"input_options.bag_size must be an integer from 1 to {MAX_BAG_SIZE} or null, "
+                f"not {bag_size!r}"
+            )
         self.bag_size = bag_size
         self.mpp = _check_mpp(mpp, "mpp (--mpp)")
         by_slide: dict[str, float] = {}

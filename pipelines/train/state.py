@@ -20,23 +20,23 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
-from wsi.config import config_model, parse_config
+from wsi.config import Count, config_model, parse_config
 from wsi.files import atomic_path
 from wsi.pipelines.checkpoints import load_into, load_weights
 
 RESUME_DIR = "resume"
 
 
-@config_model
+@config_model(finite=False)  # best_score is -inf while no epoch's figure was estimable
 @dataclass
 class TrainState:
     """Where a training run stands after an epoch (saved as `progress` in resume/state.json)."""
 
-    epoch: int = 0  # epochs finished
+    epoch: Count = 0  # epochs finished
     best_score: tuple[float, float] | None = None  # the kind's validation score of the best epoch, e.g.
     # (val AUROC, -val loss) for a categorical task (pipelines.kinds); larger wins
-    best_epoch: int = 0  # 1-based epoch of best.safetensors; 0 = none yet
-    bad_epochs: int = 0  # epochs since the best one (what early stopping counts)
+    best_epoch: Count = 0  # 1-based epoch of best.safetensors; 0 = none yet
+    bad_epochs: Count = 0  # epochs since the best one (what early stopping counts)
     log: list[dict[str, Any]] = field(default_factory=list)  # the log.csv rows so far
     done: bool = False  # no epoch left to run (stopped early, or every epoch run)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import user_errors
-from wsi.cli._options import config_options
+from wsi.cli._options import FiniteFloatRange, config_options
+from wsi.config import MAX_MPP
 from wsi.pipelines.tile.config import TileOptions
 
 
@@ -27,7 +28,7 @@ Examples:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
     "--mpp",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, max=MAX_MPP, min_open=True),
     default=None,
     help="Level-0 um/px: for CLAM/TRIDENT bags (their coordinates are in pixels), or a slide without one.",
 )
