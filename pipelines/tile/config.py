@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from wsi.config import MAX_MPP, config_model, setting
+from wsi.work_bounds import MAX_READ_PX
 
 Backend = Literal["openslide", "tiffslide"]
 BackgroundChoice = Literal["auto", "light", "dark"]
@@ -59,3 +60,13 @@ class TileOptions:
         "folder of <slide_id>.geojson (a slide without its file fails). A tile is kept when its centre lies "
         "in an annotation and in none classed Exclude or Ignore* (any class ending in *, except Region*).",
     )  # fmt: skip
+    max_read_gpx: float = setting(
+        MAX_READ_PX / 1e9, gt=0, le=10_000,
+        help="Most gigapixels of one slide level decoded for its tissue thumbnail: a slide without a coarse "
+        "enough pyramid level (or a header declaring far more pixels than the file holds) is refused, "
+        "naming its size, instead of taking time in proportion to the pixels it declares.",
+    )  # fmt: skip
+
+    @property
+    def max_read_px(self) -> int:
+        return int(self.max_read_gpx * 1e9)

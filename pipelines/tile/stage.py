@@ -88,6 +88,7 @@ from wsi.tile_file import (
 from wsi.tile_meta import BackgroundRecord
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
+from wsi.work_bounds import MAX_READ_PX, check_grid
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class TileJob:
     mpp_override: bool = False
     #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
     segmentation: SegmentationOptions | None = None
+    #: the most pixels of one level decoded for the thumbnail (`wsi.thumbnail.check_thumbnails`)
+    max_read_px: int = MAX_READ_PX
 
 
 def tile_slides(
@@ -166,6 +169,7 @@ def tile_slides(
         roi=None if opts.roi is None else Path(opts.roi).absolute(),
         mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
+        max_read_px=opts.max_read_px,
     )
     if job.segmentation is not None:
         segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
@@ -274,7 +278,9 @@ def _tile_open_slide(
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
-    thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
+    check_grid(slide.path, *slide.dimensions, mpp=slide.mpp, tile_um=job.params.tile_um)  # before reading
+    mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
+    thumbs = read_thumbnails(slide, mpps, max_read_px=job.max_read_px)
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
