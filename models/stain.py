@@ -40,7 +40,7 @@ from pydantic import Field
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
-from wsi.user_text import read_utf8
+from wsi.user_text import load_json_file
 
 IO = 240.0  # transmitted light of an empty glass (Macenko et al. 2009)
 BETA = 0.15  # optical density below which a channel is background
@@ -139,10 +139,7 @@ def default_reference(method: str) -> StainReference:
 
 def load_reference(path: str | Path) -> StainReference:
     path = Path(path)
-    try:
-        data = json.loads(read_utf8(path, what="stain reference"))
-    except ValueError as exc:
-        raise ConfigError(f"cannot read stain reference {path} ({exc})") from None
+    data = load_json_file(path, what="stain reference")  # NaN is read, and refused by its field
     try:
         return parse_config(StainReference, data, source=str(path))
     except ConfigError as exc:

@@ -19,7 +19,6 @@ mpp given), and the architecture in their `model` is what predict rebuilds, as i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,6 +29,7 @@ from wsi.config import Count, Mpp, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
 from wsi.pipelines.tasks import TaskConfig, check_task
+from wsi.user_text import load_json_file
 
 RECORD_NAME = "config.json"
 FORMAT_VERSION = 3
@@ -119,9 +119,9 @@ def read_fitted(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable ({exc}); retrain the run or restore the file") from None
+        data = load_json_file(path, what="fitted values")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; retrain the run or restore the file") from None
     fitted = parse_config(Fitted, data, source=str(path))
     return {k: v for k, v in config_dict(fitted).items() if k != "format_version"}
 
@@ -143,9 +143,9 @@ def read_run_record(run_dir: str | Path) -> RunRecord:
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {RECORD_NAME}; give the --out folder of `wsi train`")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not a readable run record ({exc}); was the run interrupted?") from None
+        data = load_json_file(path, what="run record")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: not a readable run record; was the run interrupted?") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object (a run record of `wsi train`)")
     data = _upgrade(data, path)

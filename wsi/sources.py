@@ -100,8 +100,8 @@ def _from_csv(csv_path: Path) -> list[SlideSource]:
                     f"{csv_path} line {line}: more fields than columns; quote paths that contain commas"
                 )
             rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
-    except csv.Error as exc:
-        raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from exc
+    except csv.Error as exc:  # a cell over csv's field limit (128 KiB), a quote never closed
+        raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from None
     sources = []
     for line, row in enumerate(rows, start=2):
         if not row.get("path"):

@@ -19,6 +19,7 @@ from pydantic import Field
 from wsi.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.tiling import TileCounts
+from wsi.user_text import parse_json
 
 
 @config_model
@@ -196,10 +197,7 @@ REQUIRED_ATTRS = (
 def _json(value: Any, name: str, source: str) -> Any:
     if not isinstance(value, str):
         return value  # a mapping given directly (or a wrong type, which parse_config names)
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: attribute `{name}` is not valid JSON ({exc})") from None
+    return parse_json(value, f"{source}: attribute `{name}`")
 
 
 __all__ = [

@@ -87,7 +87,7 @@ def read_tile_values(path: str | Path) -> TileValues:
             mpp=None if mpp is None else float(mpp), coords_um=coords, outputs=outputs,
             predicted=data.get("predicted"),
         )  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise WsiError(
             f"{path}: unreadable tile values ({exc}); run `wsi predict` again to rewrite it"
         ) from exc

@@ -306,7 +306,7 @@ class BagInput:
             raise ConfigError("bags were made by different encoders: " + "; ".join(parts))
         tile_params = first.get("tile_params")
         if isinstance(tile_params, str):
-            with contextlib.suppress(json.JSONDecodeError):
+            with contextlib.suppress(ValueError, RecursionError):
                 tile_params = json.loads(tile_params)
         return {
             "encoder": first.get("encoder"),

@@ -23,6 +23,7 @@ from safetensors.torch import save_file, save_model
 from wsi.config import Count, config_model, parse_config
 from wsi.files import atomic_path
 from wsi.pipelines.checkpoints import load_into, load_weights
+from wsi.user_text import load_json_file
 
 RESUME_DIR = "resume"
 
@@ -157,7 +158,7 @@ def load_resume(
 ) -> TrainState:
     """Restore the states saved by `save_resume`; returns the saved `TrainState`."""
     folder = Path(run_dir) / RESUME_DIR
-    meta = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    meta = load_json_file(folder / "state.json", what="resume state")  # ours; may hold NaN figures
     load_into(model, folder / "model.safetensors")
     tensors = load_weights(folder / "state.safetensors")
     optimizer.load_state_dict(_join_optimizer(tensors, meta["optimizer"]))  # moves state to params' device

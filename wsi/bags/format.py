@@ -98,6 +98,6 @@ class BagProvenance:
         data = {k: v for k, v in attrs.items() if k in known}
         for name in _JSON:
             if isinstance(data.get(name), str):
-                with contextlib.suppress(json.JSONDecodeError):  # else parse_config names field and value
+                with contextlib.suppress(ValueError, RecursionError):  # else parse_config names the field
                     data[name] = json.loads(data[name])
         return parse_config(cls, data, source=source)

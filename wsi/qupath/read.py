@@ -19,7 +19,6 @@ over each polygon's rings: holes are outside; a MultiPolygon is the union of its
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from matplotlib.path import Path as MplPath
 
 from wsi.errors import RoiError
 from wsi.files import sha256_file
+from wsi.user_text import load_json_file
 
 Polygon = list[np.ndarray]  # [shell, hole, ...], each (K, 2) float64 level-0 (x, y), closed
 _ANNOTATION_TYPES = frozenset({"annotation", "unknown", "PathAnnotationObject"})
@@ -102,14 +102,10 @@ def read_roi(path: str | Path) -> Roi:
     """The included and excluded regions of a QuPath GeoJSON file; RoiError naming the file and the
     problem when it is not JSON, not GeoJSON, or holds no polygon annotation."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RoiError(f"--roi {path}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise RoiError(f"--roi {path}: not a text (GeoJSON) file; {_HOW}") from None
-    except json.JSONDecodeError as exc:
-        raise RoiError(f"--roi {path}: not valid JSON ({exc.msg} at line {exc.lineno}); {_HOW}") from None
+    try:  # every parser failure (syntax, encoding, a 200,000-deep nesting, NaN) names the file
+        data = load_json_file(path, what="--roi", error=RoiError, finite=True)
+    except RoiError as exc:
+        raise RoiError(f"{exc}; {_HOW}") from None
     include: list[Polygon] = []
     exclude: list[Polygon] = []
     skipped = 0
