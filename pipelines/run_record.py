@@ -171,6 +171,24 @@ def _upgrade(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return data
 
 
+#: safetensors metadata key of best.safetensors: the `created` of the run record it was trained under
+RUN_STAMP_KEY = "wsi_run_created"
+
+
+def run_stamp(run_dir: str | Path) -> dict[str, str]:
+    """Metadata that ties weights written into `run_dir` to its config.json ({} without a record), so
+    prediction can tell weights copied in from another run (`pipelines.predict.run_model`)."""
+    path = record_path(run_dir)
+    if not path.is_file():
+        return {}
+    try:
+        data = load_json_file(path, what="run record")
+    except ConfigError:
+        return {}
+    created = data.get("created") if isinstance(data, dict) else None
+    return {RUN_STAMP_KEY: created} if isinstance(created, str) else {}
+
+
 def model_uses_positions(model: dict[str, Any]) -> bool:
     """Whether a model (its architecture, `RunRecord.model`) reads tile positions: vit-wsi with
     `pos_encoding` on. Bags in level-0 pixels then need a resolution (--mpp, an `mpp` column); a model
@@ -181,6 +199,7 @@ def model_uses_positions(model: dict[str, Any]) -> bool:
 __all__ = [
     "FITTED_NAME",
     "FORMAT_VERSION",
+    "RUN_STAMP_KEY",
     "Counts",
     "Fitted",
     "InputRecord",
@@ -190,6 +209,7 @@ __all__ = [
     "read_fitted",
     "read_run_record",
     "record_path",
+    "run_stamp",
     "write_fitted",
     "write_run_record",
 ]

@@ -49,7 +49,8 @@ class EncoderRecipe:
     """One encoder, exactly as its authors run it (fields documented beside each)."""
 
     arch: str  # timm architecture name (timm.create_model), e.g. "vit_large_patch16_224"
-    dim: Annotated[int, Field(ge=1, le=1 << 20)]  # width of one tile's feature vector after pooling
+    # width of one tile's feature vector after pooling (0: not known until built, timm:<name>)
+    dim: Annotated[int, Field(ge=0, le=1 << 20)]
     input_px: _Side  # side of the square network input, after resize and centre crop
     mean: tuple[_Unit, _Unit, _Unit] = IMAGENET_MEAN  # per-channel mean of [0, 1] RGB the weights expect
     std: tuple[_Spread, _Spread, _Spread] = IMAGENET_STD  # per-channel std, same space
