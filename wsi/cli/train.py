@@ -211,6 +211,8 @@ def command(
     else:
         unit = "patients" if record.task.level == "patient" else "slides"
         click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
+        if m.get("note"):  # e.g. an empty test split: the figures are the validation split's
+            click.echo(f"note: {m['note']}")
         figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
         drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
         files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
