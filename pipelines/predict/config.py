@@ -9,7 +9,8 @@ from typing import Literal
 
 from wsi.config import MAX_COUNT, MAX_MPP, config_model, setting
 
-#: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB, the same probabilities)
+#: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB; the probabilities agree
+#: with the in-memory forward to float rounding, a few 1e-6: its sums run in another order)
 STREAM_ABOVE_TILES = 131_072
 
 
@@ -53,6 +54,7 @@ class PredictOptions:
     )
     stream_above_tiles: int | None = setting(
         STREAM_ABOVE_TILES, ge=1, le=MAX_COUNT,
-        help="Read a slide's bag of more tiles from its file chunk by chunk: the same prediction in bounded "
-        "memory, but no heatmap or top tiles for it (the manifest's note says so).",
+        help="Read a slide's bag of more tiles from its file chunk by chunk, in bounded memory: the same "
+        "prediction up to float rounding (within a few 1e-6: the sums run in another order), but no "
+        "heatmap or top tiles for it (the manifest's note says so).",
     )  # fmt: skip
