@@ -60,7 +60,14 @@ from wsi.pipelines.tile.checks import (
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
 from wsi.pipelines.tile.output import pixel_writer, tile_file_meta
-from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
+from wsi.pipelines.tile.qupath import (
+    load_roi,
+    restrict_to_roi,
+    roi_digest,
+    roi_empty,
+    roi_fit_note,
+    write_qc_geojson,
+)
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.pipelines.tile.segment import (
     SegmentationOptions,
@@ -284,6 +291,7 @@ def _tile_open_slide(
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
+    roi_note = roi_fit_note(found, roi, slide.dimensions, slide.mpp)  # before it drops the cells outside
     found, roi_record = restrict_to_roi(found, roi)
     if found.background.dark:
         log.warning(
@@ -318,8 +326,8 @@ def _tile_open_slide(
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
         empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
-        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
-    few = "; ".join(part for part in (few, coarse if few else "") if part)
+        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse, roi_note) if extra)
+    few = "; ".join(part for part in (few, coarse if few else "", roi_note) if part)
     if few:
         log.warning("%s: %s", source.slide_id, few)
     picture = tile_qc_image(
