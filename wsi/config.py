@@ -173,7 +173,7 @@ def check_bounds(config: Any) -> None:
     construction; pydantic checks the same when parsing). Tuple, list and mapping values are checked
     one level deep."""
     finite = getattr(type(config), _FINITE, True)
-    for leaf in numeric_leaves(type(config)):
+    for leaf in numeric_leaves(cast(Hashable, type(config))):
         value = getattr(config, leaf.field)
         rest = leaf.where[len(leaf.field) :]
         if not rest:
@@ -205,7 +205,7 @@ def config_model(cls: Any = None, *, finite: bool = True) -> Any:
         raise TypeError(f"{cls.__name__} must be a dataclass to be a config model")
     setattr(cls, _FINITE, finite)
     _check_after_init(cls)
-    return with_config(_STRICT_KEYS if finite else _STRICT_KEYS_INF)(cls)
+    return with_config(_STRICT_KEYS if finite else _STRICT_KEYS_INF)(cast(Any, cls))
 
 
 def _check_after_init(cls: Any) -> None:
