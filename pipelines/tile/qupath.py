@@ -67,10 +67,14 @@ def roi_digest(roi: Path | None, slide_id: str) -> str:
         return "missing"
 
 
-def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, RoiRecord | None]:
-    """The candidates whose centre the ROI holds, and the tile file's record of it."""
+def restrict_to_roi(
+    found: TissueGrid, roi: Roi | None, size: tuple[int, int], mpp: float
+) -> tuple[TissueGrid, RoiRecord | None, str]:
+    """The candidates whose centre the ROI holds, the tile file's record of it, and what is wrong with
+    where the ROI lies on this slide of `size` level-0 px at `mpp` (`roi_fit_note`, "" when nothing)."""
     if roi is None:
-        return found, None
+        return found, None, ""
+    note = roi_fit_note(found, roi, size, mpp)
     centres = found.candidate_coords.astype(np.float64) + found.grid.step_px / 2
     keep = roi.contains(centres)
     record = RoiRecord(
@@ -82,7 +86,7 @@ def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, Roi
         n_outside=int((~keep).sum()),
     )
     log.info("%s: %d of %d tissue cells inside", roi.describe(), int(keep.sum()), len(keep))
-    return replace(found, candidates=found.candidates[keep]), record
+    return replace(found, candidates=found.candidates[keep]), record, note
 
 
 def roi_fit_note(found: TissueGrid, roi: Roi | None, size: tuple[int, int], mpp: float) -> str:

@@ -60,14 +60,7 @@ from wsi.pipelines.tile.checks import (
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
 from wsi.pipelines.tile.output import pixel_writer, tile_file_meta
-from wsi.pipelines.tile.qupath import (
-    load_roi,
-    restrict_to_roi,
-    roi_digest,
-    roi_empty,
-    roi_fit_note,
-    write_qc_geojson,
-)
+from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
 from wsi.pipelines.tile.segment import (
     SegmentationOptions,
@@ -291,8 +284,7 @@ def _tile_open_slide(
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
-    roi_note = roi_fit_note(found, roi, slide.dimensions, slide.mpp)  # before it drops the cells outside
-    found, roi_record = restrict_to_roi(found, roi)
+    found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
