@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from wsi.config import MAX_MPP
 from wsi.errors import LabelError
 from wsi.files import sanitize_slide_id
 from wsi.pipelines.inputs import Item
@@ -225,7 +226,7 @@ def _parse_mpp(text: str | None) -> float | None:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= MAX_MPP):
         raise ValueError(f"mpp {text!r}")
     return value
 

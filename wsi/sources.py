@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wsi.config import MAX_MPP
 from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
@@ -122,8 +123,8 @@ def _parse_mpp(text: str, csv_path: Path, line: int) -> float | None:
         mpp = float(text)
     except ValueError:
         mpp = float("nan")
-    if not (math.isfinite(mpp) and mpp > 0):
-        raise WsiError(f"{csv_path} line {line}: mpp {text!r} is not a positive number of um/px")
+    if not (math.isfinite(mpp) and 0 < mpp <= MAX_MPP):
+        raise WsiError(f"{csv_path} line {line}: mpp {text!r} is not a number of um/px in (0, {MAX_MPP:g}]")
     return mpp
 
 

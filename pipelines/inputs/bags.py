@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag_attrs, read_bag_header
+from wsi.config import MAX_MPP
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 from wsi.pipelines.inputs import INPUTS, Batch, Item
@@ -40,9 +41,9 @@ _ENCODER_KEYS = ("encoder", "weights_sha256")
 def _check_mpp(value: Any, what: str) -> float | None:
     if value is None:
         return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise ConfigError(f"{what} must be a positive number of um/px (level 0), not {value!r}")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_MPP:
+        raise ConfigError(f"{what} must be a number of um/px (level 0) in (0, {MAX_MPP:g}], not {value!r}")
     return float(value)
 
 
