@@ -66,10 +66,10 @@ class ReviewRecord:
 
     path: str  # `review_path`
     sha256: str  # `review_sha256`: a changed file re-applies the review (no slide pixels read)
-    n_tiles: int  # `n_review_tiles`: tile objects of the file matched to this slide's candidates
-    n_regions: int  # `n_review_regions`: Exclude polygons
-    n_restored: int  # `n_review_restored`: tiles the filters rejected, kept by the review
-    n_dropped: int  # `n_review_dropped`: tiles the filters kept, dropped by the review
+    n_tiles: Count  # `n_review_tiles`: tile objects of the file matched to this slide's candidates
+    n_regions: Count  # `n_review_regions`: Exclude polygons
+    n_restored: Count  # `n_review_restored`: tiles the filters rejected, kept by the review
+    n_dropped: Count  # `n_review_dropped`: tiles the filters kept, dropped by the review
 
 
 @config_model
