@@ -154,9 +154,9 @@ def judge(rgb: np.ndarray, mpp: float, params: TileParams) -> tuple[np.ndarray, 
     h, w = rgb.shape[:2]
     scale = min(1.0, mpp / params.tissue.thumb_mpp)
     thumb = rgb if scale == 1.0 else _resized(rgb, max(1, round(w * scale)), max(1, round(h * scale)))
-    slide = SimpleNamespace(dimensions=(w, h), mpp=mpp, properties={})
+    slide = SimpleNamespace(path=Path("in memory"), dimensions=(w, h), mpp=mpp, properties={})
     found = find_tissue(
-        slide,  # type: ignore[arg-type]  # only dimensions, mpp and properties are read
+        slide,  # type: ignore[arg-type]  # only path, dimensions, mpp and properties are read
         params,
         thumbnail=Thumbnail(thumb, np.zeros(thumb.shape[:2], bool), mpp * w / thumb.shape[1]),
     )
