@@ -48,7 +48,7 @@ def bubble_regions(
         return mask
     min_len = params.bubble_min_length_um / mpp
     areas = np.bincount(labels.ravel())
-    away = np.asarray(ndimage.distance_transform_edt(~tissue)) * mpp  # um from the nearest tissue
+    away: np.ndarray | None = None  # um from the nearest tissue, when a line is not smooth
     long = np.zeros(labels.max() + 1, bool)
     for i, box in enumerate(ndimage.find_objects(labels), start=1):
         if box is None:
@@ -59,7 +59,12 @@ def bubble_regions(
         if not (length >= min_len and areas[i] <= 3 * r * length):
             continue
         part = labels[box] == i
-        long[i] = _smooth(part, mpp) or float(np.median(away[box][part])) >= _LACE_GAP_UM
+        if _smooth(part, mpp):
+            long[i] = True
+            continue
+        if away is None:
+            away = np.asarray(ndimage.distance_transform_edt(~tissue)) * mpp
+        long[i] = float(np.median(away[box][part])) >= _LACE_GAP_UM
     return dilate(long[labels], r)
 
 

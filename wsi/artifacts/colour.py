@@ -121,8 +121,10 @@ def tile_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
     sample = tiles[:, ::TILE_STRIDE, ::TILE_STRIDE].reshape(len(tiles), -1, tiles.shape[-1])  # (B, n, 3)
     colours = ink_pixels(sample, params)
     ink = colours["green"] | colours["blue"] | colours["black"]
-    if colours["red"].any():
-        ink |= colours["red"] & is_red_ink(optical_density(sample), colours["red"], params)[:, None]
+    red = colours["red"]
+    rows = np.flatnonzero(red.any(axis=1))  # only tiles with red pixels need their optical density
+    if len(rows):
+        ink[rows] |= red[rows] & is_red_ink(optical_density(sample[rows]), red[rows], params)[:, None]
     return np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
 
 

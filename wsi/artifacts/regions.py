@@ -72,8 +72,11 @@ def find_artifacts(
         # each block's darkest value per channel: a line thinner than a block keeps its contrast and its
         # own colour (a grey rim stays grey; a purple alveolar wall stays purple, where the block's mean
         # mixes it with the glass beside it into grey)
-        low = block_reduce(thumb[..., :3], factor, how="min")
-        _, line_sat, darkest = hsv(low)
+        low = block_reduce(thumb[..., :3], factor, how="min").astype(np.float32)
+        high = np.maximum(np.maximum(low[..., 0], low[..., 1]), low[..., 2])
+        least = np.minimum(np.minimum(low[..., 0], low[..., 1]), low[..., 2])
+        line_sat = np.where(high > 0, (high - least) / np.maximum(high, 1.0), 0.0)  # HSV saturation
+        darkest = high / 255.0
         masks["bubble"] = bubble_regions(darkest, line_sat, region_tissue, mpp=at, params=params)
     if params.on("dust"):
         masks["dust"] = dust_regions(region_tissue, mpp=at, params=params)
