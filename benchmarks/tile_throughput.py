@@ -13,9 +13,16 @@ and prints tiles per second for both and their ratio, so the cost of detection a
 With --filters it instead times the stage with the artifact filters (wsi.artifacts) on and off, side
 by side (alternating runs, best of --repeat each), and prints their ratio: what the filters cost.
 
+With --breakdown it times each per-slide step of the stage (open, thumbnail, tissue mask, artifact
+regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) on CMU-1-Small-Region
+(../shared/data) and a generated 8 mm slide, or on --slide; with --compare it times whole processes,
+`wsi tile` against LazySlide where LazySlide is installed (it installs nothing).
+
     python benchmarks/tile_throughput.py            # full size
     python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
     python benchmarks/tile_throughput.py --filters  # artifact filters on vs off
+    python benchmarks/tile_throughput.py --breakdown --repeat 5   # per-slide fixed costs, ms per step
+    python benchmarks/tile_throughput.py --compare --repeat 5 --lazyslide-python /tmp/lzs/bin/python
 """
 
 from __future__ import annotations
@@ -195,7 +202,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="timed runs, best kept (default 3, quick 1)")
     parser.add_argument("--device", default=None, help="accepted for uniformity; tiling runs on the CPU")
     parser.add_argument("--filters", action="store_true", help="time the artifact filters: stage on vs off")
+    parser.add_argument("--breakdown", action="store_true", help="ms per step of one slide (fixed costs)")
+    parser.add_argument("--compare", action="store_true", help="whole process: wsi tile against LazySlide")
+    parser.add_argument("--slide", type=Path, nargs="+", default=None,
+                        help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)")
+    parser.add_argument("--lazyslide-python", default=None,
+                        help="a Python that has LazySlide, for --compare (default: this one)")  # fmt: skip
     args = parser.parse_args()
+    if args.breakdown or args.compare:
+        _fixed_costs(args)
+        return
     logging.basicConfig(level=logging.WARNING)
     import distributed  # noqa: F401  (sets its own log levels on import; quiet them afterwards)
 
@@ -248,6 +264,27 @@ def main() -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _fixed_costs(args: argparse.Namespace) -> None:
+    """--breakdown and --compare (tile_costs.py)."""
+    import tile_costs  # benchmarks/tile_costs.py, beside this script
+
+    logging.basicConfig(level=logging.WARNING)
+    repeat = args.repeat or 5
+    slides = args.slide
+    if slides is None:
+        shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # tests' ../shared/data
+        cmu = shared / "slides" / "CMU-1-Small-Region.svs"
+        slides = ([cmu] if cmu.exists() else []) + [tile_costs.make_slides_8mm(args.cache)]
+    print(f"{os.cpu_count()} CPUs ({cpu_model()}), load average {os.getloadavg()[0]:.1f} at the start; "
+          f"medians of {repeat} runs")  # fmt: skip
+    if args.breakdown:
+        rows = tile_costs.breakdown(slides, repeat=repeat, backend=args.backends[0])
+        tile_costs.print_breakdown(rows, tile_costs.import_seconds(repeat))
+    if args.compare:
+        python = tile_costs.lazyslide_python(args.lazyslide_python)
+        tile_costs.print_compare(tile_costs.compare(slides, repeat=repeat, python=python), python is not None)
 
 
 if __name__ == "__main__":

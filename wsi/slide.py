@@ -21,6 +21,7 @@ from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
+from wsi.stored_tiles import JpegTiles, jpeg_levels
 from wsi.suffixes import SLIDE_SUFFIXES
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
 _PLAUSIBLE_MPP = (0.01, 50.0)
 _WHITE = 255
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+#: openslide vendors whose levels are the TIFF's tiled pages, read as they are (`wsi.stored_tiles`)
+_DIRECT_VENDORS = frozenset({"aperio", "generic-tiff"})
 
 
 def _mpp_hint(path: Path) -> str:
@@ -54,9 +57,12 @@ class Slide:
     level_downsamples: tuple[float, ...]
     properties: dict[str, str]
 
-    def __init__(self, path: Path, backend: str, mpp: float | None) -> None:
+    def __init__(
+        self, path: Path, backend: str, mpp: float | None, jpeg: dict[_XY, JpegTiles] | None = None
+    ) -> None:
         self.path = path
         self.backend = backend
+        self._direct: dict[int, JpegTiles] = {}
         h = self._new_handle()
         self._handle: Any = h
         self.properties = {str(k): str(v) for k, v in dict(h.properties).items() if v is not None}
@@ -65,6 +71,9 @@ class Slide:
         self.dimensions = (int(width), int(height))
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
+        if jpeg and backend == "openslide" and self.vendor in _DIRECT_VENDORS:
+            # openslide reads these formats' levels page by page: decode their JPEG tiles directly
+            self._direct = {i: jpeg[dims] for i, dims in enumerate(self.level_dimensions) if dims in jpeg}
         if mpp is not None:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
@@ -147,6 +156,17 @@ class Slide:
             # tiffslide takes int(loc / downsample): pick the loc that lands exactly on (cx0, cy0)
             loc = (_loc_for(cx0, ds), _loc_for(cy0, ds))
             shift = (0.0, 0.0)
+        direct = self._direct.get(level)
+        if direct is not None and shift == (0.0, 0.0):  # openslide would read these very pixels
+            try:
+                part = direct.read(cx0, cy0, *size)
+            except Exception as exc:
+                raise SlideError(f"{self.path}: cannot read {where}: {type(exc).__name__}: {exc}") from exc
+            if size == (w_px, h_px):
+                return part, 0.0, 0.0
+            out = np.full((h_px, w_px, 3), _WHITE, np.uint8)
+            out[cy0 - y_px : cy1 - y_px, cx0 - x_px : cx1 - x_px] = part
+            return out, 0.0, 0.0
         try:
             part = self._read_backend(self._handle, loc, level, size)
         except Exception as exc:
@@ -209,6 +229,8 @@ class Slide:
 
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:
+        for direct in self._direct.values():
+            direct.close()
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -245,8 +267,8 @@ def open_slide(
         raise SlideError(f"{path}: is a folder, not a slide file (MIRAX .mrxs: give the .mrxs file)")
     if path.stat().st_size == 0:
         raise SlideError(f"{path}: the file is empty (0 bytes); copy or download it again")
-    _check_tiff_complete(path)
-    return Slide(path, backend, mpp)
+    # parsing the TIFF once says whether it is truncated and where its JPEG tiles lie
+    return Slide(path, backend, mpp, jpeg_levels(path) if is_tiff(path) else None)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -284,31 +306,6 @@ def is_tiff(path: Path) -> bool:
     """Whether the file starts like a TIFF (classic or BigTIFF, either byte order)."""
     with open(path, "rb") as fh:
         return fh.read(4) in _TIFF_MAGIC
-
-
-def _check_tiff_complete(path: Path) -> None:
-    """A TIFF whose IFDs or tile data run past the end of the file is truncated: say so at open time."""
-    if not is_tiff(path):
-        return
-    import tifffile
-
-    size = path.stat().st_size
-    try:
-        with tifffile.TiffFile(path) as tif:
-            end = 0
-            for page in tif.pages:
-                offsets = page.dataoffsets
-                counts = page.databytecounts
-                if len(offsets):
-                    end = max(end, max(o + c for o, c in zip(offsets, counts, strict=False)))
-    except Exception:  # a TIFF variant tifffile does not parse: let the backend decide
-        log.debug("%s: tifffile could not check the TIFF structure", path, exc_info=True)
-        return
-    if end > size:
-        raise SlideError(
-            f"{path}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
-            "copy or download it again"
-        )
 
 
 def _mpp_from_tiff_tags(path: Path) -> float | None:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.path import Path as MplPath
 
 from wsi.errors import RoiError
 from wsi.files import sha256_file
@@ -69,6 +68,8 @@ class Roi:
 
 
 def _inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
+    from matplotlib.path import Path as MplPath  # only with --roi: a plain tile run stays light
+
     inside = np.zeros(len(pts), dtype=bool)
     for poly in polygons:
         lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
