@@ -45,6 +45,7 @@ STEPS = (
     ("wsi.pipelines.tile.stage", "write_tile_file", "tile file written"),
 )
 _NESTED = {"background, grid, cell fractions": ("tissue mask", "artifact regions")}
+OTHER = "other (ids, checks, manifest)"
 LAZYSLIDE_SCRIPT = """
 import sys
 import lazyslide as zs
@@ -62,11 +63,12 @@ def _timers(spent: dict[str, float]) -> Iterator[None]:
 
     def timed(fn: Callable[..., Any], step: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 spent[step] += time.perf_counter() - start
+                spent[f"{step} CPU"] += time.process_time() - start_cpu
 
         return wrapper
 
@@ -98,20 +100,20 @@ def breakdown(slides: list[Path], *, repeat: int, backend: str = "openslide") ->
             for _ in range(repeat):
                 spent: dict[str, float] = defaultdict(float)
                 with _timers(spent):
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     res = tile_slides(source, out_dir=tmp, backend=backend, overwrite=True)
                     spent["total"] = time.perf_counter() - start
+                    spent["total CPU"] = time.process_time() - start_cpu
                 if res[0].status != "ok":
                     raise SystemExit(f"breakdown: {path}: {res[0].status}: {res[0].error}")
-                for outer, inner in _NESTED.items():
-                    spent[outer] -= sum(spent[step] for step in inner)
-                spent["other (ids, checks, manifest)"] = spent["total"] - sum(
-                    v for k, v in spent.items() if k != "total"
-                )
+                for suffix in ("", " CPU"):
+                    for outer, inner in _NESTED.items():
+                        spent[outer + suffix] -= sum(spent[step + suffix] for step in inner)
+                    timed = sum(spent[step + suffix] for _, _, step in STEPS)
+                    spent[OTHER + suffix] = spent["total" + suffix] - timed
                 runs.append(dict(spent))
-            steps = [step for _, _, step in STEPS] + ["other (ids, checks, manifest)", "total"]
             row: dict[str, Any] = {"slide": path.name, "tiles": res[0].n}
-            row.update({step: statistics.median(r.get(step, 0.0) for r in runs) for step in steps})
+            row.update({key: statistics.median(r.get(key, 0.0) for r in runs) for key in runs[0]})
             rows.append(row)
     return rows
 
@@ -124,9 +126,12 @@ def table(header: list[str], rows: list[list[Any]]) -> None:
 
 
 def print_breakdown(rows: list[dict[str, Any]], import_s: float) -> None:
-    steps = [k for k in rows[0] if k not in ("slide", "tiles")]
-    header = ["step"] + [f"{r['slide']} ({r['tiles']} kept), ms" for r in rows]
-    table(header, [[step] + [f"{1000 * r[step]:.0f}" for r in rows] for step in steps])
+    """ms per step, wall and CPU (all threads of this process: the tile reads and filters run on
+    several, every other step on one)."""
+    steps = [step for _, _, step in STEPS] + [OTHER, "total"]
+    header = ["step"] + [f"{r['slide']} ({r['tiles']} kept): wall / CPU ms" for r in rows]
+    ms = [[f"{1000 * r[step]:.0f} / {1000 * r[f'{step} CPU']:.0f}" for r in rows] for step in steps]
+    table(header, [[step, *cells] for step, cells in zip(steps, ms, strict=True)])
     print(f"\n(import of the tile stage in a fresh process: {import_s:.2f} s; not in the table)")
 
 
@@ -180,7 +185,7 @@ def compare(slides: list[Path], *, repeat: int, python: str | None) -> list[dict
     with tempfile.TemporaryDirectory(prefix="tile-compare-") as tmp:
         for slide in slides:
             out = Path(tmp) / slide.stem
-            tools = {"wsi tile": [*_wsi_command(), str(slide), "--out", str(out), "--overwrite"]}
+            tools = {"wsi tile": [*_wsi_command(), "tile", str(slide), "--out", str(out), "--overwrite"]}
             if python is not None:
                 tools["LazySlide"] = [python, "-c", LAZYSLIDE_SCRIPT, str(slide)]
             for cmd in tools.values():

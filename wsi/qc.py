@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from skimage.segmentation import find_boundaries
 
 from wsi.files import atomic_path
+from wsi.morphology import find_boundaries
 from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.tile_params import TileParams
 from wsi.tiling import REASON_NAMES, TissueGrid
@@ -206,7 +206,7 @@ def render_qc(
     if mask.shape != (h, w):
         resized = Image.fromarray(mask.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)
         mask = np.asarray(resized) > 0
-    img[find_boundaries(mask, mode="thick" if line > 1 else "inner")] = OUTLINE_RGB
+    img[find_boundaries(mask, "thick" if line > 1 else "inner")] = OUTLINE_RGB
     picture = img
     return picture if legend is None else _with_legend(picture, legend)
 

@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 from skimage.filters import threshold_otsu
-from skimage.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 
 from wsi.dark_noise import dark_noise
+from wsi.morphology import closing, disk, opening, remove_small_holes, remove_small_objects
 from wsi.tile_params import TissueParams
 
 
