@@ -67,7 +67,8 @@ def test_remove_small_objects_and_holes(max_size: int, connectivity: int) -> Non
 
 @pytest.mark.parametrize("mode", ["thick", "inner"])
 def test_find_boundaries(mode: str) -> None:
-    for mask in _masks():
+    thin = [np.array([[True, False, True, True]]), np.array([[True], [False]]), np.ones((1, 1), bool)]
+    for mask in [*_masks(), *thin, np.zeros((5, 6), bool)]:
         assert np.array_equal(ours.find_boundaries(mask, mode), find_boundaries(mask, mode=mode))
     with pytest.raises(ValueError, match="mode"):
         ours.find_boundaries(_masks()[0], "outer")

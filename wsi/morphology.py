@@ -101,13 +101,22 @@ def find_boundaries(mask: np.ndarray, mode: str = "thick") -> np.ndarray:
     ("thick") or inside the mask only ("inner"), as skimage.segmentation.find_boundaries."""
     if mode not in ("thick", "inner"):
         raise ValueError(f"find_boundaries: mode must be 'thick' or 'inner', not {mode!r}")
-    image = np.asarray(mask, dtype=bool).astype(np.uint8)
-    cross = ndimage.generate_binary_structure(image.ndim, 1)
-    edges = np.asarray(
-        ndimage.grey_dilation(image, footprint=cross, mode="reflect")
-        != ndimage.grey_erosion(image, footprint=cross, mode="reflect")
-    )
-    return edges & (image != 0) if mode == "inner" else edges
+    image = np.asarray(mask, dtype=bool)
+    # max != min over the pixel and its 4 neighbours (mirrored past the edge: the same pixel) means, for
+    # a binary image, some neighbour differs from the pixel
+    edges = np.zeros(image.shape, bool)
+    for axis in range(image.ndim):
+        step = np.not_equal(*_neighbours(image, axis))
+        _neighbours(edges, axis)[0][...] |= step
+        _neighbours(edges, axis)[1][...] |= step
+    return edges & image if mode == "inner" else edges
+
+
+def _neighbours(a: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Views of `a` without its last and without its first index along `axis`: each pixel and the next."""
+    head, tail = [slice(None)] * a.ndim, [slice(None)] * a.ndim
+    head[axis], tail[axis] = slice(None, -1), slice(1, None)
+    return a[tuple(head)], a[tuple(tail)]
 
 
 def label(mask: np.ndarray, connectivity: int = 2) -> np.ndarray:
