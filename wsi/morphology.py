@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
+#: row half-widths up to this are run as shifted copies, longer ones by scipy's running filter
+_SHIFTED_MAX = 3
+
 
 def disk(radius: int) -> np.ndarray:
     """(2r + 1, 2r + 1) uint8 footprint: 1 where x^2 + y^2 <= r^2 (skimage.morphology.disk)."""
@@ -78,13 +81,28 @@ def _disk_filter(image: np.ndarray, footprint: np.ndarray, reduce: np.ufunc) -> 
     if r >= src.shape[0] or max(halves) >= src.shape[1]:  # smaller than the footprint: scipy's own way
         return _grey(image, footprint, reduce is np.maximum)
     padded = np.pad(src, ((r, r), (0, 0)), mode="symmetric")  # numpy "symmetric" is scipy "reflect"
-    run = ndimage.maximum_filter1d if reduce is np.maximum else ndimage.minimum_filter1d
-    runs = {w: run(padded, 2 * w + 1, axis=1, mode="reflect") for w in set(halves)}
+    runs = {w: _running(padded, w, reduce) for w in set(halves)}
     h = src.shape[0]
     out = runs[halves[0]][0:h].copy()
     for dy, w in enumerate(halves[1:], start=1):
         reduce(out, runs[w][dy : dy + h], out=out)
     return out.view(bool) if bool_in else out
+
+
+def _running(rows: np.ndarray, w: int, reduce: np.ufunc) -> np.ndarray:
+    """The max (min) of each pixel's row neighbours within `w` px, the rows mirrored past their ends:
+    shifted copies for a short run (a few passes over memory), scipy's 1-D filter for a long one."""
+    if w == 0:
+        return rows
+    if w > _SHIFTED_MAX:
+        run = ndimage.maximum_filter1d if reduce is np.maximum else ndimage.minimum_filter1d
+        return np.asarray(run(rows, 2 * w + 1, axis=1, mode="reflect"))
+    wide = np.pad(rows, ((0, 0), (w, w)), mode="symmetric")
+    n = rows.shape[1]
+    out = wide[:, : n].copy()
+    for dx in range(1, 2 * w + 1):
+        reduce(out, wide[:, dx : dx + n], out=out)
+    return out
 
 
 def black_tophat(image: np.ndarray, footprint: np.ndarray) -> np.ndarray:
@@ -134,7 +152,9 @@ def remove_small_objects(mask: np.ndarray, *, max_size: int, connectivity: int =
     labels = np.zeros(out.shape, np.int32)
     ndimage.label(out, ndimage.generate_binary_structure(out.ndim, connectivity), output=labels)
     too_small = np.bincount(labels.ravel()) <= max_size
-    out[too_small[labels]] = False
+    too_small[0] = False  # outside every part: nothing to remove
+    if too_small.any():
+        out[too_small[labels]] = False
     return out
 
 
