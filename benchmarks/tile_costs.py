@@ -161,9 +161,11 @@ def lazyslide_python(given: str | None) -> str | None:
     return python if probe.returncode == 0 else None
 
 
-def _wsi_command() -> list[str]:
-    script = Path(sys.executable).parent / "wsi"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from wsi.cli.main import cli; cli()"]
+def _wsi_command(python: str | None = None) -> list[str]:
+    """The `wsi` script beside `python` (this one by default)."""
+    python = python or sys.executable
+    script = Path(python).parent / "wsi"
+    return [str(script)] if script.exists() else [python, "-c", "from wsi.cli.main import cli; cli()"]
 
 
 def _run(cmd: list[str]) -> tuple[float, float]:
@@ -183,13 +185,19 @@ def _run(cmd: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def compare(slides: list[Path], *, repeat: int, python: str | None) -> list[dict[str, Any]]:
-    """Whole-process wall and CPU seconds, medians of `repeat` alternating runs after one warm-up each."""
+def compare(
+    slides: list[Path], *, repeat: int, python: str | None, baseline: str | None = None
+) -> list[dict[str, Any]]:
+    """Whole-process wall and CPU seconds, medians of `repeat` rounds (order alternating) after one
+    warm-up each: `wsi tile`, the `wsi tile` of another checkout's Python (`baseline`, e.g. the main
+    branch: before and after in one run) and LazySlide (`python`), where given."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="tile-compare-") as tmp:
         for slide in slides:
-            out = Path(tmp) / slide.stem
-            tools = {"wsi tile": [*_wsi_command(), "tile", str(slide), "--out", str(out), "--overwrite"]}
+            args = ["tile", str(slide), "--overwrite", "--out"]
+            tools = {"wsi tile": [*_wsi_command(), *args, f"{tmp}/new"]}
+            if baseline is not None:
+                tools["baseline"] = [*_wsi_command(baseline), *args, f"{tmp}/old"]
             if python is not None:
                 tools["LazySlide"] = [python, "-c", LAZYSLIDE_SCRIPT, str(slide)]
             for cmd in tools.values():
@@ -204,22 +212,22 @@ def compare(slides: list[Path], *, repeat: int, python: str | None) -> list[dict
                 row[f"{name} wall s"] = round(statistics.median(w for w, _ in runs), 2)
                 row[f"{name} CPU s"] = round(statistics.median(c for _, c in runs), 2)
                 row[f"{name} wall runs"] = " ".join(f"{w:.2f}" for w, _ in runs)
-            if python is not None:
-                pairs = list(zip(times["wsi tile"], times["LazySlide"], strict=True))
-                row["wsi/LazySlide wall"] = round(statistics.median(ws[0] / lz[0] for ws, lz in pairs), 2)
-                row["wsi/LazySlide CPU"] = round(statistics.median(ws[1] / lz[1] for ws, lz in pairs), 2)
+            for other in ("LazySlide", "baseline"):
+                if other in times:  # median of the per-round ratios: each round ran both under one load
+                    pairs = list(zip(times["wsi tile"], times[other], strict=True))
+                    row[f"wsi/{other} wall"] = round(statistics.median(a[0] / b[0] for a, b in pairs), 2)
+                    row[f"wsi/{other} CPU"] = round(statistics.median(a[1] / b[1] for a, b in pairs), 2)
             rows.append(row)
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 
 def print_compare(rows: list[dict[str, Any]], have_lazyslide: bool) -> None:
-    tools = ["wsi tile"] + (["LazySlide"] if have_lazyslide else [])
+    tools = [t for t in ("wsi tile", "baseline", "LazySlide") if f"{t} wall s" in rows[0]]
     if not have_lazyslide:
         print("\nLazySlide is not installed here (nor given with --lazyslide-python): wsi tile only")
     header = ["slide"] + [f"{t} {what}" for what in ("wall s", "CPU s") for t in tools]
-    if have_lazyslide:
-        header += ["wsi/LazySlide wall", "wsi/LazySlide CPU"]
+    header += [f"wsi/{t} {what}" for t in ("LazySlide", "baseline") if t in tools for what in ("wall", "CPU")]
     table([*header, "load"], [[r[h] for h in header] + [r["load"]] for r in rows])
     for r in rows:
         print(f"  {r['slide']}: wall s per run: " + "; ".join(f"{t} {r[f'{t} wall runs']}" for t in tools))

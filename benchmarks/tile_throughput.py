@@ -223,7 +223,9 @@ def main() -> None:
     parser.add_argument("--slide", type=Path, nargs="+", default=None,
                         help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)")
     parser.add_argument("--lazyslide-python", default=None,
-                        help="a Python that has LazySlide, for --compare (default: this one)")  # fmt: skip
+                        help="a Python that has LazySlide, for --compare (default: this one)")
+    parser.add_argument("--baseline-python", default=None,
+                        help="--compare: also time this Python's wsi (another checkout)")  # fmt: skip
     args = parser.parse_args()
     if args.breakdown or args.compare:
         _fixed_costs(args)
@@ -302,7 +304,8 @@ def _fixed_costs(args: argparse.Namespace) -> None:
         tile_costs.print_breakdown(rows, tile_costs.import_seconds(repeat))
     if args.compare:
         python = tile_costs.lazyslide_python(args.lazyslide_python)
-        tile_costs.print_compare(tile_costs.compare(slides, repeat=repeat, python=python), python is not None)
+        rows = tile_costs.compare(slides, repeat=repeat, python=python, baseline=args.baseline_python)
+        tile_costs.print_compare(rows, python is not None)
 
 
 if __name__ == "__main__":
