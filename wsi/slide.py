@@ -21,6 +21,7 @@ from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
+from wsi.slide_colour import ColourFix, check_colours
 from wsi.stored_tiles import JpegTiles, jpeg_levels
 from wsi.suffixes import SLIDE_SUFFIXES
 
@@ -56,6 +57,7 @@ class Slide:
     level_dimensions: tuple[tuple[int, int], ...]
     level_downsamples: tuple[float, ...]
     properties: dict[str, str]
+    colour_fix: ColourFix  # levels whose JPEG tiles the backend decodes in the wrong colour space
 
     def __init__(
         self, path: Path, backend: str, mpp: float | None, jpeg: dict[_XY, JpegTiles] | None = None
@@ -71,9 +73,19 @@ class Slide:
         self.dimensions = (int(width), int(height))
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
+        try:
+            self.colour_fix = check_colours(path, backend, self.vendor, self.level_dimensions)
+        except SlideError:
+            self.close()
+            raise
         if jpeg and backend == "openslide" and self.vendor in _DIRECT_VENDORS:
-            # openslide reads these formats' levels page by page: decode their JPEG tiles directly
-            self._direct = {i: jpeg[dims] for i, dims in enumerate(self.level_dimensions) if dims in jpeg}
+            # openslide reads these formats' levels page by page: decode their JPEG tiles directly, where
+            # openslide decodes them as their tag says (a level the colour fix converts stays with it)
+            self._direct = {
+                i: jpeg[dims]
+                for i, dims in enumerate(self.level_dimensions)
+                if dims in jpeg and i not in self.colour_fix.levels
+            }
         if mpp is not None:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
@@ -184,8 +196,9 @@ class Slide:
 
     def _read_backend(self, handle: Any, loc: _XY, level: int, size: _XY) -> np.ndarray:
         if self.backend == "openslide":
-            return _rgba_over_white(np.asarray(handle.read_region(loc, level, size)))
-        return handle.read_region(loc, level, size, as_array=True)[..., :3]
+            rgba = np.asarray(handle.read_region(loc, level, size))
+            return _rgba_over_white(self.colour_fix.apply(rgba[..., :3], level), rgba[..., 3])
+        return self.colour_fix.apply(handle.read_region(loc, level, size, as_array=True)[..., :3], level)
 
     def _retry_openslide(self, loc: _XY, level: int, size: _XY, where: str) -> np.ndarray:
         fresh = self._new_handle()
@@ -290,10 +303,8 @@ def _positive_float(value: str | float | None) -> float | None:
     return f if math.isfinite(f) and f > 0 else None
 
 
-def _rgba_over_white(rgba: np.ndarray) -> np.ndarray:
+def _rgba_over_white(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """openslide's RGBA (un-premultiplied; transparent = no data) composited over white glass."""
-    rgb = rgba[..., :3]
-    alpha = rgba[..., 3]
     if alpha.min() == 255:
         return rgb
     a = alpha[..., None].astype(np.float32) / 255.0

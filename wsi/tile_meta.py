@@ -4,7 +4,7 @@ The HDF5 file keeps one flat root attribute per value (the layout in docs/archit
 unchanged): `TileFileMeta.to_attrs()` writes exactly those names and `from_attrs()` reads them back,
 checking every type, so the tile stage, resume checks, `wsi embed` and `wsi info` share one record
 instead of a dict whose keys each reader must know. Sections added by later versions (background
-choice, undecodable parts, ROI, segmentation models) are None when a file predates them, and the
+choice, undecodable parts, ROI, segmentation models, review) are None when a file predates them, and the
 artifact counts are 0: files written by earlier mains still load.
 """
 
@@ -56,6 +56,19 @@ class RoiRecord:
 
 @config_model
 @dataclass(frozen=True)
+class ReviewRecord:
+    """The reviewer's verdicts applied over the filters' (`wsi tile --review`, a QuPath export)."""
+
+    path: str  # `review_path`
+    sha256: str  # `review_sha256`: a changed file re-applies the review (no slide pixels read)
+    n_tiles: int  # `n_review_tiles`: tile objects of the file matched to this slide's candidates
+    n_regions: int  # `n_review_regions`: Exclude polygons
+    n_restored: int  # `n_review_restored`: tiles the filters rejected, kept by the review
+    n_dropped: int  # `n_review_dropped`: tiles the filters kept, dropped by the review
+
+
+@config_model
+@dataclass(frozen=True)
 class SegmentationRecord:
     """The segmentation networks that found tissue or artifacts (name, weights, sha256, mpp)."""
 
@@ -91,6 +104,7 @@ class TileFileMeta:
     damage: DamageRecord | None = None
     roi: RoiRecord | None = None
     segmentation: SegmentationRecord | None = None
+    review: ReviewRecord | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> dict[str, Any]:
@@ -118,6 +132,12 @@ class TileFileMeta:
             out.update(
                 roi_path=r.path, roi_sha256=r.sha256, roi_rule=r.rule, n_roi_included=r.n_included,
                 n_roi_excluded=r.n_excluded, n_outside_roi=r.n_outside,
+            )  # fmt: skip
+        if self.review is not None:
+            v = self.review
+            out.update(
+                review_path=v.path, review_sha256=v.sha256, n_review_tiles=v.n_tiles,
+                n_review_regions=v.n_regions, n_review_restored=v.n_restored, n_review_dropped=v.n_dropped,
             )  # fmt: skip
         if self.segmentation is not None:
             s = self.segmentation
@@ -158,6 +178,13 @@ class TileFileMeta:
                 "rule": attrs.get("roi_rule", ""), "n_included": attrs.get("n_roi_included", 0),
                 "n_excluded": attrs.get("n_roi_excluded", 0), "n_outside": attrs.get("n_outside_roi", 0),
             }  # fmt: skip
+        if "review_sha256" in attrs:
+            data["review"] = {
+                "path": attrs.get("review_path", ""), "sha256": attrs["review_sha256"],
+                "n_tiles": attrs.get("n_review_tiles", 0), "n_regions": attrs.get("n_review_regions", 0),
+                "n_restored": attrs.get("n_review_restored", 0),
+                "n_dropped": attrs.get("n_review_dropped", 0),
+            }  # fmt: skip
         if attrs.get("segmentation"):
             data["segmentation"] = {
                 "models": _json(attrs["segmentation"], "segmentation", source),
@@ -178,7 +205,7 @@ class TileFileMeta:
         return dict(self.segmentation.models) if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation"}
+_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review"}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")
@@ -203,6 +230,7 @@ __all__ = [
     "REQUIRED_ATTRS",
     "BackgroundRecord",
     "DamageRecord",
+    "ReviewRecord",
     "RoiRecord",
     "SegmentationRecord",
     "TileFileMeta",

@@ -283,6 +283,9 @@ def _block_median_variance(gray: np.ndarray, fg_full: np.ndarray, grid: int) -> 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
 # the artifact filters' codes follow (wsi.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8)
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
+#: a tile a reviewer dropped (`wsi tile --review`: re-classed in QuPath, or inside an Exclude region); not
+#: a filter's verdict, so not in REASON_NAMES (the QC picture and qc/<id>.geojson show the filters')
+EXCLUDED = 15
 #: every reason code -> its name (tile files count them as n_<name>, the QC picture colours them)
 REASON_NAMES: dict[int, str] = {
     KEPT: "kept", BACKGROUND: "background", BLURRY: "blurry", UNREADABLE: "unreadable",
@@ -372,7 +375,7 @@ class TileCounts:
     """How many grid cells went where.
 
     n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept +
-    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust).
+    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust) + n_excluded (dropped by a review).
     """
 
     n_grid: int = 0
@@ -386,6 +389,7 @@ class TileCounts:
     n_bubble: int = 0
     n_border: int = 0
     n_dust: int = 0
+    n_excluded: int = 0
 
     @property
     def n_artifacts(self) -> int:

@@ -17,7 +17,8 @@ BackgroundChoice = Literal["auto", "light", "dark"]
 @config_model
 @dataclass(frozen=True)
 class TileOptions:
-    """How a tiling run reads and schedules slides; none of it changes which tiles are kept."""
+    """How a tiling run reads and schedules slides; none of it changes which tiles are kept but --roi and
+    --review, which name files of the user's, recorded per slide in its tile file (path and sha256)."""
 
     backend: Backend = setting("openslide", help="Slide reader.")
     mpp: float | None = setting(
@@ -55,4 +56,11 @@ class TileOptions:
         help="QuPath GeoJSON annotations (File > Export objects, level-0 px) to tile within: a file, or a "
         "folder of <slide_id>.geojson (a slide without its file fails). A tile is kept when its centre lies "
         "in an annotation and in none classed Exclude or Ignore* (any class ending in *, except Region*).",
+    )  # fmt: skip
+    review: Path | None = setting(
+        None, existing="any",
+        help="A reviewed qc/<slide_id>.geojson exported from QuPath (File > Export objects as GeoJSON), or a "
+        "folder of <slide_id>.geojson: a tile classed kept is kept, any other class dropped, and so is every "
+        "tile whose centre lies in an annotation classed Exclude or Ignore*; tiles not in the file keep the "
+        "filters' verdict. Applied from the tile file, without reading the slide again.",
     )  # fmt: skip

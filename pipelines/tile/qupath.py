@@ -15,6 +15,7 @@ reason a filter adds), with its tissue fraction as a measurement; all in level-0
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,8 +104,16 @@ def roi_empty(roi: Roi | None, size: tuple[int, int], record: RoiRecord | None, 
     )
 
 
-def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.ndarray, slide_id: str) -> None:
-    """qc/<slide_id>.geojson: tissue outline + every candidate tile classed by its fate (level-0 px)."""
+def write_qc_geojson(
+    path: Path,
+    slide: Slide,
+    found: TissueGrid,
+    reasons: np.ndarray,
+    slide_id: str,
+    extra_names: Mapping[int, str] | None = None,
+) -> None:
+    """qc/<slide_id>.geojson: tissue outline + every candidate tile classed by its fate (level-0 px).
+    extra_names: reason code -> name beyond `REASON_NAMES` (an artifact network's "artifact: pen")."""
     w0, h0 = slide.dimensions
     features = []
     mask = found.mask
@@ -120,7 +129,7 @@ def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.nd
                 )
             )
     fractions = tissue_fractions(found.grid, mask, level0_width=w0, level0_height=h0)[found.candidates]
-    classes = {int(c): _reason_class(int(c)) for c in np.unique(reasons)}
+    classes = {int(c): _reason_class(int(c), extra_names or {}) for c in np.unique(reasons)}
     features += tile_features(
         found.candidate_coords, found.grid.step_px, object_type="tile",
         classes=[classes[int(c)] for c in reasons], measurements={"Tissue fraction": fractions},
@@ -133,8 +142,8 @@ def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.nd
     write_geojson(path, feature_collection(features, props))
 
 
-def _reason_class(code: int) -> QuPathClass:
-    name = REASON_NAMES.get(code, f"reason {code}")
+def _reason_class(code: int, extra_names: Mapping[int, str]) -> QuPathClass:
+    name = REASON_NAMES.get(code) or extra_names.get(code, f"reason {code}")
     return QuPathClass.of(name, FATE_RGB.get(name))
 
 

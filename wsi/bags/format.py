@@ -66,6 +66,9 @@ class BagProvenance:
     pixel_source: str | None = None  # where the pixels came from: "tile-cache" or "slide"
     slide_path: str | None = None  # the slide file embedded
     tile_file: str | None = None  # the tile file (tiles/<slide_id>.h5) the coordinates came from
+    #: sha256 of the tile file's coords (`wsi.tile_file.coords_digest`): another tile set (a review that
+    #: swapped tiles, say) re-makes the bag even at the same count
+    tiles_sha256: str | None = None
     encoder_recipe: dict[str, Any] | None = None  # the encoder's recipe (models/encoders), stored as JSON
     recipe_sha256: str | None = None  # digest of the recipe fields that decide the features
     stain_norm: str | None = None  # stain normalisation before the encoder: macenko | reinhard; None: none

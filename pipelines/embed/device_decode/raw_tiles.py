@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wsi.jpeg_colour import Colour, colour_to_decode
 from wsi.pipelines.embed.batches import RawBatch, SlideTiles
 from wsi.pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
 from wsi.region import RegionKind, RegionPlan, plan_region
 from wsi.slide import is_tiff, open_slide
+from wsi.slide_colour import first_tile
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class JpegLevel:
     offsets: np.ndarray  # (n_rows * n_cols,) int64 byte offsets, row-major
     counts: np.ndarray  # (n_rows * n_cols,) int64 byte counts
     tables: bytes | None  # JPEGTables tag of abbreviated streams
-    rgb: bool  # photometric RGB (Aperio), not YCbCr
+    rgb: bool  # the tiles hold RGB (Aperio), not YCbCr: their stream's own markers, else the photometric
 
     @property
     def n_cols(self) -> int:
@@ -72,12 +74,16 @@ def find_jpeg_level(path: str, level: int, dims: tuple[int, int]) -> JpegLevel |
                 )
                 if not ok:
                     return None
+                # a JFIF (YCbCr) tile under an RGB photometric tag is decoded as YCbCr, as read_region_um
+                # decodes it (wsi.slide_colour); an Aperio tile (no marker, 4:4:4) as the tag says
+                photometric: Colour = "rgb" if int(page.photometric) == _PHOTOMETRIC_RGB else "ycbcr"
+                rgb = colour_to_decode(first_tile(tif.filehandle, page), photometric) == "rgb"
                 return JpegLevel(
                     level=level, width=int(page.imagewidth), height=int(page.imagelength),
                     tile_w=int(page.tilewidth), tile_h=int(page.tilelength),
                     offsets=np.asarray(page.dataoffsets, np.int64),
                     counts=np.asarray(page.databytecounts, np.int64),
-                    tables=page.jpegtables, rgb=int(page.photometric) == _PHOTOMETRIC_RGB,
+                    tables=page.jpegtables, rgb=rgb,
                 )  # fmt: skip
     except Exception:  # not a TIFF tifffile parses: the CPU path decides
         log.debug("%s: tifffile could not map level %d", path, level, exc_info=True)
