@@ -38,11 +38,11 @@ STEPS = (
     ("wsi.tiling", "tissue_mask", "tissue mask"),
     ("wsi.tiling", "find_artifacts", "artifact regions"),
     ("wsi.pipelines.tile.stage", "find_tissue", "background, grid, cell fractions"),
-    ("wsi.pipelines.tile.stage", "_filter_tiles", "tile reads + filters"),
+    ("wsi.pipelines.tile.stage", "filter_tiles", "tile reads + filters"),
     ("wsi.pipelines.tile.stage", "tile_qc_image", "QC picture drawn"),
     ("wsi.pipelines.tile.stage", "save_png", "QC PNG written"),
     ("wsi.pipelines.tile.stage", "write_qc_geojson", "QC GeoJSON written"),
-    ("wsi.pipelines.tile.stage", "write_tile_file", "tile file written"),
+    ("wsi.pipelines.tile.stage", "write_tiles", "tile file written (review applied)"),
 )
 _NESTED = {"background, grid, cell fractions": ("tissue mask", "artifact regions")}
 OTHER = "other (ids, checks, manifest)"
