@@ -136,7 +136,7 @@ def print_breakdown(rows: list[dict[str, Any]], import_s: float) -> None:
 
 
 def import_seconds(repeat: int) -> float:
-    """Median wall seconds of `import wsi.pipelines.tile.stage` in a fresh Python."""
+    """Median wall seconds of `import wsi.pipelines.tile.stage` in a fresh Python (after one untimed)."""
     code = "\n".join(
         [
             "import time",
@@ -145,8 +145,9 @@ def import_seconds(repeat: int) -> float:
             "print(time.perf_counter() - t)",
         ]
     )
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-            for _ in range(repeat)]  # fmt: skip
+    env = _compiled_env()
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+            for _ in range(repeat + 1)][1:]  # fmt: skip
     return statistics.median(float(run.stdout) for run in runs)
 
 
@@ -168,12 +169,16 @@ def _wsi_command(python: str | None = None) -> list[str]:
     return [str(script)] if script.exists() else [python, "-c", "from wsi.cli.main import cli; cli()"]
 
 
-def _run(cmd: list[str]) -> tuple[float, float]:
-    """(wall s, CPU s of the child and its threads) of one whole process; raises if it fails.
+def _compiled_env() -> dict[str, str]:
+    """This environment without PYTHONDONTWRITEBYTECODE (set in some sandboxes), which would make every
+    run of an editable install compile its sources again (~0.1-0.3 s), as no installed copy does."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
-    Warm means compiled too: PYTHONDONTWRITEBYTECODE (set in some sandboxes) would make every run of an
-    editable install compile its sources again (~0.1-0.3 s), which no installed copy does."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+def _run(cmd: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s of the child and its threads) of one whole process, warm (compiled, `_compiled_env`);
+    raises if it fails."""
+    env = _compiled_env()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
