@@ -170,9 +170,13 @@ def _wsi_command(python: str | None = None) -> list[str]:
 
 
 def _compiled_env() -> dict[str, str]:
-    """This environment without PYTHONDONTWRITEBYTECODE (set in some sandboxes), which would make every
-    run of an editable install compile its sources again (~0.1-0.3 s), as no installed copy does."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    """This environment, with compiled modules kept: without PYTHONDONTWRITEBYTECODE (set in some
+    sandboxes, it makes every run of an editable install compile its sources again, ~0.1-0.3 s, which no
+    installed copy does), and with PYTHONPYCACHEPREFIX in a temporary folder, so no .pyc is written
+    beside anybody's sources (the baseline's checkout included)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("PYTHONPYCACHEPREFIX", str(Path(tempfile.gettempdir()) / "wsi-benchmarks-pycache"))
+    return env
 
 
 def _run(cmd: list[str]) -> tuple[float, float]:
