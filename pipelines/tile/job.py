@@ -9,6 +9,7 @@ from pathlib import Path
 
 from wsi.pipelines.tile.segment import SegmentationOptions
 from wsi.tile_params import TileParams
+from wsi.work_bounds import MAX_READ_PX
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class TileJob:
     mpp_override: bool = False
     #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
     segmentation: SegmentationOptions | None = None
+    #: the most pixels of one level decoded for the thumbnail (`wsi.thumbnail.check_thumbnails`)
+    max_read_px: int = MAX_READ_PX
 
 
 __all__ = ["TileJob", "TileOutputs", "output_paths"]
