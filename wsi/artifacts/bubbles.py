@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
-from skimage.measure import label
-from skimage.morphology import black_tophat, disk
 
 from wsi.artifacts.morph import dilate
+from wsi.morphology import black_tophat, disk, label
 from wsi.tile_params import ArtifactParams
 
 

@@ -11,11 +11,10 @@ split, as for the tissue mask, would call the ink "normal").
 from __future__ import annotations
 
 import numpy as np
-from skimage.measure import label
-from skimage.morphology import remove_small_objects
 
 from wsi.artifacts.colour import HSV, ink_rules
 from wsi.artifacts.morph import closing, opening
+from wsi.morphology import label, remove_small_objects
 from wsi.tile_params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise
