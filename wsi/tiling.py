@@ -272,8 +272,11 @@ def _block_median_variance(gray: np.ndarray, fg_full: np.ndarray, grid: int) -> 
     n_all = np.maximum(n.reshape(b, -1).sum(1), 1.0)
     whole = np.maximum(s2.reshape(b, -1).sum(1) / n_all - (s1.reshape(b, -1).sum(1) / n_all) ** 2, 0.0)
     score = whole
-    for t in np.flatnonzero(voting.any(axis=1)):  # tiles with at least one voting block
-        score[t] = np.median(block_var[t, voting[t]])
+    k = voting.sum(axis=1)  # (B,) voting blocks per tile; the median of those, as np.median gives it:
+    ranked = np.sort(np.where(voting, block_var, np.inf), axis=1)  # the k voting values first
+    rows, lo, hi = np.arange(b), np.maximum(k - 1, 0) // 2, k // 2
+    median = (ranked[rows, lo] + ranked[rows, hi]) / np.float32(2)  # odd k: lo == hi
+    score = np.where(k > 0, median, score)  # tiles with no voting block keep the whole-tile value
     return np.where(n.reshape(b, -1).sum(1) > 0, score, 0.0)
 
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
-from skimage.measure import label
-from skimage.morphology import black_tophat, disk, skeletonize
 
 from wsi.artifacts.morph import dilate
+from wsi.morphology import black_tophat, disk, label
 from wsi.tile_params import ArtifactParams
 
 #: a line with more branch points per mm of its skeleton than this is a net (lacy tissue), not a rim
@@ -71,6 +70,8 @@ def bubble_regions(
 def _smooth(part: np.ndarray, mpp: float) -> bool:
     """A rim or an edge is a smooth line: few branch points per mm of its skeleton. The thin walls of
     lung alveoli (or any lacy tissue) at the tissue's edge form a net: about 20 branch points per mm."""
+    from skimage.morphology import skeletonize  # only for a long thin line, the rare case
+
     skeleton = skeletonize(part)
     neighbours = ndimage.convolve(skeleton.astype(np.int16), np.ones((3, 3), np.int16), mode="constant")
     branches = np.count_nonzero(skeleton & (neighbours >= 4))  # the pixel and 3+ neighbours

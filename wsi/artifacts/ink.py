@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
-from skimage.measure import label
-from skimage.morphology import remove_small_objects
 
 from wsi.artifacts.colour import HSV, RED_DENSE_OD, ink_rules, median_margin, red_od_ratio
 from wsi.artifacts.morph import closing, dilate, opening
+from wsi.morphology import label, remove_small_objects
 from wsi.tile_params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise

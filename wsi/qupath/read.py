@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.path import Path as MplPath
 
 from wsi.errors import RoiError, WsiError
 from wsi.files import sha256_file
@@ -73,6 +72,8 @@ class Roi:
 
 def inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
     """(N,) bool: each of the (N, 2) points inside one of the polygons (even-odd over its rings)."""
+    from matplotlib.path import Path as MplPath  # only with --roi or a review: a plain tile run stays light
+
     inside = np.zeros(len(pts), dtype=bool)
     for poly in polygons:
         lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
