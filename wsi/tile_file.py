@@ -27,18 +27,19 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
-import zarr
-from zarr.codecs import BloscCodec
 
 from wsi.errors import ConfigError, TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
 from wsi.hdf5 import attrs_of, outside_reason, plain, storage_problem
 from wsi.suffixes import TILE_PIXELS_SUFFIX
 from wsi.tile_meta import TileFileMeta
+
+if TYPE_CHECKING:  # zarr (0.2-0.4 s to import) only where tile pixels are written or read
+    import zarr
 
 FORMAT = "wsi-tiles"
 FORMAT_VERSION = 1
@@ -282,6 +283,9 @@ class TilePixelWriter:
         self._tmp = temp_sibling(self.path)
         self._n = 0
         self._attrs = dict(attrs or {})
+        import zarr
+        from zarr.codecs import BloscCodec
+
         self._array = zarr.create_array(
             store=str(self._tmp),
             shape=(max(n_max, 0), tile_px, tile_px, 3),
@@ -326,6 +330,8 @@ def open_tile_pixels(path: str | os.PathLike[str]) -> zarr.Array:
     path = Path(path)
     if not path.is_dir():
         raise TileFileError(f"tile pixels {path} not found; run `wsi tile --save-tiles`")
+    import zarr
+
     try:
         array = zarr.open_array(store=str(path), mode="r")
     except Exception as exc:  # zarr raises several types for a foreign/broken folder

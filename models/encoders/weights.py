@@ -8,7 +8,6 @@ the load is all or nothing: missing, unexpected and wrongly shaped tensors are l
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -27,6 +26,7 @@ from wsi.models.encoders.recipe import EncoderRecipe
 from wsi.registry import Registry
 from wsi.storage.hf import hub_weights, is_ref, parse_ref, repo_of
 from wsi.storage.urls import is_url
+from wsi.user_text import load_json_file
 
 log = logging.getLogger("wsi.models.encoders")
 
@@ -167,10 +167,7 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: 
     config_path = folder / "config.json"
     if not config_path.is_file():
         return
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"{config_path} is not readable JSON ({exc})") from None
+    config = load_json_file(config_path, what="model folder config", error=WeightsError)
     if not isinstance(config, dict):
         return
     found = config.get("architecture")  # timm hub layout: {"architecture": ..., "model_args": {...}}

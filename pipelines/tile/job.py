@@ -9,6 +9,7 @@ from pathlib import Path
 
 from wsi.pipelines.tile.segment import SegmentationOptions
 from wsi.tile_params import TileParams
+from wsi.work_bounds import MAX_READ_PX
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class TileJob:
     #: the URL of a remote --out (s3://...): each worker writes into its own mirror of it (`out_dir`
     #: replaced) and uploads each slide's files (`wsi.pipelines.remote`); None: out_dir is the output
     remote: str | None = None
+    #: the most pixels of one level decoded for the thumbnail (`wsi.thumbnail.check_thumbnails`)
+    max_read_px: int = MAX_READ_PX
 
 
 __all__ = ["TileJob", "TileOutputs", "output_paths", "remote_files"]

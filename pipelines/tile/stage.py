@@ -85,6 +85,7 @@ from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, re
 from wsi.tile_meta import BackgroundRecord, TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, REASON_NAMES, find_tissue
+from wsi.work_bounds import check_grid
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def tile_slides(
         mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
         remote=None if remote is None else str(remote.url),
+        max_read_px=opts.max_read_px,
     )
     if job.segmentation is not None:
         segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
@@ -244,11 +246,13 @@ def _tile_open_slide(
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
-    thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
+    check_grid(slide.path, *slide.dimensions, mpp=slide.mpp, tile_um=job.params.tile_um)  # before reading
+    mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
+    thumbs = read_thumbnails(slide, mpps, max_read_px=job.max_read_px)
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
-    found, roi_record = restrict_to_roi(found, roi)
+    found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -281,7 +285,9 @@ def _tile_open_slide(
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
         empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
-        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
+        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse, roi_note) if extra)
+    if roi_note:  # also in the manifest note (the tile file's RoiRecord)
+        log.warning("%s: %s", source.slide_id, roi_note)
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),

@@ -127,7 +127,8 @@ def heavy_filter_note(
 
 def row_note(meta: TileFileMeta) -> str:
     """The manifest note of a slide from its tile file's record: tiles rejected per artifact, a filter
-    over HEAVY_FILTER, the low-yield note and the review applied ("" when there is nothing to say)."""
+    over HEAVY_FILTER, the low-yield note, the review applied and what is wrong with the ROI's place ("" when
+    there is nothing to say)."""
     counts = meta.counts
     seg = meta.segmentation
     by_name = {k: v for k, v in artifact_counts_by_name(counts.to_dict()).items() if v}
@@ -142,7 +143,8 @@ def row_note(meta: TileFileMeta) -> str:
             f"{REVIEW_PREFIX}{Path(r.path).name}): {r.n_restored} rejected tile(s) kept, {r.n_dropped} kept "
             f"tile(s) dropped ({r.n_tiles} tile objects, {r.n_regions} Exclude region(s))"
         )
-    parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review)
+    roi = meta.roi.note if meta.roi is not None else ""
+    parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review, roi)
     return "; ".join(part for part in parts if part)
 
 

@@ -26,6 +26,7 @@ TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
     "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override", "--review": "review",
+    "--max-read-gpx": "max_read_gpx",
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."

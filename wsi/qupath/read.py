@@ -19,21 +19,20 @@ over each polygon's rings: holes are outside; a MultiPolygon is the union of its
 
 from __future__ import annotations
 
-import gzip
 import io
-import json
 import math
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.path import Path as MplPath
 
 from wsi.errors import RoiError, WsiError
 from wsi.files import sha256_file
+from wsi.user_text import MAX_JSON_BYTES, parse_json
 
 Polygon = list[np.ndarray]  # [shell, hole, ...], each (K, 2) float64 level-0 (x, y), closed
 _ANNOTATION_TYPES = frozenset({"annotation", "unknown", "PathAnnotationObject"})
@@ -73,6 +72,8 @@ class Roi:
 
 def inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
     """(N,) bool: each of the (N, 2) points inside one of the polygons (even-odd over its rings)."""
+    from matplotlib.path import Path as MplPath  # only with --roi or a review: a plain tile run stays light
+
     inside = np.zeros(len(pts), dtype=bool)
     for poly in polygons:
         lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
@@ -145,25 +146,34 @@ def is_excluded(classification: Any) -> bool:
 def load_geojson(path: Path, *, option: str = "--roi", error: type[WsiError] = RoiError) -> Any:
     """The JSON of a GeoJSON file, plain or compressed as QuPath's export writes it (PathIO.
     exportObjectsAsGeoJSON: a name ending .zip holds one <name>.geojson entry, .gz is gzip); `error`
-    (naming `option` and the file) when it cannot be read or is not JSON."""
+    (naming `option` and the file) when it cannot be read, is larger than MAX_JSON_BYTES once unpacked,
+    or is not JSON (every parser failure, a 200,000-deep nesting and NaN included)."""
     try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise error(f"{option} {path} is {path.stat().st_size} bytes; at most {MAX_JSON_BYTES} are read")
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            unpack = zlib.decompressobj(wbits=31)  # gzip; bounded: a small file may unpack to gigabytes
+            raw = unpack.decompress(raw, MAX_JSON_BYTES + 1)
         elif raw[:4] == b"PK\x03\x04":
             with zipfile.ZipFile(io.BytesIO(raw)) as archive:
                 names = [n for n in archive.namelist() if not n.endswith("/")]
                 if len(names) != 1:
                     raise error(f"{option} {path}: a zip of {len(names)} files; QuPath's export holds one")
+                if archive.getinfo(names[0]).file_size > MAX_JSON_BYTES:
+                    raise error(f"{option} {path}: its GeoJSON unpacks to more than {MAX_JSON_BYTES} bytes")
                 raw = archive.read(names[0])
-        data = json.loads(raw.decode("utf-8"))
+        if len(raw) > MAX_JSON_BYTES:
+            raise error(f"{option} {path}: its GeoJSON unpacks to more than {MAX_JSON_BYTES} bytes")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise error(f"{option} {path}: cannot be read ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, zipfile.BadZipFile, EOFError):
+    except (UnicodeDecodeError, zipfile.BadZipFile, EOFError, zlib.error):
         raise error(f"{option} {path}: not a text (GeoJSON) file; {_HOW}") from None
-    except json.JSONDecodeError as exc:
-        raise error(f"{option} {path}: not valid JSON ({exc.msg} at line {exc.lineno}); {_HOW}") from None
-    return data
+    try:
+        return parse_json(text, f"{option} {path}", error=error, finite=True)
+    except error as exc:
+        raise error(f"{exc}; {_HOW}") from None
 
 
 def features(

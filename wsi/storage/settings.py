@@ -31,7 +31,10 @@ class StorageSettings:
         None, help="Local cache root for copies of remote slides and output folders being written."
     )
     cache_gb: float = setting(
-        50.0, gt=0, help="Disk the local copies of remote slides may take (least recently used go first)."
+        50.0,
+        gt=0,
+        le=1_000_000,
+        help="Disk the local copies of remote slides may take (least recently used go first).",
     )
     block_mb: float = setting(2.0, gt=0, le=1024, help="One range read of a remote slide, in MB.")
     blocks: int = setting(64, ge=1, le=100_000, help="Blocks kept in memory per open remote slide.")

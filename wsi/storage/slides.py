@@ -12,19 +12,24 @@ log says with the size and the reason.
     remote_slide(url, backend) -> RangeFile | Path     what `wsi.slide.open_slide` reads
     RangeFile(url, size, version).open()                 a fresh read handle with its own block cache
     open_binary(source)                                  a binary handle on a Path or a RangeFile
+    check_complete(source, size, url)                    SlideError if the TIFF's data runs past its end
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from wsi.errors import SlideError
 from wsi.storage.cache import local_copies
 from wsi.storage.fs import filesystem, list_files, remote_info, translated
 from wsi.storage.settings import storage_settings
 from wsi.storage.urls import Url
+
+log = logging.getLogger(__name__)
 
 #: formats kept as several files: copied as a group (the slide file's folder, or its data folder)
 _MULTI_FILE = (".dcm", ".mrxs", ".vms", ".vmu")
@@ -113,4 +118,27 @@ def open_binary(source: Path | RangeFile) -> BinaryIO:
     return source.open("rb", block_bytes=PROBE_BYTES) if isinstance(source, RangeFile) else open(source, "rb")
 
 
-__all__ = ["RangeFile", "open_binary", "remote_slide"]
+def check_complete(source: Path | RangeFile, size: int, url: Url) -> None:
+    """A remote TIFF (read by ranges, or its local copy) whose IFDs or tile data run past the end of the
+    file is truncated: say so at open time, naming the URL. (A local slide's check is
+    `wsi.stored_tiles.jpeg_levels`, which parses the file once for both.)"""
+    import tifffile
+
+    try:
+        with open_binary(source) as fh, tifffile.TiffFile(fh) as tif:
+            end = 0
+            for page in tif.pages:
+                offsets, counts = page.dataoffsets, page.databytecounts
+                if len(offsets):
+                    end = max(end, max(o + c for o, c in zip(offsets, counts, strict=False)))
+    except Exception:  # a TIFF variant tifffile does not parse: let the backend decide
+        log.debug("%s: tifffile could not check the TIFF structure", url, exc_info=True)
+        return
+    if end > size:
+        raise SlideError(
+            f"{url}: the file is truncated ({size} bytes, but its image data runs to byte {end}); "
+            "copy or upload it again"
+        )
+
+
+__all__ = ["RangeFile", "check_complete", "open_binary", "remote_slide"]
