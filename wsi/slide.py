@@ -97,6 +97,8 @@ class Slide:
                 for i, dims in enumerate(self.level_dimensions)
                 if dims in jpeg and i not in self.colour_fix.levels
             }
+            for tiles in self._direct.values():
+                tiles.open()  # now, as openslide's handle: a cache copy evicted later stays readable
         if mpp is not None:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
