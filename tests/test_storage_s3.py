@@ -318,3 +318,27 @@ def test_openslide_and_dicom_series_read_local_copies_within_the_cache_limit(
         assert slide.dimensions == here.dimensions == (768, 512)
         np.testing.assert_array_equal(slide.read_level(0, 0, 0, 256, 256), here.read_level(0, 0, 0, 256, 256))
     assert any("2 files" in r.getMessage() and "DICOM series" in r.getMessage() for r in caplog.records)
+
+
+def test_a_copy_openslide_holds_open_is_not_evicted(
+    s3: S3Server, slides: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """openslide re-opens its file between reads: a copy an open slide reads stays until it is closed."""
+    from wsi.slide import open_slide
+
+    folder, bucket = slides
+    sizes = {p.name: p.stat().st_size for p in folder.glob("*.svs")}
+    monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WSI_CACHE_GB", str(max(sizes.values()) * 1.2 / 1e9))  # room for one copy
+    a_url = f"s3://{bucket}/slides/s3-a.svs"
+    with open_slide(a_url, direct_jpeg=False) as a, open_slide(folder / "s3-a.svs") as here:
+        with open_slide(f"s3://{bucket}/slides/s3-b.svs", direct_jpeg=False):
+            pass  # b's copy needs a's room, but a is open
+        held = sorted(p.name for p in (tmp_path / "cache" / "files").rglob("*.svs"))
+        assert held == ["s3-a.svs", "s3-b.svs"]
+        np.testing.assert_array_equal(a.read_level(0, 0, 0, 300, 200), here.read_level(0, 0, 0, 300, 200))
+    # a new folder (s3fs caches listings)
+    s3.client().upload_file(str(folder / "s3-a.svs"), bucket, "later/s3-c.svs")
+    with open_slide(f"s3://{bucket}/later/s3-c.svs", direct_jpeg=False):  # a and b closed: both may go
+        pass
+    assert [p.name for p in (tmp_path / "cache" / "files").rglob("*.svs")] == ["s3-c.svs"]

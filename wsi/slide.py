@@ -22,6 +22,7 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.slide_colour import ColourFix, check_colours
+from wsi.storage.cache import hold_copy
 from wsi.storage.slides import RangeFile, check_complete, open_binary, remote_slide
 from wsi.storage.urls import Url, is_url, parse_url
 from wsi.stored_tiles import JpegTiles, jpeg_levels
@@ -74,6 +75,8 @@ class Slide:
     ) -> None:
         self.path = path
         self.file = file if file is not None else Path(path)
+        # a remote slide's local copy stays in the cache while this slide is open (openslide re-opens it)
+        self._hold = hold_copy(self.file) if isinstance(path, Url) and isinstance(self.file, Path) else None
         self.backend = backend
         self._direct: dict[int, JpegTiles] = {}
         h = self._new_handle()
@@ -263,6 +266,9 @@ class Slide:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
 
     def __enter__(self) -> Slide:
         return self

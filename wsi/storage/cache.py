@@ -3,9 +3,11 @@
 A copy lives in `<cache>/files/<sha of the URL>/` with an `entry.json` that records each file's remote
 version (ETag, generation): a copy is used again only while the remote file is unchanged, and re-fetched
 once it changed. The cache is bounded (`WSI_CACHE_GB`): before a copy is made, the least recently used
-entries go until it fits. Removing a copy a reader still has open is safe on POSIX (the open file lives
-until closed); an entry being filled is locked (flock), so two processes (embed readers, dask workers on
-one machine) copying the same slide wait for one download instead of making two.
+entries go until it fits, except entries a reader holds open: openslide re-opens its file between reads,
+so a slide opened from its copy takes a shared lock on the entry (`hold_copy`, released when the slide is
+closed) and eviction passes over held entries. An entry being filled is locked too (flock), so two
+processes (embed readers, dask workers on one machine) copying the same slide wait for one download
+instead of making two.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from wsi.files import temp_sibling, write_text_atomic
 from wsi.storage.fs import filesystem, remote_info, translated
@@ -30,6 +32,7 @@ log = logging.getLogger("wsi.storage")
 
 _ENTRY = "entry.json"
 _LOCK = ".lock"
+_IN_USE = ".in-use"
 _DATA = "data"
 
 
@@ -144,13 +147,45 @@ def _make_room(settings: StorageSettings, need: int, *, keep: Path) -> None:
             break
         if folder == keep:
             continue
-        with _locked(folder, wait=False) as mine:
-            if not mine:  # being filled by another process
+        with _locked(folder, wait=False) as mine, _unheld(folder) as free:
+            if not (mine and free):  # being filled by another process, or a reader holds it open
                 continue
             shutil.rmtree(folder / _DATA, ignore_errors=True)
             (folder / _ENTRY).unlink(missing_ok=True)
         total -= size
         log.debug("evicted %s from the local cache (%.1f MB)", folder, size / 1e6)
+
+
+def hold_copy(path: Path, settings: StorageSettings | None = None) -> IO[str] | None:
+    """A shared lock on the cache entry holding `path`, kept while the caller reads the copy (close the
+    returned file to release it); None when `path` is not a cache copy."""
+    settings = settings or storage_settings()
+    try:
+        rel = path.absolute().relative_to(settings.root / "files")
+    except ValueError:
+        return None
+    fh = open(settings.root / "files" / rel.parts[0] / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
+
+
+@contextlib.contextmanager
+def _unheld(folder: Path) -> Iterator[bool]:
+    """True (and no new reader can hold it meanwhile) when no reader holds the entry `folder`."""
+    marker = folder / _IN_USE
+    if not marker.exists():
+        yield True
+        return
+    with open(marker, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str | None:
@@ -169,4 +204,4 @@ def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str |
     return str(join(Url(url).parent, inside))
 
 
-__all__ = ["entry_dir", "local_copies", "local_copy", "origin_of_copy"]
+__all__ = ["entry_dir", "hold_copy", "local_copies", "local_copy", "origin_of_copy"]
