@@ -75,7 +75,8 @@ class CaseDataset(Dataset[Sample]):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> Sample:
+    # Any, not Sample, only while predict (pipelines/predict/stage.py) hands samples on as dict[str, Any]
+    def __getitem__(self, index: int) -> Any:
         item = self.items[index]
         start, stop = self.spans[index]
         if item.slides:
@@ -93,8 +94,8 @@ class CaseCollate:
     def __init__(self, adapter: InputAdapter) -> None:
         self.adapter = adapter
 
-    def __call__(self, samples: list[Sample]) -> Batch:
-        batch = self.adapter.collate(samples)
+    def __call__(self, samples: Sequence[Any]) -> Batch:  # Samples (Any: see CaseDataset.__getitem__)
+        batch = self.adapter.collate(list(samples))
         batch.targets = torch.stack([s["target"] for s in samples]) if samples else None
         return batch
 

@@ -104,7 +104,8 @@ class BagProvenance:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in attrs.items() if k in known}
         for name in _JSON:
-            if isinstance(data.get(name), str):
+            text = data.get(name)
+            if isinstance(text, str):
                 with contextlib.suppress(ValueError, RecursionError):  # else parse_config names the field
-                    data[name] = json.loads(data[name])
+                    data[name] = json.loads(text)
         return parse_config(cls, data, source=source)
