@@ -269,7 +269,7 @@ def tile_file_info(path: str | os.PathLike[str]) -> JsonObject:
     return out
 
 
-class PixelStoreAttrs(TypedDict):
+class PixelStoreAttrs(TypedDict, total=False):
     """What a tile-pixel store records about its tiles (besides `format`, `n_tiles`, `complete`)."""
 
     slide_id: str
@@ -293,13 +293,9 @@ class TilePixelWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = temp_sibling(self.path)
         self._n = 0
-        self._attrs: JsonObject = {}
-        if attrs is not None:
-            self._attrs = {
-                "slide_id": attrs["slide_id"], "tile_size_um": attrs["tile_size_um"],
-                "tile_size_px": attrs["tile_size_px"], "target_mpp": attrs["target_mpp"],
-                "params": attrs["params"],
-            }  # fmt: skip
+        # zarr keeps attributes as JSON: the round trip refuses what JSON cannot hold before any pixel is
+        # written, and gives the JSON-typed mapping zarr takes
+        self._attrs: JsonObject = json.loads(json.dumps(attrs or {}))
         import zarr
         from zarr.codecs import BloscCodec
 
