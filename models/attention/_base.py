@@ -19,6 +19,7 @@ from wsi.models.attention.local import LocalRows
 from wsi.models.layout import grid_neighbours
 from wsi.registry import Registry
 
+
 class StreamState(dict[str, Tensor]):
     """A streaming pass's state: running sums and what is derived from them, by name (each variant its
     own: "n", "s1", "kv0"...); `chunks` keeps every chunk where a variant needs them all (softmax: keys,
