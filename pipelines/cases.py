@@ -75,7 +75,7 @@ class CaseDataset(Dataset[Sample]):
     def __len__(self) -> int:
         return len(self.items)
 
-    # Any, not Sample, only while predict (pipelines/predict/stage.py) hands samples on as dict[str, Any]
+    # Any, not Sample, only while predict (pipelines/predict/stage.py) takes samples as untyped dicts
     def __getitem__(self, index: int) -> Any:
         item = self.items[index]
         start, stop = self.spans[index]
