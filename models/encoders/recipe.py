@@ -25,12 +25,12 @@ from pydantic import Field
 
 from wsi.config import MAX_MPP, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject, JsonValue
 from wsi.registry import Registry
 from wsi.user_text import load_yaml_file
 
 if TYPE_CHECKING:
     from torch import nn
-from wsi.json_types import JsonObject, JsonValue
 
 _Side = Annotated[int, Field(ge=16, le=4096)]  # a network input side, px
 _Unit = Annotated[float, Field(ge=0, le=1)]  # a mean of [0, 1] RGB
