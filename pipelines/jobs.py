@@ -50,8 +50,8 @@ Status = Literal["ok", "skipped", "empty", "failed"]
 STATUSES: tuple[Status, ...] = ("ok", "skipped", "empty", "failed")
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error", "note")
 
-# Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
-_INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
+# Plugins of the inline batch now running, by name (scoped to run_jobs; a dask worker keeps its own).
+_INLINE_PLUGINS: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("inline_plugins")
 
 
 @dataclass
