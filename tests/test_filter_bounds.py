@@ -1,0 +1,152 @@
+"""The background and blur filters' shortcut (`wsi.filter_bounds.surely_kept`) gives the exact filters'
+verdicts (`wsi.tiling.classify_exact`) on real H&E tiles, blurred around the threshold, paled toward
+glass, and on tiles built to fool a row sample; and it does pass most sharp tissue tiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from wsi.filter_bounds import STRIDE, surely_kept
+from wsi.pipelines.tile.read import read_tile_chunks
+from wsi.slide import open_slide
+from wsi.tile_params import TileParams
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, blur_variance, classify_exact, classify_tiles, find_tissue
+
+
+def _tiles(path: Path, params: TileParams, mpp: float | None = None) -> np.ndarray:
+    with open_slide(path, mpp=mpp) as slide:
+        coords = find_tissue(slide, params).candidate_coords
+        return np.concatenate(list(read_tile_chunks(slide, coords, params, 1)))
+
+
+def _blurred(tiles: np.ndarray, sigma: float) -> np.ndarray:
+    return np.stack([ndimage.gaussian_filter(t, sigma=(sigma, sigma, 0)) for t in tiles])
+
+
+def _paled(tiles: np.ndarray, alpha: float) -> np.ndarray:
+    """Mixed toward white: more of each tile's pixels near-white (background at the 0.8 mark)."""
+    return np.rint(tiles * (1 - alpha) + 255 * alpha).astype(np.uint8)
+
+
+def _same(tiles: np.ndarray, params: TileParams) -> np.ndarray:
+    """Both paths in the stage's chunks of 16; the verdicts, asserted equal."""
+    fast = np.concatenate([classify_tiles(tiles[i : i + 16], params) for i in range(0, len(tiles), 16)])
+    exact = np.concatenate([classify_exact(tiles[i : i + 16], params) for i in range(0, len(tiles), 16)])
+    assert fast.tolist() == exact.tolist()
+    return exact
+
+
+def _sure(tiles: np.ndarray, params: TileParams) -> np.ndarray:
+    return surely_kept(
+        tiles, white_level=params.white_level, max_background_fraction=params.max_background_fraction,
+        min_blur_variance=params.min_blur_variance,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real_tiles(shared_data: Path) -> np.ndarray:
+    """Tissue tiles of both real slides, 256 px, at their own scan resolution and coarser."""
+    slides = shared_data / "slides"
+    parts = [
+        _tiles(slides / "CMU-1-Small-Region.svs", TileParams()),  # 0.499 um/px scan, 1 um/px tiles
+        _tiles(slides / "CMU-1-Small-Region.svs", TileParams(tile_um=128.0)),  # 0.5 um/px
+        # the TCGA crop carries no resolution: taken as 0.5 um/px, its tiles at 1 and 0.5 um/px
+        _tiles(slides / "tcga-cr-7395-01a-01-ts1.svs", TileParams(), mpp=0.5),
+        _tiles(slides / "tcga-cr-7395-01a-01-ts1.svs", TileParams(tile_um=128.0), mpp=0.5),
+    ]
+    return np.concatenate(parts)
+
+
+def test_shortcut_verdicts_equal_exact_on_real_tiles(real_tiles: np.ndarray) -> None:
+    params = TileParams()
+    reasons = _same(real_tiles, params)
+    assert len(real_tiles) >= 100 and np.count_nonzero(reasons == KEPT) >= 60
+    sure = np.concatenate([_sure(real_tiles[i : i + 16], params) for i in range(0, len(real_tiles), 16)])
+    # not a shortcut in name only: most sharp tissue tiles pass without the full computation
+    assert np.count_nonzero(sure) >= 0.6 * np.count_nonzero(reasons == KEPT)
+    assert not sure[reasons != KEPT].any()
+
+
+@pytest.mark.parametrize("sigma", [0.6, 0.8, 1.0, 1.3, 1.7, 2.3])
+def test_shortcut_verdicts_equal_exact_on_blurred_real_tiles(real_tiles: np.ndarray, sigma: float) -> None:
+    """Blurred by a Gaussian, the real tiles' scores fall through the threshold (a 1 um blur scores
+    100-600, a 2 um one 20-50): every verdict on either side of it is the exact one's."""
+    params = TileParams()
+    tiles = _blurred(real_tiles, sigma)
+    reasons = _same(tiles, params)
+    scores = blur_variance(tiles, white_level=params.white_level)
+    near = (scores > 0.5 * params.min_blur_variance) & (scores < 4 * params.min_blur_variance)
+    if 1.0 <= sigma <= 1.7:  # the threshold is crossed here: tiles just above and below it were judged
+        assert np.count_nonzero(near) >= 10
+    if sigma >= 1.7:
+        assert np.count_nonzero(reasons == BLURRY) >= 10
+
+
+@pytest.mark.parametrize("threshold", [5.0, 20.0, 150.0, 500.0, 1500.0, 4000.0])
+def test_shortcut_verdicts_equal_exact_at_other_thresholds(real_tiles: np.ndarray, threshold: float) -> None:
+    """Other --min-blur-variance settings: the bound holds at any threshold, not only the default's."""
+    params = TileParams(min_blur_variance=threshold)
+    _same(real_tiles, params)
+    _same(_blurred(real_tiles[::3], 1.0), params)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.6, 0.7])
+def test_shortcut_verdicts_equal_exact_on_pale_tiles(real_tiles: np.ndarray, alpha: float) -> None:
+    """Paled toward glass: fewer tissue pixels, blocks around a quarter tissue."""
+    _same(_paled(real_tiles, alpha), TileParams())
+
+
+@pytest.mark.parametrize("columns", [150, 190, 198, 204, 206, 214])
+def test_shortcut_verdicts_equal_exact_at_the_tissue_edge(real_tiles: np.ndarray, columns: int) -> None:
+    """Glass over the first `columns` of each tile (the tissue's edge): background fractions through
+    the 0.8 mark (204.8 of 256 columns), blocks through a quarter tissue."""
+    tiles = real_tiles.copy()
+    tiles[:, :, :columns] = 242
+    reasons = _same(tiles, TileParams())
+    if columns >= 206:
+        assert np.count_nonzero(reasons == BACKGROUND) >= 0.5 * len(tiles)
+    if columns <= 190:
+        assert np.count_nonzero(reasons == BACKGROUND) < 0.5 * len(tiles)
+
+
+def test_shortcut_not_fooled_by_what_the_sample_leaves_out(real_tiles: np.ndarray) -> None:
+    """Tiles that differ from what the row sample sees: sharp only in unsampled rows, glass in the
+    unsampled rows, blurred in them: each verdict is the exact one's."""
+    params = TileParams()
+    sharp = real_tiles[:24]
+    p = sharp.shape[1]
+    sampled = np.zeros(p, bool)
+    for centre in range(0, p - 2, STRIDE):
+        sampled[centre : centre + 3] = True
+    flat = np.full_like(sharp, 200)
+    only_unsampled = np.where(sampled[None, :, None, None], flat, sharp)  # sharp where it is not seen
+    glass = np.where(sampled[None, :, None, None], sharp, np.uint8(255))  # glass where it is not seen
+    blurred = np.where(sampled[None, :, None, None], sharp, _blurred(sharp, 3.0))
+    for tiles in (only_unsampled, glass, blurred):
+        _same(tiles, params)
+    # the tile sharp where unsampled is not passed by the bound, whatever its exact verdict
+    assert not _sure(only_unsampled, params).any()
+
+
+def test_shortcut_verdicts_equal_exact_on_a_generated_slide(sample_slide: Callable) -> None:
+    """The generated sample slide (tissue boxes, one blurred box): same verdicts, blurred tiles found."""
+    params = TileParams(tile_um=128.0, tile_px=256)
+    tiles = _tiles(Path(sample_slide.path), params)
+    reasons = _same(tiles, params)
+    assert np.count_nonzero(reasons == BLURRY) >= 2 and np.count_nonzero(reasons == KEPT) >= 10
+
+
+def test_small_tiles_and_other_modes_take_the_exact_path(real_tiles: np.ndarray) -> None:
+    """Tiles under 64 px, dark mode and coarse scans go through the exact filters only."""
+    params = TileParams()
+    assert not _sure(real_tiles[:4, :48, :48], params).any()
+    small = dataclasses.replace(params, tile_px=48)
+    _same(np.ascontiguousarray(real_tiles[:8, :48, :48]), small)
+    dark = 255 - real_tiles[:8]
+    assert classify_tiles(dark, params, dark=True).tolist() == classify_exact(dark, params, dark=True).tolist()
