@@ -1,6 +1,11 @@
-"""The background and blur filters' shortcut (`wsi.filter_bounds.surely_kept`) gives the exact filters'
-verdicts (`wsi.tiling.classify_exact`) on real H&E tiles, blurred around the threshold, paled toward
-glass, and on tiles built to fool a row sample; and it does pass most sharp tissue tiles."""
+"""The per-tile filters' faster paths give the verdicts of the paths they replace (issue 35).
+
+- Background and blur: the shortcut (`wsi.filter_bounds.surely_kept`) gives the exact filters' verdicts
+  (`wsi.tiling.classify_exact`) on real H&E tiles, blurred around the threshold, paled toward glass, at
+  the tissue's edge, and on tiles built to fool a row sample; and it does pass most sharp tissue tiles.
+- Ink: the tile's ink share (optical density of the red candidates only, a cheaper hue) equals the one
+  computed before, on real marker, lookalike and slide tiles.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from wsi.artifacts import ArtifactParams, hsv, tile_ink_share
+from wsi.artifacts.colour import TILE_STRIDE, ink_rules, ink_sample, is_red_ink, optical_density
 from wsi.filter_bounds import STRIDE, surely_kept
 from wsi.pipelines.tile.read import read_tile_chunks
 from wsi.slide import open_slide
@@ -151,3 +158,73 @@ def test_small_tiles_and_other_modes_take_the_exact_path(real_tiles: np.ndarray)
     dark = 255 - real_tiles[:8]
     fast, exact = classify_tiles(dark, params, dark=True), classify_exact(dark, params, dark=True)
     assert fast.tolist() == exact.tolist()
+
+
+# ------------------------------------------------------------------------------ the tile's own ink share
+def _reference_hsv(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`wsi.artifacts.colour.hsv` as it was before issue 35 (the hue's `% 360`)."""
+    px = rgb[..., :3].astype(np.float32)
+    r, g, b = px[..., 0], px[..., 1], px[..., 2]
+    high = np.maximum(np.maximum(r, g), b)
+    low = np.minimum(np.minimum(r, g), b)
+    span = high - low
+    safe = np.where(span > 0, span, 1.0)
+    hue = np.where(high == r, (g - b) / safe, np.where(high == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    hue = (hue * 60.0) % 360.0
+    hue = np.where(span > 0, hue, 0.0)
+    sat = np.where(high > 0, span / np.maximum(high, 1.0), 0.0)
+    return hue.astype(np.float32), sat.astype(np.float32), (high / 255.0).astype(np.float32)
+
+
+def _reference_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """The tile ink share as it was computed before issue 35: the optical density of every pixel of a
+    tile with red candidates, and np.nanmedian."""
+    sample = tiles[:, ::TILE_STRIDE, ::TILE_STRIDE].reshape(len(tiles), -1, 3)
+    colours = ink_rules(_reference_hsv(sample), params)
+    ink = colours["green"] | colours["blue"] | colours["black"]
+    red = colours["red"]
+    rows = np.flatnonzero(red.any(axis=1))
+    if len(rows):
+        ink[rows] |= red[rows] & is_red_ink(optical_density(sample[rows]), red[rows], params)[:, None]
+    return np.count_nonzero(ink, axis=1) / ink.shape[1]
+
+
+def _image_tiles(path: Path, px: int = 256) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        rgb = np.asarray(im.convert("RGB"))
+    h, w = rgb.shape[:2]
+    tiles = [rgb[y : y + px, x : x + px] for y in range(0, h - px + 1, px) for x in range(0, w - px + 1, px)]
+    return np.stack(tiles) if tiles else np.zeros((0, px, px, 3), np.uint8)
+
+
+@pytest.fixture(scope="module")
+def ink_tiles(shared_data: Path, real_tiles: np.ndarray) -> np.ndarray:
+    """256 px tiles of every marker, lookalike and pen image of ../shared/data/artifacts (red, green,
+    blue and black marker, blood, red muscle, eosin-rich stroma) and the real slides' tissue tiles."""
+    images = sorted(p for p in (shared_data / "artifacts").rglob("*") if p.suffix in (".png", ".jpg"))
+    parts = [_image_tiles(p) for p in images if not p.stem.endswith("_mask")]
+    return np.concatenate([*parts, real_tiles])
+
+
+def test_ink_share_equals_the_reference_on_real_marker_and_lookalikes(ink_tiles: np.ndarray) -> None:
+    params = ArtifactParams()
+    chunks = [ink_tiles[i : i + 16] for i in range(0, len(ink_tiles), 16)]  # as the stage's chunks
+    new = np.concatenate([tile_ink_share(chunk, params) for chunk in chunks])
+    old = np.concatenate([_reference_ink_share(chunk, params) for chunk in chunks])
+    assert new.tolist() == old.tolist()
+    # not vacuous: inked tiles, tiles with red candidates judged by their density, and clean ones
+    assert np.count_nonzero(new > params.max_ink_fraction) >= 20
+    assert np.count_nonzero((new > 0) & (new <= params.max_ink_fraction)) >= 20
+    red = ink_rules(hsv(ink_sample(ink_tiles)), params)["red"]
+    assert np.count_nonzero(red.any(axis=1)) >= 50
+
+
+def test_hsv_equals_the_reference_on_every_colour() -> None:
+    """Every 8-bit colour (hue, saturation and value compared by value: the hue of a grey is 0)."""
+    axis = np.arange(256, dtype=np.uint8)
+    for reds in np.array_split(axis, 16):  # 1 M colours at a time: modest memory
+        rgb = np.stack(np.meshgrid(reds, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
+        for new, old in zip(hsv(rgb), _reference_hsv(rgb), strict=True):
+            assert np.array_equal(new, old)
