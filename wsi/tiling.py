@@ -95,6 +95,8 @@ class TissueGrid:
     artifacts: ArtifactMaps = field(default_factory=ArtifactMaps)
     #: (M,) int8 artifact reason code per candidate from its share of each region (0: none), or None
     region_codes: np.ndarray | None = None
+    #: (N,) each grid cell's share of `mask` (with `unknown`: of both), or None where not computed
+    fractions: np.ndarray | None = None
 
     @property
     def candidate_coords(self) -> np.ndarray:
@@ -149,7 +151,7 @@ def find_tissue(
     return TissueGrid(
         thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
         unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable, artifacts=maps,
-        region_codes=codes,
+        region_codes=codes, fractions=fractions,
     )  # fmt: skip
 
 
