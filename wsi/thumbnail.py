@@ -3,7 +3,7 @@
 The tissue mask is computed on a thumbnail, so one corrupt JPEG tile in the level the thumbnail is read
 from used to fail the whole slide, with the error placed at x=0 y=0 (the whole level was one read).
 Here a level that fails as a whole is read again tile by tile of the file's own grid
-(`wsi.file_tiles`): only the tiles that fail are lost, white in the image and True in `unknown`, and each
+(`wsi.tiff_tiles`): only the tiles that fail are lost, white in the image and True in `unknown`, and each
 is reported at its real level-0 place. The tile stage treats unknown as "maybe tissue": it tries those
 tiles one by one and counts the ones that fail as unreadable, so the rest of the slide is tiled.
 
@@ -20,7 +20,7 @@ Public API:
       level read once, one warning
   check_thumbnails(slide, mpps, max_read_px=MAX_READ_PX)   the bounds above, SlideError naming the slide
   Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
-  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.file_tiles`)
+  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.tiff_tiles`)
 """
 
 from __future__ import annotations
