@@ -19,11 +19,12 @@ from scipy import ndimage
 
 from wsi.artifacts import ArtifactParams, hsv, tile_ink_share
 from wsi.artifacts.colour import TILE_STRIDE, ink_rules, ink_sample, is_red_ink, optical_density
+from wsi.blur import blur_variance
 from wsi.filter_bounds import STRIDE, surely_kept
 from wsi.pipelines.tile.read import read_tile_chunks
 from wsi.slide import open_slide
 from wsi.tile_params import TileParams
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, blur_variance, classify_exact, classify_tiles, find_tissue
+from wsi.tiling import BACKGROUND, BLURRY, KEPT, classify_exact, classify_tiles, find_tissue
 
 
 def _tiles(path: Path, params: TileParams, mpp: float | None = None) -> np.ndarray:

@@ -8,7 +8,7 @@ tile's pixels), and the bounds hold whatever the unsampled rows hold:
 
 - background: the unsampled pixels are taken as background; a tile whose count is then still at most
   max_background_fraction is not background.
-- blur (`wsi.tiling.blur_variance`: the median over 4 x 4 blocks of the Laplacian variance over tissue
+- blur (`wsi.blur.blur_variance`: the median over 4 x 4 blocks of the Laplacian variance over tissue
   pixels): a block's variance over its n tissue pixels is at least (s2 - s1^2 / m) / n for any m of
   them with sum s1 and sum of squares s2 (the sum of squared deviations over all n pixels is at least
   that over the m, and the m's own mean minimises theirs). With n replaced by its upper bound (the
@@ -28,8 +28,8 @@ import functools
 
 import numpy as np
 
-#: luminance weights of the blur filter's grayscale (`wsi.tiling`)
-GRAY = np.array([0.299, 0.587, 0.114], np.float32)
+from wsi.blur import GRAY, min_rgb
+
 #: a Laplacian centre row every STRIDE rows; its rows above and below are read too (3 / STRIDE)
 STRIDE = 8
 #: the bound must clear the threshold by this share (rounding of the exact filter's float32 sums)
@@ -74,7 +74,7 @@ def surely_kept(
     rows, per_row, per_centre, per_column, rows_in = _layout(p)
     t = len(rows) // 3
     sub = tiles[:, rows]  # (B, 3T, P, 3)
-    tissue = (_min_rgb(sub) < white_level).astype(np.float32)  # (B, 3T, P) 1: a tissue pixel
+    tissue = (min_rgb(sub) < white_level).astype(np.float32)  # (B, 3T, P) 1: a tissue pixel
     seen = tissue @ per_column  # (B, 3T, 5): per block column, and the whole row
     # background: every unsampled pixel counted as background
     glass = p * p - seen[..., _GRID].sum(axis=1, dtype=np.float64)
@@ -86,7 +86,7 @@ def surely_kept(
     votes, never = n_low >= quarter, n_high < quarter
     unsure = np.flatnonzero(~(not_background & (votes | never).all(axis=(1, 2))))
     if len(unsure):  # at the tissue's edge: count every pixel of those tiles instead
-        whole_tissue = _min_rgb(tiles[unsure]) < white_level  # (b', P, P)
+        whole_tissue = min_rgb(tiles[unsure]) < white_level  # (b', P, P)
         glass = p * p - np.count_nonzero(whole_tissue, axis=(1, 2))
         not_background[unsure] = glass / (p * p) <= max_background_fraction
         inner = whole_tissue[:, 1 : 1 + _GRID * k, 1 : 1 + _GRID * k].reshape(-1, _GRID, k, _GRID, k)
@@ -120,8 +120,4 @@ def surely_kept(
     return not_background & (score >= min_blur_variance * (1.0 + MARGIN))
 
 
-def _min_rgb(pixels: np.ndarray) -> np.ndarray:
-    return np.minimum(np.minimum(pixels[..., 0], pixels[..., 1]), pixels[..., 2])
-
-
-__all__ = ["GRAY", "MARGIN", "STRIDE", "surely_kept"]
+__all__ = ["MARGIN", "STRIDE", "surely_kept"]
