@@ -29,6 +29,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -110,8 +111,11 @@ def check_thumbnails(slide: Slide, mpps: Sequence[float], max_read_px: int = MAX
 def _held(slide: Slide) -> str:
     """', the file holds 7.3 MB' for a one-file slide (what a forged header declares is not there)."""
     try:
-        if slide.path.is_file():
-            return f", the file holds {slide.path.stat().st_size / 1e6:.3g} MB"
+        file = slide.file  # a remote slide's: its local copy, or the RangeFile with its size
+        if isinstance(file, Path) and file.is_file():
+            return f", the file holds {file.stat().st_size / 1e6:.3g} MB"
+        if not isinstance(file, Path):
+            return f", the file holds {file.size / 1e6:.3g} MB"
     except OSError:
         pass
     return ""

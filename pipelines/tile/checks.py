@@ -252,7 +252,7 @@ def file_damage(slide: Slide, found: TissueGrid, probe: FileTileProbe) -> FileDa
     )  # fmt: skip
 
 
-def check_damage(path: Path, counts: TileCounts, damage: FileDamage, params: TileParams) -> None:
+def check_damage(path: Path | str, counts: TileCounts, damage: FileDamage, params: TileParams) -> None:
     """SlideError when the file is damaged beyond `max_unreadable_fraction` of its tiles under the tissue
     (`FileDamage.too_much`): a slide that is mostly unreadable is an error worth seeing, not a few tiles
     quietly lost."""
