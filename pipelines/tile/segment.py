@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
+from wsi.blur import min_rgb
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
 from wsi.tile_meta import SegmentationModels, SegmentationRecord, TileFileMeta
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, TissueGrid, min_rgb
+from wsi.tiling import KEPT, TissueGrid
 
 if TYPE_CHECKING:  # torch comes in only when a network is asked for (`_segmenter`)
     from wsi.models.segmentation import Segmenter
