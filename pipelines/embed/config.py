@@ -80,9 +80,8 @@ class EmbedOptions:
     )  # fmt: skip
     # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
     encoders: tuple[EncoderChoice, ...] = ()
-    device: str | None = setting(
-        None, default_text="cuda when available", help="Device: cuda, cuda:1 or cpu."
-    )
+    #: `pipelines.devices.resolve_device`; with --gpus, auto or cuda (the GPUs are chosen for it)
+    device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     precision: Precision = setting(
         "bf16", help="Autocast precision on CUDA (the CPU always runs fp32)."
     )
