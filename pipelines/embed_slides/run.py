@@ -27,6 +27,7 @@ from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag
 from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.remote import remote_edges
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
     }
 
 
+@remote_edges(out="out", folders={"features": "--features folder"}, files={"slide_table": "slide table"})
 def embed_slides(
     *,
     features: str | Path,

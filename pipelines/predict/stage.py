@@ -67,6 +67,7 @@ from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
+from wsi.pipelines.remote import remote_edges
 from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
 
@@ -95,6 +96,7 @@ class PredictResult:
         return list(self.summary.problems)
 
 
+@remote_edges(out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",))
 def predict(
     *,
     model_dir: str | Path,

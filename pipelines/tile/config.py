@@ -91,19 +91,23 @@ class SegmentationOptions:
     tissue_model: TissueModel | None = setting(
         None,
         help="Tissue mask from this network (GrandQC's at 10 um/px, HEST's at 1 um/px) instead of saturation "
-        "+ Otsu; needs --tissue-weights.",
+        "+ Otsu; its weights from --tissue-weights, else the Hugging Face cache.",
     )
+    #: the CLI turns hf:ORG/REPO, a URL or nothing into the local file before building these options
+    #: (`wsi.models.segmentation.named.segmenter_weights`)
     tissue_weights: Path | None = setting(
-        None, existing="file",
-        help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt.",
+        None, default_text="the file `hf download MahmoodLab/hest-tissue-seg FILE` put in the cache",
+        help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt, or "
+        "hf:ORG/REPO.",
     )  # fmt: skip
     artifact_model: ArtifactModel | None = setting(
         None,
         help="Reject tiles covered by GrandQC's artifacts (fold, dark spot, pen, edge and air bubble, out of "
-        "focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights.",
+        "focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights but at 1 um/px (then the "
+        "Hugging Face cache).",
     )
     artifact_weights: Path | None = setting(
-        None, existing="file",
+        None,
         help="Its weights as a state dict (TRIDENT's GrandQC_MPP1_state_dict.pth); GrandQC's own .pth files "
         "are pickled models and are refused.",
     )  # fmt: skip

@@ -48,6 +48,7 @@ from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.labels import Matched, match_items, read_label_table
+from wsi.pipelines.remote import remote_edges
 from wsi.pipelines.report import write_report
 from wsi.pipelines.run_record import (
     Counts,
@@ -69,6 +70,7 @@ from wsi.pipelines.train.preflight import refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
+from wsi.storage import origin
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,10 @@ def resolve_task(
     return cfg.replace(**changes) if changes else cfg
 
 
+@remote_edges(
+    out="out_dir", files={"labels_csv": "label table"}, runs=("init_from",), hook="on_epoch_end",
+    folders={"features_dir": "--features folder", "images_dir": "--images folder"}, units=("resume",),
+)  # fmt: skip
 def train(
     *,
     task: str | Path | TaskConfig,
@@ -162,7 +168,7 @@ def train(
     start = StartState.build(architecture, seed=cfg.seed)
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
-        classes=cfg.classes, labels_csv=str(Path(labels_csv).resolve()), source=str(source.resolve()),
+        classes=cfg.classes, labels_csv=origin(labels_csv), source=origin(source),
         counts=_counts(matched), splits=tuple(_split_ids(s) for s in splits), cv=cv,
         init_from=str(init_from) if init_from else None, **_machine(resolve_device(device)),
     )  # fmt: skip

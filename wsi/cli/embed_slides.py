@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
+from wsi.storage import Url
 
 
 @click.command(
@@ -32,17 +34,18 @@ another tile encoder (or weights), tile size or resolution are refused, naming b
 """,
 )
 @click.option(
-    "--features", required=True, type=click.Path(path_type=Path, exists=True),
-    help="Folder of tile-feature bags (wsi embed, STAMP), or one bag.",
+    "--features", required=True, type=PathOrUrl(exists=True),
+    help="Folder of tile-feature bags (wsi embed, STAMP), or one bag; or a folder's URL.",
 )  # fmt: skip
 @click.option("--encoder", required=True, help="Slide encoder name (see `wsi encoders --slide`).")
 @click.option(
     "--weights", type=click.Path(path_type=Path), default=None,
-    help="The authors' checkpoint file, or their model folder.",
+    help="The authors' checkpoint file, their model folder, or hf:ORG/REPO [default: a Hub model's file "
+    "in the Hugging Face cache].",
 )  # fmt: skip
 @click.option("--random-init", is_flag=True, help="No weights: random embeddings, for tests and demos only.")
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False), help="Output folder (or URL)."
 )
 @click.option(
     "--level", type=click.Choice(["slide", "patient"]), default="slide", show_default=True,
@@ -56,11 +59,11 @@ another tile encoder (or weights), tile size or resolution are refused, naming b
 @click.option("--overwrite", is_flag=True, help="Redo embeddings that already exist.")
 @user_errors
 def command(
-    features: Path,
+    features: Path | Url,
     encoder: str,
     weights: Path | None,
     random_init: bool,
-    out_dir: Path,
+    out_dir: Path | Url,
     level: str,
     slide_table: Path | None,
     device: str,
@@ -70,6 +73,7 @@ def command(
     ensure_writable_dir(out_dir)
     from wsi.pipelines.embed_slides import embed_slides
     from wsi.pipelines.jobs import RunSummary
+    from wsi.storage import origin
 
     folder, results = embed_slides(
         features=features, encoder=encoder, out=out_dir, weights=weights, random_init=random_init,
@@ -77,7 +81,7 @@ def command(
     )  # fmt: skip
     summary = RunSummary.of(results)
     line = summary.line("embed-slides", unit="tiles", noun=f"{level}s")
-    click.echo(f"wsi {line} -> {folder}", err=True)
+    click.echo(f"wsi {line} -> {origin(folder)}", err=True)
     for r in summary.problems[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
     if summary.problems:

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import SegmentationOptions, TileOptions
+from wsi.storage import Url
 from wsi.tile_params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
@@ -51,6 +53,7 @@ Examples:
   wsi tile dicom/ --out run/       # a folder of DICOM series folders: one slide per series
   wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
   wsi tile slides/ --out run/ --review reviewed/   # tiles re-classed in QuPath (no slide re-read)
+  wsi tile s3://lab/slides/ --out s3://lab/run/ --backend tiffslide   # in object storage (range reads)
 
 \b
 Output (under --out):
@@ -102,10 +105,11 @@ redoes them (and replaces the tiles of another slide with the same id).
 @click.command(
     "tile", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=_EPILOG
 )
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=PathOrUrl())
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
-)
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False),
+    help="Output folder, or a URL (s3://bucket/run/: written locally, each file uploaded when finished).",
+)  # fmt: skip
 @config_options(TileParams, TILE_PARAM_FLAGS, into="tiling")
 @config_options(TileOptions, TILE_OPTION_FLAGS, into="run")
 @click.option(
@@ -118,8 +122,8 @@ redoes them (and replaces the tiles of another slide with the same id).
 @config_options(SegmentationOptions, SEGMENTATION_FLAGS, into="networks")
 @user_errors
 def command(
-    paths: tuple[Path, ...],
-    out_dir: Path,
+    paths: tuple[Path | Url, ...],
+    out_dir: Path | Url,
     tiling: dict[str, Any],
     run: dict[str, Any],
     no_filter: tuple[str, ...],
@@ -130,7 +134,8 @@ def command(
     PATHS are slide files (a DICOM .dcm opens its whole series), folders (searched for .svs .tif .tiff
     .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
     id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
-    paths are taken from the CSV's folder). A failing slide is recorded in the manifest and never stops
+    paths are taken from the CSV's folder). Each may be a URL (s3://, gs://, https://): see README
+    "Slides and outputs in object storage". A failing slide is recorded in the manifest and never stops
     the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
@@ -151,9 +156,8 @@ def command(
     if options.mpp_override and options.mpp is None:
         click.echo("Error: --mpp-override needs --mpp (the value to use for every slide)", err=True)
         raise SystemExit(EXIT_USAGE)
-    for what in ("tissue_weights", "artifact_weights"):  # the same file for every worker
-        if networks.get(what):
-            networks[what] = str(Path(networks[what]).absolute())
+    for kind in ("tissue", "artifact"):  # the local weights file, the same for every worker
+        networks[f"{kind}_weights"] = _located(networks[f"{kind}_model"], networks[f"{kind}_weights"], kind)
     # ConfigError (a model without weights): exit 2
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
@@ -167,8 +171,9 @@ def command(
         err=True,
     )
     from wsi.pipelines.tile.artifacts import artifact_summary
+    from wsi.storage import local_view
 
-    artifacts = artifact_summary(results, out_dir)
+    artifacts = artifact_summary(results, local_view(out_dir))
     if artifacts:
         click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:
@@ -185,3 +190,13 @@ def command(
         click.echo(f"  ... and {len(heavy) - _MAX_LISTED} more slides (manifest note column)", err=True)
     if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
+
+
+def _located(model: str | None, weights: str | None, kind: str) -> str | None:
+    """--*-weights as given; left out (or hf:ORG/REPO) for a model: its file in the Hugging Face cache
+    (offline; `segmenter_weights`)."""
+    if model is None or (weights is not None and not weights.startswith("hf:")):
+        return str(Path(weights).absolute()) if weights else weights
+    from wsi.models.segmentation.named import segmenter_weights
+
+    return str(segmenter_weights(model, kind, weights).absolute())  # type: ignore[arg-type]

@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import ensure_writable_dir, mpp_option, scheduler_option, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import field_type
 from wsi.pipelines.run_record import RunRecord
 from wsi.pipelines.tasks import MAX_BAG_SIZE, TaskConfig
+from wsi.storage import Url
 
 
 @click.command(
@@ -59,26 +61,27 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 @click.option(
     "--features",
     "features_dir",
-    type=click.Path(path_type=Path, exists=True),
+    type=PathOrUrl(exists=True),
     default=None,
-    help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks.",
+    help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks, or its URL.",
 )
 @click.option(
     "--images",
     "images_dir",
-    type=click.Path(path_type=Path, exists=True),
+    type=PathOrUrl(exists=True),
     default=None,
-    help="Folder of images for `input: images` tasks.",
+    help="Folder of images for `input: images` tasks, or its URL.",
 )
 @click.option(
     "--labels",
     "labels_csv",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Label table (CSV).",
+    type=PathOrUrl(dir_okay=False),
+    help="Label table (CSV), or its URL.",
 )
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Run folder."
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False),
+    help="Run folder, or its URL (written locally, uploaded after every epoch and at the end).",
 )
 @click.option(
     "--attention",
@@ -140,7 +143,7 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out from its last epoch.")
 @click.option(
     "--init-from",
-    type=click.Path(path_type=Path, exists=True),
+    type=PathOrUrl(exists=True),
     default=None,
     help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
 )
@@ -152,10 +155,10 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 @user_errors
 def command(
     task: str,
-    features_dir: Path | None,
-    images_dir: Path | None,
-    labels_csv: Path,
-    out_dir: Path,
+    features_dir: Path | Url | None,
+    images_dir: Path | Url | None,
+    labels_csv: Path | Url,
+    out_dir: Path | Url,
     attention: str | None,
     model_preset: str | None,
     device: str,
@@ -169,7 +172,7 @@ def command(
     cv: int | None,
     scheduler: str | None,
     resume: bool,
-    init_from: Path | None,
+    init_from: Path | Url | None,
     mpp: float | None,
     no_progress: bool,
 ) -> None:
@@ -195,8 +198,10 @@ def command(
         overrides=overrides or None, progress=not no_progress, mpp=mpp,
     )  # fmt: skip
     from wsi.pipelines.run_record import read_run_record
+    from wsi.storage import origin
 
     record = read_run_record(result.run_dir)
+    shown = origin(result.run_dir)  # a remote --out: its URL, not this machine's copy
     kind = result.kind
     m = result.metrics
     if cv:
@@ -204,10 +209,10 @@ def command(
         a = m[key]
         name = "AUROC" if key == "auroc" else key
         click.echo(
-            f"{cv}-fold {name} {_f(a['mean'])} +- {_f(a['std'])}; results in {result.run_dir}/metrics.json"
+            f"{cv}-fold {name} {_f(a['mean'])} +- {_f(a['std'])}; results in {shown}/metrics.json"
         )
         pooled = kind.summary_line(m["pooled"])
-        click.echo(f"pooled over the folds: {pooled}; report: {result.run_dir}/report.html")
+        click.echo(f"pooled over the folds: {pooled}; report: {shown}/report.html")
     else:
         unit = "patients" if record.task.level == "patient" else "slides"
         click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
@@ -216,7 +221,7 @@ def command(
         figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
         drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
         files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
-        click.echo(f"run folder: {result.run_dir} ({files})")
+        click.echo(f"run folder: {shown} ({files})")
 
 
 def _f(value: float | None) -> str:

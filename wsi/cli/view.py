@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import TileOptions
+from wsi.storage import Url
 from wsi.view.server import ViewOptions
 
 # option -> ViewOptions field: defaults, ranges and help come from the fields (wsi/view/server.py)
@@ -31,16 +33,18 @@ Examples:
 Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html links each slide there.
 """,
 )
-@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("folder", type=PathOrUrl(file_okay=False))
 @config_options(ViewOptions, VIEW_FLAGS, into="serving")
 @config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @user_errors
-def command(folder: Path, serving: dict[str, Any], reading: dict[str, str]) -> None:
+def command(folder: Path | Url, serving: dict[str, Any], reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
     from wsi.config import parse_config
     from wsi.errors import ConfigError
+    from wsi.storage import local_folder
     from wsi.view import make_server
 
+    folder = local_folder(folder)  # a URL: the folder pulled here; its slides are read from their URLs
     options = parse_config(ViewOptions, serving, source="wsi view options")
     host, port = options.host, options.port
 
