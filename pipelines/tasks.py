@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from wsi.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
+from wsi.config import MAX_COUNT, MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.configs import load_yaml
 from wsi.errors import ConfigError
 
@@ -51,6 +51,14 @@ _Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 _Workers = Annotated[int, Field(ge=0, le=256)]
 _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 
+# A model override is a field of the preset's model config (`models.build_model` keyword): a width, a
+# rate, a switch, a name, a patch size, attention options. The model's own config checks each one's
+# type and range when it is built (naming the field); these bounds only keep a task's numbers finite.
+_ModelInt = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
+_ModelFloat = Annotated[float, Field(ge=-1e12, le=1e12)]
+ModelValue = bool | _ModelInt | _ModelFloat | str | list[_ModelInt] | dict[str, Any] | None
+ModelOverrides = dict[str, ModelValue]
+
 # Fields below whose default is None take their value from the task's `recipe` when training starts
 # (`pipelines.train.recipe.RECIPES` holds the values; README.md "Which training recipe" explains them);
 # a value written in the YAML always wins. The run record (config.json) keeps the resolved values.
@@ -63,7 +71,7 @@ class ModelConfig:
     # None: the recipe's (small-cohort: sized to the number of training cases; paper: vit-wsi)
     attention: str | None = None  # seqnorm | softmax | sima | gdla (transformers), gated | plain
     # (abmil); None: the preset's own
-    overrides: dict[str, Any] = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
+    overrides: ModelOverrides = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
     # the small-cohort recipe adds its dropout here unless the key is given
 
 
@@ -316,6 +324,8 @@ __all__ = [
     "AugmentConfig",
     "LabelColumns",
     "ModelConfig",
+    "ModelOverrides",
+    "ModelValue",
     "OptimizerConfig",
     "Recipe",
     "RegressionConfig",
