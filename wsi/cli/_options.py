@@ -151,9 +151,10 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
             *decls, cls=ConfigOption, model=model, path=path, is_flag=True,
             default=None if default is None else bool(default), show_default=bool(default), help=help_text,
         )  # fmt: skip
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     return click.option(
         flag, param, cls=ConfigOption, model=model, path=path, type=kind, default=default,
-        show_default=default is not None, help=help_text,
+        show_default=default is not None, required=required, help=help_text,
     )  # fmt: skip
 
 
