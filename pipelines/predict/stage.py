@@ -66,7 +66,6 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
-from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
 
 log = logging.getLogger(__name__)
@@ -149,7 +148,7 @@ def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts
     run.adapter = with_resolution(
         run.adapter, mpp=opts.mpp if opts.mpp is not None else recorded.mpp,
         mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
-        uses_positions=model_uses_positions(run.record.model), what="this run reads",
+        uses_positions=run.record.model.uses_positions, what="this run reads",
     )  # fmt: skip
     if found:
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])

@@ -22,7 +22,7 @@ from wsi.models.standardize import STANDARDIZER, attach_standardizer
 from wsi.pipelines.checkpoints import load_state_into, load_weights
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter
-from wsi.pipelines.run_record import read_run_record, record_path, write_fitted
+from wsi.pipelines.run_record import ModelArchitecture, read_run_record, record_path, write_fitted
 from wsi.pipelines.task_kinds import build_kind
 from wsi.pipelines.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
@@ -58,13 +58,13 @@ class StartState:
         self.rng.restore()
         return copy.deepcopy(self.model)
 
-    def architecture(self) -> dict[str, Any]:
+    def architecture(self) -> ModelArchitecture:
         """The model's `config_dict()`: what the run record keeps and predict rebuilds."""
         config_dict = getattr(self.model, "config_dict", None)
         if not callable(config_dict):
             name = type(self.model).__name__
             raise ConfigError(f"{name} has no config_dict(); a run record needs the model's architecture")
-        return dict(config_dict())
+        return ModelArchitecture(config_dict())
 
 
 def model_kwargs(task: TaskConfig, num_outputs: int, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
