@@ -55,7 +55,7 @@ _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 # rate, a switch, a name, a patch size, attention options. The model's own config checks each one's
 # type and range when it is built (naming the field); these bounds only keep a task's numbers finite.
 _ModelInt = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
-_ModelFloat = Annotated[float, Field(ge=-1e12, le=1e12)]
+_ModelFloat = Annotated[float, Field(ge=-MAX_COUNT, le=MAX_COUNT)]  # as the ints: 2.0 may parse as either
 ModelValue = bool | _ModelInt | _ModelFloat | str | list[_ModelInt] | dict[str, Any] | None
 ModelOverrides = dict[str, ModelValue]
 

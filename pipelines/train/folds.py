@@ -28,6 +28,7 @@ from wsi.pipelines.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
 from wsi.pipelines.train.feature_stats import fit_feature_stats
 from wsi.pipelines.train.loop import EpochHook, fit
+from wsi.pipelines.train.results import RunMetrics
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import RngState, has_resume, seed_everything
 
@@ -95,7 +96,7 @@ class FoldSpec:
     on_epoch_end: EpochHook | None = None  # called with each epoch's log row (not on dask workers)
 
 
-def run_fold(spec: FoldSpec) -> dict[str, Any]:
+def run_fold(spec: FoldSpec) -> RunMetrics:
     """Train one split into one folder and score its best weights; returns what metrics.json holds."""
     device = resolve_device(spec.device)
     model = spec.start.begin()
@@ -113,10 +114,10 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
         run_dir=spec.run_dir, device=device, resume=spec.resume, progress=spec.progress,
         on_epoch_end=spec.on_epoch_end,
     )  # fmt: skip
-    return evaluate_best(
+    return RunMetrics.from_json(evaluate_best(
         task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
         run_dir=spec.run_dir, device=device, state=state,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def init_from(

@@ -35,7 +35,7 @@ import platform
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -65,7 +65,7 @@ from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fo
 from wsi.pipelines.train.loop import EpochHook
 from wsi.pipelines.train.preflight import refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
-from wsi.pipelines.train.results import RunMetrics, TrainResult, summarise_folds
+from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 
@@ -138,8 +138,7 @@ def train(
             for k, split in enumerate(splits)
         ]  # fmt: skip
         scheduler = opts.scheduler
-        written = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
-        fold_metrics = [RunMetrics.from_json(m) for m in written]
+        fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
         if not opts.cv:
             best = run_dir / "best.safetensors"
             return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), best, kind)
@@ -210,7 +209,14 @@ def _split_ids(split: Split) -> SplitIds:
     return SplitIds(*(tuple(it.id for it in part) for part in (split.train, split.val, split.test)))
 
 
-def _machine(device: torch.device) -> dict[str, Any]:
+class _Machine(TypedDict):
+    device: str
+    amp: str | None
+    created: str
+    versions: dict[str, str]
+
+
+def _machine(device: torch.device) -> _Machine:
     """Where and with what the run trains: device, mixed precision, start time, versions."""
     from wsi import __version__
 

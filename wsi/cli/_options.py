@@ -55,7 +55,7 @@ class RegistryChoice(click.Choice):
         self._names = names
         super().__init__((), case_sensitive=True)
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         return tuple(self._names())
 
