@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from wsi.config import MAX_COUNT, MAX_SEED, Fraction, config_model, parse_config, replace_config
+from wsi.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.configs import load_yaml
 from wsi.errors import ConfigError
 
@@ -54,9 +54,13 @@ _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 # A model override is a field of the preset's model config (`models.build_model` keyword): a width, a
 # rate, a switch, a name, a patch size, attention options. The model's own config checks each one's
 # type and range when it is built (naming the field); these bounds only keep a task's numbers finite.
-_ModelInt = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
-_ModelFloat = Annotated[float, Field(ge=-MAX_COUNT, le=MAX_COUNT)]  # as the ints: 2.0 may parse as either
-ModelValue = bool | _ModelInt | _ModelFloat | str | list[_ModelInt] | dict[str, Any] | None
+#: a model override's number: far beyond any width (models.transformer.MAX_MODEL_INT) or rate, and exact
+#: as a float, so an int and a float past it are refused alike; an int is never read from a float
+_MODEL_NUMBER = 1e15
+_ModelInt = Annotated[int, Field(strict=True, ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
+_ModelFloat = Annotated[float, Field(ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
+# a list (patch_size) or mapping (attention_options): its parts are the model config's to check
+ModelValue = bool | _ModelInt | _ModelFloat | str | list[Any] | dict[str, Any] | None
 ModelOverrides = dict[str, ModelValue]
 
 # Fields below whose default is None take their value from the task's `recipe` when training starts
