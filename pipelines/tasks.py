@@ -64,7 +64,7 @@ ModelValue = bool | _ModelInt | _ModelFloat | str | list[Any] | dict[str, Any] |
 ModelOverrides = dict[str, ModelValue]
 
 # Fields below whose default is None take their value from the task's `recipe` when training starts
-# (`pipelines.train.recipe.RECIPES` holds the values; README.md "Which training recipe" explains them);
+# (`pipelines.train.recipe.RECIPES` holds the values; docs/training.md "Which training recipe" explains them);
 # a value written in the YAML always wins. The run record (config.json) keeps the resolved values.
 
 
@@ -194,7 +194,7 @@ class TaskConfig:
     # validation, test and `wsi predict`; features with sd ~0 are left unscaled (ours)
     recipe: Recipe = "small-cohort"  # what the fields left None below default to: small-cohort (any
     # cohort below a few hundred cases; regularised, sized to the data) or paper (whole bags, the
-    # preset as named, best epoch by the validation figure); see README.md "Which training recipe"
+    # preset as named, best epoch by the validation figure); see docs/training.md "Which training recipe"
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)

@@ -133,12 +133,17 @@ def test_patient_level(tmp_path: Path, name: str, fusion: str) -> None:
     assert sorted(p.stem for p in (tmp_path / "o" / f"{name}-pat").glob("*.h5")) == ["p1", "p2"]
 
 
-def test_user_errors_are_one_line(tmp_path: Path) -> None:
+def test_user_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_bag(tmp_path / "bags" / "s.h5")
     runner = CliRunner()
-    r = runner.invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder", "feather",
+    r = runner.invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder", "chief",
                             "--out", str(tmp_path)])  # fmt: skip
     assert r.exit_code == 2 and "needs --weights FILE" in r.output and "Traceback" not in r.output
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))  # a Hub model: the cache, then how
+    r = runner.invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder", "feather",
+                            "--out", str(tmp_path)])  # fmt: skip
+    assert r.exit_code == 2 and "hf download MahmoodLab/abmil.base.conch_v15.pc108-24k" in r.output
+    assert "Traceback" not in r.output
     r = runner.invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder", "nope",
                             "--random-init", "--out", str(tmp_path)])  # fmt: skip
     # the choices are the registry's (a usage error listing them), not a list restated by the option

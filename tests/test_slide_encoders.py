@@ -168,7 +168,7 @@ def test_random_init_is_reproducible() -> None:
     assert a.weights_sha256 == "random"
 
 
-def test_weights_are_checked_key_by_key(tmp_path) -> None:
+def test_weights_are_checked_key_by_key(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     ref, path, _ = _feather_case("feather", tmp_path)
     state = {f"model.{k}": v.contiguous() for k, v in ref.state_dict().items()}
     dropped = tmp_path / "missing.safetensors"
@@ -184,7 +184,10 @@ def test_weights_are_checked_key_by_key(tmp_path) -> None:
         build_slide_encoder("feather", weights=folder).weights_sha256
         == build_slide_encoder("feather", weights=path).weights_sha256
     )
-    with pytest.raises(ConfigError, match="--random-init"):
+    with pytest.raises(ConfigError, match="--random-init"):  # not on the Hub: --weights or --random-init
+        build_slide_encoder("chief")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))  # on the Hub: looked up in the cache
+    with pytest.raises(WeightsError, match=r"hf download MahmoodLab/abmil\.base\.conch_v15\.pc108-24k"):
         build_slide_encoder("feather")
 
 

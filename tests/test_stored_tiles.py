@@ -71,3 +71,15 @@ def test_a_corrupt_tile_is_a_slide_error_naming_the_place(shared_data: Path, tmp
         slide.read_level(0, 0, 0, 240, 240)  # another tile still reads
         with pytest.raises(SlideError, match="cannot read level 0 at x=480 y=720"):
             slide.read_level(0, 480, 720, 240, 240)
+
+
+def test_a_slide_stays_readable_when_its_file_goes_after_opening(generated: Path, tmp_path: Path) -> None:
+    """The direct path opens the file with the slide, as openslide's handle does: a remote slide's local
+    copy that the cache evicts while a reader holds it open (wsi.storage.cache) is still read, and read
+    right."""
+    copy = tmp_path / "copy.svs"
+    shutil.copyfile(generated, copy)
+    with open_slide(generated, direct_jpeg=False) as here, open_slide(copy) as slide:
+        copy.unlink()
+        for level, (lw, lh) in enumerate(slide.level_dimensions):
+            assert np.array_equal(slide.read_level(level, 0, 0, lw, lh), here.read_level(level, 0, 0, lw, lh))

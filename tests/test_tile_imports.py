@@ -33,6 +33,9 @@ HEAVY = {
     "sklearn": "never needed to tile",
     "pandas": "never needed to tile",
     "asyncio": "tqdm.auto",
+    "fsspec": "wsi.storage.fs (a slide or --out given as a URL only)",
+    "s3fs": "with fsspec, for s3:// URLs",
+    "huggingface_hub": "wsi.storage.hf (weights from the Hugging Face cache only)",
 }
 
 _RUN = """

@@ -43,6 +43,11 @@ class ImageReadError(WsiError):
     """A radiology/dermoscopy image cannot be read."""
 
 
+class StorageError(WsiError):
+    """A remote location (s3://, gs://, https://) cannot be read or written: missing bucket or object,
+    credentials refused or absent, no storage library for the scheme. The message never holds a secret."""
+
+
 class SlideIdError(WsiError, ValueError):
     """A slide id cannot be made into a usable file name, or collides with another slide's."""
 

@@ -22,6 +22,9 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.slide_colour import ColourFix, check_colours
+from wsi.storage.cache import hold_copy
+from wsi.storage.slides import RangeFile, check_complete, open_binary, remote_slide
+from wsi.storage.urls import Url, is_url, parse_url
 from wsi.stored_tiles import JpegTiles, jpeg_levels
 from wsi.suffixes import SLIDE_SUFFIXES
 
@@ -38,7 +41,7 @@ _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 _DIRECT_VENDORS = frozenset({"aperio", "generic-tiff"})
 
 
-def _mpp_hint(path: Path) -> str:
+def _mpp_hint(path: Path | Url) -> str:
     return (
         f"{path}: the slide has no resolution (um/px) in its metadata; give it with --mpp "
         "(e.g. --mpp 0.25 for a 40x scan, 0.5 for 20x) or an `mpp` column in the slide list CSV"
@@ -48,7 +51,9 @@ def _mpp_hint(path: Path) -> str:
 class Slide:
     """An open whole-slide image. Use `open_slide`; close it (or use `with`) to free the file."""
 
-    path: Path
+    path: Path | Url  # the slide as the user named it: a local file, or a URL (s3://, gs://, https://)
+    #: what is read: the local file (for a URL: its copy in the local cache), or a remote file read by ranges
+    file: Path | RangeFile
     backend: str
     vendor: str
     mpp: float  # level-0 um/px
@@ -60,9 +65,18 @@ class Slide:
     colour_fix: ColourFix  # levels whose JPEG tiles the backend decodes in the wrong colour space
 
     def __init__(
-        self, path: Path, backend: str, mpp: float | None, jpeg: dict[_XY, JpegTiles] | None = None
+        self,
+        path: Path | Url,
+        backend: str,
+        mpp: float | None,
+        jpeg: dict[_XY, JpegTiles] | None = None,
+        *,
+        file: Path | RangeFile | None = None,
     ) -> None:
         self.path = path
+        self.file = file if file is not None else Path(path)
+        # a remote slide's local copy stays in the cache while this slide is open (openslide re-opens it)
+        self._hold = hold_copy(self.file) if isinstance(path, Url) and isinstance(self.file, Path) else None
         self.backend = backend
         self._direct: dict[int, JpegTiles] = {}
         h = self._new_handle()
@@ -74,7 +88,7 @@ class Slide:
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
         self.level_downsamples = tuple(float(d) for d in h.level_downsamples)
         try:
-            self.colour_fix = check_colours(path, backend, self.vendor, self.level_dimensions)
+            self.colour_fix = check_colours(self.file, backend, self.vendor, self.level_dimensions)
         except SlideError:
             self.close()
             raise
@@ -86,6 +100,8 @@ class Slide:
                 for i, dims in enumerate(self.level_dimensions)
                 if dims in jpeg and i not in self.colour_fix.levels
             }
+            for tiles in self._direct.values():
+                tiles.open()  # now, as openslide's handle: a cache copy evicted later stays readable
         if mpp is not None:
             if not (isinstance(mpp, int | float) and math.isfinite(mpp) and mpp > 0):
                 self.close()
@@ -107,10 +123,13 @@ class Slide:
             if self.backend == "openslide":
                 import openslide
 
-                return openslide.OpenSlide(self.path)
+                if isinstance(self.file, RangeFile):  # remote_slide gives openslide a local copy
+                    raise TypeError("openslide reads local files only")
+                return openslide.OpenSlide(self.file)
             import tiffslide
 
-            return tiffslide.TiffSlide(self.path)
+            source: Any = self.file.open() if isinstance(self.file, RangeFile) else self.file
+            return tiffslide.TiffSlide(source)
         except Exception as exc:  # each backend raises its own types; the user needs file + reason
             raise SlideError(
                 f"{self.path}: not a slide {self.backend} can read ({type(exc).__name__}: {exc}); "
@@ -127,7 +146,7 @@ class Slide:
                 if y is not None and abs(y - value) > 0.01 * value:
                     log.warning("%s: mpp-x %.4g differs from mpp-y %.4g; using mpp-x", self.path, value, y)
                 return value, f"metadata ({key})"
-        tags = _mpp_from_tiff_tags(self.path)
+        tags = _mpp_from_tiff_tags(self.file)
         return tags, "TIFF resolution tags" if tags is not None else ""
 
     # ------------------------------------------------------------------------------------------- read
@@ -247,6 +266,9 @@ class Slide:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
 
     def __enter__(self) -> Slide:
         return self
@@ -270,16 +292,21 @@ def open_slide(
 ) -> Slide:
     """Open a whole-slide image.
 
+    path: a local file, or a URL (s3://, gs://, https://...): tiffslide reads a remote slide in place by
+    byte ranges; openslide, DICOM series and MIRAX read a copy in the local cache (`wsi.storage.slides`).
     backend: "openslide" (default) or "tiffslide"; anything else raises ConfigError.
     mpp: level-0 um/px, overriding the metadata (needed for slides that carry none).
     direct_jpeg: with openslide, decode the JPEG tiles of Aperio and generic tiled TIFF levels directly
     (`wsi.stored_tiles`: the same pixels, ~5x faster); False reads everything through openslide (what
-    benchmarks and tests compare against).
-    Raises SlideError (missing, empty, not a slide, truncated) or MissingMppError.
+    benchmarks and tests compare against). A remote slide's local copy is read so too.
+    Raises SlideError (missing, empty, not a slide, truncated) or MissingMppError; StorageError for a
+    remote slide that cannot be reached (missing bucket, refused credentials).
     A Slide may be shared by threads for reading (both backends read thread-safely).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown slide backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if is_url(path):
+        return _open_remote(parse_url(str(path), what="slide"), backend, mpp, direct_jpeg)
     path = Path(path)
     if not path.exists():
         raise SlideError(f"{path}: slide file not found")
@@ -290,6 +317,19 @@ def open_slide(
     # parsing the TIFF once says whether it is truncated and where its JPEG tiles lie
     jpeg = jpeg_levels(path) if is_tiff(path) else None
     return Slide(path, backend, mpp, jpeg if direct_jpeg else None)
+
+
+def _open_remote(url: Url, backend: str, mpp: float | None, direct_jpeg: bool) -> Slide:
+    """A remote slide: read by ranges (tiffslide) or from its local copy (openslide, multi-file formats;
+    the copy's JPEG tiles are read directly, as a local slide's)."""
+    file = remote_slide(url, backend)
+    size = file.size if isinstance(file, RangeFile) else file.stat().st_size
+    if size == 0:
+        raise SlideError(f"{url}: the file is empty (0 bytes); upload it again")
+    if is_tiff(file):
+        check_complete(file, size, url)  # names the URL, not the cache copy
+    jpeg = jpeg_levels(file) if direct_jpeg and isinstance(file, Path) and is_tiff(file) else None
+    return Slide(url, backend, mpp, jpeg, file=file)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -321,20 +361,20 @@ def _loc_for(level_px: int, downsample: float) -> int:
     return loc
 
 
-def is_tiff(path: Path) -> bool:
+def is_tiff(path: Path | RangeFile) -> bool:
     """Whether the file starts like a TIFF (classic or BigTIFF, either byte order)."""
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         return fh.read(4) in _TIFF_MAGIC
 
 
-def _mpp_from_tiff_tags(path: Path) -> float | None:
+def _mpp_from_tiff_tags(path: Path | RangeFile) -> float | None:
     """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only)."""
     if not is_tiff(path):
         return None
     import tifffile
 
     try:
-        with tifffile.TiffFile(path) as tif:
+        with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
             tags = tif.pages.first.tags
             unit = tags.get("ResolutionUnit")
             xres = tags.get("XResolution")

@@ -46,6 +46,7 @@ import numpy as np
 
 from wsi.errors import SlideError
 from wsi.jpeg_colour import Colour, JpegHeader, libjpeg_colour, parse_header, stream_colour, ycbcr_to_rgb
+from wsi.storage.slides import RangeFile, open_binary
 
 log = logging.getLogger(__name__)
 
@@ -100,21 +101,43 @@ NO_FIX = ColourFix()
 
 
 def check_colours(
-    path: str | os.PathLike[str], backend: str, vendor: str, level_dimensions: _Dims
+    path: str | os.PathLike[str] | RangeFile, backend: str, vendor: str, level_dimensions: _Dims
 ) -> ColourFix:
     """What the backend's pixels of this slide need; one log line (WARNING) per file and process.
 
+    `path` may be a remote file read by ranges (`wsi.storage.slides.RangeFile`, cached by its version).
     Raises SlideError when the backend converts RGB samples as YCbCr (not correctable from its output).
     """
+    if isinstance(path, RangeFile):
+        return _check(_Remote(path), backend, vendor, tuple(level_dimensions), 0, path.size)
     stat = Path(path).stat()
     return _check(str(path), backend, vendor, tuple(level_dimensions), stat.st_mtime_ns, stat.st_size)
 
 
+class _Remote:
+    """A remote file as a cache key: equal while its URL and version are (the handle is not the key)."""
+
+    def __init__(self, file: RangeFile) -> None:
+        self.file = file
+        self.key = (str(file.url), file.version)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Remote) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __str__(self) -> str:
+        return str(self.file.url)
+
+
 @functools.lru_cache(maxsize=64)
-def _check(path_str: str, backend: str, vendor: str, dims: _Dims, _mtime: int, _size: int) -> ColourFix:
-    path = Path(path_str)
+def _check(
+    source: str | _Remote, backend: str, vendor: str, dims: _Dims, _mtime: int, _size: int
+) -> ColourFix:
+    path: Path | RangeFile = source.file if isinstance(source, _Remote) else Path(source)
     try:
-        if backend == "openslide" and vendor == "dicom":
+        if backend == "openslide" and vendor == "dicom" and isinstance(path, Path):
             found = _dicom_levels(path, dims)
             container = "PhotometricInterpretation"
         elif (backend == "tiffslide" or vendor in _OPENSLIDE_TIFF_VENDORS) and _is_tiff(path):
@@ -151,18 +174,18 @@ def _check(path_str: str, backend: str, vendor: str, dims: _Dims, _mtime: int, _
     return ColourFix(levels, note)
 
 
-def _is_tiff(path: Path) -> bool:
-    with open(path, "rb") as fh:
+def _is_tiff(path: Path | RangeFile) -> bool:
+    with open_binary(path) as fh:
         return fh.read(4) in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
 # ------------------------------------------------------------------------------------------------ TIFF
-def _tiff_levels(path: Path, backend: str, dims: _Dims) -> list[LevelColour]:
+def _tiff_levels(path: Path | RangeFile, backend: str, dims: _Dims) -> list[LevelColour]:
     """Levels of a tiled JPEG TIFF whose tiles the backend decodes in the wrong colour space."""
     import tifffile
 
     out = []
-    with tifffile.TiffFile(path) as tif:
+    with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
         pages = {
             (int(p.imagewidth), int(p.imagelength)): p
             for p in reversed(tif.pages)  # the first page of a size wins

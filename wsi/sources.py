@@ -23,7 +23,9 @@ from wsi.config import MAX_MPP
 from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
-from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
+from wsi.storage import Url, local_file, location
+from wsi.storage.listing import remote_slides
+from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES, SLIDE_SUFFIXES
 from wsi.user_text import check_header, read_utf8
 
 
@@ -36,12 +38,12 @@ class SlideSource:
     """
 
     slide_id: str
-    path: Path
+    path: Path | Url  # a local file, or a remote one (s3://, gs://, https://; `wsi.storage`)
     mpp: float | None = None
     error: str = ""
 
 
-def _source(name: str, path: Path, mpp: float | None = None, where: str = "") -> SlideSource:
+def _source(name: str, path: Path | Url, mpp: float | None = None, where: str = "") -> SlideSource:
     """A record for `path` with the id made from `name`; an unusable id gives a record with `error`."""
     try:
         return SlideSource(sanitize_slide_id(name), path, mpp)
@@ -52,10 +54,15 @@ def _source(name: str, path: Path, mpp: float | None = None, where: str = "") ->
 def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
     """Slide records for PATHs: slide files, folders (searched recursively for the suffixes in
     `wsi.suffixes.FOLDER_SLIDE_SUFFIXES`, and for DICOM whole-slide series: one slide per series, named
-    after its folder) and CSV slide lists."""
+    after its folder) and CSV slide lists. Each may be a URL (s3://bucket/slides/, a slide's URL, a CSV's
+    URL: `_from_remote`)."""
     sources: list[SlideSource] = []
     for raw in paths:
-        path = Path(raw).expanduser()
+        where = location(raw, what="slides")
+        if isinstance(where, Url):
+            sources.extend(_from_remote(where))
+            continue
+        path = where.expanduser()
         if not path.exists():
             raise WsiError(f"{path}: no such file or folder; give a slide, a folder of slides or a CSV")
         if path.is_dir():
@@ -84,7 +91,19 @@ def _from_folder(folder: Path) -> list[SlideSource]:
     return sorted(found, key=lambda src: str(src.path))
 
 
-def _from_csv(csv_path: Path) -> list[SlideSource]:
+def _from_remote(url: Url) -> list[SlideSource]:
+    """A remote slide, CSV slide list, or folder (listed: one request per 1000 files, nothing read)."""
+    suffix = url.suffix.lower()
+    if suffix == ".csv":
+        return _from_csv(local_file(url, what="slide list"), base=url.parent)
+    if suffix in SLIDE_SUFFIXES:
+        return [_source(slide_name_from_path(url.name), url)]
+    return [_source(name, found) for name, found in remote_slides(url)]
+
+
+def _from_csv(csv_path: Path, base: Path | Url | None = None) -> list[SlideSource]:
+    """Slides of a CSV list (paths or URLs); relative paths are taken from `base` (the CSV's folder, or
+    for a remote CSV its URL's)."""
     text = read_utf8(csv_path, what="slide list", error=WsiError)  # names the first non-UTF-8 byte
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -107,13 +126,22 @@ def _from_csv(csv_path: Path) -> list[SlideSource]:
     for line, row in enumerate(rows, start=2):
         if not row.get("path"):
             raise WsiError(f"{csv_path} line {line}: empty `path`")
-        path = Path(row["path"]).expanduser()
-        if not path.is_absolute():
-            path = csv_path.parent / path
-        name = row["slide_id"] if row.get("slide_id") else slide_name_from_path(path)
+        path = _row_path(row["path"], csv_path.parent if base is None else base)
+        name = row["slide_id"] if row.get("slide_id") else slide_name_from_path(path.name)
         mpp = _parse_mpp(row.get("mpp", ""), csv_path, line)
-        sources.append(_source(name, path.absolute(), mpp, where=f"{csv_path} line {line} ({path})"))
+        sources.append(_source(name, path, mpp, where=f"{csv_path} line {line} ({path})"))
     return sources
+
+
+def _row_path(text: str, base: Path | Url) -> Path | Url:
+    """A slide list's `path`: a URL as it is, a relative path from `base`, an absolute one made so."""
+    given = location(text, what="slide")
+    if isinstance(given, Url):
+        return given
+    given = given.expanduser()
+    if given.is_absolute():
+        return given.absolute()
+    return base / given.as_posix() if isinstance(base, Url) else (base / given).absolute()
 
 
 def _parse_mpp(text: str, csv_path: Path, line: int) -> float | None:

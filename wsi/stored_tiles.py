@@ -14,6 +14,7 @@ transparent pixels are over glass.
 Public API:
   jpeg_levels(path) -> dict[(width, height), JpegTiles]   the file's tiled JPEG pages, by size; {} if none
   JpegTiles.read(x, y, w, h) -> (h, w, 3) uint8            a window in level px, inside the level
+  JpegTiles.open()                                         open the file now (Slide does, at open time)
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class JpegTiles:
                 else:
                     target[...] = tile[y0 - ty : y1 - ty, x0 - tx : x1 - tx]
         return out
+
+    def open(self) -> None:
+        """Open the file now rather than at the first read: a file removed after this (a remote slide's
+        copy that the local cache evicts) stays readable, as openslide's own handle does."""
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
 
     def close(self) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 The tissue mask is computed on a thumbnail, so one corrupt JPEG tile in the level the thumbnail is read
 from used to fail the whole slide, with the error placed at x=0 y=0 (the whole level was one read).
 Here a level that fails as a whole is read again tile by tile of the file's own grid
-(`wsi.file_tiles`): only the tiles that fail are lost, white in the image and True in `unknown`, and each
+(`wsi.tiff_tiles`): only the tiles that fail are lost, white in the image and True in `unknown`, and each
 is reported at its real level-0 place. The tile stage treats unknown as "maybe tissue": it tries those
 tiles one by one and counts the ones that fail as unreadable, so the rest of the slide is tiled.
 
@@ -20,7 +20,7 @@ Public API:
       level read once, one warning
   check_thumbnails(slide, mpps, max_read_px=MAX_READ_PX)   the bounds above, SlideError naming the slide
   Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
-  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.file_tiles`)
+  UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.tiff_tiles`)
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -110,8 +111,11 @@ def check_thumbnails(slide: Slide, mpps: Sequence[float], max_read_px: int = MAX
 def _held(slide: Slide) -> str:
     """', the file holds 7.3 MB' for a one-file slide (what a forged header declares is not there)."""
     try:
-        if slide.path.is_file():
-            return f", the file holds {slide.path.stat().st_size / 1e6:.3g} MB"
+        file = slide.file  # a remote slide's: its local copy, or the RangeFile with its size
+        if isinstance(file, Path) and file.is_file():
+            return f", the file holds {file.stat().st_size / 1e6:.3g} MB"
+        if not isinstance(file, Path):
+            return f", the file holds {file.size / 1e6:.3g} MB"
     except OSError:
         pass
     return ""

@@ -22,7 +22,12 @@ from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
 from wsi.models.encoders.layers import POOLINGS
 from wsi.models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
-from wsi.models.encoders.weights import load_checked, load_state_dict_file, resolve_weights_path
+from wsi.models.encoders.weights import (
+    load_checked,
+    load_state_dict_file,
+    located_weights,
+    resolve_weights_path,
+)
 
 log = logging.getLogger("wsi.models.encoders")
 
@@ -198,14 +203,16 @@ def build_encoder(
     arch_overrides: for tests and benchmarks only (e.g. {"depth": 2}): the architecture changes, so the
         encoder's name and id get an "@test" suffix and its bags can never pass for the published model.
     """
+    if weights is not None and random_init:
+        raise WeightsError("give either weights or random_init, not both")
+    recipe = get_recipe(name)
+    if not random_init:  # hf:ORG/REPO, a URL, or nothing for a Hub model: found offline (wsi.storage.hf)
+        weights = located_weights(weights, recipe, name)
     if weights is None and not random_init:
         raise WeightsError(
             f"encoder {name!r} needs weights: give --weights PATH (the weights file or the model folder as "
             "the authors publish it; see `wsi encoders`), or --random-init for tests and demos"
         )
-    if weights is not None and random_init:
-        raise WeightsError("give either weights or random_init, not both")
-    recipe = get_recipe(name)
     if input_px is not None and input_px != recipe.input_px:
         if recipe.fixed_input_px:
             raise ConfigError(f"encoder {name!r} takes {recipe.input_px} px input; its input size is fixed")

@@ -24,6 +24,8 @@ from torch import nn
 from wsi.errors import WeightsError
 from wsi.models.encoders.recipe import EncoderRecipe
 from wsi.registry import Registry
+from wsi.storage.hf import hub_weights, is_ref, parse_ref, repo_of
+from wsi.storage.urls import is_url
 from wsi.user_text import load_json_file
 
 log = logging.getLogger("wsi.models.encoders")
@@ -117,6 +119,23 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
             f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
         ) from None
     return _unwrap(obj, path)
+
+
+def located_weights(
+    weights: str | os.PathLike[str] | None, recipe: EncoderRecipe, name: str
+) -> str | os.PathLike[str] | None:
+    """--weights as given (a file or a model folder), a URL's local copy, or from the Hugging Face cache:
+    `hf:ORG/REPO`, or nothing given for a recipe whose source is on the Hub (the snapshot folder, so that
+    its config.json is checked too). None: nothing given and not a Hub model."""
+    if weights is not None and not is_ref(weights) and not is_url(weights):
+        return weights  # a file or a model folder: resolve_weights_path checks it
+    repo = repo_of(recipe.source)
+    found = hub_weights(
+        weights, repo=repo, files=recipe.weights_files, what=f"encoder {name!r}", licence=recipe.licence,
+        page=f"https://huggingface.co/{repo}" if repo else "",
+    )  # fmt: skip
+    whole = weights is None or (is_ref(weights) and not parse_ref(os.fspath(weights)).filename)
+    return found.parent if found is not None and whole else found  # a repository: its snapshot folder
 
 
 def resolve_weights_path(
@@ -356,4 +375,7 @@ def load_checked(encoder: nn.Module, state: StateDict, recipe: EncoderRecipe, pa
     encoder.load_state_dict(given, strict=True)
 
 
-__all__ = ["KEY_LAYOUTS", "dino_pos_embed", "load_checked", "load_state_dict_file", "resolve_weights_path"]
+__all__ = [
+    "KEY_LAYOUTS", "dino_pos_embed", "load_checked", "load_state_dict_file", "located_weights",
+    "resolve_weights_path",
+]  # fmt: skip

@@ -21,9 +21,11 @@ segmentation_models_pytorch is an optional extra (`pip install wsi[seg]`); torch
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -31,6 +33,7 @@ from torch import nn
 
 from wsi.errors import ConfigError
 from wsi.registry import Registry
+from wsi.storage.hf import hub_weights
 
 SegKind = Literal["tissue", "artifact"]
 StateDict = dict[str, torch.Tensor]
@@ -73,6 +76,10 @@ class SegmenterSpec:
     key_layout: Callable[[StateDict], StateDict] = lambda s: s
     #: a hint added to a key mismatch: where the state dict of this model comes from
     weights_hint: str = ""
+    #: the Hugging Face repository and file of the weights as a state dict (what `hf download` fetches
+    #: and the cache lookup finds when no weights are given); "" when none is published there
+    hf_repo: str = ""
+    hf_file: str = ""
 
     @property
     def tissue_class(self) -> int:
@@ -141,11 +148,15 @@ def _register(spec: SegmenterSpec) -> None:
     SEGMENTERS.register(spec.name)(spec)
 
 
+#: where TRIDENT fetches all three state dicts from (mahmoodlab/TRIDENT@bf55f62,
+#: trident/segmentation_models/load.py: snapshot_download of *.ckpt, *MPP10.pth, *MPP1_state_dict.pth)
+_HEST_SEG = "MahmoodLab/hest-tissue-seg"
 _register(
     SegmenterSpec(
         "grandqc-tissue", "tissue", _grandqc_tissue, mpp=10.0, jpeg_quality=80,
         classes={0: "tissue", 1: "background"},
         weights_hint="GrandQC's Tissue_Detection_MPP10.pth is a state dict",
+        hf_repo=_HEST_SEG, hf_file="Tissue_Detection_MPP10.pth",
     )
 )  # fmt: skip
 for _mpp, _suffix in ((1.0, ""), (1.5, "-mpp15"), (2.0, "-mpp2")):
@@ -153,6 +164,8 @@ for _mpp, _suffix in ((1.0, ""), (1.5, "-mpp15"), (2.0, "-mpp2")):
         SegmenterSpec(
             f"grandqc-artifact{_suffix}", "artifact", _grandqc_artifact, mpp=_mpp,
             classes=dict(GRANDQC_ARTIFACT_CLASSES), weights_hint=_GRANDQC_ART_HINT,
+            hf_repo=_HEST_SEG if not _suffix else "",  # TRIDENT publishes the 1 um/px one only
+            hf_file="GrandQC_MPP1_state_dict.pth" if not _suffix else "",
         )
     )  # fmt: skip
 _register(
@@ -160,8 +173,24 @@ _register(
         "hest-tissue", "tissue", _hest_tissue, mpp=1.0, classes={0: "background", 1: "tissue"},
         decision="softmax1", dict_output=True, key_layout=_hest_layout,
         weights_hint="HEST's deeplabv3_seg_v4.ckpt (hf MahmoodLab/hest-tissue-seg) is read as tensors",
+        hf_repo=_HEST_SEG, hf_file="deeplabv3_seg_v4.ckpt",
     )
 )  # fmt: skip
+
+
+def segmenter_weights(name: str, kind: SegKind, weights: str | os.PathLike[str] | None) -> Path:
+    """The local weights file of `name`: as given, a URL's local copy, `hf:ORG/REPO[/FILE]`, or, when none
+    is given, its published state dict found in the Hugging Face cache (offline; `wsi.storage.hf`)."""
+    spec = segmenter_spec(name, kind)
+    found = hub_weights(
+        weights, repo=spec.hf_repo or None, files=(spec.hf_file,) if spec.hf_file else (),
+        what=f"{kind} model {name!r}", page=f"https://huggingface.co/{spec.hf_repo}" if spec.hf_repo else "",
+    )  # fmt: skip
+    if found is None:
+        raise ConfigError(
+            f"--{kind}-model {name} needs --{kind}-weights (no published state dict to look up)"
+        )
+    return found
 
 
 def segmenter_spec(name: str, kind: SegKind) -> SegmenterSpec:
@@ -183,4 +212,5 @@ __all__ = [
     "SegKind",
     "SegmenterSpec",
     "segmenter_spec",
+    "segmenter_weights",
 ]

@@ -22,6 +22,7 @@ from torch import nn
 
 from wsi.errors import ConfigError, WeightsError
 from wsi.registry import Registry
+from wsi.storage.hf import hub_weights, repo_of
 
 log = logging.getLogger("models.slide_encoders")
 
@@ -150,6 +151,13 @@ def resolve_weights_file(path: str | os.PathLike[str], spec: SlideEncoderSpec, n
     raise WeightsError(f"weights {path} do not exist; download them from {spec.weights_page}")
 
 
+def _hub_weights(weights: str | os.PathLike[str] | None, spec: SlideEncoderSpec, name: str) -> Path | None:
+    return hub_weights(
+        weights, repo=repo_of(spec.weights_page), files=spec.weights_files, what=f"slide encoder {name!r}",
+        licence=spec.licence, page=spec.weights_page,
+    )  # fmt: skip
+
+
 def load_checked(model: SlideEncoder, state: StateDict, path: Path, name: str) -> None:
     """Load all of `state` (authors' layout) into `model` or nothing: every key and shape checked first."""
     given = model.authors_to_ours(state)
@@ -180,6 +188,10 @@ def build_slide_encoder(
     from wsi.models.encoders import load_state_dict_file
 
     cls = SLIDE_ENCODERS.get(name)
+    if weights is not None and not random_init:  # hf:ORG/REPO or a URL: a local file (wsi.storage.hf)
+        weights = _hub_weights(weights, cls.SPEC, name)
+    elif weights is None and not random_init and repo_of(cls.SPEC.weights_page):
+        weights = _hub_weights(None, cls.SPEC, name)  # published on the Hub: from the cache, offline
     if (weights is None) == (not random_init):
         raise ConfigError(
             f"slide encoder {name!r} needs --weights FILE (from {cls.SPEC.weights_page}), "

@@ -1,7 +1,7 @@
 """The embed stage (`wsi embed`): tiles -> one or several encoders -> per-slide HDF5 feature bags.
 
 Modules, in the order a tile meets them:
-  options.py         EmbedOptions (+ EncoderChoice per encoder of a multi-encoder run), the stage's config
+  config.py          EmbedOptions (+ EncoderChoice per encoder of a multi-encoder run), the stage's config
   stage.py           tile files (or slides, tiled first) -> slide works -> bags + manifests
   plan.py            per slide and encoder: empty, refused, current (skipped) or a bag to make
   checks.py          ids that clash by case or belong to another slide's bag; bad tiles per slide

@@ -12,8 +12,9 @@ Public API:
   SlideWork(jobs)   one slide read once: jobs[k] is encoder k's bag to write (None: not needed)
   WorkResult        a JobResult for a whole SlideWork (dask items), with one JobResult per bag in .bags
   bag_provenance(job, runtime, options, n_bad, *, stain=None, stain_fallback=None) -> BagProvenance
-  embed_works(runtimes, works, *, options, readers, mode, progress, stain=None, batch_size=None)
-      -> list[list[JobResult | None]]          per work, one result per runtime (None where no job)
+  embed_works(runtimes, works, *, options, readers, mode, progress, stain=None, batch_size=None,
+              publish=None) -> list[list[JobResult | None]]   per work, one result per runtime (None
+                                               where no job); publish(bag path) after each bag is written
   embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[JobResult]   one encoder
   from runtime.py: EmbedOptions, Runtime, prepare_runtime, prepare_runtimes, encode, resolve_decode
 """
@@ -24,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,10 +223,13 @@ def embed_works(
     progress: bool = True,
     stain: StainReference | None = None,
     batch_size: int | None = None,
+    publish: Callable[[Path], None] | None = None,
 ) -> list[list[JobResult | None]]:
     """Read every slide once, embed it with the encoders its jobs name and write the bags.
 
     Returns, per work, one JobResult per runtime (None where the work has no job for it), in order.
+    `publish(path)` runs in the writer thread after each bag is written (a remote --out uploads it);
+    a failure there fails that bag.
     """
     results: list[list[JobResult | None]] = [[None] * len(runtimes) for _ in works]
     for i, work in enumerate(works):
@@ -279,7 +283,7 @@ def embed_works(
                     results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
                 else:
                     n_ok = len(kwargs["feats"])
-                    future = writer.submit(_write, job.bag_path, kwargs)
+                    future = writer.submit(_write, job.bag_path, kwargs, publish)
                     writes.append((i, k, job, future, acc.start, n_ok))
             del accs[i]
         for i, k, job, future, start, n_ok in writes:
@@ -310,8 +314,10 @@ def embed_stream(
     return [row[0] for row in done if row[0] is not None]
 
 
-def _write(path: Path, kwargs: dict[str, Any]) -> float:
+def _write(path: Path, kwargs: dict[str, Any], publish: Callable[[Path], None] | None = None) -> float:
     write_bag(path, **kwargs)
+    if publish is not None:
+        publish(path)
     return time.perf_counter()
 
 

@@ -50,10 +50,12 @@ from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideWork, WorkResult, embed_works
 from wsi.pipelines.embed.gpus import Gpus, assign_gpus
 from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
+from wsi.pipelines.embed.remote import embed_item_remote, local_tiles, publisher
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference
 from wsi.pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
-from wsi.suffixes import TILE_FILE_SUFFIX
+from wsi.storage import Mirror, origin, remote_output
+from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,14 @@ def embed_tiles(
     gpus: Gpus | None = None,
 ) -> list[JobResult]:
     """Embed every tile file under `tiles_dir` with every encoder of `options`; write the bags and one
-    `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder, slides in file order."""
-    with output_lock(out_dir):
-        return _embed_tiles_locked(tiles_dir, out_dir, options, slide_ids, workers, scheduler, progress, gpus)
+    `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder, slides in file order.
+    Either folder may be a URL (s3://...): the tile files are pulled, each bag uploaded once written."""
+    remote = remote_output(out_dir)
+    out = remote.local if remote is not None else out_dir
+    with output_lock(out):
+        return _embed_tiles_locked(
+            tiles_dir, out, options, slide_ids, workers, scheduler, progress, gpus, remote
+        )
 
 
 def _embed_tiles_locked(
@@ -138,10 +145,17 @@ def _embed_tiles_locked(
     scheduler: str | None,
     progress: bool,
     gpus: Gpus | None,
+    remote: Mirror | None = None,
 ) -> list[JobResult]:
     start = time.perf_counter()
     devices = check_gpus(gpus, options, workers, scheduler)
-    files = find_tile_files(tiles_dir)
+    tiles_local, tiles_url = local_tiles(tiles_dir)
+    try:
+        files = find_tile_files(tiles_local)
+    except WsiError:
+        if tiles_url is None:
+            raise
+        raise WsiError(f"--tiles {tiles_url}: no tile files (tiles/<slide_id>.h5); run `wsi tile`") from None
     if slide_ids is not None:
         wanted = set(slide_ids)
         files = [f for f in files if f.stem in wanted]
@@ -151,12 +165,17 @@ def _embed_tiles_locked(
     stain = resolve_stain_reference(options.stain_norm, options.stain_reference)
     ids = [enc.encoder_id for enc in encoders]
     slides, unreadable = read_tile_files(files, options)
+    if tiles_url is not None:  # bags record the tile file's URL, not this machine's copy of it
+        slides = [(f, dataclasses.replace(job, tile_file=origin(f)), why) for f, job, why in slides]
+    if remote is not None:  # the finished bags and manifests, for the plan's checks and resume
+        for enc_id in dict.fromkeys(ids):
+            remote.pull_folder(f"features/{enc_id}", suffixes=(BAG_SUFFIX, ".csv"))
     _check_mpp(encoders, slides)
     rows, works = plan(files, slides, encoders, options, stain, out_dir)
     for enc_rows in rows:
         enc_rows += unreadable  # a tile file that cannot be read fails for every encoder
     if works:
-        done = _run(works, encoders, options, stain, devices, workers, scheduler, progress)
+        done = _run(works, encoders, options, stain, devices, workers, scheduler, progress, remote)
         for work_rows in done:
             for k, row in enumerate(work_rows):
                 if row is not None:
@@ -171,6 +190,8 @@ def _embed_tiles_locked(
         write_manifest(out / "manifest.csv", tagged)
         _summary(tagged, seconds, out, encoder_id if len(ids) > 1 else "")
         results += tagged
+    if remote is not None:  # the manifests, and finished bags a failed upload or an upgrade left behind
+        remote.push_all("features")
     return results
 
 
@@ -183,6 +204,7 @@ def _run(
     workers: int,
     scheduler: str | None,
     progress: bool,
+    remote: Mirror | None = None,
 ) -> list[list[JobResult | None]]:
     """Embed the works: one local stream, or one dask job per slide (workers, --gpus, a scheduler)."""
     if scheduler is None and workers == 1 and len(devices) <= 1:
@@ -191,11 +213,11 @@ def _run(
         runtimes, batch = prepare_runtimes(encoders, device=device, options=options, tile_px=tile_px)
         return embed_works(
             runtimes, works, options=options, readers=options.readers, mode=options.reader_mode,
-            progress=progress, stain=stain, batch_size=batch,
+            progress=progress, stain=stain, batch_size=batch, publish=publisher(remote),
         )  # fmt: skip
     encoders.clear()  # each worker builds its own: free the main process's copies
     names = [str(d) for d in devices]
-    return _embed_dask(works, options, stain, names, max(workers, len(devices)), scheduler)
+    return _embed_dask(works, options, stain, names, max(workers, len(devices)), scheduler, remote)
 
 
 def _embed_dask(
@@ -205,13 +227,19 @@ def _embed_dask(
     devices: list[str],
     workers: int,
     scheduler: str | None,
+    remote: Mirror | None = None,
 ) -> list[list[JobResult | None]]:
     from wsi.pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
 
     items = [EmbedItem(w.tiles.slide_id, w.tiles.slide_path, w) for w in works]
+    fn: Any = functools.partial(embed_item, options=options)
+    if remote is not None:  # each worker writes into its own mirror and uploads what it made
+        fn = functools.partial(
+            embed_item_remote, options=options, remote=str(remote.url), client_root=str(remote.local)
+        )
     results = run_jobs(
         items,
-        functools.partial(embed_item, options=options),
+        fn,
         workers=workers,
         scheduler=scheduler,
         desc="embed",
@@ -254,7 +282,8 @@ def embed_slides(
     here too, with the tile stage's reason, and one whose tiling kept no tile an `empty` row ("tiling kept
     no tile: <why>"); `options.overwrite` redoes the tiles as well. `workers` is the tile stage's too."""
     check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
-    with output_lock(out_dir):  # held across both stages (the tile stage's own lock nests)
+    remote = remote_output(out_dir)
+    with output_lock(remote.local if remote is not None else out_dir):  # across both stages (theirs nest)
         return _embed_slides_locked(
             sources,
             out_dir,
@@ -267,6 +296,7 @@ def embed_slides(
             save_tiles,
             progress,
             gpus,
+            remote,
         )
 
 
@@ -282,6 +312,7 @@ def _embed_slides_locked(
     save_tiles: bool,
     progress: bool,
     gpus: Gpus | None,
+    remote: Mirror | None = None,
 ) -> list[JobResult]:
     from wsi.pipelines.tile.stage import tile_slides
 
@@ -308,7 +339,10 @@ def _embed_slides_locked(
             *(BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in carried),
         ]
         try:
-            write_manifest(bag_dir(out_dir, encoder_id) / "manifest.csv", rows)
+            manifest = bag_dir(remote.local if remote is not None else out_dir, encoder_id) / "manifest.csv"
+            write_manifest(manifest, rows)
+            if remote is not None:
+                remote.push([remote.rel(manifest)])
         except OSError as exc:
             log.error("could not write the manifest: %s", describe_error(exc))
         merged += rows

@@ -9,6 +9,7 @@ from typing import Literal
 
 from wsi.config import config_model, setting
 from wsi.errors import ConfigError
+from wsi.pipelines.remote import Location
 
 
 def _slide_encoder_names() -> list[str]:
@@ -25,12 +26,15 @@ class SlideEmbedOptions:
     encoder: str = setting(
         choices=_slide_encoder_names, help="Slide encoder name (see `wsi encoders --slide`)."
     )
-    weights: Path | None = setting(None, help="The authors' checkpoint file, or their model folder.")
+    weights: Path | None = setting(
+        None, help="The authors' checkpoint file, their model folder, or hf:ORG/REPO [default: a Hub model's "
+        "file in the Hugging Face cache].",
+    )  # fmt: skip
     random_init: bool = setting(False, help="No weights: random embeddings, for tests and demos only.")
     level: Literal["slide", "patient"] = setting(
         "slide", help="One embedding per slide, or per patient (needs --slide-table)."
     )
-    slide_table: Path | None = setting(
+    slide_table: Location = setting(
         None, existing="file", help="CSV with `patient` and `slide` columns, for --level patient."
     )
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")

@@ -30,6 +30,7 @@ from wsi.pipelines.embed_slides.checks import TileSource, check_bag
 from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.remote import remote_edges
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +176,25 @@ def embed_slides(
 ) -> tuple[Path, list[JobResult]]:
     """Embed every bag under `features` (or every patient of `options.slide_table`); returns the folder
     written and one JobResult per slide/patient (failed ones carry the reason). The manifest is
-    manifest.csv. `options` (or its fields as keywords, `settings`): `SlideEmbedOptions`."""
+    manifest.csv. `options` (or its fields as keywords, `settings`): `SlideEmbedOptions`. `features`,
+    `out` and the slide table may be URLs (`pipelines.remote`)."""
+    opts = with_settings(SlideEmbedOptions, options, settings, source="embed-slides options")
+    return _embed_slides(features=features, out=out, slide_table=opts.slide_table, options=opts)
+
+
+@remote_edges(out="out", folders={"features": "--features folder"}, files={"slide_table": "slide table"})
+def _embed_slides(
+    *, features: str | Path, out: str | Path, slide_table: Any, options: SlideEmbedOptions
+) -> tuple[Path, list[JobResult]]:
     from wsi.pipelines.devices import resolve_device
 
-    opts = with_settings(SlideEmbedOptions, options, settings, source="embed-slides options")
+    opts = options
     model = build_slide_encoder(opts.encoder, weights=opts.weights, random_init=opts.random_init)
     dev = resolve_device(opts.device)
     model.to(dev)
     bags = find_bags(Path(features))
     if opts.level == "patient":
-        jobs = patient_jobs(bags, Path(str(opts.slide_table)))
+        jobs = patient_jobs(bags, Path(str(slide_table)))
     else:
         jobs = [EmbedJob(sid, p, (p,)) for sid, p in bags.items()]
     out_dir = embedding_dir(out, opts.encoder, opts.level)

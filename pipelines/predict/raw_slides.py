@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from wsi.errors import ConfigError
 from wsi.pipelines.jobs import JobResult
@@ -91,7 +91,8 @@ def embed_raw_slides(
             found[r.slide_id] = bag
             src = by_id.get(r.slide_id)
             if src is not None:
-                thumbs[r.slide_id] = (src.path, src.mpp if src.mpp is not None else mpp)
+                where = cast(Path, src.path)  # a Url for a remote slide: open_slide takes either
+                thumbs[r.slide_id] = (where, src.mpp if src.mpp is not None else mpp)
         else:  # an embed stage that reports empty slides itself keeps that status here
             status: Literal["empty", "failed"] = "empty" if r.status == "empty" else "failed"
             why = r.error or "no bag made"

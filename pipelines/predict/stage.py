@@ -66,6 +66,7 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
+from wsi.pipelines.remote import remote_edges
 from wsi.pipelines.task_kinds import TaskKind
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class PredictResult:
         return list(self.summary.problems)
 
 
+@remote_edges(out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",))
 def predict(
     *,
     model_dir: str | Path,

@@ -11,7 +11,7 @@ that fixes it:
 - `explain_empty(...)`: why a slide kept no tile, naming the filter and the option that controls it.
 - `file_damage(...)`, `check_damage(...)`: how much of the file could not be decoded, counted in the
   file's own tiles; a slide fails only when that is beyond `max_unreadable_fraction`
-  (`wsi.file_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
+  (`wsi.tiff_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
   warning and the manifest row (`damage_note`), the tile file (`damage_record`) and the QC picture.
 """
 
@@ -252,7 +252,7 @@ def file_damage(slide: Slide, found: TissueGrid, probe: FileTileProbe) -> FileDa
     )  # fmt: skip
 
 
-def check_damage(path: Path, counts: TileCounts, damage: FileDamage, params: TileParams) -> None:
+def check_damage(path: Path | str, counts: TileCounts, damage: FileDamage, params: TileParams) -> None:
     """SlideError when the file is damaged beyond `max_unreadable_fraction` of its tiles under the tissue
     (`FileDamage.too_much`): a slide that is mostly unreadable is an error worth seeing, not a few tiles
     quietly lost."""

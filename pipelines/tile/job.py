@@ -20,6 +20,13 @@ class TileOutputs:
     geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile.qupath)
 
 
+def remote_files(slide_id: str) -> tuple[list[str], str]:
+    """One slide's outputs relative to --out, and its done file (the tile file): what a remote --out
+    pulls and pushes per slide (`wsi.pipelines.remote`)."""
+    paths = output_paths("", slide_id)
+    return [paths.qc.as_posix(), paths.geojson.as_posix()], paths.h5.as_posix()
+
+
 def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
     out = Path(out_dir)
     return TileOutputs(
@@ -52,8 +59,11 @@ class TileJob:
     mpp_override: bool = False
     #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
     segmentation: SegmentationOptions | None = None
+    #: the URL of a remote --out (s3://...): each worker writes into its own mirror of it (`out_dir`
+    #: replaced) and uploads each slide's files (`wsi.pipelines.remote`); None: out_dir is the output
+    remote: str | None = None
     #: the most pixels of one level decoded for the thumbnail (`wsi.thumbnail.check_thumbnails`)
     max_read_px: int = MAX_READ_PX
 
 
-__all__ = ["TileJob", "TileOutputs", "output_paths"]
+__all__ = ["TileJob", "TileOutputs", "output_paths", "remote_files"]

@@ -68,7 +68,7 @@ def _warn(source: SlideSource, note: str) -> None:
         log.warning("%s: %s", source.slide_id, note)
 
 
-def metadata_mpp(path: Path, backend: str) -> float | None:
+def metadata_mpp(path: Path | str, backend: str) -> float | None:
     """The slide's own mpp, None when its metadata has none (a second, cheap open: `Slide` keeps only the
     mpp in use)."""
     try:

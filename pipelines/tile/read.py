@@ -8,7 +8,7 @@
 Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
 optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread. A tile that cannot be
 decoded is marked UNREADABLE (left white), never an error for the whole slide here; given a
-`wsi.file_tiles.FileTileProbe`, its window is read again stored tile by stored tile to find which of the
+`wsi.tiff_tiles.FileTileProbe`, its window is read again stored tile by stored tile to find which of the
 file's tiles are bad (the caller judges the damage from those).
 """
 

@@ -43,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from wsi.config import with_settings
+from wsi.errors import ConfigError
 from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.remote import mirrored_job
 from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
@@ -56,7 +58,7 @@ from wsi.pipelines.tile.checks import (
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.filters import filter_tiles
-from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths
+from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths, remote_files
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
 from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
@@ -76,6 +78,8 @@ from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import ReviewFile, Roi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
+from wsi.storage import remote_output
+from wsi.suffixes import TILE_FILE_SUFFIX
 from wsi.thumbnail import read_thumbnails
 from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
 from wsi.tile_meta import BackgroundRecord, TileFileMeta
@@ -108,8 +112,14 @@ def tile_slides(
     the others run.
     """
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
+    remote = remote_output(out_dir)  # a URL: this machine's mirror of it (checked writable)
+    if remote is not None and opts.save_tiles:
+        raise ConfigError(
+            f"--save-tiles with a remote --out ({remote.url}) would upload one object per tile; leave it "
+            "out (the embed stage reads the tiles from the slide) or give a local --out"
+        )
     job = TileJob(
-        out_dir=Path(out_dir).absolute(),
+        out_dir=remote.local if remote is not None else Path(out_dir).absolute(),
         params=params or TileParams(),
         backend=opts.backend,
         fallback_mpp=opts.mpp,
@@ -121,6 +131,7 @@ def tile_slides(
         review=None if opts.review is None else Path(opts.review).absolute(),
         mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
+        remote=None if remote is None else str(remote.url),
         max_read_px=opts.max_read_px,
     )
     if job.segmentation is not None:
@@ -128,17 +139,21 @@ def tile_slides(
     sources = list(sources)
     check_review_option(job.review, job.out_dir, [src.slide_id for src in sources])  # ConfigError
     with output_lock(job.out_dir):  # one writer: two runs would each rewrite the manifest from their view
+        if remote is not None:  # the finished tile files and the manifest, for the id checks and resume
+            remote.pull_folder("tiles", suffixes=(TILE_FILE_SUFFIX, ".csv"))
         refused = refuse_id_clashes(sources, job.out_dir)
         for i, reason in refused.items():
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]
-        work = functools.partial(tile_slide, job=job)
+        work = functools.partial(mirrored_job, fn=tile_slide, job=job, files=remote_files)
         ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
         results = [
             JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
             for i, src in enumerate(sources)
         ]
         write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
+        if remote is not None:
+            remote.push(["tiles/manifest.csv"])
     return results
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from wsi.config import MAX_MPP, config_model, numeric_leaves, setting
 from wsi.errors import ConfigError
+from wsi.pipelines.remote import Location
 from wsi.pipelines.run_record import RunRecord
 from wsi.pipelines.tasks import MAX_BAG_SIZE, ModelOverrides, TaskConfig
 
@@ -45,12 +45,12 @@ class TrainOptions:
     and how to run. The task says what is learned; the label table and run folder are `train`'s own
     arguments."""
 
-    features_dir: Path | None = setting(
+    features_dir: Location = setting(
         None, existing="any",
-        help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks.",
+        help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks, or its URL.",
     )  # fmt: skip
-    images_dir: Path | None = setting(
-        None, existing="any", help="Folder of images for `input: images` tasks."
+    images_dir: Location = setting(
+        None, existing="any", help="Folder of images for `input: images` tasks, or its URL."
     )
     preset: str | None = setting(
         None, help=_preset_help(),
@@ -93,7 +93,7 @@ class TrainOptions:
         None, help="Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786)."
     )
     resume: bool = setting(False, help="Continue an interrupted run in --out from its last epoch.")
-    init_from: Path | None = setting(
+    init_from: Location = setting(
         None, existing="any",
         help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
     )  # fmt: skip

@@ -47,6 +47,7 @@ from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.labels import Matched, match_items, read_label_table
+from wsi.pipelines.remote import remote_edges
 from wsi.pipelines.run_record import (
     Counts,
     InputRecord,
@@ -68,6 +69,7 @@ from wsi.pipelines.train.recipe import apply_recipe
 from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
+from wsi.storage import origin
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +99,27 @@ def train(
     bag_size, ..., `model_overrides` for `models.build_model`, `overrides` for any task field by dotted
     key), and how to run (device, cv, scheduler, resume, init_from, mpp, progress).
     `on_epoch_end(row)` is called after every epoch with the log row (sequential runs only).
+    `labels_csv`, `out_dir`, the input folders and `init_from` may be URLs (`pipelines.remote`).
     Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
     """
     opts = with_settings(TrainOptions, options, settings, source="train options")
+    return _train(
+        task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=opts.features_dir,
+        images_dir=opts.images_dir, init_from=opts.init_from, on_epoch_end=on_epoch_end, options=opts,
+    )  # fmt: skip
+
+
+@remote_edges(
+    out="out_dir", files={"labels_csv": "label table"}, runs=("init_from",), hook="on_epoch_end",
+    folders={"features_dir": "--features folder", "images_dir": "--images folder"}, units=("resume",),
+)  # fmt: skip
+def _train(
+    *, task: str | Path | TaskConfig, labels_csv: str | Path, out_dir: str | Path, features_dir: Any,
+    images_dir: Any, init_from: Any, on_epoch_end: EpochHook | None, options: TrainOptions,
+) -> TrainResult:  # fmt: skip
+    """`train` with its locations local (a URL's mirror or cached copy: `remote_edges`)."""
+    local = {"features_dir": features_dir, "images_dir": images_dir, "init_from": init_from}
+    opts = dataclasses.replace(options, **{k: None if v is None else Path(v) for k, v in local.items()})
     cfg = resolve_task(task, opts)
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
@@ -119,7 +139,7 @@ def train(
     init = str(opts.init_from) if opts.init_from else None
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
-        classes=cfg.classes, labels_csv=str(Path(labels_csv).resolve()), source=str(source.resolve()),
+        classes=cfg.classes, labels_csv=origin(labels_csv), source=origin(source),
         counts=_counts(matched), splits=tuple(_split_ids(s) for s in splits), cv=opts.cv, init_from=init,
         **_machine(resolve_device(opts.device)),
     )  # fmt: skip

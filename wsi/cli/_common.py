@@ -7,11 +7,14 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
 from wsi.errors import WsiError
+
+if TYPE_CHECKING:
+    from wsi.storage import Url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,13 +38,20 @@ def user_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
-def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> Path:
-    """Create the output folder `path` if missing and prove it writable, before any work starts.
+def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--out") -> Path | Url:
+    """Create the output folder `path` if missing and prove it writable, before any work starts (a URL:
+write and remove a small object there).
 
     Raises WsiError (a `@user_errors` command prints it and exits 2) naming the folder and the fix. The
     check writes and removes a temporary file, because permission bits are not the answer: root writes
     into read-only folders, and ACLs, read-only mounts and full disks only show when writing.
     """
+    from wsi.storage import is_url, remote_output
+
+    if is_url(path):  # a bucket that is missing, or credentials refused: exit 2 before any work
+        mirror = remote_output(path)
+        assert mirror is not None
+        return mirror.url
     folder = Path(path).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,17 @@ def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool]:
     return str, False
 
 
+def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType:
+    """An existing path; also a URL where the field takes one (`wsi.storage.Url` in its type)."""
+    from wsi.storage import Url
+
+    if Url in typing.get_args(hint):
+        from wsi.cli._locations import PathOrUrl
+
+        return PathOrUrl(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+    return click.Path(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+
+
 def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     f, hint = field_of(model, path)
     meta = f.metadata
@@ -136,7 +147,7 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
         kind = RegistryChoice(extra["choices"])
     existing = extra.get("existing")
     if existing is not None:  # refused before any work, as click does for its own paths
-        kind = click.Path(exists=True, file_okay=existing != "dir", dir_okay=existing != "file")
+        kind = _path_type(hint, file_okay=existing != "dir", dir_okay=existing != "file")
     computed = f.default is dataclasses.MISSING
     default = None if computed else f.default
     default_text = extra.get("default_text")

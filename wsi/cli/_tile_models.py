@@ -25,16 +25,18 @@ def model_options() -> Callable[[F], F]:
         click.option(
             "--tissue-model", type=click.Choice(TISSUE_MODELS), default=None,
             help="Tissue mask from this network (GrandQC's at 10 um/px, HEST's at 1 um/px) instead of "
-            "saturation + Otsu; needs --tissue-weights.",
+            "saturation + Otsu; its weights from --tissue-weights, else the Hugging Face cache.",
         ),
         click.option(
             "--tissue-weights", type=weights, default=None,
-            help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt.",
+            help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt, or "
+            "hf:ORG/REPO [default: the file `hf download MahmoodLab/hest-tissue-seg FILE` put in the cache].",
         ),
         click.option(
             "--artifact-model", type=click.Choice(ARTIFACT_MODELS), default=None,
             help="Reject tiles covered by GrandQC's artifacts (fold, dark spot, pen, edge and air bubble, "
-            "out of focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights.",
+            "out of focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights but at 1 um/px "
+            "(then the Hugging Face cache).",
         ),
         click.option(
             "--artifact-weights", type=weights, default=None,
@@ -59,6 +61,15 @@ def model_options() -> Callable[[F], F]:
     return apply
 
 
+def _located(model: str | None, weights: Path | None, kind: str) -> Path | None:
+    """--*-weights as given; left out (or hf:ORG/REPO) for a model: its file in the Hugging Face cache."""
+    if model is None or (weights is not None and not str(weights).startswith("hf:")):
+        return weights
+    from wsi.models.segmentation.named import segmenter_weights
+
+    return segmenter_weights(model, kind, None if weights is None else str(weights))  # type: ignore[arg-type]
+
+
 def segmentation_from(
     tissue_model: str | None,
     tissue_weights: Path | None,
@@ -67,8 +78,12 @@ def segmentation_from(
     max_artifact: float,
     device: str,
 ) -> Any:
-    """The tile stage's SegmentationOptions (imported here: `wsi tile --help` stays instant)."""
+    """The tile stage's SegmentationOptions (imported here: `wsi tile --help` stays instant). A model
+    without --*-weights takes its published state dict from the Hugging Face cache (offline)."""
     from wsi.pipelines.tile.segment import SegmentationOptions
+
+    tissue_weights = _located(tissue_model, tissue_weights, "tissue")
+    artifact_weights = _located(artifact_model, artifact_weights, "artifact")
 
     return SegmentationOptions(
         tissue_model=tissue_model, artifact_model=artifact_model, max_artifact_fraction=max_artifact,

@@ -8,9 +8,11 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options, field_of, model_default
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.tile.config import TileOptions
+from wsi.storage import Url
 from wsi.tile_params import TileParams
 
 # option -> EmbedOptions field: defaults, ranges and help come from the fields (pipelines/embed/config.py)
@@ -42,6 +44,7 @@ Examples:
   wsi embed --tiles run/ --out run/ --weights best_ckpt.pth --stain-norm macenko  # shipped H&E reference
   wsi embed --tiles run/ --out run/ --weights best_ckpt.pth --stain-norm reinhard --stain-reference ref.png
   wsi embed --tiles run/ --out run/ --encoder uni --weights /models/UNI/ --gpus all --batch-size auto
+  wsi embed --tiles s3://lab/run/ --out s3://lab/run/ --encoder uni2-h   # weights from the HF cache
 
 \b
 Output (under --out):
@@ -66,27 +69,27 @@ Several GPUs: --gpus N (or all) runs one worker per GPU on this machine. On a da
   CUDA_VISIBLE_DEVICES=1 dask worker tcp://host:8786 --nworkers 1 --nthreads 1
 """,
 )
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=PathOrUrl())
 @click.option(
     "--tiles",
     "tiles_dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=PathOrUrl(file_okay=False),
     default=None,
-    help="Output folder of `wsi tile` (or its tiles/ folder). Not needed with slide PATHS.",
+    help="Output folder of `wsi tile` (or its tiles/ folder), or its URL. Not needed with slide PATHS.",
 )
 @click.option(
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Output folder; bags go to OUT/features/<encoder_id>/.",
+    type=PathOrUrl(file_okay=False),
+    help="Output folder (or URL: each bag is uploaded when written); bags go to OUT/features/<encoder_id>/.",
 )
 @click.option(
     "--encoder", "encoders", multiple=True, default=(model_default(EmbedOptions, "encoder"),),
     show_default=True, help=field_of(EmbedOptions, "encoder")[0].metadata["description"],
 )  # fmt: skip
 @click.option(
-    "--weights", "weights", multiple=True, type=click.Path(path_type=Path),
+    "--weights", "weights", multiple=True, type=PathOrUrl(),
     help=field_of(EmbedOptions, "weights")[0].metadata["description"],
 )  # fmt: skip
 @click.option(
@@ -105,9 +108,9 @@ Several GPUs: --gpus N (or all) runs one worker per GPU on this machine. On a da
 @config_options(TileOptions, {"--mpp": "mpp"}, into="slide_run")
 @user_errors
 def command(
-    paths: tuple[Path, ...],
-    tiles_dir: Path | None,
-    out_dir: Path,
+    paths: tuple[Path | Url, ...],
+    tiles_dir: Path | Url | None,
+    out_dir: Path | Url,
     encoders: tuple[str, ...],
     weights: tuple[Path, ...],
     expected_sha256: tuple[str, ...],
@@ -181,11 +184,12 @@ def _encoder_fields(
     return {"encoders": choices}
 
 
-def _report(results: list[Any], out_dir: Path, names: list[str]) -> bool:
+def _report(results: list[Any], out_dir: Path | Url, names: list[str]) -> bool:
     """The summary per encoder on stderr; True when some slide failed or kept no tile (exit 1)."""
     from wsi.models.encoders import encoder_id_for
     from wsi.pipelines.embed import bad_tile_report, results_by_encoder
     from wsi.pipelines.jobs import RunSummary
+    from wsi.storage import local_view
 
     by_encoder = results_by_encoder(results)
     problems = False
@@ -196,7 +200,8 @@ def _report(results: list[Any], out_dir: Path, names: list[str]) -> bool:
         stage = "embed" if len(names) == 1 else f"embed {encoder_id}"
         folder = out_dir / "features" / (encoder_id if len(names) > 1 else "")
         click.echo(f"wsi {summary.line(stage, unit='tiles')} -> {folder}", err=True)
-        for line in bad_tile_report([r for r in rows if r.status == "ok"], out_dir=out_dir, encoder=name):
+        ok = [r for r in rows if r.status == "ok"]
+        for line in bad_tile_report(ok, out_dir=local_view(out_dir), encoder=name):
             click.echo(f"  {line}", err=True)
         for r in summary.problems[:10]:  # failed, then empty ("tiling kept no tile: ...")
             click.echo(f"  {r.slide_id}: {r.error}", err=True)

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.embed_slides.config import SlideEmbedOptions
+from wsi.storage import Url
 
 # option -> SlideEmbedOptions field: defaults, choices and help come from the fields
 # (pipelines/embed_slides/config.py)
@@ -42,15 +44,15 @@ another tile encoder (or weights), tile size or resolution are refused, naming b
 """,
 )
 @click.option(
-    "--features", required=True, type=click.Path(path_type=Path, exists=True),
-    help="Folder of tile-feature bags (wsi embed, STAMP), or one bag.",
+    "--features", required=True, type=PathOrUrl(exists=True),
+    help="Folder of tile-feature bags (wsi embed, STAMP), or one bag; or a folder's URL.",
 )  # fmt: skip
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False), help="Output folder (or URL)."
 )
 @config_options(SlideEmbedOptions, EMBED_SLIDES_FLAGS, into="settings")
 @user_errors
-def command(features: Path, out_dir: Path, settings: dict[str, Any]) -> None:
+def command(features: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Embed each slide (or patient) with a slide-level foundation encoder."""
     from wsi.config import parse_config
 
@@ -58,11 +60,12 @@ def command(features: Path, out_dir: Path, settings: dict[str, Any]) -> None:
     ensure_writable_dir(out_dir)
     from wsi.pipelines.embed_slides import embed_slides
     from wsi.pipelines.jobs import RunSummary
+    from wsi.storage import origin
 
     folder, results = embed_slides(features=features, out=out_dir, options=options)
     summary = RunSummary.of(results)
     line = summary.line("embed-slides", unit="tiles", noun=f"{options.level}s")
-    click.echo(f"wsi {line} -> {folder}", err=True)
+    click.echo(f"wsi {line} -> {origin(folder)}", err=True)
     for r in summary.problems[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
     if summary.problems:

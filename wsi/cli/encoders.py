@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._weights import weights_lines, weights_state
+from wsi.storage.hf import repo_of
 
 if TYPE_CHECKING:
     from wsi.models.encoders import EncoderRecipe
@@ -26,8 +28,13 @@ Examples:
   wsi encoders --slide chief            # one slide encoder: tiles, weights page, the authors' code
 
 \b
-Weights are never downloaded: get them from the authors' page (most need you to accept their terms),
-then give the file or the model folder:
+Weights are never downloaded at run time. Models on the Hugging Face Hub are found in its cache (HF_HOME,
+HF_HUB_CACHE, ~/.cache/huggingface/hub) after you accept the terms on their page and run `hf download`
+once (the `weights` column: cached, or "-" not yet; `wsi encoders NAME` prints the command):
+  hf download MahmoodLab/UNI2-h pytorch_model.bin
+  wsi embed --tiles run/ --out run/ --encoder uni2-h                       # from the cache, offline
+  wsi embed --tiles run/ --out run/ --encoder uni2-h --weights hf:MahmoodLab/UNI2-h
+Or give the file or the model folder (RetCCL and CTransPath are not on the Hub):
   wsi embed --tiles run/ --out run/ --encoder uni --weights /models/UNI/pytorch_model.bin
   wsi embed --tiles run/ --out run/ --encoder phikon-v2 --weights /models/phikon-v2/
 Tile at the encoder's training resolution (the mpp column): wsi tile slides/ --out run/ --mpp 0.5
@@ -67,15 +74,18 @@ def command(name: str | None, as_yaml: bool, as_json: bool, slide: bool) -> None
     if name:
         _describe(name, recipes[name])
         return
-    rows = [("name", "width", "input", "params", "mpp", "licence")]
+    rows = [("name", "width", "input", "params", "mpp", "weights", "licence")]
     for n, r in recipes.items():
         resize = f"{r.resize_to}>" if r.resize_to != r.input_px else ""
         rows.append((n, str(r.dim), f"{resize}{r.input_px} px", _millions(r.params), f"{r.training_mpp:g}"
-                     if r.training_mpp else "?", r.licence.split(" (")[0]))  # fmt: skip
+                     if r.training_mpp else "?", weights_state(repo_of(r.source), r.weights_files),
+                     r.licence.split(" (")[0]))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo("\nAlso: --encoder timm:<architecture> (any timm model) or --encoder my-encoder.yaml.")
+    click.echo("weights: cached = in the Hugging Face cache (used without --weights), - = not yet (`wsi "
+               "encoders NAME` prints the download command), --weights = not on the Hub: give the file.")
     click.echo("`wsi encoders NAME` shows where a model's weights come from; --slide: slide encoders.")
 
 
@@ -99,7 +109,8 @@ def _describe(name: str, r: EncoderRecipe) -> None:
         f"  weights:   {r.source}",
         f"  licence:   {r.licence}",
         f"  checked:   {r.reference}",
-        f"  command:   wsi embed --tiles run/ --out run/ --encoder {name} "
-        f"--weights /path/{r.weights_files[0]}",
+        *weights_lines(
+            f"wsi embed --tiles run/ --out run/ --encoder {name}", repo_of(r.source), r.weights_files
+        ),
     ]
     click.echo("\n".join(lines))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from typing import NamedTuple
 
 import click
@@ -77,8 +78,13 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 def cli(verbose: int, quiet: bool) -> None:
     """wsi: whole-slide images to tiles, feature bags and slide-level predictions."""
+    # Weights come from the Hugging Face cache as it is (wsi.storage.hf): no library in this process or
+    # the ones it starts (timm, transformers, dask workers) may download at run time.
+    os.environ["HF_HUB_OFFLINE"] = "1"
     level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("distributed").setLevel(max(level, logging.WARNING))
     logging.getLogger("PIL").setLevel(logging.WARNING)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    for noisy in ("fsspec", "s3fs", "aiobotocore", "botocore", "urllib3"):  # every block read, every request
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

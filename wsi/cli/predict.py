@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.predict.config import PredictOptions
+from wsi.storage import Url
 
 # option -> PredictOptions field: defaults, ranges and help come from the fields (pipelines/predict/config.py)
 PREDICT_FLAGS = {
@@ -70,31 +72,31 @@ Exit code: 0 all slides predicted, 1 some failed or were empty (see manifest.csv
 (also a read-only --out, found before any work).
 """,
 )
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=PathOrUrl())
 @click.option(
     "--model",
     "model_dir",
     required=True,
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    help="Run folder written by `wsi train`.",
+    type=PathOrUrl(exists=True, file_okay=False),
+    help="Run folder written by `wsi train` (or its URL).",
 )
 @click.option(
     "--features",
     "features_dir",
-    type=click.Path(path_type=Path, exists=True),
+    type=PathOrUrl(exists=True),
     default=None,
-    help="Predict these bags instead of raw slides.",
+    help="Predict these bags instead of raw slides (a folder or its URL).",
 )
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False), help="Output folder (or URL)."
 )
 @config_options(PredictOptions, PREDICT_FLAGS, into="settings")
 @user_errors
 def command(
-    paths: tuple[Path, ...],
-    model_dir: Path,
-    features_dir: Path | None,
-    out_dir: Path,
+    paths: tuple[Path | Url, ...],
+    model_dir: Path | Url,
+    features_dir: Path | Url | None,
+    out_dir: Path | Url,
     settings: dict[str, Any],
 ) -> None:
     """Predict slides (PATHS: slides, folders, CSV lists) or bags (--features) with a trained run."""
@@ -103,6 +105,7 @@ def command(
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
     from wsi.config import parse_config
     from wsi.pipelines.predict.stage import predict
+    from wsi.storage import local_view, origin
 
     options = parse_config(PredictOptions, settings, source="wsi predict options")
     result = predict(
@@ -113,12 +116,12 @@ def command(
     n_empty = len(result.summary.empty)
     empty = f", {n_empty} empty (kept no tile)" if n_empty else ""
     counts = f"{len(result.rows)} {noun} predicted, {len(failed) - n_empty} failed{empty}"
-    click.echo(f"{counts}: {result.predictions_csv}")
+    click.echo(f"{counts}: {origin(result.predictions_csv)}")
     if result.metrics is not None:
         from wsi.pipelines.run_record import read_run_record
         from wsi.pipelines.task_kinds import build_kind
 
-        kind = build_kind(read_run_record(model_dir).task)
+        kind = build_kind(read_run_record(local_view(model_dir)).task)
         line = kind.summary_line(result.metrics)
         click.echo(f"external validation: {line}; report: {out_dir / 'report.html'}")
     for r in failed[:10]:

@@ -8,7 +8,9 @@ import click
 
 
 def show_slide_encoders(name: str | None, *, as_json: bool = False) -> None:
+    from wsi.cli._weights import weights_lines, weights_state
     from wsi.models.slide_encoders import SLIDE_ENCODERS, get_spec
+    from wsi.storage.hf import repo_of
 
     names = [name] if name else SLIDE_ENCODERS.names()
     specs = {n: get_spec(n) for n in names}  # unknown NAME: a ConfigError listing the choices
@@ -29,15 +31,18 @@ def show_slide_encoders(name: str | None, *, as_json: bool = False) -> None:
             f"  checked:   {s.reference}",
             f"  commands:  wsi tile SLIDES --out run/ --tile-um {s.tile_size_um:g} --tile-px {px}",
             f"             wsi embed --tiles run/ --out run/ --encoder {s.tile_encoders[0]} --weights ...",
-            f"             wsi embed-slides --features run/features/{s.tile_encoders[0]} --encoder {name} "
-            f"--weights /path/{s.weights_files[0]} --out run/",
+            *weights_lines(
+                f"wsi embed-slides --features run/features/{s.tile_encoders[0]} --encoder {name} --out run/",
+                repo_of(s.weights_page), s.weights_files,
+            ),
         ]
         click.echo("\n".join(lines))
         return
-    rows = [("name", "tile encoder", "tiles", "width", "params", "licence")]
+    rows = [("name", "tile encoder", "tiles", "width", "params", "weights", "licence")]
     for n, s in specs.items():
         rows.append((n, "/".join(s.tile_encoders), f"{s.tile_size_um:g} um @ {s.tile_mpp:g}", str(s.dim),
-                     f"{s.params / 1e6:.2f}M", s.licence.split(" (")[0]))  # fmt: skip
+                     f"{s.params / 1e6:.2f}M", weights_state(repo_of(s.weights_page), s.weights_files),
+                     s.licence.split(" (")[0]))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -8,9 +8,11 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.cli._tile_models import model_options, segmentation_from
 from wsi.pipelines.tile.config import TileOptions
+from wsi.storage import Url
 from wsi.tile_params import ARTIFACT_FILTERS, TileParams
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
@@ -51,6 +53,7 @@ Examples:
   wsi tile dicom/ --out run/       # a folder of DICOM series folders: one slide per series
   wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
   wsi tile slides/ --out run/ --review reviewed/   # tiles re-classed in QuPath (no slide re-read)
+  wsi tile s3://lab/slides/ --out s3://lab/run/ --backend tiffslide   # in object storage (range reads)
 
 \b
 Output (under --out):
@@ -102,10 +105,11 @@ Exit code: 0 all slides done (or skipped as already done), 1 some slides failed 
 redoes them (and replaces the tiles of another slide with the same id).
 """,
 )
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=PathOrUrl())
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Output folder."
-)
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False),
+    help="Output folder, or a URL (s3://bucket/run/: written locally, each file uploaded when finished).",
+)  # fmt: skip
 @config_options(TileParams, TILE_PARAM_FLAGS, into="tiling")
 @config_options(TileOptions, TILE_OPTION_FLAGS, into="run")
 @click.option(
@@ -118,8 +122,8 @@ redoes them (and replaces the tiles of another slide with the same id).
 @model_options()
 @user_errors
 def command(
-    paths: tuple[Path, ...],
-    out_dir: Path,
+    paths: tuple[Path | Url, ...],
+    out_dir: Path | Url,
     tiling: dict[str, Any],
     run: dict[str, Any],
     no_filter: tuple[str, ...],
@@ -135,7 +139,8 @@ def command(
     PATHS are slide files (a DICOM .dcm opens its whole series), folders (searched for .svs .tif .tiff
     .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
     id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
-    paths are taken from the CSV's folder). A failing slide is recorded in the manifest and never stops
+    paths are taken from the CSV's folder). Each may be a URL (s3://, gs://, https://): see README
+    "Slides and outputs in object storage". A failing slide is recorded in the manifest and never stops
     the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
@@ -170,8 +175,9 @@ def command(
         err=True,
     )
     from wsi.pipelines.tile.artifacts import artifact_summary
+    from wsi.storage import local_view
 
-    artifacts = artifact_summary(results, out_dir)
+    artifacts = artifact_summary(results, local_view(out_dir))
     if artifacts:
         click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:

@@ -8,8 +8,10 @@ from typing import Any
 import click
 
 from wsi.cli._common import ensure_writable_dir, user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.train.config import TrainOptions
+from wsi.storage import Url
 
 # option -> TrainOptions field: defaults, ranges, choices and help come from the fields
 # (pipelines/train/config.py)
@@ -70,15 +72,16 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     "--labels",
     "labels_csv",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Label table (CSV).",
+    type=PathOrUrl(dir_okay=False),
+    help="Label table (CSV), or its URL.",
 )
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False), help="Run folder."
+    "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False),
+    help="Run folder, or its URL (written locally, uploaded after every epoch and at the end).",
 )
 @config_options(TrainOptions, TRAIN_FLAGS, into="settings")
 @user_errors
-def command(task: str, labels_csv: Path, out_dir: Path, settings: dict[str, Any]) -> None:
+def command(task: str, labels_csv: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Train a model for TASK on labelled feature bags (or images) and test it."""
     from wsi.config import parse_config
 
@@ -94,16 +97,18 @@ def _report(result: Any) -> None:
     """The run's headline figure and where its files are."""
     from wsi.pipelines.run_record import read_run_record
     from wsi.pipelines.train import CvMetrics
+    from wsi.storage import origin
 
+    shown = origin(result.run_dir)  # a remote --out: its URL, not this machine's copy
     kind, m = result.kind, result.metrics
     if isinstance(m, CvMetrics):
         key = kind.summary_keys[0]
         name = "AUROC" if key == "auroc" else key
         a = m.summary[key]
-        where = f"results in {result.run_dir}/metrics.json"
+        where = f"results in {shown}/metrics.json"
         click.echo(f"{m.folds}-fold {name} {_f(a.mean)} +- {_f(a.std)}; {where}")
         pooled = kind.summary_line(m.pooled)
-        click.echo(f"pooled over the folds: {pooled}; report: {result.run_dir}/report.html")
+        click.echo(f"pooled over the folds: {pooled}; report: {shown}/report.html")
         return
     unit = "patients" if read_run_record(result.run_dir).task.level == "patient" else "slides"
     click.echo(f"{m.split} {kind.summary_line(m.figures)} on {m.n} {unit}; best epoch {m.best_epoch}")
@@ -112,7 +117,7 @@ def _report(result: Any) -> None:
     figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
     drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
     files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
-    click.echo(f"run folder: {result.run_dir} ({files})")
+    click.echo(f"run folder: {shown} ({files})")
 
 
 def _f(value: float | None) -> str:

@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import TileOptions
+from wsi.storage import Url
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ Examples:
 Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html links each slide there.
 """,
 )
-@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("folder", type=PathOrUrl(file_okay=False))
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (local only by default)."
 )
@@ -37,10 +39,13 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
               help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
 @config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @user_errors
-def command(folder: Path, host: str, port: int, server_threads: int, reading: dict[str, str]) -> None:
+def command(folder: Path | Url, host: str, port: int, server_threads: int, reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
     from wsi.errors import ConfigError
+    from wsi.storage import local_folder
     from wsi.view import make_server
+
+    folder = local_folder(folder)  # a URL: the folder pulled here; its slides are read from their URLs
 
     if not folder.is_dir():
         raise ConfigError(

@@ -30,6 +30,7 @@ from typing import Any
 import h5py
 
 from wsi.hdf5 import attrs_of
+from wsi.storage import Url, location
 from wsi.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
 from wsi.tile_file import FORMAT as TILE_FORMAT
 
@@ -41,7 +42,7 @@ class SlideEntry:
     """One slide of the folder: where its file is, and the files about it."""
 
     slide_id: str
-    path: Path | None = None
+    path: Path | Url | None = None  # a URL (s3://...) is opened in place (wsi.storage)
     mpp: float | None = None  # level-0 um/px recorded by the stage that read it (None: the slide's own)
     why_missing: str = ""
     status: str = ""
@@ -88,9 +89,12 @@ def _h5_attrs(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _slide_of(path: Path) -> tuple[Path | None, float | None, str]:
+def _slide_of(path: Path | Url) -> tuple[Path | Url | None, float | None, str]:
     """(slide file, recorded mpp, why not) for a path a manifest names: a slide, or a bag / tile file
-    that records its slide."""
+    that records its slide. A slide's URL is taken as reachable (opening it says otherwise)."""
+    if isinstance(path, Url):
+        found = name_suffix(path.name) in SLIDE_SUFFIXES
+        return (path, None, "") if found else (None, None, f"{path} is not a slide file")
     if name_suffix(path) in SLIDE_SUFFIXES:
         return (path, None, "") if path.is_file() else (None, None, f"slide file {path} not found")
     if name_suffix(path) == BAG_SUFFIX and path.is_file():
@@ -98,8 +102,10 @@ def _slide_of(path: Path) -> tuple[Path | None, float | None, str]:
         recorded = attrs.get("slide_path")
         if not recorded:
             return None, None, f"{path.name} records no slide path (made by another tool?)"
-        slide = Path(str(recorded))
+        slide = location(str(recorded))
         mpp = attrs.get("mpp")
+        if isinstance(slide, Url):
+            return slide, None if mpp is None else float(mpp), ""
         if not slide.is_file():
             return None, None, f"slide file {slide} (recorded in {path.name}) is not reachable from here"
         return slide, None if mpp is None else float(mpp), ""
@@ -119,7 +125,7 @@ class Catalog:
     def _entry(self, slide_id: str) -> SlideEntry:
         return self.slides.setdefault(slide_id, SlideEntry(slide_id))
 
-    def _offer(self, slide_id: str, path: Path, mpp: float | None = None) -> None:
+    def _offer(self, slide_id: str, path: Path | Url, mpp: float | None = None) -> None:
         """Record where a slide's file may be; the first reachable one wins."""
         entry = self._entry(slide_id)
         if entry.path is not None:
@@ -142,7 +148,7 @@ class Catalog:
                 entry.status = entry.status or row.get("status", "")
                 entry.error = entry.error or row.get("error", "")
                 if path:
-                    self._offer(slide_id, Path(path))
+                    self._offer(slide_id, location(path))
         for folder in (tiles_dir, root / "work" / "tiles"):
             for h5 in sorted(folder.glob(f"*{TILE_FILE_SUFFIX}")) if folder.is_dir() else []:
                 self._tile_file(h5)
@@ -176,7 +182,7 @@ class Catalog:
         entry.tile_file = entry.tile_file or h5
         recorded = attrs.get("slide_path")
         if recorded:
-            self._offer(slide_id, Path(str(recorded)), float(attrs["mpp"]) if attrs.get("mpp") else None)
+            self._offer(slide_id, location(str(recorded)), float(attrs["mpp"]) if attrs.get("mpp") else None)
         self.kind = self.kind or "tile"
 
     def _predictions(self) -> None:

@@ -16,13 +16,15 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
 
 from wsi.errors import SlideError
 from wsi.slide_colour import ColourFix, check_colours
+from wsi.storage.slides import RangeFile, remote_slide
+from wsi.storage.urls import is_url, parse_url
 
 #: 254 + 2 x 1 overlap = 256 px tiles: the size the generator's docstring recommends for viewers
 TILE_SIZE = 254
@@ -62,7 +64,7 @@ class _ColourFixedReads:
 class DeepZoomSlide:
     """One open slide and its generator."""
 
-    path: Path
+    path: Path | str  # a local file, or a URL (wsi.storage.Url)
     handle: Any
     generator: Any
 
@@ -85,23 +87,26 @@ class DeepZoomSlide:
         self.handle.close()
 
 
-def open_deepzoom(path: Path, backend: str) -> DeepZoomSlide:
-    """Open `path` with `backend` ("openslide" | "tiffslide") for DeepZoom; SlideError when unreadable."""
+def open_deepzoom(path: Path | str, backend: str) -> DeepZoomSlide:
+    """Open `path` with `backend` ("openslide" | "tiffslide") for DeepZoom; SlideError when unreadable.
+    A URL is read by ranges (tiffslide) or from its local copy (openslide; `wsi.storage.slides`)."""
     from openslide.deepzoom import DeepZoomGenerator
 
+    file = remote_slide(parse_url(str(path), what="slide"), backend) if is_url(path) else Path(path)
     try:
         if backend == "openslide":
             import openslide
 
-            handle: Any = openslide.OpenSlide(path)
+            handle: Any = openslide.OpenSlide(cast(Path, file))  # remote_slide gives openslide a copy
             reader: Any = handle
         else:
             import tiffslide
 
-            handle = tiffslide.TiffSlide(path)
+            source: Any = file.open() if isinstance(file, RangeFile) else file
+            handle = tiffslide.TiffSlide(source)
             reader = _RgbaReads(handle)
         vendor = str(handle.properties.get(f"{backend}.vendor") or "generic")
-        fix = check_colours(path, backend, vendor, tuple(handle.level_dimensions))
+        fix = check_colours(file, backend, vendor, tuple(handle.level_dimensions))
         if fix:
             reader = _ColourFixedReads(reader, fix)
         generator = DeepZoomGenerator(reader, tile_size=TILE_SIZE, overlap=OVERLAP, limit_bounds=False)
@@ -125,11 +130,12 @@ class DeepZoomCache:
     def __init__(self, backend: str, max_open: int = 32) -> None:
         self.backend = backend
         self.max_open = max_open
-        self._open: OrderedDict[Path, DeepZoomSlide] = OrderedDict()
+        self._open: OrderedDict[Path | str, DeepZoomSlide] = OrderedDict()
         self._lock = threading.Lock()
-        self._opening: dict[Path, threading.Lock] = {}
+        self._opening: dict[Path | str, threading.Lock] = {}
 
-    def get(self, path: Path) -> DeepZoomSlide:
+    def get(self, path: Path | str) -> DeepZoomSlide:
+        """The open slide of a local path or a URL (wsi.storage.Url, a str)."""
         with self._lock:
             slide = self._open.get(path)
             if slide is not None:

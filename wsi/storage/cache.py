@@ -1,0 +1,207 @@
+"""Local copies of remote files, for readers that take only a local file (openslide, DICOM series, MRXS).
+
+A copy lives in `<cache>/files/<sha of the URL>/` with an `entry.json` that records each file's remote
+version (ETag, generation): a copy is used again only while the remote file is unchanged, and re-fetched
+once it changed. The cache is bounded (`WSI_CACHE_GB`): before a copy is made, the least recently used
+entries go until it fits, except entries a reader holds open: openslide re-opens its file between reads,
+so a slide opened from its copy takes a shared lock on the entry (`hold_copy`, released when the slide is
+closed) and eviction passes over held entries. An entry being filled is locked too (flock), so two
+processes (embed readers, dask workers on one machine) copying the same slide wait for one download
+instead of making two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from wsi.files import temp_sibling, write_text_atomic
+from wsi.storage.fs import filesystem, remote_info, translated
+from wsi.storage.settings import StorageSettings, storage_settings
+from wsi.storage.urls import Url, join
+
+log = logging.getLogger("wsi.storage")
+
+_ENTRY = "entry.json"
+_LOCK = ".lock"
+_IN_USE = ".in-use"
+_DATA = "data"
+
+
+def entry_dir(url: Url, settings: StorageSettings) -> Path:
+    return settings.root / "files" / hashlib.sha256(str(url).encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, *, wait: bool = True) -> Iterator[bool]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / _LOCK, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def local_copy(url: Url, *, why: str, settings: StorageSettings | None = None) -> Path:
+    """A local file with the content of the remote file `url` (copied now, or earlier and unchanged)."""
+    return local_copies(url.parent, [url.name], why=why, settings=settings)[0]
+
+
+def local_copies(
+    folder: Url, rels: Sequence[str], *, why: str, settings: StorageSettings | None = None
+) -> list[Path]:
+    """Local files with the content of `folder/rel` for each rel, kept together in one entry (a DICOM
+    series, an MRXS index with its data folder), in the order given. `why` says in the log why a copy is
+    needed (e.g. "openslide reads local files only")."""
+    settings = settings or storage_settings()
+    key = join(folder, rels[0])  # the slide file names the entry, also for a group of files
+    where = entry_dir(key, settings)
+    fs, root = filesystem(folder)
+    root = root.rstrip("/")
+    with translated(key, "reading it for a local copy"):
+        infos = {rel: remote_info(fs, f"{root}/{rel}") for rel in rels}
+    data = where / _DATA
+    paths = [data / rel for rel in rels]
+    with _locked(where):
+        held = _read_entry(where)
+        if held.get("files") == {rel: i.version for rel, i in infos.items()} and all(
+            p.is_file() for p in paths
+        ):
+            _touch(where)
+            return paths
+        need = sum(i.size for i in infos.values())
+        _make_room(settings, need, keep=where)
+        log.info(
+            "%s: copying %s (%.1f MB) to the local cache %s: %s", key, "it" if len(rels) == 1 else
+            f"{len(rels)} files", need / 1e6, where, why,
+        )  # fmt: skip
+        shutil.rmtree(data, ignore_errors=True)
+        (where / _ENTRY).unlink(missing_ok=True)
+        with translated(key, "copying it to the local cache"):
+            for rel, path in zip(rels, paths, strict=True):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = temp_sibling(path)
+                try:
+                    fs.get_file(f"{root}/{rel}", str(tmp))
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+        write_text_atomic(where / _ENTRY, json.dumps({
+            "url": str(key), "files": {rel: i.version for rel, i in infos.items()}, "bytes": need,
+        }))  # fmt: skip
+    return paths
+
+
+def _read_entry(where: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((where / _ENTRY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _touch(where: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(where / _ENTRY)
+
+
+def _entries(settings: StorageSettings) -> list[tuple[float, int, Path]]:
+    """(last use, bytes, folder) of every cache entry, least recently used first."""
+    base = settings.root / "files"
+    out = []
+    for folder in base.iterdir() if base.is_dir() else ():
+        try:
+            used = (folder / _ENTRY).stat().st_mtime
+        except OSError:
+            used = 0.0
+        size = sum(p.stat().st_size for p in (folder / _DATA).rglob("*") if p.is_file())
+        out.append((used, size, folder))
+    return sorted(out)
+
+
+def _make_room(settings: StorageSettings, need: int, *, keep: Path) -> None:
+    """Remove least recently used entries until `need` more bytes fit under WSI_CACHE_GB."""
+    limit = int(settings.cache_gb * 1e9)
+    entries = _entries(settings)
+    total = sum(size for _, size, folder in entries if folder != keep)
+    if need > limit:
+        log.warning(
+            "a %.1f GB copy is larger than the cache limit WSI_CACHE_GB=%g; copying it anyway",
+            need / 1e9, settings.cache_gb,
+        )  # fmt: skip
+    for _, size, folder in entries:
+        if total + need <= limit:
+            break
+        if folder == keep:
+            continue
+        with _locked(folder, wait=False) as mine, _unheld(folder) as free:
+            if not (mine and free):  # being filled by another process, or a reader holds it open
+                continue
+            shutil.rmtree(folder / _DATA, ignore_errors=True)
+            (folder / _ENTRY).unlink(missing_ok=True)
+        total -= size
+        log.debug("evicted %s from the local cache (%.1f MB)", folder, size / 1e6)
+
+
+def hold_copy(path: Path, settings: StorageSettings | None = None) -> IO[str] | None:
+    """A shared lock on the cache entry holding `path`, kept while the caller reads the copy (close the
+    returned file to release it); None when `path` is not a cache copy."""
+    settings = settings or storage_settings()
+    try:
+        rel = path.absolute().relative_to(settings.root / "files")
+    except ValueError:
+        return None
+    fh = open(settings.root / "files" / rel.parts[0] / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
+
+
+@contextlib.contextmanager
+def _unheld(folder: Path) -> Iterator[bool]:
+    """True (and no new reader can hold it meanwhile) when no reader holds the entry `folder`."""
+    marker = folder / _IN_USE
+    if not marker.exists():
+        yield True
+        return
+    with open(marker, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str | None:
+    """The URL a local copy in the cache was made from (None for any other path)."""
+    settings = settings or storage_settings()
+    try:
+        rel = path.absolute().relative_to(settings.root / "files")
+    except ValueError:
+        return None
+    if len(rel.parts) < 3 or rel.parts[1] != _DATA:
+        return None
+    url = _read_entry(settings.root / "files" / rel.parts[0]).get("url")
+    if not isinstance(url, str):
+        return None
+    inside = "/".join(rel.parts[2:])
+    return str(join(Url(url).parent, inside))
+
+
+__all__ = ["entry_dir", "hold_copy", "local_copies", "local_copy", "origin_of_copy"]

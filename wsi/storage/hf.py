@@ -1,0 +1,147 @@
+"""Weights from the Hugging Face cache, offline: found where `hf download` (or `huggingface-cli download`)
+put them, never downloaded at run time.
+
+`--weights` left out for a model published on the Hugging Face Hub, or given as `hf:ORG/REPO` (optionally
+`hf:ORG/REPO/FILE`, `@REVISION`), is looked up with huggingface_hub's own cache lookup
+(`try_to_load_from_cache`: refs/<revision> -> snapshots/<commit>/<file>, the symlinks into blobs/), in
+the cache folder huggingface_hub itself would use: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else
+HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub (the order of
+huggingface_hub/constants.py, read here at call time so a changed environment counts). Nothing touches the
+network: the lookup reads folders, and `offline()` sets HF_HUB_OFFLINE=1 for the process, so no library
+(timm, transformers) fetches anything either. The checks after it (sha256, every tensor's name and shape)
+are the same as for a file given by path. Absent weights give the exact download command, the licence and
+the page where it is accepted.
+
+    hub_cache() -> Path
+    repo_of(text) -> "ORG/REPO" | None          from a recipe's source or a weights page
+    parse_ref("hf:ORG/REPO[/FILE][@REV]") -> HubRef
+    cached_file(repo, files, revision=None) -> Path | None
+    hub_weights(weights, *, repo, files, what, licence, page) -> Path | None
+    is_cached(repo, files) -> bool               what `wsi encoders` marks as present
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from wsi.errors import WeightsError
+from wsi.storage.cache import local_copy
+from wsi.storage.urls import is_url, parse_url
+
+PREFIX = "hf:"
+_REPO_IN_TEXT = re.compile(r"huggingface\.co/([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)")
+_REF = re.compile(
+    r"^hf:(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<file>[^@]+))?(?:@(?P<rev>[\w./-]+))?$"
+)
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo: str
+    filename: str | None = None
+    revision: str | None = None
+
+
+def offline() -> None:
+    """Make this process (and the processes it starts) refuse any Hugging Face download."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def hub_cache() -> Path:
+    """The Hugging Face cache folder, by huggingface_hub's own rules, from the environment as it is now."""
+    env = os.environ
+    given = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if given:
+        return Path(os.path.expandvars(given)).expanduser()
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def repo_of(text: str | None) -> str | None:
+    """The ORG/REPO a recipe's source or a weights page names on huggingface.co, else None."""
+    m = _REPO_IN_TEXT.search(text or "")
+    return m.group(1).removesuffix(".git") if m else None
+
+
+def is_ref(weights: object) -> bool:
+    return isinstance(weights, str | os.PathLike) and os.fspath(weights).startswith(PREFIX)
+
+
+def parse_ref(text: str) -> HubRef:
+    m = _REF.match(text.strip())
+    if not m:
+        raise WeightsError(
+            f"--weights {text}: not a Hugging Face reference; write hf:ORG/REPO (e.g. hf:MahmoodLab/UNI2-h), "
+            "optionally hf:ORG/REPO/FILE or @REVISION"
+        )
+    return HubRef(m.group("repo"), m.group("file"), m.group("rev"))
+
+
+def cached_file(repo: str, files: Sequence[str], revision: str | None = None) -> Path | None:
+    """The first of `files` that the cache holds for `repo` at `revision` (default: main), else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = hub_cache()
+    for name in files:
+        found = try_to_load_from_cache(repo, name, cache_dir=cache, revision=revision)
+        if isinstance(found, str) and Path(found).is_file():
+            return Path(found)
+    return None
+
+
+def is_cached(repo: str | None, files: Sequence[str]) -> bool:
+    return repo is not None and cached_file(repo, files) is not None
+
+
+def download_command(repo: str, filename: str) -> str:
+    return f"hf download {repo} {filename}"
+
+
+def missing_message(what: str, repo: str, files: Sequence[str], licence: str, page: str) -> str:
+    """What to do when the weights of `what` are not in the cache: the licence, the page, the command."""
+    cmd = download_command(repo, files[0])
+    old = f"huggingface-cli download {repo} {files[0]}"
+    return (
+        f"{what}: weights not in the Hugging Face cache ({hub_cache()}; HF_HOME or HF_HUB_CACHE move it), "
+        f"looked for {', '.join(files)} of {repo}; they are never downloaded at run time. Accept the licence "
+        f"({licence}) at {page}, log in once (hf auth login), then run:  {cmd}  "
+        f"(with huggingface_hub before 1.0: {old}); or give --weights FILE"
+    )
+
+
+def hub_weights(
+    weights: str | os.PathLike[str] | None,
+    *,
+    repo: str | None,
+    files: Sequence[str],
+    what: str,
+    licence: str = "see its page",
+    page: str = "",
+) -> Path | None:
+    """The local weights file for `weights`: a path as given, a URL's local copy; `hf:ORG/REPO[/FILE]`
+    or, with `weights` None, the model's own repository (`repo`) found in the cache. None when `weights`
+    is None and the model is not on the Hub (the caller says what to give). WeightsError naming the
+    command when a Hub model's file is not in the cache."""
+    if weights is not None and is_url(weights):  # s3://models/x.pth: a local copy, checked the same way
+        return local_copy(parse_url(os.fspath(weights), what="weights file"), why="weights are read locally")
+    if weights is not None and not is_ref(weights):
+        return Path(weights)
+    if weights is None and repo is None:
+        return None
+    ref = parse_ref(os.fspath(weights)) if weights is not None else HubRef(str(repo))
+    wanted = (ref.filename,) if ref.filename else tuple(files)
+    found = cached_file(ref.repo, wanted, ref.revision)
+    if found is None:
+        shown = page if page and repo == ref.repo else f"https://huggingface.co/{ref.repo}"
+        raise WeightsError(missing_message(what, ref.repo, wanted, licence, shown))
+    return found
+
+
+__all__ = [
+    "PREFIX", "HubRef", "cached_file", "download_command", "hub_cache", "hub_weights", "is_cached", "is_ref",
+    "missing_message", "offline", "parse_ref", "repo_of",
+]  # fmt: skip
