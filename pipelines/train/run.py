@@ -118,8 +118,9 @@ def _train(
     images_dir: Any, init_from: Any, on_epoch_end: EpochHook | None, options: TrainOptions,
 ) -> TrainResult:  # fmt: skip
     """`train` with its locations local (a URL's mirror or cached copy: `remote_edges`)."""
-    local = {"features_dir": features_dir, "images_dir": images_dir, "init_from": init_from}
-    opts = dataclasses.replace(options, **{k: None if v is None else Path(v) for k, v in local.items()})
+    opts = dataclasses.replace(
+        options, features_dir=_local(features_dir), images_dir=_local(images_dir), init_from=_local(init_from)
+    )
     cfg = resolve_task(task, opts)
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
@@ -152,7 +153,7 @@ def _train(
         specs = [
             FoldSpec(
                 task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
-                start=start, device=opts.device, resume=opts.resume, init_from=opts.init_from,
+                start=start, device=opts.device, resume=opts.resume, init_from=_local(opts.init_from),
                 progress=opts.progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
             )
             for k, split in enumerate(splits)
@@ -163,6 +164,11 @@ def _train(
             best = run_dir / "best.safetensors"
             return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), best, kind)
         return summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
+
+
+def _local(path: Any) -> Path | None:
+    """A location as the local path it is inside `_train` (remote_edges made URLs local)."""
+    return None if path is None else Path(path)
 
 
 def _input_source(adapter: InputAdapter, options: TrainOptions) -> Path:
