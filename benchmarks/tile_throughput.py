@@ -107,6 +107,9 @@ def _measure(
     if backend == "openslide":
         readers["painted"] = functools.partial(readers["raw"], direct_jpeg=False)
     times: dict[str, list[float]] = {name: [] for name in [*readers, "stage"]}
+    # with one worker everything runs in this process: its CPU time (all threads) is the work done,
+    # which the machine's other jobs slow down far less than the wall time
+    cpu: dict[str, list[float]] = {name: [] for name in times}
     try:
         # warm-up, untimed: imports in fresh workers, the page cache, the output folder
         run_jobs(sources, readers["raw"], workers=workers, scheduler=scheduler, desc="warm-up")
@@ -115,24 +118,28 @@ def _measure(
         )
         for _ in range(repeat):  # the machine is shared and noisy: rounds of each, medians kept
             for name, fn in readers.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 raw = run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc=name)
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
                 if any(r.status != "ok" for r in raw):
                     raise SystemExit(f"{name} read failed: {[r.error for r in raw if r.error]}")
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             res = tile_slides(
                 sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, overwrite=True,
                 threads=threads,
             )  # fmt: skip
             times["stage"].append(time.perf_counter() - start)
+            cpu["stage"].append(time.process_time() - start_cpu)
             if any(r.status != "ok" for r in res):
                 raise SystemExit(f"tile stage failed: {[r.error for r in res if r.error]}")
     finally:
         if cluster is not None:
             cluster.close()
     med = {name: statistics.median(t) for name, t in times.items()}
+    med_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     painted = med.get("painted")
+    in_process = workers == 1  # else the work is in the workers' processes, not counted here
     return {
         "backend": backend, "workers": workers, "threads": threads, "slides": len(sources),
         "tiles_read": n_read, "kept": sum(r.n for r in res), "cluster_start_s": round(startup_s, 2),
@@ -143,6 +150,9 @@ def _measure(
         "stage_tiles_per_s": round(n_read / med["stage"], 1),
         "stage_over_raw": round(med["raw"] / med["stage"], 2),
         "stage_over_painted": round(painted / med["stage"], 2) if painted else None,
+        "raw_cpu_ms_per_tile": round(1e3 * med_cpu["raw"] / n_read, 3) if in_process else None,
+        "stage_cpu_ms_per_tile": round(1e3 * med_cpu["stage"] / n_read, 3) if in_process else None,
+        "stage_over_raw_cpu": round(med_cpu["raw"] / med_cpu["stage"], 2) if in_process else None,
         "load": round(os.getloadavg()[0], 1),
     }  # fmt: skip
 
@@ -270,12 +280,15 @@ def main() -> None:
                 print(rows[-1], flush=True)
 
     header = ("| backend | workers | threads | tiles read | kept | raw tiles/s | raw (painted) tiles/s "
-              "| stage tiles/s | stage/raw | stage/raw (painted) | load |")  # fmt: skip
-    print("\n" + header + "\n|---|---|---|---|---|---|---|---|---|---|---|")
+              "| stage tiles/s | stage/raw | stage/raw (painted) | CPU ms/tile raw / stage | stage/raw (CPU) "
+              "| load |")  # fmt: skip
+    print("\n" + header + "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        cpu = f"{r['raw_cpu_ms_per_tile']} / {r['stage_cpu_ms_per_tile']}" if r["workers"] == 1 else "-"
         print(f"| {r['backend']} | {r['workers']} | {r['threads']} | {r['tiles_read']} | {r['kept']} | "
               f"{r['raw_tiles_per_s']} | {r['painted_tiles_per_s'] or '-'} | {r['stage_tiles_per_s']} | "
-              f"{r['stage_over_raw']} | {r['stage_over_painted'] or '-'} | {r['load']} |")  # fmt: skip
+              f"{r['stage_over_raw']} | {r['stage_over_painted'] or '-'} | {cpu} | "
+              f"{r['stage_over_raw_cpu'] or '-'} | {r['load']} |")  # fmt: skip
     starts = [r["cluster_start_s"] for r in rows if r["workers"] > 1]
     if starts:
         print(f"(LocalCluster start-up, not in the rates: {min(starts)}-{max(starts)} s)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject
 from wsi.user_text import load_yaml_file, parse_yaml
 
 
@@ -21,9 +22,9 @@ def available(kind: str) -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+def load_yaml(kind: str, name_or_path: str | Path) -> tuple[JsonObject, str]:
     """Load a packaged config by name, or any YAML file by path (UTF-8, no aliases: wsi.user_text).
-    Returns (data, source).
+    Returns (data, source): the YAML as it is, before any validation (JSON-like: free-form here).
 
     Parsed once per file version: one `wsi train` asks for its preset from the recipe, the input checks
     and every model build. A file is keyed by its size and modification time, so an edit is seen; each
@@ -40,7 +41,7 @@ def load_yaml(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]
 @functools.lru_cache(maxsize=64)
 def _load_yaml_once(
     kind: str, name_or_path: str, stamp: tuple[int, int] | None
-) -> tuple[dict[str, Any], str]:
+) -> tuple[JsonObject, str]:
     candidate = Path(name_or_path)
     if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
         if not candidate.is_file():
@@ -56,7 +57,7 @@ def _load_yaml_once(
     return _mapping(parse_yaml(text, source), source)
 
 
-def _mapping(data: Any, source: str) -> tuple[dict[str, Any], str]:
+def _mapping(data: Any, source: str) -> tuple[JsonObject, str]:
     if not isinstance(data, dict):
         raise ConfigError(f"{source} must hold a mapping at the top level")
     return data, source

@@ -17,7 +17,7 @@ class scores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.pooling import GatedAttentionPool
 from wsi.models.standardize import standardize_input
@@ -53,7 +54,7 @@ class ABMILConfig:
     max_tokens_per_chunk: _Width | None = None  # no-grad passes
     # over chunks of this many tiles (exact; bounds memory on huge bags); None = one pass
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return config_dict(self)
 
 

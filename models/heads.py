@@ -10,13 +10,14 @@ loop, run record and report as the MIL models, for every task kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
+from wsi.json_types import JsonObject
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.standardize import standardize_input
 from wsi.models.transformer import MAX_MODEL_INT
@@ -44,7 +45,7 @@ class LinearHeadConfig:
     dropout: _Rate = 0.0  # on the embedding, training only
     norm: bool = True  # LayerNorm (no affine) first: embeddings of different encoders differ in scale
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return config_dict(self)
 
 
@@ -58,7 +59,7 @@ class MLPHeadConfig:
     dropout: _Rate = 0.25  # on the embedding and the hidden layer, training only
     norm: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return config_dict(self)
 
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Protocol
 
 from torch import nn
 
+from wsi.json_types import JsonObject
 from wsi.registry import Registry
 
 
@@ -20,7 +21,7 @@ class KindConfig(Protocol):
     @property
     def kind(self) -> str: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> JsonObject: ...
 
 
 class KindModel(nn.Module):
@@ -29,11 +30,11 @@ class KindModel(nn.Module):
     config_class: ClassVar[type[Any]]  # the @config_model dataclass `models.presets` parses a preset into
     config: KindConfig
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The resolved config as plain JSON-ready data (`kind` included); rebuilds the architecture."""
         return self.config.to_dict()
 
-    def config_dict(self) -> dict[str, Any]:
+    def config_dict(self) -> JsonObject:
         """Alias of `to_dict` (the name docs/api.md has always used)."""
         return self.to_dict()
 

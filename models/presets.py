@@ -66,7 +66,7 @@ def build_model(
     if num_classes is not None:
         data["num_classes"] = num_classes
     if in_dim is not None:
-        data[input_width_field(data.get("kind", "mil"))] = in_dim
+        data[input_width_field(str(data.get("kind", "mil")))] = in_dim
     data.update(overrides)
     return build_model_from_config(data, source=source)
 

@@ -32,7 +32,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, TypedDict
 
 import torch
 from pydantic import Field
@@ -40,6 +40,7 @@ from pydantic import Field
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
+from wsi.json_types import JsonObject
 from wsi.user_text import load_json_file
 
 IO = 240.0  # transmitted light of an empty glass (Macenko et al. 2009)
@@ -257,6 +258,15 @@ def _lab_stats(lab: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 # ------------------------------------------------------------------------------------- normaliser
+class StainProvenance(TypedDict):
+    """What a normaliser says about its work (names as in BagProvenance)."""
+
+    stain_norm: str  # the method
+    stain_reference: JsonObject  # the reference, as config JSON
+    stain_tiles: int  # tiles seen
+    stain_fallback_tiles: int  # of those, left as they were (no stable fit)
+
+
 class StainNormalizer:
     """Maps tiles onto a reference, per tile, on the tiles' device; counts the tiles it had to leave alone."""
 
@@ -320,7 +330,7 @@ class StainNormalizer:
         out = torch.where(mask.unsqueeze(-1), lab_to_rgb(mapped), rgb)  # glass stays glass
         return torch.nan_to_num(out), ok
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> StainProvenance:
         return {
             "stain_norm": self.reference.method,
             "stain_reference": config_dict(self.reference),

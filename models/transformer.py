@@ -7,9 +7,9 @@ without warm-up tricks. The stack offers three ways to run: plain, with activati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypedDict, cast
 
 import torch
 from pydantic import Field
@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject
 from wsi.models.attention import AttentionBase, attention_options, available_attention, build_attention
 from wsi.models.chunked import run_chunked
 from wsi.models.grid_conv import MixFFN, PreMix
@@ -44,11 +45,22 @@ CHECKPOINT_ABOVE_TOKENS = 16384
 _SHADOWED_OPTIONS = {"inner_dim": "attn_dim", "dropout": "dropout"}
 
 
-def _refuse_shadowed_options(options: dict[str, Any]) -> None:
+def _refuse_shadowed_options(options: Mapping[str, object]) -> None:
     shadowed = sorted(set(options) & set(_SHADOWED_OPTIONS))
     if shadowed:
         use = ", ".join(f"{k} -> {_SHADOWED_OPTIONS[k]}" for k in shadowed)
         raise ConfigError(f"attention_options must not set {shadowed}: set the model fields instead ({use})")
+
+
+class BlockOptions(TypedDict):
+    """`Block`'s keyword arguments a TransformerConfig decides (`TransformerConfig.block_options`)."""
+
+    attention: str
+    attn_dim: int
+    dropout: float
+    attention_options: JsonObject
+    attn_layer_scale: float | None
+    paper_block: bool
 
 
 @config_model
@@ -60,7 +72,9 @@ class TransformerConfig:
     """
 
     attention: str = "seqnorm"  # variant name, see models.attention
-    attention_options: dict[str, Any] = field(default_factory=dict)  # extra build_attention options
+    # extra build_attention options: keywords of the chosen variant (any registered one), checked against
+    # its signature (`attention_options(name)`) below
+    attention_options: JsonObject = field(default_factory=dict)
     dim: PositiveInt = 512  # token width D'
     attn_dim: PositiveInt = 512  # inner attention width D (Q, K, V live here)
     depth: PositiveInt = 2  # transformer blocks
@@ -97,7 +111,7 @@ class TransformerConfig:
         if bad:
             raise ConfigError(f"attention_options {sorted(bad)} are not options of {self.attention!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-ready data; `models.presets.build_model_from_config` turns it back into a model."""
         return config_dict(self)
 
@@ -116,7 +130,7 @@ class TransformerConfig:
         forced = self.checkpointing and training
         return forced or bool(self.checkpoint_above_tokens and n_tokens > self.checkpoint_above_tokens)
 
-    def block_options(self) -> dict[str, Any]:
+    def block_options(self) -> BlockOptions:
         return {
             "attention": self.attention,
             "attn_dim": self.attn_dim,
@@ -158,7 +172,7 @@ class Block(nn.Module):
         attention: str,
         attn_dim: int | None = None,
         dropout: float = 0.0,
-        attention_options: dict[str, Any] | None = None,
+        attention_options: Mapping[str, object] | None = None,
         attn_layer_scale: float | None = None,
         paper_block: bool = False,
     ) -> None:

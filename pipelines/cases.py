@@ -21,16 +21,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from wsi.errors import ConfigError, LabelError
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
+from wsi.samples import Sample, SlidePart
 
 #: space left between two slides of a patient's bag (larger than any tile, so tiles never overlap)
 SLIDE_GAP_UM = 2048.0
 
 
-def join_slides(samples: Sequence[dict[str, Any]], item: Item) -> dict[str, Any]:
+def join_slides(samples: Sequence[Sample], item: Item) -> Sample:
     """One bag of a patient's slide samples: tiles concatenated, slides laid side by side along x."""
     if any("coords_um" not in s or s["x"].ndim != 2 for s in samples):
         raise ConfigError("level: patient joins feature bags (tiles with coordinates); this input has none")
-    coords, parts = [], []
+    coords: list[torch.Tensor] = []
+    parts: list[SlidePart] = []
     offset, start = 0.0, 0
     for (slide_id, path), sample in zip(item.slides, samples, strict=True):
         c = sample["coords_um"].to(torch.float32).clone()  # (N_k, 2)
@@ -41,7 +43,7 @@ def join_slides(samples: Sequence[dict[str, Any]], item: Item) -> dict[str, Any]
             offset = float(c[:, 0].max()) + SLIDE_GAP_UM
         coords.append(c)
         parts.append(
-            {"id": slide_id, "path": path, "start": start, "stop": start + len(c), "shift_um": shift}
+            SlidePart(id=slide_id, path=path, start=start, stop=start + len(c), shift_um=shift)
         )
         start += len(c)
     return {
@@ -53,7 +55,7 @@ def join_slides(samples: Sequence[dict[str, Any]], item: Item) -> dict[str, Any]
     }
 
 
-class CaseDataset(Dataset[dict[str, Any]]):
+class CaseDataset(Dataset[Sample]):
     """Sample i = case i's sample from the adapter (joined over slides for a patient) + its target."""
 
     def __init__(self, adapter: InputAdapter, items: Sequence[Item], *, train: bool, n_targets: int) -> None:
@@ -73,13 +75,14 @@ class CaseDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    # Any, not Sample, only while predict (pipelines/predict/stage.py) takes samples as untyped dicts
+    def __getitem__(self, index: int) -> Any:
         item = self.items[index]
         start, stop = self.spans[index]
         if item.slides:
             sample = join_slides([self.base[j] for j in range(start, stop)], item)
         else:
-            sample = dict(self.base[start])
+            sample = self.base[start].copy()
         target = item.target or (math.nan,) * self.n_targets
         sample["target"] = torch.tensor(target, dtype=torch.float32)  # (T,)
         return sample
@@ -91,8 +94,8 @@ class CaseCollate:
     def __init__(self, adapter: InputAdapter) -> None:
         self.adapter = adapter
 
-    def __call__(self, samples: list[dict[str, Any]]) -> Batch:
-        batch = self.adapter.collate(samples)
+    def __call__(self, samples: Sequence[Any]) -> Batch:  # Samples (Any: see CaseDataset.__getitem__)
+        batch = self.adapter.collate(list(samples))
         batch.targets = torch.stack([s["target"] for s in samples]) if samples else None
         return batch
 

@@ -3,7 +3,7 @@
 Public API:
 
     JobResult(slide_id, path, status "ok"|"skipped"|"empty"|"failed", n=0, seconds=0.0, error="")
-    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None)
+    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None, at_once=1)
         -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
@@ -14,7 +14,8 @@ Public API:
 `items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
 is a picklable top-level callable (or functools.partial of one) returning an JobResult. Any exception
 in `fn` becomes a failed row (a WsiError's message as is, anything else as `TypeName: message`); a
-batch never stops for one item. `workers=1` (or a single item) runs inline; `workers>1` starts a
+batch never stops for one item. `workers=1` (or a single item) runs inline (`at_once` items at a time,
+on threads of this process); `workers>1` starts a
 LocalCluster of worker processes; `scheduler="tcp://host:port"` uses an existing cluster. `worker_plugin` (a
 `distributed.WorkerPlugin`, with a `name`) is set up once per worker, or once inline, and `fn` reaches it
 through `worker_plugin(name)`.
@@ -50,8 +51,8 @@ Status = Literal["ok", "skipped", "empty", "failed"]
 STATUSES: tuple[Status, ...] = ("ok", "skipped", "empty", "failed")
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error", "note")
 
-# Plugins of the inline batch now running (scoped to run_jobs; a dask worker keeps its own).
-_INLINE_PLUGINS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("inline_plugins")
+# Plugins of the inline batch now running, by name (scoped to run_jobs; a dask worker keeps its own).
+_INLINE_PLUGINS: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("inline_plugins")
 
 
 @dataclass
@@ -173,8 +174,12 @@ def run_jobs(
     scheduler: str | None = None,
     desc: str = "slides",
     worker_plugin: Any = None,
+    at_once: int = 1,
 ) -> list[JobResult]:
-    """Run `fn` on every item; return one JobResult per item in the order of `items`."""
+    """Run `fn` on every item; return one JobResult per item in the order of `items`.
+
+    at_once: inline, run this many items at a time on threads (for work that releases the GIL, such as
+    the tile stage's decoding and numpy: one item's single-threaded steps then overlap another's)."""
     items = list(items)
     if workers < 1:
         raise WsiError(f"--workers must be at least 1, got {workers}")
@@ -182,7 +187,7 @@ def run_jobs(
     if not items:
         results: list[JobResult] = []
     elif scheduler is None and (workers == 1 or len(items) == 1):  # no cluster start-up for one item
-        results = _run_inline(items, fn, desc, worker_plugin)
+        results = _run_inline(items, fn, desc, worker_plugin, at_once)
     else:
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin)
     log.info("%s", RunSummary.of(results, time.perf_counter() - start).line(desc))
@@ -193,22 +198,46 @@ def _progress(total: int, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False)
 
 
-def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any) -> list[JobResult]:
+def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any, at_once: int = 1) -> list[JobResult]:
     plugins = {_plugin_name(plugin): plugin} if plugin is not None else {}
     token = _INLINE_PLUGINS.set(plugins)
     try:
         if plugin is not None and hasattr(plugin, "setup"):
             plugin.setup(worker=None)
-        results = []
         with _progress(len(items), desc) as bar:
+            if at_once > 1 and len(items) > 1:
+                return _run_threads(items, fn, bar, at_once)
+            results = []
             for item in items:
                 results.append(_call(fn, item))
                 bar.update()
-        return results
+            return results
     finally:
         if plugin is not None and hasattr(plugin, "teardown"):
             plugin.teardown(worker=None)
         _INLINE_PLUGINS.reset(token)
+
+
+def _run_threads(items: list[Any], fn: Callable, bar: tqdm, at_once: int) -> list[JobResult]:
+    """`_call(fn, item)` for every item on `at_once` threads (each with this batch's context: its
+    plugins), at most `at_once` running; results in the order of `items`."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    results: list[JobResult | None] = [None] * len(items)
+    with ThreadPoolExecutor(at_once, thread_name_prefix="job") as pool:
+        running: dict[Future[JobResult], int] = {}
+        for i, item in enumerate(items):
+            if len(running) >= at_once:  # submit as slots free up: a later item never waits on an earlier
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    results[running.pop(future)] = future.result()
+                    bar.update()
+            context = contextvars.copy_context()
+            running[pool.submit(context.run, _call, fn, item)] = i
+        for future in running:
+            results[running[future]] = future.result()
+            bar.update()
+    return [r for r in results if r is not None]
 
 
 def _run_dask(

@@ -19,6 +19,7 @@ task is saved with every run, so a run can be repeated and checked.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,6 +29,7 @@ from pydantic import Field
 from wsi.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.configs import load_yaml
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject
 
 Recipe = Literal["small-cohort", "paper"]
 
@@ -76,7 +78,8 @@ class ModelConfig:
     attention: str | None = None  # seqnorm | softmax | sima | gdla (transformers), gated | plain
     # (abmil); None: the preset's own
     overrides: ModelOverrides = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
-    # the small-cohort recipe adds its dropout here unless the key is given
+    # the small-cohort recipe adds its dropout here unless the key is given. Their keys are the preset
+    # kind's config fields, checked when the model is built (models.build_model_from_config)
 
 
 @config_model
@@ -187,7 +190,7 @@ class TaskConfig:
     survival: SurvivalConfig | None = None  # survival: columns and Cox settings; None = the defaults
     description: str = ""  # free text for the reader
     input: str = "bags"  # pipelines.inputs registry: bags | images
-    input_options: dict[str, Any] = field(default_factory=dict)  # validated by the input adapter
+    input_options: JsonObject = field(default_factory=dict)  # the input adapter's keywords (it checks them)
     columns: LabelColumns = field(default_factory=LabelColumns)  # label table column names
     standardize_features: bool = False  # z-score every input feature with the mean and sd of the
     # training split's tiles (each fold its own), stored with the model and applied identically in
@@ -312,7 +315,7 @@ def _check_recipe_fields(task: TaskConfig, source: str) -> None:
             )
 
 
-def parse_task(data: dict[str, Any], *, source: str) -> TaskConfig:
+def parse_task(data: Mapping[str, object], *, source: str) -> TaskConfig:
     """A mapping (YAML, a run record) as a checked `TaskConfig`; errors name `source` and the field."""
     return check_task(parse_config(TaskConfig, data, source=source), source)
 

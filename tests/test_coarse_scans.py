@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from wsi.blur import blur_reduction
 from wsi.cli.main import cli
 from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX, low_yield_note, upsampling_note
 from wsi.sources import SlideSource
 from wsi.tile_file import read_tile_file
 from wsi.tile_params import TileParams
-from wsi.tiling import TileCounts, blur_reduction
+from wsi.tiling import TileCounts
 
 
 @pytest.fixture(scope="module")

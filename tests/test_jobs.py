@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import functools
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +80,30 @@ def test_inline_plugin_set_up_once() -> None:
     assert [r.n for r in results] == [1, 2, 3]
     with pytest.raises(KeyError):
         worker_plugin("counter")
+
+
+def meets_the_other(barrier: threading.Barrier, item: Item) -> JobResult:
+    """Waits for a second item to be running too: only items run at the same time get past it."""
+    barrier.wait()
+    return square(item)
+
+
+def test_inline_at_once_runs_items_together_with_the_same_rows_in_order() -> None:
+    """at_once=2 (the tile stage in one process): two items really run together, failures are rows, the
+    order and the values are those of one at a time, and the batch's plugin reaches every thread."""
+    items = [Item("2", "a"), Item("bad", "b.svs"), Item("3", "c"), Item("oops", "d"), Item("5", "e")]
+    one = run_jobs(items, square)
+    two = run_jobs(items, square, at_once=2)
+    assert [(r.slide_id, r.status, r.n, r.error) for r in two] == [
+        (r.slide_id, r.status, r.n, r.error) for r in one
+    ]
+    pair = items[:2]
+    together = run_jobs(pair, functools.partial(meets_the_other, threading.Barrier(2, timeout=30)), at_once=2)
+    assert [r.status for r in together] == ["ok", "failed"] and together[1].error == "b.svs: not a slide"
+    in_turn = run_jobs(pair, functools.partial(meets_the_other, threading.Barrier(2, timeout=0.2)), at_once=1)
+    assert all(r.error.startswith("BrokenBarrierError") for r in in_turn)  # one at a time: nobody met
+    counted = run_jobs([Item(str(i), "x") for i in range(4)], uses_plugin, worker_plugin=Counter(), at_once=2)
+    assert sorted(r.n for r in counted) == [1, 2, 3, 4] and len({r.path for r in counted}) == 1
 
 
 @pytest.mark.slow

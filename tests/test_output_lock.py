@@ -153,3 +153,12 @@ def test_two_tile_runs_at_once_leave_one_consistent_record(make_slide, tmp_path:
     rows = read_manifest(out / "tiles" / "manifest.csv")
     assert len(rows) == 1 and rows[0].status == "ok"
     assert rows[0].n == len(read_tile_file(out / "tiles" / "s.h5"))  # the manifest agrees with the file
+
+
+def test_a_holder_record_of_the_wrong_types_is_read_without_them(tmp_path: Path) -> None:
+    """The lock file is anyone's to write: values of the wrong type are left out, never trusted."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / LOCK_NAME).write_text('{"pid": "12", "host": 7, "started": 1.5, "command": ["x"]}')
+    assert read_holder(tmp_path / "out") == {"started": 1.5}
+    with output_lock(tmp_path / "out"):  # nobody holds it: taken over
+        assert read_holder(tmp_path / "out")["pid"] == os.getpid()

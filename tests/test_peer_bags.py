@@ -34,6 +34,7 @@ from test_train_synthetic import TINY, write_task
 
 from wsi.bags import BagProvenance, load_bag, write_bag
 from wsi.cli.main import cli
+from wsi.errors import BagFormatError
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bags import BagInput
 
@@ -166,6 +167,16 @@ def test_a_trident_bag_loads_with_its_nominal_mpp(tmp_path: Path) -> None:
     assert sample["tile_size_um"] == 512 * 0.25 == 128.0
     real = BagInput(mpp_by_slide={"t": 0.26}).dataset([Item("t", path, 0)], train=False)[0]
     assert real["tile_size_um"] == pytest.approx(512 * 0.26)  # a real mpp beats the nominal one
+
+
+def test_a_peer_bag_attribute_that_is_no_number_is_named(tmp_path: Path) -> None:
+    """Foreign attributes are free-form: one that should be a number and is text is refused by name."""
+    feats = class_feats(np.random.default_rng(4), 3, 0)
+    path = write_trident_bag(tmp_path / "t.h5", feats, grid_coords(3, 512), TridentGeometry())
+    with h5py.File(path, "a") as h5:
+        h5["coords"].attrs["patch_size_level0"] = "five hundred"
+    with pytest.raises(BagFormatError, match=r"t\.h5 \(trident layout\): attribute `patch_size_level0` is "):
+        load_bag(path, mpp=0.25)
 
 
 # ------------------------------------------------------------------------ wsi train / wsi predict

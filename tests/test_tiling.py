@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from wsi.blur import background_fraction, blur_variance
 from wsi.config import parse_config
 from wsi.errors import ConfigError
 from wsi.tile_params import TissueParams
@@ -16,8 +17,6 @@ from wsi.tiling import (
     BLURRY,
     KEPT,
     TileParams,
-    background_fraction,
-    blur_variance,
     classify_tiles,
     make_grid,
     tissue_fractions,

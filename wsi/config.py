@@ -24,13 +24,14 @@ import operator
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar, cast, overload
+from typing import Annotated, Any, Literal, NamedTuple, TypedDict, TypeVar, cast, overload
 
 import annotated_types
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from pydantic.fields import FieldInfo
 
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject
 
 T = TypeVar("T")
 
@@ -64,6 +65,18 @@ _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
 }  # fmt: skip
 
 
+class _FieldMeta(TypedDict, total=False):
+    """A `setting`'s dataclass field metadata: pydantic `Field` arguments (pydantic reads them as such)."""
+
+    description: str
+    # default_text, existing (str), choices (a registry's names): read by the CLI (wsi.cli._options)
+    json_schema_extra: dict[str, str | Callable[[], Sequence[str]]]
+    ge: float
+    gt: float
+    le: float
+    lt: float
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     *,
@@ -85,12 +98,19 @@ def setting(
     registry that imports torch costs nothing until then; the config checks its own values). The
     metadata keys are pydantic `Field` arguments (pydantic reads a dataclass field's metadata as such):
     it enforces the bounds when parsing, `check_bounds` on direct construction."""
-    meta: dict[str, Any] = {"description": help}
+    meta: _FieldMeta = {"description": help}
     given = {"default_text": default_text, "existing": existing, "choices": choices}
     extra = {k: v for k, v in given.items() if v is not None}
     if extra:
         meta["json_schema_extra"] = extra
-    meta.update({k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None})
+    if ge is not None:
+        meta["ge"] = ge
+    if gt is not None:
+        meta["gt"] = gt
+    if le is not None:
+        meta["le"] = le
+    if lt is not None:
+        meta["lt"] = lt
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -266,9 +286,9 @@ def with_settings(cls: type[T], base: T | None, settings: Mapping[str, Any], *, 
     return parse_config(cls, {**data, **settings}, source=source)
 
 
-def config_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> JsonObject:
     """A config as plain JSON-ready data (tuples become lists); the one serialiser for configs."""
-    data: dict[str, Any] = _adapter(type(config)).dump_python(config, mode="json")
+    data: JsonObject = _adapter(type(config)).dump_python(config, mode="json")
     return data
 
 
@@ -341,7 +361,7 @@ def _holds_config(hint: Any) -> bool:
 
 
 @functools.cache
-def _field_types(cls: Any) -> dict[str, Any]:
+def _field_types(cls: Any) -> dict[str, object]:  # field name -> its type hint
     hints = typing.get_type_hints(cls, include_extras=True)  # Annotated ranges apply to a change too
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 

@@ -11,6 +11,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from wsi.json_types import JsonObject
+
 
 def plain(value: Any) -> Any:
     """An h5py attribute value as plain Python: bytes -> str, numpy scalars and arrays -> Python."""
@@ -23,7 +25,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def attrs_of(obj: h5py.HLObject) -> dict[str, Any]:
+def attrs_of(obj: h5py.HLObject) -> JsonObject:
     """Every attribute of a file, group or dataset, as plain Python."""
     return {k: plain(v) for k, v in obj.attrs.items()}
 

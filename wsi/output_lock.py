@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from wsi.errors import WsiError
 
@@ -51,13 +51,35 @@ def lock_path(folder: str | os.PathLike[str]) -> Path:
     return Path(folder) / LOCK_NAME
 
 
-def read_holder(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """What the lock file of `folder` says about its holder ({} when there is none or it is unreadable)."""
+class Holder(TypedDict, total=False):
+    """What a lock file says about the process holding it (`_write_holder`)."""
+
+    pid: int
+    host: str
+    started: float  # time.time() when it took the lock
+    command: str  # its command line, cut to 300 characters
+
+
+def read_holder(folder: str | os.PathLike[str]) -> Holder:
+    """What the lock file of `folder` says about its holder ({} when there is none or it is unreadable;
+    a value of the wrong type, written by something else, is left out)."""
     try:
         data = json.loads(lock_path(folder).read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
-    return data if isinstance(data, dict) else {}
+    holder: Holder = {}
+    if not isinstance(data, dict):
+        return holder
+    pid, host, started, command = (data.get(k) for k in ("pid", "host", "started", "command"))
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        holder["pid"] = pid
+    if isinstance(host, str):
+        holder["host"] = host
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        holder["started"] = float(started)
+    if isinstance(command, str):
+        holder["command"] = command
+    return holder
 
 
 def _pid_alive(pid: int) -> bool:
@@ -70,7 +92,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def _describe(holder: Holder) -> str:
     started = holder.get("started")
     when = (
         time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)) if isinstance(started, float) else "?"
@@ -79,7 +101,7 @@ def _describe(holder: dict[str, Any]) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, `{command}`, since {when}"
 
 
-def _locked_message(folder: Path, holder: dict[str, Any]) -> str:
+def _locked_message(folder: Path, holder: Holder) -> str:
     return (
         f"{folder} is in use by another wsi command ({_describe(holder)}): one command at a time writes "
         f"into an output folder. Wait for it to finish or choose another --out (if that process is gone "
@@ -147,7 +169,7 @@ def _acquire(folder: Path, command: str) -> int:
     raise OutputLockedError(_locked_message(folder, read_holder(folder)))
 
 
-def _holder_alive(holder: dict[str, Any]) -> bool:
+def _holder_alive(holder: Holder) -> bool:
     """Without flock: a recorded holder counts as alive unless it is a dead pid on this host."""
     pid = holder.get("pid")
     if not isinstance(pid, int) or pid == os.getpid():
@@ -158,7 +180,7 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
 
 
 def _write_holder(fd: int, command: str) -> None:
-    data = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
+    data = Holder(pid=os.getpid(), host=socket.gethostname(), started=time.time(), command=command)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(data) + "\n").encode("utf-8"), 0)
@@ -201,4 +223,4 @@ def output_lock(folder: str | os.PathLike[str], command: str | None = None) -> I
                 _release(target, entry[0])
 
 
-__all__ = ["LOCK_NAME", "OutputLockedError", "lock_path", "output_lock", "read_holder"]
+__all__ = ["LOCK_NAME", "Holder", "OutputLockedError", "lock_path", "output_lock", "read_holder"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from wsi.errors import MissingMppError
+from wsi.json_types import JsonObject
 from wsi.slide import open_slide
 
 #: properties giving the objective power, by reader
@@ -20,7 +20,7 @@ _OBJECTIVE_KEYS = ("openslide.objective-power", "tiffslide.objective-power", "ap
 
 def slide_info(
     path: str | os.PathLike[str], *, backend: str = "openslide", mpp: float | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """An ordered summary of a whole-slide image. Raises SlideError when it is not a readable slide.
 
     A slide without a resolution in its metadata is still described; its mpp says so and how to give it.
@@ -34,7 +34,7 @@ def slide_info(
         missing = True
     with slide:
         w, h = slide.dimensions
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "file": str(path),
             "kind": f"slide ({slide.vendor})",
             "backend": slide.backend,

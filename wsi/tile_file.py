@@ -27,7 +27,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import h5py
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from wsi.errors import ConfigError, TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
 from wsi.hdf5 import attrs_of, outside_reason, plain, storage_problem
+from wsi.json_types import JsonObject
 from wsi.suffixes import TILE_PIXELS_SUFFIX
 from wsi.tile_meta import TileFileMeta
 
@@ -80,7 +81,7 @@ class TileFile:
         return self.meta.target_mpp
 
     @property
-    def params(self) -> dict[str, Any]:
+    def params(self) -> JsonObject:
         return dict(self.meta.params)
 
     def __len__(self) -> int:
@@ -250,12 +251,12 @@ _INFO_KEYS = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "
               "review_path", "n_review_restored", "n_review_dropped", "wsi_version")  # fmt: skip
 
 
-def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+def tile_file_info(path: str | os.PathLike[str]) -> JsonObject:
     """An ordered summary of one tile file, as `wsi info` prints it (TileFileError if unreadable)."""
     path = Path(path)
     tf = read_tile_file(path)
     m = tf.meta.to_attrs()
-    out: dict[str, Any] = {"file": str(path), "kind": f"tile file ({FORMAT})", "tiles": len(tf)}
+    out: JsonObject = {"file": str(path), "kind": f"tile file ({FORMAT})", "tiles": len(tf)}
     for key in _INFO_KEYS:
         if key in m:
             out[key] = m[key]
@@ -268,6 +269,16 @@ def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
+class PixelStoreAttrs(TypedDict, total=False):
+    """What a tile-pixel store records about its tiles (besides `format`, `n_tiles`, `complete`)."""
+
+    slide_id: str
+    tile_size_um: float
+    tile_size_px: int
+    target_mpp: float
+    params: str  # the TileParams as sorted-key JSON, as in the tile file
+
+
 class TilePixelWriter:
     """Stream kept tiles into `tiles/<slide_id>.zarr`: (N, P, P, 3) uint8, one compressed chunk per tile.
 
@@ -276,13 +287,15 @@ class TilePixelWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, n_max: int, tile_px: int, attrs: dict[str, Any] | None = None
+        self, path: str | os.PathLike[str], *, n_max: int, tile_px: int, attrs: PixelStoreAttrs | None = None
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = temp_sibling(self.path)
         self._n = 0
-        self._attrs = dict(attrs or {})
+        # zarr keeps attributes as JSON: the round trip refuses what JSON cannot hold before any pixel is
+        # written, and gives the JSON-typed mapping zarr takes
+        self._attrs: JsonObject = json.loads(json.dumps(attrs or {}))
         import zarr
         from zarr.codecs import BloscCodec
 

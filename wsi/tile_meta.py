@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from wsi.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject, JsonValue
 from wsi.tiling import TileCounts
 from wsi.user_text import parse_json
 
@@ -72,12 +74,33 @@ class ReviewRecord:
     n_dropped: Count  # `n_review_dropped`: tiles the filters kept, dropped by the review
 
 
+#: a tile file's attributes as written: one number or text each (mappings as JSON text)
+TileFileAttrs = dict[str, str | int | float]
+
+
+@with_config(ConfigDict(extra="allow"))  # keys a later version adds survive a read and re-write
+class SegmentationModel(TypedDict, total=False):
+    """One segmentation network as a tile file records it (`models.segmentation.Segmenter.describe`)."""
+
+    name: str
+    weights: str  # the weights file as given
+    sha256: str
+    mpp: float  # um/px the network reads at
+    max_artifact_fraction: float  # the artifact network: a tile with more is removed
+
+
+@with_config(ConfigDict(extra="allow"))
+class SegmentationModels(TypedDict, total=False):
+    tissue: SegmentationModel
+    artifact: SegmentationModel
+
+
 @config_model
 @dataclass(frozen=True)
 class SegmentationRecord:
     """The segmentation networks that found tissue or artifacts (name, weights, sha256, mpp)."""
 
-    models: dict[str, Any]  # attribute `segmentation` (JSON): {"tissue": {...}, "artifact": {...}}
+    models: SegmentationModels  # attribute `segmentation` (JSON)
     n_artifact: Count | None = None  # tiles the artifact network removed (None: no artifact network)
     artifact_counts: dict[str, Count] | None = None  # per class ("artifact: pen" -> n), JSON
 
@@ -97,7 +120,9 @@ class TileFileMeta:
     level0_height: SidePx
     backend: str  # openslide | tiffslide | dicom ...
     vendor: str
-    params: dict[str, Any]  # the TileParams the tiles were cut with (attribute `params`, JSON)
+    #: the TileParams the tiles were cut with (attribute `params`, JSON), as the version that cut them wrote
+    #: it: compared whole with a re-run's, parsed with `parse_config(TileParams, ...)` where read
+    params: JsonObject
     counts: TileCounts  # n_grid, n_tissue, n_background, ... (one attribute each)
     wsi_version: str
     mpp_source: str = ""  # metadata | --mpp | slide list | --mpp-override ("" before it was recorded)
@@ -113,9 +138,9 @@ class TileFileMeta:
     review: ReviewRecord | None = None
 
     # ------------------------------------------------------------------------------------- writing
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> TileFileAttrs:
         """The flat root attributes, as stored (mappings as sorted-key JSON, absent sections left out)."""
-        out: dict[str, Any] = {
+        out: TileFileAttrs = {
             f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS
         }
         out["params"] = json.dumps(self.params, sort_keys=True)
@@ -156,14 +181,14 @@ class TileFileMeta:
 
     # ------------------------------------------------------------------------------------- reading
     @classmethod
-    def from_attrs(cls, attrs: dict[str, Any], *, source: str) -> TileFileMeta:
+    def from_attrs(cls, attrs: JsonObject, *, source: str) -> TileFileMeta:
         """Read back from a file's root attributes; ConfigError naming `source` and every missing or
         mistyped value. Attributes this version does not know are ignored."""
         missing = [name for name in _REQUIRED_COUNTS if name not in attrs]
         if missing:
             raise ConfigError(f"{source}: tile-file attributes missing: {', '.join(missing)}")
         top = {f.name for f in fields(cls)} - _SECTIONS
-        data: dict[str, Any] = {k: v for k, v in attrs.items() if k in top}
+        data: dict[str, object] = {k: v for k, v in attrs.items() if k in top}
         data["params"] = _json(attrs.get("params"), "params", source)
         data["counts"] = {k: attrs[k] for k in _COUNT_NAMES if k in attrs}
         if "background" in attrs:
@@ -207,9 +232,9 @@ class TileFileMeta:
     def n_kept(self) -> int:
         return self.counts.n_kept
 
-    def segmentation_models(self) -> dict[str, Any]:
+    def segmentation_models(self) -> SegmentationModels:
         """The segmentation networks recorded ({} for tiles made without them)."""
-        return dict(self.segmentation.models) if self.segmentation is not None else {}
+        return self.segmentation.models.copy() if self.segmentation is not None else {}
 
 
 _SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review"}
@@ -224,7 +249,7 @@ REQUIRED_ATTRS = (
 )
 
 
-def _json(value: Any, name: str, source: str) -> Any:
+def _json(value: JsonValue, name: str, source: str) -> JsonValue:
     if not isinstance(value, str):
         return value  # a mapping given directly (or a wrong type, which parse_config names)
     return parse_json(value, f"{source}: attribute `{name}`")
@@ -236,6 +261,9 @@ __all__ = [
     "DamageRecord",
     "ReviewRecord",
     "RoiRecord",
+    "SegmentationModel",
+    "SegmentationModels",
     "SegmentationRecord",
+    "TileFileAttrs",
     "TileFileMeta",
 ]

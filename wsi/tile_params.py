@@ -6,11 +6,12 @@ without loading the imaging stack."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
 from wsi.config import MAX_UM, config_dict, config_model, setting
+from wsi.json_types import JsonObject
 
 Hue = Annotated[float, Field(ge=0, le=360)]  # degrees
 #: an area on a slide, um^2: a 10 x 10 cm square, beyond any glass
@@ -65,7 +66,7 @@ class TissueParams:
         250_000.0, ge=0, le=MAX_UM2, help="Holes up to this area (um^2) are filled (vessels, lumens, tears)."
     )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready settings (the form stored in tile files)."""
         return config_dict(self)
 
@@ -185,7 +186,7 @@ class ArtifactParams:
     def on(self, name: str) -> bool:
         return name in self.filters
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return config_dict(self)
 
 
@@ -252,6 +253,6 @@ class TileParams:
     def target_mpp(self) -> float:
         return self.tile_um / self.tile_px
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready settings, `tissue` nested: what tile files store and a re-run compares."""
         return config_dict(self)

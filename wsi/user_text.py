@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -126,9 +126,16 @@ def load_yaml_file(path: str | os.PathLike[str], *, what: str = "YAML file") -> 
     return parse_yaml(read_utf8(path, what=what), str(path))
 
 
+class _JsonHooks(TypedDict, total=False):
+    """`json.loads` hooks that refuse NaN, Infinity and numbers beyond float (`finite=True`)."""
+
+    parse_constant: Callable[[str], float]
+    parse_float: Callable[[str], float]
+
+
 def parse_json(text: str, source: str, *, error: type[WsiError] = ConfigError, finite: bool = False) -> Any:
     """JSON text as Python data, or `error` naming `source` and what is wrong (see the module docstring)."""
-    hooks: dict[str, Any] = {"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}
+    hooks: _JsonHooks = {"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}
     try:
         return json.loads(text, **hooks)
     except RecursionError:

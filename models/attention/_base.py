@@ -19,7 +19,15 @@ from wsi.models.attention.local import LocalRows
 from wsi.models.layout import grid_neighbours
 from wsi.registry import Registry
 
-StreamState = dict[str, Any]
+
+class StreamState(dict[str, Tensor]):
+    """A streaming pass's state: running sums and what is derived from them, by name (each variant its
+    own: "n", "s1", "kv0"...); `chunks` keeps every chunk where a variant needs them all (softmax: keys,
+    values and masks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: dict[str, list[Tensor]] = {}
 
 
 class AttentionBase(nn.Module):
@@ -56,7 +64,7 @@ class AttentionBase(nn.Module):
         self.to_out = nn.Linear(inner, dim)  # from what `mix` returns (gdla replaces it: 2D -> D')
         self.drop = nn.Dropout(dropout)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args: Any) -> None:
         for key in self.dead_keys:  # older checkpoints: weights that cancel in this variant
             state_dict.pop(prefix + key, None)
         super()._load_from_state_dict(state_dict, prefix, *args)
@@ -149,7 +157,7 @@ class AttentionBase(nn.Module):
 
     def stream_begin(self) -> StreamState:
         """Start the two-pass chunked scheme; pass every chunk to `stream_collect`, then `stream_apply`."""
-        return {}
+        return StreamState()
 
     def stream_collect(
         self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None

@@ -73,17 +73,17 @@ class SoftmaxAttention(AttentionBase):
         k = self.split(zero_padded(self.project(x, 1), mask))  # (B, h, n, d), padded rows 0
         v = self.split(zero_padded(self.project(x, 2), mask))
         m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
-        state.setdefault("k", []).append(k)
-        state.setdefault("v", []).append(v)
-        state.setdefault("mask", []).append(m)
+        state.chunks.setdefault("k", []).append(k)
+        state.chunks.setdefault("v", []).append(v)
+        state.chunks.setdefault("mask", []).append(m)
 
     def stream_mix(
         self, state: StreamState, x: Tensor, mask: Tensor | None, local: LocalRows | None = None
     ) -> Tensor:
         if "k_all" not in state:
-            state["k_all"] = torch.cat(state.pop("k"), dim=2)  # (B, h, N, d)
-            state["v_all"] = torch.cat(state.pop("v"), dim=2)
-            state["mask_all"] = torch.cat(state.pop("mask"), dim=1)  # (B, N)
+            state["k_all"] = torch.cat(state.chunks.pop("k"), dim=2)  # (B, h, N, d)
+            state["v_all"] = torch.cat(state.chunks.pop("v"), dim=2)
+            state["mask_all"] = torch.cat(state.chunks.pop("mask"), dim=1)  # (B, N)
         q = self.split(self.project(x, 0))  # (B, h, n, d)
         out = F.scaled_dot_product_attention(
             q, state["k_all"], state["v_all"], attn_mask=_key_mask(state["mask_all"], q.dtype)

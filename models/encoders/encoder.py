@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from torch import nn
 
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
+from wsi.json_types import JsonObject
 from wsi.models.encoders.layers import POOLINGS
 from wsi.models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
 from wsi.models.encoders.weights import (
@@ -74,6 +75,18 @@ def use_fused_attention(module: nn.Module) -> int:
             cast(Any, m).fused_attn = True
             n += 1
     return n
+
+
+class EncoderProvenance(TypedDict):
+    """What a bag records about its encoder (BagProvenance fields, under these names)."""
+
+    encoder: str  # the name it was asked by (retccl, timm:resnet18, a recipe file)
+    encoder_id: str  # folder-safe name
+    weights_sha256: str
+    input_px: int
+    dim: int
+    recipe: JsonObject  # EncoderRecipe.as_dict()
+    recipe_sha256: str
 
 
 class Encoder(nn.Module):
@@ -143,7 +156,7 @@ class Encoder(nn.Module):
         """A warning (also logged) when tiles are more than `factor` x away from the training resolution."""
         return mpp_warning(self.recipe, tile_mpp, name=self.name, factor=factor)
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> EncoderProvenance:
         """What a bag records about the encoder: enough to rebuild it and to tell two apart."""
         return {
             "encoder": self.name,

@@ -12,8 +12,7 @@ the checkpoint does not use timm's names, and a row in tests/test_encoders.py's 
 
 from __future__ import annotations
 
-from typing import Any
-
+from wsi.json_types import JsonObject
 from wsi.models.encoders.recipe import ENCODERS, EncoderRecipe
 
 RETCCL_SHA256 = "931956f31d3f1a3f6047f3172b9e59ee3460d29f7c0c2bb219cbc8e9207795ff"
@@ -102,7 +101,7 @@ def uni2_h() -> EncoderRecipe:
 
 
 #: Virchow's and Virchow2's ViT-H/14 (the hub configs): SwiGLU-packed MLP, SiLU, LayerScale 1e-5
-_VIRCHOW_VIT: dict[str, Any] = {
+_VIRCHOW_VIT: JsonObject = {
     "img_size": 224,
     "init_values": 1e-5,
     "mlp_ratio": 5.3375,

@@ -19,14 +19,18 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from wsi.config import MAX_MPP, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject, JsonValue
 from wsi.registry import Registry
 from wsi.user_text import load_yaml_file
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _Side = Annotated[int, Field(ge=16, le=4096)]  # a network input side, px
 _Unit = Annotated[float, Field(ge=0, le=1)]  # a mean of [0, 1] RGB
@@ -54,8 +58,9 @@ class EncoderRecipe:
     input_px: _Side  # side of the square network input, after resize and centre crop
     mean: tuple[_Unit, _Unit, _Unit] = IMAGENET_MEAN  # per-channel mean of [0, 1] RGB the weights expect
     std: tuple[_Spread, _Spread, _Spread] = IMAGENET_STD  # per-channel std, same space
-    # timm.create_model arguments beyond pretrained/num_classes; *_layer values are names from LAYERS
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    # timm.create_model arguments beyond pretrained/num_classes; *_layer values are names from LAYERS.
+    # Free-form: which arguments exist depends on the architecture (timm checks them when building)
+    kwargs: JsonObject = field(default_factory=dict)
     # the tile's shorter side is resized to resize_px, then centre-cropped to input_px (torchvision's
     # Resize(resize_px) + CenterCrop(input_px)); None means resize_px = input_px (a plain resize)
     resize_px: _Side | None = None
@@ -98,7 +103,7 @@ class EncoderRecipe:
     def resize_to(self) -> int:
         return self.resize_px or self.input_px
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         """JSON-ready, for `wsi encoders` and the bag's provenance."""
         return config_dict(self)
 
@@ -114,7 +119,7 @@ class EncoderRecipe:
 ENCODERS: Registry[Callable[[], EncoderRecipe]] = Registry("encoder", modules=("wsi.models.encoders.named",))
 
 
-def _layers() -> dict[str, Any]:
+def _layers() -> dict[str, Callable[..., nn.Module]]:
     """Layer names a recipe may use for *_layer arguments (imported lazily: timm is heavy)."""
     from timm.layers import GluMlp, Mlp, SwiGLU, SwiGLUPacked
     from torch import nn
@@ -139,16 +144,18 @@ LAYER_NAMES = (
 )  # fmt: skip
 
 
-def timm_kwargs(recipe: EncoderRecipe, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The recipe's create_model arguments with layer names resolved to classes."""
+def timm_kwargs(recipe: EncoderRecipe, overrides: Mapping[str, JsonValue] | None = None) -> dict[str, Any]:
+    """The recipe's create_model arguments with layer names resolved to classes (Any: what they may be
+    is `timm.create_model`'s and the architecture's business; its signature types them)."""
     table = _layers()
     out: dict[str, Any] = {}
     for key, value in {**recipe.kwargs, **(overrides or {})}.items():
         if key.endswith("_layer") and isinstance(value, str):
             if value not in table:
                 raise ConfigError(f"{key}: unknown layer {value!r}; choose one of {', '.join(table)}")
-            value = table[value]
-        out[key] = value
+            out[key] = table[value]
+        else:
+            out[key] = value
     return out
 
 

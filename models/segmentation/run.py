@@ -24,6 +24,7 @@ from wsi.errors import WeightsError
 from wsi.files import sha256_file
 from wsi.models.encoders.weights import load_state_dict_file
 from wsi.models.segmentation.named import IMAGENET_MEAN, IMAGENET_STD, SegKind, SegmenterSpec, segmenter_spec
+from wsi.tile_meta import SegmentationModel
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Segmenter:
     sha256: str
     device: torch.device
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> SegmentationModel:
         """What the tile file records about the model."""
         return {
             "name": self.spec.name,

@@ -15,12 +15,13 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from wsi.errors import ConfigError, WeightsError
+from wsi.json_types import JsonObject
 from wsi.registry import Registry
 from wsi.storage.hf import hub_weights, repo_of
 
@@ -51,8 +52,9 @@ class SlideEncoderSpec:
     #: own CTransPath); empty: any weights of the named tile encoder
     tile_weights_sha256: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> JsonObject:
+        """JSON-ready (tuples as lists), for `wsi slide-encoders --json`."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 class SlideEncoder(nn.Module):

@@ -29,13 +29,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from wsi.bags import BagProvenance, write_bag
+from wsi.json_types import JsonObject
 from wsi.models.stain import StainNormalizer, StainReference
 from wsi.pipelines.embed.batches import SlideTiles, TileBatch
 from wsi.pipelines.embed.config import CPU_BATCH, EmbedOptions
@@ -61,7 +62,7 @@ class SlideJob:
     tiles: SlideTiles
     bag_path: Path
     coords_um: np.ndarray  # (N, 2) float32, from the tile file
-    tile_params: dict[str, Any]  # the tile stage's parameters, which made these coordinates
+    tile_params: JsonObject  # the tile stage's parameters, which made these coordinates
     level0_size: tuple[int, int] = (0, 0)  # the slide's (width, height) at level 0, px
     tile_file: str | None = None  # the tile file the coordinates came from
 
@@ -122,6 +123,16 @@ def bag_provenance(
     )
 
 
+class BagWrite(TypedDict):
+    """`wsi.bags.write_bag`'s arguments besides the path: one finished bag."""
+
+    feats: np.ndarray  # (n_ok, D)
+    coords_um: np.ndarray  # (n_ok, 2)
+    coords_px: np.ndarray  # (n_ok, 2)
+    provenance: BagProvenance
+    dtype: str
+
+
 @dataclass
 class _Acc:
     """One slide's features (per encoder) as its batches arrive."""
@@ -168,7 +179,7 @@ def _encode_batch(
 
 def _finish(
     job: SlideJob, acc: _Acc, k: int, rt: Runtime, options: EmbedOptions, stain: StainReference | None
-) -> dict[str, Any]:
+) -> BagWrite:
     """Check encoder k's finished slide and return write_bag's arguments; raises for a failed bag."""
     error = acc.error or acc.errors.get(k, "")
     if error:
@@ -314,7 +325,7 @@ def embed_stream(
     return [row[0] for row in done if row[0] is not None]
 
 
-def _write(path: Path, kwargs: dict[str, Any], publish: Callable[[Path], None] | None = None) -> float:
+def _write(path: Path, kwargs: BagWrite, publish: Callable[[Path], None] | None = None) -> float:
     write_bag(path, **kwargs)
     if publish is not None:
         publish(path)

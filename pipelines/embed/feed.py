@@ -25,7 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -69,6 +69,14 @@ class _Handles:
         self.key, self.source, self.error = None, None, ""
 
 
+class _FeedState(TypedDict):
+    """A BatchReader as sent to a loader worker: its plan, never its open readers."""
+
+    slides: list[SlideTiles]
+    index: list[tuple[int, int]]  # (slide, first tile) of each batch
+    batch_size: int
+
+
 class BatchReader(Dataset):
     """Map-style dataset whose item i is the i-th batch of the whole stream (all slides)."""
 
@@ -81,11 +89,11 @@ class BatchReader(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getstate__(self) -> dict[str, Any]:  # spawn/forkserver workers: open handles never travel
-        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+    def __getstate__(self) -> _FeedState:  # spawn/forkserver workers: open handles never travel
+        return {"slides": self.slides, "index": self.index, "batch_size": self.batch_size}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    def __setstate__(self, state: _FeedState) -> None:
+        self.slides, self.index, self.batch_size = state["slides"], state["index"], state["batch_size"]
         self._local = threading.local()
 
     def _handles(self) -> _Handles:

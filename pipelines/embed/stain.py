@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
 
 from wsi.config import config_dict
 from wsi.errors import ConfigError, WsiError
+from wsi.json_types import JsonObject
 from wsi.models.stain import StainReference, default_reference, fit_reference, load_reference
 from wsi.suffixes import PHOTO_SUFFIXES
 
@@ -133,7 +134,16 @@ def _tile_file_tiles(path: Path) -> np.ndarray:
         raise ConfigError(f"--stain-reference {path}: {exc}") from None
 
 
-def stain_fields(reference: StainReference | None, fallback_tiles: int | None) -> dict[str, Any]:
+class StainFields(TypedDict):
+    """The BagProvenance fields about stain normalisation (all None without it)."""
+
+    stain_norm: str | None
+    stain_reference: JsonObject | None
+    stain_reference_sha256: str | None
+    stain_fallback_tiles: int | None
+
+
+def stain_fields(reference: StainReference | None, fallback_tiles: int | None) -> StainFields:
     """What a bag records about stain normalisation (BagProvenance fields), None everywhere without it."""
     if reference is None:
         return {"stain_norm": None, "stain_reference": None, "stain_reference_sha256": None,
@@ -146,4 +156,4 @@ def stain_fields(reference: StainReference | None, fallback_tiles: int | None) -
     }
 
 
-__all__ = ["MAX_FIT_TILES", "resolve_stain_reference", "stain_fields"]
+__all__ = ["MAX_FIT_TILES", "StainFields", "resolve_stain_reference", "stain_fields"]

@@ -24,7 +24,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from distributed import WorkerPlugin
@@ -61,6 +61,14 @@ def worker_device(requested: str | None, worker: Any, devices: Sequence[str] | N
     return worker_gpu(name, None, torch.cuda.device_count())
 
 
+class _Settings(TypedDict):
+    """What an EncoderPlugin sends to a worker (its encoders are built there)."""
+
+    options: EmbedOptions
+    stain: StainReference | None
+    devices: tuple[str, ...]
+
+
 class EncoderPlugin(WorkerPlugin):
     """The run's encoders once per worker, built by the first slide job (not in `setup`, which runs on the
     worker's event loop); slide jobs share them under a lock."""
@@ -86,11 +94,11 @@ class EncoderPlugin(WorkerPlugin):
         self.worker_name = "inline"
         self.lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:  # sent to workers before setup: only the settings travel
+    def __getstate__(self) -> _Settings:  # sent to workers before setup: only the settings travel
         return {"options": self.options, "stain": self.stain, "devices": self.devices}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._start(state["options"], state.get("stain"), tuple(state.get("devices") or ()))
+    def __setstate__(self, state: _Settings) -> None:
+        self._start(state["options"], state["stain"], tuple(state["devices"]))
 
     @property
     def runtime(self) -> Runtime | None:

@@ -16,13 +16,14 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
 
 from wsi.errors import BagFormatError
 from wsi.files import atomic_path
+from wsi.hdf5 import attrs_of
+from wsi.json_types import JsonObject
 
 FORMAT = "wsi-slide-embedding"
 FORMAT_VERSION = 1
@@ -53,11 +54,12 @@ class EmbeddingProvenance:
     patient_fusion: str = ""  # patient embeddings: "early" (tiles pooled) | "late" (embeddings averaged)
     #: how the tile features were made (the first bag's encoder, weights, tile_params, precision,
     #: input_px, stain_norm): what `wsi predict` needs to make them again from raw slides; {} if unknown
-    tile_provenance: dict[str, Any] = field(default_factory=dict)
+    tile_provenance: JsonObject = field(default_factory=dict)
     wsi_version: str = field(default_factory=_wsi_version)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
-    def attrs(self) -> dict[str, Any]:
+    def attrs(self) -> dict[str, str | int | float]:
+        """The root attributes (lists and the tile provenance as JSON text)."""
         out = asdict(self)
         for key in ("source_bags", "slides"):
             out[key] = json.dumps(list(out[key]))
@@ -98,7 +100,7 @@ def write_embedding(path: str | os.PathLike[str], vector: np.ndarray, prov: Embe
 @dataclass(frozen=True)
 class Embedding:
     vector: np.ndarray  # (D,) float32
-    attrs: dict[str, Any]
+    attrs: JsonObject  # every root attribute, as plain Python (STAMP's files carry others)
     path: Path
 
 
@@ -107,7 +109,7 @@ def read_embedding(path: str | os.PathLike[str]) -> Embedding:
     path = Path(path)
     try:
         with h5py.File(path, "r") as h5:
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()}
+            attrs = attrs_of(h5)
             if "feats" not in h5:
                 raise BagFormatError(f"{path} has no `feats` dataset: not a slide embedding file")
             feats = np.asarray(h5["feats"][()], dtype=np.float32)

@@ -39,13 +39,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypedDict, runtime_checkable
 
 import torch
 from torch.utils.data import Dataset
 
 from wsi.errors import ConfigError
+from wsi.json_types import JsonObject, JsonValue
 from wsi.registry import Registry
+from wsi.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,13 @@ class Batch:
         return self._map(lambda t: t.pin_memory())
 
 
+class DataModelKwargs(TypedDict, total=False):
+    """The `models.build_model` arguments the data decides (`InputAdapter.model_kwargs`)."""
+
+    in_dim: int  # bags, slide embeddings: the feature width
+    in_channels: int  # images: 1 or 3
+
+
 @runtime_checkable
 class InputAdapter(Protocol):
     name: ClassVar[str]
@@ -110,15 +119,15 @@ class InputAdapter(Protocol):
 
     def find(self, sources: Sequence[Path]) -> dict[str, Path]: ...
 
-    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]: ...
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]: ...
 
-    def collate(self, samples: list[dict[str, Any]]) -> Batch: ...
+    def collate(self, samples: list[Sample]) -> Batch: ...
 
-    def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]: ...
+    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs: ...
 
-    def provenance(self, items: Sequence[Item]) -> dict[str, Any]: ...
+    def provenance(self, items: Sequence[Item]) -> JsonObject: ...
 
-    def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None: ...
+    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None: ...
 
 
 # name -> adapter class, constructed with the task's `input_options` as keywords
@@ -169,4 +178,13 @@ def with_resolution(
     return resolved
 
 
-__all__ = ["INPUTS", "Batch", "InputAdapter", "Item", "available_inputs", "build_input", "with_resolution"]
+__all__ = [
+    "INPUTS",
+    "Batch",
+    "DataModelKwargs",
+    "InputAdapter",
+    "Item",
+    "available_inputs",
+    "build_input",
+    "with_resolution",
+]

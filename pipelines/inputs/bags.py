@@ -28,8 +28,10 @@ from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag
 from wsi.config import MAX_MPP
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
-from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.json_types import JsonObject, JsonValue
+from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
 from wsi.pipelines.tasks import MAX_BAG_SIZE
+from wsi.samples import Sample
 from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ def _check_mpp(value: Any, what: str) -> float | None:
     return float(value)
 
 
-class BagDataset(Dataset[dict[str, Any]]):
+class BagDataset(Dataset[Sample]):
     """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_size_um"}.
 
     A pixel-layout bag of unknown resolution (allowed only when `uses_positions` is False) gives
@@ -68,7 +70,7 @@ class BagDataset(Dataset[dict[str, Any]]):
         self.mpp = mpp
         self.mpp_by_slide = dict(mpp_by_slide or {})
         self.uses_positions = uses_positions
-        self.cache: list[dict[str, Any]] | None = None  # every sample, once preload() kept them
+        self.cache: list[Sample] | None = None  # every sample, once preload() kept them
 
     def __len__(self) -> int:
         return len(self.items)
@@ -88,15 +90,15 @@ class BagDataset(Dataset[dict[str, Any]]):
         self.cache = [self._read(item, None) for item in self.items]
         return True
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Sample:
         item = self.items[index]
         if self.cache is not None:
             sample = self.cache[index]
             n = sample["x"].shape[0]
             if self.bag_size is None or n <= self.bag_size:
-                return dict(sample)
+                return sample.copy()
             keep = torch.randperm(n)[: self.bag_size].sort().values  # the draw __getitem__ makes from disk
-            return {k: v[keep] if k in _PER_TILE else v for k, v in sample.items()}
+            return _rows(sample, keep)
         rows = None
         if self.bag_size is not None:
             n = bag_length(item.path)
@@ -105,10 +107,10 @@ class BagDataset(Dataset[dict[str, Any]]):
                 rows = torch.randperm(n)[: self.bag_size].sort().values.numpy()
         return self._read(item, rows)
 
-    def _read(self, item: Item, rows: Any) -> dict[str, Any]:
+    def _read(self, item: Item, rows: Any) -> Sample:
         bag = load_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
         check_finite(bag)  # NonFiniteFeaturesError naming the bag: never train or predict on NaN
-        sample: dict[str, Any] = {
+        sample: Sample = {
             "x": torch.from_numpy(bag.feats),  # (N, D) float16|float32 as stored; cast on the device
             "label": item.label,
             "id": item.id,
@@ -122,11 +124,18 @@ class BagDataset(Dataset[dict[str, Any]]):
         return sample
 
 
-#: the sample entries with one row per tile (what a subsample of a cached bag takes rows of)
-_PER_TILE = frozenset({"x", "coords_um", "coords_px"})
+def _rows(sample: Sample, keep: torch.Tensor) -> Sample:
+    """The sample's tiles at `keep`: the entries with one row per tile (features, positions) indexed."""
+    out = sample.copy()
+    out["x"] = sample["x"][keep]
+    if "coords_um" in sample:
+        out["coords_um"] = sample["coords_um"][keep]
+    if "coords_px" in sample:
+        out["coords_px"] = sample["coords_px"][keep]
+    return out
 
 
-def collate_bags(samples: list[dict[str, Any]]) -> Batch:
+def collate_bags(samples: list[Sample]) -> Batch:
     """Pad to the longest bag; `mask` (B, N) is True on real tiles and is left out when none is padded."""
     lengths = [s["x"].shape[0] for s in samples]
     n_max, dim = max(lengths), samples[0]["x"].shape[1]
@@ -153,11 +162,11 @@ def collate_bags(samples: list[dict[str, Any]]) -> Batch:
     return Batch(x=x, labels=labels, ids=ids, mask=mask, coords_um=coords if with_um else None)
 
 
-def _stain_of(attrs: Mapping[str, Any]) -> tuple[Any, Any]:
+def _stain_of(attrs: Mapping[str, JsonValue]) -> tuple[JsonValue, JsonValue]:
     return attrs.get("stain_norm") or None, attrs.get("stain_reference_sha256") or None
 
 
-def _check_stain(provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
+def _check_stain(provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None:
     """Refuse bags whose stain normalisation (method and reference) is not the run's: features of
     normalised and raw tiles differ, and a model fed the other kind answers wrongly without a sign.
     Runs recorded before the stain fields existed carry no `stain_norm` key and are not checked."""
@@ -268,16 +277,16 @@ class BagInput:
                 found[slide_id] = path
         return found
 
-    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]:
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]:
         return BagDataset(
             items, bag_size=self.bag_size if train else None, mpp=self.mpp, mpp_by_slide=self.mpp_by_slide,
             uses_positions=self.uses_positions,
         )  # fmt: skip
 
-    def collate(self, samples: list[dict[str, Any]]) -> Batch:
+    def collate(self, samples: list[Sample]) -> Batch:
         return collate_bags(samples)
 
-    def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
+    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs:
         dims: dict[int, str] = {}
         for item in items:
             header = read_bag_header(item.path)
@@ -290,10 +299,10 @@ class BagInput:
             raise ConfigError(f"every one of the {len(items)} bags is empty: no features to train on")
         return {"in_dim": next(iter(dims))}
 
-    def provenance(self, items: Sequence[Item]) -> dict[str, Any]:
+    def provenance(self, items: Sequence[Item]) -> JsonObject:
         """How the features were made (from the bags' attributes), so predict can make them again."""
         seen: dict[tuple[Any, ...], list[str]] = {}
-        first: dict[str, Any] = {}
+        first: JsonObject = {}
         for item in items:
             attrs = read_bag_attrs(item.path)
             key = tuple(attrs.get(k) for k in _ENCODER_KEYS)
@@ -325,7 +334,7 @@ class BagInput:
             "stain_reference_sha256": first.get("stain_reference_sha256"),
         }
 
-    def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
+    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None:
         """Refuse bags from another encoder or weights than the model was trained on."""
         want = {k: provenance.get(k) for k in _ENCODER_KEYS}
         dim = provenance.get("feature_dim")
@@ -361,7 +370,7 @@ class BagInput:
     def heatmap(
         self,
         item: Item,
-        sample: Mapping[str, Any],
+        sample: Sample,
         contributions: torch.Tensor,
         out_png: Path,
         title: str = "",

@@ -22,7 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -42,7 +42,9 @@ from wsi.clinical_images.readers import (
 from wsi.clinical_images.transforms import NORMALIZE_MODES, ImageSpec
 from wsi.errors import ConfigError, ImageReadError
 from wsi.files import is_temp_name, sanitize_slide_id
-from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.json_types import JsonObject, JsonValue
+from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
+from wsi.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +129,11 @@ class ImageInput:
 
     # -- data -----------------------------------------------------------------------------------
 
-    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]:
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]:
         rows = [(it.path, it.label, it.id) for it in items]
         return ImageDataset(rows, self.spec, augment=train and self.augment)
 
-    def collate(self, samples: list[dict[str, Any]]) -> Batch:
+    def collate(self, samples: list[Sample]) -> Batch:
         """Stack images; unreadable ones are dropped (logged by path), so a batch may come out smaller.
 
         A batch with no readable image raises `ImageReadError` naming the files (predict records it as
@@ -139,12 +141,12 @@ class ImageInput:
         x, labels, ids = collate_images(samples)
         return Batch(x=x, labels=labels, ids=ids)
 
-    def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
+    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs:
         return {"in_channels": self.spec.channels}
 
     # -- provenance -----------------------------------------------------------------------------
 
-    def _spec_dict(self) -> dict[str, Any]:
+    def _spec_dict(self) -> JsonObject:
         s = self.spec
         return {
             "size_px": list(s.size_px),
@@ -153,7 +155,7 @@ class ImageInput:
             "spacing_mm": list(s.spacing_mm) if s.spacing_mm else None,
         }
 
-    def provenance(self, items: Sequence[Item]) -> dict[str, Any]:
+    def provenance(self, items: Sequence[Item]) -> JsonObject:
         """The input geometry and scale the model was trained on, and the file types it saw."""
         formats = Counter(image_suffix(it.path) for it in items)
         return {
@@ -162,7 +164,7 @@ class ImageInput:
             "formats": dict(sorted(formats.items())),
         }
 
-    def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
+    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None:
         """Refuse to predict with another input geometry/scale, or 2D files for a 3D model (and back)."""
         mine = self._spec_dict()
         diff = [
@@ -188,7 +190,7 @@ class ImageInput:
     def heatmap(
         self,
         item: Item,
-        sample: Mapping[str, Any],
+        sample: Sample,
         contributions: torch.Tensor,
         out_png: Path,
         title: str = "",

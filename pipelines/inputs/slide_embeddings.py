@@ -22,9 +22,11 @@ from torch.utils.data import Dataset
 
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
+from wsi.json_types import JsonObject, JsonValue
 from wsi.pipelines.embed_slides.output import FEAT_TYPES, read_embedding
-from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
 from wsi.pipelines.inputs.bags import collate_bags
+from wsi.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +48,14 @@ def is_embedding_folder(path: Path) -> bool:
     return str(value) in FEAT_TYPES
 
 
-class EmbeddingDataset(Dataset[dict[str, Any]]):
+class EmbeddingDataset(Dataset[Sample]):
     def __init__(self, items: Sequence[Item]) -> None:
         self.items = list(items)
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Sample:
         item = self.items[index]
         vector = read_embedding(item.path).vector
         return {
@@ -99,13 +101,13 @@ class SlideEmbeddingInput:
                 bad.append((item, f"{item.path} holds NaN or infinite values"))
         return bad
 
-    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[dict[str, Any]]:
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]:
         return EmbeddingDataset(items)
 
-    def collate(self, samples: list[dict[str, Any]]) -> Batch:
+    def collate(self, samples: list[Sample]) -> Batch:
         return collate_bags(samples)
 
-    def model_kwargs(self, items: Sequence[Item]) -> dict[str, Any]:
+    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs:
         dims: dict[int, str] = {}
         for item in items:
             dims.setdefault(read_embedding(item.path).vector.shape[0], item.path.name)
@@ -114,9 +116,9 @@ class SlideEmbeddingInput:
             raise ConfigError(f"embeddings of different widths cannot train one head: {listed}")
         return {"in_dim": next(iter(dims))}
 
-    def provenance(self, items: Sequence[Item]) -> dict[str, Any]:
+    def provenance(self, items: Sequence[Item]) -> JsonObject:
         seen: dict[tuple[Any, ...], list[str]] = {}
-        first: dict[str, Any] = {}
+        first: JsonObject = {}
         for item in items:
             attrs = read_embedding(item.path).attrs
             seen.setdefault(tuple(attrs.get(k) for k in _KEYS), []).append(item.path.name)
@@ -133,7 +135,7 @@ class SlideEmbeddingInput:
             out["tile_provenance"] = {}
         return out
 
-    def check_compatible(self, provenance: Mapping[str, Any], items: Sequence[Item]) -> None:
+    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None:
         want = {k: provenance.get(k) for k in _KEYS}
         bad = []
         for item in items:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-from wsi.pipelines.stats.survival import KaplanMeier
+from wsi.pipelines.stats.survival import KaplanMeier, TdAucPoint
 
 _DPI = 110
 
@@ -33,7 +33,12 @@ def png_bytes(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _style(i: int, name: str) -> dict[str, Any]:
+class _Style(TypedDict):
+    color: str
+    lw: float  # line width, points
+
+
+def _style(i: int, name: str) -> _Style:
     """Pooled / the only set: a strong black line; folds: thin coloured ones."""
     if name == "pooled":
         return {"color": "black", "lw": 2.0}
@@ -132,7 +137,7 @@ def km_plot(
     return png_bytes(fig)
 
 
-def td_auc_plot(series: Sequence[tuple[str, list[dict[str, Any]]]], *, title: str, time_unit: str) -> bytes:
+def td_auc_plot(series: Sequence[tuple[str, list[TdAucPoint]]], *, title: str, time_unit: str) -> bytes:
     """Time-dependent AUC with its 95% interval at each horizon, per set."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.8, 3.8))

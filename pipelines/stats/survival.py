@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from scipy.stats import chi2
@@ -119,6 +119,14 @@ def default_horizons(time: np.ndarray, event: np.ndarray) -> np.ndarray:
     return np.unique(np.percentile(times, [25, 50, 75])) if len(times) else np.zeros(0)
 
 
+class TdAucPoint(TypedDict):
+    """One horizon of the time-dependent AUC in metrics.json (`td_auc`): None where not estimable."""
+
+    time: float
+    auc: float | None
+    auc_ci95: list[float | None]  # [low, high]
+
+
 def evaluate_survival(
     time: np.ndarray,
     event: np.ndarray,
@@ -150,7 +158,7 @@ def evaluate_survival(
         "c_index": concordance_index(time, event, risk),
         "c_index_ci95": list(percentile_interval(c_draws)),
         "td_auc": [
-            {"time": float(t), "auc": float(a), "auc_ci95": list(percentile_interval(auc_draws_arr[:, k]))}
+            TdAucPoint(time=float(t), auc=float(a), auc_ci95=list(percentile_interval(auc_draws_arr[:, k])))
             for k, (t, a) in enumerate(zip(hz, auc, strict=True))
         ],
     }
@@ -162,6 +170,7 @@ def evaluate_survival(
 
 __all__ = [
     "KaplanMeier",
+    "TdAucPoint",
     "concordance_index",
     "default_horizons",
     "evaluate_survival",

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 import torch
@@ -63,6 +63,23 @@ class TargetView:
         return figures if not self.column else (figures.get("targets") or {}).get(self.column, {})
 
 
+class FittedValues(TypedDict, total=False):
+    """What a kind fits on the training split and predict reads back (the run's fitted.json)."""
+
+    risk_cutoff: float | None  # survival: the training split's median risk
+    target_scaling: dict[str, list[float]]  # regression, multi-target: column -> [mean, sd] (standardize)
+
+
+def read_fitted_values(values: Mapping[str, Any] | None) -> FittedValues:
+    """The known entries of a fitted.json mapping (a run trained by this version or an earlier one)."""
+    out: FittedValues = {}
+    if values and "risk_cutoff" in values:
+        out["risk_cutoff"] = values["risk_cutoff"]
+    if values and "target_scaling" in values:
+        out["target_scaling"] = values["target_scaling"]
+    return out
+
+
 class TaskKind:
     """Base of every kind: the shared plumbing; subclasses fill in the kind-specific parts."""
 
@@ -75,7 +92,7 @@ class TaskKind:
 
     def __init__(self, task: TaskConfig, fitted: Mapping[str, Any] | None = None) -> None:
         self.task = task
-        self.fitted_values: dict[str, Any] = dict(fitted or {})
+        self.fitted_values = read_fitted_values(fitted)
 
     # -- what the targets and outputs are -------------------------------------------------------------
     @property
@@ -135,7 +152,8 @@ class TaskKind:
         """Fit what is read off the trained model's outputs on its training split (a risk cut-off)."""
 
     def fitted(self) -> dict[str, Any]:
-        """The fitted values predict needs (saved in the run folder's fitted.json)."""
+        """The fitted values predict needs (saved in the run folder's fitted.json). A plain dict: the run
+        record's writer and predict's ensemble (pipelines/train, pipelines/predict) take it as one."""
         return dict(self.fitted_values)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -262,6 +280,7 @@ def parse_number(text: str | None, column: str) -> float:
 
 
 __all__ = [
+    "FittedValues",
     "PredictionSet",
     "TargetView",
     "TaskKind",
@@ -270,5 +289,6 @@ __all__ = [
     "loss_over_set",
     "nanmean",
     "parse_number",
+    "read_fitted_values",
     "worst_if_nan",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 import wsi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
-from wsi.tile_file import TilePixelWriter
+from wsi.tile_file import PixelStoreAttrs, TilePixelWriter
 from wsi.tile_meta import TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts
@@ -20,13 +20,13 @@ def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> T
         path,
         n_max=n_max,
         tile_px=params.tile_px,
-        attrs={
-            "slide_id": slide_id,
-            "tile_size_um": params.tile_um,
-            "tile_size_px": params.tile_px,
-            "target_mpp": params.target_mpp,
-            "params": json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
-        },
+        attrs=PixelStoreAttrs(
+            slide_id=slide_id,
+            tile_size_um=params.tile_um,
+            tile_size_px=params.tile_px,
+            target_mpp=params.target_mpp,
+            params=json.dumps(params.to_dict(), sort_keys=True),  # a JSON string, as in the .h5
+        ),
     )
 
 

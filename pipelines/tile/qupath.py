@@ -164,7 +164,10 @@ def write_qc_geojson(
                     classification=QuPathClass.of("Tissue", OUTLINE_RGB),
                 )
             )
-    fractions = tissue_fractions(found.grid, mask, level0_width=w0, level0_height=h0)[found.candidates]
+    fractions = found.fractions  # of the mask alone: those of find_tissue unless part was unreadable
+    if fractions is None or found.unknown is not None:
+        fractions = tissue_fractions(found.grid, mask, level0_width=w0, level0_height=h0)
+    fractions = fractions[found.candidates]
     classes = {int(c): _reason_class(int(c), extra_names or {}) for c in np.unique(reasons)}
     features += tile_features(
         found.candidate_coords, found.grid.step_px, object_type="tile",

@@ -76,7 +76,7 @@ def classified_chunks(
     stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
     code of each tile's thumbnail regions (`wsi.tiling.TissueGrid.region_codes`; None: no artifact
     filter runs), judged with the tile's own pixels (`wsi.tiling.judge_artifacts`); signal_level: a dim
-    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur_reduction`)."""
+    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.blur.blur_reduction`)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(

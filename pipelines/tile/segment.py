@@ -19,17 +19,18 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
+from wsi.blur import min_rgb
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
-from wsi.tile_meta import SegmentationRecord, TileFileMeta
+from wsi.tile_meta import SegmentationModels, SegmentationRecord, TileFileMeta
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, TissueGrid, min_rgb
+from wsi.tiling import KEPT, TissueGrid
 
 if TYPE_CHECKING:  # torch comes in only when a network is asked for (`_segmenter`)
     from wsi.models.segmentation import Segmenter
@@ -194,7 +195,7 @@ def segmentation_record(
     options: SegmentationOptions, tissue: Segmenter | None, artifact: Segmenter | None, reasons: np.ndarray
 ) -> SegmentationRecord:
     """For the tile file: the models (name, weights, sha256, mpp) and the tiles each artifact removed."""
-    models: dict[str, Any] = {}
+    models: SegmentationModels = {}
     if tissue is not None:
         models["tissue"] = tissue.describe()
     if artifact is not None:
@@ -205,11 +206,18 @@ def segmentation_record(
     return SegmentationRecord(models=models, n_artifact=int(sum(counts.values())), artifact_counts=counts)
 
 
-def wanted_models(options: SegmentationOptions | None) -> dict[str, Any]:
+class ModelIdentity(TypedDict, total=False):
+    """What decides whether a tile file's segmentation is this run's: (name, sha256[, max fraction])."""
+
+    tissue: tuple[str, str]
+    artifact: tuple[str, str, float | None]
+
+
+def wanted_models(options: SegmentationOptions | None) -> ModelIdentity:
     """What a run with `options` records, without loading anything (sha256 of the files as they are)."""
     if options is None or not options.active:
         return {}
-    out: dict[str, Any] = {}
+    out: ModelIdentity = {}
     if options.tissue_model and options.tissue_weights:
         out["tissue"] = (options.tissue_model, sha256_file(options.tissue_weights))
     if options.artifact_model and options.artifact_weights:
@@ -224,12 +232,12 @@ def wanted_models(options: SegmentationOptions | None) -> dict[str, Any]:
 def same_models(meta: TileFileMeta, options: SegmentationOptions | None) -> bool:
     """Whether a finished tile file was made with the models (and weights) of `options`."""
     stored = meta.segmentation_models()
-    got: dict[str, Any] = {}
+    got: ModelIdentity = {}
     if "tissue" in stored:
-        got["tissue"] = (stored["tissue"]["name"], stored["tissue"]["sha256"])
+        got["tissue"] = (stored["tissue"].get("name", ""), stored["tissue"].get("sha256", ""))
     if "artifact" in stored:
         a = stored["artifact"]
-        got["artifact"] = (a["name"], a["sha256"], a.get("max_artifact_fraction"))
+        got["artifact"] = (a.get("name", ""), a.get("sha256", ""), a.get("max_artifact_fraction"))
     return got == wanted_models(options)
 
 

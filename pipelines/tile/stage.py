@@ -146,7 +146,12 @@ def tile_slides(
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]
         work = functools.partial(mirrored_job, fn=tile_slide, job=job, files=remote_files)
-        ran = iter(run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile"))
+        # one process: two slides at a time, so one slide's single-threaded steps (mask, QC picture,
+        # files) overlap the other's reads and filters and both cores stay busy
+        at_once = min(2, os.cpu_count() or 1)
+        ran = iter(
+            run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile", at_once=at_once)
+        )
         results = [
             JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
             for i, src in enumerate(sources)

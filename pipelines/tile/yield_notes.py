@@ -134,7 +134,8 @@ def row_note(meta: TileFileMeta) -> str:
     by_name = {k: v for k, v in artifact_counts_by_name(counts.to_dict()).items() if v}
     by_name.update((seg.artifact_counts or {}) if seg is not None else {})
     model = (seg.models.get("artifact") or {}) if seg is not None else {}
-    blur = float(meta.params.get("min_blur_variance", 0.0))
+    blur_setting = meta.params.get("min_blur_variance")  # the stored TileParams (any version's JSON)
+    blur = float(blur_setting) if isinstance(blur_setting, int | float) else 0.0
     heavy = heavy_filter_note(counts, by_name, meta.slide_id, blur, model.get("max_artifact_fraction"))
     review = ""
     if meta.review is not None:

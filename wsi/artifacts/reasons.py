@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from wsi.artifacts.colour import tile_ink_share
+from wsi.artifacts.colour import ink_sample, sample_ink_share
 from wsi.tile_params import ARTIFACT_FILTERS as FILTERS
 from wsi.tile_params import ArtifactParams
 
@@ -67,7 +67,7 @@ def judge_tiles(
         return reasons
     codes = region_codes[index].copy()
     if params.on("ink"):
-        share = tile_ink_share(tiles[index], params)
+        share = sample_ink_share(ink_sample(tiles)[index], params)  # sampled before the tiles are picked
         codes[share > params.max_ink_fraction] = INK
     hit = codes > 0
     reasons[index[hit]] = codes[hit]

@@ -41,7 +41,11 @@ class ArtifactMaps:
     def shares(self, boxes: np.ndarray) -> dict[str, np.ndarray]:
         """Filter -> (N,) share of each (x0, y0, x1, y1) box (thumbnail px) that is that artifact."""
         scaled = np.asarray(boxes, np.float64) * self.scale
-        return {name: cell_fractions(mask, scaled) for name, mask in self.masks.items()}
+        # a filter that found nothing (most of them, on most slides) needs no summed-area table
+        return {
+            name: cell_fractions(mask, scaled) if mask.any() else np.zeros(len(scaled))
+            for name, mask in self.masks.items()
+        }
 
 
 def find_artifacts(

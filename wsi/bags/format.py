@@ -12,9 +12,9 @@ import contextlib
 import json
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
 
 from wsi.config import Count, Mpp, SidePx, Um, config_model, parse_config
+from wsi.json_types import JsonObject
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
@@ -42,6 +42,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+#: a bag's root attributes as written: one number or text each (mappings as JSON text)
+BagAttrs = dict[str, str | int | float]
+
+
 @config_model
 @dataclass(frozen=True)
 class BagProvenance:
@@ -56,7 +60,7 @@ class BagProvenance:
     mpp: Mpp  # the slide's level-0 um/px (from its metadata, --mpp or the slide list)
     level0_width: SidePx  # slide width at level 0, px
     level0_height: SidePx  # slide height at level 0, px
-    tile_params: dict[str, Any]  # the tile stage's parameters (stored as JSON)
+    tile_params: JsonObject  # the tile stage's parameters (`TileFileMeta.params`, stored as JSON)
     target_mpp: Mpp | None = None  # um/px of the tiles as read (tile_size_um / tile_size_px)
     encoder_id: str | None = None  # folder-safe encoder name: the bag's folder features/<encoder_id>/
     input_px: SidePx | None = None  # the encoder's input side, px (timm encoders may be resized)
@@ -69,10 +73,10 @@ class BagProvenance:
     #: sha256 of the tile file's coords (`wsi.tile_file.coords_digest`): another tile set (a review that
     #: swapped tiles, say) re-makes the bag even at the same count
     tiles_sha256: str | None = None
-    encoder_recipe: dict[str, Any] | None = None  # the encoder's recipe (models/encoders), stored as JSON
+    encoder_recipe: JsonObject | None = None  # the encoder's recipe (`EncoderRecipe.as_dict`), as JSON
     recipe_sha256: str | None = None  # digest of the recipe fields that decide the features
     stain_norm: str | None = None  # stain normalisation before the encoder: macenko | reinhard; None: none
-    stain_reference: dict[str, Any] | None = None  # the stain reference tiles were mapped onto, as JSON
+    stain_reference: JsonObject | None = None  # the stain reference tiles were mapped onto, as JSON
     stain_reference_sha256: str | None = None  # digest of that reference's numbers
     stain_fallback_tiles: Count | None = None  # tiles left as they were (no stable fit: background, pen)
     wsi_version: str = field(default_factory=_wsi_version)  # the wsi that wrote the bag
@@ -85,7 +89,7 @@ class BagProvenance:
                 if value is not None:
                     object.__setattr__(self, name, kind(value))  # numpy scalars too
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BagAttrs:
         """The root attributes of the bag: mappings (`tile_params`...) as JSON, fields at None not written."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         for name in _JSON:
@@ -94,13 +98,14 @@ class BagProvenance:
         return out
 
     @classmethod
-    def from_dict(cls, attrs: dict[str, Any], *, source: str) -> BagProvenance:
+    def from_dict(cls, attrs: JsonObject, *, source: str) -> BagProvenance:
         """Read back from a bag's root attributes (other attributes are ignored); ConfigError if one
         of ours lacks a field or holds a value of the wrong type."""
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in attrs.items() if k in known}
         for name in _JSON:
-            if isinstance(data.get(name), str):
+            text = data.get(name)
+            if isinstance(text, str):
                 with contextlib.suppress(ValueError, RecursionError):  # else parse_config names the field
-                    data[name] = json.loads(data[name])
+                    data[name] = json.loads(text)
         return parse_config(cls, data, source=source)

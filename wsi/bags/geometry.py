@@ -23,11 +23,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from wsi.errors import BagFormatError
+from wsi.json_types import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +74,49 @@ def grid_step(coords: np.ndarray) -> float | None:
     return float(values[counts.argmax()])
 
 
-def _need(attrs: dict[str, Any], name: str, path: Path, layout: str, hint: str = "") -> Any:
-    if name not in attrs or attrs[name] is None:
+def _need(attrs: JsonObject, name: str, path: Path, layout: str, hint: str = "") -> float:
+    """Attribute `name` as a number; BagFormatError naming it when it is absent or not a number."""
+    value = attrs.get(name)
+    if value is None:
         raise BagFormatError(
             f"{path} ({layout} layout) lacks the `{name}` attribute needed to place its tiles{hint}"
         )
-    return attrs[name]
+    return _float(value, name, path, layout)
+
+
+def _float(value: JsonValue, name: str, path: Path, layout: str) -> float:
+    """A foreign file's attribute as one number (a number, or text that reads as one)."""
+    try:
+        if isinstance(value, int | float | str):
+            return float(value)
+    except ValueError:
+        pass
+    raise BagFormatError(f"{path} ({layout} layout): attribute `{name}` is {value!r}, not a number")
+
+
+def _positive(value: JsonValue) -> float | None:
+    """A number above 0, else None (absent, text, a list, NaN)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 def place_um_layout(
-    layout: str, coords: np.ndarray, attrs: dict[str, Any], path: Path, all_coords: Callable[[], np.ndarray]
+    layout: str, coords: np.ndarray, attrs: JsonObject, path: Path, all_coords: Callable[[], np.ndarray]
 ) -> Placement:
     """Ours and STAMP's: coordinates are micrometres already; only the tile size may need finding."""
-    mpp = attrs.get("mpp")
-    mpp_f = float(mpp) if isinstance(mpp, int | float) and mpp > 0 else None
+    mpp_f = _positive(attrs.get("mpp"))
     coords_um = np.asarray(coords, dtype=np.float32)
     if layout == "wsi":
-        tile_um = float(_need(attrs, "tile_size_um", path, layout))
+        tile_um = _need(attrs, "tile_size_um", path, layout)
         return Placement(coords_um, tile_um, mpp_f, "bag attribute mpp" if mpp_f else "")
     unit = attrs.get("unit", "um")
     if unit not in _UM_UNITS:
         raise BagFormatError(f"{path} (stamp layout) has coords in unit {unit!r}; only um is known")
     if attrs.get("tile_size_um"):  # STAMP >= 2.1 (stamp/modeling/data.py:771-774)
-        return Placement(coords_um, float(attrs["tile_size_um"]), mpp_f, "")
+        return Placement(coords_um, _need(attrs, "tile_size_um", path, layout), mpp_f, "")
     if attrs.get("tile_size") and attrs.get("unit") in _UM_UNITS:  # STAMP 2.0 (data.py:764-770)
-        return Placement(coords_um, float(attrs["tile_size"]), mpp_f, "")
+        return Placement(coords_um, _need(attrs, "tile_size", path, layout), mpp_f, "")
     if attrs.get("unit") not in _UM_UNITS:  # the historic layout: units unknown, not guessed
         _need(attrs, "tile_size_um", path, layout, " (older STAMP bags: re-extract with STAMP>=2)")
     step = grid_step(all_coords())
@@ -107,7 +125,7 @@ def place_um_layout(
     return Placement(coords_um, step, mpp_f, "")
 
 
-def _trident_mpp(attrs: dict[str, Any], path: Path) -> tuple[float | None, str]:
+def _trident_mpp(attrs: JsonObject, path: Path) -> tuple[float | None, str]:
     mag = attrs.get("level0_magnification")
     if not isinstance(mag, int | float) or not mag > 0:
         return None, ""
@@ -121,31 +139,35 @@ def _trident_mpp(attrs: dict[str, Any], path: Path) -> tuple[float | None, str]:
     return mpp, source
 
 
-def _pixel_mpp(layout: str, attrs: dict[str, Any], path: Path, mpp: float | None) -> tuple[float | None, str]:
+def _pixel_mpp(layout: str, attrs: JsonObject, path: Path, mpp: float | None) -> tuple[float | None, str]:
     """The level-0 um/px of a pixel layout, in the module's order: given, attribute, TRIDENT magnification."""
     if mpp is not None:
         return float(mpp), "given"
-    if isinstance(attrs.get("mpp"), int | float) and attrs["mpp"] > 0:
-        return float(attrs["mpp"]), "bag attribute mpp"
+    given = _positive(attrs.get("mpp"))
+    if given is not None:
+        return given, "bag attribute mpp"
     if layout == "trident":
         return _trident_mpp(attrs, path)
     return None, ""
 
 
 def _pixel_tile_px0(
-    layout: str, attrs: dict[str, Any], path: Path, all_coords: Callable[[], np.ndarray]
+    layout: str, attrs: JsonObject, path: Path, all_coords: Callable[[], np.ndarray]
 ) -> float | None:
     """Tile side of a CLAM / TRIDENT bag in level-0 px: from its attributes, else from its grid."""
     if layout == "trident" and attrs.get("patch_size_level0") is not None:
-        return float(attrs["patch_size_level0"])
+        return _need(attrs, "patch_size_level0", path, layout)
     if layout == "clam" and attrs.get("patch_size") is not None:  # a CLAM patches file's attributes
-        level = int(attrs.get("patch_level", 0))
+        level = int(_float(attrs.get("patch_level", 0), "patch_level", path, layout))
         downsample = attrs.get("downsample")
         if downsample is None:
             if level != 0:
                 _need(attrs, "downsample", path, layout, f" (patch_level is {level})")
             downsample = 1.0
-        return float(attrs["patch_size"]) * float(np.mean(np.atleast_1d(downsample)))
+        if not isinstance(downsample, int | float | list):  # one factor, or one per axis
+            raise BagFormatError(f"{path} ({layout} layout): attribute `downsample` is {downsample!r}")
+        factor = float(np.mean(np.atleast_1d(np.asarray(downsample, dtype=np.float64))))
+        return _need(attrs, "patch_size", path, layout) * factor
     overlap = attrs.get("overlap")
     if isinstance(overlap, int | float) and overlap > 0:  # the stride is then not the tile side
         say_once(path, f"tiles overlap by {overlap:g} px and no attribute gives their size; size unknown")
@@ -159,7 +181,7 @@ def _pixel_tile_px0(
 def place_pixel_layout(
     layout: str,
     coords: np.ndarray,
-    attrs: dict[str, Any],
+    attrs: JsonObject,
     path: Path,
     all_coords: Callable[[], np.ndarray],
     *,

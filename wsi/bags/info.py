@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from wsi.bags.check import count_nonfinite_rows, scan_bag
 from wsi.bags.read import load_bag, read_bag_header
 from wsi.errors import BagFormatError
+from wsi.json_types import JsonObject
 
 #: attributes shown when present (ours, and STAMP's `extractor` / `stamp_version`)
 _SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles", "precision",
           "created", "wsi_version", "extractor", "stamp_version")  # fmt: skip
 
 
-def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[str, Any]:
+def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonObject:
     """An ordered summary of one bag: file, kind, tiles, then what its layout lets us know.
 
     A CLAM/TRIDENT bag without `mpp` is summarised in level-0 pixels, with a `note` saying how to place
@@ -28,7 +28,7 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
     """
     path = Path(path)
     header = read_bag_header(path)
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "file": str(path),
         "kind": f"feature bag ({header.layout} layout)",
         "tiles": header.n_tiles,

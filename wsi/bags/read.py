@@ -30,6 +30,7 @@ from wsi.bags.geometry import Placement, place_pixel_layout, place_um_layout
 from wsi.bags.safe import check_fits, coords_dataset, feature_dataset, native, open_bag_file
 from wsi.errors import BagFormatError, ConfigError, WsiError
 from wsi.hdf5 import attrs_of, plain
+from wsi.json_types import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class Bag:
     feats: np.ndarray  # (N, D)
     coords_um: np.ndarray | None  # (N, 2) float32, top-left x, y in micrometres
     tile_size_um: float | None
-    meta: dict[str, Any]  # every attribute of the file (and of `coords`), plus "layout"
+    meta: JsonObject  # every attribute of the file (and of `coords`), plus "layout"
     path: Path
     slide_id: str
     coords_px: np.ndarray | None = field(default=None)  # (N, 2) int64 level-0 px, when the file has them
@@ -73,7 +74,7 @@ class BagHeader:
     n_tiles: int
     dim: int  # feature width D
     dtype: str  # of the stored features: float16, float32, ...
-    attrs: dict[str, Any]  # root attributes
+    attrs: JsonObject  # root attributes (of any layout: free-form)
 
 
 def _layout(h5: h5py.File, path: Path) -> str:
@@ -118,7 +119,10 @@ def bag_length(path: str | os.PathLike[str]) -> int:
 
 
 def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python."""
+    """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python.
+
+    Untyped on purpose, for now: predict's top tiles and heatmaps read our bags' `tile_size_um`, `mpp`
+    and `slide_path` from it by key. Typed readers: `load_bag(...).provenance`, `read_bag_header`."""
     path = Path(path)
     with open_bag_file(path) as h5:
         return attrs_of(h5)
@@ -156,7 +160,7 @@ def _read_rows(ds: h5py.Dataset, rows: Rows) -> np.ndarray:
     return native(ds[uniq][inverse] if uniq.size else ds[:0])
 
 
-def _provenance(root: dict[str, Any], path: Path) -> BagProvenance | None:
+def _provenance(root: JsonObject, path: Path) -> BagProvenance | None:
     try:
         return BagProvenance.from_dict(root, source=str(path))
     except ConfigError as exc:  # the features still load; what made them is not fully known

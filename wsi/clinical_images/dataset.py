@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -19,13 +18,14 @@ from wsi.clinical_images.augment import augment_2d, augment_3d
 from wsi.clinical_images.readers import read_image
 from wsi.clinical_images.transforms import ImageSpec, prepare
 from wsi.errors import ImageReadError
+from wsi.samples import Sample
 
 log = logging.getLogger(__name__)
 
 ImageRow = tuple[Path, int, str]  # (path, label index or -1, id)
 
 
-class ImageDataset(Dataset[dict[str, Any]]):
+class ImageDataset(Dataset[Sample]):
     """Sample i = {"x": (C, H, W) | (C, D, H, W) float32, "label": int, "id": str} ("error" if unreadable).
 
     With `augment=True` each sample's augmentation is drawn from a generator seeded from torch's RNG,
@@ -61,7 +61,7 @@ class ImageDataset(Dataset[dict[str, Any]]):
         path = self.rows[index][0]
         return prepare(read_image(path, spatial_dims=self.spec.spatial_dims), self.spec)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Sample:
         path, label, item_id = self.rows[index]
         try:
             x = self.load(index)
@@ -75,7 +75,7 @@ class ImageDataset(Dataset[dict[str, Any]]):
         return {"x": x, "label": label, "id": item_id}
 
 
-def collate_images(samples: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def collate_images(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Stack the readable samples: x (B, C, ...), labels (B,) int64, ids.
 
     Unreadable samples are dropped; if none is left, `ImageReadError` carries their messages (so a

@@ -25,16 +25,39 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import h5py
 
 from wsi.hdf5 import attrs_of
+from wsi.json_types import JsonObject
 from wsi.storage import Url, location
 from wsi.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
 from wsi.tile_file import FORMAT as TILE_FORMAT
 
 log = logging.getLogger(__name__)
+
+
+class SlideSummary(TypedDict):
+    """One row of the page's slide list (no absolute path leaves the server)."""
+
+    id: str
+    viewable: bool
+    why_missing: str
+    status: str
+    error: str
+    prediction: dict[str, str]
+    has_heatmap: bool
+    has_tiles: bool
+    has_qc: bool
+    geojson: list[str]
+    n_top_tiles: int
+
+
+class Listing(TypedDict):
+    folder: str
+    kind: str  # what the folder is ("folder" when nothing more is known)
+    slides: list[SlideSummary]
 
 
 @dataclass
@@ -54,7 +77,7 @@ class SlideEntry:
     geojson: dict[str, Path] = field(default_factory=dict)  # layer name -> QuPath GeoJSON file
     top_tiles: list[dict[str, str]] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SlideSummary:
         """The slide list's row (JSON): no absolute path leaves the server."""
         return {
             "id": self.slide_id,
@@ -80,7 +103,7 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return []
 
 
-def _h5_attrs(path: Path) -> dict[str, Any]:
+def _h5_attrs(path: Path) -> JsonObject:
     try:
         with h5py.File(path, "r") as h5:
             return attrs_of(h5)
@@ -104,11 +127,12 @@ def _slide_of(path: Path | Url) -> tuple[Path | Url | None, float | None, str]:
             return None, None, f"{path.name} records no slide path (made by another tool?)"
         slide = location(str(recorded))
         mpp = attrs.get("mpp")
+        known = float(mpp) if isinstance(mpp, int | float | str) else None
         if isinstance(slide, Url):
-            return slide, None if mpp is None else float(mpp), ""
+            return slide, known, ""
         if not slide.is_file():
             return None, None, f"slide file {slide} (recorded in {path.name}) is not reachable from here"
-        return slide, None if mpp is None else float(mpp), ""
+        return slide, known, ""
     return None, None, f"{path} is neither a slide nor a bag that names one"
 
 
@@ -182,7 +206,9 @@ class Catalog:
         entry.tile_file = entry.tile_file or h5
         recorded = attrs.get("slide_path")
         if recorded:
-            self._offer(slide_id, location(str(recorded)), float(attrs["mpp"]) if attrs.get("mpp") else None)
+            mpp = attrs.get("mpp")
+            known = float(mpp) if isinstance(mpp, int | float) and mpp else None
+            self._offer(slide_id, location(str(recorded)), known)
         self.kind = self.kind or "tile"
 
     def _predictions(self) -> None:
@@ -220,7 +246,7 @@ class Catalog:
     def get(self, slide_id: str) -> SlideEntry | None:
         return self.slides.get(slide_id)
 
-    def listing(self) -> dict[str, Any]:
+    def listing(self) -> Listing:
         return {
             "folder": self.root.name,
             "kind": self.kind or "folder",
@@ -228,4 +254,4 @@ class Catalog:
         }
 
 
-__all__ = ["Catalog", "SlideEntry"]
+__all__ = ["Catalog", "Listing", "SlideEntry", "SlideSummary"]

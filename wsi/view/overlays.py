@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -20,19 +20,60 @@ from wsi.tile_values import read_tile_values
 from wsi.view.catalog import SlideEntry
 
 
+class KeptTiles(TypedDict):
+    size: float  # tile side, level-0 px
+    xy: list[list[int]]  # top-left corners
+
+
+class TileValuesJson(TypedDict):
+    size: float  # tile side, level-0 px
+    xy: list[list[float]]  # top-left corners
+    outputs: dict[str, list[float | None]]  # output name -> per-tile contribution (None: not finite)
+    predicted: str | None
+
+
+class TopTileJson(TypedDict):
+    output: str
+    side: str
+    rank: str
+    x: float
+    y: float
+    size: float | None
+    value: float
+    file: str | None
+
+
+class SlideOverlays(TypedDict):
+    """What the page (static/viewer.js) draws over one slide."""
+
+    id: str
+    width: int
+    height: int
+    mpp: float
+    prediction: dict[str, str]
+    status: str
+    error: str
+    tiles: KeptTiles | None
+    heat: TileValuesJson | None
+    top_tiles: list[TopTileJson]
+    geojson: list[str]  # layer names
+    qc_png: str | None
+    problems: list[str]
+
+
 def _finite_list(values: np.ndarray, digits: int = 6) -> list[float | None]:
     """JSON numbers, None where not finite (JSON has no NaN)."""
     return [round(float(v), digits) if math.isfinite(v) else None for v in values.tolist()]
 
 
-def kept_tiles(tile_file: Path) -> dict[str, Any]:
+def kept_tiles(tile_file: Path) -> KeptTiles:
     """The tile file's kept tiles: top-left corners and side, level-0 px."""
     tiles = read_tile_file(tile_file)
     side = tiles.tile_size_um / tiles.mpp
     return {"size": side, "xy": tiles.coords.astype(np.int64).reshape(-1, 2).tolist()}
 
 
-def tile_values(path: Path, mpp: float) -> dict[str, Any]:
+def tile_values(path: Path, mpp: float) -> TileValuesJson:
     """The per-tile contributions of `path` (`wsi.tile_values`) in level-0 px; `mpp`: the slide's
     level-0 um/px, used when the file records none."""
     data = read_tile_values(path)
@@ -45,9 +86,9 @@ def tile_values(path: Path, mpp: float) -> dict[str, Any]:
     }
 
 
-def top_tiles(entry: SlideEntry, mpp: float, tile_um: float | None) -> list[dict[str, Any]]:
+def top_tiles(entry: SlideEntry, mpp: float, tile_um: float | None) -> list[TopTileJson]:
     """top_tiles/index.csv rows of the slide, with their crop's URL under the folder."""
-    out = []
+    out: list[TopTileJson] = []
     for row in entry.top_tiles:
         try:
             x, y = float(row["x0_px"]), float(row["y0_px"])
@@ -62,15 +103,16 @@ def top_tiles(entry: SlideEntry, mpp: float, tile_um: float | None) -> list[dict
     return out
 
 
-def slide_overlays(entry: SlideEntry, *, root: Path, width: int, height: int, mpp: float) -> dict[str, Any]:
+def slide_overlays(entry: SlideEntry, *, root: Path, width: int, height: int, mpp: float) -> SlideOverlays:
     """Everything the page draws over one slide (level-0 size `width` x `height`, `mpp` um/px); file
     URLs relative to the served folder `root`."""
     problems: list[str] = []
-    out: dict[str, Any] = {
+    out: SlideOverlays = {
         "id": entry.slide_id, "width": width, "height": height, "mpp": mpp,
         "prediction": entry.prediction, "status": entry.status, "error": entry.error,
         "tiles": None, "heat": None, "top_tiles": [], "geojson": sorted(entry.geojson),
         "qc_png": entry.qc_png.relative_to(root).as_posix() if entry.qc_png is not None else None,
+        "problems": problems,
     }  # fmt: skip
     if entry.tile_file is not None:
         try:
@@ -88,8 +130,16 @@ def slide_overlays(entry: SlideEntry, *, root: Path, width: int, height: int, mp
     elif out["tiles"] is not None:
         tile_um = out["tiles"]["size"] * mpp
     out["top_tiles"] = top_tiles(entry, mpp, tile_um)
-    out["problems"] = problems
     return out
 
 
-__all__ = ["kept_tiles", "slide_overlays", "tile_values", "top_tiles"]
+__all__ = [
+    "KeptTiles",
+    "SlideOverlays",
+    "TileValuesJson",
+    "TopTileJson",
+    "kept_tiles",
+    "slide_overlays",
+    "tile_values",
+    "top_tiles",
+]
