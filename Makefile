@@ -27,14 +27,14 @@ test-heavy: $(STAMP)
 
 # mypy cannot follow setup.py's folder -> wsi.* mapping, so it checks a tree of links laid out as the
 # wheel installs it (build/typecheck/wsi/{models,pipelines,configs,...}); paths in its messages read
-# wsi/models/... for models/...
+# wsi/models/... for models/... (mypy is called by its absolute path: VENV may be relative or absolute)
 TYPECHECK := build/typecheck
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/wsi
 	for f in wsi/*; do ln -s ../../../$$f $(TYPECHECK)/wsi/; done
 	for d in models pipelines configs; do ln -s ../../../$$d $(TYPECHECK)/wsi/$$d; done
-	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml
+	cd $(TYPECHECK) && $(abspath $(VENV))/bin/mypy --config-file ../../pyproject.toml
 
 # Every GPU figure of docs/benchmarks.md on this machine's GPU in under 8 minutes: the gpu-marked tests,
 # then benchmarks/gpu_suite.py, which rewrites the gpu-suite part of docs/benchmarks.md. On a lent GPU

@@ -36,10 +36,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scaling_report import MODELS, VARIANTS, expectations, fmt_row, markdown, plot, read_rows, write_csv
 
-from scaling_report import MODELS, VARIANTS, expectations, fmt_row, markdown, plot, read_rows, write_csv  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("attention_scaling")
 SIZES = (196, 1024, 4096, 16384, 32768, 65536, 131072)

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from PIL import Image
 
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.slide import open_slide
 from wsi.synthetic.dicom import write_dicom_series
 

@@ -35,29 +35,24 @@ import logging
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from _feed_legacy import legacy_read
 from _machine import cpu_model
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _feed_legacy import legacy_read  # noqa: E402
-from embed_throughput import SLIDE_MPP, _slide_jobs, random_encoder  # noqa: E402
-
-from wsi.bags import BagProvenance, write_bag  # noqa: E402
-from wsi.pipelines.devices import resolve_device  # noqa: E402
-from wsi.pipelines.embed.batches import SlideTiles  # noqa: E402
-from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, decode_ahead  # noqa: E402
-from wsi.pipelines.embed.device_decode.tile_bytes import cell_table  # noqa: E402
-from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime  # noqa: E402  # noqa: E402
-from wsi.pipelines.embed.feed import iter_batches  # noqa: E402
+from embed_throughput import SLIDE_MPP, _slide_jobs, random_encoder
+from wsi.bags import BagProvenance, write_bag
+from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.embed.batches import SlideTiles
+from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, decode_ahead
+from wsi.pipelines.embed.device_decode.tile_bytes import cell_table
+from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime
+from wsi.pipelines.embed.feed import iter_batches
 
 log = logging.getLogger("embed_feed")
 READS = (

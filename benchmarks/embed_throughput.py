@@ -43,28 +43,23 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from wsi.files import atomic_path  # noqa: E402
-from wsi.models.encoders import ENCODERS, Encoder, build_encoder, get_recipe  # noqa: E402
-from wsi.models.encoders.encoder import build_backbone  # noqa: E402
-from wsi.pipelines.devices import resolve_device  # noqa: E402
-from wsi.pipelines.embed.batches import SlideTiles  # noqa: E402
-from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead  # noqa: E402
-from wsi.pipelines.embed.engine import (  # noqa: E402
+from wsi.files import atomic_path
+from wsi.models.encoders import ENCODERS, Encoder, build_encoder, get_recipe
+from wsi.models.encoders.encoder import build_backbone
+from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.embed.batches import SlideTiles
+from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead
+from wsi.pipelines.embed.engine import (
     EmbedOptions,
     Runtime,
     SlideJob,
@@ -74,10 +69,12 @@ from wsi.pipelines.embed.engine import (  # noqa: E402
     prepare_runtime,
     resolve_decode,
 )
-from wsi.pipelines.embed.feed import iter_batches  # noqa: E402
-from wsi.slide import open_slide  # noqa: E402
-from wsi.synthetic import write_sample_slide  # noqa: E402
-from wsi.tiling import make_grid  # noqa: E402
+from wsi.pipelines.embed.feed import iter_batches
+from wsi.slide import open_slide
+from wsi.synthetic import write_sample_slide
+from wsi.tiling import make_grid
+
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("embed_throughput")
 TILE_UM, TARGET_MPP, SLIDE_MPP = 256.0, 1.0, 0.46

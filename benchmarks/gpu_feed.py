@@ -24,9 +24,9 @@ Emit = Any
 
 def section_feed(plan: Any, emit: Emit) -> None:
     import torch
+
     from embed_feed import READS, time_device_steps, time_reads
     from embed_throughput import _slide_jobs
-
     from wsi.pipelines.embed.device_decode import RawSlideReader
 
     device = torch.device(plan.device)
@@ -69,6 +69,7 @@ def section_feed(plan: Any, emit: Emit) -> None:
 
 def section_decoders(plan: Any, emit: Emit) -> None:
     import torch
+
     from jpeg_codecs import run
 
     with tempfile.TemporaryDirectory(prefix="gpu-suite-decoders-") as tmp:
@@ -89,8 +90,8 @@ def section_long(plan: Any, emit: Emit) -> None:
     import argparse
 
     import torch
-    from embed_throughput import _options, _slide_jobs, measure_end2end, random_encoder
 
+    from embed_throughput import _options, _slide_jobs, measure_end2end, random_encoder
     from wsi.pipelines.embed.engine import prepare_runtime
 
     device = torch.device(plan.device)

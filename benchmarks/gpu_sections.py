@@ -21,11 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_feed import section_decoders, section_feed, section_long
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-for p in (str(HERE), str(ROOT)):  # the benchmark scripts import `_machine` and the repo's packages
-    if p not in sys.path:
-        sys.path.insert(0, p)
 
 log = logging.getLogger("gpu_suite")
 Emit = Callable[..., None]
@@ -140,6 +139,7 @@ def section_embed(plan: Plan, emit: Emit) -> None:
     the feed (read + decode) once. Tile counts follow each encoder's forward rate (about
     plan.embed_seconds / plan.end2end_seconds), at most plan.embed_tiles."""
     import torch
+
     from embed_throughput import (
         ENCODERS,
         _options,
@@ -150,7 +150,6 @@ def section_embed(plan: Plan, emit: Emit) -> None:
         peak_tflops,
         random_encoder,
     )  # fmt: skip
-
     from wsi.pipelines.embed.engine import prepare_runtime, resolve_decode
 
     logging.getLogger("wsi.models.encoders").setLevel(logging.ERROR)  # the random-init warning, on purpose
@@ -295,8 +294,6 @@ def section_train_epoch(plan: Plan, emit: Emit) -> None:
             emit("train-epoch", name, "s / epoch of 1,000 bags", "", "s",
                  f"failed: {res.get('error') or res.get('status')}"[:200], "")  # fmt: skip
 
-
-from gpu_feed import section_decoders, section_feed, section_long  # noqa: E402  (needs HERE on sys.path)
 
 # In run order: embed last, so the seconds the others leave unused go to the longest section.
 SECTIONS: dict[str, Callable[..., None]] = {

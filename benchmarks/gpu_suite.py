@@ -45,10 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from gpu_sections import EMBED_AIMS, EXTRA_SECTIONS, SECTIONS, SHARES, make_plan  # noqa: E402
+from gpu_sections import EMBED_AIMS, EXTRA_SECTIONS, SECTIONS, SHARES, make_plan
 
 ALL_SECTIONS = {**SECTIONS, **EXTRA_SECTIONS}
 
@@ -126,6 +123,7 @@ def budgets(total_s: float, sections: list[str], tests_s: float) -> dict[str, fl
 
 def device_info(smoke: bool) -> dict[str, str]:
     import torch
+
     from _machine import cpu_model
 
     cuda = torch.cuda.is_available() and not smoke

@@ -58,7 +58,6 @@ def _measure(cfg: dict[str, Any], out: mp.Queue) -> None:
     Always puts one result: status ok, oom, or "failed: <error>", so the parent never waits it out."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from wsi.models import build_model
 
     try:
@@ -178,7 +177,6 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sys.path.insert(0, str(ROOT))
     from wsi.files import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +209,6 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from wsi.models import available_attention
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

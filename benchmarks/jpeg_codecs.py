@@ -23,25 +23,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from embed_throughput import _slide_jobs  # noqa: E402
-
-from wsi.pipelines.embed.batches import SlideTiles  # noqa: E402
-from wsi.pipelines.embed.device_decode import RawSlideReader  # noqa: E402
-from wsi.pipelines.embed.device_decode.codecs import codec_status, get_codec, torchvision_decode  # noqa: E402
-from wsi.slide import open_slide  # noqa: E402
+from embed_throughput import _slide_jobs
+from wsi.pipelines.embed.batches import SlideTiles
+from wsi.pipelines.embed.device_decode import RawSlideReader
+from wsi.pipelines.embed.device_decode.codecs import codec_status, get_codec, torchvision_decode
+from wsi.slide import open_slide
 
 log = logging.getLogger("jpeg_codecs")
 Row = dict[str, Any]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,12 +37,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks._machine import cpu_model  # noqa: E402
-from benchmarks.mil_data import (  # noqa: E402
+from _machine import cpu_model
+from mil_data import (
     DataPackageMissing,
     MILCohort,
     load_public,

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.slide import open_slide
 from wsi.sources import find_slides

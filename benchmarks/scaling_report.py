@@ -4,11 +4,8 @@ there): rows in, files and markdown out."""
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from wsi.files import atomic_path
 

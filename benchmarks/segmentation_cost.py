@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.models.segmentation import SEGMENTERS, load_segmenter
 from wsi.pipelines.devices import resolve_device
 

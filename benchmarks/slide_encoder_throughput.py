@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 #: `titan:tiny`: TITAN's code with a small config, for 100,000 tiles on a CPU
 TITAN_TINY = {"dim": 64, "depth": 1, "heads": 4, "pool_heads": 4}
 
@@ -108,7 +106,6 @@ def main() -> None:
     parser.add_argument("--one-pass", action="store_true", help="Score the whole bag at once (no chunks).")
     args = parser.parse_args()
     from _machine import cpu_model
-
     from wsi.models.slide_encoders import CHUNK_TILES, SLIDE_ENCODERS
 
     # the published TITAN takes hours at 100,000 tiles on a CPU: by default its tiny config stands in

@@ -49,13 +49,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks._machine import cpu_model  # noqa: E402
-from benchmarks.mil_data import DataPackageMissing, MILCohort, load_public, synthetic_cohort, write_cohort  # noqa: E402
-from benchmarks.paired_stats import PairedCI, corrected_ci, paired_ci  # noqa: E402
+from _machine import cpu_model
+from mil_data import DataPackageMissing, MILCohort, load_public, synthetic_cohort, write_cohort
+from paired_stats import PairedCI, corrected_ci, paired_ci
 
 log = logging.getLogger("small_cohort")
 

@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.artifacts import ArtifactParams
 from wsi.pipelines.jobs import JobResult, run_jobs, start_local_cluster
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides

@@ -21,16 +21,12 @@ import argparse
 import itertools
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.mil_data import MILCohort, load_public, public_sets_available, synthetic_cohort  # noqa: E402
+from mil_data import MILCohort, load_public, public_sets_available, synthetic_cohort
 
 log = logging.getLogger("train_overhead")
 CLASSES = ("negative", "positive")
@@ -110,7 +106,7 @@ def time_plain(run_dir: Path, cohort: MILCohort, *, epochs: int) -> float:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     import torch
 
-    from benchmarks.mil_data import write_cohort
+    from mil_data import write_cohort
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bags", type=int, default=92)

@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from wsi.files import write_text_atomic
 
-from wsi.files import write_text_atomic  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("train_throughput")
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args_in = sys.argv[1:] if argv is None else argv
     if "--small-bags" in args_in:  # the loop's own overhead: benchmarks/train_overhead.py
-        from benchmarks.train_overhead import main as overhead
+        from train_overhead import main as overhead
 
         overhead([a for a in args_in if a != "--small-bags"])
         return

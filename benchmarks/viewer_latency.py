@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 
+from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.synthetic import write_sample_slide
 from wsi.view import make_server
 from wsi.view.dzi import OVERLAP, TILE_SIZE

@@ -9,23 +9,17 @@ ink-free tissue tiles rejected as any artifact), whose docs say how the truth is
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+import artifact_accuracy as bench
 from wsi.artifacts import INK, ArtifactParams, find_artifacts, tile_ink_share
 from wsi.artifacts.colour import median_margin, optical_density, red_od_ratio
 from wsi.tile_params import TileParams
 from wsi.tissue import tissue_mask
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "benchmarks") not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO / "benchmarks"))
-
-import artifact_accuracy as bench  # noqa: E402
 
 PARAMS = TileParams(tile_px=64)
 #: Macenko et al.'s reference H&E optical-density vectors (torchstain, staintools: models/stain.py)

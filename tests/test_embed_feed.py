@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from _feed_legacy import LegacyBatch, as_raw_batch, legacy_read
 from wsi.pipelines.embed.batches import RawBatch, SlideTiles
 from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, complete_jpeg, tile_bytes
 from wsi.pipelines.embed.device_decode.jpeg import SOI
@@ -25,12 +25,6 @@ from wsi.pipelines.embed.device_decode.tile_bytes import (
     stream_header,
 )
 from wsi.region import RegionKind, plan_region, plan_regions
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "benchmarks") not in sys.path:  # benchmarks/ is a folder of scripts, not a package
-    sys.path.insert(0, str(REPO / "benchmarks"))
-
-from _feed_legacy import LegacyBatch, as_raw_batch, legacy_read  # noqa: E402
 
 APERIO = "CMU-1-Small-Region.svs"
 

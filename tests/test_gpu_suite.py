@@ -7,17 +7,14 @@ from __future__ import annotations
 import argparse
 import csv
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
+from gpu_sections import SECTIONS, junit_rows
+from gpu_suite import END, START, aims, budgets, main, replace_marked, run_section
 
-from benchmarks.gpu_sections import SECTIONS, junit_rows  # noqa: E402
-from benchmarks.gpu_suite import END, START, aims, budgets, main, replace_marked, run_section  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
 <testcase classname="tests.test_gpu_decode" name="test_nvjpeg_tiles_equal_the_cpu_decode" time="1.0"/>

@@ -4,16 +4,11 @@ the test folds of every seed, each model sees the same folds, and the table repo
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.mil_benchmarks import main  # noqa: E402
+from mil_benchmarks import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

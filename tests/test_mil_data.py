@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.mil_data import (  # noqa: E402
+from mil_data import (
     MILCohort,
     feature_stats,
     load_public,

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.paired_stats import corrected_ci, paired_ci  # noqa: E402
-from benchmarks.small_cohort import COLUMNS, main, summarise, table, task_yaml  # noqa: E402
+from paired_stats import corrected_ci, paired_ci
+from small_cohort import COLUMNS, main, summarise, table, task_yaml
 
 
 def test_paired_ci_is_t_over_seed_means_not_over_folds() -> None:

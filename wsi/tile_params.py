@@ -6,7 +6,7 @@ without loading the imaging stack."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -84,6 +84,12 @@ ARTIFACT_DESCRIPTIONS = {
     "dust": "dust islands: small specks of 'tissue' far from any real tissue",
 }
 
+#: the published segmentation networks the tile stage runs by name (`wsi tile --tissue-model`,
+#: `--artifact-model`); wsi.models.segmentation builds them, and refuses to import when its registry
+#: and these names differ (a network added there is added here, or the CLI would not offer it)
+TissueModel = Literal["grandqc-tissue", "hest-tissue"]
+ArtifactModel = Literal["grandqc-artifact", "grandqc-artifact-mpp15", "grandqc-artifact-mpp2"]
+
 
 @config_model
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class ArtifactParams:
     alone. Colours in HSV: hue in degrees, saturation and value in [0, 1]; sizes in micrometres."""
 
     filters: tuple[str, ...] = setting(
-        ARTIFACT_FILTERS, help="Artifact filters that run (ink, fold, bubble, border, dust)."
+        ARTIFACT_FILTERS, help=f"Artifact filters that run ({', '.join(ARTIFACT_FILTERS)})."
     )
     max_ink_fraction: float = setting(
         0.1,

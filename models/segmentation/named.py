@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from torch import nn
 from wsi.errors import ConfigError
 from wsi.registry import Registry
 from wsi.storage.hf import hub_weights
+from wsi.tile_params import ArtifactModel, TissueModel
 
 SegKind = Literal["tissue", "artifact"]
 StateDict = dict[str, torch.Tensor]
@@ -178,6 +179,26 @@ _register(
 )  # fmt: skip
 
 
+def segmenter_names(kind: SegKind) -> list[str]:
+    """The registered networks of one kind."""
+    return [n for n in SEGMENTERS.names() if SEGMENTERS.get(n).kind == kind]
+
+
+def _check_declared(kind: SegKind, declared: object) -> None:
+    """The tile stage's options name the networks by type (wsi.tile_params, so that `wsi tile --help`
+    lists them without importing torch): a network registered here and not there could not be asked for."""
+    names = sorted(str(n) for n in get_args(declared))
+    if segmenter_names(kind) != names:
+        raise ImportError(
+            f"{kind} networks registered ({segmenter_names(kind)}) differ from wsi.tile_params's "
+            f"({names}): name a new network in both"
+        )
+
+
+_check_declared("tissue", TissueModel)
+_check_declared("artifact", ArtifactModel)
+
+
 def segmenter_weights(name: str, kind: SegKind, weights: str | os.PathLike[str] | None) -> Path:
     """The local weights file of `name`: as given, a URL's local copy, `hf:ORG/REPO[/FILE]`, or, when none
     is given, its published state dict found in the Hugging Face cache (offline; `wsi.storage.hf`)."""
@@ -196,7 +217,7 @@ def segmenter_weights(name: str, kind: SegKind, weights: str | os.PathLike[str] 
 def segmenter_spec(name: str, kind: SegKind) -> SegmenterSpec:
     """The spec of `name`, which must be a `kind` model (a tissue model is no artifact model)."""
     if name not in SEGMENTERS:
-        known = ", ".join(n for n in SEGMENTERS.names() if SEGMENTERS.get(n).kind == kind)
+        known = ", ".join(segmenter_names(kind))
         raise ConfigError(f"unknown {kind} model {name!r}; known: {known}")
     spec = SEGMENTERS.get(name)
     if spec.kind != kind:
@@ -211,6 +232,7 @@ __all__ = [
     "SEGMENTERS",
     "SegKind",
     "SegmenterSpec",
+    "segmenter_names",
     "segmenter_spec",
     "segmenter_weights",
 ]

@@ -12,7 +12,7 @@ Public API:
       .choices() -> tuple[EncoderChoice, ...]     the encoders of this run, in order
   EncoderChoice(name, weights=None, expected_sha256=None, input_px=None)   one encoder of a run
   default_readers() -> int          reader processes: every core but one, 1 to 16
-  PRECISIONS, DTYPES, DECODES, STAIN_NORMS    the allowed values of precision, dtype, decode, stain_norm
+  PRECISIONS, DTYPES, DECODES, STAIN_NORMS, READER_MODES   the allowed values (from the field types)
   CPU_BATCH                         tiles per pass on a CPU when batch_size is "auto" (the old default)
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
@@ -28,10 +28,16 @@ from wsi.config import config_model, setting
 from wsi.errors import ConfigError
 
 Precision = Literal["bf16", "fp16", "fp32"]
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
-DTYPES: tuple[str, ...] = ("float16", "float32")
-DECODES: tuple[str, ...] = ("cpu", "device", "auto")
-STAIN_NORMS: tuple[str, ...] = ("macenko", "reinhard")
+Dtype = Literal["float16", "float32"]
+Decode = Literal["cpu", "device", "auto"]
+StainNorm = Literal["macenko", "reinhard"]
+ReaderMode = Literal["process", "thread"]
+# the allowed values, as the types above declare them (the CLI's choices come from the same types)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+DECODES: tuple[str, ...] = get_args(Decode)
+STAIN_NORMS: tuple[str, ...] = get_args(StainNorm)
+READER_MODES: tuple[str, ...] = get_args(ReaderMode)
 CPU_BATCH = 128  # batch_size "auto" off CUDA: what `wsi embed` always used
 MAX_INPUT_PX = 4096  # a network input side (ViTs take 224-518)
 _InputPx = Annotated[int, Field(ge=16, le=MAX_INPUT_PX)]
@@ -80,9 +86,8 @@ class EmbedOptions:
     )  # fmt: skip
     # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
     encoders: tuple[EncoderChoice, ...] = ()
-    device: str | None = setting(
-        None, default_text="cuda when available", help="Device: cuda, cuda:1 or cpu."
-    )
+    #: `pipelines.devices.resolve_device`; with --gpus, auto or cuda (the GPUs are chosen for it)
+    device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     precision: Precision = setting(
         "bf16", help="Autocast precision on CUDA (the CPU always runs fp32)."
     )
@@ -102,10 +107,10 @@ class EmbedOptions:
         default_factory=lambda: default_readers(), ge=0, le=256, default_text="cores - 1, 1 to 16",
         help="Background readers; 0 reads inline.",
     )  # fmt: skip
-    reader_mode: Literal["process", "thread"] = setting(
+    reader_mode: ReaderMode = setting(
         "process", help="Readers as processes (fastest) or threads (when /dev/shm is small)."
     )
-    dtype: Literal["float16", "float32"] = setting(
+    dtype: Dtype = setting(
         "float16", help="Storage type of the features (float32 when beyond float16's range)."
     )
     max_bad_tiles: float = setting(
@@ -115,13 +120,13 @@ class EmbedOptions:
         True, help="Read tiles from the --save-tiles zarr cache when it is complete (--no-cache: the slides)."
     )
     overwrite: bool = setting(False, help="Redo bags that are already complete.")
-    decode: Literal["cpu", "device", "auto"] = setting(
+    decode: Decode = setting(
         "auto",
         help="Where JPEG tiles are decoded and resized: device (nvjpeg on CUDA; readers only slice the "
         "compressed tiles out of the file), cpu (openslide/tiffslide in the readers), auto (device on "
         "CUDA for JPEG TIFFs).",
     )
-    stain_norm: Literal["macenko", "reinhard"] | None = setting(
+    stain_norm: StainNorm | None = setting(
         None, default_text="none",
         help="Stain-normalise tiles on the device before the encoders (recorded in every bag).",
     )  # fmt: skip
@@ -139,20 +144,18 @@ class EmbedOptions:
 
     def __post_init__(self) -> None:
         """Value checks for direct construction too (parse_config also checks the types)."""
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision!r} unknown; choose bf16, fp16 or fp32")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {self.dtype!r} unknown; choose float16 or float32")
-        if self.reader_mode not in ("process", "thread"):
-            raise ConfigError(f"--reader-mode {self.reader_mode!r} unknown; choose process or thread")
-        if self.decode not in DECODES:
-            raise ConfigError(f"--decode {self.decode!r} unknown; choose cpu, device or auto")
+        checks = (("--precision", self.precision, PRECISIONS), ("--dtype", self.dtype, DTYPES),
+                  ("--reader-mode", self.reader_mode, READER_MODES),
+                  ("--decode", self.decode, DECODES))  # fmt: skip
+        for option, value, allowed in checks:
+            if value not in allowed:
+                raise ConfigError(f"{option} {value!r} unknown; choose {', '.join(allowed)}")
         if (self.batch_size != "auto" and self.batch_size < 1) or self.readers < 0:
             raise ConfigError(f"--batch-size ({self.batch_size}) must be >= 1 or auto, and --readers >= 0")
         if self.stain_norm is not None and self.stain_norm not in STAIN_NORMS:
-            raise ConfigError(f"--stain-norm {self.stain_norm!r} unknown; choose macenko or reinhard")
+            raise ConfigError(f"--stain-norm {self.stain_norm!r} unknown; choose {', '.join(STAIN_NORMS)}")
         if self.stain_reference is not None and self.stain_norm is None:
-            raise ConfigError("--stain-reference needs --stain-norm macenko|reinhard")
+            raise ConfigError(f"--stain-reference needs --stain-norm {'|'.join(STAIN_NORMS)}")
         if self.encoders:
             single = (self.encoder, self.weights, self.expected_sha256, self.input_px)
             if single != (EmbedOptions.encoder, None, None, None):

@@ -71,7 +71,7 @@ def embed_raw_slides(
     precision = _PRECISIONS.get(str(prov.get("precision")), "bf16")  # bags of other tools: the default
     options = EmbedOptions(
         encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
-        expected_sha256=None if random_init else sha, device=None if device == "auto" else device,
+        expected_sha256=None if random_init else sha, device=device,
         input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
     )  # fmt: skip
     sources = find_slides(inputs)

@@ -1,6 +1,6 @@
-"""The tiling run's settings (how to read and schedule), beside `wsi.tiling.TileParams` (which tiles to
-keep, stored in every tile file). `wsi tile` builds its options from both, so each default, range and
-help text is written once, here or there."""
+"""The tiling run's settings (how to read and schedule; which segmentation networks run), beside
+`wsi.tile_params.TileParams` (which tiles to keep, stored in every tile file). `wsi tile` builds its
+options from all three, so each default, range, choice and help text is written once, here or there."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Literal
 
 from wsi.config import MAX_MPP, config_model, setting
+from wsi.errors import ConfigError
+from wsi.tile_params import ArtifactModel, TissueModel
 from wsi.work_bounds import MAX_READ_PX
 
 Backend = Literal["openslide", "tiffslide"]
@@ -78,3 +80,54 @@ class TileOptions:
     @property
     def max_read_px(self) -> int:
         return int(self.max_read_gpx * 1e9)
+
+
+@config_model
+@dataclass(frozen=True)
+class SegmentationOptions:
+    """Which networks the tile stage runs (`wsi.pipelines.tile.segment`; picklable: sent to each worker
+    with the job). Not TileParams fields: they name files, whose sha256 the tile file records."""
+
+    tissue_model: TissueModel | None = setting(
+        None,
+        help="Tissue mask from this network (GrandQC's at 10 um/px, HEST's at 1 um/px) instead of saturation "
+        "+ Otsu; its weights from --tissue-weights, else the Hugging Face cache.",
+    )
+    #: the CLI turns hf:ORG/REPO, a URL or nothing into the local file before building these options
+    #: (`wsi.models.segmentation.named.segmenter_weights`)
+    tissue_weights: Path | None = setting(
+        None, default_text="the file `hf download MahmoodLab/hest-tissue-seg FILE` put in the cache",
+        help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt, or "
+        "hf:ORG/REPO.",
+    )  # fmt: skip
+    artifact_model: ArtifactModel | None = setting(
+        None,
+        help="Reject tiles covered by GrandQC's artifacts (fold, dark spot, pen, edge and air bubble, out of "
+        "focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights but at 1 um/px (then the "
+        "Hugging Face cache).",
+    )
+    artifact_weights: Path | None = setting(
+        None,
+        help="Its weights as a state dict (TRIDENT's GrandQC_MPP1_state_dict.pth); GrandQC's own .pth files "
+        "are pickled models and are refused.",
+    )  # fmt: skip
+    #: any class but tissue and background is artifact
+    max_artifact_fraction: float = setting(
+        0.25, ge=0, le=1,
+        help="Reject a tile when more than this share of it is artifact (with --artifact-model).",
+    )  # fmt: skip
+    #: `pipelines.devices.resolve_device`
+    device: str = setting(
+        "auto",
+        help="Where the segmentation networks run: auto (CUDA, MPS, else CPU), cpu, cuda, cuda:N, mps."
+    )
+
+    def __post_init__(self) -> None:
+        for what in ("tissue", "artifact"):
+            name, weights = getattr(self, f"{what}_model"), getattr(self, f"{what}_weights")
+            if (name is None) != (weights is None):
+                raise ConfigError(f"--{what}-model and --{what}-weights go together; give both or neither")
+
+    @property
+    def active(self) -> bool:
+        return self.tissue_model is not None or self.artifact_model is not None

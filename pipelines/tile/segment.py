@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -26,6 +25,7 @@ import numpy as np
 from wsi.blur import min_rgb
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
+from wsi.pipelines.tile.config import SegmentationOptions
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
 from wsi.tile_meta import SegmentationModels, SegmentationRecord, TileFileMeta
@@ -41,32 +41,6 @@ log = logging.getLogger(__name__)
 ARTIFACT_BASE = 16
 #: windows read and segmented per batch
 _WINDOWS_PER_BATCH = 4
-
-
-@dataclass(frozen=True)
-class SegmentationOptions:
-    """Which networks the tile stage runs (picklable: sent to each worker with the job)."""
-
-    tissue_model: str | None = None
-    tissue_weights: Path | None = None
-    artifact_model: str | None = None
-    artifact_weights: Path | None = None
-    #: reject a tile when more than this share of it is artifact (any class but tissue and background)
-    max_artifact_fraction: float = 0.25
-    #: "auto": CUDA, then MPS, then CPU (`pipelines.devices.resolve_device`)
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        for what in ("tissue", "artifact"):
-            name, weights = getattr(self, f"{what}_model"), getattr(self, f"{what}_weights")
-            if (name is None) != (weights is None):
-                raise ConfigError(f"--{what}-model and --{what}-weights go together; give both or neither")
-        if not 0.0 <= self.max_artifact_fraction <= 1.0:
-            raise ConfigError(f"--max-artifact must be in [0, 1], got {self.max_artifact_fraction}")
-
-    @property
-    def active(self) -> bool:
-        return self.tissue_model is not None or self.artifact_model is not None
 
 
 @functools.lru_cache(maxsize=4)

@@ -10,6 +10,9 @@ Every number an option takes has a range on both sides and is finite: `FiniteFlo
 `nan` and `inf` (click's FloatRange lets NaN through: every comparison with it is false), and
 `field_type(Model, "path")` gives an option that no config model owns the range of the field it sets
 (`wsi train --seed` takes TaskConfig.seed's). tests/test_hostile_numbers.py checks every command.
+
+A `Literal` field is a choice of its values; a `tuple[X, ...]` field a repeatable option; a bool field a
+switch, `--x` (or `--x/--no-x` when on by default), or the flags given as `"--on/--off"`.
 """
 
 from __future__ import annotations
@@ -111,18 +114,21 @@ def model_default(model: type, path: str) -> Any:
     return None
 
 
-def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool]:
-    """(click type, is a flag) for a field type; Optional[X] is X with default None."""
+def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool, bool]:
+    """(click type, is a flag, repeatable) for a field type; Optional[X] is X with default None, and
+    tuple[X, ...] is X given once per value."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
         hint = args[0]
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _click_type(args[0], meta)[0], False, True
     if hint is bool:
-        return bool, True
+        return bool, True, False
     if typing.get_origin(hint) is Literal:
-        return click.Choice([str(a) for a in typing.get_args(hint)]), False
+        return click.Choice([str(a) for a in typing.get_args(hint)]), False, False
     if hint in (int, float):
-        return number_type(hint, meta), False
-    return str, False
+        return number_type(hint, meta), False, False
+    return str, False, False
 
 
 def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType:
@@ -141,7 +147,7 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     meta = f.metadata
     if "description" not in meta:
         raise TypeError(f"{model.__name__}.{path} has no help text: declare it with wsi.config.setting")
-    kind, is_flag = _click_type(hint, meta)
+    kind, is_flag, multiple = _click_type(hint, meta)
     extra = meta.get("json_schema_extra", {})
     if extra.get("choices") is not None:
         kind = RegistryChoice(extra["choices"])
@@ -154,17 +160,19 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     help_text = meta["description"] + (f" [default: {default_text}]" if default_text else "")
     param = "_cfg_" + path.replace(".", "__")
     if is_flag:
-        # a switch that is on by default is turned off by --no-x; one that is None by default (left to
-        # something else, a task's own value) is three-way: --x, --no-x, or neither (None)
-        pair = [f"{flag}/--no-{flag.removeprefix('--')}", param]
-        decls = pair if default or default is None else [flag, param]
+        # a switch that is on by default is turned off by --no-x (or the off flag given: "--x/--no-y");
+        # one that is None by default (left to something else, a task's own value) is three-way: --x,
+        # --no-x, or neither (None)
+        both = "/" in flag or not (default or default is None)
+        on_off = flag if both else f"{flag}/--no-{flag.removeprefix('--')}"
+        decls = [on_off, param]
         return click.option(
             *decls, cls=ConfigOption, model=model, path=path, is_flag=True,
             default=None if default is None else bool(default), show_default=bool(default), help=help_text,
         )  # fmt: skip
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     return click.option(
-        flag, param, cls=ConfigOption, model=model, path=path, type=kind, default=default,
+        flag, param, cls=ConfigOption, model=model, path=path, type=kind, default=default, multiple=multiple,
         show_default=default is not None, required=required, help=help_text,
     )  # fmt: skip
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import user_errors
-from wsi.cli._options import FiniteFloatRange, config_options
-from wsi.config import MAX_MPP
+from wsi.cli._options import config_options, field_type
 from wsi.pipelines.tile.config import TileOptions
 
 
@@ -29,7 +28,7 @@ Exit status 1 when a bag is one wsi train and predict refuse (its `usable` line 
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
     "--mpp",
-    type=FiniteFloatRange(min=0, max=MAX_MPP, min_open=True),
+    type=field_type(TileOptions, "mpp"),  # the range of a slide's mpp
     default=None,
     help="Level-0 um/px: for CLAM/TRIDENT bags (their coordinates are in pixels), or a slide without one.",
 )

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import click
 
 from wsi.cli._common import user_errors
-from wsi.cli._options import FiniteFloatRange
-from wsi.config import MAX_SEED
+from wsi.cli._options import config_options
+from wsi.synthetic.scene import CohortSettings
 
-MAX_SLIDES = 10_000
-MAX_SIDE_UM = 100_000.0  # 10 cm: beyond any glass slide (75 x 25 mm)
+# option -> CohortSettings field: defaults, ranges, choices and help come from the fields (synthetic/scene.py)
+COHORT_FLAGS = {
+    "--n": "n", "--size-um": "size_um", "--mpp": "mpp", "--style": "styles", "--texture": "texture",
+    "--seed": "seed", "--prefix": "prefix", "--tile-px": "tile_px", "--with-mpp/--no-mpp": "write_mpp",
+}  # fmt: skip
 
 
 @click.command(
@@ -26,48 +30,23 @@ Examples:
 """,
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the slides (created); also gets slides.json describing each one.")
-@click.option("--n", "n", default=4, show_default=True, type=click.IntRange(1, MAX_SLIDES),
-              help="Number of slides.")
-@click.option("--size-um", "size_um", default=1500.0, show_default=True,
-              type=FiniteFloatRange(1.0, MAX_SIDE_UM),
-              help="Side of each (square) slide in micrometres.")
-@click.option("--mpp", default=0.5, show_default=True, type=FiniteFloatRange(min=0.01, max=50.0),
-              help="Level-0 resolution in um/px written into the slides.")
-@click.option("--style", "styles", multiple=True, type=click.Choice(["a", "b"]),
-              help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, "
-                   "lilac. Repeat to alternate. [default: a]")
-@click.option("--texture", default="procedural", show_default=True,
-              type=click.Choice(["procedural", "real", "auto"]),
-              help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED - MAX_SLIDES),
-              help="Seed of slide 0 (+1 per slide).")
-@click.option("--prefix", default="sample", show_default=True, help="File names are PREFIX-NNN.svs.")
-@click.option("--tile-px", default=256, show_default=True, type=click.IntRange(16, 4096),
-              help="TIFF tile size in pixels (a multiple of 16).")
-@click.option("--no-mpp", "no_mpp", is_flag=True, help="Write no resolution metadata (to test --mpp).")
+              help="Folder for the slides (created); also gets slides.json describing each one.")  # fmt: skip
+@config_options(CohortSettings, COHORT_FLAGS, into="cohort")
 @user_errors
-def command(
-    out_dir: Path, n: int, size_um: float, mpp: float, styles: tuple[str, ...], texture: str, seed: int,
-    prefix: str, tile_px: int, no_mpp: bool,
-) -> None:
+def command(out_dir: Path, cohort: dict[str, Any]) -> None:
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
+    from wsi.config import parse_config
     from wsi.errors import ConfigError
-    from wsi.synthetic import Style, Texture, write_sample_cohort
+    from wsi.synthetic import write_sample_cohort
 
-    if tile_px % 16:
-        raise ConfigError(f"--tile-px {tile_px} must be a multiple of 16 (a TIFF rule)")
+    settings = parse_config(CohortSettings, cohort, source="wsi make-slides options")  # ConfigError: exit 2
     try:
-        slides = write_sample_cohort(
-            out_dir, n=n, size_um=size_um, mpp=mpp, styles=cast("tuple[Style, ...]", styles or ("a",)),
-            texture=cast(Texture, texture),
-            seed=seed, prefix=prefix, tile_px=tile_px, write_mpp=not no_mpp, progress=n > 1,
-        )
+        slides = write_sample_cohort(out_dir, **dataclasses.asdict(settings), progress=settings.n > 1)
     except FileNotFoundError as exc:  # --texture real without the source slide
         raise ConfigError(f"--texture real: {exc}") from None
     s = slides[0]
     click.echo(
-        f"wrote {len(slides)} slide(s) of {s.width_px}x{s.height_px} px at {mpp} um/px "
+        f"wrote {len(slides)} slide(s) of {s.width_px}x{s.height_px} px at {settings.mpp} um/px "
         f"({s.texture} texture) to {out_dir}; scenes in {out_dir / 'slides.json'}"
     )

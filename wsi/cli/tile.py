@@ -10,10 +10,9 @@ import click
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, EXIT_USAGE, ensure_writable_dir, user_errors
 from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
-from wsi.cli._tile_models import model_options, segmentation_from
-from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.config import SegmentationOptions, TileOptions
 from wsi.storage import Url
-from wsi.tile_params import ARTIFACT_FILTERS, TileParams
+from wsi.tile_params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -28,17 +27,18 @@ TILE_OPTION_FLAGS = {
     "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override", "--review": "review",
     "--max-read-gpx": "max_read_gpx",
 }  # fmt: skip
+SEGMENTATION_FLAGS = {
+    "--tissue-model": "tissue_model", "--tissue-weights": "tissue_weights",
+    "--artifact-model": "artifact_model", "--artifact-weights": "artifact_weights",
+    "--max-artifact": "max_artifact_fraction", "--device": "device",
+}  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
 #: slides named one per line in the summary for a filter that removed much tissue (the rest: manifest)
 _MAX_LISTED = 20
 
 
-
-@click.command(
-    "tile",
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog="""\b
+_EPILOG = """\b
 Examples:
   wsi tile slides/ --out run/                      # every slide in a folder, 256 um at 1.0 um/px
   wsi tile a.svs b.ndpi --out run/ --tile-um 224 --tile-px 224
@@ -73,11 +73,7 @@ Output (under --out):
 
 \b
 Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
-  ink      marker ink (green, blue, black, red); DAB brown and haematoxylin are not ink
-  fold     tissue folds: tissue far darker than the slide's own tissue
-  bubble   air-bubble rims and coverslip edges: long thin grey lines
-  border   out-of-scan borders: flat near-black fill reaching the image edge
-  dust     dust islands: small specks of "tissue" far from any real tissue
+""" + "".join(f"  {name:<8} {ARTIFACT_DESCRIPTIONS[name]}\n" for name in ARTIFACT_FILTERS) + """\
 Thresholds: TileParams.artifacts (wsi.artifacts.ArtifactParams), saved in each tile file.
 A filter (or blur) that removes over 5% of a slide's tissue tiles is named with its share in
 the note and the summary: look at qc/<slide_id>.png before trusting the slide's bag.
@@ -103,7 +99,11 @@ Fluorescence and other dark-background slides are detected and tiled with filter
 Exit code: 0 all slides done (or skipped as already done), 1 some slides failed or kept no tile
 (see the manifest), 2 a usage error (nothing ran). Re-running skips finished slides; --overwrite
 redoes them (and replaces the tiles of another slide with the same id).
-""",
+"""
+
+
+@click.command(
+    "tile", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=_EPILOG
 )
 @click.argument("paths", nargs=-1, required=True, type=PathOrUrl())
 @click.option(
@@ -119,7 +119,7 @@ redoes them (and replaces the tiles of another slide with the same id).
     type=click.Choice(list(ARTIFACT_FILTERS)),
     help="Turn an artifact filter off (repeat for several): " + ", ".join(ARTIFACT_FILTERS) + ".",
 )
-@model_options()
+@config_options(SegmentationOptions, SEGMENTATION_FLAGS, into="networks")
 @user_errors
 def command(
     paths: tuple[Path | Url, ...],
@@ -127,12 +127,7 @@ def command(
     tiling: dict[str, Any],
     run: dict[str, Any],
     no_filter: tuple[str, ...],
-    tissue_model: str | None,
-    tissue_weights: Path | None,
-    artifact_model: str | None,
-    artifact_weights: Path | None,
-    max_artifact: float,
-    device: str,
+    networks: dict[str, Any],
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
 
@@ -161,9 +156,10 @@ def command(
     if options.mpp_override and options.mpp is None:
         click.echo("Error: --mpp-override needs --mpp (the value to use for every slide)", err=True)
         raise SystemExit(EXIT_USAGE)
-    segmentation = segmentation_from(  # ConfigError (a model without weights): exit 2
-        tissue_model, tissue_weights, artifact_model, artifact_weights, max_artifact, device
-    )
+    for kind in ("tissue", "artifact"):  # the local weights file, the same for every worker
+        networks[f"{kind}_weights"] = _located(networks[f"{kind}_model"], networks[f"{kind}_weights"], kind)
+    # ConfigError (a model without weights): exit 2
+    segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
     from wsi.pipelines.jobs import RunSummary
@@ -194,3 +190,13 @@ def command(
         click.echo(f"  ... and {len(heavy) - _MAX_LISTED} more slides (manifest note column)", err=True)
     if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
+
+
+def _located(model: str | None, weights: str | None, kind: str) -> str | None:
+    """--*-weights as given; left out (or hf:ORG/REPO) for a model: its file in the Hugging Face cache
+    (offline; `segmenter_weights`)."""
+    if model is None or (weights is not None and not weights.startswith("hf:")):
+        return str(Path(weights).absolute()) if weights else weights
+    from wsi.models.segmentation.named import segmenter_weights
+
+    return str(segmenter_weights(model, kind, weights).absolute())  # type: ignore[arg-type]

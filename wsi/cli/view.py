@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,6 +13,10 @@ from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import TileOptions
 from wsi.storage import Url
+from wsi.view.server import ViewOptions
+
+# option -> ViewOptions field: defaults, ranges and help come from the fields (wsi/view/server.py)
+VIEW_FLAGS = {"--host": "host", "--port": "port", "--server-threads": "server_threads"}
 
 log = logging.getLogger(__name__)
 
@@ -29,30 +34,27 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
 """,
 )
 @click.argument("folder", type=PathOrUrl(file_okay=False))
-@click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (local only by default)."
-)
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one)."
-)
-@click.option("--server-threads", type=click.IntRange(1, 64), default=8, show_default=True,
-              help="Threads answering requests (tiles are read in parallel).")  # fmt: skip
+@config_options(ViewOptions, VIEW_FLAGS, into="serving")
 @config_options(TileOptions, {"--backend": "backend"}, into="reading")
 @user_errors
-def command(folder: Path | Url, host: str, port: int, server_threads: int, reading: dict[str, str]) -> None:
+def command(folder: Path | Url, serving: dict[str, Any], reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
+    from wsi.config import parse_config
     from wsi.errors import ConfigError
     from wsi.storage import local_folder
     from wsi.view import make_server
 
     folder = local_folder(folder)  # a URL: the folder pulled here; its slides are read from their URLs
+    options = parse_config(ViewOptions, serving, source="wsi view options")
+    host, port = options.host, options.port
 
     if not folder.is_dir():
         raise ConfigError(
             f"{folder}: no such folder; give a `wsi predict`, `wsi train` or `wsi tile` output folder"
         )
     try:
-        server = make_server(folder, host=host, port=port, backend=reading["backend"], workers=server_threads)
+        server = make_server(folder, host=host, port=port, backend=reading["backend"],
+                             workers=options.server_threads)  # fmt: skip
     except OSError as exc:
         raise ConfigError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port"

@@ -14,10 +14,46 @@ from typing import Literal
 
 import numpy as np
 
+from wsi.config import MAX_SEED, config_model, setting
+from wsi.errors import ConfigError
+
 Box = tuple[float, float, float, float]  # (x0_um, y0_um, x1_um, y1_um), half-open
 Style = Literal["a", "b"]  # two tissue classes (see wsi.synthetic.texture)
 Texture = Literal["procedural", "real", "auto"]
 Stain = Literal["he", "fluorescence"]  # brightfield H&E, or a dark-background fluorescence scan
+#: a cohort: at most this many slides; a side at most 10 cm, beyond any glass slide (75 x 25 mm)
+MAX_SLIDES, MAX_SIDE_UM = 10_000, 100_000.0
+
+
+@config_model
+@dataclass(frozen=True)
+class CohortSettings:
+    """What `wsi make-slides` writes: `write_sample_cohort`'s settings, whose defaults are these."""
+
+    n: int = setting(4, ge=1, le=MAX_SLIDES, help="Number of slides.")
+    size_um: float = setting(
+        1500.0, ge=1.0, le=MAX_SIDE_UM, help="Side of each (square) slide in micrometres."
+    )
+    mpp: float = setting(0.5, ge=0.01, le=50.0, help="Level-0 resolution in um/px written into the slides.")
+    styles: tuple[Style, ...] = setting(
+        ("a",),
+        help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, lilac. "
+        "Repeat to alternate.",
+    )
+    texture: Texture = setting(
+        "procedural",
+        help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.",
+    )
+    seed: int = setting(0, ge=0, le=MAX_SEED - MAX_SLIDES, help="Seed of slide 0 (+1 per slide).")
+    prefix: str = setting("sample", help="File names are PREFIX-NNN.svs.")
+    tile_px: int = setting(256, ge=16, le=4096, help="TIFF tile size in pixels (a multiple of 16).")
+    write_mpp: bool = setting(True, help="Write resolution metadata (--no-mpp: none, to test --mpp).")
+
+    def __post_init__(self) -> None:
+        if self.tile_px % 16:
+            raise ConfigError(f"--tile-px {self.tile_px} must be a multiple of 16 (a TIFF rule)")
+        if not self.styles:
+            raise ConfigError("give at least one --style (a or b)")
 
 
 def as_box(values: Iterable[float]) -> Box:

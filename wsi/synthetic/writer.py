@@ -20,7 +20,7 @@ import tifffile
 
 from wsi.errors import ConfigError
 from wsi.files import atomic_path, write_text_atomic
-from wsi.synthetic.scene import Box, SampleSlide, Stain, Style, Texture, as_box, default_scene
+from wsi.synthetic.scene import Box, CohortSettings, SampleSlide, Stain, Style, Texture, as_box, default_scene
 from wsi.synthetic.texture import REAL_SOURCE_NAME, STYLE_NAMES, Painter, find_real_he_source, make_painter
 
 log = logging.getLogger(__name__)
@@ -235,21 +235,25 @@ def write_truncated_copy(
     return dst
 
 
+_COHORT = CohortSettings()
+
+
 def write_sample_cohort(
     out_dir: str | os.PathLike[str],
     *,
     n: int,
-    size_um: float | tuple[float, float] = 1500.0,
-    mpp: float = 0.5,
-    styles: Sequence[Style] = ("a",),
-    texture: Texture = "procedural",
-    seed: int = 0,
-    prefix: str = "sample",
-    tile_px: int = 256,
-    write_mpp: bool = True,
+    size_um: float | tuple[float, float] = _COHORT.size_um,
+    mpp: float = _COHORT.mpp,
+    styles: Sequence[Style] = _COHORT.styles,
+    texture: Texture = _COHORT.texture,
+    seed: int = _COHORT.seed,
+    prefix: str = _COHORT.prefix,
+    tile_px: int = _COHORT.tile_px,
+    write_mpp: bool = _COHORT.write_mpp,
     progress: bool = False,
 ) -> list[SampleSlide]:
-    """`n` slides `<prefix>-NNN.svs`, cycling through `styles`, each with its own seed (seed + i).
+    """`n` slides `<prefix>-NNN.svs`, cycling through `styles`, each with its own seed (seed + i); the
+    defaults are CohortSettings's (`wsi make-slides`).
 
     Also writes `slides.json` (one `SampleSlide.to_dict()` per slide) so the scene of every slide is
     known later without Python, e.g. which style (class) each slide is.

@@ -34,6 +34,7 @@ import re
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib import resources
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from wsi.config import config_model, setting
 from wsi.errors import WsiError
 from wsi.view.catalog import Catalog, SlideEntry
 from wsi.view.connections import HEAD_TIMEOUT_S, IO_TIMEOUT_S, HeadReader
@@ -322,11 +324,27 @@ class PooledHTTPServer(HTTPServer):
         self.state.deepzoom.close()
 
 
-def make_server(root: Path, *, host: str = "127.0.0.1", port: int = 0, backend: str = "openslide",
-                workers: int = 8, head_timeout_s: float = HEAD_TIMEOUT_S) -> PooledHTTPServer:  # fmt: skip
+@config_model
+@dataclass(frozen=True)
+class ViewOptions:
+    """Where `wsi view` listens and how many threads answer (the slide reader: TileOptions.backend)."""
+
+    host: str = setting("127.0.0.1", help="Address to listen on (local only by default).")
+    port: int = setting(8765, ge=0, le=65535, help="Port (0: any free one).")
+    server_threads: int = setting(
+        8, ge=1, le=64, help="Threads answering requests (tiles are read in parallel)."
+    )
+
+
+def make_server(root: Path, *, host: str = ViewOptions.host, port: int = 0, backend: str = "openslide",
+                workers: int = ViewOptions.server_threads,
+                head_timeout_s: float = HEAD_TIMEOUT_S) -> PooledHTTPServer:  # fmt: skip
     """A server for `root` bound to (host, port); port 0 picks a free one (see `server_address`)."""
     state = ViewState(root, backend=backend)
     return PooledHTTPServer((host, port), state, workers=workers, head_timeout_s=head_timeout_s)
 
 
-__all__ = ["SERVED_SUFFIXES", "PooledHTTPServer", "ViewHandler", "ViewState", "clean_path", "make_server"]
+__all__ = [
+    "SERVED_SUFFIXES", "PooledHTTPServer", "ViewHandler", "ViewOptions", "ViewState", "clean_path",
+    "make_server",
+]  # fmt: skip
