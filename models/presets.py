@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,31 @@ def available_presets() -> list[str]:
     return configs.available("models")
 
 
+@dataclass(frozen=True)
+class Preset:
+    """A model preset as read from its YAML (configs/models/<name>.yaml or a path): the one reader."""
+
+    data: dict[str, Any]  # the preset's fields (a model kind's config, `kind` defaulting to mil)
+    source: str  # where it was read from, for messages
+
+    @property
+    def kind(self) -> str:
+        """The model kind it builds (`mil`, `abmil`, `vit2d`, ...)."""
+        return str(self.data.get("kind", "mil"))
+
+    @property
+    def attention(self) -> str | None:
+        """The attention it names (its own default), or None."""
+        value = self.data.get("attention")
+        return None if value is None else str(value)
+
+
+def load_preset(preset: str | Path) -> Preset:
+    """A packaged preset by name or a YAML path (parsed once per file version: `wsi.configs`)."""
+    data, source = configs.load_yaml("models", preset)
+    return Preset(dict(data), source)
+
+
 def build_model(
     preset: str | Path,
     *,
@@ -33,8 +59,8 @@ def build_model(
     `in_dim` is the input width the data gives: the feature width for models over bags (`mil`,
     `abmil`: their config's `in_dim`), the number of input channels for the ViTs (`in_channels`).
     """
-    data, source = configs.load_yaml("models", preset)
-    data = dict(data)
+    found = load_preset(preset)
+    data, source = found.data, found.source
     if attention is not None:
         data["attention"] = attention
     if num_classes is not None:
@@ -47,15 +73,12 @@ def build_model(
 
 def preset_kind(preset: str | Path) -> str:
     """The model kind a preset builds (`mil`, `abmil`, `vit2d`, ...), read from its YAML."""
-    data, _ = configs.load_yaml("models", preset)
-    return str(data.get("kind", "mil"))
+    return load_preset(preset).kind
 
 
 def preset_attention(preset: str | Path) -> str | None:
     """The attention a preset names (its own default), or None when its YAML names none."""
-    data, _ = configs.load_yaml("models", preset)
-    value = data.get("attention")
-    return None if value is None else str(value)
+    return load_preset(preset).attention
 
 
 def input_width_field(kind: str) -> str:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from wsi.config import MAX_MPP, MAX_SEED, MAX_UM, config_model, setting
 from wsi.files import write_text_atomic
 from wsi.models.encoders import encoder_id_for
 from wsi.pipelines.demo_survival import run_survival_demo
 from wsi.pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from wsi.pipelines.jobs import JobResult, RunSummary
 from wsi.pipelines.predict.stage import predict
+from wsi.pipelines.tasks import ModelOverrides
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.pipelines.train import train
 from wsi.sources import find_slides
@@ -33,23 +34,36 @@ log = logging.getLogger(__name__)
 _CLASS_STYLE: dict[str, Style] = {"LUAD": "a", "LUSC": "b"}
 
 
+@config_model
 @dataclass(frozen=True)
 class DemoOptions:
-    """Size of the demo. Defaults finish in a few minutes on two CPU cores."""
+    """Size of the demo. Defaults finish in a few minutes on two CPU cores; `wsi demo` builds its
+    options from these fields."""
 
-    out_dir: Path  # every output goes here; re-using it resumes finished stages
-    slides_per_class: int = 10  # labelled cohort: train / validation / test split by patient
-    new_slides: int = 2  # unlabelled slides that `predict` reads raw (tile -> embed -> classify)
-    slide_um: float = 1536.0  # side of each sample slide in micrometres: 6 x 6 tiles of 256 um
-    slide_mpp: float = 0.5  # level-0 um/px of the sample slides (a 20x scan)
-    tile_um: float = 256.0  # the tile stage's defaults: 256 um at 1 um/px
-    tile_px: int = 256
-    encoder: str = "retccl"  # encoder name (retccl or timm:<name>)
-    weights: Path | None = None  # RetCCL checkpoint; random initialisation without it
-    epochs: int = 15  # enough for the two textures to separate; patience is set to this too
-    workers: int = 1  # slides processed in parallel (dask worker processes)
-    seed: int = 0  # seeds the slides and the training
-    model_overrides: tuple[tuple[str, Any], ...] = ()  # (field, value) pairs for the model preset
+    out_dir: Path = setting(
+        Path("demo-out"), help="Folder for every output (re-using it resumes finished stages)."
+    )
+    slides_per_class: int = setting(
+        10, ge=4, le=200, help="Labelled slides per class (split into train / validation / test by patient)."
+    )
+    new_slides: int = setting(
+        2, ge=0, le=200, help="Unlabelled slides that predict reads raw (tile -> embed -> classify)."
+    )
+    slide_um: float = setting(1536.0, ge=256.0, le=100_000.0, help="Side of each sample slide in um.")
+    slide_mpp: float = setting(0.5, gt=0, le=MAX_MPP, help="Level-0 um/px of the sample slides (20x: 0.5).")
+    tile_um: float = setting(256.0, gt=0, le=MAX_UM, help="Tile side in um (the tile stage's default).")
+    tile_px: int = setting(256, ge=16, le=4096, help="Tile side in pixels as embedded.")
+    encoder: str = setting("retccl", help="Encoder name (retccl or timm:<name>).")
+    weights: Path | None = setting(
+        None, existing="file",
+        help="RetCCL checkpoint (best_ckpt.pth); without it the encoder is randomly initialised.",
+    )  # fmt: skip
+    epochs: int = setting(
+        15, ge=1, le=1000, help="Training epochs (early stopping's patience is set to this too)."
+    )
+    workers: int = setting(1, ge=1, le=64, help="Slides processed in parallel (dask worker processes).")
+    seed: int = setting(0, ge=0, le=MAX_SEED, help="Seeds the generated slides and the training.")
+    model_overrides: ModelOverrides = field(default_factory=dict)  # models.build_model arguments
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from pathlib import Path
+from typing import Annotated, Any, Protocol, TypeVar, cast
+
+from pydantic import PlainValidator
 
 from wsi.pipelines.jobs import JobResult
 from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_output
+
+
+def _location(value: Any) -> Path | Url | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f"expected a path or a URL, got {type(value).__name__}")
+    return location(value)
+
+
+#: a config field (`wsi.config.setting`) that holds a local path or a URL (s3://, gs://, https://): parsed
+#: by `wsi.storage.location`, so a URL stays a `Url` until `remote_edges` gives the stage its local copy;
+#: the CLI's option takes either (`wsi.cli._options`)
+Location = Annotated[Path | Url | None, PlainValidator(_location)]
 
 
 class _Item(Protocol):
@@ -130,4 +148,4 @@ def _after_epoch(mirror: Mirror, units: tuple[str, ...], hook: Callable[..., Any
     mirror.push_all(units=units)
 
 
-__all__ = ["mirrored_job", "remote_edges"]
+__all__ = ["Location", "mirrored_job", "remote_edges"]

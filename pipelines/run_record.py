@@ -19,11 +19,13 @@ mpp given), and the architecture in their `model` is what predict rebuilds, as i
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 from wsi.config import Count, Mpp, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
@@ -38,6 +40,53 @@ FITTED_NAME = "fitted.json"
 MAX_FOLDS = 1000
 _REAL = 1e300  # fitted values in label units (a mean, a std, a risk): any finite number
 _Real = Annotated[float, Field(ge=-_REAL, le=_REAL)]
+
+
+class ModelArchitecture(Mapping[str, Any]):
+    """A run's model architecture, as the model wrote it (`KindModel.to_dict()`: kind, widths,
+    attention, ...): what `models.presets.build_model_from_config` rebuilds, each field typed by the
+    model kind's own config then. The fields the pipeline reads are typed here; it reads and is written
+    (config.json's `model`) as the plain mapping it is, so records of every format version load."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+
+    @property
+    def kind(self) -> str:
+        """The model kind (`mil`, `abmil`, `vit2d`, `linear`, ...)."""
+        return str(self._data.get("kind", "mil"))
+
+    @property
+    def num_outputs(self) -> int | None:
+        """The model's outputs (`num_classes`: classes, targets or one risk); None when not recorded."""
+        value = self._data.get("num_classes")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def uses_positions(self) -> bool:
+        return model_uses_positions(self._data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"ModelArchitecture({self._data!r})"
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.dict_schema(keys_schema=core_schema.str_schema()),
+            serialization=core_schema.plain_serializer_function_ser_schema(dict),
+        )
 
 
 @config_model
@@ -71,7 +120,7 @@ class SplitIds:
 @dataclass(frozen=True)
 class RunRecord:
     task: TaskConfig  # the resolved task, command-line changes included
-    model: dict[str, Any]  # the architecture: model.config_dict(), rebuilt by build_model_from_config
+    model: ModelArchitecture  # the architecture: model.config_dict(), rebuilt by build_model_from_config
     input: InputRecord
     classes: tuple[str, ...]  # categorical: output order of the model's logits (other kinds: none)
     labels_csv: str  # absolute path of the label table
@@ -189,7 +238,7 @@ def run_stamp(run_dir: str | Path) -> dict[str, str]:
     return {RUN_STAMP_KEY: created} if isinstance(created, str) else {}
 
 
-def model_uses_positions(model: dict[str, Any]) -> bool:
+def model_uses_positions(model: Mapping[str, Any]) -> bool:
     """Whether a model (its architecture, `RunRecord.model`) reads tile positions: vit-wsi with
     `pos_encoding` on. Bags in level-0 pixels then need a resolution (--mpp, an `mpp` column); a model
     without positions (vit-wsi by default, abmil) needs none."""
@@ -203,6 +252,7 @@ __all__ = [
     "Counts",
     "Fitted",
     "InputRecord",
+    "ModelArchitecture",
     "RunRecord",
     "SplitIds",
     "model_uses_positions",

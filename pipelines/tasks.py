@@ -53,6 +53,18 @@ _Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 _Workers = Annotated[int, Field(ge=0, le=256)]
 _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 
+# A model override is a field of the preset's model config (`models.build_model` keyword): a width, a
+# rate, a switch, a name, a patch size, attention options. The model's own config checks each one's
+# type and range when it is built (naming the field); these bounds only keep a task's numbers finite.
+#: a model override's number: far beyond any width (models.transformer.MAX_MODEL_INT) or rate, and exact
+#: as a float, so an int and a float past it are refused alike; an int is never read from a float
+_MODEL_NUMBER = 1e15
+_ModelInt = Annotated[int, Field(strict=True, ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
+_ModelFloat = Annotated[float, Field(ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
+# a list (patch_size) or mapping (attention_options): its parts are the model config's to check
+ModelValue = bool | _ModelInt | _ModelFloat | str | list[Any] | dict[str, Any] | None
+ModelOverrides = dict[str, ModelValue]
+
 # Fields below whose default is None take their value from the task's `recipe` when training starts
 # (`pipelines.train.recipe.RECIPES` holds the values; docs/training.md "Which training recipe" explains them);
 # a value written in the YAML always wins. The run record (config.json) keeps the resolved values.
@@ -65,9 +77,9 @@ class ModelConfig:
     # None: the recipe's (small-cohort: sized to the number of training cases; paper: vit-wsi)
     attention: str | None = None  # seqnorm | softmax | sima | gdla (transformers), gated | plain
     # (abmil); None: the preset's own
-    overrides: JsonObject = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
-    # the small-cohort recipe adds its dropout here unless the key is given. Free-form here: their keys
-    # are the preset kind's config fields, checked when the model is built (models.build_model_from_config)
+    overrides: ModelOverrides = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
+    # the small-cohort recipe adds its dropout here unless the key is given. Their keys are the preset
+    # kind's config fields, checked when the model is built (models.build_model_from_config)
 
 
 @config_model
@@ -319,6 +331,8 @@ __all__ = [
     "AugmentConfig",
     "LabelColumns",
     "ModelConfig",
+    "ModelOverrides",
+    "ModelValue",
     "OptimizerConfig",
     "Recipe",
     "RegressionConfig",

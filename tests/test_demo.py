@@ -20,7 +20,7 @@ TINY_MODEL = (("dim", 32), ("attn_dim", 32), ("depth", 1), ("heads", 2), ("mlp_d
 def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
     opts = DemoOptions(
         out_dir=tmp_path / "demo", slides_per_class=4, new_slides=2, slide_um=1024.0,
-        encoder="timm:resnet18", epochs=2, model_overrides=TINY_MODEL,
+        encoder="timm:resnet18", epochs=2, model_overrides=dict(TINY_MODEL),
     )  # fmt: skip
     result = run_demo(opts)
     out = result.outputs

@@ -52,9 +52,9 @@ def _no_report(mp: pytest.MonkeyPatch) -> None:
     """The statistics report (bootstrap bands, figures) takes most of a tiny run's time; these tests
     read predictions and weights only (test_report.py checks the report)."""
     import wsi.pipelines.train.evaluate as evaluate
-    import wsi.pipelines.train.run as run
+    import wsi.pipelines.train.results as results
 
-    for module in (evaluate, run):
+    for module in (evaluate, results):
         mp.setattr(module, "write_report", lambda *a, **k: None)
 
 

@@ -38,6 +38,7 @@ def _embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str =
 def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
     from wsi.pipelines.inputs import build_input
     from wsi.pipelines.tasks import load_task
+    from wsi.pipelines.train.recipe import apply_recipe
     from wsi.pipelines.train.slide_level import for_features
 
     make_bag(tmp_path / "bags" / "s.h5")
@@ -45,9 +46,12 @@ def test_bag_task_switches_to_the_head_on_embeddings(tmp_path: Path) -> None:
     assert for_features(task, tmp_path / "bags") is task  # tile bags: the MIL model as before
     emb = _embed_by_mean(tmp_path / "bags", tmp_path / "emb")
     switched = for_features(task, emb)
-    assert switched.input == "slide-embeddings" and switched.model.preset == "linear"
-    assert switched.model.attention is None
-    kept = for_features(task.replace(**{"model.preset": "mlp"}), emb)
+    assert switched.input == "slide-embeddings" and switched.model.attention is None
+    # the preset is the recipe's choice (one place): the linear head, the MIL model's overrides dropped
+    mil = switched.replace(**{"model.overrides": {"depth": 1}})
+    head = apply_recipe(mil, n_train=10).model
+    assert head.preset == "linear" and head.attention is None and "depth" not in head.overrides
+    kept = apply_recipe(for_features(task.replace(**{"model.preset": "mlp"}), emb), n_train=10)
     assert kept.model.preset == "mlp"
     adapter = build_input("slide-embeddings")
     found = adapter.find([emb])

@@ -23,7 +23,7 @@ import math
 import operator
 import types
 import typing
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Annotated, Any, Literal, NamedTuple, TypedDict, TypeVar, cast, overload
 
 import annotated_types
@@ -69,7 +69,8 @@ class _FieldMeta(TypedDict, total=False):
     """A `setting`'s dataclass field metadata: pydantic `Field` arguments (pydantic reads them as such)."""
 
     description: str
-    json_schema_extra: dict[str, str]  # default_text, existing: read by the CLI (wsi.cli._options)
+    # default_text, existing (str), choices (a registry's names): read by the CLI (wsi.cli._options)
+    json_schema_extra: dict[str, str | Callable[[], Sequence[str]]]
     ge: float
     gt: float
     le: float
@@ -83,6 +84,7 @@ def setting(
     default_factory: Callable[[], Any] | None = None,
     default_text: str | None = None,
     existing: Literal["file", "dir", "any"] | None = None,
+    choices: Callable[[], Sequence[str]] | None = None,
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
@@ -91,11 +93,14 @@ def setting(
     """A config field with its help text and range, the one place they are written.
 
     `default_text` describes a computed default (`default_factory`) in the CLI's help; `existing` makes
-    the CLI refuse a path that is not an existing file or folder before any work. The metadata keys
-    are pydantic `Field` arguments (pydantic reads a dataclass field's metadata as such): it enforces the
-    bounds when parsing, `check_bounds` on direct construction."""
+    the CLI refuse a path that is not an existing file or folder before any work; `choices` names the
+    registry a string field takes its values from (called when the CLI shows or checks them, so a
+    registry that imports torch costs nothing until then; the config checks its own values). The
+    metadata keys are pydantic `Field` arguments (pydantic reads a dataclass field's metadata as such):
+    it enforces the bounds when parsing, `check_bounds` on direct construction."""
     meta: _FieldMeta = {"description": help}
-    extra = {k: v for k, v in {"default_text": default_text, "existing": existing}.items() if v is not None}
+    given = {"default_text": default_text, "existing": existing, "choices": choices}
+    extra = {k: v for k, v in given.items() if v is not None}
     if extra:
         meta["json_schema_extra"] = extra
     if ge is not None:

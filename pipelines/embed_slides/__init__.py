@@ -1,12 +1,14 @@
 """The slide-embedding stage: bags of tile features -> slide or patient embeddings (STAMP's layout).
 
-embed_slides(features=..., encoder=..., out=..., weights=... | random_init=True, level="slide"|"patient",
-             slide_table=None, overwrite=False, device="cpu") -> (folder, [JobResult])
+embed_slides(features=..., out=..., options=SlideEmbedOptions(encoder=..., ...) | **its fields)
+    -> (folder, [JobResult])
+SlideEmbedOptions                 encoder, weights | random_init, level, slide_table, device, overwrite
 check_bag(bag, spec, name)        refuses bags of another tile encoder / weights / tile size
 write_embedding, read_embedding, EmbeddingProvenance, embedding_dir   the file format (output.py)
 """
 
 from wsi.pipelines.embed_slides.checks import check_bag, tile_source
+from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.pipelines.embed_slides.output import (
     Embedding,
     EmbeddingProvenance,
@@ -19,6 +21,7 @@ from wsi.pipelines.embed_slides.run import embed_slides
 __all__ = [
     "Embedding",
     "EmbeddingProvenance",
+    "SlideEmbedOptions",
     "check_bag",
     "embed_slides",
     "embedding_dir",

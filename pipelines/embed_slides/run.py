@@ -15,16 +15,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 import torch
 
 from wsi.bags import Bag, load_bag
+from wsi.config import with_settings
 from wsi.errors import ConfigError, LabelError
 from wsi.files import is_temp_name
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag
+from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
 from wsi.pipelines.remote import remote_edges
@@ -168,37 +171,35 @@ def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
     }
 
 
-@remote_edges(out="out", folders={"features": "--features folder"}, files={"slide_table": "slide table"})
 def embed_slides(
-    *,
-    features: str | Path,
-    encoder: str,
-    out: str | Path,
-    weights: str | Path | None = None,
-    random_init: bool = False,
-    level: str = "slide",
-    slide_table: str | Path | None = None,
-    overwrite: bool = False,
-    device: str = "cpu",
+    *, features: str | Path, out: str | Path, options: SlideEmbedOptions | None = None, **settings: Any
 ) -> tuple[Path, list[JobResult]]:
-    """Embed every bag under `features` (or every patient of `slide_table`); returns the folder written
-    and one JobResult per slide/patient (failed ones carry the reason). The manifest is manifest.csv."""
+    """Embed every bag under `features` (or every patient of `options.slide_table`); returns the folder
+    written and one JobResult per slide/patient (failed ones carry the reason). The manifest is
+    manifest.csv. `options` (or its fields as keywords, `settings`): `SlideEmbedOptions`. `features`,
+    `out` and the slide table may be URLs (`pipelines.remote`)."""
+    opts = with_settings(SlideEmbedOptions, options, settings, source="embed-slides options")
+    return _embed_slides(features=features, out=out, slide_table=opts.slide_table, options=opts)
+
+
+@remote_edges(out="out", folders={"features": "--features folder"}, files={"slide_table": "slide table"})
+def _embed_slides(
+    *, features: str | Path, out: str | Path, slide_table: Any, options: SlideEmbedOptions
+) -> tuple[Path, list[JobResult]]:
     from wsi.pipelines.devices import resolve_device
 
-    if level not in ("slide", "patient"):
-        raise ConfigError(f"--level must be slide or patient, not {level!r}")
-    if level == "patient" and slide_table is None:
-        raise ConfigError("--level patient needs --slide-table CSV (columns patient, slide)")
-    model = build_slide_encoder(encoder, weights=weights, random_init=random_init)
-    dev = resolve_device(device)
+    opts = options
+    model = build_slide_encoder(opts.encoder, weights=opts.weights, random_init=opts.random_init)
+    dev = resolve_device(opts.device)
     model.to(dev)
     bags = find_bags(Path(features))
-    if level == "patient":
+    if opts.level == "patient":
         jobs = patient_jobs(bags, Path(str(slide_table)))
     else:
         jobs = [EmbedJob(sid, p, (p,)) for sid, p in bags.items()]
-    out_dir = embedding_dir(out, encoder, level)
+    out_dir = embedding_dir(out, opts.encoder, opts.level)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = run_jobs(jobs, _Embedder(model, out_dir, level, overwrite, dev), desc=f"{level}s")
+    embedder = _Embedder(model, out_dir, opts.level, opts.overwrite, dev)
+    results = run_jobs(jobs, embedder, desc=f"{opts.level}s")
     write_manifest(out_dir / "manifest.csv", results)
     return out_dir, results

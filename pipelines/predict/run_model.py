@@ -126,8 +126,8 @@ def _check_record(record: RunRecord, path: Path) -> None:
             f"differ (the file was edited?); {_MIXED}"
         )
     wanted = build_kind(task).num_outputs
-    outputs = record.model.get("num_classes")
-    if isinstance(outputs, int) and outputs != wanted:
+    outputs = record.model.num_outputs
+    if outputs is not None and outputs != wanted:
         what = f"classes {list(task.classes)}" if task.kind == "categorical" else f"{task.kind} targets"
         raise ConfigError(
             f"{path}: its model gives {outputs} outputs (model.num_classes) but its task's {what} need "

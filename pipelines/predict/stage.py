@@ -45,7 +45,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from wsi.config import with_settings
-from wsi.errors import ConfigError, WsiError
+from wsi.errors import WsiError
 from wsi.files import write_csv_atomic
 from wsi.output_lock import output_lock
 from wsi.pipelines.cases import CaseCollate, CaseDataset
@@ -61,14 +61,12 @@ from wsi.pipelines.predict.external_validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
+from wsi.pipelines.predict.gather import BAGS, InputRoute, check_request, check_route, gather
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
-from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
-from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
 from wsi.pipelines.remote import remote_edges
-from wsi.pipelines.run_record import model_uses_positions
 from wsi.pipelines.task_kinds import TaskKind
 
 log = logging.getLogger(__name__)
@@ -119,83 +117,65 @@ def predict(
     manifest's `note`); None loads every bag whole.
     """
     opts = with_settings(PredictOptions, options, settings, source="predict options")
-    device, weights, mpp, labels_csv = opts.device, opts.weights, opts.mpp, opts.labels_csv
-    if bool(inputs) == (features_dir is not None):
-        raise ConfigError("give either slides (PATH...) or --features DIR, not both and not neither")
-    if weights is not None and features_dir is not None:
-        raise ConfigError(
-            "--weights are the encoder's weights for embedding raw slides; bags given with --features are "
-            "embedded already: leave --weights out"
-        )
+    check_request(inputs, features_dir, opts)
     t0 = time.perf_counter()
-    run = load_run(model_dir, device=device)
-    task = run.record.task
-    if weights is not None and run.adapter.name not in ("bags", "slide-embeddings"):
-        raise ConfigError(
-            f"--weights are for the encoder that embeds raw slides; this run reads {run.adapter.name} "
-            "directly, with no encoder: leave --weights out"
-        )
-    if labels_csv is not None and not Path(labels_csv).is_file():
-        raise ConfigError(f"--labels {labels_csv} does not exist")
+    run = load_run(model_dir, device=opts.device)
+    route = InputRoute.of(run.adapter.name, features_dir)
+    check_route(run, route, opts)
     out = Path(out_dir)
     with output_lock(out):  # one writer per output folder: predictions and manifest stay one record
         if not opts.overwrite:  # before any work: another model's predictions in --out are refused
             digest = model_digest(run.run_dir, run.checkpoints)
             Progress(out, fresh=False).check_model(digest, run.run_dir, out / "predictions.csv")
-        thumbs: dict[str, tuple[Path, float | None]] = {}
-        pre_failed: list[JobResult] = []
-        if features_dir is not None:
-            found = run.adapter.find([Path(features_dir)])
-        elif run.adapter.name == "slide-embeddings":  # tile encoder -> slide encoder -> the head
-            found, _, pre_failed = slide_embeddings_of_raw_slides(run.provenance, inputs, out / "work", opts)
-        elif run.adapter.name != "bags":
-            found = run.adapter.find([Path(p) for p in inputs])
-        else:
-            found, thumbs, pre_failed = embed_raw_slides(
-                run.provenance, inputs, out / "work", weights=weights, mpp=mpp, backend=opts.backend,
-                workers=opts.workers, scheduler=opts.scheduler, device=device, progress=opts.progress,
-            )  # fmt: skip
-        cohort = build_cohort(found, task=task, kind=run.kind, labels_csv=labels_csv)
-        recorded = run.record.input  # by the rules training used: CSV column, then --mpp, then the run's
-        run.adapter = with_resolution(
-            run.adapter, mpp=mpp if mpp is not None else recorded.mpp,
-            mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
-            uses_positions=model_uses_positions(run.record.model), what="this run reads",
-        )  # fmt: skip
-        if found:
-            run.adapter.check_compatible(
-                run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())]
-            )
+        gathered = gather(run, route, inputs, features_dir, out / "work", opts)
+        cohort = build_cohort(gathered.found, task=run.record.task, kind=run.kind, labels_csv=opts.labels_csv)
+        _prepare_adapter(run, cohort, gathered.found, opts)
         case_options = CaseOptions(
-            heatmaps=opts.heatmaps,
-            top_tiles=opts.top_tiles,
-            thumbs=thumbs,
-            backend=opts.backend,
-            stream_above=opts.stream_above_tiles,
-            geojson=opts.geojson,
-        )
+            heatmaps=opts.heatmaps, top_tiles=opts.top_tiles, thumbs=gathered.thumbs, backend=opts.backend,
+            stream_above=opts.stream_above_tiles, geojson=opts.geojson,
+        )  # fmt: skip
         rows, outputs, results, tiles, earlier = _predict_cases(
-            run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=pre_failed,
+            run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=gathered.failed,
             overwrite=opts.overwrite,
         )  # fmt: skip
-        results = pre_failed + results
-        csv_path = out / "predictions.csv"
         if tiles is not None:
             tiles.write(out / "top_tiles")
-        id_column = "patient" if task.level == "patient" else "slide"
-        ids = [r[id_column] for r in rows]
-        if task.level == "slide":
-            _patient_means(out, run, ids, outputs, earlier, cohort, always=labels_csv is not None)
-        figures = None
-        if labels_csv is not None:
-            figures = evaluate_cohort(
-                task=task, kind=run.kind, cohort=cohort, ids=ids, outputs=outputs, out_dir=out
-            )
-        summary = RunSummary.of(results, time.perf_counter() - t0)
-        noun, unit = ("slides", "tiles") if run.adapter.name == "bags" else ("images", "images")
-        labels = {"ok": "predicted", "skipped": "already predicted"}
-        log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
-        return PredictResult(out, csv_path, rows, results, figures)
+        return _finish(run, cohort, out, opts, rows, outputs, [*gathered.failed, *results], earlier, t0)
+
+
+def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts: PredictOptions) -> None:
+    """The run's input adapter given the cohort's resolutions by the rules training used (labels CSV
+    column, then --mpp, then the run's), and the inputs checked against the run's provenance."""
+    recorded = run.record.input
+    run.adapter = with_resolution(
+        run.adapter, mpp=opts.mpp if opts.mpp is not None else recorded.mpp,
+        mpp_by_slide={**recorded.mpp_by_slide, **cohort.mpp_by_slide},
+        uses_positions=run.record.model.uses_positions, what="this run reads",
+    )  # fmt: skip
+    if found:
+        run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
+
+
+def _finish(
+    run: RunModel, cohort: Cohort, out: Path, opts: PredictOptions, rows: list[dict[str, Any]],
+    outputs: np.ndarray, results: list[JobResult], earlier: list[Finished], t0: float,
+) -> PredictResult:  # fmt: skip
+    """Patient means, external validation (with labels) and the summary line."""
+    task = run.record.task
+    ids = [r["patient" if task.level == "patient" else "slide"] for r in rows]
+    if task.level == "slide":
+        _patient_means(out, run, ids, outputs, earlier, cohort, always=opts.labels_csv is not None)
+    figures = None
+    if opts.labels_csv is not None:
+        figures = evaluate_cohort(
+            task=task, kind=run.kind, cohort=cohort, ids=ids, outputs=outputs, out_dir=out
+        )
+    summary = RunSummary.of(results, time.perf_counter() - t0)
+    noun, unit = ("slides", "tiles") if run.adapter.name == BAGS else ("images", "images")
+    labels = {"ok": "predicted", "skipped": "already predicted"}
+    csv_path = out / "predictions.csv"
+    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
+    return PredictResult(out, csv_path, rows, results, figures)
 
 
 def _patient_means(
@@ -228,7 +208,7 @@ def _predict_cases(
     of earlier calls with this model that this call did not predict)."""
     kind = run.kind
     dataset = CaseDataset(run.adapter, cases, train=False, n_targets=len(kind.target_names))
-    tiles = TopTiles() if options.top_tiles and run.adapter.name == "bags" else None
+    tiles = TopTiles() if options.top_tiles and run.adapter.name == BAGS else None
     if options.top_tiles and tiles is None:
         log.warning("top tiles are read from slides: input %r has none; skipped", run.adapter.name)
     rows: list[dict[str, Any]] = []

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from wsi.errors import ConfigError
 from wsi.pipelines.train.folds import FoldSpec, run_fold
+from wsi.pipelines.train.results import RunMetrics
 
 log = logging.getLogger(__name__)
 
 
-def run_folds_on_cluster(specs: Sequence[FoldSpec], address: str) -> list[dict[str, Any]]:
+def run_folds_on_cluster(specs: Sequence[FoldSpec], address: str) -> list[RunMetrics]:
     """Submit every fold to the cluster at `address`; returns each fold's metrics in fold order."""
     from distributed import Client
 
@@ -34,7 +34,7 @@ def run_folds_on_cluster(specs: Sequence[FoldSpec], address: str) -> list[dict[s
             client.submit(run_fold, spec, key=f"wsi-fold-{i + 1}-{spec.run_dir}", pure=False)
             for i, spec in enumerate(specs)
         ]
-        results: list[dict[str, Any]] = client.gather(futures)
+        results: list[RunMetrics] = client.gather(futures)
         return results
 
 

@@ -22,12 +22,13 @@ from wsi.models.standardize import STANDARDIZER, attach_standardizer
 from wsi.pipelines.checkpoints import load_state_into, load_weights
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter
-from wsi.pipelines.run_record import read_run_record, record_path, write_fitted
+from wsi.pipelines.run_record import ModelArchitecture, read_run_record, record_path, write_fitted
 from wsi.pipelines.task_kinds import build_kind
 from wsi.pipelines.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
 from wsi.pipelines.train.feature_stats import fit_feature_stats
 from wsi.pipelines.train.loop import EpochHook, fit
+from wsi.pipelines.train.results import RunMetrics
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import RngState, has_resume, seed_everything
 
@@ -58,13 +59,13 @@ class StartState:
         self.rng.restore()
         return copy.deepcopy(self.model)
 
-    def architecture(self) -> dict[str, Any]:
+    def architecture(self) -> ModelArchitecture:
         """The model's `config_dict()`: what the run record keeps and predict rebuilds."""
         config_dict = getattr(self.model, "config_dict", None)
         if not callable(config_dict):
             name = type(self.model).__name__
             raise ConfigError(f"{name} has no config_dict(); a run record needs the model's architecture")
-        return dict(config_dict())
+        return ModelArchitecture(config_dict())
 
 
 def model_kwargs(task: TaskConfig, num_outputs: int, adapter_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,7 +96,7 @@ class FoldSpec:
     on_epoch_end: EpochHook | None = None  # called with each epoch's log row (not on dask workers)
 
 
-def run_fold(spec: FoldSpec) -> dict[str, Any]:
+def run_fold(spec: FoldSpec) -> RunMetrics:
     """Train one split into one folder and score its best weights; returns what metrics.json holds."""
     device = resolve_device(spec.device)
     model = spec.start.begin()
@@ -113,10 +114,10 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
         run_dir=spec.run_dir, device=device, resume=spec.resume, progress=spec.progress,
         on_epoch_end=spec.on_epoch_end,
     )  # fmt: skip
-    return evaluate_best(
+    return RunMetrics.from_json(evaluate_best(
         task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
         run_dir=spec.run_dir, device=device, state=state,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def init_from(

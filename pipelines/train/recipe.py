@@ -21,6 +21,10 @@ small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-paramete
                attention residual small (LayerScale 0.01): with a class token, one telling tile
                among dozens was not learned from ~100 bags (docs/benchmarks.md).
 
+The model preset is chosen here and nowhere else (`resolve_preset`): a task trained on slide embeddings
+(`pipelines.train.slide_level`) trains a head, `linear` unless it names one (`linear`, `mlp`); any
+other task keeps the preset it names, else gets one by the sizing rule.
+
 Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
 small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
 holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. Inputs other than feature bags keep `vit-wsi`
@@ -29,11 +33,15 @@ holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. Inputs other than fe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.tasks import ModelOverrides, TaskConfig
+from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS
+
+log = logging.getLogger(__name__)
 
 #: below this many training cases the small-cohort recipe picks the narrower preset
 SMALL_BELOW = 300
@@ -91,13 +99,28 @@ def preset_for(recipe: str, n_train: int, input_name: str = "bags") -> str:
     return FULL_PRESET
 
 
+def resolve_preset(task: TaskConfig, n_train: int) -> tuple[str, ModelOverrides]:
+    """The preset the task trains and the task's model overrides that still apply to it (the rule in
+    the module docstring): a MIL preset's overrides (depth, dim) mean nothing to a head."""
+    from wsi.models.presets import preset_kind
+
+    preset = task.model.preset
+    if task.input != "slide-embeddings":
+        return preset or preset_for(task.recipe, n_train, task.input), dict(task.model.overrides)
+    if preset is not None and preset_kind(preset) in HEAD_KINDS:
+        return preset, dict(task.model.overrides)
+    log.info("slide embeddings: training the %s head on them (task preset: %s)", DEFAULT_HEAD, preset)
+    return DEFAULT_HEAD, {}
+
+
 def apply_recipe(task: TaskConfig, *, n_train: int) -> TaskConfig:
-    """`task` with every None field filled from its recipe; `n_train` = training cases (per fold)."""
+    """`task` with its preset chosen and every None field filled from its recipe; `n_train` = training
+    cases (per fold)."""
     from wsi.models.presets import preset_attention, preset_kind
 
     values = RECIPES[task.recipe]
-    preset = task.model.preset or preset_for(task.recipe, n_train, task.input)
-    overrides = {**values.model_overrides.get(preset_kind(preset), {}), **task.model.overrides}
+    preset, task_overrides = resolve_preset(task, n_train)
+    overrides = {**values.model_overrides.get(preset_kind(preset), {}), **task_overrides}
     defaults: dict[str, Any] = {
         "epochs": values.epochs,
         "patience": values.patience,
@@ -134,4 +157,4 @@ def _get(task: TaskConfig, dotted: str) -> Any:
 
 
 __all__ = ["FULL_PRESET", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues", "apply_recipe",
-           "is_resolved", "preset_for"]  # fmt: skip
+           "is_resolved", "preset_for", "resolve_preset"]  # fmt: skip

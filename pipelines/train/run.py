@@ -32,24 +32,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import platform
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
-from wsi.config import config_dict
+from wsi.config import config_dict, with_settings
 from wsi.errors import ConfigError
-from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.files import write_csv_atomic
 from wsi.output_lock import output_lock
 from wsi.pipelines.cases import group_by_patient
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.labels import Matched, match_items, read_label_table
 from wsi.pipelines.remote import remote_edges
-from wsi.pipelines.report import write_report
 from wsi.pipelines.run_record import (
     Counts,
     InputRecord,
@@ -60,14 +58,15 @@ from wsi.pipelines.run_record import (
     record_path,
     write_run_record,
 )
-from wsi.pipelines.task_kinds import PredictionSet, TaskKind, build_kind
+from wsi.pipelines.task_kinds import TaskKind, build_kind
 from wsi.pipelines.tasks import TaskConfig, load_task
-from wsi.pipelines.train import metrics
+from wsi.pipelines.train.config import TrainOptions
 from wsi.pipelines.train.cv import run_folds_on_cluster
 from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from wsi.pipelines.train.loop import EpochHook
 from wsi.pipelines.train.preflight import refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
+from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 from wsi.storage import origin
@@ -75,127 +74,106 @@ from wsi.storage import origin
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    metrics: dict[str, Any]  # what metrics.json holds
-    config_path: Path
-    best_checkpoint: Path | None  # None at the top of a cross-validation run
-    kind: TaskKind  # the run's task kind (summary keys and lines; unfitted: each fold fits its own)
-    folds: list[TrainResult] = field(default_factory=list)
+def resolve_task(task: str | Path | TaskConfig, options: TrainOptions) -> TaskConfig:
+    """The task with the options' changes applied (validated again) and its input switched to slide
+    embeddings when --features holds them; the recipe fills the rest once the splits are known."""
+    cfg = task if isinstance(task, TaskConfig) else load_task(task)
+    changes = options.task_changes(cfg.model.overrides)
+    cfg = cfg.replace(**changes) if changes else cfg
+    return for_features(cfg, options.features_dir)
 
 
-def resolve_task(
+def train(
     task: str | Path | TaskConfig,
     *,
-    attention: str | None = None,
-    epochs: int | None = None,
-    seed: int | None = None,
-    batch_size: int | None = None,
-    grad_accum: int | None = None,
-    model_overrides: Mapping[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> TaskConfig:
-    """The task with command-line style changes applied (and validated again)."""
-    cfg = task if isinstance(task, TaskConfig) else load_task(task)
-    changes: dict[str, Any] = dict(overrides or {})
-    for key, value in (
-        ("model.attention", attention), ("epochs", epochs), ("seed", seed), ("batch_size", batch_size),
-        ("grad_accum", grad_accum),
-    ):  # fmt: skip
-        if value is not None:
-            changes[key] = value
-    if model_overrides:
-        changes["model.overrides"] = {**cfg.model.overrides, **dict(model_overrides)}
-    return cfg.replace(**changes) if changes else cfg
+    labels_csv: str | Path,
+    out_dir: str | Path,
+    options: TrainOptions | None = None,
+    on_epoch_end: EpochHook | None = None,
+    **settings: Any,
+) -> TrainResult:
+    """Train a task's model on labelled inputs; see the module docstring for what `out_dir` receives.
+
+    `options` (or its fields as keywords, `settings`; `TrainOptions` documents each): where the inputs
+    are (`features_dir` or `images_dir`), what of the task to change (preset, attention, epochs, seed,
+    bag_size, ..., `model_overrides` for `models.build_model`, `overrides` for any task field by dotted
+    key), and how to run (device, cv, scheduler, resume, init_from, mpp, progress).
+    `on_epoch_end(row)` is called after every epoch with the log row (sequential runs only).
+    `labels_csv`, `out_dir`, the input folders and `init_from` may be URLs (`pipelines.remote`).
+    Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
+    """
+    opts = with_settings(TrainOptions, options, settings, source="train options")
+    return _train(
+        task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=opts.features_dir,
+        images_dir=opts.images_dir, init_from=opts.init_from, on_epoch_end=on_epoch_end, options=opts,
+    )  # fmt: skip
 
 
 @remote_edges(
     out="out_dir", files={"labels_csv": "label table"}, runs=("init_from",), hook="on_epoch_end",
     folders={"features_dir": "--features folder", "images_dir": "--images folder"}, units=("resume",),
 )  # fmt: skip
-def train(
-    *,
-    task: str | Path | TaskConfig,
-    labels_csv: str | Path,
-    out_dir: str | Path,
-    features_dir: str | Path | None = None,
-    images_dir: str | Path | None = None,
-    attention: str | None = None,
-    device: str = "auto",
-    cv: int | None = None,
-    scheduler: str | None = None,
-    resume: bool = False,
-    init_from: str | Path | None = None,
-    epochs: int | None = None,
-    seed: int | None = None,
-    batch_size: int | None = None,
-    grad_accum: int | None = None,
-    model_overrides: Mapping[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    on_epoch_end: EpochHook | None = None,
-    mpp: float | None = None,
-) -> TrainResult:
-    """Train a task's model on labelled inputs; see the module docstring for what `out_dir` receives.
-
-    `model_overrides` go to `models.build_model` (e.g. {"dim": 32, "depth": 1}); `overrides` change any
-    task field by dotted key (e.g. {"optimizer.lr": 3e-4, "input_options.bag_size": 512}).
-    `on_epoch_end(row)` is called after every epoch with the log row (sequential runs only).
-    `mpp`: level-0 um/px of every slide whose bag stores pixel coordinates (CLAM, TRIDENT); an `mpp`
-    column of the labels CSV wins per slide. Only a model that uses tile positions needs one.
-    Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
-    """
-    cfg = resolve_task(
-        task, attention=attention, epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
-        model_overrides=model_overrides, overrides=overrides,
-    )  # fmt: skip
-    cfg = for_features(cfg, features_dir)  # slide embeddings: a head instead of a MIL model
+def _train(
+    *, task: str | Path | TaskConfig, labels_csv: str | Path, out_dir: str | Path, features_dir: Any,
+    images_dir: Any, init_from: Any, on_epoch_end: EpochHook | None, options: TrainOptions,
+) -> TrainResult:  # fmt: skip
+    """`train` with its locations local (a URL's mirror or cached copy: `remote_edges`)."""
+    opts = dataclasses.replace(
+        options, features_dir=_local(features_dir), images_dir=_local(images_dir), init_from=_local(init_from)
+    )
+    cfg = resolve_task(task, opts)
     adapter = build_input(cfg.input, cfg.input_options)
     kind = build_kind(cfg)
-    source = _input_source(adapter, features_dir, images_dir)
+    source = _input_source(adapter, opts)
     rows = read_label_table(labels_csv, task=cfg, kind=kind)
     found = adapter.find([source])
     matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
-    splits = _make_splits(cfg, cases, cv)
+    splits = _make_splits(cfg, cases, opts.cv)
     cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
     adapter = with_resolution(
-        adapter, mpp=mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
+        adapter, mpp=opts.mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
     )
     refuse_unusable(adapter, matched.items)  # every bad bag named at once, before anything is written
     architecture = model_kwargs(cfg, kind.num_outputs, adapter.model_kwargs(matched.items))
     start = StartState.build(architecture, seed=cfg.seed)
+    init = str(opts.init_from) if opts.init_from else None
     record = RunRecord(
         task=cfg, model=start.architecture(), input=_input_record(cfg, adapter, matched.items),
         classes=cfg.classes, labels_csv=origin(labels_csv), source=origin(source),
-        counts=_counts(matched), splits=tuple(_split_ids(s) for s in splits), cv=cv,
-        init_from=str(init_from) if init_from else None, **_machine(resolve_device(device)),
+        counts=_counts(matched), splits=tuple(_split_ids(s) for s in splits), cv=opts.cv, init_from=init,
+        **_machine(resolve_device(opts.device)),
     )  # fmt: skip
     run_dir = Path(out_dir)
     with output_lock(run_dir):  # one writer per run folder (and the checks below see a settled folder)
-        _check_resumable(run_dir, record, resume)
+        _check_resumable(run_dir, record, opts.resume)
         if not record_path(run_dir).is_file():
             write_run_record(run_dir, record)
-        sequential = scheduler is None  # progress bars and the epoch hook only in this process
+        sequential = opts.scheduler is None  # progress bars and the epoch hook only in this process
         specs = [
             FoldSpec(
                 task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
-                start=start, device=device, resume=resume, init_from=Path(init_from) if init_from else None,
-                progress=progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
+                start=start, device=opts.device, resume=opts.resume, init_from=_local(opts.init_from),
+                progress=opts.progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
             )
             for k, split in enumerate(splits)
         ]  # fmt: skip
+        scheduler = opts.scheduler
         fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
-        if not cv:
+        if not opts.cv:
             best = run_dir / "best.safetensors"
             return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), best, kind)
-        return _summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
+        return summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
 
 
-def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> Path:
+def _local(path: Any) -> Path | None:
+    """A location as the local path it is inside `_train` (remote_edges made URLs local)."""
+    return None if path is None else Path(path)
+
+
+def _input_source(adapter: InputAdapter, options: TrainOptions) -> Path:
     """The folder the adapter reads, from the option it needs; a wrong or missing one names it."""
-    given = {"--features": features_dir, "--images": images_dir}
+    given = {"--features": options.features_dir, "--images": options.images_dir}
     wanted = given.get(adapter.source_option)
     if wanted is None:
         other = [k for k, v in given.items() if v is not None]
@@ -209,12 +187,11 @@ def _input_source(adapter: InputAdapter, features_dir: Any, images_dir: Any) -> 
 def _uses_positions(task: TaskConfig) -> bool:
     """Whether the task's model reads tile positions, from its preset and overrides (known before the
     model is built, so the input check can say which bags lack a resolution)."""
-    from wsi import configs
+    from wsi.models.presets import load_preset
 
     if task.model.preset is None:  # the recipe fills it before the checks: see train()
         raise ConfigError("the task's model preset is unset: its recipe was not applied")
-    preset, _ = configs.load_yaml("models", task.model.preset)
-    return model_uses_positions({**preset, **task.model.overrides})
+    return model_uses_positions({**load_preset(task.model.preset).data, **task.model.overrides})
 
 
 def _with_recipe(task: TaskConfig, splits: Sequence[Split]) -> TaskConfig:
@@ -258,7 +235,14 @@ def _split_ids(split: Split) -> SplitIds:
     return SplitIds(*(tuple(it.id for it in part) for part in (split.train, split.val, split.test)))
 
 
-def _machine(device: torch.device) -> dict[str, Any]:
+class _Machine(TypedDict):
+    device: str
+    amp: str | None
+    created: str
+    versions: dict[str, str]
+
+
+def _machine(device: torch.device) -> _Machine:
     """Where and with what the run trains: device, mixed precision, start time, versions."""
     from wsi import __version__
 
@@ -323,50 +307,4 @@ def _fold_dir(run_dir: Path, record: RunRecord, kind: TaskKind, k: int, split: S
     return fold_dir
 
 
-def _summarise_folds(
-    run_dir: Path,
-    task: TaskConfig,
-    kind: TaskKind,
-    splits: Sequence[Split],
-    fold_metrics: list[dict[str, Any]],
-) -> TrainResult:
-    """metrics.json (mean and std of each figure, every fold's, and the pooled test predictions'),
-    folds.csv and the cross-validation report (per-fold and pooled curves) at the top."""
-    fold_dirs = [run_dir / f"fold-{k + 1}" for k in range(len(splits))]
-    sets = [
-        kind.read_predictions(d / f"{m.get('split', 'test')}_predictions.csv", f"fold-{k + 1}")
-        for k, (d, m) in enumerate(zip(fold_dirs, fold_metrics, strict=True))
-    ]
-    pooled = PredictionSet.pool(sets)
-    pooled_metrics = metrics.json_safe(kind.evaluate(pooled, n_bootstrap=task.bootstrap, seed=task.seed))
-    summary = {
-        "folds": len(splits), "kind": kind.name, **metrics.summarize(fold_metrics, kind.summary_keys),
-        "pooled": pooled_metrics, "per_fold": fold_metrics,
-    }  # fmt: skip
-    write_json_atomic(run_dir / "metrics.json", summary)
-    fold_rows = (
-        [sid, it.group, *kind.format_target(it.target), k + 1]
-        for k, s in enumerate(splits)
-        for it in s.test
-        for sid in ([x for x, _ in it.slides] or [it.id])
-    )
-    write_csv_atomic(run_dir / "folds.csv", ["slide", "patient", *kind.target_names, "test_fold"], fold_rows)
-    by_set = {s.name: m for s, m in zip(sets, fold_metrics, strict=True)} | {"pooled": pooled_metrics}
-    summary_rows = [[key, summary[key]["mean"], summary[key]["std"]] for key in kind.summary_keys]
-    write_report(
-        run_dir, kind=kind, sets=[*sets, pooled], metrics=by_set, summary=summary_rows, seed=task.seed,
-        title=f"{task.name}: {len(splits)}-fold cross-validation",
-    )  # fmt: skip
-    head = summary[kind.summary_keys[0]]
-    log.info(
-        "cross-validation %s %s +- %s over %d folds (pooled: %s)",
-        kind.summary_keys[0], head["mean"], head["std"], len(splits), kind.summary_line(pooled_metrics),
-    )  # fmt: skip
-    folds = [
-        TrainResult(d, m, record_path(d), d / "best.safetensors", kind)
-        for d, m in zip(fold_dirs, fold_metrics, strict=True)
-    ]
-    return TrainResult(run_dir, summary, record_path(run_dir), None, kind, folds)
-
-
-__all__ = ["Item", "TrainResult", "resolve_task", "train"]
+__all__ = ["Item", "TrainOptions", "TrainResult", "resolve_task", "train"]

@@ -22,7 +22,7 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 import click
@@ -48,6 +48,23 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
+
+
+class RegistryChoice(click.Choice):
+    """A click Choice whose names come from a registry when first shown or checked, so building the
+    option imports nothing (the attention registry imports torch); the names are never restated."""
+
+    def __init__(self, names: Callable[[], Sequence[str]]) -> None:
+        self._names = names
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns it; the registry decides
+        pass
 
 
 def number_type(kind: type, meta: Mapping[str, Any]) -> click.ParamType:
@@ -114,31 +131,49 @@ def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool, bool]:
     return str, False, False
 
 
+def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType:
+    """An existing path; also a URL where the field takes one (`wsi.storage.Url` in its type)."""
+    from wsi.storage import Url
+
+    if Url in typing.get_args(hint):
+        from wsi.cli._locations import PathOrUrl
+
+        return PathOrUrl(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+    return click.Path(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+
+
 def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     f, hint = field_of(model, path)
     meta = f.metadata
     if "description" not in meta:
         raise TypeError(f"{model.__name__}.{path} has no help text: declare it with wsi.config.setting")
     kind, is_flag, multiple = _click_type(hint, meta)
-    existing = meta.get("json_schema_extra", {}).get("existing")
+    extra = meta.get("json_schema_extra", {})
+    if extra.get("choices") is not None:
+        kind = RegistryChoice(extra["choices"])
+    existing = extra.get("existing")
     if existing is not None:  # refused before any work, as click does for its own paths
-        kind = click.Path(exists=True, file_okay=existing != "dir", dir_okay=existing != "file")
+        kind = _path_type(hint, file_okay=existing != "dir", dir_okay=existing != "file")
     computed = f.default is dataclasses.MISSING
     default = None if computed else f.default
-    default_text = meta.get("json_schema_extra", {}).get("default_text")
+    default_text = extra.get("default_text")
     help_text = meta["description"] + (f" [default: {default_text}]" if default_text else "")
     param = "_cfg_" + path.replace(".", "__")
     if is_flag:
-        # a switch that is on by default is turned off by --no-x (or the off flag given: "--x/--no-y")
-        on_off = flag if "/" in flag or not default else f"{flag}/--no-{flag.removeprefix('--')}"
+        # a switch that is on by default is turned off by --no-x (or the off flag given: "--x/--no-y");
+        # one that is None by default (left to something else, a task's own value) is three-way: --x,
+        # --no-x, or neither (None)
+        both = "/" in flag or not (default or default is None)
+        on_off = flag if both else f"{flag}/--no-{flag.removeprefix('--')}"
         decls = [on_off, param]
         return click.option(
-            *decls, cls=ConfigOption, model=model, path=path, is_flag=True, default=bool(default),
-            show_default=bool(default), help=help_text,
+            *decls, cls=ConfigOption, model=model, path=path, is_flag=True,
+            default=None if default is None else bool(default), show_default=bool(default), help=help_text,
         )  # fmt: skip
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     return click.option(
         flag, param, cls=ConfigOption, model=model, path=path, type=kind, default=default, multiple=multiple,
-        show_default=default is not None, help=help_text,
+        show_default=default is not None, required=required, help=help_text,
     )  # fmt: skip
 
 

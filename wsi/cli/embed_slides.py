@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
 from wsi.cli._locations import PathOrUrl
+from wsi.cli._options import config_options
+from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.storage import Url
+
+# option -> SlideEmbedOptions field: defaults, choices and help come from the fields
+# (pipelines/embed_slides/config.py)
+EMBED_SLIDES_FLAGS = {
+    "--encoder": "encoder", "--weights": "weights", "--random-init": "random_init", "--level": "level",
+    "--slide-table": "slide_table", "--device": "device", "--overwrite": "overwrite",
+}  # fmt: skip
 
 
 @click.command(
@@ -37,50 +47,24 @@ another tile encoder (or weights), tile size or resolution are refused, naming b
     "--features", required=True, type=PathOrUrl(exists=True),
     help="Folder of tile-feature bags (wsi embed, STAMP), or one bag; or a folder's URL.",
 )  # fmt: skip
-@click.option("--encoder", required=True, help="Slide encoder name (see `wsi encoders --slide`).")
-@click.option(
-    "--weights", type=click.Path(path_type=Path), default=None,
-    help="The authors' checkpoint file, their model folder, or hf:ORG/REPO [default: a Hub model's file "
-    "in the Hugging Face cache].",
-)  # fmt: skip
-@click.option("--random-init", is_flag=True, help="No weights: random embeddings, for tests and demos only.")
 @click.option(
     "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False), help="Output folder (or URL)."
 )
-@click.option(
-    "--level", type=click.Choice(["slide", "patient"]), default="slide", show_default=True,
-    help="One embedding per slide, or per patient (needs --slide-table).",
-)  # fmt: skip
-@click.option(
-    "--slide-table", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
-    help="CSV with `patient` and `slide` columns, for --level patient.",
-)  # fmt: skip
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N, mps or auto.")
-@click.option("--overwrite", is_flag=True, help="Redo embeddings that already exist.")
+@config_options(SlideEmbedOptions, EMBED_SLIDES_FLAGS, into="settings")
 @user_errors
-def command(
-    features: Path | Url,
-    encoder: str,
-    weights: Path | None,
-    random_init: bool,
-    out_dir: Path | Url,
-    level: str,
-    slide_table: Path | None,
-    device: str,
-    overwrite: bool,
-) -> None:
+def command(features: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Embed each slide (or patient) with a slide-level foundation encoder."""
+    from wsi.config import parse_config
+
+    options = parse_config(SlideEmbedOptions, settings, source="wsi embed-slides options")
     ensure_writable_dir(out_dir)
     from wsi.pipelines.embed_slides import embed_slides
     from wsi.pipelines.jobs import RunSummary
     from wsi.storage import origin
 
-    folder, results = embed_slides(
-        features=features, encoder=encoder, out=out_dir, weights=weights, random_init=random_init,
-        level=level, slide_table=slide_table, overwrite=overwrite, device=device,
-    )  # fmt: skip
+    folder, results = embed_slides(features=features, out=out_dir, options=options)
     summary = RunSummary.of(results)
-    line = summary.line("embed-slides", unit="tiles", noun=f"{level}s")
+    line = summary.line("embed-slides", unit="tiles", noun=f"{options.level}s")
     click.echo(f"wsi {line} -> {origin(folder)}", err=True)
     for r in summary.problems[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)

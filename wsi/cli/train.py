@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from wsi.cli._common import ensure_writable_dir, mpp_option, scheduler_option, user_errors
+from wsi.cli._common import ensure_writable_dir, user_errors
 from wsi.cli._locations import PathOrUrl
-from wsi.cli._options import field_type
-from wsi.pipelines.run_record import RunRecord
-from wsi.pipelines.tasks import MAX_BAG_SIZE, TaskConfig
+from wsi.cli._options import config_options
+from wsi.pipelines.train.config import TrainOptions
 from wsi.storage import Url
+
+# option -> TrainOptions field: defaults, ranges, choices and help come from the fields
+# (pipelines/train/config.py)
+TRAIN_FLAGS = {
+    "--features": "features_dir", "--images": "images_dir", "--attention": "attention", "--preset": "preset",
+    "--device": "device", "--epochs": "epochs", "--seed": "seed", "--batch-size": "batch_size",
+    "--grad-accum": "grad_accum", "--bag-size": "bag_size", "--num-workers": "num_workers",
+    "--standardize-features": "standardize_features", "--cv": "cv", "--scheduler": "scheduler",
+    "--resume": "resume", "--init-from": "init_from", "--mpp": "mpp", "--progress": "progress",
+}  # fmt: skip
 
 
 @click.command(
@@ -59,20 +69,6 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 )
 @click.option("--task", required=True, help="Packaged task name (e.g. nsclc-subtype) or a task YAML path.")
 @click.option(
-    "--features",
-    "features_dir",
-    type=PathOrUrl(exists=True),
-    default=None,
-    help="Folder of feature bags (wsi embed, STAMP, CLAM, TRIDENT) for `input: bags` tasks, or its URL.",
-)
-@click.option(
-    "--images",
-    "images_dir",
-    type=PathOrUrl(exists=True),
-    default=None,
-    help="Folder of images for `input: images` tasks, or its URL.",
-)
-@click.option(
     "--labels",
     "labels_csv",
     required=True,
@@ -83,145 +79,45 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     "--out", "out_dir", required=True, type=PathOrUrl(file_okay=False),
     help="Run folder, or its URL (written locally, uploaded after every epoch and at the end).",
 )
-@click.option(
-    "--attention",
-    type=click.Choice(["seqnorm", "softmax", "sima", "gdla"]),
-    default=None,
-    help="Attention variant [default: the task's].",
-)
-@click.option(
-    "--preset", "model_preset", default=None,
-    help="Model preset: vit-wsi, vit-wsi-small, abmil; linear or mlp on slide embeddings [default: the "
-    "task's; linear when --features holds slide embeddings].",
-)  # fmt: skip
-@click.option(
-    "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
-)
-@click.option(
-    "--epochs",
-    type=field_type(TaskConfig, "epochs"),
-    default=None,
-    help="Maximum epochs [default: the task's].",
-)
-@click.option(
-    "--seed", type=field_type(TaskConfig, "seed"), default=None, help="Random seed [default: the task's]."
-)
-@click.option(
-    "--batch-size",
-    type=field_type(TaskConfig, "batch_size"),
-    default=None,
-    help="Bags per step [default: the task's].",
-)
-@click.option(
-    "--grad-accum",
-    type=field_type(TaskConfig, "grad_accum"),
-    default=None,
-    help="Batches per optimizer step.",
-)
-@click.option(
-    "--bag-size",
-    type=click.IntRange(min=1, max=MAX_BAG_SIZE),
-    default=None,
-    help="Train on random subsets of at most this many tiles per bag (augmentation; off by default).",
-)
-@click.option(
-    "--num-workers",
-    type=field_type(TaskConfig, "num_workers"),
-    default=None,
-    help="Background processes reading bags (GPU training: 2-8) [default: the task's].",
-)
-@click.option(
-    "--standardize-features/--no-standardize-features",
-    default=None,
-    help="Z-score each input feature with the training split's tile mean and sd (stored with the model, "
-    "applied in validation, test and predict) [default: the task's standardize_features].",
-)
-@click.option(
-    "--cv", type=field_type(RunRecord, "cv"), default=None, help="K-fold cross-validation (patient-grouped)."
-)
-@scheduler_option("Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).")
-@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out from its last epoch.")
-@click.option(
-    "--init-from",
-    type=PathOrUrl(exists=True),
-    default=None,
-    help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
-)
-@mpp_option(
-    "Level-0 um/px of the slides behind bags that store pixel coordinates (CLAM, TRIDENT); needed only "
-    "when the model uses tile positions. An `mpp` column in --labels wins per slide."
-)
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@config_options(TrainOptions, TRAIN_FLAGS, into="settings")
 @user_errors
-def command(
-    task: str,
-    features_dir: Path | Url | None,
-    images_dir: Path | Url | None,
-    labels_csv: Path | Url,
-    out_dir: Path | Url,
-    attention: str | None,
-    model_preset: str | None,
-    device: str,
-    epochs: int | None,
-    seed: int | None,
-    batch_size: int | None,
-    grad_accum: int | None,
-    bag_size: int | None,
-    num_workers: int | None,
-    standardize_features: bool | None,
-    cv: int | None,
-    scheduler: str | None,
-    resume: bool,
-    init_from: Path | Url | None,
-    mpp: float | None,
-    no_progress: bool,
-) -> None:
+def command(task: str, labels_csv: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Train a model for TASK on labelled feature bags (or images) and test it."""
-    if scheduler and not cv:
-        raise click.UsageError("--scheduler runs cross-validation folds in parallel; give --cv K too")
+    from wsi.config import parse_config
+
+    options = parse_config(TrainOptions, settings, source="wsi train options")  # exit 2 when refused
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
     from wsi.pipelines.train import train
 
-    overrides: dict[str, object] = {}
-    if bag_size is not None:
-        overrides["input_options.bag_size"] = bag_size
-    if num_workers is not None:
-        overrides["num_workers"] = num_workers
-    if model_preset is not None:
-        overrides["model.preset"] = model_preset
-    if standardize_features is not None:
-        overrides["standardize_features"] = standardize_features
-    result = train(
-        task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=features_dir, images_dir=images_dir,
-        attention=attention, device=device, cv=cv, scheduler=scheduler, resume=resume, init_from=init_from,
-        epochs=epochs, seed=seed, batch_size=batch_size, grad_accum=grad_accum,
-        overrides=overrides or None, progress=not no_progress, mpp=mpp,
-    )  # fmt: skip
+    result = train(task, labels_csv=labels_csv, out_dir=out_dir, options=options)
+    _report(result)
+
+
+def _report(result: Any) -> None:
+    """The run's headline figure and where its files are."""
     from wsi.pipelines.run_record import read_run_record
+    from wsi.pipelines.train import CvMetrics
     from wsi.storage import origin
 
-    record = read_run_record(result.run_dir)
     shown = origin(result.run_dir)  # a remote --out: its URL, not this machine's copy
-    kind = result.kind
-    m = result.metrics
-    if cv:
+    kind, m = result.kind, result.metrics
+    if isinstance(m, CvMetrics):
         key = kind.summary_keys[0]
-        a = m[key]
         name = "AUROC" if key == "auroc" else key
-        click.echo(
-            f"{cv}-fold {name} {_f(a['mean'])} +- {_f(a['std'])}; results in {shown}/metrics.json"
-        )
-        pooled = kind.summary_line(m["pooled"])
+        a = m.summary[key]
+        where = f"results in {shown}/metrics.json"
+        click.echo(f"{m.folds}-fold {name} {_f(a.mean)} +- {_f(a.std)}; {where}")
+        pooled = kind.summary_line(m.pooled)
         click.echo(f"pooled over the folds: {pooled}; report: {shown}/report.html")
-    else:
-        unit = "patients" if record.task.level == "patient" else "slides"
-        click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
-        if m.get("note"):  # e.g. an empty test split: the figures are the validation split's
-            click.echo(f"note: {m['note']}")
-        figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
-        drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
-        files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
-        click.echo(f"run folder: {shown} ({files})")
+        return
+    unit = "patients" if read_run_record(result.run_dir).task.level == "patient" else "slides"
+    click.echo(f"{m.split} {kind.summary_line(m.figures)} on {m.n} {unit}; best epoch {m.best_epoch}")
+    if m.note:  # e.g. an empty test split: the figures are the validation split's
+        click.echo(f"note: {m.note}")
+    figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
+    drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
+    files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"
+    click.echo(f"run folder: {shown} ({files})")
 
 
 def _f(value: float | None) -> str:
