@@ -112,7 +112,7 @@ def command(
         model_dir=model_dir, out_dir=out_dir, inputs=paths, features_dir=features_dir, options=options
     )
     failed = result.problems  # failed and empty slides: both make the exit code 1
-    noun = "patient(s)" if result.rows and "patient" in result.rows[0] else "slide(s)"
+    noun = f"{result.level}(s)"
     n_empty = len(result.summary.empty)
     empty = f", {n_empty} empty (kept no tile)" if n_empty else ""
     counts = f"{len(result.rows)} {noun} predicted, {len(failed) - n_empty} failed{empty}"
