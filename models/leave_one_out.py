@@ -28,7 +28,7 @@ def reforward_leave_one_out(
     """(B, N, C): logits(bag) - logits(bag with tile i masked out), exactly, 0 at padding.
 
     Masking a tile out (bool mask False) is the bag without it for every kind and attention variant
-    (tests/test_attribution.py checks it against deleting the tile). Copies of a bag are forwarded
+    (tests/models/test_attribution.py checks it against deleting the tile). Copies of a bag are forwarded
     together, `max_tokens // N` at a time.
     """
     b, n = x.shape[:2]

@@ -33,7 +33,7 @@ from wsi.json_types import JsonObject
 
 Recipe = Literal["small-cohort", "paper"]
 
-# The ranges of a task's numbers (tests/test_hostile_numbers.py checks every one is bounded): wide enough
+# The ranges of a task's numbers (tests/wsi/test_hostile_numbers.py checks every one is bounded): wide enough
 # for any real run, narrow enough that a typo fails when the YAML is read, not hours into training.
 MAX_EPOCHS = 100_000
 MAX_BAG_SIZE = 10**8  # input_options.bag_size (bags input): tiles drawn per training bag

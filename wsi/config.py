@@ -10,7 +10,7 @@ alike, and the CLI builds its options from them (`wsi.cli._options`), so they ca
 Every number a config holds is finite (NaN and infinities are refused when parsed and when built) and
 has a range on both sides that its meaning allows, from `setting(ge=..., le=...)` or an `Annotated`
 pydantic `Field` (tuple elements, model widths); `numeric_leaves` lists them, and
-tests/test_hostile_numbers.py checks that no numeric field of any config is left unbounded. A record
+tests/wsi/test_hostile_numbers.py checks that no numeric field of any config is left unbounded. A record
 that must hold an infinity (the resume state's best score, -inf before any estimable epoch) opts out
 with `config_model(finite=False)`.
 """

@@ -4,7 +4,7 @@ skimage.measure.label, which import it) that every tile run uses, written on sci
 Importing skimage.morphology loads scipy.spatial, scipy.sparse and scipy.linalg for other functions
 (0.15-0.4 s per process, most of what `wsi tile` imported after numpy and scipy.ndimage), while these
 are a few lines over scipy.ndimage. They return the same arrays as skimage 0.26's functions of the same
-names (tests/test_morphology.py compares them): a disk footprint has odd sides and is symmetric, so
+names (tests/wsi/test_morphology.py compares them): a disk footprint has odd sides and is symmetric, so
 skimage's padding and mirroring of footprints change nothing, and its default border mode, "reflect",
 is passed to scipy as it is.
 """

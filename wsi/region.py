@@ -151,7 +151,7 @@ def plan_region(
 @dataclass(frozen=True)
 class RegionPlans:
     """`plan_region` of many tiles of one slide at once, as arrays (the reader's hot path: no object per
-    tile). Row i equals plan_region of tile i field for field (tests/test_region.py checks it)."""
+    tile). Row i equals plan_region of tile i field for field (tests/wsi/test_region.py checks it)."""
 
     level: int
     tile_px: int

@@ -7,7 +7,7 @@ of CPU against 0.065 s. Where a level is one tiled TIFF page of 8-bit RGB or YCb
 SVS and generic tiled TIFF, the formats whose levels openslide reads page by page), `JpegTiles.read`
 decodes the stored tiles under a window with tifffile's decoder (imagecodecs' libjpeg-turbo, as
 openslide's), keeps the last few decoded (neighbouring tiles of a grid share stored tiles) and copies the
-window out. Same bytes as openslide's (tests/test_stored_tiles.py compares whole levels of both test
+window out. Same bytes as openslide's (tests/wsi/test_stored_tiles.py compares whole levels of both test
 slides), in a fifth of the time; a stored tile left empty (a sparse Aperio level) is white, as openslide's
 transparent pixels are over glass.
 

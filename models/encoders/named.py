@@ -7,7 +7,7 @@ which one we follow and why. `params` is the architecture's exact count (tests b
 device and compare, and compare with the published rounded figure).
 
 To add an encoder: one factory here with `@ENCODERS.register("name")`, a key layout in weights.py if
-the checkpoint does not use timm's names, and a row in tests/test_encoders.py's table.
+the checkpoint does not use timm's names, and a row in tests/models/test_encoders.py's table.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A million-tile bag is 4 GB of float16 features, 8 GB once cast to float32 for th
 whole is what makes a long slide die of memory. Above `STREAM_ABOVE_TILES` tiles, a slide's bag is
 read `READ_TILES` rows at a time into each model's `logits_from_chunks` (models.mil), which keeps only
 the tokens at model width plus one chunk and runs the same exact two-pass scheme as an in-memory
-forward, so the outputs are the in-memory ones (tests/test_predict_stream.py).
+forward, so the outputs are the in-memory ones (tests/pipelines/test_predict_stream.py).
 
 What streaming gives up: per-tile contributions (heatmaps, top tiles) need the whole bag's
 activations, so a streamed bag gets its prediction and a manifest note saying the heatmap was not

@@ -9,7 +9,7 @@ left out, the model computes it.
 Every number an option takes has a range on both sides and is finite: `FiniteFloatRange` refuses
 `nan` and `inf` (click's FloatRange lets NaN through: every comparison with it is false), and
 `field_type(Model, "path")` gives an option that no config model owns the range of the field it sets
-(`wsi train --seed` takes TaskConfig.seed's). tests/test_hostile_numbers.py checks every command.
+(`wsi train --seed` takes TaskConfig.seed's). tests/wsi/test_hostile_numbers.py checks every command.
 
 A `Literal` field is a choice of its values; a `tuple[X, ...]` field a repeatable option; a bool field a
 switch, `--x` (or `--x/--no-x` when on by default), or the flags given as `"--on/--off"`.

@@ -2,7 +2,7 @@
 (File > Import objects, or drag and drop) opens as annotations, detections or tiles.
 
 What QuPath's reader requires, read in qupath/qupath at commit e7662d89ec70 (qupath-core/src/main/java/
-qupath/lib/io/) and checked by `tests/qupath_rules.py`:
+qupath/lib/io/) and checked by `tests/helpers/qupath_rules.py`:
 - GsonTools.parseObjectsFromGeoJSON: a "FeatureCollection" gives the objects of its "features"; other
   top-level members (our "properties") are ignored.
 - QuPathTypeAdapters.PathObjectTypeAdapter.parseObject: "geometry" read by ROITypeAdapters.parseGeometry

@@ -8,7 +8,8 @@ each cell once however many output tiles lie over it, sorted by file offset and 
 `os.preadv` per run of neighbouring cells (gaps of up to MAX_GAP bytes are read into a scratch buffer and
 dropped) straight into their place in the batch buffer. Each tile lands HEAD - 2 bytes after its
 stream's start, so its own SOI marker lies where the last two bytes of the stream header go; writing the
-header over it leaves `jpeg.complete_jpeg(tile, tables, rgb)` byte for byte (tests/test_embed_feed.py).
+header over it leaves `jpeg.complete_jpeg(tile, tables, rgb)` byte for byte
+(tests/pipelines/test_embed_feed.py).
 
 Public API:
   cell_table(win, level) -> (grid0 (B,2), table (B,GH,GW), cells (J,2))    each touched cell once
