@@ -102,7 +102,7 @@ def test_a_kill_during_an_upload_leaves_nothing_a_rerun_takes_as_finished(
     died = _dying(["-q", *retile], "tiles/k-a.h5", tmp_path / "machine-1")
     assert died.returncode == 9, died.stderr[-3000:]
     keys = set(s3.objects(bucket, "killed/"))
-    assert "killed/tiles/k-a.h5" not in keys and "killed/tiles/k-b.h5" in keys
+    assert "killed/tiles/k-a.h5" not in keys  # (k-b, tiled beside it on another thread, may be up or not)
 
     # 3. another machine (a cache of its own) re-runs: both slides are tiled again and k-a is embedded
     monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "machine-2"))
