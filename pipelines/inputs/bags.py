@@ -358,8 +358,10 @@ class BagInput:
         contributions: torch.Tensor,
         out_png: Path,
         title: str = "",
+        label: str | None = None,
     ) -> None:
-        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here).
+        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here); `label`
+        names the colour bar (default: contributions).
 
         Bags whose resolution is unknown are drawn in level-0 pixels (the picture is the same, only the
         unit differs)."""
@@ -377,4 +379,5 @@ class BagInput:
             values=contributions.float().numpy(),
             out_png=out_png,
             title=title,
+            **({} if label is None else {"label": label}),
         )
