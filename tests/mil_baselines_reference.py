@@ -110,7 +110,7 @@ class RefTransMIL(nn.Module):
 
 # ----------------------------------------------------------------------------------------------- CLAM
 class RefAttnNetGated(nn.Module):
-    def __init__(self, L: int = 512, D: int = 256, n_classes: int = 1) -> None:  # noqa: N803 (authors' names)
+    def __init__(self, L: int = 512, D: int = 256, n_classes: int = 1) -> None:
         super().__init__()
         self.attention_a = nn.Sequential(nn.Linear(L, D), nn.Tanh(), nn.Dropout(0.25))
         self.attention_b = nn.Sequential(nn.Linear(L, D), nn.Sigmoid(), nn.Dropout(0.25))
@@ -123,7 +123,9 @@ class RefAttnNetGated(nn.Module):
 class RefCLAM(nn.Module):
     """CLAM_SB (multi_branch False) or CLAM_MB at size "small", gated, dropout 0.25."""
 
-    def __init__(self, n_classes: int = 2, embed_dim: int = 1024, *, multi_branch: bool, subtyping: bool) -> None:
+    def __init__(
+        self, n_classes: int = 2, embed_dim: int = 1024, *, multi_branch: bool, subtyping: bool
+    ) -> None:
         super().__init__()
         branches = n_classes if multi_branch else 1
         self.attention_net = nn.Sequential(
@@ -136,7 +138,9 @@ class RefCLAM(nn.Module):
         self.instance_classifiers = nn.ModuleList([nn.Linear(512, 2) for _ in range(n_classes)])
         self.k_sample, self.n_classes, self.subtyping, self.mb = 8, n_classes, subtyping, multi_branch
 
-    def forward(self, h: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, h: torch.Tensor, label: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h (N, D), label (1,) -> (logits (1, C), A_raw (K, N), instance loss)."""
         a, h = self.attention_net(h)
         a_raw = torch.transpose(a, 1, 0)
@@ -186,7 +190,9 @@ class RefBClassifier(nn.Module):
         v, q = self.v(feats), self.q(feats).view(feats.shape[0], -1)
         _, m_indices = torch.sort(c, 0, descending=True)
         q_max = self.q(torch.index_select(feats, dim=0, index=m_indices[0, :]))
-        a = F.softmax(torch.mm(q, q_max.transpose(0, 1)) / torch.sqrt(torch.tensor(q.shape[1], dtype=torch.float32)), 0)
+        a = F.softmax(
+            torch.mm(q, q_max.transpose(0, 1)) / torch.sqrt(torch.tensor(q.shape[1], dtype=torch.float32)), 0
+        )
         b = torch.mm(a.transpose(0, 1), v).view(1, a.shape[1], -1)
         return self.fcc(b).view(1, -1), a
 
@@ -207,7 +213,9 @@ class RefMILNet(nn.Module):
         ins, bag, _ = self(x)
         max_prediction, _ = torch.max(ins, 0)
         crit = nn.BCEWithLogitsLoss()
-        return 0.5 * crit(bag.view(1, -1), bag_label.view(1, -1)) + 0.5 * crit(max_prediction.view(1, -1), bag_label.view(1, -1))
+        return 0.5 * crit(bag.view(1, -1), bag_label.view(1, -1)) + 0.5 * crit(
+            max_prediction.view(1, -1), bag_label.view(1, -1)
+        )
 
 
 # ------------------------------------------------------------------------------------------- DTFD-MIL
@@ -221,7 +229,7 @@ class RefClassifier1fc(nn.Module):
 
 
 class RefAttentionGated(nn.Module):
-    def __init__(self, L: int = 512, D: int = 128, K: int = 1) -> None:  # noqa: N803 (authors' names)
+    def __init__(self, L: int = 512, D: int = 128, K: int = 1) -> None:
         super().__init__()
         self.attention_V = nn.Sequential(nn.Linear(L, D), nn.Tanh())
         self.attention_U = nn.Sequential(nn.Linear(L, D), nn.Sigmoid())
@@ -233,7 +241,7 @@ class RefAttentionGated(nn.Module):
 
 
 class RefAttentionWithClassifier(nn.Module):
-    def __init__(self, L: int = 512, num_cls: int = 2) -> None:  # noqa: N803
+    def __init__(self, L: int = 512, num_cls: int = 2) -> None:
         super().__init__()
         self.attention = RefAttentionGated(L, 128, 1)
         self.classifier = RefClassifier1fc(L, num_cls)

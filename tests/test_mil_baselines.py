@@ -96,7 +96,9 @@ def test_transmil_attention_is_the_authors_class_token_row() -> None:
         ours.tile_contributions(x)
 
 
-@pytest.mark.parametrize(("preset", "n_classes"), [("clam-sb", 2), ("clam-mb", 2), ("clam-sb", 3), ("clam-mb", 3)])
+@pytest.mark.parametrize(
+    ("preset", "n_classes"), [("clam-sb", 2), ("clam-mb", 2), ("clam-sb", 3), ("clam-mb", 3)]
+)
 def test_clam_equals_the_authors_forward_parameters_and_loss(preset: str, n_classes: int) -> None:
     torch.manual_seed(0)
     mb, subtyping = preset == "clam-mb", n_classes > 2  # subtyping: auto (the authors' subtyping task)
@@ -133,7 +135,9 @@ def test_dsmil_equals_the_authors_forward_parameters_and_loss() -> None:
         with torch.no_grad():
             inst, top, ours_bag, ours_a = ours.streams(x)
             assert (inst[0] - classes).abs().max() <= ATOL
-            assert (ours_bag - bag).abs().max() <= ATOL and (ours(x) - bag).abs().max() <= ATOL  # readout: bag
+            assert (ours_bag - bag).abs().max() <= ATOL and (
+                ours(x) - bag
+            ).abs().max() <= ATOL  # readout: bag
             assert (ours_a[0] - a).abs().max() <= ATOL
             assert (top[0] - classes.max(0).values).abs().max() <= ATOL
             y = torch.tensor([label])
@@ -143,7 +147,9 @@ def test_dsmil_equals_the_authors_forward_parameters_and_loss() -> None:
 
 
 @pytest.mark.parametrize("distill", ["AFS", "MaxS", "MaxMinS"])
-def test_dtfd_equals_the_authors_tiers_parameters_and_losses(distill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dtfd_equals_the_authors_tiers_parameters_and_losses(
+    distill: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
     ref = RefDTFD().eval()
     ours = build_model("dtfd", distill=distill).eval()
@@ -171,7 +177,9 @@ def test_dtfd_one_loss_gives_the_gradients_of_the_authors_two_optimizers() -> No
     ref = RefDTFD()
     x, y = torch.randn(30, 1024), torch.tensor([0])
     chunks = ref.split(30, 4, seed=1)
-    opt0 = torch.optim.Adam([*ref.classifier.parameters(), *ref.attention.parameters(), *ref.dim_reduction.parameters()])
+    opt0 = torch.optim.Adam(
+        [*ref.classifier.parameters(), *ref.attention.parameters(), *ref.dim_reduction.parameters()]
+    )
     loss0, loss1, _ = ref.losses(x, y, chunks, "AFS")
     opt0.zero_grad()
     loss0.backward(retain_graph=True)
@@ -239,7 +247,7 @@ def test_dsmil_mean_readout_contributions_include_the_critical_tiles() -> None:
     x = torch.randn(1, 15, IN)
     with torch.no_grad():
         contrib, base = model.logit_decomposition(x)
-        inst, top, bag, _ = model.streams(x)
+        _, top, bag, _ = model.streams(x)
         torch.testing.assert_close(model(x), 0.5 * (bag + top))
     torch.testing.assert_close(base + contrib.sum(1), model(x), atol=ATOL, rtol=0)
 
@@ -295,5 +303,16 @@ def test_models_without_a_class_per_bag_are_refused_for_other_task_kinds() -> No
 def test_authors_state_dicts_of_another_layout_are_refused_by_key() -> None:
     state = dict(RefMILNet().state_dict())
     state["b_classifier.extra.weight"] = torch.zeros(1)
-    with pytest.raises(ConfigError, match="b_classifier.extra.weight"):
+    with pytest.raises(ConfigError, match=r"b_classifier\.extra\.weight"):
         dsmil.from_authors_state_dict(state)
+
+
+def test_dtfd_clips_each_of_the_authors_modules_before_the_step() -> None:
+    model = _tiny("dtfd").train()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 100.0)
+    model.before_optimizer_step()
+    tier2 = (model.tier2_attention, model.tier2_head)
+    for modules in [(model.reduce,), (model.tier1_attention,), (model.tier1_head,), tier2]:
+        grads = [p.grad for m in modules for p in m.parameters()]
+        assert torch.nn.utils.get_total_norm(grads) == pytest.approx(5.0, rel=1e-4)

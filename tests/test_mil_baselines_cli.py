@@ -154,13 +154,16 @@ def test_preset_option_and_refusal_of_other_task_kinds(runs, tmp_path: Path) -> 
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model"]["kind"] == "dsmil"
     labels = tmp_path / "os.csv"
     patients = sorted(set(cohort.patient_of.values()))  # nsclc-os is patient-level: one label each
-    rows = [f"{s},{10 + patients.index(cohort.patient_of[s])},{patients.index(cohort.patient_of[s]) % 2}"
-            for s in cohort.slides]  # fmt: skip
+    index = {s: patients.index(cohort.patient_of[s]) for s in cohort.slides}
+    rows = [f"{s},{10 + index[s]},{index[s] % 2}" for s in cohort.slides]
     labels.write_text("slide,OS_MONTHS,OS_STATUS\n" + "\n".join(rows) + "\n")
-    refused = CliRunner().invoke(cli, ["train", "--task", "nsclc-os", "--features", str(cohort.bags), "--labels",
-                                       str(labels), "--out", str(tmp_path / "s"), "--preset", "clam-sb"])  # fmt: skip
+    survival = ["train", "--task", "nsclc-os", "--features", str(cohort.bags), "--labels", str(labels),
+                "--out", str(tmp_path / "s")]  # fmt: skip
+    refused = CliRunner().invoke(cli, [*survival, "--preset", "clam-sb"])
     assert refused.exit_code == 2
-    assert "clam-sb (clam_sb) trains categorical tasks only" in refused.output and "survival" in refused.output
+    assert (
+        "clam-sb (clam_sb) trains categorical tasks only" in refused.output and "survival" in refused.output
+    )
 
 
 @pytest.mark.slow
@@ -176,10 +179,13 @@ def test_raw_slides_predict_like_their_bags(tmp_path: Path) -> None:
 
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
+    params = TileParams(tile_um=96, tile_px=32, min_blur_variance=0)
     embed_slides(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
-                 tile_params=TileParams(tile_um=96, tile_px=32, min_blur_variance=0), progress=False)  # fmt: skip
+                 tile_params=params, progress=False)  # fmt: skip
     labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label\n" + "".join(f"{s.path.stem},{CLASSES[i % 2]}\n" for i, s in enumerate(slides)))
+    labels.write_text(
+        "slide,label\n" + "".join(f"{s.path.stem},{CLASSES[i % 2]}\n" for i, s in enumerate(slides))
+    )
     bags = tmp_path / "emb" / "features" / "timm-resnet18"
     for preset in PRESETS:
         run = tmp_path / preset
@@ -187,7 +193,9 @@ def test_raw_slides_predict_like_their_bags(tmp_path: Path) -> None:
               out_dir=run, progress=False)  # fmt: skip
         from_slides = predict(model_dir=run, inputs=[slides[0].path], out_dir=tmp_path / f"{preset}-s",
                               progress=False)  # fmt: skip
-        from_bags = predict(model_dir=run, features_dir=bags, out_dir=tmp_path / f"{preset}-b", progress=False)
+        from_bags = predict(
+            model_dir=run, features_dir=bags, out_dir=tmp_path / f"{preset}-b", progress=False
+        )
         want = {r["slide"]: r for r in from_bags.rows}[slides[0].path.stem]
         (row,) = from_slides.rows
         for c in CLASSES:

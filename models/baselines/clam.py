@@ -111,6 +111,10 @@ class CLAM(KindModel):
     kind_name: ClassVar[str] = "clam_sb"
 
     # --- pieces --------------------------------------------------------------------------------------
+    def _dtype(self) -> torch.dtype:
+        """The parameters' dtype (the embedding's first layer)."""
+        return self.attention.score.weight.dtype
+
     def _class_weights(self) -> tuple[Tensor, Tensor]:
         """(W (C, hidden), b (C,)) of the bag classifier(s)."""
         if self.head is not None:
@@ -119,7 +123,7 @@ class CLAM(KindModel):
         return self.branch_weight, self.branch_bias
 
     def _embed(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = standardize_input(self, x).to(self.embed[0].weight.dtype)
+        x = standardize_input(self, x).to(self._dtype())
         if mask is not None:
             x = x.masked_fill(~mask[..., None], 0.0)
         return self.embed(x)
@@ -227,7 +231,8 @@ class CLAM(KindModel):
                 tiles, targets = h[top], torch.zeros(k, dtype=torch.long, device=h.device)
             else:
                 continue
-            total = total + F.cross_entropy(classifier(tiles.to(classifier.weight.dtype)).float(), targets)
+            tiles = tiles.to(self._dtype())  # the objective runs outside autocast: h may be bf16
+            total = total + F.cross_entropy(classifier(tiles).float(), targets)
         return total / len(self.instance_heads) if self.config.is_subtyping else total
 
     # --- explanations --------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ class DTFD(KindModel):
         out = []
         for _, feats in bags(x, mask):
             if chunk and not torch.is_grad_enabled():
-                out.append(self._two_pass(lambda f=feats: iter(f.split(chunk)), feats.shape[0]))
+                out.append(self._two_pass(_splitter(feats, chunk), feats.shape[0]))
             elif self.training:
                 out.append(self._tier2(self._split_pieces(feats, self.splits(feats.shape[0]))[1])[0][None])
             else:
@@ -327,6 +327,11 @@ class DTFD(KindModel):
             else:
                 out[b, mask[b]] = rows
         return out.to(self.tier2_head.weight.dtype)
+
+
+def _splitter(feats: Tensor, chunk: int) -> Parts:
+    """A fresh iterator over `feats` in chunks of `chunk` rows, each time it is called."""
+    return lambda: iter(feats.split(chunk))
 
 
 def from_authors_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:

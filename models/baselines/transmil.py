@@ -114,9 +114,13 @@ class PPEG(nn.Module):
     def _mix(self, img: Tensor, sl: slice) -> Tensor:
         """img (B, c, side, side) holding channels `sl` -> the encoded channels (authors' order of sums)."""
         c = img.shape[1]
-        out = F.conv2d(img, self.conv7.weight[sl], self.conv7.bias[sl], padding=3, groups=c) + img
-        out = out + F.conv2d(img, self.conv5.weight[sl], self.conv5.bias[sl], padding=2, groups=c)
-        return out + F.conv2d(img, self.conv3.weight[sl], self.conv3.bias[sl], padding=1, groups=c)
+
+        def conv(layer: nn.Conv2d) -> Tensor:
+            bias = None if layer.bias is None else layer.bias[sl]
+            return F.conv2d(img, layer.weight[sl], bias, padding=layer.padding, groups=c)
+
+        out = conv(self.conv7) + img
+        return out + conv(self.conv5) + conv(self.conv3)
 
     def forward(self, t: Tensor, side: int) -> Tensor:
         """Tokens (B, 1 + side^2, dim), class token first -> the same shape."""

@@ -365,7 +365,7 @@ class BagInput:
 
         Bags whose resolution is unknown are drawn in level-0 pixels (the picture is the same, only the
         unit differs)."""
-        from wsi.pipelines.heatmaps import render_heatmap
+        from wsi.pipelines.heatmaps import CONTRIBUTION_LABEL, render_heatmap
 
         if "coords_um" in sample:
             coords, size = sample["coords_um"].numpy(), sample.get("tile_size_um")
@@ -379,5 +379,5 @@ class BagInput:
             values=contributions.float().numpy(),
             out_png=out_png,
             title=title,
-            **({} if label is None else {"label": label}),
+            label=label or CONTRIBUTION_LABEL,
         )
