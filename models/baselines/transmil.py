@@ -19,10 +19,12 @@ reads the bag order as an image; our bags are in raster order), so TransMIL is n
 Memory. The square padding, PPEG and the landmarks all span the whole sequence, so a bag cannot be cut
 into independent chunks. Without gradients, a bag of more than `LEAN_ABOVE_TOKENS` tokens (or any bag
 when `max_tokens_per_chunk` is set) runs `NystromAttention.forward_lean`: one head and one chunk of
-queries at a time, holding three (N, 512) float32 buffers, about 6 KB per tile (0.6 GB at 100,000
-tiles, 6 GB at a million), never the (8, N, 256) similarity matrices the one-pass code holds (~40 KB
-per tile). `logits_from_chunks` builds the token buffer from features streamed off disk
-(pipelines.predict.stream). Training holds the one-pass activations: subsample long bags (--bag-size).
+queries at a time, holding the (N, 512) tokens, their LayerNorm and the attention output plus one
+head's (N, 64) q, k, v and (256, N) landmark attention: linear in N, 1.4 GB above the features at
+100,000 tiles on the CPU (docs/benchmarks.md), never the (8, N, 256) similarity matrices of all heads
+that the one-pass code holds. `logits_from_chunks` builds the token buffer from features streamed off
+disk (pipelines.predict.stream), so the features never sit in memory whole. Training holds the
+one-pass activations: subsample long bags (--bag-size).
 
 Explanations: no additive per-tile share of the logits exists (two attention layers and a
 convolution before the class token), so `tile_contributions` refuses; `attention_weights` is the last

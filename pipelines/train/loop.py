@@ -114,7 +114,8 @@ def train_epoch(
     total = torch.zeros((), device=device)
     n_batches = len(loader)
     group_bags = kind.group_bags if kind is not None else 1
-    pending: list[tuple[torch.Tensor, Objective | None, Batch]] = []
+    pending: list[tuple[torch.Tensor, Batch]] = []
+    objective: Objective | None = None  # the model's own objective for the pending batch, if it has one
     n_losses = 0
     watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
@@ -127,11 +128,15 @@ def train_epoch(
             if augment is not None:
                 batch = augment(batch)
             with autocast():
-                pending.append((*_training_forward(model, batch), batch))  # logits (B, C), objective
-        if sum(b.x.shape[0] for _, _, b in pending) < group_bags and not last:
+                logits, objective = _training_forward(model, batch)
+            pending.append((logits, batch))
+        if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
             continue
-        loss = _group_loss(pending, kind, class_weights)
-        watch.loss(loss, [i for _, _, b in pending for i in b.ids])
+        if objective is None:
+            loss = _group_loss(pending, kind, class_weights)
+        else:
+            loss = _objective_loss(pending, objective, kind, class_weights)
+        watch.loss(loss, [i for _, b in pending for i in b.ids])
         pending = []
         (loss / grad_accum).backward()
         total += loss.detach()
@@ -154,34 +159,40 @@ def train_epoch(
 
 
 def _group_loss(
-    pending: list[tuple[torch.Tensor, Objective | None, Batch]],
+    pending: list[tuple[torch.Tensor, Batch]], kind: TaskKind | None, class_weights: torch.Tensor | None
+) -> torch.Tensor:
+    """The loss over the batches kept for one loss (one batch, or a set of bags for a Cox loss)."""
+    if len(pending) == 1:
+        logits, batch = pending[0]
+        labels, targets = batch.labels, batch.targets
+    else:
+        logits = torch.cat([lg for lg, _ in pending])
+        labels = torch.cat([b.labels for _, b in pending])
+        targets = torch.cat([b.targets for _, b in pending if b.targets is not None])
+    if kind is None:
+        return F.cross_entropy(logits.float(), labels, weight=class_weights)
+    if targets is None:
+        raise ValueError("batches reach the loss without targets; build loaders with pipelines.cases")
+    return kind.loss(logits.float(), targets, labels)
+
+
+def _objective_loss(
+    pending: list[tuple[torch.Tensor, Batch]],
+    objective: Objective,
     kind: TaskKind | None,
     class_weights: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The loss over the batches kept for one loss (one batch, or a set of bags for a Cox loss); a
-    model's own objective (one batch: those models train categorical tasks) when it gives one."""
-    if len(pending) == 1:
-        logits, objective, batch = pending[0]
-        labels, targets = batch.labels, batch.targets
-    else:
-        if any(obj is not None for _, obj, _ in pending):
-            raise ConfigError("a model with its own training objective cannot pool bags into one loss")
-        objective = None
-        logits = torch.cat([lg for lg, _, _ in pending])
-        labels = torch.cat([b.labels for _, _, b in pending])
-        targets = torch.cat([b.targets for _, _, b in pending if b.targets is not None])
-    if kind is not None and targets is None:
-        raise ValueError("batches reach the loss without targets; build loaders with pipelines.cases")
+    """A model's own objective over one batch, given the task's loss of any (B, C) logits of its bags
+    (models with an objective train categorical tasks: one batch is one loss)."""
+    if len(pending) != 1:
+        raise ConfigError("a model with its own training objective cannot pool bags into one loss")
+    batch = pending[0][1]
 
-    def task_loss(lg: torch.Tensor) -> torch.Tensor:
-        if kind is None or targets is None:
-            return F.cross_entropy(lg.float(), labels, weight=class_weights)
-        return kind.loss(lg.float(), targets, labels)
+    def task_loss(logits: torch.Tensor) -> torch.Tensor:
+        return _group_loss([(logits, batch)], kind, class_weights)
 
-    if objective is None:
-        return task_loss(logits)
     weights = class_weights if kind is None else getattr(kind, "class_weights", None)
-    return objective(LossInputs(task_loss=task_loss, labels=labels, class_weights=weights))
+    return objective(LossInputs(task_loss=task_loss, labels=batch.labels, class_weights=weights))
 
 
 # ---------------------------------------------------------------------------------------------- fit
