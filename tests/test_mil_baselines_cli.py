@@ -37,7 +37,7 @@ CV = {"transmil": ["--cv", "2"]}
 
 def _task(path: Path, preset: str, **changes: Any) -> Path:
     model = {"preset": preset, "overrides": TINY[preset]}
-    return write_task(path, model=model, epochs=2, patience=2, bootstrap=20, **changes)
+    return write_task(path, **{"model": model, "epochs": 2, "patience": 2, "bootstrap": 20, **changes})
 
 
 @pytest.fixture(scope="module")
