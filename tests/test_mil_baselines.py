@@ -10,6 +10,7 @@ batches equal to each bag alone, bf16 autocast, and categorical-only kinds refus
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -316,3 +317,27 @@ def test_dtfd_clips_each_of_the_authors_modules_before_the_step() -> None:
     for modules in [(model.reduce,), (model.tier1_attention,), (model.tier1_head,), tier2]:
         grads = [p.grad for m in modules for p in m.parameters()]
         assert torch.nn.utils.get_total_norm(grads) == pytest.approx(5.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["clam-sb", "dsmil", "dtfd"])
+def test_long_bags_run_in_chunks_without_gradients(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above CHUNK_ABOVE_TILES (16,384; 10 here) a no-grad forward takes the exact chunked path."""
+    from wsi.models.baselines import layers
+
+    monkeypatch.setattr(layers, "CHUNK_ABOVE_TILES", 10)
+    monkeypatch.setattr(layers, "AUTO_CHUNK", 3)
+    model = _tiny(name)
+    seen: list[int] = []
+    real = layers.chunks_of
+
+    def spy(x: torch.Tensor, mask: torch.Tensor | None, size: int) -> Any:
+        seen.append(size)
+        return real(x, mask, size)
+
+    monkeypatch.setattr(sys.modules[type(model).__module__], "chunks_of", spy, raising=False)
+    x = torch.randn(1, 25, IN)
+    plain = model(x).detach()  # gradients on: one pass
+    with torch.no_grad():
+        chunked = model(x)
+    assert (chunked - plain).abs().max() <= ATOL
+    assert name == "dtfd" or set(seen) == {3}  # dsmil reads its chunks twice; dtfd splits the bag itself

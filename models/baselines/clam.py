@@ -18,9 +18,10 @@ topk fails below k tiles). `subtyping: auto` is on for more than two classes, as
 task sets it. The bag loss is the task's (cross-entropy, with its class weights when asked).
 
 Explanations are exact: the classifier is linear after a convex pooling, so tile k's contribution to
-class c is a_ck (w_c . h_k) and logits = bias + the contributions. Long bags: without gradients,
-`max_tokens_per_chunk` computes the scores and each tile's class scores chunk by chunk (exact), and
-`logits_from_chunks` does it for a bag streamed from disk; only (N, K) and (N, C) values are kept.
+class c is a_ck (w_c . h_k) and logits = bias + the contributions. Long bags: without gradients, a
+bag above 16,384 tiles (or any with `max_tokens_per_chunk`) gets its scores and each tile's class
+scores chunk by chunk (exact), as `logits_from_chunks` does for a bag streamed from disk; only (N, K)
+and (N, C) values are kept for the whole bag.
 Categorical tasks only: the instance loss needs each bag's class.
 """
 
@@ -37,7 +38,14 @@ from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import AttentionScores, check_bags, chunks_of, masked_softmax, renamed
+from wsi.models.baselines.layers import (
+    AttentionScores,
+    check_bags,
+    chunk_for,
+    chunks_of,
+    masked_softmax,
+    renamed,
+)
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep
 from wsi.models.standardize import standardize_input
@@ -150,7 +158,7 @@ class CLAM(KindModel):
         max_tokens_per_chunk: int | None = None,
     ) -> Tensor:
         """x (B, N, in_dim), mask (B, N) True = real -> logits (B, C); coords_um is ignored."""
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
+        chunk = chunk_for(x.shape[1], max_tokens_per_chunk, self.config.max_tokens_per_chunk)
         if chunk and not torch.is_grad_enabled():
             check_bags(self.kind_name, self.config.in_dim, x, mask)
             contrib, base = self._chunked(chunks_of(x, mask, chunk), x.shape[:2], mask)

@@ -21,9 +21,10 @@ task's loss on each stream, 0.5 each). Categorical tasks only: both need each ba
 
 Explanations are exact: the bag stream is linear in B, so tile k's contribution to class i is
 sum_j A_kj (W_b[i, j] . v_k), and with `readout: mean` half of it plus half of class i's instance logit
-at its critical tile. Long bags: without gradients, `max_tokens_per_chunk` runs two passes over chunks
-(the critical tiles, then an online softmax accumulating B), keeping only (N, C) values;
-`logits_from_chunks` reads a streamed bag twice the same way (it needs a re-iterable source).
+at its critical tile. Long bags: without gradients, a bag above 16,384 tiles (or any with
+`max_tokens_per_chunk`) runs two passes over chunks (the critical tiles, then an online softmax
+accumulating B), keeping only (C, D) sums; `logits_from_chunks` reads a streamed bag twice the same way
+(it needs a re-iterable source).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import check_bags, chunks_of, masked_softmax
+from wsi.models.baselines.layers import check_bags, chunk_for, chunks_of, masked_softmax
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep, weighted_mean
 from wsi.models.standardize import standardize_input
@@ -144,7 +145,7 @@ class DSMIL(KindModel):
         max_tokens_per_chunk: int | None = None,
     ) -> Tensor:
         """x (B, N, in_dim), mask (B, N) True = real -> logits (B, C) of the readout; coords ignored."""
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
+        chunk = chunk_for(x.shape[1], max_tokens_per_chunk, self.config.max_tokens_per_chunk)
         if chunk and not torch.is_grad_enabled():
             check_bags("dsmil", self.config.in_dim, x, mask)
             out = []

@@ -31,9 +31,10 @@ use one pseudo-bag per tile (the authors' split would leave some empty). Categor
 
 Explanations are exact: each distilled feature is a fixed combination of tiles (AFS: the weights a;
 MaxS/MaxMinS: the chosen tiles), so logits = b2 + sum_k w_k (W2 h_k) with w = tier-2 weights times
-that combination, and `attention_weights` is w. Long bags: without gradients, `max_tokens_per_chunk`
-runs two passes over chunks (scores and class scores, then the distilled features), keeping (N, 2 + C)
-values; `logits_from_chunks` reads a streamed bag twice the same way (re-iterable source).
+that combination, and `attention_weights` is w. Long bags: without gradients, a bag above 16,384
+tiles (or any with `max_tokens_per_chunk`) runs two passes over chunks (scores and class scores, then
+the distilled features), keeping (N, 1 + C) scores and the pseudo-bags' (G + P, N) weights;
+`logits_from_chunks` reads a streamed bag twice the same way (re-iterable source).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import AttentionScores, bags, check_bags, renamed
+from wsi.models.baselines.layers import AttentionScores, bags, check_bags, chunk_for, renamed
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep
 from wsi.models.standardize import standardize_input
@@ -194,7 +195,7 @@ class DTFD(KindModel):
         """x (B, N, in_dim), mask (B, N) True = real -> tier-2 logits (B, C); coords ignored. Training:
         a random split per bag; otherwise the mean over the deterministic splits."""
         check_bags("dtfd", self.config.in_dim, x, mask)
-        chunk = max_tokens_per_chunk or self.config.max_tokens_per_chunk
+        chunk = chunk_for(x.shape[1], max_tokens_per_chunk, self.config.max_tokens_per_chunk)
         out = []
         for _, feats in bags(x, mask):
             if chunk and not torch.is_grad_enabled():

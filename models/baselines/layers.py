@@ -14,6 +14,15 @@ from torch import Tensor, nn
 
 from wsi.errors import ConfigError
 
+#: without gradients, bags of more tiles than this run in chunks of `AUTO_CHUNK` (exact; bounded memory)
+CHUNK_ABOVE_TILES = 16384
+AUTO_CHUNK = 4096
+
+
+def chunk_for(n_tiles: int, asked: int | None, configured: int | None) -> int | None:
+    """The chunk of a no-grad pass: the call's, the config's, else AUTO_CHUNK above CHUNK_ABOVE_TILES."""
+    return asked or configured or (AUTO_CHUNK if n_tiles > CHUNK_ABOVE_TILES else None)
+
 
 def check_bags(name: str, in_dim: int, x: Tensor, mask: Tensor | None) -> None:
     """ConfigError naming what is wrong with a batch of bags x (B, N, in_dim) and its bool mask (B, N)."""
@@ -91,4 +100,7 @@ def renamed(state: dict[str, Tensor], table: dict[str, str]) -> dict[str, Tensor
     return out
 
 
-__all__ = ["AttentionScores", "bags", "check_bags", "chunks_of", "masked_softmax", "renamed"]
+__all__ = [
+    "AUTO_CHUNK", "CHUNK_ABOVE_TILES", "AttentionScores", "bags", "check_bags", "chunk_for", "chunks_of",
+    "masked_softmax", "renamed",
+]  # fmt: skip

@@ -28,6 +28,7 @@ Examples:
   wsi train --task my-task.yaml --features clam/h5_files --labels labels.csv --out m/ --mpp 0.25  # CLAM
   wsi train --task nsclc-subtype --features run/feather-slide --labels labels.csv --out probe/ --cv 5
   wsi train --task nsclc-subtype --features run/chief-slide --labels l.csv --out m/ --preset mlp
+  wsi train --task my-task.yaml --features bags/ --labels labels.csv --out clam/ --cv 5 --preset clam-sb
 
 \b
 Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the
@@ -85,8 +86,9 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 )
 @click.option(
     "--preset", "model_preset", default=None,
-    help="Model preset: vit-wsi, vit-wsi-small, abmil; linear or mlp on slide embeddings [default: the "
-    "task's; linear when --features holds slide embeddings].",
+    help="Model preset: vit-wsi, vit-wsi-small, abmil; the authors' transmil, clam-sb, clam-mb, dsmil, dtfd "
+    "(the last four: categorical tasks); linear or mlp on slide embeddings [default: the task's; linear "
+    "when --features holds slide embeddings].",
 )  # fmt: skip
 @click.option(
     "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
