@@ -200,10 +200,14 @@ def _measure(model_name: str, tiles: int, mode: str, queue: Any) -> None:
     queue.put((seconds, peak))
 
 
-def run_cost(out: Path, models: Sequence[str], sizes: Sequence[int]) -> list[dict[str, str]]:
+def run_cost(
+    out: Path, models: Sequence[str], sizes: Sequence[int], train_tiles: int
+) -> list[dict[str, str]]:
+    """Inference at each of `sizes` tiles, then one training step at `train_tiles` (0: none)."""
     ctx = mp.get_context("spawn")
     rows: list[dict[str, str]] = []
-    plan = [(m, n, "infer") for n in sizes for m in models] + [(m, min(sizes), "train") for m in models]
+    plan = [(m, n, "infer") for n in sizes for m in models]
+    plan += [(m, train_tiles, "train") for m in models if train_tiles]
     for model, tiles, mode in plan:
         queue = ctx.Queue()
         proc = ctx.Process(target=_measure, args=(model, tiles, mode, queue))
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost", type=Path, default=None, metavar="OUT", help="time and memory per model")
     ap.add_argument("--cost-sizes", nargs="*", type=int, default=[10_000, 100_000])
     ap.add_argument("--cost-models", nargs="*", default=list(COST_MODELS), choices=COST_MODELS)
+    ap.add_argument("--cost-train-tiles", type=int, default=10_000, help="one training step (0: none)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, default=None, help="folder for mil_baselines.csv (and resuming)")
     args = ap.parse_args(argv)
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cost is not None:
         args.cost.mkdir(parents=True, exist_ok=True)
-        rows = run_cost(args.cost, args.cost_models, args.cost_sizes)
+        rows = run_cost(args.cost, args.cost_models, args.cost_sizes, args.cost_train_tiles)
         print(f"\none bag, 1024-d features, 1 torch thread; {cpu_model()}\n")
         print(cost_table(rows))
         return 0

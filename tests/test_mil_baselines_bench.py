@@ -82,7 +82,8 @@ def test_tiny_runs_write_rows_and_tables(tmp_path: Path, capsys: pytest.CaptureF
     rows = list(csv.DictReader((tmp_path / "mil_baselines.csv").open()))
     assert [(r["model"], r["fold"]) for r in rows] == [(m, str(k)) for m in ("abmil", "dtfd") for k in (1, 2)]
     assert "| synthetic-16-s101 | dtfd | 1 |" in capsys.readouterr().out
-    code = main(["--cost", str(tmp_path), "--cost-sizes", "200", "--cost-models", "clam-sb", "transmil"])
+    code = main(["--cost", str(tmp_path), "--cost-sizes", "200", "--cost-models", "clam-sb", "transmil",
+                 "--cost-train-tiles", "200"])  # fmt: skip
     assert code == 0
     cost = list(csv.DictReader((tmp_path / "mil_baselines_cost.csv").open()))
     assert [(r["model"], r["mode"]) for r in cost] == [
