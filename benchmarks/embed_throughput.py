@@ -23,13 +23,11 @@ repeated as several slide jobs to reach --tiles; each job writes its own bag.
     python benchmarks/embed_throughput.py --device cuda --readers 15 --tiles 30000   # one H100
     python benchmarks/embed_throughput.py --device cuda --decode cpu     # openslide decoding, to compare
     python benchmarks/embed_throughput.py --device cpu --encoders all --forward-only --tiles 4
-    python benchmarks/embed_throughput.py --device cuda --encoders all --tiles 20000   # one GPU
     python benchmarks/embed_throughput.py --device cpu --encoders retccl,ctranspath,uni --tiles 48 \
         --one-pass --out /tmp/bench                  # the multi-encoder path on a CPU (a few minutes)
 
---decode device (the default on CUDA): readers only slice the compressed JPEG tiles out of the file and
-the main process decodes (nvjpeg on CUDA), assembles and resizes them on the device (device_decode/); the
-"read" row then includes that decoding, so it is the whole feed.
+--decode device (the default on CUDA): readers only slice the compressed JPEG tiles out of the file, the main
+process decodes (nvjpeg), assembles and resizes them on the device; "read" then includes decoding.
 
 Writes embed_throughput_<device>.csv into --out (default docs/) and prints a markdown table with the
 ratios end2end / forward (what reading, decoding and writing cost beside the network) and the goal check
@@ -77,6 +75,7 @@ from wsi.pipelines.embed.engine import (  # noqa: E402
     resolve_decode,
 )
 from wsi.pipelines.embed.feed import iter_batches  # noqa: E402
+from wsi.slide import open_slide  # noqa: E402
 from wsi.synthetic import write_sample_slide  # noqa: E402
 from wsi.tiling import make_grid  # noqa: E402
 
@@ -159,6 +158,7 @@ def measure_end2end(
     runtimes: list[Runtime], slides: list[SlideTiles], out: Path, options: EmbedOptions, batch_size: int
 ) -> tuple[int, float]:
     """Tiles read per second through the multi-encoder engine: every runtime embeds every slide, one read."""
+    sizes = {st.slide_path: open_slide(st.slide_path).dimensions for st in slides}  # bags record it
     works = [
         SlideWork(
             tuple(
@@ -167,6 +167,7 @@ def measure_end2end(
                     bag_path=out / rt.encoder.encoder_id / f"{st.slide_id}.h5",
                     coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
                     tile_params={"benchmark": True},
+                    level0_size=sizes[st.slide_path],
                 )
                 for rt in runtimes
             )

@@ -18,8 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/nvid
 timeout -k 5 90 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" \
   >"$OUT/gpu-tests.log" 2>&1
 echo "pytest -m gpu: exit $?"; tail -5 "$OUT/gpu-tests.log"
+# SECTIONS=feed,decoders (say) runs only those (the docs' gpu-suite table then holds only them)
 python3 benchmarks/gpu_suite.py --out "$OUT" --docs docs/benchmarks.md --gpu-tests-junit "$OUT/gpu-tests.xml" \
-  2>&1 | tee "$OUT/gpu_suite.log"
+  ${SECTIONS:+--sections "$SECTIONS"} 2>&1 | tee "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 cp docs/benchmarks.md "$OUT/benchmarks.md"
+# EXTRA_SECTIONS=long-1m (issue 34: 1,000,000 tiles end to end in one process) runs after the suite, into
+# $OUT/extra, without touching the docs; EXTRA_BUDGET_S seconds (default 420)
+if [ -n "${EXTRA_SECTIONS:-}" ]; then
+  python3 benchmarks/gpu_suite.py --sections "$EXTRA_SECTIONS" --out "$OUT/extra" \
+    --budget-s "${EXTRA_BUDGET_S:-420}" 2>&1 | tee "$OUT/gpu_suite_extra.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
 exit "$rc"

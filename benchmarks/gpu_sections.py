@@ -296,13 +296,20 @@ def section_train_epoch(plan: Plan, emit: Emit) -> None:
                  f"failed: {res.get('error') or res.get('status')}"[:200], "")  # fmt: skip
 
 
+from gpu_feed import section_decoders, section_feed, section_long  # noqa: E402  (needs HERE on sys.path)
+
 # In run order: embed last, so the seconds the others leave unused go to the longest section.
 SECTIONS: dict[str, Callable[..., None]] = {
     "gpu-tests": section_gpu_tests,
     "train-epoch": section_train_epoch,
     "train-1m": section_long_train,
     "attention-1m": section_attention,
+    "feed": section_feed,
+    "decoders": section_decoders,
     "embed": section_embed,
 }
+# run only when named (--sections long-1m): minutes of their own
+EXTRA_SECTIONS: dict[str, Callable[..., None]] = {"long-1m": section_long}
 # share of the suite's budget per section after gpu-tests' fixed seconds (GPU: 330 of 360 s)
-SHARES = {"gpu-tests": 0.0, "train-epoch": 0.23, "train-1m": 0.10, "attention-1m": 0.17, "embed": 0.50}
+SHARES = {"gpu-tests": 0.0, "train-epoch": 0.21, "train-1m": 0.09, "attention-1m": 0.15, "feed": 0.06,
+          "decoders": 0.05, "embed": 0.44, "long-1m": 1.0}  # fmt: skip

@@ -3,6 +3,11 @@
 Sections (benchmarks/gpu_sections.py; each reuses the functions of the benchmark script named):
   gpu-tests     `pytest -m gpu` (nvjpeg device decode against libjpeg, CUDA embedding, ...): read from
                 --gpu-tests-junit when the tests already ran (benchmarks/gpu_run.sh), else run here
+  feed          the device-decode feed step by step (embed_feed.py): each read per reader process against
+                the os.pread loop and the reader before issue 34, to device, decode, crop/resize, the bound
+  decoders      torchvision / nvImageCodec / DALI on the feed's JPEG batches, cuCIM against openslide
+                (jpeg_codecs.py; what is not installed is a "skipped" row)
+  long-1m       (only when named) RetCCL end to end over 1,000,000 tiles in one process
   embed         per named encoder, random weights: forward tiles/s with TFLOP/s and model FLOP
                 utilisation, end to end through `embed_works`, end2end/forward (embed_throughput.py);
                 the feed (read + device decode) once
@@ -43,7 +48,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_sections import EMBED_AIMS, SECTIONS, SHARES, make_plan  # noqa: E402
+from gpu_sections import EMBED_AIMS, EXTRA_SECTIONS, SECTIONS, SHARES, make_plan  # noqa: E402
+
+ALL_SECTIONS = {**SECTIONS, **EXTRA_SECTIONS}
 
 log = logging.getLogger("gpu_suite")
 FIELDS = ("section", "name", "measure", "value", "unit", "status", "detail")
@@ -68,7 +75,7 @@ def _child(section: str, rows_path: Path, smoke: bool, junit: str, budget_s: flo
         if section == "gpu-tests":
             SECTIONS[section](plan, emit, junit=Path(junit) if junit else None, budget_s=budget_s)
         else:
-            SECTIONS[section](plan, emit)
+            ALL_SECTIONS[section](plan, emit)
     except Exception as exc:  # the section's row says why; the suite goes on with the next
         log.exception("section %s failed", section)
         emit(section, "(section)", "-", "", "", f"failed: {type(exc).__name__}: {exc}"[:240], "")
@@ -233,7 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tests-budget-s", type=float, default=None, help="gpu-tests seconds [30 with a junit, else 120]"
     )
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated [{','.join(SECTIONS)}]")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated [{','.join(SECTIONS)}]; or {','.join(EXTRA_SECTIONS)}")  # fmt: skip
     p.add_argument(
         "--gpu-tests-junit", type=Path, default=None, help="JUnit XML of `pytest -m gpu --junitxml`"
     )
@@ -255,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(sections) - set(SECTIONS))
+    unknown = sorted(set(sections) - set(ALL_SECTIONS))
     if unknown:
         print(
-            f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}",
+            f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(ALL_SECTIONS)}",
             file=sys.stderr,
         )
         return 2

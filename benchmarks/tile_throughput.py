@@ -6,16 +6,26 @@ names so that slide-level parallelism has work. For each backend and worker coun
 
   raw    reading every tissue-candidate tile once with Slide.read_region_um (no filtering, no output),
          through the same batch runner and reader threads as the stage;
-  stage  the whole tile stage (thumbnail, tissue mask, grid, reads, background/blur filters, QC image,
-         tile file) with --overwrite,
+  raw (painted)  the same through openslide's own read_region (open_slide(direct_jpeg=False): what
+         wsi read with before it decoded Aperio/TIFF JPEG tiles itself, `wsi.stored_tiles`);
+  stage  the whole tile stage (thumbnail, tissue mask, artifact regions, grid, reads, background, blur
+         and artifact filters, QC image and GeoJSON, tile file) with --overwrite,
 
-and prints tiles per second for both and their ratio, so the cost of detection and filtering shows.
+and prints tiles per second and the ratios (medians of --repeat alternating runs), so the cost of
+detection and filtering shows.
 With --filters it instead times the stage with the artifact filters (wsi.artifacts) on and off, side
 by side (alternating runs, best of --repeat each), and prints their ratio: what the filters cost.
+
+With --breakdown it times each per-slide step of the stage (open, thumbnail, tissue mask, artifact
+regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) on CMU-1-Small-Region
+(../shared/data) and a generated 8 mm slide, or on --slide; with --compare it times whole processes,
+`wsi tile` against LazySlide where LazySlide is installed (it installs nothing).
 
     python benchmarks/tile_throughput.py            # full size
     python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
     python benchmarks/tile_throughput.py --filters  # artifact filters on vs off
+    python benchmarks/tile_throughput.py --breakdown --repeat 5   # per-slide fixed costs, ms per step
+    python benchmarks/tile_throughput.py --compare --repeat 5 --lazyslide-python /tmp/lzs/bin/python
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import csv
 import functools
 import logging
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -66,11 +77,13 @@ def candidate_coords(source: SlideSource, params: TileParams) -> np.ndarray:
         return find_tissue(slide, params).candidate_coords
 
 
-def raw_read(source: SlideSource, *, coords: np.ndarray, backend: str, threads: int) -> JobResult:
+def raw_read(
+    source: SlideSource, *, coords: np.ndarray, backend: str, threads: int, direct_jpeg: bool = True
+) -> JobResult:
     """Read the tiles and do nothing else (the stage's reader, without filters or output)."""
     params = TileParams()
     n = 0
-    with open_slide(source.path, backend=backend) as slide:  # type: ignore[arg-type]
+    with open_slide(source.path, backend=backend, direct_jpeg=direct_jpeg) as slide:
         for chunk in read_tile_chunks(slide, coords, params, threads):
             n += len(chunk)
     return JobResult(source.slide_id, str(source.path), "ok", n=n)
@@ -80,7 +93,7 @@ def _measure(
     sources: list[SlideSource], coords: np.ndarray, *, backend: str, workers: int, out: Path, repeat: int = 1
 ) -> dict:
     """Raw reads, then the stage, on the same warmed-up workers (a LocalCluster started once and timed
-    apart), so the rates compare work, not process start-up or imports."""
+    apart), so the rates compare work, not process start-up or imports. Medians of `repeat` rounds."""
     threads = default_threads(workers)
     n_read = len(coords) * len(sources)
     cluster = None
@@ -90,37 +103,47 @@ def _measure(
         cluster = start_local_cluster(workers)  # the same cluster run_jobs(workers=N) starts
         scheduler = cluster.scheduler_address
     startup_s = time.perf_counter() - start
+    readers = {"raw": functools.partial(raw_read, coords=coords, backend=backend, threads=threads)}
+    if backend == "openslide":
+        readers["painted"] = functools.partial(readers["raw"], direct_jpeg=False)
+    times: dict[str, list[float]] = {name: [] for name in [*readers, "stage"]}
     try:
-        fn = functools.partial(raw_read, coords=coords, backend=backend, threads=threads)
         # warm-up, untimed: imports in fresh workers, the page cache, the output folder
-        run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc="warm-up")
+        run_jobs(sources, readers["raw"], workers=workers, scheduler=scheduler, desc="warm-up")
         tile_slides(
             sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, threads=threads
         )
-        raw_s, stage_s = float("inf"), float("inf")
-        for _ in range(repeat):  # best of `repeat`: the machine is shared and noisy
-            start = time.perf_counter()
-            raw = run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc="raw")
-            raw_s = min(raw_s, time.perf_counter() - start)
-            if any(r.status != "ok" for r in raw):
-                raise SystemExit(f"raw read failed: {[r.error for r in raw if r.error]}")
+        for _ in range(repeat):  # the machine is shared and noisy: rounds of each, medians kept
+            for name, fn in readers.items():
+                start = time.perf_counter()
+                raw = run_jobs(sources, fn, workers=workers, scheduler=scheduler, desc=name)
+                times[name].append(time.perf_counter() - start)
+                if any(r.status != "ok" for r in raw):
+                    raise SystemExit(f"{name} read failed: {[r.error for r in raw if r.error]}")
             start = time.perf_counter()
             res = tile_slides(
                 sources, out_dir=out, backend=backend, workers=workers, scheduler=scheduler, overwrite=True,
                 threads=threads,
             )  # fmt: skip
-            stage_s = min(stage_s, time.perf_counter() - start)
+            times["stage"].append(time.perf_counter() - start)
             if any(r.status != "ok" for r in res):
                 raise SystemExit(f"tile stage failed: {[r.error for r in res if r.error]}")
     finally:
         if cluster is not None:
             cluster.close()
+    med = {name: statistics.median(t) for name, t in times.items()}
+    painted = med.get("painted")
     return {
         "backend": backend, "workers": workers, "threads": threads, "slides": len(sources),
         "tiles_read": n_read, "kept": sum(r.n for r in res), "cluster_start_s": round(startup_s, 2),
-        "raw_s": round(raw_s, 2), "stage_s": round(stage_s, 2),
-        "raw_tiles_per_s": round(n_read / raw_s, 1), "stage_tiles_per_s": round(n_read / stage_s, 1),
-        "stage_over_raw": round(raw_s / stage_s, 2),
+        "raw_s": round(med["raw"], 2), "painted_s": round(painted, 2) if painted else None,
+        "stage_s": round(med["stage"], 2),
+        "raw_tiles_per_s": round(n_read / med["raw"], 1),
+        "painted_tiles_per_s": round(n_read / painted, 1) if painted else None,
+        "stage_tiles_per_s": round(n_read / med["stage"], 1),
+        "stage_over_raw": round(med["raw"] / med["stage"], 2),
+        "stage_over_painted": round(painted / med["stage"], 2) if painted else None,
+        "load": round(os.getloadavg()[0], 1),
     }  # fmt: skip
 
 
@@ -195,7 +218,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="timed runs, best kept (default 3, quick 1)")
     parser.add_argument("--device", default=None, help="accepted for uniformity; tiling runs on the CPU")
     parser.add_argument("--filters", action="store_true", help="time the artifact filters: stage on vs off")
+    parser.add_argument("--breakdown", action="store_true", help="ms per step of one slide (fixed costs)")
+    parser.add_argument("--compare", action="store_true", help="whole process: wsi tile against LazySlide")
+    parser.add_argument("--slide", type=Path, nargs="+", default=None,
+                        help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)")
+    parser.add_argument("--lazyslide-python", default=None,
+                        help="a Python that has LazySlide, for --compare (default: this one)")
+    parser.add_argument("--baseline-python", default=None,
+                        help="--compare: also time this Python's wsi (another checkout)")  # fmt: skip
     args = parser.parse_args()
+    if args.breakdown or args.compare:
+        _fixed_costs(args)
+        return
     logging.basicConfig(level=logging.WARNING)
     import distributed  # noqa: F401  (sets its own log levels on import; quiet them afterwards)
 
@@ -235,11 +269,13 @@ def main() -> None:
                 )
                 print(rows[-1], flush=True)
 
-    header = "| backend | workers | threads | tiles read | kept | raw tiles/s | stage tiles/s | stage/raw |"
-    print("\n" + header + "\n|---|---|---|---|---|---|---|---|")
+    header = ("| backend | workers | threads | tiles read | kept | raw tiles/s | raw (painted) tiles/s "
+              "| stage tiles/s | stage/raw | stage/raw (painted) | load |")  # fmt: skip
+    print("\n" + header + "\n|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['backend']} | {r['workers']} | {r['threads']} | {r['tiles_read']} | {r['kept']} | "
-              f"{r['raw_tiles_per_s']} | {r['stage_tiles_per_s']} | {r['stage_over_raw']} |")  # fmt: skip
+              f"{r['raw_tiles_per_s']} | {r['painted_tiles_per_s'] or '-'} | {r['stage_tiles_per_s']} | "
+              f"{r['stage_over_raw']} | {r['stage_over_painted'] or '-'} | {r['load']} |")  # fmt: skip
     starts = [r["cluster_start_s"] for r in rows if r["workers"] > 1]
     if starts:
         print(f"(LocalCluster start-up, not in the rates: {min(starts)}-{max(starts)} s)")
@@ -248,6 +284,28 @@ def main() -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _fixed_costs(args: argparse.Namespace) -> None:
+    """--breakdown and --compare (tile_costs.py)."""
+    import tile_costs  # benchmarks/tile_costs.py, beside this script
+
+    logging.basicConfig(level=logging.WARNING)
+    repeat = args.repeat or 5
+    slides = args.slide
+    if slides is None:
+        shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # tests' ../shared/data
+        cmu = shared / "slides" / "CMU-1-Small-Region.svs"
+        slides = ([cmu] if cmu.exists() else []) + [tile_costs.make_slides_8mm(args.cache)]
+    print(f"{os.cpu_count()} CPUs ({cpu_model()}), load average {os.getloadavg()[0]:.1f} at the start; "
+          f"medians of {repeat} runs")  # fmt: skip
+    if args.breakdown:
+        rows = tile_costs.breakdown(slides, repeat=repeat, backend=args.backends[0])
+        tile_costs.print_breakdown(rows, tile_costs.import_seconds(repeat))
+    if args.compare:
+        python = tile_costs.lazyslide_python(args.lazyslide_python)
+        rows = tile_costs.compare(slides, repeat=repeat, python=python, baseline=args.baseline_python)
+        tile_costs.print_compare(rows, python is not None)
 
 
 if __name__ == "__main__":

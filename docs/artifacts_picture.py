@@ -1,9 +1,10 @@
 """Make docs/artifacts.png: the tile stage's QC picture of real artifact images, reasons coloured.
 
-Two HistoQC thumbnails (../shared/data/artifacts/histoqc, The Clear BSD License) are written as
-one-level slides at 8 um/px and tiled with 256 um tiles (32 px, the thumbnail's own pixels), as
-tests/test_artifacts_pipeline.py does: the green-pen slide (ink, orange) and the H&E coverslip-edge
-slide (edge, cyan). The two QC pictures are put side by side and scaled to 1200 px wide.
+Three real thumbnails of ../shared/data/artifacts are written as one-level slides and tiled with 256 um
+tiles, as tests/test_artifacts_pipeline.py does: HistoQC's green-pen slide (ink, orange) and H&E
+coverslip-edge slide (edge, cyan), both at 8 um/px (The Clear BSD License), and an MSKCC blood clot with
+two black marker circles (lookalikes/ink01, PenAnnotationExtractor, MIT; about 20 um/px): the clot is
+kept, the circles are ink. The QC pictures are put side by side and scaled to 1200 px wide.
 
     .venv/bin/python docs/artifacts_picture.py        # writes docs/artifacts.png
 """
@@ -17,23 +18,28 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-from wsi.pipelines.tile.stage import output_paths, tile_slides
+from wsi.pipelines.tile.job import output_paths
+from wsi.pipelines.tile.stage import tile_slides
 from wsi.sources import SlideSource
 from wsi.tile_params import TileParams
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent.parent / "shared" / "data" / "artifacts" / "histoqc"
-NAMES = ("pen__1k_version__pen_green", "coverslip_edge_he__coverslip_edge")
-MPP = 8.0
+DATA = HERE.parent.parent / "shared" / "data" / "artifacts"
+#: (file under DATA, slide id, um/px)
+IMAGES = (
+    ("histoqc/pen__1k_version__pen_green.png", "pen_green", 8.0),
+    ("lookalikes/ink01_mskcc_thumbnail_00160_clot_black-ink.jpg", "clot_black_ink", 20.0),
+    ("histoqc/coverslip_edge_he__coverslip_edge.png", "coverslip_edge", 8.0),
+)
 
 
 def main() -> None:
     pictures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in NAMES:
-            rgb = np.asarray(Image.open(DATA / f"{name}.png").convert("RGB"))
-            path = Path(tmp) / f"{name}.tif"
-            res = 1e4 / MPP
+        for name, sid, mpp in IMAGES:
+            rgb = np.asarray(Image.open(DATA / name).convert("RGB"))
+            path = Path(tmp) / f"{sid}.tif"
+            res = 1e4 / mpp
             tifffile.imwrite(
                 path,
                 rgb,
@@ -43,7 +49,6 @@ def main() -> None:
                 resolutionunit="CENTIMETER",
             )
             params = TileParams(tile_um=256.0, tile_px=32, min_blur_variance=0.0)
-            sid = name.split("__")[-1]
             tile_slides(
                 [SlideSource(sid, path)], out_dir=Path(tmp) / "run", params=params, backend="tiffslide"
             )

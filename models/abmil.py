@@ -28,8 +28,9 @@ from wsi.errors import ConfigError
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.pooling import GatedAttentionPool
 from wsi.models.standardize import standardize_input
+from wsi.models.transformer import MAX_MODEL_INT
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
+_Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
@@ -49,7 +50,7 @@ class ABMILConfig:
     attention_dropout: _Rate = 0.0  # training only: each tile left out of the softmax with this
     # probability, weights renormalised over the rest (DropAttention with normalised rescaling), never
     # every tile of a bag
-    max_tokens_per_chunk: Annotated[int, Field(gt=0, strict=True)] | None = None  # no-grad passes
+    max_tokens_per_chunk: _Width | None = None  # no-grad passes
     # over chunks of this many tiles (exact; bounds memory on huge bags); None = one pass
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from wsi.config import config_dict, config_model
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.standardize import standardize_input
+from wsi.models.transformer import MAX_MODEL_INT
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
+_Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 

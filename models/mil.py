@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import config_model
+from wsi.config import MAX_UM, config_model
 from wsi.errors import ConfigError
 from wsi.models.chunked import chunk_slices
 from wsi.models.layout import TileLayout, tile_layout
@@ -53,10 +53,12 @@ class MILConfig(TransformerConfig):
     kind: Literal["mil"] = "mil"  # model class (models.kinds)
     in_dim: PositiveInt = 2048  # bag feature width (RetCCL: 2048)
     pos_encoding: bool = False  # add sincos(coords_um / pos_unit_um); off: order-invariant
-    pos_unit_um: Annotated[float, Field(gt=0)] = 256.0  # micrometres per encoding unit (about one tile)
+    pos_unit_um: Annotated[float, Field(gt=0, le=MAX_UM)] = (
+        256.0  # micrometres per encoding unit (about one tile)
+    )
     # Pitch of the tile grid (gdla's local path: tiles one pitch apart are neighbours); None reads it
     # off each bag as the smallest gap between distinct coordinates (the tile size, or the stride).
-    grid_um: Annotated[float, Field(gt=0)] | None = None
+    grid_um: Annotated[float, Field(gt=0, le=MAX_UM)] | None = None
     pool: Literal["cls", "gated"] = "cls"  # bag readout: class token | gated attention over tile tokens
     pool_dim: PositiveInt = 128  # hidden width of the gated pooling's attention MLP (pool: gated)
     # pool: gated, training only: each tile left out of the pooling softmax with this probability

@@ -82,7 +82,31 @@ def build_model_from_config(
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
+    _check_size(model_cls, cfg, source)
     return model_cls(cfg)
+
+
+#: the largest model built: 2^31 parameters, 8.6 GB in float32 before gradients and optimizer state (the
+#: presets hold 0.04-30 million); each width is bounded on its own (`models.transformer.MAX_MODEL_INT`),
+#: this bounds what they make together
+MAX_MODEL_PARAMS = 2**31
+
+
+def _check_size(model_cls: type[KindModel], cfg: Any, source: str) -> None:
+    """ConfigError naming the fields when the model would hold more than MAX_MODEL_PARAMS parameters,
+    counted on the meta device (no memory), instead of a MemoryError or a machine swapping."""
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in model_cls(cfg).parameters())
+    except Exception:  # a model that cannot be built without memory is checked by its own build
+        return
+    if params > MAX_MODEL_PARAMS:
+        sizes = ", ".join(f"{k} {v}" for k, v in cfg.to_dict().items() if type(v) is int)
+        raise ConfigError(
+            f"{source}: this model would hold {params:,} parameters ({params * 4 / 1e9:.3g} GB in float32, "
+            f"about 4x that to train); the most wsi builds is {MAX_MODEL_PARAMS:,}: lower its widths or "
+            f"depth ({sizes})"
+        )
 
 
 def _variant_keys(target: nn.Module) -> tuple[set[str], set[str]]:

@@ -32,14 +32,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 
 from wsi.config import config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
-from wsi.user_text import read_utf8
+from wsi.user_text import load_json_file
 
 IO = 240.0  # transmitted light of an empty glass (Macenko et al. 2009)
 BETA = 0.15  # optical density below which a channel is background
@@ -48,16 +49,22 @@ MIN_TISSUE_PX = 64  # fewer tissue pixels than this: no stable fit
 FIT_PX = 8192  # pixels per tile used to fit (strided subsample): quantiles stay cheap and exact enough
 
 
+# Optical densities and concentrations are small positive numbers (0-3), CIELAB within +-128; the
+# bounds only keep the arithmetic finite, `_degenerate` says what a usable reference is.
+_Od = Annotated[float, Field(ge=-1e3, le=1e3)]
+_Lab = Annotated[float, Field(ge=-1e3, le=1e3)]
+
+
 @config_model
 @dataclass(frozen=True)
 class StainReference:
     """The appearance tiles are mapped onto; fields unused by a method stay None."""
 
     method: Literal["macenko", "reinhard"]
-    stain_matrix: tuple[tuple[float, float], tuple[float, float], tuple[float, float]] | None = None  # (3, 2)
-    max_concentrations: tuple[float, float] | None = None  # 99th percentile of H and E concentrations
-    lab_mean: tuple[float, float, float] | None = None  # CIELAB (D65) mean of tissue pixels
-    lab_std: tuple[float, float, float] | None = None  # CIELAB standard deviation of tissue pixels
+    stain_matrix: tuple[tuple[_Od, _Od], tuple[_Od, _Od], tuple[_Od, _Od]] | None = None  # (3, 2)
+    max_concentrations: tuple[_Od, _Od] | None = None  # 99th percentile of H and E concentrations
+    lab_mean: tuple[_Lab, _Lab, _Lab] | None = None  # CIELAB (D65) mean of tissue pixels
+    lab_std: tuple[_Lab, _Lab, _Lab] | None = None  # CIELAB standard deviation of tissue pixels
     source: str = ""  # where the reference came from (default, or the tiles it was fitted on)
 
     def __post_init__(self) -> None:
@@ -132,10 +139,7 @@ def default_reference(method: str) -> StainReference:
 
 def load_reference(path: str | Path) -> StainReference:
     path = Path(path)
-    try:
-        data = json.loads(read_utf8(path, what="stain reference"))
-    except ValueError as exc:
-        raise ConfigError(f"cannot read stain reference {path} ({exc})") from None
+    data = load_json_file(path, what="stain reference")  # NaN is read, and refused by its field
     try:
         return parse_config(StainReference, data, source=str(path))
     except ConfigError as exc:

@@ -22,7 +22,12 @@ from wsi.models.attention import AttentionBase, attention_options, available_att
 from wsi.models.chunked import run_chunked
 from wsi.models.grid_conv import MixFFN, PreMix
 
-PositiveInt = Annotated[int, Field(strict=True, ge=1)]  # strict: a YAML `true` is not a width of 1
+#: the largest width or token count a model config takes (torch sizes are 64-bit; a model this wide
+#: is refused by its memory before it is built: `models.presets`)
+MAX_MODEL_INT = 2**31 - 1
+PositiveInt = Annotated[
+    int, Field(strict=True, ge=1, le=MAX_MODEL_INT)
+]  # strict: a YAML `true` is not a width of 1
 
 # Measured on the CPU (docs/benchmarks.md, "Long bags"), vit-wsi with 2048-d input: a plain no-grad
 # pass holds 20 KB (seqnorm) to 42 KB (gdla) of activations per token and a plain seqnorm training step
@@ -75,7 +80,7 @@ class TransformerConfig:
     # a learned per-channel scale starting at this value; None: no scale (the paper's blocks). A small
     # start lets a model fitted on few bags begin as a per-tile network and take in the bag context only
     # as far as the data supports it (docs/benchmarks.md, small-cohort MIL).
-    attn_layer_scale: Annotated[float, Field(gt=0)] | None = None
+    attn_layer_scale: Annotated[float, Field(gt=0, le=1e3)] | None = None
     # attention gdla only. `paper`: GDLA's block as in the paper (models.grid_conv): LayerNorm ->
     # SiLU(DWC3x3) -> mixer, and Mix-FFN (eqs. 29-30) for the MLP; lambda, lambda' ~ N(0, 0.1) as the
     # released code draws them. `legacy`: the block before issue 22 (LayerNorm -> mixer, plain MLP,

@@ -26,13 +26,18 @@ import contextvars
 import csv
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tqdm.auto import tqdm
+from tqdm.std import TqdmExperimentalWarning
+
+with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio + ssl: ~0.1 s of import)
+    warnings.simplefilter("ignore", category=TqdmExperimentalWarning)
+    from tqdm.autonotebook import tqdm
 
 from wsi.errors import WsiError
 from wsi.files import disk_full_error, is_disk_full, write_csv_atomic

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from wsi.config import MAX_MPP
 from wsi.errors import LabelError
 from wsi.files import sanitize_slide_id
 from wsi.pipelines.inputs import Item
@@ -123,13 +124,16 @@ def _read_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]
     if not path.is_file():
         raise LabelError(f"label table {path} does not exist")
     text = read_utf8(path, what="label table", error=LabelError)  # no silent Latin-1: names the byte
-    try:
-        dialect = csv.Sniffer().sniff(text.splitlines()[0] if text else ",", delimiters=",;\t")
+    try:  # the header line decides the delimiter; a megabyte "line" is not sniffed whole
+        dialect = csv.Sniffer().sniff(text[:65536].splitlines()[0] if text else ",", delimiters=",;\t")
     except csv.Error:
         dialect = csv.excel
     reader = csv.DictReader(text.splitlines(), dialect=dialect)
-    header = check_header(reader.fieldnames, str(path), error=LabelError)  # "label" twice: refused
-    return header, [(i, rec) for i, rec in enumerate(reader, start=2)]
+    try:
+        header = check_header(reader.fieldnames, str(path), error=LabelError)  # "label" twice: refused
+        return header, [(i, rec) for i, rec in enumerate(reader, start=2)]
+    except csv.Error as exc:  # a cell over csv's field limit (128 KiB), a quote never closed
+        raise LabelError(f"{path} after line {reader.line_num}: not a readable CSV row ({exc})") from None
 
 
 def _read_table(
@@ -222,7 +226,7 @@ def _parse_mpp(text: str | None) -> float | None:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= MAX_MPP):
         raise ValueError(f"mpp {text!r}")
     return value
 

@@ -19,19 +19,25 @@ mpp given), and the architecture in their `model` is what predict rebuilds, as i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from wsi.config import config_dict, config_model, parse_config
+from pydantic import Field
+
+from wsi.config import Count, Mpp, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.files import write_json_atomic
 from wsi.pipelines.tasks import TaskConfig, check_task
+from wsi.user_text import load_json_file
 
 RECORD_NAME = "config.json"
 FORMAT_VERSION = 3
 FITTED_NAME = "fitted.json"
+#: the most folds of a cross-validation (one case each: leave-one-out of a large cohort is not run)
+MAX_FOLDS = 1000
+_REAL = 1e300  # fitted values in label units (a mean, a std, a risk): any finite number
+_Real = Annotated[float, Field(ge=-_REAL, le=_REAL)]
 
 
 @config_model
@@ -40,17 +46,17 @@ class InputRecord:
     name: str  # the input adapter (pipelines.inputs registry): bags | images
     options: dict[str, Any] = field(default_factory=dict)  # the task's input_options it was built with
     provenance: dict[str, Any] = field(default_factory=dict)  # how the inputs were made (adapter's own)
-    mpp: float | None = None  # --mpp: run-wide level-0 um/px for bags in pixels (CLAM, TRIDENT)
-    mpp_by_slide: dict[str, float] = field(default_factory=dict)  # the labels CSV `mpp` column, per slide
+    mpp: Mpp | None = None  # --mpp: run-wide level-0 um/px for bags in pixels (CLAM, TRIDENT)
+    mpp_by_slide: dict[str, Mpp] = field(default_factory=dict)  # the labels CSV `mpp` column, per slide
 
 
 @config_model
 @dataclass(frozen=True)
 class Counts:
-    slides: int  # labelled items that have an input: what was split and trained on
-    patients: int  # distinct patients among them (the split unit)
-    labelled_without_input: int  # label rows with no input found (left out, reported)
-    inputs_without_label: int  # inputs found with no label row (left out, reported)
+    slides: Count  # labelled items that have an input: what was split and trained on
+    patients: Count  # distinct patients among them (the split unit)
+    labelled_without_input: Count  # label rows with no input found (left out, reported)
+    inputs_without_label: Count  # inputs found with no label row (left out, reported)
 
 
 @config_model
@@ -72,14 +78,18 @@ class RunRecord:
     source: str  # absolute path of the input folder (--features / --images)
     counts: Counts
     splits: tuple[SplitIds, ...]  # one per fold (one without cross-validation)
-    cv: int | None  # K of K-fold cross-validation; None for one split
+    cv: Annotated[int, Field(ge=2, le=MAX_FOLDS)] | None  # K of K-fold cross-validation; None for one split
     init_from: str | None  # run folder or checkpoint the weights started from (--init-from)
     device: str  # where it trained (cpu, cuda:0, mps)
     amp: str | None  # mixed precision used: bf16 on CUDA, else None
     created: str  # ISO 8601 UTC time the run started
     versions: dict[str, str]  # wsi, torch, python
-    fold: int | None = None  # 1-based fold of a cross-validation run's fold-<k>/ folder
-    format_version: int = FORMAT_VERSION  # of this record's layout (see the module docstring)
+    fold: Annotated[int, Field(ge=1, le=MAX_FOLDS)] | None = (
+        None  # 1-based fold of a cross-validation run's fold-<k>/ folder
+    )
+    format_version: Annotated[int, Field(ge=1, le=FORMAT_VERSION)] = (
+        FORMAT_VERSION  # of this record's layout (see the module docstring)
+    )
 
 
 @config_model
@@ -87,9 +97,11 @@ class RunRecord:
 class Fitted:
     """fitted.json: values fitted on a run folder's training split that prediction needs."""
 
-    target_scaling: dict[str, tuple[float, float]] = field(default_factory=dict)  # column: (mean, std)
-    risk_cutoff: float | None = None  # survival: median training risk (best weights): the KM split
-    format_version: int = 1  # of this file's layout
+    target_scaling: dict[str, tuple[_Real, Annotated[float, Field(gt=0, le=_REAL)]]] = field(
+        default_factory=dict
+    )  # column: (mean, std)
+    risk_cutoff: _Real | None = None  # survival: median training risk (best weights): the KM split
+    format_version: Annotated[int, Field(ge=1, le=1)] = 1  # of this file's layout
 
 
 def write_fitted(run_dir: str | Path, values: dict[str, Any]) -> Path:
@@ -107,9 +119,9 @@ def read_fitted(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable ({exc}); retrain the run or restore the file") from None
+        data = load_json_file(path, what="fitted values")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; retrain the run or restore the file") from None
     fitted = parse_config(Fitted, data, source=str(path))
     return {k: v for k, v in config_dict(fitted).items() if k != "format_version"}
 
@@ -131,9 +143,9 @@ def read_run_record(run_dir: str | Path) -> RunRecord:
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {RECORD_NAME}; give the --out folder of `wsi train`")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not a readable run record ({exc}); was the run interrupted?") from None
+        data = load_json_file(path, what="run record")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: not a readable run record; was the run interrupted?") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object (a run record of `wsi train`)")
     data = _upgrade(data, path)
@@ -159,6 +171,24 @@ def _upgrade(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return data
 
 
+#: safetensors metadata key of best.safetensors: the `created` of the run record it was trained under
+RUN_STAMP_KEY = "wsi_run_created"
+
+
+def run_stamp(run_dir: str | Path) -> dict[str, str]:
+    """Metadata that ties weights written into `run_dir` to its config.json ({} without a record), so
+    prediction can tell weights copied in from another run (`pipelines.predict.run_model`)."""
+    path = record_path(run_dir)
+    if not path.is_file():
+        return {}
+    try:
+        data = load_json_file(path, what="run record")
+    except ConfigError:
+        return {}
+    created = data.get("created") if isinstance(data, dict) else None
+    return {RUN_STAMP_KEY: created} if isinstance(created, str) else {}
+
+
 def model_uses_positions(model: dict[str, Any]) -> bool:
     """Whether a model (its architecture, `RunRecord.model`) reads tile positions: vit-wsi with
     `pos_encoding` on. Bags in level-0 pixels then need a resolution (--mpp, an `mpp` column); a model
@@ -169,6 +199,7 @@ def model_uses_positions(model: dict[str, Any]) -> bool:
 __all__ = [
     "FITTED_NAME",
     "FORMAT_VERSION",
+    "RUN_STAMP_KEY",
     "Counts",
     "Fitted",
     "InputRecord",
@@ -178,6 +209,7 @@ __all__ = [
     "read_fitted",
     "read_run_record",
     "record_path",
+    "run_stamp",
     "write_fitted",
     "write_run_record",
 ]

@@ -21,13 +21,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from wsi.config import config_model, parse_config, replace_config
+from pydantic import Field
+
+from wsi.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.configs import load_yaml
 from wsi.errors import ConfigError
 
 Recipe = Literal["small-cohort", "paper"]
+
+# The ranges of a task's numbers (tests/test_hostile_numbers.py checks every one is bounded): wide enough
+# for any real run, narrow enough that a typo fails when the YAML is read, not hours into training.
+MAX_EPOCHS = 100_000
+MAX_BAG_SIZE = 10**8  # input_options.bag_size (bags input): tiles drawn per training bag
+MAX_BOOTSTRAP = 100_000  # resamples: 1000 give two-digit intervals; 10^5 already take minutes per figure
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
+_Rate = Annotated[float, Field(ge=0, lt=1)]  # a dropout probability
+_Share = Annotated[float, Field(gt=0, le=1)]  # a nonzero share of a bag
+_Positive = Annotated[float, Field(gt=0, le=1e6)]
+_Lr = Annotated[float, Field(gt=0, le=10)]
+_Decay = Annotated[float, Field(ge=0, le=10)]
+_EpochCount = Annotated[int, Field(ge=0, le=MAX_EPOCHS)]  # 0 allowed: no warm-up, never stop early
+_Window = Annotated[int, Field(ge=1, le=1000)]
+_Weight = Annotated[float, Field(ge=0, le=1e6)]
+_Horizon = Annotated[float, Field(gt=0, le=1e9)]  # a time in the label table's unit
+_Batch = Annotated[int, Field(ge=1, le=65_536)]
+_Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+_Workers = Annotated[int, Field(ge=0, le=256)]
+_Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 
 # Fields below whose default is None take their value from the task's `recipe` when training starts
 # (`pipelines.train.recipe.RECIPES` holds the values; README.md "Which training recipe" explains them);
@@ -49,14 +71,14 @@ class ModelConfig:
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: Literal["adamw"] = "adamw"  # the only optimizer: what the reference recipes use
-    lr: float | None = None  # peak learning rate; None: the recipe's
-    weight_decay: float | None = None  # AdamW's decoupled weight decay, on weight matrices only
+    lr: _Lr | None = None  # peak learning rate; None: the recipe's
+    weight_decay: _Decay | None = None  # AdamW's decoupled weight decay, on weight matrices only
     # (models.param_groups: never on norms, biases, the class token); None: the recipe's
     scheduler: Literal["none", "cosine"] | None = None  # cosine: per-step decay to 0 over max `epochs`
     # after the warm-up; None: the recipe's
-    warmup_epochs: int | None = None  # linear warm-up of the learning rate from 0 over this many epochs;
-    # None: the recipe's
-    grad_clip: float | None = None  # max gradient norm; None = off
+    warmup_epochs: _EpochCount | None = None  # linear warm-up of the learning rate from 0 over this many
+    # epochs; None: the recipe's
+    grad_clip: _Positive | None = None  # max gradient norm (a negative one trained backwards); None = off
 
 
 @config_model
@@ -64,9 +86,9 @@ class OptimizerConfig:
 class AugmentConfig:
     """Training-only changes to each feature bag (validation, test and prediction see whole bags)."""
 
-    tile_fraction: tuple[float, float] | None = None  # keep a random share in [lo, hi] of each training
+    tile_fraction: tuple[_Share, _Share] | None = None  # keep a random share in [lo, hi] of each training
     # bag's tiles, drawn per bag and step (at least one tile); [1, 1] = whole bags; None: the recipe's
-    feature_dropout: float | None = None  # zero each input feature of a training tile with this chance
+    feature_dropout: _Rate | None = None  # zero each input feature of a training tile with this chance
     # (inverted dropout); None: the recipe's
 
 
@@ -79,7 +101,7 @@ class SelectionConfig:
     # (categorical: validation AUROC, ties by loss; survival: C-index); smoothed-val-loss: the mean
     # validation loss of the last `window` epochs (steadier than the AUROC of a handful of bags);
     # None: the recipe's
-    window: int | None = None  # epochs averaged by smoothed-val-loss and by average_weights; None: the
+    window: _Window | None = None  # epochs averaged by smoothed-val-loss and by average_weights; None: the
     # recipe's
     average_weights: bool | None = None  # best.safetensors holds the mean of the weights of the `window`
     # epochs ending at the chosen one (weight averaging over the epochs the smoothed loss averaged);
@@ -93,9 +115,9 @@ class SplitConfig:
     first target). Cross-validation holds out val/(train+val) of each fold's training patients for
     early stopping."""
 
-    train: float = 0.60  # fits the weights
-    val: float = 0.14  # picks the best epoch and stops early
-    test: float = 0.26  # scored once with the best weights; 0 = score on validation instead
+    train: Fraction = 0.60  # fits the weights
+    val: Fraction = 0.14  # picks the best epoch and stops early
+    test: Fraction = 0.26  # scored once with the best weights; 0 = score on validation instead
 
 
 @config_model
@@ -114,7 +136,7 @@ class TargetConfig:
     column: str  # label-table column holding it; also its name in outputs and figures
     type: Literal["categorical", "continuous"] = "continuous"  # regression tasks: continuous only
     classes: tuple[str, ...] = ()  # categorical targets: two or more names; their order fixes the outputs
-    weight: float = 1.0  # its share of the summed loss (multi-target); 0 = reported, not learned
+    weight: _Weight = 1.0  # its share of the summed loss (multi-target); 0 = reported, not learned
 
 
 @config_model
@@ -123,7 +145,7 @@ class RegressionConfig:
     """How continuous targets (regression and multi-target tasks) are learned."""
 
     loss: Literal["mse", "huber"] = "mse"  # huber: less pulled by a few extreme labels
-    huber_delta: float = 1.0  # Huber's switch from squared to absolute (in standardised units if on)
+    huber_delta: _Positive = 1.0  # Huber's switch from squared to absolute (in standardised units if on)
     standardize: bool = True  # learn z-scores of the training split's values; predictions in label units
 
 
@@ -135,9 +157,10 @@ class SurvivalConfig:
     time: str = "time"  # column: follow-up time (> 0, any unit: months, days)
     event: str = "event"  # column: 1 = event (death, progression) seen, 0 = censored (true/false, yes/no too)
     ties: Literal["efron", "breslow"] = "efron"  # tied event times: Efron is closer to exact, Breslow older
-    bags_per_step: int = 16  # bags whose risks form one Cox loss: a loss over one bag compares nothing
+    # bags whose risks form one Cox loss: a loss over one bag compares nothing
+    bags_per_step: Annotated[int, Field(ge=2, le=65_536)] = 16
     time_unit: str = "months"  # axis labels only
-    auc_times: tuple[float, ...] = ()  # time-dependent AUC horizons; () = quartiles of the event times
+    auc_times: tuple[_Horizon, ...] = ()  # time-dependent AUC horizons; () = quartiles of the event times
 
 
 @config_model
@@ -165,15 +188,15 @@ class TaskConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
-    epochs: int | None = None  # upper bound; early stopping usually ends sooner; None: the recipe's
-    patience: int | None = None  # epochs without a better selection score (`selection.metric`) before
+    epochs: Epochs | None = None  # upper bound; early stopping usually ends sooner; None: the recipe's
+    patience: _EpochCount | None = None  # epochs without a better selection score (`selection.metric`) before
     # stopping; 0 = never stop early; None: the recipe's
-    batch_size: int = 1  # bags per step (padded + masked when > 1)
-    grad_accum: int = 1  # optimizer step every this many batches
+    batch_size: _Batch = 1  # bags per step (padded + masked when > 1)
+    grad_accum: _Batch = 1  # optimizer step every this many batches
     class_weighting: Literal["none", "balanced"] = "none"  # categorical: loss weights inverse to frequency
-    seed: int = 1337  # seeds weights, splits, shuffling and augmentation: same seed, same run
-    num_workers: int = 0  # DataLoader worker processes (0: read in the training process)
-    bootstrap: int = 1000  # bootstrap resamples for every 95% interval of the test figures
+    seed: _Seed = 1337  # seeds weights, splits, shuffling and augmentation: same seed, same run
+    num_workers: _Workers = 0  # DataLoader worker processes (0: read in the training process)
+    bootstrap: _Resamples = 1000  # bootstrap resamples for every 95% interval of the test figures
 
     def replace(self, **changes: Any) -> TaskConfig:
         """A copy with dotted-key changes, e.g. {"model.attention": "sima", "epochs": 5}: each value checked
@@ -227,8 +250,6 @@ def _check_kind(task: TaskConfig, source: str) -> None:
             )
         if t.type == "continuous" and t.classes:
             raise ConfigError(f"{source}: continuous target {t.column!r} has classes; drop them")
-        if t.weight < 0:
-            raise ConfigError(f"{source}: target {t.column!r} has a negative loss weight {t.weight}")
     if targets and not any(t.weight > 0 for t in targets):
         raise ConfigError(f"{source}: every target has loss weight 0; nothing would be learned")
     if task.survival is not None and kind != "survival":
@@ -236,13 +257,8 @@ def _check_kind(task: TaskConfig, source: str) -> None:
     if task.regression is not None and not any(t.type == "continuous" for t in targets):
         raise ConfigError(f"{source}: `regression` options need a continuous target")
     surv = task.survival_options
-    if surv.bags_per_step < 2 or surv.time == surv.event:
-        raise ConfigError(
-            f"{source}: survival needs bags_per_step >= 2 (a Cox loss compares bags) and distinct "
-            f"time and event columns, got {surv.bags_per_step}, {surv.time!r}, {surv.event!r}"
-        )
-    if any(t <= 0 for t in surv.auc_times) or task.regression_options.huber_delta <= 0:
-        raise ConfigError(f"{source}: survival.auc_times and regression.huber_delta must be positive")
+    if surv.time == surv.event:
+        raise ConfigError(f"{source}: survival needs distinct time and event columns, not {surv.time!r}")
     if task.class_weighting != "none" and kind != "categorical":
         raise ConfigError(f"{source}: class_weighting is for categorical tasks, not {kind}")
     if task.level == "patient" and task.input not in ("bags", "slide-embeddings"):
@@ -263,12 +279,6 @@ def check_task(task: TaskConfig, source: str) -> TaskConfig:
         or abs(s.train + s.val + s.test - 1) > 1e-6
     ):
         raise ConfigError(f"{source}: split fractions must be >= 0 (train, val > 0) and sum to 1, got {s}")
-    for name in ("epochs", "batch_size", "grad_accum", "bootstrap"):
-        value = getattr(task, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"{source}: {name} must be at least 1, got {value}")
-    if (task.patience or 0) < 0 or task.num_workers < 0:
-        raise ConfigError(f"{source}: patience and num_workers must be >= 0")
     if task.standardize_features and task.input == "images":
         raise ConfigError(
             f"{source}: standardize_features z-scores the features of bags or slide embeddings, not "
@@ -279,22 +289,15 @@ def check_task(task: TaskConfig, source: str) -> TaskConfig:
 
 
 def _check_recipe_fields(task: TaskConfig, source: str) -> None:
-    """Ranges of the fields a recipe fills (checked when given; the recipes' own values hold them)."""
-    opt, aug, sel = task.optimizer, task.augment, task.selection
-    if opt.lr is not None and opt.lr <= 0:
-        raise ConfigError(f"{source}: optimizer.lr must be positive, got {opt.lr}")
-    if (opt.weight_decay or 0) < 0 or (opt.warmup_epochs or 0) < 0:
-        raise ConfigError(f"{source}: optimizer.weight_decay and optimizer.warmup_epochs must be >= 0")
+    """What the fields a recipe fills need besides their ranges (checked when given; the recipes' own
+    values hold them). Each number's range is its field's type (checked when parsed)."""
+    aug = task.augment
     if aug.tile_fraction is not None:
         lo, hi = aug.tile_fraction
         if not 0 < lo <= hi <= 1:
             raise ConfigError(
                 f"{source}: augment.tile_fraction must be [lo, hi] with 0 < lo <= hi <= 1, got {[lo, hi]}"
             )
-    if not 0 <= (aug.feature_dropout or 0) < 1:
-        raise ConfigError(f"{source}: augment.feature_dropout must be in [0, 1), got {aug.feature_dropout}")
-    if sel.window is not None and sel.window < 1:
-        raise ConfigError(f"{source}: selection.window must be at least 1, got {sel.window}")
 
 
 def parse_task(data: dict[str, Any], *, source: str) -> TaskConfig:

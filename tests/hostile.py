@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,47 @@ def bounded_memory(extra: int = 2 << 30) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def write_declared_size_bomb(
+    path: Path,
+    side_px: int,
+    *,
+    tile_px: int = 256,
+    mpp: float = 0.5,
+    filled: tuple[tuple[int, int], ...] = (),
+) -> Path:
+    """A tiled BigTIFF whose header declares `side_px` x `side_px` RGB pixels while every tile but the
+    `filled` (col, row) ones is absent (offset and byte count 0, which libtiff and OpenSlide read as
+    empty): a 200,000 px side is a 10 MB file of tile tables, written in a fraction of a second. Its
+    resolution tags say `mpp` um/px."""
+    n_across = -(-side_px // tile_px)
+    n = n_across * n_across
+    tile = np.empty((tile_px, tile_px, 3), np.uint8)
+    tile[:] = (200, 120, 170)  # eosin pink: tissue, where a tile is stored
+    data = tile.tobytes()
+    offsets, counts = np.zeros(n, "<u8"), np.zeros(n, "<u8")
+    # (tag, type, count, value): 3 SHORT, 4 LONG, 5 RATIONAL, 16 LONG8; sorted by tag as TIFF requires
+    entries = [
+        (256, 4, 1, side_px), (257, 4, 1, side_px), (258, 3, 3, None), (259, 3, 1, 1), (262, 3, 1, 2),
+        (277, 3, 1, 3), (282, 5, 1, None), (283, 5, 1, None), (284, 3, 1, 1), (296, 3, 1, 3),
+        (322, 4, 1, tile_px), (323, 4, 1, tile_px), (324, 16, n, None), (325, 16, n, None),
+    ]  # fmt: skip
+    ifd_at = 16
+    arrays_at = ifd_at + 8 + 20 * len(entries) + 8
+    tiles_at = arrays_at + 16 * n
+    for k, (col, row) in enumerate(filled):
+        offsets[row * n_across + col] = tiles_at + k * len(data)
+        counts[row * n_across + col] = len(data)
+    inline = {
+        258: struct.pack("<HHH", 8, 8, 8), 282: struct.pack("<II", round(1e4 / mpp), 1),
+        283: struct.pack("<II", round(1e4 / mpp), 1), 324: struct.pack("<Q", arrays_at),
+        325: struct.pack("<Q", arrays_at + 8 * n),
+    }  # fmt: skip
+    out = bytearray(b"II" + struct.pack("<HHHQ", 43, 8, 0, ifd_at) + struct.pack("<Q", len(entries)))
+    for tag, typ, count, value in entries:
+        raw = inline.get(tag) or struct.pack("<H" if typ == 3 else "<I", value)
+        out += struct.pack("<HHQ", tag, typ, count) + raw.ljust(8, b"\0")
+    out += struct.pack("<Q", 0) + offsets.tobytes() + counts.tobytes() + data * len(filled)
+    path.write_bytes(bytes(out))
+    return path

@@ -77,8 +77,8 @@ def test_ranges_are_the_models_own() -> None:
                       (["--tile-px", "4"], "--tile-px"), (["--thumb-mpp", "0"], "--thumb-mpp")):  # fmt: skip
         result = runner.invoke(command, ["slide.svs", "--out", "out", *args])
         assert result.exit_code == 2 and bad in result.output, result.output
-    assert TileParams(tile_um=0.5).tile_um == 0.5  # what the model takes, the CLI takes
-    result = runner.invoke(command, ["missing.svs", "--out", "out", "--tile-um", "0.5"])
+    assert TileParams(tile_um=1.0).tile_um == 1.0  # what the model takes, the CLI takes
+    result = runner.invoke(command, ["missing.svs", "--out", "out", "--tile-um", "1"])
     assert "--tile-um" not in result.output
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.pipelines.tile.stage import output_paths, tile_slides
-from wsi.pipelines.tile.yield_notes import low_yield_note, upsampling_note
+from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX, low_yield_note, upsampling_note
 from wsi.sources import SlideSource
 from wsi.tile_file import read_tile_file
 from wsi.tile_params import TileParams
@@ -34,7 +34,8 @@ def _grid(slide, n: int = 16):
 def test_coarse_scan_judged_for_blur_at_its_own_resolution(coarse, tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="pipelines.tile"):
         [r] = tile_slides([SlideSource("coarse", coarse.path)], out_dir=tmp_path)
-    assert r.status == "ok" and not r.note
+    assert r.status == "ok" and LOW_YIELD_PREFIX not in r.note
+    assert r.note.startswith("check filter: blurry removed")  # its out-of-focus region: over 5%, named
     tf = read_tile_file(output_paths(tmp_path, "coarse").h5)
     assert tf.meta.upsampling == pytest.approx(4.0)
     assert "upsampled 4x" in caplog.text and "blur is judged at the scan's own resolution" in caplog.text
@@ -69,7 +70,7 @@ def test_low_yield_note_names_the_filter_and_its_option() -> None:
 
 def test_low_yield_slide_is_noted_in_manifest_and_summary(coarse, tmp_path: Path, monkeypatch) -> None:
     """The issue's case, reproduced by judging blur on the upsampled tiles (as before the fix)."""
-    monkeypatch.setattr("wsi.pipelines.tile.stage.blur_reduction", lambda *args: 1)
+    monkeypatch.setattr("wsi.pipelines.tile.filters.blur_reduction", lambda *args: 1)
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["tile", str(coarse.path), "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -21,7 +21,7 @@ def test_task_replace_checks_each_value_against_its_own_field() -> None:
         task.replace(**{"model.nope": 1})
     with pytest.raises(ConfigError, match="not inside a group"):
         task.replace(**{"epochs.x": 1})
-    with pytest.raises(ConfigError, match="epochs must be at least 1"):
+    with pytest.raises(ConfigError, match=r"epochs: Input should be greater than or equal to 1 \(got 0\)"):
         task.replace(epochs=0)
 
 

@@ -44,7 +44,10 @@ def _csv(tmp_path: Path, text: str, name: str = "labels.csv") -> Path:
         ),
         ({"kind": "multi-target", "targets": [{"column": "m"}, {"column": "m"}]}, "name a column twice"),
         ({"kind": "regression", "targets": [{"column": "m", "weight": 0}]}, "loss weight 0"),
-        ({"kind": "survival", "survival": {"bags_per_step": 1}}, "bags_per_step >= 2"),
+        (
+            {"kind": "survival", "survival": {"bags_per_step": 1}},
+            r"survival\.bags_per_step.*greater than or equal to 2",
+        ),
         ({"kind": "survival", "survival": {"ties": "exact"}}, r"survival\.ties"),
         ({"kind": "categorical", "survival": {"time": "t"}}, "`survival` options are for survival"),
         ({"kind": "survival", "class_weighting": "balanced"}, "class_weighting is for categorical"),

@@ -9,6 +9,7 @@ classes, pixel for pixel.
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -201,7 +202,19 @@ def test_tile_stage_rejects_artifacts_by_name_and_records_the_models(make_slide,
     counts = tf.meta.segmentation.artifact_counts
     assert counts["artifact: pen"] == tf.meta.segmentation.n_artifact == tf.meta.counts.n_tissue > 0
     assert counts["artifact: fold"] == 0
-    # the same run again is skipped as done; other weights recompute it
+    # a review (qc GeoJSON edited as in QuPath) keeps one tile the network rejected: no model run again
+    qc = json.loads(output_paths(out, "seg").geojson.read_text())
+    tile = next(f for f in qc["features"] if f["properties"]["objectType"] == "tile")
+    assert tile["properties"]["classification"]["name"] == "artifact- pen"  # ":" is QuPath's delimiter
+    tile["properties"]["classification"] = {"name": "kept", "color": [0, 170, 0]}
+    review = tmp_path / "review.geojson"
+    review.write_text(json.dumps({"type": "FeatureCollection", "features": qc["features"]}))
+    [kept] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options, review=review)
+    assert kept.status == "ok" and kept.n == 1, kept.error
+    assert "check filter: artifact: pen removed" in kept.note and "--max-artifact 0.25" in kept.note
+    reviewed = read_tile_file(output_paths(out, "seg").h5).meta.segmentation
+    assert reviewed.artifact_counts["artifact: pen"] == reviewed.n_artifact == counts["artifact: pen"] - 1
+    # the same run again (without the review: back to the filters' verdicts) is done; other weights recompute
     [again] = tile_slides([SlideSource("seg", slide.path)], out_dir=out, segmentation=options)
     assert again.status == "empty"
     _constant_head(artifact, 1)  # "tissue" everywhere: nothing rejected

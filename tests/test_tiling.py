@@ -105,12 +105,12 @@ def test_params_from_a_mapping_go_through_the_one_validator() -> None:
     assert "unknown field 'tile_size'" in str(err.value) and "unknown field 'tissue.otsu'" in str(err.value)
     with pytest.raises(ConfigError, match=r"'min_tissue_fraction'.*less than or equal to 1 \(got 1\.5\)"):
         parse_config(TileParams, {"min_tissue_fraction": 1.5}, source="run.json")
-    with pytest.raises(ConfigError, match=r"'tissue\.thumb_mpp'.*greater than 0 \(got 0\)"):
+    with pytest.raises(ConfigError, match=r"'tissue\.thumb_mpp'.*greater than or equal to 0\.5 \(got 0\)"):
         parse_config(TileParams, {"tissue": {"thumb_mpp": 0}}, source="run.json")
     # direct construction meets the same ranges (wsi.config.check_bounds)
     with pytest.raises(ValueError, match=r"TileParams\.min_tissue_fraction must be <= 1, got 1\.5"):
         TileParams(min_tissue_fraction=1.5)
-    with pytest.raises(ValueError, match=r"TissueParams\.thumb_mpp must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"TissueParams\.thumb_mpp must be >= 0\.5, got 0"):
         TissueParams(thumb_mpp=0)
     with pytest.raises(ConfigError, match=r"'tile_px'.*'big'"):
         parse_config(TileParams, {"tile_px": "big"}, source="run.json")

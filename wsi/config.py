@@ -6,24 +6,57 @@ converted by pydantic, unknown keys are refused, and the error names the source 
 once. A field a user sets from the command line is declared with `setting(default, help=..., ge=...)`:
 its default, range and help text are written once, checked on direct construction and by the parser
 alike, and the CLI builds its options from them (`wsi.cli._options`), so they cannot drift apart.
+
+Every number a config holds is finite (NaN and infinities are refused when parsed and when built) and
+has a range on both sides that its meaning allows, from `setting(ge=..., le=...)` or an `Annotated`
+pydantic `Field` (tuple elements, model widths); `numeric_leaves` lists them, and
+tests/test_hostile_numbers.py checks that no numeric field of any config is left unbounded. A record
+that must hold an infinity (the resume state's best score, -inf before any estimable epoch) opts out
+with `config_model(finite=False)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
+import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, cast, overload
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+import annotated_types
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic.fields import FieldInfo
 
 from wsi.errors import ConfigError
 
 T = TypeVar("T")
 
-_STRICT_KEYS = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+#: the largest count a record holds (tiles, slides, epochs): what a signed 64-bit HDF5/JSON integer holds
+MAX_COUNT = 2**63 - 1
+#: a slide side in pixels: the largest scans are ~250,000 px; 10^7 is beyond any glass slide at 0.01 um/px
+MAX_SIDE_PX = 10**7
+#: um/px: scans are 0.1-30; a 72-dpi picture is 353; anything coarser is not a slide
+MAX_MPP = 10_000.0
+#: um/px of tiles as read: tile_um / tile_px at their smallest (1 um over 4096 px)
+MIN_TARGET_MPP = 1 / 4096
+#: a random seed: NumPy's legacy generator takes no more (torch and Python take all of it)
+MAX_SEED = 2**32 - 1
+#: a length on a slide in um: 1 m, far beyond any glass (75 mm)
+MAX_UM = 1e6
+
+# Field types of records and configs that hold these kinds of number (bounded both sides, finite).
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]  # a number of things
+SidePx = Annotated[int, Field(ge=1, le=MAX_SIDE_PX)]  # a side in pixels
+Mpp = Annotated[float, Field(gt=0, le=MAX_MPP)]  # micrometres per pixel
+Um = Annotated[float, Field(gt=0, le=MAX_UM)]  # a positive length in micrometres
+Fraction = Annotated[float, Field(ge=0, le=1)]  # a share, 0 to 1
+
+_STRICT_KEYS = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+_STRICT_KEYS_INF = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+_FINITE = "__wsi_finite__"  # class attribute: False where a record may hold infinities
 
 
 _BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
@@ -59,37 +92,135 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
+class NumericLeaf(NamedTuple):
+    """One number a config field holds: `where` is the field name, with `[i]` for a tuple element,
+    `[*]` for every element of a variable tuple or list, `[key]` for a mapping's values."""
+
+    field: str
+    where: str
+    kind: type  # int or float
+    bounds: dict[str, float]  # ge / gt / le / lt
+
+
+def _bounds_of(meta: Any) -> dict[str, float]:
+    """Bounds held by one piece of field metadata: a `setting`'s mapping, a pydantic FieldInfo, or an
+    annotated_types constraint."""
+    if isinstance(meta, Mapping):
+        return {k: meta[k] for k in _BOUNDS if k in meta}
+    if isinstance(meta, FieldInfo):
+        found: dict[str, float] = {}
+        for m in meta.metadata:
+            found.update(_bounds_of(m))
+        return found
+    kinds = {
+        annotated_types.Ge: "ge",
+        annotated_types.Gt: "gt",
+        annotated_types.Le: "le",
+        annotated_types.Lt: "lt",
+    }
+    for cls, key in kinds.items():
+        if isinstance(meta, cls):
+            return {key: getattr(meta, key)}
+    if isinstance(meta, annotated_types.Interval):
+        return {k: v for k in _BOUNDS if (v := getattr(meta, k)) is not None}
+    return {}
+
+
+def _leaves(hint: Any, name: str, where: str, bounds: dict[str, float]) -> list[NumericLeaf]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        extra: dict[str, float] = {}
+        for meta in hint.__metadata__:
+            extra.update(_bounds_of(meta))
+        return _leaves(args[0], name, where, {**bounds, **extra})
+    if origin in (typing.Union, types.UnionType):
+        return [leaf for a in args if a is not type(None) for leaf in _leaves(a, name, where, bounds)]
+    if hint in (int, float):
+        return [NumericLeaf(name, where, hint, bounds)]
+    if origin in (tuple, list, set, frozenset):
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return [leaf for i, a in enumerate(args) for leaf in _leaves(a, name, f"{where}[{i}]", {})]
+        return _leaves(args[0], name, f"{where}[*]", {}) if args else []
+    if origin in (dict, Mapping) and len(args) == 2:
+        return _leaves(args[1], name, f"{where}[key]", {})
+    return []  # str, bool, Literal, Any, a nested config (checked as its own class)
+
+
+@functools.cache
+def numeric_leaves(cls: Any) -> tuple[NumericLeaf, ...]:
+    """Every number a config class's own fields hold, with its declared bounds (nested configs are
+    their own classes)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: list[NumericLeaf] = []
+    for f in dataclasses.fields(cls):
+        out.extend(_leaves(hints[f.name], f.name, f.name, _bounds_of(f.metadata)))
+    return tuple(out)
+
+
+def _out_of_range(value: Any, bounds: Mapping[str, float], finite: bool) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    for key, (ok, sign) in _BOUNDS.items():
+        if key in bounds and not ok(value, bounds[key]):
+            return f"must be {sign} {bounds[key]}"
+    return None
+
+
 def check_bounds(config: Any) -> None:
-    """Raise ValueError naming the field when a `setting` is out of its range (direct construction too)."""
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Raise ValueError naming the field when a number is out of its range or not finite (direct
+    construction; pydantic checks the same when parsing). Tuple, list and mapping values are checked
+    one level deep."""
+    finite = getattr(type(config), _FINITE, True)
+    for leaf in numeric_leaves(cast(Hashable, type(config))):
+        value = getattr(config, leaf.field)
+        rest = leaf.where[len(leaf.field) :]
+        if not rest:
+            items: list[tuple[str, Any]] = [("", value)]
+        elif rest == "[*]" and isinstance(value, (tuple, list)):
+            items = [(f"[{i}]", v) for i, v in enumerate(value)]
+        elif rest == "[key]" and isinstance(value, Mapping):
+            items = [(f"[{k!r}]", v) for k, v in value.items()]
+        elif rest[1:-1].isdigit() and isinstance(value, (tuple, list)) and int(rest[1:-1]) < len(value):
+            items = [(rest, value[int(rest[1:-1])])]
+        else:
             continue
-        for key, (ok, sign) in _BOUNDS.items():
-            if key in f.metadata and not ok(value, f.metadata[key]):
-                bound = f.metadata[key]
-                raise ValueError(f"{type(config).__name__}.{f.name} must be {sign} {bound}, got {value}")
+        for suffix, v in items:
+            why = _out_of_range(v, leaf.bounds, finite)
+            if why is not None:
+                raise ValueError(f"{type(config).__name__}.{leaf.field}{suffix} {why}, got {v}")
 
 
-def config_model(cls: type[T]) -> type[T]:
-    """Mark a dataclass as a config: unknown keys are refused when it is parsed, ranges always checked."""
+@overload
+def config_model(cls: type[T], *, finite: bool = True) -> type[T]: ...
+@overload
+def config_model(cls: None = None, *, finite: bool = True) -> Callable[[type[T]], type[T]]: ...
+def config_model(cls: Any = None, *, finite: bool = True) -> Any:
+    """Mark a dataclass as a config: unknown keys are refused when it is parsed, ranges always checked,
+    numbers finite unless `finite=False` (`@config_model` or `@config_model(finite=False)`)."""
+    if cls is None:
+        return functools.partial(config_model, finite=finite)
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls.__name__} must be a dataclass to be a config model")
-    if any(_BOUNDS.keys() & f.metadata.keys() for f in dataclasses.fields(cls)):
-        _check_after_init(cls)
-    return with_config(_STRICT_KEYS)(cls)
+    setattr(cls, _FINITE, finite)
+    _check_after_init(cls)
+    return with_config(_STRICT_KEYS if finite else _STRICT_KEYS_INF)(cast(Any, cls))
 
 
 def _check_after_init(cls: Any) -> None:
     """Run check_bounds before the class's own __post_init__: pydantic calls __post_init__ after parsing,
     and the dataclass __init__ calls it only when the class had one when @dataclass ran (else wrap it)."""
     own_post_init = getattr(cls, "__post_init__", None)
+    if getattr(own_post_init, "_wsi_checks", False):
+        return  # a subclass of a config model: its parent's wrapper already checks (for this class)
 
     def __post_init__(self: Any) -> None:
         check_bounds(self)
         if own_post_init is not None:
             own_post_init(self)
 
+    __post_init__._wsi_checks = True  # type: ignore[attr-defined]
     cls.__post_init__ = __post_init__
     if own_post_init is None:
         init = cls.__init__
@@ -143,7 +274,15 @@ def _describe(err: Any) -> str:
         return f"unknown field {where!r}"
     if err["type"] == "missing_argument" or err["type"] == "missing":
         return f"missing field {where!r}"
-    return f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
+    if err["type"] == "value_error" and isinstance(err.get("input"), (Mapping, tuple)):
+        return f"{where}: {err['msg'].removeprefix('Value error, ')}"  # a rule of the class: no input dump
+    return f"field {where!r}: {err['msg']} (got {_short(err.get('input'))})"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """A value for a message, cut short: a hostile file's megabyte string must not fill the terminal."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def replace_config(config: T, changes: Mapping[str, Any], *, source: str) -> T:
@@ -173,7 +312,7 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
         new = _replace_one(getattr(node, name), rest, value, key, source)
     else:
         try:
-            new = _cached_adapter(hints[name]).validate_python(value)
+            new = _value_adapter(hints[name], getattr(type(node), _FINITE, True)).validate_python(value)
         except ValidationError as exc:
             problems = "; ".join(str(err["msg"]) for err in exc.errors())
             raise ConfigError(f"{source}: {key}: {problems} (got {value!r})") from None
@@ -184,15 +323,42 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
 
 
 @functools.cache
+def _value_adapter(hint: Any, finite: bool) -> TypeAdapter[Any]:
+    """A validator for one field's type; NaN and infinities refused where the config's are."""
+    if finite and not _holds_config(hint):
+        return TypeAdapter(hint, config=ConfigDict(allow_inf_nan=False))
+    return _cached_adapter(hint)  # a config group: its own class says
+
+
+def _holds_config(hint: Any) -> bool:
+    return (dataclasses.is_dataclass(hint) and isinstance(hint, type)) or any(
+        _holds_config(a) for a in typing.get_args(hint)
+    )
+
+
+@functools.cache
 def _field_types(cls: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # Annotated ranges apply to a change too
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 __all__ = [
+    "MAX_COUNT",
+    "MAX_MPP",
+    "MAX_SEED",
+    "MAX_SIDE_PX",
+    "MAX_UM",
+    "MIN_TARGET_MPP",
+    "Count",
+    "Fraction",
+    "Mpp",
+    "NumericLeaf",
+    "SidePx",
+    "Um",
     "check_bounds",
     "config_dict",
     "config_model",
+    "numeric_leaves",
     "parse_config",
     "replace_config",
     "setting",

@@ -53,3 +53,8 @@ class DiskFullError(WsiError, OSError):
 
 class RoiError(WsiError):
     """A region-of-interest file (QuPath GeoJSON) is missing, not GeoJSON, or holds no usable region."""
+
+
+class ReviewError(WsiError):
+    """A review file (`wsi tile --review`, a QuPath GeoJSON export) cannot be read or does not fit the
+    slide it was given for (another slide's, or other tile settings)."""

@@ -55,7 +55,7 @@ def read_holder(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """What the lock file of `folder` says about its holder ({} when there is none or it is unreadable)."""
     try:
         data = json.loads(lock_path(folder).read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

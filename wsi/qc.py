@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from skimage.segmentation import find_boundaries
 
 from wsi.files import atomic_path
+from wsi.morphology import find_boundaries
 from wsi.tiff_tiles import UnreadableRegion, describe_regions, distinct_regions
 from wsi.tile_params import TileParams
 from wsi.tiling import REASON_NAMES, TissueGrid
@@ -206,7 +206,7 @@ def render_qc(
     if mask.shape != (h, w):
         resized = Image.fromarray(mask.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)
         mask = np.asarray(resized) > 0
-    img[find_boundaries(mask, mode="thick" if line > 1 else "inner")] = OUTLINE_RGB
+    img[find_boundaries(mask, "thick" if line > 1 else "inner")] = OUTLINE_RGB
     picture = img
     return picture if legend is None else _with_legend(picture, legend)
 
@@ -299,6 +299,13 @@ def _layout(
 
 
 def save_png(path: str | os.PathLike[str], image: np.ndarray) -> None:
-    """Write an RGB uint8 image as PNG atomically."""
+    """Write an RGB uint8 image as PNG atomically.
+
+    zlib level 1 with libpng's Up filter on every row (imagecodecs): half the time of Pillow's level 1,
+    which tries each filter per row (a 1,200 x 1,344 QC picture: 46 against 90 ms CPU) for ~3% more bytes.
+    """
+    import imagecodecs  # already loaded by the slide reader (tifffile's JPEG decoder)
+
+    data = imagecodecs.png_encode(np.ascontiguousarray(image), level=1, filter=imagecodecs.PNG.FILTER.UP)
     with atomic_path(Path(path)) as tmp:
-        Image.fromarray(image).save(tmp, format="PNG", compress_level=1)  # faster than 6, ~6% larger
+        tmp.write_bytes(data)

@@ -15,6 +15,8 @@ Public API:
       -> RegionPlan
   RegionPlan      level, window (x, y, w, h in level px), kind (COPY | REDUCE | RESAMPLE), factor,
                   box(shift) and resample_filter(shift) of a RESAMPLE plan
+  plan_regions(x0_px, y0_px, *, ...same keywords) -> RegionPlans    the plans of many tiles as arrays
+  RegionPlans     win (N, 4), kind (N,), factor (N,), origin (N, 2); box() (N, 3), filters() (N,)
   resample_filter(reduction, off_grid=0.0) -> PIL.Image.Resampling
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
 from PIL import Image
 
 #: a level counts as "at least as fine" as the target when its um/px is within this fraction above it
@@ -143,6 +146,83 @@ def plan_region(
     w = math.ceil(lx - ix + side - _EPS) + margin
     h = math.ceil(ly - iy + side - _EPS) + margin
     return RegionPlan(level, p, side, ix, iy, w, h, RegionKind.RESAMPLE, origin=(lx - ix, ly - iy))
+
+
+@dataclass(frozen=True)
+class RegionPlans:
+    """`plan_region` of many tiles of one slide at once, as arrays (the reader's hot path: no object per
+    tile). Row i equals plan_region of tile i field for field (tests/test_region.py checks it)."""
+
+    level: int
+    tile_px: int
+    side_px: float
+    win: np.ndarray  # (N, 4) int64 x, y, w, h in level px
+    kind: np.ndarray  # (N,) int64 RegionKind
+    factor: np.ndarray  # (N,) int64 k of a REDUCE plan, 1 otherwise
+    origin: np.ndarray  # (N, 2) float64 the region's top-left inside the window (RESAMPLE), else 0
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def box(self) -> np.ndarray:
+        """(N, 3) float64 bx, by, side: RegionPlan.box() (no shift) of every RESAMPLE row, zeros elsewhere."""
+        out = np.zeros((len(self), 3), np.float64)
+        resample = self.kind == RegionKind.RESAMPLE
+        out[resample, :2] = np.maximum(0.0, self.origin[resample])
+        out[resample, 2] = self.side_px
+        return out
+
+    def filters(self) -> np.ndarray:
+        """(N,) int64 PIL.Image.Resampling value of RegionPlan.resample_filter() (no shift) of every
+        RESAMPLE row; -1 elsewhere."""
+        box = self.box()
+        off_grid = np.abs(box[:, :2] - np.round(box[:, :2])).max(axis=1)  # np.round: half to even, as round
+        reduction = self.side_px / self.tile_px
+        grid_filter = int(resample_filter(reduction, 0.0))
+        off_filter = int(resample_filter(reduction, 1.0))  # off the grid: depends on the reduction only
+        out = np.where(off_grid < 1e-3, grid_filter, off_filter).astype(np.int64)
+        out[self.kind != RegionKind.RESAMPLE] = -1
+        return out
+
+
+def plan_regions(
+    x0_px: np.ndarray,
+    y0_px: np.ndarray,
+    *,
+    size_um: float,
+    target_mpp: float,
+    mpp: float,
+    downsamples: Sequence[float],
+    shifts_fractional_levels: bool = False,
+) -> RegionPlans:
+    """`plan_region` of every (x0_px[i], y0_px[i]) (level-0 px), as arrays; the same float arithmetic in
+    the same order, so every row is identical to the scalar plan."""
+    p = tile_px_for(size_um, target_mpp)
+    level = best_level(mpp, downsamples, target_mpp)
+    ds = float(downsamples[level])
+    exact_grid = not shifts_fractional_levels or ds.is_integer()
+    lx = np.asarray(x0_px, np.int64) / ds  # int -> float64 is exact below 2**53, like Python's int / float
+    ly = np.asarray(y0_px, np.int64) / ds
+    side = size_um / (mpp * ds)
+    ix, iy = np.floor(lx + _EPS), np.floor(ly + _EPS)
+    k = max(1, round(side / p))
+    on_grid = (lx - ix < _ON_GRID) & (ly - iy < _ON_GRID)
+    snap = on_grid & (exact_grid and abs(side - k * p) <= SNAP_TOLERANCE * side)
+    margin = 0 if exact_grid else 1
+    rx, ry = ix - margin, iy - margin  # RESAMPLE windows
+    w = np.ceil(lx - rx + side - _EPS) + margin
+    h = np.ceil(ly - ry + side - _EPS) + margin
+    n = len(lx)
+    win = np.empty((n, 4), np.int64)
+    win[:, 0] = np.where(snap, ix, rx)
+    win[:, 1] = np.where(snap, iy, ry)
+    win[:, 2] = np.where(snap, k * p, w)
+    win[:, 3] = np.where(snap, k * p, h)
+    snapped = RegionKind.COPY if k == 1 else RegionKind.REDUCE
+    kind = np.where(snap, int(snapped), int(RegionKind.RESAMPLE)).astype(np.int64)
+    factor = np.where(snap, k, 1).astype(np.int64)
+    origin = np.where(snap[:, None], 0.0, np.stack([lx - rx, ly - ry], axis=1))
+    return RegionPlans(level, p, side, win, kind, factor, origin)
 
 
 def resample_filter(reduction: float, off_grid: float = 0.0) -> Image.Resampling:

@@ -56,4 +56,6 @@ def slide_info(
             tile = props.get(f"{slide.backend}.level[{i}].tile-width")
             tiled = f", {tile} px tiles" if tile else ""
             out[f"level {i}"] = f"{lw} x {lh} px, downsample {ds:g}{level_mpp}{tiled}"
+        if slide.colour_fix:
+            out["colour"] = slide.colour_fix.note
     return out

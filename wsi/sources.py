@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wsi.config import MAX_MPP
 from wsi.dicom_series import find_series
 from wsi.errors import SlideIdError, WsiError
 from wsi.files import is_temp_name, sanitize_slide_id, slide_name_from_path
@@ -100,8 +101,8 @@ def _from_csv(csv_path: Path) -> list[SlideSource]:
                     f"{csv_path} line {line}: more fields than columns; quote paths that contain commas"
                 )
             rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
-    except csv.Error as exc:
-        raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from exc
+    except csv.Error as exc:  # a cell over csv's field limit (128 KiB), a quote never closed
+        raise WsiError(f"{csv_path}: cannot read the slide list ({exc})") from None
     sources = []
     for line, row in enumerate(rows, start=2):
         if not row.get("path"):
@@ -122,8 +123,8 @@ def _parse_mpp(text: str, csv_path: Path, line: int) -> float | None:
         mpp = float(text)
     except ValueError:
         mpp = float("nan")
-    if not (math.isfinite(mpp) and mpp > 0):
-        raise WsiError(f"{csv_path} line {line}: mpp {text!r} is not a positive number of um/px")
+    if not (math.isfinite(mpp) and 0 < mpp <= MAX_MPP):
+        raise WsiError(f"{csv_path} line {line}: mpp {text!r} is not a number of um/px in (0, {MAX_MPP:g}]")
     return mpp
 
 

@@ -7,9 +7,18 @@ Here a level that fails as a whole is read again tile by tile of the file's own 
 is reported at its real level-0 place. The tile stage treats unknown as "maybe tissue": it tries those
 tiles one by one and counts the ones that fail as unreadable, so the rest of the slide is tiled.
 
+A slide's thumbnail work is bounded before any pixel is read (`check_thumbnails`): the thumbnail itself
+at most MAX_THUMB_PX pixels (else: raise --thumb-mpp), and the pyramid level it is made from at most
+`max_read_px` pixels (default MAX_READ_PX). A file whose header declares far more pixels than it holds
+(a 7 MB TIFF of 200,000 x 200,000 px, its tiles empty) and has no coarser level would otherwise take
+time in proportion to the declared size: it is refused at once, naming its size, the limit, and the two
+ways out (give it a pyramid, or raise the limit: `wsi tile --max-read-gpx`).
+
 Public API:
   read_thumbnail(slide, mpp) -> Thumbnail
-  read_thumbnails(slide, mpps) -> tuple[Thumbnail, ...]   several sizes, each level read once, one warning
+  read_thumbnails(slide, mpps, max_read_px=MAX_READ_PX) -> tuple[Thumbnail, ...]   several sizes, each
+      level read once, one warning
+  check_thumbnails(slide, mpps, max_read_px=MAX_READ_PX)   the bounds above, SlideError naming the slide
   Thumbnail(image (h,w,3) uint8, unknown (h,w) bool, mpp, unreadable: tuple[UnreadableRegion, ...])
   UnreadableRegion(x_px, y_px, w_px, h_px, level, error)   level-0 px; .describe() (`wsi.file_tiles`)
 """
@@ -17,6 +26,7 @@ Public API:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,11 +43,15 @@ from wsi.tiff_tiles import (
     file_tile_px,
     read_by_file_tiles,
 )
+from wsi.work_bounds import MAX_READ_PX, MAX_THUMB_PX
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
 
-__all__ = ["MAX_THUMB_READ_PX", "Thumbnail", "UnreadableRegion", "read_thumbnail", "read_thumbnails"]
+__all__ = [
+    "MAX_READ_PX", "MAX_THUMB_PX", "MAX_THUMB_READ_PX", "Thumbnail", "UnreadableRegion", "check_thumbnails",
+    "read_thumbnail", "read_thumbnails",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +75,54 @@ class Thumbnail:
         return len(self.unreadable)
 
 
+def check_thumbnails(slide: Slide, mpps: Sequence[float], max_read_px: int = MAX_READ_PX) -> None:
+    """SlideError naming the slide, its size, the limit and the way out when a thumbnail at one of
+    `mpps` um/px would be larger than MAX_THUMB_PX or be made from a level of more than `max_read_px`
+    pixels (see the module docstring)."""
+    w0, h0 = slide.dimensions
+    mm = f"{w0 * slide.mpp / 1000:.3g} x {h0 * slide.mpp / 1000:.3g} mm"
+    size = f"{w0} x {h0} px at {slide.mpp:g} um/px ({mm})"
+    for mpp in mpps:
+        if not mpp > 0:
+            raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
+        w, h = _size(slide, mpp)
+        if w * h > MAX_THUMB_PX:
+            need = w * h * 4 / 2**30  # RGB + the unknown mask, before the tissue mask's working copies
+            raise SlideError(
+                f"{slide.path}: a thumbnail of this {size} slide at {mpp:g} um/px would be {w} x {h} px "
+                f"({need:.1f} GiB of memory); the most a thumbnail holds is {MAX_THUMB_PX} px: raise "
+                f"--thumb-mpp (tissue.thumb_mpp) to {_mpp_for(slide, MAX_THUMB_PX):.3g} or more"
+            )
+        level = slide.best_level_for_mpp(mpp)
+        lw, lh = slide.level_dimensions[level]
+        if lw * lh > max_read_px:
+            where = "level 0 (it has no coarser level)" if len(slide.level_dimensions) == 1 else (
+                f"level {level} of {len(slide.level_dimensions)} ({lw} x {lh} px)")  # fmt: skip
+            raise SlideError(
+                f"{slide.path}: declares {size}{_held(slide)}; its thumbnail at {mpp:g} um/px would be made "
+                f"from {where}, decoding {lw * lh / 1e9:.3g} gigapixels, more than the limit of "
+                f"{max_read_px / 1e9:.3g}. Give the slide a pyramid (e.g. `vips tiffsave SLIDE out.tif "
+                "--tile --pyramid --compression jpeg --bigtiff`) or raise the limit (`wsi tile "
+                f"--max-read-gpx {math.ceil(lw * lh / 1e9)}`: about a minute per 4 gigapixels)"
+            )
+
+
+def _held(slide: Slide) -> str:
+    """', the file holds 7.3 MB' for a one-file slide (what a forged header declares is not there)."""
+    try:
+        if slide.path.is_file():
+            return f", the file holds {slide.path.stat().st_size / 1e6:.3g} MB"
+    except OSError:
+        pass
+    return ""
+
+
+def _mpp_for(slide: Slide, max_px: int) -> float:
+    """The finest um/px whose thumbnail has at most `max_px` pixels."""
+    w0, h0 = slide.dimensions
+    return slide.mpp * math.sqrt(w0 * h0 / max_px) * 1.01
+
+
 def read_thumbnail(slide: Slide, mpp: float) -> Thumbnail:
     """The whole slide at about `mpp` um/px, read from the coarsest level fine enough.
 
@@ -70,12 +132,13 @@ def read_thumbnail(slide: Slide, mpp: float) -> Thumbnail:
     return read_thumbnails(slide, (mpp,))[0]
 
 
-def read_thumbnails(slide: Slide, mpps: Sequence[float]) -> tuple[Thumbnail, ...]:
+def read_thumbnails(
+    slide: Slide, mpps: Sequence[float], max_read_px: int = MAX_READ_PX
+) -> tuple[Thumbnail, ...]:
     """The whole slide at each of `mpps` um/px (e.g. the tissue-mask thumbnail and a finer QC picture),
-    with each level read once, and one warning naming every unreadable region of them all."""
-    for mpp in mpps:
-        if not mpp > 0:
-            raise ValueError(f"thumbnail mpp must be positive, not {mpp}")
+    with each level read once, and one warning naming every unreadable region of them all. Bounded by
+    `check_thumbnails` first."""
+    check_thumbnails(slide, mpps, max_read_px)
     levels = [slide.best_level_for_mpp(mpp) for mpp in mpps]
     thumbs: dict[int, Thumbnail] = {}
     for level in dict.fromkeys(levels):  # one level at a time: at most one level image in memory

@@ -4,8 +4,10 @@ Public API (the layout is the contract in docs/architecture.md):
 
     TileFile                                    # what a tile file holds (coords, coords_um, meta)
     TileFileMeta (wsi.tile_meta)                # its attributes, typed
-    write_tile_file(path, *, coords, coords_um, meta) -> None        # atomic; `complete` attr last
+    write_tile_file(path, *, coords, coords_um, meta, candidates=None) -> None   # atomic; `complete` last
     read_tile_file(path) -> TileFile            # TileFileError if missing, incomplete or foreign
+    Candidates, read_candidates(path)           # every candidate tile and the filters' verdict (review)
+    coords_digest(coords) -> str                # sha256 of a tile set (bags record it: re-made on change)
     is_complete(path) -> bool                   # True only for a finished file of our format
     is_tile_file(path) -> bool                  # says it is one of ours (finished or not); never raises
     tile_file_info(path) -> dict                # the summary `wsi info` prints
@@ -19,22 +21,25 @@ attribute set as the last step, so a half-written or foreign file is never trust
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
-import zarr
-from zarr.codecs import BloscCodec
 
 from wsi.errors import ConfigError, TileFileError
 from wsi.files import atomic_path, replace_path, temp_sibling
 from wsi.hdf5 import attrs_of, outside_reason, plain, storage_problem
 from wsi.suffixes import TILE_PIXELS_SUFFIX
 from wsi.tile_meta import TileFileMeta
+
+if TYPE_CHECKING:  # zarr (0.2-0.4 s to import) only where tile pixels are written or read
+    import zarr
 
 FORMAT = "wsi-tiles"
 FORMAT_VERSION = 1
@@ -82,12 +87,32 @@ class TileFile:
         return len(self.coords)
 
 
+@dataclass
+class Candidates:
+    """Every candidate tile of a slide (a grid cell with enough tissue, inside any --roi) and the filters'
+    verdict on it: what `wsi tile --review` re-decides without reading the slide again. Datasets
+    `candidate_coords`, `candidate_coords_um`, `candidate_reasons` (attributes `names`, `empty_reason`)."""
+
+    coords: np.ndarray  # (M, 2) int64 level-0 top-left, grid order
+    coords_um: np.ndarray  # (M, 2) float32 top-left in micrometres
+    reasons: np.ndarray  # (M,) int8 the filters' reason codes (before any review)
+    names: dict[int, str]  # reason code -> name, for every code the run could give (model classes too)
+    empty_reason: str = ""  # why the filters kept no tile ("" when they kept some)
+
+
+def coords_digest(coords: np.ndarray) -> str:
+    """sha256 of a tile set: (N, 2) level-0 coordinates as little-endian int64, in order."""
+    data = np.ascontiguousarray(np.asarray(coords).reshape(-1, 2), dtype="<i8")
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
 def write_tile_file(
     path: str | os.PathLike[str],
     *,
     coords: np.ndarray,
     coords_um: np.ndarray,
     meta: TileFileMeta,
+    candidates: Candidates | None = None,
 ) -> None:
     """Write a tile file atomically, `meta` as its root attributes (`complete` set last)."""
     coords = np.asarray(coords, dtype=np.int64).reshape(-1, 2)
@@ -97,6 +122,8 @@ def write_tile_file(
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
         h5.create_dataset("coords", data=coords)
         h5.create_dataset("coords_um", data=coords_um)
+        if candidates is not None:
+            _write_candidates(h5, candidates)
         for name, value in meta.to_attrs().items():
             h5.attrs[name] = value
         h5.attrs["format"] = FORMAT
@@ -153,6 +180,47 @@ def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
     return TileFile(path=path, coords=coords, coords_um=coords_um, meta=meta)
 
 
+def _write_candidates(h5: h5py.File, c: Candidates) -> None:
+    m = len(c.reasons)
+    if np.shape(c.coords) != (m, 2) or np.shape(c.coords_um) != (m, 2):
+        raise ValueError(f"candidates disagree: {np.shape(c.coords)}, {np.shape(c.coords_um)}, {m} reasons")
+    h5.create_dataset("candidate_coords", data=np.asarray(c.coords, dtype=np.int64))
+    h5.create_dataset("candidate_coords_um", data=np.asarray(c.coords_um, dtype=np.float32))
+    ds = h5.create_dataset("candidate_reasons", data=np.asarray(c.reasons, dtype=np.int8))
+    ds.attrs["names"] = json.dumps({str(k): v for k, v in sorted(c.names.items())})
+    ds.attrs["empty_reason"] = c.empty_reason
+
+
+def read_candidates(path: str | os.PathLike[str]) -> Candidates | None:
+    """The candidates a finished tile file stores; None when it predates them (TileFileError: damaged)."""
+    path = Path(path)
+    read_tile_file(path)  # finished, ours, and only itself
+    names = ("candidate_coords", "candidate_coords_um", "candidate_reasons")
+    try:
+        with h5py.File(path, "r") as h5:
+            if not all(isinstance(h5.get(n), h5py.Dataset) for n in names):
+                return None
+            m = h5["candidate_reasons"].shape[0] if h5["candidate_reasons"].ndim == 1 else -1
+            shapes = [h5[n].shape for n in names]
+            if m < 0 or shapes != [(m, 2), (m, 2), (m,)]:
+                raise TileFileError(f"{path}: candidates of shapes {shapes}; re-run `wsi tile --overwrite`")
+            for n in names:
+                problem = storage_problem(h5[n], path.stat().st_size)
+                if problem:
+                    raise TileFileError(f"{path}: `{n}` {problem}; re-run `wsi tile --overwrite`")
+            ds = h5["candidate_reasons"]
+            table = json.loads(str(plain(ds.attrs.get("names", "{}"))))
+            return Candidates(
+                coords=h5["candidate_coords"][()].astype(np.int64),
+                coords_um=h5["candidate_coords_um"][()].astype(np.float32),
+                reasons=ds[()].astype(np.int8),
+                names={int(k): str(v) for k, v in table.items()},
+                empty_reason=str(plain(ds.attrs.get("empty_reason", ""))),
+            )
+    except (OSError, ValueError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
+        raise TileFileError(f"{path}: unreadable candidates ({exc}); re-run `wsi tile --overwrite`") from None
+
+
 def is_complete(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a finished tile file of this format (never raises)."""
     path = Path(path)
@@ -179,7 +247,7 @@ def is_tile_file(path: str | os.PathLike[str]) -> bool:
 #: tile-file attributes `wsi info` shows, in this order
 _INFO_KEYS = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "backend",
               "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept",
-              "wsi_version")  # fmt: skip
+              "review_path", "n_review_restored", "n_review_dropped", "wsi_version")  # fmt: skip
 
 
 def tile_file_info(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -215,6 +283,9 @@ class TilePixelWriter:
         self._tmp = temp_sibling(self.path)
         self._n = 0
         self._attrs = dict(attrs or {})
+        import zarr
+        from zarr.codecs import BloscCodec
+
         self._array = zarr.create_array(
             store=str(self._tmp),
             shape=(max(n_max, 0), tile_px, tile_px, 3),
@@ -259,6 +330,8 @@ def open_tile_pixels(path: str | os.PathLike[str]) -> zarr.Array:
     path = Path(path)
     if not path.is_dir():
         raise TileFileError(f"tile pixels {path} not found; run `wsi tile --save-tiles`")
+    import zarr
+
     try:
         array = zarr.open_array(store=str(path), mode="r")
     except Exception as exc:  # zarr raises several types for a foreign/broken folder

@@ -4,7 +4,7 @@ The HDF5 file keeps one flat root attribute per value (the layout in docs/archit
 unchanged): `TileFileMeta.to_attrs()` writes exactly those names and `from_attrs()` reads them back,
 checking every type, so the tile stage, resume checks, `wsi embed` and `wsi info` share one record
 instead of a dict whose keys each reader must know. Sections added by later versions (background
-choice, undecodable parts, ROI, segmentation models) are None when a file predates them, and the
+choice, undecodable parts, ROI, segmentation models, review) are None when a file predates them, and the
 artifact counts are 0: files written by earlier mains still load.
 """
 
@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any
+from typing import Annotated, Any
 
-from wsi.config import config_model, parse_config
+from pydantic import Field
+
+from wsi.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.tiling import TileCounts
+from wsi.user_text import parse_json
 
 
 @config_model
@@ -34,11 +37,11 @@ class BackgroundRecord:
 class DamageRecord:
     """Parts of the slide file that could not be decoded (absent from files before they were recorded)."""
 
-    n_thumbnail_unreadable: int  # undecodable regions of the tissue thumbnail
-    n_file_tiles_unreadable: int  # the file's own stored tiles that failed to decode
-    n_file_tiles_tissue: int  # of the file's stored tiles, those under tissue
+    n_thumbnail_unreadable: Count  # undecodable regions of the tissue thumbnail
+    n_file_tiles_unreadable: Count  # the file's own stored tiles that failed to decode
+    n_file_tiles_tissue: Count  # of the file's stored tiles, those under tissue
     #: [[x, y, w, h, level], ...] in level-0 px (attribute `unreadable_regions`, JSON)
-    regions: tuple[tuple[int, ...], ...] = ()
+    regions: tuple[tuple[Count, ...], ...] = ()
 
 
 @config_model
@@ -49,9 +52,24 @@ class RoiRecord:
     path: str  # `roi_path`
     sha256: str  # `roi_sha256`: a changed file re-tiles the slide
     rule: str  # `roi_rule`: which tiles an ROI keeps (their centre inside)
-    n_included: int  # `n_roi_included`: include polygons
-    n_excluded: int  # `n_roi_excluded`: exclude polygons
-    n_outside: int  # `n_outside_roi`: tissue tiles left out
+    n_included: Count  # `n_roi_included`: include polygons
+    n_excluded: Count  # `n_roi_excluded`: exclude polygons
+    n_outside: Count  # `n_outside_roi`: tissue tiles left out
+    #: `roi_note`: what is wrong with where it lies on the slide (beyond it, or drawn in micrometres)
+    note: str = ""
+
+
+@config_model
+@dataclass(frozen=True)
+class ReviewRecord:
+    """The reviewer's verdicts applied over the filters' (`wsi tile --review`, a QuPath export)."""
+
+    path: str  # `review_path`
+    sha256: str  # `review_sha256`: a changed file re-applies the review (no slide pixels read)
+    n_tiles: Count  # `n_review_tiles`: tile objects of the file matched to this slide's candidates
+    n_regions: Count  # `n_review_regions`: Exclude polygons
+    n_restored: Count  # `n_review_restored`: tiles the filters rejected, kept by the review
+    n_dropped: Count  # `n_review_dropped`: tiles the filters kept, dropped by the review
 
 
 @config_model
@@ -60,8 +78,8 @@ class SegmentationRecord:
     """The segmentation networks that found tissue or artifacts (name, weights, sha256, mpp)."""
 
     models: dict[str, Any]  # attribute `segmentation` (JSON): {"tissue": {...}, "artifact": {...}}
-    n_artifact: int | None = None  # tiles the artifact network removed (None: no artifact network)
-    artifact_counts: dict[str, int] | None = None  # per class ("artifact: pen" -> n), JSON
+    n_artifact: Count | None = None  # tiles the artifact network removed (None: no artifact network)
+    artifact_counts: dict[str, Count] | None = None  # per class ("artifact: pen" -> n), JSON
 
 
 @config_model
@@ -71,12 +89,12 @@ class TileFileMeta:
 
     slide_id: str
     slide_path: str
-    tile_size_um: float  # tile side, micrometres
-    tile_size_px: int  # tile side as read, px (tile_size_um / target_mpp)
-    mpp: float  # the slide's level-0 um/px
-    target_mpp: float  # um/px of the tiles as read
-    level0_width: int
-    level0_height: int
+    tile_size_um: Um  # tile side, micrometres
+    tile_size_px: SidePx  # tile side as read, px (tile_size_um / target_mpp)
+    mpp: Mpp  # the slide's level-0 um/px
+    target_mpp: Mpp  # um/px of the tiles as read
+    level0_width: SidePx
+    level0_height: SidePx
     backend: str  # openslide | tiffslide | dicom ...
     vendor: str
     params: dict[str, Any]  # the TileParams the tiles were cut with (attribute `params`, JSON)
@@ -87,10 +105,12 @@ class TileFileMeta:
     #: why no tile was kept ("" when some were; None: a version that did not say)
     empty_reason: str | None = None
     low_yield: str = ""  # the warning for a slide that kept few tiles
-    upsampling: float = 1.0  # > 1 when the scan is coarser than the tiles asked for
+    # > 1 when the scan is coarser than the tiles asked for (slide mpp / tile mpp)
+    upsampling: Annotated[float, Field(ge=1, le=MAX_MPP / MIN_TARGET_MPP)] = 1.0
     damage: DamageRecord | None = None
     roi: RoiRecord | None = None
     segmentation: SegmentationRecord | None = None
+    review: ReviewRecord | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> dict[str, Any]:
@@ -117,7 +137,13 @@ class TileFileMeta:
             r = self.roi
             out.update(
                 roi_path=r.path, roi_sha256=r.sha256, roi_rule=r.rule, n_roi_included=r.n_included,
-                n_roi_excluded=r.n_excluded, n_outside_roi=r.n_outside,
+                n_roi_excluded=r.n_excluded, n_outside_roi=r.n_outside, roi_note=r.note,
+            )  # fmt: skip
+        if self.review is not None:
+            v = self.review
+            out.update(
+                review_path=v.path, review_sha256=v.sha256, n_review_tiles=v.n_tiles,
+                n_review_regions=v.n_regions, n_review_restored=v.n_restored, n_review_dropped=v.n_dropped,
             )  # fmt: skip
         if self.segmentation is not None:
             s = self.segmentation
@@ -157,6 +183,14 @@ class TileFileMeta:
                 "path": attrs.get("roi_path", ""), "sha256": attrs["roi_sha256"],
                 "rule": attrs.get("roi_rule", ""), "n_included": attrs.get("n_roi_included", 0),
                 "n_excluded": attrs.get("n_roi_excluded", 0), "n_outside": attrs.get("n_outside_roi", 0),
+                "note": attrs.get("roi_note", ""),
+            }  # fmt: skip
+        if "review_sha256" in attrs:
+            data["review"] = {
+                "path": attrs.get("review_path", ""), "sha256": attrs["review_sha256"],
+                "n_tiles": attrs.get("n_review_tiles", 0), "n_regions": attrs.get("n_review_regions", 0),
+                "n_restored": attrs.get("n_review_restored", 0),
+                "n_dropped": attrs.get("n_review_dropped", 0),
             }  # fmt: skip
         if attrs.get("segmentation"):
             data["segmentation"] = {
@@ -178,7 +212,7 @@ class TileFileMeta:
         return dict(self.segmentation.models) if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation"}
+_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review"}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")
@@ -193,16 +227,14 @@ REQUIRED_ATTRS = (
 def _json(value: Any, name: str, source: str) -> Any:
     if not isinstance(value, str):
         return value  # a mapping given directly (or a wrong type, which parse_config names)
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: attribute `{name}` is not valid JSON ({exc})") from None
+    return parse_json(value, f"{source}: attribute `{name}`")
 
 
 __all__ = [
     "REQUIRED_ATTRS",
     "BackgroundRecord",
     "DamageRecord",
+    "ReviewRecord",
     "RoiRecord",
     "SegmentationRecord",
     "TileFileMeta",

@@ -24,6 +24,7 @@ import numpy as np
 
 from wsi.errors import WsiError
 from wsi.files import write_text_atomic
+from wsi.user_text import load_json_file
 
 FORMAT = "wsi-tile-values"
 FORMAT_VERSION = 1
@@ -70,7 +71,7 @@ def read_tile_values(path: str | Path) -> TileValues:
     """Read and check the file; WsiError naming it when it is not one of these or is inconsistent."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json_file(path, what="tile values", error=WsiError)  # size-capped, any parser failure
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
         coords = np.asarray(data["coords_um"], dtype=np.float64).reshape(-1, 2)
@@ -87,7 +88,7 @@ def read_tile_values(path: str | Path) -> TileValues:
             mpp=None if mpp is None else float(mpp), coords_um=coords, outputs=outputs,
             predicted=data.get("predicted"),
         )  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise WsiError(
             f"{path}: unreadable tile values ({exc}); run `wsi predict` again to rewrite it"
         ) from exc

@@ -13,7 +13,6 @@ Filters run on the tile at its target resolution (tile_um / tile_px um/px), the 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from wsi.dark_noise import dark_noise, tile_signal_level
 from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tile_params import TileParams
 from wsi.tissue import cell_fractions, tissue_mask
+from wsi.work_bounds import check_grid, grid_shape
 
 if TYPE_CHECKING:
     from wsi.slide import Slide
@@ -49,10 +49,9 @@ def make_grid(width_px: int, height_px: int, *, mpp: float, tile_um: float) -> G
     """Every whole tile of `tile_um` that fits in a level-0 image of width_px x height_px at `mpp`."""
     if not mpp > 0:
         raise ValueError(f"mpp must be positive, got {mpp}")
+    check_grid("the slide", width_px, height_px, mpp=mpp, tile_um=tile_um)  # before any array of it
     step_px = tile_um / mpp
-    # 1e-6 guards against 1000.0 / 0.25 / 4 style round-off dropping the last whole cell
-    n_cols = max(0, math.floor(width_px / step_px + 1e-6))
-    n_rows = max(0, math.floor(height_px / step_px + 1e-6))
+    n_cols, n_rows = grid_shape(width_px, height_px, mpp=mpp, tile_um=tile_um)
     rows, cols = np.meshgrid(np.arange(n_rows), np.arange(n_cols), indexing="ij")
     index = np.stack([cols.ravel(), rows.ravel()], axis=1)  # (N, 2) as (col, row)
     coords_um = (index * tile_um).astype(np.float32)
@@ -121,6 +120,7 @@ def find_tissue(
     mask: a tissue mask at the thumbnail's size found otherwise (a segmentation network), used as it is.
     """
     w0, h0 = slide.dimensions
+    check_grid(slide.path, w0, h0, mpp=slide.mpp, tile_um=params.tile_um)  # before the thumbnail is read
     thumb = thumbnail if thumbnail is not None else read_thumbnail(slide, params.tissue.thumb_mpp)
     image, unknown = thumb.image, thumb.unknown
     known = image[~unknown][None] if unknown.any() else image  # (1, n, 3): only pixels that were read
@@ -272,14 +272,20 @@ def _block_median_variance(gray: np.ndarray, fg_full: np.ndarray, grid: int) -> 
     n_all = np.maximum(n.reshape(b, -1).sum(1), 1.0)
     whole = np.maximum(s2.reshape(b, -1).sum(1) / n_all - (s1.reshape(b, -1).sum(1) / n_all) ** 2, 0.0)
     score = whole
-    for t in np.flatnonzero(voting.any(axis=1)):  # tiles with at least one voting block
-        score[t] = np.median(block_var[t, voting[t]])
+    k = voting.sum(axis=1)  # (B,) voting blocks per tile; the median of those, as np.median gives it:
+    ranked = np.sort(np.where(voting, block_var, np.inf), axis=1)  # the k voting values first
+    rows, lo, hi = np.arange(b), np.maximum(k - 1, 0) // 2, k // 2
+    median = (ranked[rows, lo] + ranked[rows, hi]) / np.float32(2)  # odd k: lo == hi
+    score = np.where(k > 0, median, score)  # tiles with no voting block keep the whole-tile value
     return np.where(n.reshape(b, -1).sum(1) > 0, score, 0.0)
 
 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
 # the artifact filters' codes follow (wsi.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8)
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
+#: a tile a reviewer dropped (`wsi tile --review`: re-classed in QuPath, or inside an Exclude region); not
+#: a filter's verdict, so not in REASON_NAMES (the QC picture and qc/<id>.geojson show the filters')
+EXCLUDED = 15
 #: every reason code -> its name (tile files count them as n_<name>, the QC picture colours them)
 REASON_NAMES: dict[int, str] = {
     KEPT: "kept", BACKGROUND: "background", BLURRY: "blurry", UNREADABLE: "unreadable",
@@ -369,7 +375,7 @@ class TileCounts:
     """How many grid cells went where.
 
     n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept +
-    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust).
+    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust) + n_excluded (dropped by a review).
     """
 
     n_grid: int = 0
@@ -383,6 +389,7 @@ class TileCounts:
     n_bubble: int = 0
     n_border: int = 0
     n_dust: int = 0
+    n_excluded: int = 0
 
     @property
     def n_artifacts(self) -> int:

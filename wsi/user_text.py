@@ -6,6 +6,11 @@
 - YAML is parsed without anchors and aliases (`&a` / `*a`, and so `<<: *a` merges): nested aliases
   expand exponentially (a "billion laughs" file of a few hundred bytes fills any memory), and no
   config of ours needs them. Files are capped at MAX_YAML_BYTES and nesting at MAX_YAML_DEPTH.
+- JSON (run records, GeoJSON, stain references, model configs) is parsed by `parse_json`, which turns
+  everything the parser can raise into the caller's error naming the file: syntax, and nesting deeper
+  than Python's recursion allows (a 200,000-deep `[[[...]]]` raised RecursionError, naming nothing).
+  With `finite=True` (coordinates, stain numbers) NaN, Infinity and `1e999` are refused too; typed
+  configs refuse them anyway (`wsi.config`).
 - CSV headers may not repeat a column or hold two names that differ only by case or spaces: csv's
   DictReader keeps the last of two equal names silently, so "label" twice trained on the second.
 
@@ -14,6 +19,8 @@ Every refusal is a ConfigError (or the caller's error class) naming the file and
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +34,11 @@ from wsi.errors import ConfigError, WsiError
 MAX_YAML_BYTES = 1 << 20
 #: mappings/lists nested deeper than this are refused (PyYAML recurses once per level)
 MAX_YAML_DEPTH = 64
+#: text tables (labels, slide lists): a million rows are tens of megabytes
+MAX_TEXT_BYTES = 1 << 28
+#: JSON files of ours (run records, stain references, model configs) are kilobytes; GeoJSON of a whole
+#: slide's annotations can be tens of megabytes
+MAX_JSON_BYTES = 1 << 28
 
 
 def decode_utf8(data: bytes, source: str, *, error: type[WsiError] = ConfigError) -> str:
@@ -44,11 +56,18 @@ def decode_utf8(data: bytes, source: str, *, error: type[WsiError] = ConfigError
 
 
 def read_utf8(
-    path: str | os.PathLike[str], *, what: str = "file", error: type[WsiError] = ConfigError
+    path: str | os.PathLike[str],
+    *,
+    what: str = "file",
+    error: type[WsiError] = ConfigError,
+    max_bytes: int = MAX_TEXT_BYTES,
 ) -> str:
-    """The text of a user's file, UTF-8 only (see `decode_utf8`); unreadable files name the reason."""
+    """The text of a user's file, UTF-8 only (see `decode_utf8`), at most `max_bytes` long; unreadable
+    files name the reason."""
     path = Path(path)
     try:
+        if path.stat().st_size > max_bytes:
+            raise error(f"{what} {path} is {path.stat().st_size} bytes; at most {max_bytes} are read")
         data = path.read_bytes()
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
@@ -107,6 +126,49 @@ def load_yaml_file(path: str | os.PathLike[str], *, what: str = "YAML file") -> 
     return parse_yaml(read_utf8(path, what=what), str(path))
 
 
+def parse_json(text: str, source: str, *, error: type[WsiError] = ConfigError, finite: bool = False) -> Any:
+    """JSON text as Python data, or `error` naming `source` and what is wrong (see the module docstring)."""
+    hooks: dict[str, Any] = {"parse_constant": _not_json, "parse_float": _finite_float} if finite else {}
+    try:
+        return json.loads(text, **hooks)
+    except RecursionError:
+        raise error(f"{source}: nested too deeply to be read (deeper than Python recursion goes)") from None
+    except ValueError as exc:  # JSONDecodeError, and the two refusals below
+        where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise error(f"{source} is not valid JSON: {msg}{where}") from None
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
+def load_json_file(
+    path: str | os.PathLike[str],
+    *,
+    what: str = "JSON file",
+    error: type[WsiError] = ConfigError,
+    max_bytes: int = MAX_JSON_BYTES,
+    finite: bool = False,
+) -> Any:
+    """A user's JSON file (UTF-8, at most `max_bytes`), or `error` naming it and the reason."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if size > max_bytes:
+        raise error(f"{what} {path} is {size} bytes; at most {max_bytes} are read")
+    return parse_json(read_utf8(path, what=what, error=error), f"{what} {path}", error=error, finite=finite)
+
+
 def check_header(
     fieldnames: Sequence[str] | None, source: str, *, error: type[WsiError] = ConfigError
 ) -> list[str]:
@@ -130,11 +192,15 @@ def check_header(
 
 
 __all__ = [
+    "MAX_JSON_BYTES",
+    "MAX_TEXT_BYTES",
     "MAX_YAML_BYTES",
     "MAX_YAML_DEPTH",
     "check_header",
     "decode_utf8",
+    "load_json_file",
     "load_yaml_file",
+    "parse_json",
     "parse_yaml",
     "read_utf8",
 ]

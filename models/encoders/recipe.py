@@ -19,13 +19,18 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from wsi.config import config_dict, config_model, parse_config
+from pydantic import Field
+
+from wsi.config import MAX_MPP, config_dict, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.registry import Registry
 from wsi.user_text import load_yaml_file
 
+_Side = Annotated[int, Field(ge=16, le=4096)]  # a network input side, px
+_Unit = Annotated[float, Field(ge=0, le=1)]  # a mean of [0, 1] RGB
+_Spread = Annotated[float, Field(gt=0, le=10)]  # a std of [0, 1] RGB
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -44,15 +49,16 @@ class EncoderRecipe:
     """One encoder, exactly as its authors run it (fields documented beside each)."""
 
     arch: str  # timm architecture name (timm.create_model), e.g. "vit_large_patch16_224"
-    dim: int  # width of one tile's feature vector after pooling
-    input_px: int  # side of the square network input, after resize and centre crop
-    mean: tuple[float, float, float] = IMAGENET_MEAN  # per-channel mean of [0, 1] RGB the weights expect
-    std: tuple[float, float, float] = IMAGENET_STD  # per-channel std, same space
+    # width of one tile's feature vector after pooling (0: not known until built, timm:<name>)
+    dim: Annotated[int, Field(ge=0, le=1 << 20)]
+    input_px: _Side  # side of the square network input, after resize and centre crop
+    mean: tuple[_Unit, _Unit, _Unit] = IMAGENET_MEAN  # per-channel mean of [0, 1] RGB the weights expect
+    std: tuple[_Spread, _Spread, _Spread] = IMAGENET_STD  # per-channel std, same space
     # timm.create_model arguments beyond pretrained/num_classes; *_layer values are names from LAYERS
     kwargs: dict[str, Any] = field(default_factory=dict)
     # the tile's shorter side is resized to resize_px, then centre-cropped to input_px (torchvision's
     # Resize(resize_px) + CenterCrop(input_px)); None means resize_px = input_px (a plain resize)
-    resize_px: int | None = None
+    resize_px: _Side | None = None
     interpolation: Literal["bilinear", "bicubic"] = "bilinear"  # the resize filter (antialiased)
     # how tokens become one vector: "model" (the timm model's own head: global average for CNN/Swin),
     # "cls" (class token), "cls+mean" (class token concatenated with the mean of the patch tokens, registers
@@ -66,8 +72,12 @@ class EncoderRecipe:
     # files to look for, in order, when --weights is a model folder as the authors' hub repository lays it out
     weights_files: tuple[str, ...] = ("model.safetensors", "pytorch_model.bin")
     published_sha256: str | None = None  # digest of the authors' file: a different file loads with a warning
-    params: int | None = None  # parameters of the architecture (tests check it against the built model)
-    training_mpp: float | None = None  # um/px of the tiles it was trained on; warn when tiles are >2x away
+    params: Annotated[int, Field(ge=0, le=10**13)] | None = (
+        None  # parameters of the architecture (tests check it against the built model)
+    )
+    training_mpp: Annotated[float, Field(gt=0, le=MAX_MPP)] | None = (
+        None  # um/px of the tiles it was trained on; warn when tiles are >2x away
+    )
     licence: str = "unknown"  # the weights' licence, as the authors publish it
     source: str = ""  # where the weights come from (the authors' page)
     reference: str = ""  # the public code this recipe was checked against

@@ -8,7 +8,6 @@ the load is all or nothing: missing, unexpected and wrongly shaped tensors are l
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from torch import nn
 from wsi.errors import WeightsError
 from wsi.models.encoders.recipe import EncoderRecipe
 from wsi.registry import Registry
+from wsi.user_text import load_json_file
 
 log = logging.getLogger("wsi.models.encoders")
 
@@ -148,10 +148,7 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: 
     config_path = folder / "config.json"
     if not config_path.is_file():
         return
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"{config_path} is not readable JSON ({exc})") from None
+    config = load_json_file(config_path, what="model folder config", error=WeightsError)
     if not isinstance(config, dict):
         return
     found = config.get("architecture")  # timm hub layout: {"architecture": ..., "model_args": {...}}

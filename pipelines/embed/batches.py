@@ -67,7 +67,9 @@ class RawBatch:
     Windows are `wsi.region.plan_region`'s, in level px: window b starts at (ix, iy), is (n_w, n_h) px,
     and the output tile comes from it by `kind` (a `RegionKind`: copy P x P, reduce k x k blocks, or
     resample box (bx, by, side) with the PIL filter `filt`). `table[b]` maps the JPEG grid cells the
-    window touches (from its first cell (gx0, gy0)) to indices of the streams in `data`; -1 is white.
+    window touches (from its first cell (gx0, gy0)) to stream slots; -1 is white. Stream j is
+    data[offsets[j] : offsets[j] + lengths[j]]. Everything per tile or per stream is an array: a batch
+    pickles (reader process -> main process) without one Python object per tile.
     """
 
     slide_path: str
@@ -80,16 +82,22 @@ class RawBatch:
     level: int
     level_wh: tuple[int, int]
     tile_wh: tuple[int, int]
-    data: torch.Tensor  # (total,) uint8: the complete JPEG streams back to back
-    lengths: list[int]  # (J,) bytes of each stream; 0: unusable (missing or not a JPEG)
+    data: torch.Tensor  # (total,) uint8: the complete JPEG streams
+    offsets: np.ndarray  # (J,) int64 start of each stream in data
+    lengths: np.ndarray  # (J,) int64 bytes of each stream; 0: unusable (missing or not a JPEG)
     cells: np.ndarray  # (J, 2) int64 (col, row) of each stream in the level's tile grid
     win: np.ndarray  # (B, 4) int64 ix, iy, n_w, n_h
     box: np.ndarray  # (B, 3) float64 bx, by, side
     kind: np.ndarray  # (B,) int64 RegionKind
     factor: np.ndarray  # (B,) int64 k of RegionKind.REDUCE
-    filt: list[str] = field(default_factory=list)  # (B,) PIL filter name of RegionKind.RESAMPLE
+    filt: np.ndarray  # (B,) int64 PIL.Image.Resampling of RegionKind.RESAMPLE (-1 for the others)
     grid0: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (B, 2) gx0, gy0
     table: np.ndarray = field(default_factory=lambda: np.zeros((0, 1, 1), np.int64))  # (B, GH, GW)
+
+    def stream(self, j: int) -> torch.Tensor:
+        """(lengths[j],) uint8 view of stream j."""
+        o = int(self.offsets[j])
+        return self.data[o : o + int(self.lengths[j])]
 
     def pin_memory(self) -> RawBatch:  # called by DataLoader(pin_memory=True)
         return replace(self, data=self.data.pin_memory())

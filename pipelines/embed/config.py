@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from wsi.config import config_model, setting
 from wsi.errors import ConfigError
@@ -31,6 +33,8 @@ DTYPES: tuple[str, ...] = ("float16", "float32")
 DECODES: tuple[str, ...] = ("cpu", "device", "auto")
 STAIN_NORMS: tuple[str, ...] = ("macenko", "reinhard")
 CPU_BATCH = 128  # batch_size "auto" off CUDA: what `wsi embed` always used
+MAX_INPUT_PX = 4096  # a network input side (ViTs take 224-518)
+_InputPx = Annotated[int, Field(ge=16, le=MAX_INPUT_PX)]
 
 
 @config_model
@@ -41,7 +45,7 @@ class EncoderChoice:
     name: str  # a named encoder (`wsi encoders`), timm:<architecture>, or a recipe file my-encoder.yaml
     weights: str | None = None  # weights file, or the model folder as the authors' hub repository lays it out
     expected_sha256: str | None = None  # refuse weights whose sha256 differs
-    input_px: int | None = None  # timm:<name> encoders only; named encoders fix their input size
+    input_px: _InputPx | None = None  # timm:<name> encoders only; named encoders fix their input size
 
 
 def default_readers() -> int:
@@ -71,7 +75,7 @@ class EmbedOptions:
         None, help="Refuse weights whose sha256 differs. With several --encoder: none, or one each in order."
     )
     input_px: int | None = setting(
-        None, ge=16, default_text="the architecture's",
+        None, ge=16, le=MAX_INPUT_PX, default_text="the architecture's",
         help="Network input side for timm:<name> encoders; named encoders fix theirs (retccl 256, uni 224).",
     )  # fmt: skip
     # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
@@ -84,18 +88,18 @@ class EmbedOptions:
     )
     compile: bool = setting(False, help="torch.compile the encoders (CUDA; pays off on long runs).")
     threads: int | None = setting(
-        None, ge=1, default_text="torch's default", help="CPU threads for the encoder."
+        None, ge=1, le=1024, default_text="torch's default", help="CPU threads for the encoder."
     )
     # "auto": measured from free memory on CUDA (every encoder's probe, the smallest wins, at most 256),
     # CPU_BATCH elsewhere; 128 x 256 px fills an H100 for RetCCL in bf16
-    batch_size: int | Literal["auto"] = setting(
+    batch_size: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = setting(
         128,
         help="Tiles per pass (N or auto); auto: measured from free GPU memory on CUDA (every encoder "
         "probed, at most 256), 128 on the CPU.",
     )  # fmt: skip
     #: threads inside dask workers, which may not fork
     readers: int = setting(
-        default_factory=lambda: default_readers(), ge=0, default_text="cores - 1, 1 to 16",
+        default_factory=lambda: default_readers(), ge=0, le=256, default_text="cores - 1, 1 to 16",
         help="Background readers; 0 reads inline.",
     )  # fmt: skip
     reader_mode: Literal["process", "thread"] = setting(

@@ -43,6 +43,7 @@ from wsi.pipelines.embed.feed import iter_batches
 from wsi.pipelines.embed.runtime import Runtime, encode, prepare_runtime, prepare_runtimes, resolve_decode
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.jobs import JobResult, describe_error
+from wsi.tile_file import coords_digest
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def bag_provenance(
         pixel_source="tile-cache" if st.pixels_path else "slide",
         slide_path=st.slide_path,
         tile_file=job.tile_file,
+        tiles_sha256=coords_digest(st.coords_px),
         encoder_recipe=enc["recipe"],
         recipe_sha256=enc["recipe_sha256"],
         **stain_fields(stain, stain_fallback),

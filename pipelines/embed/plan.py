@@ -24,7 +24,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
+from wsi.bags.safe import coords_dataset, feature_dataset, open_bag_file
 from wsi.errors import WsiError
 from wsi.models.encoders import Encoder
 from wsi.models.stain import StainReference
@@ -35,7 +38,7 @@ from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.jobs import JobResult
 from wsi.suffixes import BAG_SUFFIX
-from wsi.tile_file import read_tile_file
+from wsi.tile_file import coords_digest, read_tile_file
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +133,9 @@ def stale(job: SlideJob, encoder: Encoder, dtype: str, stain: StainReference | N
     except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
         return "incomplete provenance"
     want = stain_fields(stain, None)
+    same = made.tile_params == job.tile_params and made.n_tiles_requested == job.tiles.n
     checks = (
-        (made.tile_params == job.tile_params and made.n_tiles_requested == job.tiles.n, "the tiles changed"),
+        (same and _same_tiles(made, job), "the tiles changed"),
         (header.dtype == dtype, f"dtype {header.dtype} -> {dtype}"),
         (made.input_px == encoder.input_px, f"input size {made.input_px} -> {encoder.input_px} px"),
         (made.recipe_sha256 == encoder.recipe.digest(), "the encoder's recipe changed (or was not recorded)"),
@@ -143,6 +147,24 @@ def stale(job: SlideJob, encoder: Encoder, dtype: str, stain: StainReference | N
         ),
     )
     return next((why for current, why in checks if not current), None)
+
+
+def _same_tiles(made: BagProvenance, job: SlideJob) -> bool:
+    """Whether the bag holds the tile file's tiles: by the digest it records (`tiles_sha256`); a bag from
+    before the digest by its `coords_px`, each of which must be a tile of the file (the unreadable tiles
+    it left out are the difference), or by the count alone when it has no `coords_px` either."""
+    if made.tiles_sha256 is not None:
+        return made.tiles_sha256 == coords_digest(job.tiles.coords_px)
+    try:
+        with open_bag_file(job.bag_path) as h5:
+            if "coords_px" not in h5:
+                return True
+            n = int(feature_dataset(h5, job.bag_path).shape[0])
+            held = np.asarray(coords_dataset(h5, job.bag_path, "coords_px", n)[()], dtype=np.int64)
+    except WsiError:
+        return False
+    tiles = np.asarray(job.tiles.coords_px, dtype=np.int64).reshape(-1, 2)
+    return bool(np.isin(held[:, 0] * (1 << 32) + held[:, 1], tiles[:, 0] * (1 << 32) + tiles[:, 1]).all())
 
 
 def _upgrade(bag: Path) -> None:

@@ -141,8 +141,8 @@ def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAda
     adapter_cls = INPUTS.get(name)  # ConfigError naming the known inputs (and any that failed to load)
     try:
         return adapter_cls(**dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"bad input_options for input {name!r}: {exc}") from exc
+    except (TypeError, ValueError) as exc:  # an unknown option; a number out of its range
+        raise ConfigError(f"bad input_options for input {name!r}: {exc}") from None
 
 
 def with_resolution(

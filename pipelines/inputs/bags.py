@@ -25,9 +25,11 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag_attrs, read_bag_header
+from wsi.config import MAX_MPP
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
 from wsi.pipelines.inputs import INPUTS, Batch, Item
+from wsi.pipelines.tasks import MAX_BAG_SIZE
 from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,9 @@ _ENCODER_KEYS = ("encoder", "weights_sha256")
 def _check_mpp(value: Any, what: str) -> float | None:
     if value is None:
         return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise ConfigError(f"{what} must be a positive number of um/px (level 0), not {value!r}")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_MPP:
+        raise ConfigError(f"{what} must be a number of um/px (level 0) in (0, {MAX_MPP:g}], not {value!r}")
     return float(value)
 
 
@@ -206,8 +208,13 @@ class BagInput:
         mpp_by_slide: Mapping[str, float] | None = None,
         uses_positions: bool = True,
     ) -> None:
-        if bag_size is not None and (not isinstance(bag_size, int) or bag_size < 1):
-            raise ConfigError(f"input_options.bag_size must be a positive integer or null, not {bag_size!r}")
+        if bag_size is not None and (
+            not isinstance(bag_size, int) or isinstance(bag_size, bool) or not 1 <= bag_size <= MAX_BAG_SIZE
+        ):
+            raise ConfigError(
+                f"input_options.bag_size must be an integer from 1 to {MAX_BAG_SIZE} or null, "
+                f"not {bag_size!r}"
+            )
         self.bag_size = bag_size
         self.mpp = _check_mpp(mpp, "mpp (--mpp)")
         by_slide: dict[str, float] = {}
@@ -300,7 +307,7 @@ class BagInput:
             raise ConfigError("bags were made by different encoders: " + "; ".join(parts))
         tile_params = first.get("tile_params")
         if isinstance(tile_params, str):
-            with contextlib.suppress(json.JSONDecodeError):
+            with contextlib.suppress(ValueError, RecursionError):
                 tile_params = json.loads(tile_params)
         return {
             "encoder": first.get("encoder"),

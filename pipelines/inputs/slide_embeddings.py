@@ -129,7 +129,7 @@ class SlideEmbeddingInput:
         out = {k: _plain(first.get(k)) for k in keys}
         try:
             out["tile_provenance"] = json.loads(str(first.get("tile_provenance") or "{}"))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested beyond the parser
             out["tile_provenance"] = {}
         return out
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from wsi.config import config_model, setting
+from wsi.config import MAX_COUNT, MAX_MPP, config_model, setting
 
-#: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB, the same probabilities)
+#: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB; the probabilities agree
+#: with the in-memory forward to float rounding, a few 1e-6: its sums run in another order)
 STREAM_ABOVE_TILES = 131_072
 
 
@@ -32,12 +33,12 @@ class PredictOptions:
         help="Slide-encoder weights for raw slides, for a run trained on slide embeddings (sha256 checked).",
     )  # fmt: skip
     mpp: float | None = setting(
-        None, gt=0, default_text="the run's",
+        None, gt=0, le=MAX_MPP, default_text="the run's",
         help="Level-0 um/px for slides whose metadata has none, and for bags in level-0 pixels (CLAM, "
         "TRIDENT); a labels CSV `mpp` column wins per slide.",
     )  # fmt: skip
     backend: Literal["openslide", "tiffslide"] = setting("openslide", help="Slide reader (raw slides).")
-    workers: int = setting(1, ge=1, help="Slides tiled/embedded in parallel (local dask workers).")
+    workers: int = setting(1, ge=1, le=1024, help="Slides tiled/embedded in parallel (local dask workers).")
     scheduler: str | None = setting(None, help="Tile/embed on a dask.distributed cluster (e.g. tcp://host:8786).")
     progress: bool = setting(True, help="Progress bars (--no-progress: none).")
     labels_csv: Path | None = setting(
@@ -45,14 +46,15 @@ class PredictOptions:
         help="Label table of this cohort: score the predictions (external validation) and write the report.",
     )  # fmt: skip
     top_tiles: int = setting(
-        0, ge=0,
+        0, ge=0, le=10_000,
         help="Save the K tiles pushing each class (or risk) most and least per slide, with a contact sheet.",
     )  # fmt: skip
     overwrite: bool = setting(
         False, help="Predict every slide again, also those finished by a run into --out."
     )
     stream_above_tiles: int | None = setting(
-        STREAM_ABOVE_TILES, ge=1,
-        help="Read a slide's bag of more tiles from its file chunk by chunk: the same prediction in bounded "
-        "memory, but no heatmap or top tiles for it (the manifest's note says so).",
+        STREAM_ABOVE_TILES, ge=1, le=MAX_COUNT,
+        help="Read a slide's bag of more tiles from its file chunk by chunk, in bounded memory: the same "
+        "prediction up to float rounding (within a few 1e-6: the sums run in another order), but no "
+        "heatmap or top tiles for it (the manifest's note says so).",
     )  # fmt: skip

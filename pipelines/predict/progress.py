@@ -156,7 +156,7 @@ def _read(path: Path) -> Iterable[Finished]:
         for n, line in enumerate(fh, start=1):
             try:
                 yield Finished(**json.loads(line))
-            except (json.JSONDecodeError, TypeError):  # cut short by a kill, or another version's
+            except (ValueError, TypeError, RecursionError):  # cut short by a kill, another version's
                 log.debug("%s line %d unreadable; that case is predicted again", path, n)
 
 

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from wsi.errors import ConfigError
-from wsi.pipelines.checkpoints import load_into
+from wsi.pipelines.checkpoints import load_into, weights_metadata
 from wsi.pipelines.devices import autocast_for, resolve_device
 from wsi.pipelines.inputs import InputAdapter, build_input
-from wsi.pipelines.run_record import RunRecord, read_fitted, read_run_record, record_path
+from wsi.pipelines.run_record import RUN_STAMP_KEY, RunRecord, read_fitted, read_run_record, record_path
 from wsi.pipelines.task_kinds import TaskKind, build_kind
 
 #: the one map of a model explained by attention (heatmaps, tile values, GeoJSON, top tiles)
@@ -109,13 +109,15 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
     if not record_path(run).is_file():
         raise ConfigError(f"--model {run}: no config.json; give the --out folder of `wsi train`")
     record = read_run_record(run)
+    _check_record(record, record_path(run))
     ckpts = _checkpoints(run, record)
     dev = resolve_device(device)
     models: list[torch.nn.Module] = []
     kinds = []
     for ckpt in ckpts:
+        _check_stamp(ckpt, record)
         model = build_model_from_config(record.model, source=str(record_path(run)), saved=True)
-        load_into(model, ckpt)
+        load_into(model, ckpt, hint=_MIXED)
         _check_standardization(model, record, ckpt)
         models.append(model.to(dev).eval())
         kinds.append(build_kind(record.task, read_fitted(ckpt.parent)))
@@ -125,6 +127,41 @@ def load_run(model_dir: str | Path, *, device: str = "auto") -> RunModel:
         fitted["risk_cutoff"] = float(np.mean([float(c) for c in cutoffs if c is not None]))
     adapter = build_input(record.input.name, record.task.input_options)
     return RunModel(models, kinds, build_kind(record.task, fitted), record, adapter, dev, run, ckpts)
+
+
+_MIXED = (
+    "the weights and config.json come from different runs (or config.json was edited): restore it, or retrain"
+)
+
+
+def _check_record(record: RunRecord, path: Path) -> None:
+    """config.json's parts agree with each other: the classes it lists are the task's, and the model
+    it describes gives as many outputs as the task's kind reads (an edited class list gave an empty
+    `prob_C` column)."""
+    task = record.task
+    if task.kind == "categorical" and tuple(record.classes) != tuple(task.classes):
+        raise ConfigError(
+            f"{path}: its `classes` {list(record.classes)} and its task's classes {list(task.classes)} "
+            f"differ (the file was edited?); {_MIXED}"
+        )
+    wanted = build_kind(task).num_outputs
+    outputs = record.model.get("num_classes")
+    if isinstance(outputs, int) and outputs != wanted:
+        what = f"classes {list(task.classes)}" if task.kind == "categorical" else f"{task.kind} targets"
+        raise ConfigError(
+            f"{path}: its model gives {outputs} outputs (model.num_classes) but its task's {what} need "
+            f"{wanted}; {_MIXED}"
+        )
+
+
+def _check_stamp(ckpt: Path, record: RunRecord) -> None:
+    """Weights written by `wsi train` name the run they belong to; another run's are refused."""
+    stamped = weights_metadata(ckpt).get(RUN_STAMP_KEY)
+    if stamped is not None and stamped != record.created:
+        raise ConfigError(
+            f"{ckpt} was trained by the run started {stamped}, but this folder's config.json describes "
+            f"the run started {record.created}; {_MIXED}"
+        )
 
 
 def _check_standardization(model: torch.nn.Module, record: RunRecord, ckpt: Path) -> None:

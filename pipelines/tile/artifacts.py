@@ -13,18 +13,20 @@ from wsi.artifacts import CODES, DESCRIPTIONS, FILTERS
 from wsi.errors import TileFileError
 from wsi.pipelines.jobs import JobResult
 from wsi.tile_file import read_tile_file
-from wsi.tiling import BACKGROUND, BLURRY, KEPT, UNREADABLE, TileCounts, TissueGrid
+from wsi.tiling import BACKGROUND, BLURRY, EXCLUDED, KEPT, UNREADABLE, TileCounts, TissueGrid
 
 
-def count_reasons(found: TissueGrid, reasons: np.ndarray) -> TileCounts:
-    """The tally of one slide's (M,) candidate reason codes (`wsi.tiling.REASON_NAMES`)."""
+def count_reasons(found: TissueGrid | int, reasons: np.ndarray) -> TileCounts:
+    """The tally of one slide's (M,) candidate reason codes (`wsi.tiling.REASON_NAMES`, EXCLUDED);
+    `found` may be the grid's number of cells instead (a review re-counts a stored tile file)."""
     return TileCounts(
-        n_grid=len(found.grid),
-        n_tissue=len(found.candidates),
+        n_grid=found if isinstance(found, int) else len(found.grid),
+        n_tissue=len(reasons),
         n_background=int(np.count_nonzero(reasons == BACKGROUND)),
         n_blurry=int(np.count_nonzero(reasons == BLURRY)),
         n_unreadable=int(np.count_nonzero(reasons == UNREADABLE)),
         n_kept=int(np.count_nonzero(reasons == KEPT)),
+        n_excluded=int(np.count_nonzero(reasons == EXCLUDED)),
         **artifact_counts(reasons),
     )
 

@@ -15,6 +15,7 @@ reason a filter adds), with its tissue fraction as a measurement; all in level-0
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,10 +68,14 @@ def roi_digest(roi: Path | None, slide_id: str) -> str:
         return "missing"
 
 
-def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, RoiRecord | None]:
-    """The candidates whose centre the ROI holds, and the tile file's record of it."""
+def restrict_to_roi(
+    found: TissueGrid, roi: Roi | None, size: tuple[int, int], mpp: float
+) -> tuple[TissueGrid, RoiRecord | None, str]:
+    """The candidates whose centre the ROI holds, the tile file's record of it, and what is wrong with
+    where the ROI lies on this slide of `size` level-0 px at `mpp` (`roi_fit_note`, "" when nothing)."""
     if roi is None:
-        return found, None
+        return found, None, ""
+    note = roi_fit_note(found, roi, size, mpp)
     centres = found.candidate_coords.astype(np.float64) + found.grid.step_px / 2
     keep = roi.contains(centres)
     record = RoiRecord(
@@ -80,9 +85,41 @@ def restrict_to_roi(found: TissueGrid, roi: Roi | None) -> tuple[TissueGrid, Roi
         n_included=len(roi.include),
         n_excluded=len(roi.exclude),
         n_outside=int((~keep).sum()),
+        note=note,
     )
     log.info("%s: %d of %d tissue cells inside", roi.describe(), int(keep.sum()), len(keep))
-    return replace(found, candidates=found.candidates[keep]), record
+    return replace(found, candidates=found.candidates[keep]), record, note
+
+
+def roi_fit_note(found: TissueGrid, roi: Roi | None, size: tuple[int, int], mpp: float) -> str:
+    """What is wrong with where the ROI lies on this slide ("" when nothing is): its included regions
+    reach beyond the slide's level-0 pixels, or it may be drawn in micrometres (QuPath's export is in
+    pixels; a micrometre ROI on a 0.25 um/px slide lands in the top-left sixteenth and silently picks
+    other tiles): it fits the slide's extent in micrometres, and read as micrometres it holds at least
+    twice the tissue cells it holds as pixels. Either is a warning: the ROI is used as given.
+    """
+    box = roi.bounds() if roi is not None else None
+    if roi is None or box is None:
+        return ""
+    w0, h0 = size
+    span = f"its included regions span x {box[0]:.0f}-{box[2]:.0f}, y {box[1]:.0f}-{box[3]:.0f}"
+    if box[0] < -0.02 * w0 or box[1] < -0.02 * h0 or box[2] > 1.02 * w0 or box[3] > 1.02 * h0:
+        return (
+            f"the ROI {roi.path.name} does not fit this slide: {span}, beyond its {w0} x {h0} level-0 px "
+            "(another slide's export, or other units?)"
+        )
+    centres = found.candidate_coords.astype(np.float64) + found.grid.step_px / 2
+    as_px = int(roi.contains(centres).sum())
+    as_um = int(roi.contains(centres * mpp).sum())  # the same ROI read as micrometres
+    fits_um = box[2] <= 1.02 * w0 * mpp and box[3] <= 1.02 * h0 * mpp  # within the slide in micrometres
+    if mpp < 0.9 and fits_um and as_um >= max(2 * as_px, as_px + 5):
+        return (
+            f"the ROI {roi.path.name} may be drawn in micrometres: {span}, within the slide's "
+            f"{w0 * mpp:.0f} x {h0 * mpp:.0f} um; read as level-0 pixels (the unit of QuPath's Export "
+            f"objects) it holds {as_px} of the {len(centres)} tissue cells, read as micrometres {as_um}. "
+            f"If so, export it again in pixels, or scale it by {1 / mpp:.4g}"
+        )
+    return ""
 
 
 def roi_empty(roi: Roi | None, size: tuple[int, int], record: RoiRecord | None, n_left: int) -> str:
@@ -103,8 +140,16 @@ def roi_empty(roi: Roi | None, size: tuple[int, int], record: RoiRecord | None, 
     )
 
 
-def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.ndarray, slide_id: str) -> None:
-    """qc/<slide_id>.geojson: tissue outline + every candidate tile classed by its fate (level-0 px)."""
+def write_qc_geojson(
+    path: Path,
+    slide: Slide,
+    found: TissueGrid,
+    reasons: np.ndarray,
+    slide_id: str,
+    extra_names: Mapping[int, str] | None = None,
+) -> None:
+    """qc/<slide_id>.geojson: tissue outline + every candidate tile classed by its fate (level-0 px).
+    extra_names: reason code -> name beyond `REASON_NAMES` (an artifact network's "artifact: pen")."""
     w0, h0 = slide.dimensions
     features = []
     mask = found.mask
@@ -120,7 +165,7 @@ def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.nd
                 )
             )
     fractions = tissue_fractions(found.grid, mask, level0_width=w0, level0_height=h0)[found.candidates]
-    classes = {int(c): _reason_class(int(c)) for c in np.unique(reasons)}
+    classes = {int(c): _reason_class(int(c), extra_names or {}) for c in np.unique(reasons)}
     features += tile_features(
         found.candidate_coords, found.grid.step_px, object_type="tile",
         classes=[classes[int(c)] for c in reasons], measurements={"Tissue fraction": fractions},
@@ -133,9 +178,11 @@ def write_qc_geojson(path: Path, slide: Slide, found: TissueGrid, reasons: np.nd
     write_geojson(path, feature_collection(features, props))
 
 
-def _reason_class(code: int) -> QuPathClass:
-    name = REASON_NAMES.get(code, f"reason {code}")
+def _reason_class(code: int, extra_names: Mapping[int, str]) -> QuPathClass:
+    name = REASON_NAMES.get(code) or extra_names.get(code, f"reason {code}")
     return QuPathClass.of(name, FATE_RGB.get(name))
 
 
-__all__ = ["ROI_RULE", "load_roi", "restrict_to_roi", "roi_digest", "roi_empty", "write_qc_geojson"]
+__all__ = [
+    "ROI_RULE", "load_roi", "restrict_to_roi", "roi_digest", "roi_empty", "roi_fit_note", "write_qc_geojson",
+]  # fmt: skip

@@ -35,6 +35,9 @@ R = TypeVar("R")
 
 #: tiles read and filtered as one job; enough to vectorise the filters, few enough to spread over threads
 _CHUNK = 16
+#: ... and at most this many bytes of pixels (a chunk of 16 4,096 px tiles would be 805 MB, times the
+#: 2 x threads chunks in flight)
+_CHUNK_BYTES = 64 << 20
 
 
 def default_threads(workers: int) -> int:
@@ -103,9 +106,10 @@ def _map_chunks(
     """
 
     def work(start: int) -> R:
-        return then(*_read_chunk(slide, coords[start : start + _CHUNK], params, probe), start)
+        return then(*_read_chunk(slide, coords[start : start + chunk], params, probe), start)
 
-    starts = range(0, len(coords), _CHUNK)
+    chunk = max(1, min(_CHUNK, _CHUNK_BYTES // (params.tile_px * params.tile_px * 3)))
+    starts = range(0, len(coords), chunk)
     if threads <= 1:
         yield from map(work, starts)
         return

@@ -19,19 +19,20 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from wsi.errors import ConfigError, WeightsError
 from wsi.files import sha256_file
-from wsi.models.segmentation import Segmenter, load_segmenter
-from wsi.pipelines.devices import resolve_device
 from wsi.slide import Slide
 from wsi.thumbnail import Thumbnail
 from wsi.tile_meta import SegmentationRecord, TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, TissueGrid, min_rgb
+
+if TYPE_CHECKING:  # torch comes in only when a network is asked for (`_segmenter`)
+    from wsi.models.segmentation import Segmenter
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class SegmentationOptions:
 @functools.lru_cache(maxsize=4)
 def _segmenter(name: str, weights: Path, kind: str, device: str, sha256: str) -> Segmenter:
     """One load per process and weights file content (a worker tiles many slides)."""
+    from wsi.models.segmentation import load_segmenter
+    from wsi.pipelines.devices import resolve_device
+
     seg = load_segmenter(name, weights, kind=kind, device=resolve_device(device))  # type: ignore[arg-type]
     if seg.sha256 != sha256:
         raise ConfigError(f"{weights} changed while it was being read; run again")

@@ -9,13 +9,16 @@ Public API:
                 background="auto") -> list[JobResult]
     tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
     output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png and .geojson of one slide
-    read_tile_chunks, default_threads                  # re-exported from pipelines.tile_read
+    read_tile_chunks, default_threads                  # re-exported from pipelines.tile.read
+    (TileJob, TileOutputs, output_paths live in pipelines.tile.job; the read-and-filter step in filters.py)
 
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
 (`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
 which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile_read`), write the QC image (`wsi.qc`; GeoJSON `.qupath`), then the tile file. Every
-file is written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+candidate (`pipelines.tile.filters`), write the QC image (`wsi.qc`; GeoJSON `.qupath`: the filters' verdicts),
+then the tile file: the kept tiles after any `--review` (`pipelines.tile.review`) and every candidate with the
+filters' verdict, so that a new or changed review is applied from the tile file alone. Every file is
+written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -30,38 +33,35 @@ tile file in --out came from another slide file is refused without --overwrite, 
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from wsi.config import with_settings
 from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
-from wsi.pipelines.tile.artifacts import artifact_note, count_reasons
 from wsi.pipelines.tile.checks import (
-    check_damage,
     check_moved,
     check_same_slide,
     check_usable_id,
     damage_note,
     damage_record,
     explain_empty,
-    file_damage,
     refuse_id_clashes,
 )
 from wsi.pipelines.tile.config import TileOptions
+from wsi.pipelines.tile.filters import filter_tiles
+from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
-from wsi.pipelines.tile.output import pixel_writer, tile_file_meta
+from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
-from wsi.pipelines.tile.read import classified_chunks, default_threads, read_tile_chunks
+from wsi.pipelines.tile.read import default_threads, read_tile_chunks
+from wsi.pipelines.tile.review import check_review_option, load_review, rereview, review_digest, write_tiles
 from wsi.pipelines.tile.segment import (
     SegmentationOptions,
     artifact_reason_names,
@@ -71,23 +71,17 @@ from wsi.pipelines.tile.segment import (
     segmentation_record,
     segmenters,
 )
-from wsi.pipelines.tile.yield_notes import artifact_empty, low_yield_note, upsampling_note
+from wsi.pipelines.tile.yield_notes import artifact_empty, row_note, upsampling_note
 from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
-from wsi.qupath import Roi
+from wsi.qupath import ReviewFile, Roi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
 from wsi.thumbnail import read_thumbnails
-from wsi.tiff_tiles import FileDamage, FileTileProbe
-from wsi.tile_file import (
-    TileFile,
-    is_complete,
-    pixels_complete,
-    read_tile_file,
-    write_tile_file,
-)
-from wsi.tile_meta import BackgroundRecord
+from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
+from wsi.tile_meta import BackgroundRecord, TileFileMeta
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, TileCounts, TissueGrid, blur_reduction, find_tissue
+from wsi.tiling import KEPT, REASON_NAMES, find_tissue
+from wsi.work_bounds import check_grid
 
 log = logging.getLogger(__name__)
 
@@ -95,46 +89,6 @@ __all__ = [
     "TileJob", "TileOutputs", "default_threads", "output_paths", "read_tile_chunks", "tile_slide",
     "tile_slides",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TileOutputs:
-    h5: Path
-    zarr: Path
-    qc: Path
-    geojson: Path  # the QC picture's content as QuPath objects (pipelines.tile.qupath)
-
-
-def output_paths(out_dir: str | os.PathLike[str], slide_id: str) -> TileOutputs:
-    out = Path(out_dir)
-    return TileOutputs(
-        out / "tiles" / f"{slide_id}.h5", out / "tiles" / f"{slide_id}.zarr", out / "qc" / f"{slide_id}.png",
-        out / "qc" / f"{slide_id}.geojson",
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TileJob:
-    """Settings shared by every slide of a run (sent to each worker with the slide)."""
-
-    out_dir: Path
-    params: TileParams = field(default_factory=TileParams)
-    backend: str = "openslide"
-    #: level-0 um/px for slides whose metadata has none (a record's own `mpp` wins)
-    fallback_mpp: float | None = None
-    save_tiles: bool = False
-    overwrite: bool = False
-    #: reader threads per slide
-    threads: int = 1
-    #: "auto": tell brightfield from dark-background (fluorescence-like) slides per slide; "light" or
-    #: "dark" forces one kind (not a TileParams field: it describes the slide, like its mpp)
-    background: str = "auto"
-    #: QuPath GeoJSON annotations restricting the tiles: one file, or a folder of <slide_id>.geojson
-    roi: Path | None = None
-    #: use fallback_mpp (--mpp) for slides whose metadata has an mpp too (--mpp-override)
-    mpp_override: bool = False
-    #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
-    segmentation: SegmentationOptions | None = None
 
 
 def tile_slides(
@@ -164,12 +118,15 @@ def tile_slides(
         background=opts.background,
         threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
         roi=None if opts.roi is None else Path(opts.roi).absolute(),
+        review=None if opts.review is None else Path(opts.review).absolute(),
         mpp_override=opts.mpp_override,
         segmentation=segmentation if segmentation is not None and segmentation.active else None,
+        max_read_px=opts.max_read_px,
     )
     if job.segmentation is not None:
         segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
     sources = list(sources)
+    check_review_option(job.review, job.out_dir, [src.slide_id for src in sources])  # ConfigError
     with output_lock(job.out_dir):  # one writer: two runs would each rewrite the manifest from their view
         refused = refuse_id_clashes(sources, job.out_dir)
         for i, reason in refused.items():
@@ -202,7 +159,8 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         done = _finished(source, job, paths, previous)
         if done is not None:
             return done
-    roi = load_roi(job.roi, source.slide_id)  # an unusable ROI leaves old output alone, too
+    roi = load_roi(job.roi, source.slide_id)  # an unusable ROI or review leaves old output alone, too
+    review = load_review(job.review, source.slide_id)
     # a slide that cannot be opened leaves old output alone
     slide, mpp_source, mpp_note = open_with_mpp(source, job.backend, job.fallback_mpp, job.mpp_override)
     with slide:
@@ -212,13 +170,14 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        counts, empty, note, few = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi)
-    if empty:
-        log.warning("%s: %s", source.slide_id, empty)
-        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=empty)
-    rejected = artifact_note(counts.to_dict())  # tiles rejected per artifact, for the manifest
-    both = "; ".join(part for part in (rejected, few) if part)
-    return JobResult(source.slide_id, str(source.path), "ok", n=counts.n_kept, error=note, note=both)
+        meta, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi, review=review)
+    if meta.empty_reason:
+        log.warning("%s: %s", source.slide_id, meta.empty_reason)
+        why = meta.empty_reason
+        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why, note=row_note(meta))
+    if meta.low_yield:
+        log.warning("%s: %s", source.slide_id, meta.low_yield)
+    return JobResult(source.slide_id, str(source.path), "ok", n=meta.n_kept, error=note, note=row_note(meta))
 
 
 def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
@@ -254,31 +213,31 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
     if reason:
         log.info("%s: recomputing (%s)", source.slide_id, reason)
         return None
+    if (meta.meta.review.sha256 if meta.meta.review else "") != review_digest(job.review, source.slide_id):
+        return rereview(source, job, paths, meta)  # from the stored candidates; None: tile it again
     if len(meta) == 0:
         why = str(meta.meta.empty_reason)
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
-        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why)
-    rejected = artifact_note(meta.meta.counts.to_dict())
-    both = "; ".join(part for part in (rejected, meta.meta.low_yield) if part)
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=both)
+        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why, note=row_note(meta.meta))
+    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=row_note(meta.meta))
 
 
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
-    roi: Roi | None = None,
-) -> tuple[TileCounts, str, str, str]:  # fmt: skip
-    """The four steps of one slide: tissue, filters (+ pixels), QC image, tile file (last: "done").
-
-    Returns the counts, why no tile was kept ("" when some were), what could not be decoded ("") and the
-    low-yield note ("": it kept at least `wsi.pipelines.tile.yield_notes.LOW_YIELD` of its tissue tiles).
+    roi: Roi | None = None, review: ReviewFile | None = None,
+) -> tuple[TileFileMeta, str]:  # fmt: skip
+    """The four steps of one slide: tissue, filters (+ pixels), QC image (the filters' verdicts), tile
+    file (last: "done"; the review applied). Returns the tile file's record and what could not be decoded.
     """
     thumb_mpp = job.params.tissue.thumb_mpp
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
-    thumbs = read_thumbnails(slide, (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp))
+    check_grid(slide.path, *slide.dimensions, mpp=slide.mpp, tile_um=job.params.tile_um)  # before reading
+    mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
+    thumbs = read_thumbnails(slide, mpps, max_read_px=job.max_read_px)
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
-    found, roi_record = restrict_to_roi(found, roi)
+    found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
     if found.background.dark:
         log.warning(
             "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
@@ -292,7 +251,7 @@ def _tile_open_slide(
     upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
     if coarse:
         log.warning("%s: %s", source.slide_id, coarse)
-    reasons, counts, damage = _filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
+    reasons, counts, damage = filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
     note = damage_note(counts, damage, found)
     if note:
         log.warning("%s: %s", source.slide_id, note)
@@ -303,7 +262,6 @@ def _tile_open_slide(
         if artifact_net and job.segmentation
         else None
     )
-    few = low_yield_note(counts, job.params, art_counts, seg[1] if seg else None)
     empty = ""
     if counts.n_kept == 0:
         w0, h0 = slide.dimensions
@@ -312,77 +270,35 @@ def _tile_open_slide(
             size_um=(w0 * slide.mpp, h0 * slide.mpp),
         )  # fmt: skip
         empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
-        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse) if extra)
-    few = "; ".join(part for part in (few, coarse if few else "") if part)
-    if few:
-        log.warning("%s: %s", source.slide_id, few)
+        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse, roi_note) if extra)
+    if roi_note:  # also in the manifest note (the tile file's RoiRecord)
+        log.warning("%s: %s", source.slide_id, roi_note)
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
         extra_fates=art_names,
     )  # fmt: skip
     save_png(paths.qc, picture)
-    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id)
-    kept = found.candidates[reasons == KEPT]
+    names = {code: name for name, code in art_names.items()}  # an artifact network's classes
+    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id, names)
     bg = found.background
     meta = tile_file_meta(
         slide, source, job.params, counts, mpp_source,
         background=BackgroundRecord(kind=bg.kind, reason=bg.reason, choice=job.background),
         empty_reason=empty, damage=damage_record(found, damage), roi=roi_record,
-        upsampling=float(upsampling), low_yield=few,
+        upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
         segmentation=None if job.segmentation is None
         else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
     )  # fmt: skip
-    write_tile_file(paths.h5, coords=found.grid.coords[kept], coords_um=found.grid.coords_um[kept], meta=meta)
-    log.debug("%s: %s", source.slide_id, counts)
-    return counts, empty, note, few
-
-
-def _filter_tiles(
-    slide: Slide,
-    found: TissueGrid,
-    job: TileJob,
-    zarr_path: Path,
-    slide_id: str,
-    artifacts: np.ndarray | None = None,
-) -> tuple[np.ndarray, TileCounts, FileDamage | None]:
-    """(M,) reason code per candidate, the counts and what could not be decoded (None: all was); with
-    --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
-    (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
-    params = job.params
-    every = found
-    if artifacts is not None:
-        keep = artifacts == KEPT
-        codes = found.region_codes[keep] if found.region_codes is not None else None
-        found = dataclasses.replace(found, candidates=found.candidates[keep], region_codes=codes)
-    writer = pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
-    try:
-        reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
-        done = 0
-        kind = found.background
-        probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
-        chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
-            region_codes=found.region_codes,
-            signal_level=kind.signal_level,
-            blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px),
-        )  # fmt: skip
-        for tiles, chunk_reasons in chunks:
-            reasons[done : done + len(tiles)] = chunk_reasons
-            done += len(tiles)
-            if writer is not None:
-                writer.append(tiles[chunk_reasons == KEPT])
-        if artifacts is not None:
-            reasons, read = artifacts.copy(), reasons
-            reasons[artifacts == KEPT] = read
-        counts = count_reasons(every, reasons)
-        damage = file_damage(slide, found, probe) if counts.n_unreadable else None
-        if damage is not None:
-            check_damage(slide.path, counts, damage, params)
-        if writer is not None:  # only a slide that passed commits its tile pixels
-            writer.close()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    return reasons, counts, damage
+    cells = found.candidates
+    candidates = Candidates(
+        coords=found.grid.coords[cells], coords_um=found.grid.coords_um[cells], reasons=reasons,
+        names={**REASON_NAMES, **names}, empty_reason=empty,
+    )  # fmt: skip
+    meta = write_tiles(
+        paths, meta, candidates, review, params=job.params, save_tiles=job.save_tiles,
+        held=reasons == KEPT if job.save_tiles else None, opener=lambda: contextlib.nullcontext(slide),
+        threads=job.threads,
+    )  # fmt: skip
+    log.debug("%s: %s", source.slide_id, meta.counts)
+    return meta, note

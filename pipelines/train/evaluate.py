@@ -56,6 +56,9 @@ def evaluate_best(
         kind.fit_outputs(predict(split.train).outputs)
         write_fitted(run_dir, kind.fitted())
     eval_split, eval_items = ("test", split.test) if split.test else ("val", split.val)
+    note = _no_test_note(task, split)
+    if note:
+        log.warning("%s", note)
     pred = predict(eval_items)
     preds = PredictionSet(eval_split, pred.ids, pred.targets, pred.outputs)
     figures = kind.evaluate(preds, n_bootstrap=task.bootstrap, seed=task.seed)
@@ -76,7 +79,7 @@ def evaluate_best(
         best_val = {f"best_{c}": best.get(c) for c in ("val_loss", *kind.val_columns)}
     result = json_safe(
         {"split": eval_split, "kind": kind.name, **figures, "best_epoch": state.best_epoch,
-         "epochs_run": state.epoch, **best_val}
+         "epochs_run": state.epoch, **best_val, **({"note": note} if note else {})}
     )  # fmt: skip
     write_json_atomic(run_dir / "metrics.json", result)
     write_report(
@@ -90,5 +93,19 @@ def evaluate_best(
     log.info("%s %s on %d %s", eval_split, kind.summary_line(result), len(preds), unit)
     return dict(result)
 
+
+
+def _no_test_note(task: TaskConfig, split: Split) -> str:
+    """Why the figures are on the validation split, when the task asked for a test split that came out
+    empty ("" when there is a test split, or the task set split.test to 0 on purpose)."""
+    if split.test or task.split.test == 0:
+        return ""
+    unit = "patients" if task.level == "patient" else "slides"
+    n = len(split.train) + len(split.val)
+    return (
+        f"the test split is empty: {n} {unit} are too few for split.test {task.split.test:g} (each split "
+        "takes whole patients, per class); the figures are on the validation split, which also chose the "
+        "best epoch, so they are optimistic. Give more cases, raise split.test, or use --cv"
+    )
 
 __all__ = ["evaluate_best"]

@@ -100,7 +100,7 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
     device = resolve_device(spec.device)
     model = spec.start.begin()
     if spec.init_from is not None and not has_resume(spec.run_dir):
-        init_from(model, spec.init_from, spec.task.model.attention)
+        init_from(model, spec.init_from, spec.task.model.attention, task=spec.task)
     kind = build_kind(spec.task)
     kind.fit(spec.split.train, device)  # class weights, standardisation: from this fold's training cases
     if spec.task.standardize_features:  # the input's z-scores: this fold's training tiles, into the model
@@ -119,22 +119,29 @@ def run_fold(spec: FoldSpec) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> None:
-    """Start from another run's weights: same attention -> load; softmax -> transfer to softmax-free."""
+def init_from(
+    model: torch.nn.Module, source: Path, attention: str | None, *, task: TaskConfig | None = None
+) -> None:
+    """Start from another run's weights: same attention -> load; softmax -> transfer to softmax-free.
+    Given this run's `task`, a run of another kind (or, categorical, other classes) is refused by name
+    before any weight is loaded; tensors of other shapes are named by `load_state_into`."""
     from wsi.models.presets import transfer_softmax_to_seqnorm
 
     source = Path(source)
     ckpt = source / "best.safetensors" if source.is_dir() else source
     src_attention = None
     if record_path(ckpt.parent).is_file():
-        src_attention = read_run_record(ckpt.parent).task.model.attention
+        src_task = read_run_record(ckpt.parent).task
+        src_attention = src_task.model.attention
+        if task is not None:
+            _check_same_task(source, src_task, task)
     state = load_weights(ckpt)
     dropped = [k for k in state if k.startswith(f"{STANDARDIZER}.")]
     if dropped:  # this run's own standardize_features decides its input's standardisation
         log.warning("--init-from %s: its input standardisation is not carried over", ckpt)
         state = {k: v for k, v in state.items() if k not in dropped}
     if src_attention == attention:
-        load_state_into(model, state, ckpt)
+        load_state_into(model, state, ckpt, hint=f"--init-from {source}: give a run of this model's size")
         log.info("initialised from %s (same attention %s)", ckpt, attention)
         return
     if src_attention not in (None, "softmax"):
@@ -142,10 +149,35 @@ def init_from(model: torch.nn.Module, source: Path, attention: str | None) -> No
             f"--init-from {source}: that run used {src_attention!r} attention; give a softmax checkpoint "
             f"(transferred to {attention!r}) or one with {attention!r} attention"
         )
-    new_keys = transfer_softmax_to_seqnorm(state, model)
+    try:
+        new_keys = transfer_softmax_to_seqnorm(state, model)
+    except WeightsError as exc:  # of another width: name the file and what to give
+        raise WeightsError(f"--init-from {ckpt}: {exc} (give a run of this model's size)") from None
     log.info(
         "initialised %s model from softmax checkpoint %s (%d new tensors)", attention, ckpt, len(new_keys)
     )
+
+
+def _check_same_task(source: Path, theirs: TaskConfig, ours: TaskConfig) -> None:
+    """The run --init-from names learned what this one learns: the same kind, the same outputs."""
+    if theirs.kind != ours.kind:
+        raise WeightsError(
+            f"--init-from {source}: that run learned a {theirs.kind} task ({theirs.name}), this one is "
+            f"{ours.kind} ({ours.name}): its head and loss mean something else; give a {ours.kind} run"
+        )
+    if ours.kind == "categorical" and tuple(theirs.classes) != tuple(ours.classes):
+        raise WeightsError(
+            f"--init-from {source}: that run's classes {list(theirs.classes)} are not this task's "
+            f"{list(ours.classes)} (in order): its outputs would be read as other classes; give a run of "
+            "these classes"
+        )
+    if ours.kind in ("regression", "multi-target") and [t.column for t in theirs.targets] != [
+        t.column for t in ours.targets
+    ]:
+        raise WeightsError(
+            f"--init-from {source}: that run's targets {[t.column for t in theirs.targets]} are not "
+            f"this task's {[t.column for t in ours.targets]}; give a run of these targets"
+        )
 
 
 __all__ = ["FoldSpec", "StartState", "init_from", "model_kwargs", "run_fold"]

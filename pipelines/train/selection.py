@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from wsi.files import atomic_path
 from wsi.pipelines.checkpoints import load_weights, save_weights
+from wsi.pipelines.run_record import run_stamp
 from wsi.pipelines.tasks import TaskConfig
 
 WINDOW_DIR = "window"
@@ -70,8 +71,9 @@ class Selection:
 
     def save_best(self, model: torch.nn.Module, path: Path, epoch: int) -> None:
         """Write best.safetensors: the model as it is, or the mean over the window ending at `epoch`."""
+        stamp = {"epoch": str(epoch), **run_stamp(path.parent)}  # which run's config.json they belong to
         if not self.average_weights or self.window < 2:
-            save_weights(model, path, {"epoch": str(epoch)})
+            save_weights(model, path, stamp)
             return
         files = [
             p
@@ -87,7 +89,7 @@ class Selection:
         }
         epochs = ",".join(str(_epoch_of(p)) for p in files)
         with atomic_path(path) as tmp:
-            save_file(mean, str(tmp), metadata={"epoch": str(epoch), "averaged_epochs": epochs})
+            save_file(mean, str(tmp), metadata={**stamp, "averaged_epochs": epochs})
 
     def finish(self, run_dir: Path) -> None:
         """Training is over: the per-epoch weights are no longer needed."""

@@ -20,23 +20,24 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
-from wsi.config import config_model, parse_config
+from wsi.config import Count, config_model, parse_config
 from wsi.files import atomic_path
 from wsi.pipelines.checkpoints import load_into, load_weights
+from wsi.user_text import load_json_file
 
 RESUME_DIR = "resume"
 
 
-@config_model
+@config_model(finite=False)  # best_score is -inf while no epoch's figure was estimable
 @dataclass
 class TrainState:
     """Where a training run stands after an epoch (saved as `progress` in resume/state.json)."""
 
-    epoch: int = 0  # epochs finished
+    epoch: Count = 0  # epochs finished
     best_score: tuple[float, float] | None = None  # the kind's validation score of the best epoch, e.g.
     # (val AUROC, -val loss) for a categorical task (pipelines.kinds); larger wins
-    best_epoch: int = 0  # 1-based epoch of best.safetensors; 0 = none yet
-    bad_epochs: int = 0  # epochs since the best one (what early stopping counts)
+    best_epoch: Count = 0  # 1-based epoch of best.safetensors; 0 = none yet
+    bad_epochs: Count = 0  # epochs since the best one (what early stopping counts)
     log: list[dict[str, Any]] = field(default_factory=list)  # the log.csv rows so far
     done: bool = False  # no epoch left to run (stopped early, or every epoch run)
 
@@ -157,7 +158,7 @@ def load_resume(
 ) -> TrainState:
     """Restore the states saved by `save_resume`; returns the saved `TrainState`."""
     folder = Path(run_dir) / RESUME_DIR
-    meta = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    meta = load_json_file(folder / "state.json", what="resume state")  # ours; may hold NaN figures
     load_into(model, folder / "model.safetensors")
     tensors = load_weights(folder / "state.safetensors")
     optimizer.load_state_dict(_join_optimizer(tensors, meta["optimizer"]))  # moves state to params' device

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
-from skimage.measure import label
 
+from wsi.morphology import label
 from wsi.tile_params import ArtifactParams
 
 #: the fill's brightness varies by at most this (0-255 standard deviation) over a region

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
-from skimage.measure import label
 
 from wsi.artifacts.morph import block_reduce
+from wsi.morphology import label
 from wsi.tile_params import ArtifactParams
 
 

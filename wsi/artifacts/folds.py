@@ -11,10 +11,10 @@ and stained (grey-black lines are bubble rims, coverslip edges or ink, judged by
 from __future__ import annotations
 
 import numpy as np
-from skimage.morphology import remove_small_objects
 
 from wsi.artifacts.colour import HSV
 from wsi.artifacts.morph import opening
+from wsi.morphology import remove_small_objects
 from wsi.tile_params import ArtifactParams
 
 #: folds narrower than this (um) are dense nuclei, not a fold

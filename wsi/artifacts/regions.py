@@ -17,7 +17,7 @@ import numpy as np
 
 from wsi.artifacts.borders import border_regions
 from wsi.artifacts.bubbles import bubble_regions
-from wsi.artifacts.colour import hsv
+from wsi.artifacts.colour import hsv, optical_density
 from wsi.artifacts.dust import dust_regions
 from wsi.artifacts.folds import fold_regions
 from wsi.artifacts.ink import ink_regions
@@ -63,15 +63,21 @@ def find_artifacts(
         masks["border"] = border
     ink = None
     if params.on("ink") or params.on("fold"):
-        ink = ink_regions(planes, mpp=at, params=params, exclude=border)
+        ink = ink_regions(planes, optical_density(rgb), mpp=at, params=params, exclude=border)
     if params.on("ink") and ink is not None:
         masks["ink"] = ink
     if params.on("fold"):
         masks["fold"] = fold_regions(planes, region_tissue, mpp=at, params=params, exclude=ink)
     if params.on("bubble"):
-        high = np.maximum(np.maximum(thumb[..., 0], thumb[..., 1]), thumb[..., 2])
-        darkest = block_reduce(high, factor, how="min").astype(np.float32) / 255.0
-        masks["bubble"] = bubble_regions(darkest, planes[1], region_tissue, mpp=at, params=params)
+        # each block's darkest value per channel: a line thinner than a block keeps its contrast and its
+        # own colour (a grey rim stays grey; a purple alveolar wall stays purple, where the block's mean
+        # mixes it with the glass beside it into grey)
+        low = block_reduce(thumb[..., :3], factor, how="min").astype(np.float32)
+        high = np.maximum(np.maximum(low[..., 0], low[..., 1]), low[..., 2])
+        least = np.minimum(np.minimum(low[..., 0], low[..., 1]), low[..., 2])
+        line_sat = np.where(high > 0, (high - least) / np.maximum(high, 1.0), 0.0)  # HSV saturation
+        darkest = high / 255.0
+        masks["bubble"] = bubble_regions(darkest, line_sat, region_tissue, mpp=at, params=params)
     if params.on("dust"):
         masks["dust"] = dust_regions(region_tissue, mpp=at, params=params)
     return ArtifactMaps({name: masks[name] for name in FILTERS if name in masks}, scale=1.0 / factor)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from wsi.config import config_model, parse_config
+from wsi.config import Count, Mpp, SidePx, Um, config_model, parse_config
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
@@ -51,27 +51,30 @@ class BagProvenance:
     slide_id: str  # the slide's id; also the bag's file name
     encoder: str  # encoder *name* (retccl, timm:resnet18): enough to rebuild the encoder from a bag
     weights_sha256: str  # sha256 of the weights file; "random" for --random-init
-    tile_size_um: float  # tile side in micrometres
-    tile_size_px: int  # tile side in pixels as read from the slide (before the encoder's resize)
-    mpp: float  # the slide's level-0 um/px (from its metadata, --mpp or the slide list)
-    level0_width: int  # slide width at level 0, px
-    level0_height: int  # slide height at level 0, px
+    tile_size_um: Um  # tile side in micrometres
+    tile_size_px: SidePx  # tile side in pixels as read from the slide (before the encoder's resize)
+    mpp: Mpp  # the slide's level-0 um/px (from its metadata, --mpp or the slide list)
+    level0_width: SidePx  # slide width at level 0, px
+    level0_height: SidePx  # slide height at level 0, px
     tile_params: dict[str, Any]  # the tile stage's parameters (stored as JSON)
-    target_mpp: float | None = None  # um/px of the tiles as read (tile_size_um / tile_size_px)
+    target_mpp: Mpp | None = None  # um/px of the tiles as read (tile_size_um / tile_size_px)
     encoder_id: str | None = None  # folder-safe encoder name: the bag's folder features/<encoder_id>/
-    input_px: int | None = None  # the encoder's input side, px (timm encoders may be resized)
+    input_px: SidePx | None = None  # the encoder's input side, px (timm encoders may be resized)
     precision: str | None = None  # autocast precision used: bf16 | fp16 | fp32 (the CPU runs fp32)
-    n_tiles_requested: int | None = None  # tiles in the tile file
-    n_bad_tiles: int | None = None  # of those, unreadable and left out of the bag
+    n_tiles_requested: Count | None = None  # tiles in the tile file
+    n_bad_tiles: Count | None = None  # of those, unreadable and left out of the bag
     pixel_source: str | None = None  # where the pixels came from: "tile-cache" or "slide"
     slide_path: str | None = None  # the slide file embedded
     tile_file: str | None = None  # the tile file (tiles/<slide_id>.h5) the coordinates came from
+    #: sha256 of the tile file's coords (`wsi.tile_file.coords_digest`): another tile set (a review that
+    #: swapped tiles, say) re-makes the bag even at the same count
+    tiles_sha256: str | None = None
     encoder_recipe: dict[str, Any] | None = None  # the encoder's recipe (models/encoders), stored as JSON
     recipe_sha256: str | None = None  # digest of the recipe fields that decide the features
     stain_norm: str | None = None  # stain normalisation before the encoder: macenko | reinhard; None: none
     stain_reference: dict[str, Any] | None = None  # the stain reference tiles were mapped onto, as JSON
     stain_reference_sha256: str | None = None  # digest of that reference's numbers
-    stain_fallback_tiles: int | None = None  # tiles left as they were (no stable fit: background, pen)
+    stain_fallback_tiles: Count | None = None  # tiles left as they were (no stable fit: background, pen)
     wsi_version: str = field(default_factory=_wsi_version)  # the wsi that wrote the bag
     created: str = field(default_factory=_now)  # UTC time of writing, ISO 8601 to the second
 
@@ -98,6 +101,6 @@ class BagProvenance:
         data = {k: v for k, v in attrs.items() if k in known}
         for name in _JSON:
             if isinstance(data.get(name), str):
-                with contextlib.suppress(json.JSONDecodeError):  # else parse_config names field and value
+                with contextlib.suppress(ValueError, RecursionError):  # else parse_config names the field
                     data[name] = json.loads(data[name])
         return parse_config(cls, data, source=source)

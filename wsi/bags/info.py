@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from wsi.bags.check import count_nonfinite_rows
+from wsi.bags.check import count_nonfinite_rows, scan_bag
 from wsi.bags.read import load_bag, read_bag_header
 from wsi.errors import BagFormatError
 
@@ -22,7 +22,9 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
 
     A CLAM/TRIDENT bag without `mpp` is summarised in level-0 pixels, with a `note` saying how to place
     it in micrometres. A bag that cannot be loaded (an empty one, say) still gets its attributes and a
-    `note` with the reason. Raises BagFormatError when the file is not a bag at all.
+    `note` with the reason. A bag that `wsi train` and `wsi predict` refuse (`wsi.bags.scan_bag`: empty,
+    non-finite features or positions, unreadable) gets `usable` saying so and why (`wsi info` then exits
+    1). Raises BagFormatError when the file is not a bag at all.
     """
     path = Path(path)
     header = read_bag_header(path)
@@ -31,6 +33,9 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> dict[
         "kind": f"feature bag ({header.layout} layout)",
         "tiles": header.n_tiles,
     }
+    bad = scan_bag(path)
+    if bad is not None:
+        out["usable"] = f"no, wsi train and predict refuse it: {bad.reason}"
     try:
         bag = load_bag(path, mpp=mpp, require_um=False)
     except BagFormatError as exc:  # e.g. an empty bag: still say what is there

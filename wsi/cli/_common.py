@@ -74,4 +74,8 @@ def scheduler_option(
 
 
 def mpp_option(help_text: str) -> Callable[[F], F]:
-    return click.option("--mpp", type=click.FloatRange(min=0, min_open=True), default=None, help=help_text)
+    from wsi.cli._options import FiniteFloatRange
+    from wsi.config import MAX_MPP
+
+    mpp = FiniteFloatRange(min=0, max=MAX_MPP, min_open=True)
+    return click.option("--mpp", type=mpp, default=None, help=help_text)

@@ -5,12 +5,18 @@ adds one option per field path, typed, ranged, defaulted and described from the 
 (`wsi.config.setting`), and hands the command one nested mapping (`tiling=...`) ready for
 `parse_config(Model, ...)`. A field with a computed default (`default_factory`) gets no click default:
 left out, the model computes it.
+
+Every number an option takes has a range on both sides and is finite: `FiniteFloatRange` refuses
+`nan` and `inf` (click's FloatRange lets NaN through: every comparison with it is false), and
+`field_type(Model, "path")` gives an option that no config model owns the range of the field it sets
+(`wsi train --seed` takes TaskConfig.seed's). tests/test_hostile_numbers.py checks every command.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -27,6 +33,40 @@ class ConfigOption(click.Option):
     def __init__(self, *args: Any, model: type, path: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.model, self.path = model, path
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, refusing NaN and infinities (which pass its comparisons or mean nothing)."""
+
+    name = "float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def number_type(kind: type, meta: Mapping[str, Any]) -> click.ParamType:
+    """An IntRange or FiniteFloatRange from a field's bounds (ge / gt / le / lt)."""
+    lo = meta.get("ge", meta.get("gt"))
+    hi = meta.get("le", meta.get("lt"))
+    if kind is int:
+        # an integer range is closed: > 0 is >= 1
+        return click.IntRange(min=lo, max=hi, min_open="gt" in meta, max_open="lt" in meta)
+    return FiniteFloatRange(min=lo, max=hi, min_open="gt" in meta, max_open="lt" in meta)
+
+
+def field_type(model: type, path: str) -> click.ParamType:
+    """The click type of the number the field at `path` holds, with the field's own range."""
+    from wsi.config import numeric_leaves
+
+    *parents, leaf = path.split(".")
+    cls = field_of(model, ".".join(parents))[1] if parents else model
+    found = [n for n in numeric_leaves(cls) if n.where == leaf]
+    if len(found) != 1:
+        raise TypeError(f"{model.__name__}.{path} is not one number")
+    return number_type(found[0].kind, found[0].bounds)
 
 
 def field_of(model: type, path: str) -> tuple[dataclasses.Field[Any], Any]:
@@ -64,10 +104,7 @@ def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool]:
     if typing.get_origin(hint) is Literal:
         return click.Choice([str(a) for a in typing.get_args(hint)]), False
     if hint in (int, float):
-        lo = meta.get("ge", meta.get("gt"))
-        hi = meta.get("le", meta.get("lt"))
-        ranged: Any = click.IntRange if hint is int else click.FloatRange
-        return ranged(min=lo, max=hi, min_open="gt" in meta, max_open="lt" in meta), False
+        return number_type(hint, meta), False
     return str, False
 
 

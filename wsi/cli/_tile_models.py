@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from wsi.cli._options import FiniteFloatRange
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: shown in --help; the library's registry (models.segmentation.named) is the truth, checked by a test
@@ -40,7 +42,7 @@ def model_options() -> Callable[[F], F]:
             "files are pickled models and are refused.",
         ),
         click.option(
-            "--max-artifact", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+            "--max-artifact", type=FiniteFloatRange(0, 1), default=0.25, show_default=True,
             help="Reject a tile when more than this share of it is artifact (with --artifact-model).",
         ),
         click.option(

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import ensure_writable_dir, user_errors
+from wsi.config import MAX_SEED
 
 
 @click.command(
@@ -27,7 +28,7 @@ Examples:
 @click.option("--epochs", type=click.IntRange(1, 1000), default=15, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Slides processed in parallel (dask worker processes).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True)
 @user_errors
 def command(out_dir: Path, weights: Path | None, encoder: str, slides_per_class: int, epochs: int,
             workers: int, seed: int) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import user_errors
-from wsi.cli._options import config_options
+from wsi.cli._options import FiniteFloatRange, config_options
+from wsi.config import MAX_MPP
 from wsi.pipelines.tile.config import TileOptions
 
 
@@ -22,12 +23,13 @@ Examples:
   wsi info run/features/retccl/slide1.h5
   wsi info clam_features/slide1.h5 --mpp 0.25     # CLAM/TRIDENT coords are level-0 pixels
   wsi info run/features/retccl/*.h5 --json
+Exit status 1 when a bag is one wsi train and predict refuse (its `usable` line says why).
 """,
 )
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
     "--mpp",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, max=MAX_MPP, min_open=True),
     default=None,
     help="Level-0 um/px: for CLAM/TRIDENT bags (their coordinates are in pixels), or a slide without one.",
 )
@@ -43,6 +45,7 @@ def command(files: tuple[Path, ...], mpp: float | None, reading: dict[str, str],
     from wsi.slide_info import slide_info
     from wsi.tile_file import is_tile_file, tile_file_info
 
+    refused = 0
     for i, path in enumerate(files):
         if not path.is_file():
             raise BagFormatError(f"{path}: file not found")
@@ -50,6 +53,7 @@ def command(files: tuple[Path, ...], mpp: float | None, reading: dict[str, str],
             summary = slide_info(path, backend=reading["backend"], mpp=mpp)
         else:
             summary = tile_file_info(path) if is_tile_file(path) else bag_info(path, mpp=mpp)
+        refused += "usable" in summary  # a bag train and predict refuse (why: its `usable`)
         if as_json:
             click.echo(json.dumps(summary, default=str))
             continue
@@ -58,3 +62,6 @@ def command(files: tuple[Path, ...], mpp: float | None, reading: dict[str, str],
         width = max(len(k) for k in summary)
         for key, value in summary.items():
             click.echo(f"{key:<{width}}  {value}")
+    if refused:  # not exit 0 for a bag that the next command refuses
+        click.echo(f"{refused} of {len(files)} bag(s) would be refused by wsi train and predict", err=True)
+        raise SystemExit(1)

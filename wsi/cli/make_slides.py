@@ -8,6 +8,11 @@ from typing import cast
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._options import FiniteFloatRange
+from wsi.config import MAX_SEED
+
+MAX_SLIDES = 10_000
+MAX_SIDE_UM = 100_000.0  # 10 cm: beyond any glass slide (75 x 25 mm)
 
 
 @click.command(
@@ -22,10 +27,12 @@ Examples:
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the slides (created); also gets slides.json describing each one.")
-@click.option("--n", "n", default=4, show_default=True, type=click.IntRange(min=1), help="Number of slides.")
-@click.option("--size-um", "size_um", default=1500.0, show_default=True, type=click.FloatRange(min=1.0),
+@click.option("--n", "n", default=4, show_default=True, type=click.IntRange(1, MAX_SLIDES),
+              help="Number of slides.")
+@click.option("--size-um", "size_um", default=1500.0, show_default=True,
+              type=FiniteFloatRange(1.0, MAX_SIDE_UM),
               help="Side of each (square) slide in micrometres.")
-@click.option("--mpp", default=0.5, show_default=True, type=click.FloatRange(min=0.01, max=50.0),
+@click.option("--mpp", default=0.5, show_default=True, type=FiniteFloatRange(min=0.01, max=50.0),
               help="Level-0 resolution in um/px written into the slides.")
 @click.option("--style", "styles", multiple=True, type=click.Choice(["a", "b"]),
               help="Tissue class(es): a = dense small dark nuclei, pink; b = sparse large pale nuclei, "
@@ -33,9 +40,10 @@ Examples:
 @click.option("--texture", default="procedural", show_default=True,
               type=click.Choice(["procedural", "real", "auto"]),
               help="Tissue pixels: procedural, real H&E from ../shared/data/slides, or real when present.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of slide 0 (+1 per slide).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED - MAX_SLIDES),
+              help="Seed of slide 0 (+1 per slide).")
 @click.option("--prefix", default="sample", show_default=True, help="File names are PREFIX-NNN.svs.")
-@click.option("--tile-px", default=256, show_default=True, type=click.IntRange(min=16),
+@click.option("--tile-px", default=256, show_default=True, type=click.IntRange(16, 4096),
               help="TIFF tile size in pixels (a multiple of 16).")
 @click.option("--no-mpp", "no_mpp", is_flag=True, help="Write no resolution metadata (to test --mpp).")
 @user_errors

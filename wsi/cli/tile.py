@@ -23,10 +23,14 @@ TILE_PARAM_FLAGS = {
 TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
-    "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override",
+    "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override", "--review": "review",
+    "--max-read-gpx": "max_read_gpx",
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
+#: slides named one per line in the summary for a filter that removed much tissue (the rest: manifest)
+_MAX_LISTED = 20
+
 
 
 @click.command(
@@ -46,6 +50,7 @@ Examples:
   wsi tile slides/ --out run/ --artifact-model grandqc-artifact --artifact-weights qc.pth
   wsi tile dicom/ --out run/       # a folder of DICOM series folders: one slide per series
   wsi tile slides/ --out run/ --no-filter ink --no-filter dust   # keep inked tiles and specks
+  wsi tile slides/ --out run/ --review reviewed/   # tiles re-classed in QuPath (no slide re-read)
 
 \b
 Output (under --out):
@@ -59,7 +64,9 @@ Output (under --out):
                           tissue outline (annotation "Tissue"), every tissue tile classed
                           by its fate (kept, background, blurry, ink, ...) with its tissue fraction
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error, note
-                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink")
+                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink";
+                          "check filter: ink removed 11.0% (172 of 1563) ..." when one filter
+                          removed over 5% of the slide's tissue tiles; the review applied)
 
 \b
 Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
@@ -69,6 +76,17 @@ Artifact filters (no weights; brightfield slides; each on by default, --no-filte
   border   out-of-scan borders: flat near-black fill reaching the image edge
   dust     dust islands: small specks of "tissue" far from any real tissue
 Thresholds: TileParams.artifacts (wsi.artifacts.ArtifactParams), saved in each tile file.
+A filter (or blur) that removes over 5% of a slide's tissue tiles is named with its share in
+the note and the summary: look at qc/<slide_id>.png before trusting the slide's bag.
+
+\b
+Review (--review FILE|FOLDER): open qc/<slide_id>.geojson in QuPath, re-class tiles (class
+"kept" keeps a tile, any other class drops it), draw annotations classed Ignore* or Exclude
+over regions to drop, File > Export objects as GeoJSON to another folder, and pass the file
+(one slide) or a folder of <slide_id>.geojson. Tiles the file leaves out keep the filters'
+verdict. Applied from the tile file (every candidate tile is stored in it) without reading
+the slide, except with --save-tiles the pixels of tiles it newly keeps; a re-run with the same
+file is skipped, one without --review goes back to the filters' verdicts.
 
 \b
 Status per slide: ok, skipped (done before), empty (kept no tile: the error column names the
@@ -158,10 +176,15 @@ def command(
         click.echo(f"  {artifacts}", err=True)
     for r in summary.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
-    from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX
+    from wsi.pipelines.tile.yield_notes import HEAVY_FILTER_PREFIX, LOW_YIELD_PREFIX, note_part
 
     for r in results:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
         if r.status in ("ok", "skipped") and LOW_YIELD_PREFIX in r.note:
-            click.echo(f"  {r.slide_id}: {r.note[r.note.index(LOW_YIELD_PREFIX) :]}", err=True)
+            click.echo(f"  {r.slide_id}: {note_part(r.note, LOW_YIELD_PREFIX)}", err=True)
+    heavy = [r for r in results if r.status in ("ok", "skipped") and HEAVY_FILTER_PREFIX in r.note]
+    for r in heavy[:_MAX_LISTED]:  # one filter took over 5% of the tissue tiles: look before trusting it
+        click.echo(f"  {r.slide_id}: {note_part(r.note, HEAVY_FILTER_PREFIX)}", err=True)
+    if len(heavy) > _MAX_LISTED:
+        click.echo(f"  ... and {len(heavy) - _MAX_LISTED} more slides (manifest note column)", err=True)
     if summary.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

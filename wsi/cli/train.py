@@ -7,6 +7,9 @@ from pathlib import Path
 import click
 
 from wsi.cli._common import ensure_writable_dir, mpp_option, scheduler_option, user_errors
+from wsi.cli._options import field_type
+from wsi.pipelines.run_record import RunRecord
+from wsi.pipelines.tasks import MAX_BAG_SIZE, TaskConfig
 
 
 @click.command(
@@ -94,22 +97,35 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     "--device", default="auto", show_default=True, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps."
 )
 @click.option(
-    "--epochs", type=click.IntRange(min=1), default=None, help="Maximum epochs [default: the task's]."
+    "--epochs",
+    type=field_type(TaskConfig, "epochs"),
+    default=None,
+    help="Maximum epochs [default: the task's].",
 )
-@click.option("--seed", type=int, default=None, help="Random seed [default: the task's].")
 @click.option(
-    "--batch-size", type=click.IntRange(min=1), default=None, help="Bags per step [default: the task's]."
+    "--seed", type=field_type(TaskConfig, "seed"), default=None, help="Random seed [default: the task's]."
 )
-@click.option("--grad-accum", type=click.IntRange(min=1), default=None, help="Batches per optimizer step.")
+@click.option(
+    "--batch-size",
+    type=field_type(TaskConfig, "batch_size"),
+    default=None,
+    help="Bags per step [default: the task's].",
+)
+@click.option(
+    "--grad-accum",
+    type=field_type(TaskConfig, "grad_accum"),
+    default=None,
+    help="Batches per optimizer step.",
+)
 @click.option(
     "--bag-size",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_BAG_SIZE),
     default=None,
     help="Train on random subsets of at most this many tiles per bag (augmentation; off by default).",
 )
 @click.option(
     "--num-workers",
-    type=click.IntRange(min=0),
+    type=field_type(TaskConfig, "num_workers"),
     default=None,
     help="Background processes reading bags (GPU training: 2-8) [default: the task's].",
 )
@@ -120,7 +136,7 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
     "applied in validation, test and predict) [default: the task's standardize_features].",
 )
 @click.option(
-    "--cv", type=click.IntRange(min=2), default=None, help="K-fold cross-validation (patient-grouped)."
+    "--cv", type=field_type(RunRecord, "cv"), default=None, help="K-fold cross-validation (patient-grouped)."
 )
 @scheduler_option("Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out from its last epoch.")
@@ -197,6 +213,8 @@ def command(
     else:
         unit = "patients" if record.task.level == "patient" else "slides"
         click.echo(f"{m['split']} {kind.summary_line(m)} on {m['n']} {unit}; best epoch {m['best_epoch']}")
+        if m.get("note"):  # e.g. an empty test split: the figures are the validation split's
+            click.echo(f"note: {m['note']}")
         figure = {"regression": "scatter.png", "survival": "km.png"}.get(kind.name, "roc.png")
         drawn = f"{figure}, " if (result.run_dir / figure).is_file() else ""  # no ROC from one class
         files = f"best.safetensors, metrics.json, report.html, {drawn}log.csv"

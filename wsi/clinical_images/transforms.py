@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from wsi.clinical_images.formats import ImageData
+from wsi.config import config_model
 from wsi.errors import ConfigError, ImageReadError
 
 Normalize = Literal["imagenet", "range", "zscore"]
@@ -28,16 +30,20 @@ _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as Pillow's "L"
 _ZSCORE_CLIP = 5.0
+MAX_IMAGE_PX = 4096  # a side of the model's input image (input_options.size_px)
 
 
+@config_model
 @dataclass(frozen=True)
 class ImageSpec:
     """What the model takes: shape, channels, intensity scale, and (3D) voxel spacing."""
 
-    size_px: tuple[int, ...]  # (H, W) or (D, H, W)
-    channels: int = 3
+    size_px: tuple[Annotated[int, Field(ge=1, le=MAX_IMAGE_PX)], ...]  # (H, W) or (D, H, W)
+    channels: Annotated[int, Field(ge=1, le=3)] = 3
     normalize: Normalize = "imagenet"
-    spacing_mm: tuple[float, ...] | None = None  # target voxel spacing (D, H, W); 3D only
+    spacing_mm: tuple[Annotated[float, Field(gt=0, le=1000)], ...] | None = (
+        None  # target voxel spacing (D, H, W); 3D only
+    )
 
     def __post_init__(self) -> None:
         if len(self.size_px) not in (2, 3) or any(int(s) < 1 for s in self.size_px):

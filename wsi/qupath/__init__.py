@@ -7,6 +7,8 @@ Public API:
       measurement_value, box_ring, palette_color, OBJECT_TYPES
   read (wsi.qupath.read): read_roi(path) -> Roi (include / exclude polygons, sha256, contains(points)),
       roi_file_for(roi FILE|DIR, slide_id), is_excluded(classification)
+  review (wsi.qupath.review): read_review(path) -> ReviewFile (tile boxes with the reviewer's classes,
+      Exclude regions), class_of(classification); read.load_geojson also reads QuPath's .zip / .gz exports
   outline (wsi.qupath.outline): mask_polygons(mask, scale=) -> polygons with holes in level-0 px
 
 Each module's docstring cites the QuPath source it follows (qupath/qupath at e7662d89ec70).
@@ -14,6 +16,7 @@ Each module's docstring cites the QuPath source it follows (qupath/qupath at e76
 
 from wsi.qupath.outline import mask_polygons
 from wsi.qupath.read import Polygon, Roi, is_excluded, read_roi, roi_file_for
+from wsi.qupath.review import ReviewFile, class_of, read_review
 from wsi.qupath.write import (
     OBJECT_TYPES,
     RGB,
@@ -34,9 +37,11 @@ __all__ = [
     "RGB",
     "Polygon",
     "QuPathClass",
+    "ReviewFile",
     "Roi",
     "box_ring",
     "class_name",
+    "class_of",
     "feature",
     "feature_collection",
     "is_excluded",
@@ -44,6 +49,7 @@ __all__ = [
     "measurement_value",
     "palette_color",
     "polygon_geometry",
+    "read_review",
     "read_roi",
     "roi_file_for",
     "tile_features",

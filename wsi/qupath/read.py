@@ -19,18 +19,20 @@ over each polygon's rings: holes are outside; a MultiPolygon is the union of its
 
 from __future__ import annotations
 
-import json
+import io
 import math
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.path import Path as MplPath
 
-from wsi.errors import RoiError
+from wsi.errors import RoiError, WsiError
 from wsi.files import sha256_file
+from wsi.user_text import MAX_JSON_BYTES, parse_json
 
 Polygon = list[np.ndarray]  # [shell, hole, ...], each (K, 2) float64 level-0 (x, y), closed
 _ANNOTATION_TYPES = frozenset({"annotation", "unknown", "PathAnnotationObject"})
@@ -52,9 +54,9 @@ class Roi:
     def contains(self, points: np.ndarray) -> np.ndarray:
         """(N,) bool: (N, 2) level-0 (x, y) inside an included region and outside every excluded one."""
         pts = np.asarray(points, dtype=np.float64).reshape(-1, 2)
-        inside = _inside_any(self.include, pts) if self.include else np.ones(len(pts), dtype=bool)
+        inside = inside_any(self.include, pts) if self.include else np.ones(len(pts), dtype=bool)
         if self.exclude:
-            inside &= ~_inside_any(self.exclude, pts)
+            inside &= ~inside_any(self.exclude, pts)
         return inside
 
     def bounds(self) -> tuple[float, float, float, float] | None:
@@ -68,7 +70,10 @@ class Roi:
         return f"{len(self.include)} included and {len(self.exclude)} excluded region(s) from {self.path}"
 
 
-def _inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
+def inside_any(polygons: list[Polygon], pts: np.ndarray) -> np.ndarray:
+    """(N,) bool: each of the (N, 2) points inside one of the polygons (even-odd over its rings)."""
+    from matplotlib.path import Path as MplPath  # only with --roi or a review: a plain tile run stays light
+
     inside = np.zeros(len(pts), dtype=bool)
     for poly in polygons:
         lo, hi = poly[0].min(0), poly[0].max(0)  # only points in the shell's box can be inside
@@ -102,18 +107,11 @@ def read_roi(path: str | Path) -> Roi:
     """The included and excluded regions of a QuPath GeoJSON file; RoiError naming the file and the
     problem when it is not JSON, not GeoJSON, or holds no polygon annotation."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RoiError(f"--roi {path}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise RoiError(f"--roi {path}: not a text (GeoJSON) file; {_HOW}") from None
-    except json.JSONDecodeError as exc:
-        raise RoiError(f"--roi {path}: not valid JSON ({exc.msg} at line {exc.lineno}); {_HOW}") from None
+    data = load_geojson(path)
     include: list[Polygon] = []
     exclude: list[Polygon] = []
     skipped = 0
-    for i, (geometry, props) in enumerate(_features(data, path)):
+    for i, (geometry, props) in enumerate(features(data, path)):
         where = f"--roi {path}: feature {i}"
         if not isinstance(props, dict):
             raise RoiError(f"{where}: 'properties' is not an object")
@@ -145,29 +143,74 @@ def is_excluded(classification: Any) -> bool:
     return last.lower() in _EXCLUDE_NAMES or (last.endswith("*") and last != "Region*")
 
 
-def _features(data: Any, path: Path) -> Iterator[tuple[Any, Any]]:
+def load_geojson(path: Path, *, option: str = "--roi", error: type[WsiError] = RoiError) -> Any:
+    """The JSON of a GeoJSON file, plain or compressed as QuPath's export writes it (PathIO.
+    exportObjectsAsGeoJSON: a name ending .zip holds one <name>.geojson entry, .gz is gzip); `error`
+    (naming `option` and the file) when it cannot be read, is larger than MAX_JSON_BYTES once unpacked,
+    or is not JSON (every parser failure, a 200,000-deep nesting and NaN included)."""
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise error(f"{option} {path} is {path.stat().st_size} bytes; at most {MAX_JSON_BYTES} are read")
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            unpack = zlib.decompressobj(wbits=31)  # gzip; bounded: a small file may unpack to gigabytes
+            raw = unpack.decompress(raw, MAX_JSON_BYTES + 1)
+        elif raw[:4] == b"PK\x03\x04":
+            with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+                names = [n for n in archive.namelist() if not n.endswith("/")]
+                if len(names) != 1:
+                    raise error(f"{option} {path}: a zip of {len(names)} files; QuPath's export holds one")
+                if archive.getinfo(names[0]).file_size > MAX_JSON_BYTES:
+                    raise error(f"{option} {path}: its GeoJSON unpacks to more than {MAX_JSON_BYTES} bytes")
+                raw = archive.read(names[0])
+        if len(raw) > MAX_JSON_BYTES:
+            raise error(f"{option} {path}: its GeoJSON unpacks to more than {MAX_JSON_BYTES} bytes")
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise error(f"{option} {path}: cannot be read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, zipfile.BadZipFile, EOFError, zlib.error):
+        raise error(f"{option} {path}: not a text (GeoJSON) file; {_HOW}") from None
+    try:
+        return parse_json(text, f"{option} {path}", error=error, finite=True)
+    except error as exc:
+        raise error(f"{exc}; {_HOW}") from None
+
+
+def features(
+    data: Any, path: Path, *, option: str = "--roi", error: type[WsiError] = RoiError
+) -> Iterator[tuple[Any, Any]]:
     """(geometry, properties) of every feature, as GsonTools.addPathObjects walks them."""
     if isinstance(data, list):
         for item in data:
-            yield from _features(item, path)
+            yield from features(item, path, option=option, error=error)
         return
     if not isinstance(data, dict) or "type" not in data:
-        raise RoiError(f"--roi {path}: not GeoJSON (no 'type'); {_HOW}")
+        raise error(f"{option} {path}: not GeoJSON (no 'type'); {_HOW}")
     kind = data["type"]
     if kind == "FeatureCollection":
-        features = data.get("features")
-        if not isinstance(features, list):
-            raise RoiError(f"--roi {path}: a FeatureCollection without a 'features' list")
-        for item in features:
-            yield from _features(item, path)
+        items = data.get("features")
+        if not isinstance(items, list):
+            raise error(f"{option} {path}: a FeatureCollection without a 'features' list")
+        for item in items:
+            yield from features(item, path, option=option, error=error)
     elif kind == "Feature":
         yield data.get("geometry"), data.get("properties") or {}
     else:  # a bare geometry: QuPath makes an annotation of it
         yield data, {}
 
 
+def polygons_of(geometry: Any, where: str, error: type[WsiError] = RoiError) -> list[Polygon]:
+    """The polygons of a geometry (GeometryCollection members included); [] for points and lines;
+    `error` starting with `where` for a malformed one."""
+    try:
+        return _polygons(geometry, where)
+    except RoiError as exc:
+        if error is RoiError:
+            raise
+        raise error(str(exc)) from None
+
+
 def _polygons(geometry: Any, where: str) -> list[Polygon]:
-    """The polygons of a geometry (GeometryCollection members included); [] for points and lines."""
     if geometry is None:
         return []
     if not isinstance(geometry, dict) or "type" not in geometry:
@@ -203,4 +246,7 @@ def _polygon(rings: Any, where: str) -> Polygon:
     return out
 
 
-__all__ = ["Polygon", "Roi", "is_excluded", "read_roi", "roi_file_for"]
+__all__ = [
+    "Polygon", "Roi", "features", "inside_any", "is_excluded", "load_geojson", "polygons_of", "read_roi",
+    "roi_file_for",
+]  # fmt: skip

@@ -18,11 +18,15 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from wsi.errors import ConfigError
 from wsi.files import atomic_path, write_text_atomic
 from wsi.synthetic.scene import Box, SampleSlide, Stain, Style, Texture, as_box, default_scene
 from wsi.synthetic.texture import REAL_SOURCE_NAME, STYLE_NAMES, Painter, find_real_he_source, make_painter
 
 log = logging.getLogger(__name__)
+
+#: a sample slide's largest side: the largest real scans are about 200,000 px
+MAX_SAMPLE_SIDE_PX = 200_000
 
 
 def write_sample_slide(
@@ -65,9 +69,8 @@ def write_sample_slide(
     if mpp <= 0 or not math.isfinite(mpp):
         raise ValueError(f"mpp must be a positive number of um/px, not {mpp!r}")
     width_um, height_um = (size_um, size_um) if isinstance(size_um, int | float) else size_um
+    check_sample_size(width_um, height_um, mpp, tile_px)
     w, h = round(width_um / mpp), round(height_um / mpp)
-    if w < 1 or h < 1:
-        raise ValueError(f"size_um {size_um!r} at mpp {mpp} gives an empty image")
     if tissue_boxes_um is None:
         scene_tissue, scene_blur = default_scene(width_um, height_um, seed=seed)
         tissue_boxes_um = scene_tissue
@@ -105,6 +108,33 @@ def write_sample_slide(
         mpp_written=write_mpp, corrupt_tiles=tuple((int(c), int(r)) for c, r in corrupt_tiles),
         stain=stain,
     )  # fmt: skip
+
+
+def check_sample_size(width_um: float, height_um: float, mpp: float, tile_px: int = 256) -> None:
+    """ConfigError naming --size-um and --mpp when a sample slide would be empty or larger than
+    MAX_SAMPLE_SIDE_PX a side (tifffile would try to list billions of tiles: a raw MemoryError)."""
+    if not all(math.isfinite(v) for v in (width_um, height_um, mpp)) or mpp <= 0:
+        raise ConfigError(f"--size-um {width_um!r} x {height_um!r} at --mpp {mpp!r}: give positive numbers")
+    w, h = round(width_um / mpp), round(height_um / mpp)
+    if w < 1 or h < 1:
+        raise ConfigError(f"--size-um {width_um:g} x {height_um:g} at --mpp {mpp:g} gives an empty image")
+    if max(w, h) > MAX_SAMPLE_SIDE_PX:
+        tiles = math.ceil(w / tile_px) * math.ceil(h / tile_px)
+        raise ConfigError(
+            f"--size-um {max(width_um, height_um):g} at --mpp {mpp:g} makes slides of {w} x {h} px "
+            f"({w * h * 3 / 1e12:.3g} TB of pixels, {tiles:,} file tiles); sample slides are at most "
+            f"{MAX_SAMPLE_SIDE_PX} px a side (the largest scans): lower --size-um or raise --mpp"
+        )
+
+
+def check_prefix(prefix: str) -> None:
+    """ConfigError unless `prefix` is a plain file-name part: `../evil` or `/tmp/x` would write the
+    slides outside --out (and record paths that are not there)."""
+    if not prefix or prefix.startswith(".") or any(c in prefix for c in "/\\\0:"):
+        raise ConfigError(
+            f"--prefix {prefix!r} must be a plain file-name part (no folder separator, colon or leading "
+            "dot): the slides are written into --out as PREFIX-NNN.svs"
+        )
 
 
 def _write_pyramid(
@@ -226,6 +256,7 @@ def write_sample_cohort(
     """
     from tqdm import tqdm
 
+    check_prefix(prefix)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     slides = [

@@ -153,7 +153,7 @@ class Catalog:
             self.kind = "train"
             try:
                 source = json.loads(record.read_text(encoding="utf-8")).get("source")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 source = None
             if source and Path(str(source)).is_dir():
                 bag_dirs.append(Path(str(source)))

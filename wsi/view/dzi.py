@@ -3,9 +3,10 @@
 openslide-python's `DeepZoomGenerator` does the tile arithmetic (levels, overlap, edge tiles) for any
 object with OpenSlide's reading interface; tiffslide's `TiffSlide` has it, except that its
 `read_region` returns RGB where the generator composites an RGBA image over the background, so the
-tiffslide handle is wrapped to return RGBA. One generator per slide is made on first use and kept
-(`DeepZoomCache`); both backends read thread-safely (see `wsi.slide.open_slide`), so parallel tile
-requests share it.
+tiffslide handle is wrapped to return RGBA. A slide whose JPEG tiles the backend decodes in the wrong
+colour space (`wsi.slide_colour`) is wrapped once more to convert them, as `Slide` does. One generator
+per slide is made on first use and kept (`DeepZoomCache`); both backends read thread-safely (see
+`wsi.slide.open_slide`), so parallel tile requests share it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
 from wsi.errors import SlideError
+from wsi.slide_colour import ColourFix, check_colours
 
 #: 254 + 2 x 1 overlap = 256 px tiles: the size the generator's docstring recommends for viewers
 TILE_SIZE = 254
@@ -36,6 +41,21 @@ class _RgbaReads:
 
     def __getattr__(self, name: str) -> Any:  # dimensions, levels, properties, best level, close
         return getattr(self._handle, name)
+
+
+class _ColourFixedReads:
+    """A handle whose RGBA `read_region` comes back in the colours its JPEG streams declare."""
+
+    def __init__(self, reader: Any, fix: ColourFix) -> None:
+        self._reader = reader
+        self._fix = fix
+
+    def read_region(self, location: tuple[int, int], level: int, size: tuple[int, int]) -> Any:
+        rgba = np.asarray(self._reader.read_region(location, level, size).convert("RGBA"))
+        return Image.fromarray(self._fix.apply_rgba(rgba, level), "RGBA")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
 
 
 @dataclass
@@ -80,7 +100,14 @@ def open_deepzoom(path: Path, backend: str) -> DeepZoomSlide:
 
             handle = tiffslide.TiffSlide(path)
             reader = _RgbaReads(handle)
+        vendor = str(handle.properties.get(f"{backend}.vendor") or "generic")
+        fix = check_colours(path, backend, vendor, tuple(handle.level_dimensions))
+        if fix:
+            reader = _ColourFixedReads(reader, fix)
         generator = DeepZoomGenerator(reader, tile_size=TILE_SIZE, overlap=OVERLAP, limit_bounds=False)
+    except SlideError:  # wrong colours that cannot be corrected: the message says what to do
+        handle.close()
+        raise
     except Exception as exc:  # each backend raises its own types; the page shows file + reason
         raise SlideError(
             f"{path}: {backend} cannot open it for viewing ({type(exc).__name__}: {exc})"

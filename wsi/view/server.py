@@ -3,7 +3,9 @@
 Why the standard library's `http.server`: the viewer answers a handful of GET routes for one user on
 one machine, so a web framework would add a dependency and nothing the page needs; what it lacks is
 added here with care: a bounded thread pool (`PooledHTTPServer`) instead of a thread per connection,
-strict paths, a Host check against DNS rebinding, and no write method at all.
+fed only with connections whose request head has arrived (`wsi.view.connections`: idle sockets, slow
+senders and non-HTTP bytes never hold a worker, and each socket has a timeout), URLs longer than
+MAX_URL_CHARS answered 414, strict paths, a Host check against DNS rebinding, and no write method.
 
 Routes (everything else is 404; methods other than GET and HEAD are 405):
 
@@ -24,6 +26,7 @@ from a URL.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import mimetypes
@@ -40,6 +43,7 @@ from urllib.parse import unquote
 
 from wsi.errors import WsiError
 from wsi.view.catalog import Catalog, SlideEntry
+from wsi.view.connections import HEAD_TIMEOUT_S, IO_TIMEOUT_S, HeadReader
 from wsi.view.dzi import DeepZoomCache
 from wsi.view.overlays import slide_overlays
 
@@ -55,6 +59,8 @@ _TILE = re.compile(r"^/slides/(?P<id>.+)_files/(?P<level>\d{1,3})/(?P<col>\d{1,7
 _DZI = re.compile(r"^/slides/(?P<id>.+)\.dzi$")
 _API_SLIDE = re.compile(r"^/api/slides/(?P<id>[^/]+)/(?P<what>overlays|geojson/(?P<layer>qc|geojson))$")
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+#: the longest URL answered (ours are under 200 characters); longer ones get 414, never a file lookup
+MAX_URL_CHARS = 4096
 _CSP = "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; object-src 'none'"
 
 
@@ -111,8 +117,11 @@ class ViewState:
 
     def file_under_root(self, path: str) -> Path | None:
         """The regular file under the folder that `path` names, or None (outside, missing, not served)."""
-        target = (self.root / path.lstrip("/")).resolve()
-        if not target.is_relative_to(self.root) or not target.is_file():
+        try:
+            target = (self.root / path.lstrip("/")).resolve()
+            if not target.is_relative_to(self.root) or not target.is_file():
+                return None
+        except (OSError, ValueError):  # a name too long for the file system, a NUL: no such file
             return None
         return target if target.suffix.lower() in SERVED_SUFFIXES else None
 
@@ -123,6 +132,14 @@ class ViewHandler(BaseHTTPRequestHandler):
     server: PooledHTTPServer
     server_version = "wsi-view"
     protocol_version = "HTTP/1.0"
+    timeout = IO_TIMEOUT_S  # a client that stops reading its answer frees the worker after this
+
+    def setup(self) -> None:
+        # PooledHTTPServer hands over (socket, request head): the head was read by wsi.view.connections
+        self.request, head = self.request
+        super().setup()
+        self.rfile.close()
+        self.rfile = io.BytesIO(head)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -175,6 +192,10 @@ class ViewHandler(BaseHTTPRequestHandler):
         return name in _LOOPBACK_HOSTS
 
     def _answer(self, *, head: bool) -> None:
+        if len(self.path) > MAX_URL_CHARS:
+            msg = f"URL of {len(self.path)} characters; at most {MAX_URL_CHARS}\n".encode()
+            self._send(HTTPStatus.REQUEST_URI_TOO_LONG, msg, "text/plain", head=head)
+            return
         if not self._host_ok():
             self._send(HTTPStatus.FORBIDDEN, b"unknown Host\n", "text/plain", head=head)
             return
@@ -262,25 +283,33 @@ class ViewHandler(BaseHTTPRequestHandler):
 
 
 class PooledHTTPServer(HTTPServer):
-    """HTTPServer answering each connection on a bounded pool of threads (many parallel tile requests,
-    never unbounded threads)."""
+    """HTTPServer answering each request on a bounded pool of threads (many parallel tile requests,
+    never unbounded threads), once its head has arrived (`wsi.view.connections.HeadReader`)."""
 
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a burst of connections waits for accept, not refused
 
-    def __init__(self, address: tuple[str, int], state: ViewState, *, workers: int = 8) -> None:
+    def __init__(
+        self, address: tuple[str, int], state: ViewState, *, workers: int = 8,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+    ) -> None:  # fmt: skip
         host = address[0]
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__(address, ViewHandler)
         self.state = state
         self.loopback_only = host in ("127.0.0.1", "::1", "localhost")
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wsi-view")
+        self.heads = HeadReader(self._submit, head_timeout_s=head_timeout_s)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self.pool.submit(self._process, request, client_address)
+        self.heads.add(request, client_address)  # to the pool once its request head is here
 
-    def _process(self, request: Any, client_address: Any) -> None:
+    def _submit(self, request: socket.socket, client_address: Any, head: bytes) -> None:
+        self.pool.submit(self._process, request, client_address, head)
+
+    def _process(self, request: socket.socket, client_address: Any, head: bytes) -> None:
         try:
-            self.finish_request(request, client_address)
+            self.finish_request((request, head), client_address)  # type: ignore[arg-type]
         except Exception:
             self.handle_error(request, client_address)
         finally:
@@ -288,15 +317,16 @@ class PooledHTTPServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
+        self.heads.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.state.deepzoom.close()
 
 
 def make_server(root: Path, *, host: str = "127.0.0.1", port: int = 0, backend: str = "openslide",
-                workers: int = 8) -> PooledHTTPServer:  # fmt: skip
+                workers: int = 8, head_timeout_s: float = HEAD_TIMEOUT_S) -> PooledHTTPServer:  # fmt: skip
     """A server for `root` bound to (host, port); port 0 picks a free one (see `server_address`)."""
     state = ViewState(root, backend=backend)
-    return PooledHTTPServer((host, port), state, workers=workers)
+    return PooledHTTPServer((host, port), state, workers=workers, head_timeout_s=head_timeout_s)
 
 
 __all__ = ["SERVED_SUFFIXES", "PooledHTTPServer", "ViewHandler", "ViewState", "clean_path", "make_server"]

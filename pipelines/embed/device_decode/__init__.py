@@ -15,7 +15,10 @@ One idea per module, in the order a batch meets them:
   jpeg.py        complete_jpeg(tile, tables, rgb) -> bytes      abbreviated TIFF JPEG -> full stream
   raw_tiles.py   RawSlideReader.open(st) -> reader | None; reader.read(start, stop) -> RawBatch
                  (runs in reader workers; None: not a tiled JPEG TIFF, use the CPU path)
-  decoder.py     DeviceDecoder(device).decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool)
+  tile_bytes.py  the JPEG cells of a batch, each once, in coalesced reads, completed in place (as arrays:
+                 no object per tile; benchmarks/embed_feed.py measures it against a plain pread loop)
+  codecs.py      JPEG batch decoders behind one signature: torchvision (default), nvImageCodec
+  decoder.py     DeviceDecoder(device, codec).decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool)
   resample.py    the PIL arithmetic (block means, resampling weights) as batched torch operations
   prefetch.py    decode_ahead(batches, decoder, depth=2) -> Iterator[TileBatch]   (CUDA: in a thread,
                  on a side stream, depth batches ahead)

@@ -12,19 +12,22 @@ that gets the colours wrong makes that slide decode with libjpeg-turbo (resized 
 failing that, be read by the CPU path.
 
 Public API:
-  DeviceDecoder(device).decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool on the CPU)
+  DeviceDecoder(device, codec="torchvision").decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool)
+  decode_jpegs(streams, on) -> images      torchvision's decode, stream-ordered on CUDA (codecs.py)
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Literal
 
 import numpy as np
 import torch
+from PIL import Image
 
 from wsi.pipelines.embed.batches import RawBatch
+from wsi.pipelines.embed.device_decode.codecs import CODECS, get_codec
+from wsi.pipelines.embed.device_decode.codecs import torchvision_decode as decode_jpegs
 from wsi.pipelines.embed.device_decode.resample import finish_tiles, to_device
 from wsi.pipelines.jobs import describe_error
 from wsi.region import RegionKind
@@ -42,33 +45,18 @@ _MAX_OPEN_SLIDES = 4
 Mode = Literal["device", "cpu", "slide"]
 
 
-def decode_jpegs(streams: list[torch.Tensor], on: torch.device) -> list[torch.Tensor]:
-    """RGB images of JPEG `streams`, decoded on `on`, safe for the memory of kernels still queued.
-
-    On CUDA, torchvision allocates the outputs on the calling stream but lets nvJPEG write them from a
-    private stream that is not ordered after it (pytorch/vision PR 9606; the hardware engine ignores
-    its stream as well, meta-pytorch/torchcodec PR 1634). The caching allocator may hand the decoder a
-    block that kernels queued on the calling stream are still reading (the previous batch's gather
-    indices), which then read overwritten memory: an "index out of bounds" device-side assert, as in
-    the GPU suite. Waiting for the calling stream first closes that window; decoding runs in the
-    decode-ahead thread on its own stream, so only that thread waits (for its own previous batch).
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    if not streams:
-        return []
-    if on.type == "cuda":
-        torch.cuda.current_stream(on).synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchvision's "decoding is deprecated" notice
-        return list(decode_jpeg(streams, mode=ImageReadMode.RGB, device=on))
-
-
 class DeviceDecoder:
-    """Turns RawBatch into (b, P, P, 3) uint8 tiles on `device`. One per stream; not thread-safe."""
+    """Turns RawBatch into (b, P, P, 3) uint8 tiles on `device`. One per stream; not thread-safe.
 
-    def __init__(self, device: torch.device | str) -> None:
+    codec: the JPEG batch decoder on `device` (codecs.py; torchvision unless a GPU run shows another
+    faster with the same tiles). Decoding on the CPU after a failed colour check is always torchvision's
+    libjpeg-turbo, the decoder the CPU path's openslide uses too.
+    """
+
+    def __init__(self, device: torch.device | str, codec: str = CODECS[0]) -> None:
         self.device = torch.device(device)
+        self.codec = codec
+        self._decode = get_codec(codec)
         self._slides: dict[str, Slide] = {}
         self._mode: dict[str, Mode] = {}  # per slide path
 
@@ -129,13 +117,14 @@ class DeviceDecoder:
             needs_cpu = np.asarray(hit.reshape(b, -1).any(axis=1))
         table[table < 0] = len(raw.lengths)  # the white tile after the streams
         out = torch.empty((b, p, p, 3), dtype=torch.uint8, device=self.device)
-        groups: dict[tuple[int, int, str], list[int]] = {}
-        for i in range(b):
-            groups.setdefault((int(raw.kind[i]), int(raw.factor[i]), raw.filt[i]), []).append(i)
-        for (kind, k, filt), members in groups.items():
-            idx = np.asarray(members)
+        keys = np.stack([raw.kind, raw.factor, raw.filt], axis=1)  # (B, 3): one group per kind of plan
+        groups, which = np.unique(keys, axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        for g, (kind, k, filt) in enumerate(groups.tolist()):
+            idx = np.flatnonzero(which == g)
             canvas = self._gather(raw, stack, table[idx], idx, k * p if kind != RegionKind.RESAMPLE else None)
-            tiles = finish_tiles(canvas, kind, k, filt, p, raw.box[idx], raw.win[idx])
+            name = Image.Resampling(filt).name if kind == RegionKind.RESAMPLE else ""
+            tiles = finish_tiles(canvas, kind, k, name, p, raw.box[idx], raw.win[idx])
             if len(groups) == 1:
                 out = tiles
             else:
@@ -152,17 +141,18 @@ class DeviceDecoder:
         bad = lengths == 0
         tw, th = raw.tile_wh
         white = torch.full((3, th, tw), _WHITE, dtype=torch.uint8, device=on)
-        parts = list(torch.split(raw.data, raw.lengths))  # views, (len_i,) uint8 each
-        good = np.flatnonzero(~bad)
-        decoded: list[torch.Tensor | None] = [None] * len(parts)
+        good = np.flatnonzero(~bad).tolist()
+        parts = {i: raw.stream(i) for i in good}  # views into raw.data
+        decoded: list[torch.Tensor | None] = [None] * len(lengths)
+        decode = self._decode if on == self.device else decode_jpegs
         try:
-            for i, image in zip(good, decode_jpegs([parts[i] for i in good], on), strict=True):
+            for i, image in zip(good, decode([parts[i] for i in good], on), strict=True):
                 decoded[i] = image
         except Exception:  # one broken stream fails the batch call: find it stream by stream
             log.debug("%s: batched JPEG decode failed; decoding one by one", raw.slide_path, exc_info=True)
             for i in good:
                 try:
-                    decoded[i] = decode_jpegs([parts[i]], on)[0]
+                    decoded[i] = decode([parts[i]], on)[0]
                 except Exception as exc:
                     col, row = raw.cells[i]
                     log.warning(

@@ -1,14 +1,15 @@
 """Raw tile reading: the compressed JPEG tiles a batch of regions needs, sliced out of the TIFF.
 
-Runs in the reader workers, which then do no decoding at all: per region they ask
-`wsi.region.plan_region` for the window (the same plan `Slide.read_region_um` follows), and send the
-few kB of JPEG data under those windows with the plans (`RawBatch`) to the main process.
+Runs in the reader workers, which then do no decoding at all: per batch they ask
+`wsi.region.plan_regions` for the windows (the plans `Slide.read_region_um` follows, as arrays), and send
+the few kB of JPEG data under those windows with the plans (`RawBatch`) to the main process. The bytes
+come from tile_bytes.py: each JPEG tile once per batch, in a few large reads, completed in place.
 
 Public API:
   JpegLevel                                  the TIFF page of one pyramid level, as raw tiles
   find_jpeg_level(path, level, dims) -> JpegLevel | None       None unless a tiled 8-bit RGB JPEG page
   RawSlideReader.open(st: SlideTiles) -> RawSlideReader | None  None: not a tiled JPEG TIFF (CPU path)
-  RawSlideReader.read(start, stop) -> RawBatch
+  RawSlideReader.read(start, stop) -> RawBatch;  .plans(start, stop) -> RegionPlans
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from wsi.jpeg_colour import Colour, colour_to_decode
 from wsi.pipelines.embed.batches import RawBatch, SlideTiles
-from wsi.pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
-from wsi.region import RegionKind, RegionPlan, plan_region
+from wsi.pipelines.embed.device_decode.tile_bytes import (
+    MAX_GAP,
+    cell_keys,
+    read_streams,
+    stream_header,
+    table_of_keys,
+)
+from wsi.region import RegionPlan, RegionPlans, plan_region, plan_regions
 from wsi.slide import is_tiff, open_slide
+from wsi.slide_colour import first_tile
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +53,7 @@ class JpegLevel:
     offsets: np.ndarray  # (n_rows * n_cols,) int64 byte offsets, row-major
     counts: np.ndarray  # (n_rows * n_cols,) int64 byte counts
     tables: bytes | None  # JPEGTables tag of abbreviated streams
-    rgb: bool  # photometric RGB (Aperio), not YCbCr
+    rgb: bool  # the tiles hold RGB (Aperio), not YCbCr: their stream's own markers, else the photometric
 
     @property
     def n_cols(self) -> int:
@@ -72,40 +80,20 @@ def find_jpeg_level(path: str, level: int, dims: tuple[int, int]) -> JpegLevel |
                 )
                 if not ok:
                     return None
+                # a JFIF (YCbCr) tile under an RGB photometric tag is decoded as YCbCr, as read_region_um
+                # decodes it (wsi.slide_colour); an Aperio tile (no marker, 4:4:4) as the tag says
+                photometric: Colour = "rgb" if int(page.photometric) == _PHOTOMETRIC_RGB else "ycbcr"
+                rgb = colour_to_decode(first_tile(tif.filehandle, page), photometric) == "rgb"
                 return JpegLevel(
                     level=level, width=int(page.imagewidth), height=int(page.imagelength),
                     tile_w=int(page.tilewidth), tile_h=int(page.tilelength),
                     offsets=np.asarray(page.dataoffsets, np.int64),
                     counts=np.asarray(page.databytecounts, np.int64),
-                    tables=page.jpegtables, rgb=int(page.photometric) == _PHOTOMETRIC_RGB,
+                    tables=page.jpegtables, rgb=rgb,
                 )  # fmt: skip
     except Exception:  # not a TIFF tifffile parses: the CPU path decides
         log.debug("%s: tifffile could not map level %d", path, level, exc_info=True)
     return None
-
-
-@dataclass
-class _Plans:
-    """The region plans of one batch as arrays (the fields of RawBatch that describe the windows)."""
-
-    win: np.ndarray  # (B, 4) int64 ix, iy, n_w, n_h
-    box: np.ndarray  # (B, 3) float64 bx, by, side
-    kind: np.ndarray  # (B,) int64 RegionKind
-    factor: np.ndarray  # (B,) int64
-    filt: list[str]  # (B,) PIL filter name of RESAMPLE plans
-
-    @classmethod
-    def of(cls, plans: list[RegionPlan]) -> _Plans:
-        b = len(plans)
-        out = cls(np.zeros((b, 4), np.int64), np.zeros((b, 3), np.float64), np.zeros(b, np.int64),
-                  np.ones(b, np.int64), [""] * b)  # fmt: skip
-        for j, plan in enumerate(plans):
-            out.win[j] = plan.window
-            out.kind[j], out.factor[j] = int(plan.kind), plan.factor
-            if plan.kind == RegionKind.RESAMPLE:  # raw TIFF pixels sit on the level's grid: no shift
-                out.box[j] = plan.box()
-                out.filt[j] = plan.resample_filter().name
-        return out
 
 
 class RawSlideReader:
@@ -116,6 +104,8 @@ class RawSlideReader:
         self.lv = level
         self.downsamples = downsamples
         self._fd = os.open(st.slide_path, os.O_RDONLY)
+        self._scratch = memoryview(bytearray(MAX_GAP))  # gap bytes of coalesced reads, dropped; reused
+        self._slide: _SlidePlans | None = None  # every tile's plan, made on the first read
 
     @classmethod
     def open(cls, st: SlideTiles) -> RawSlideReader | None:
@@ -148,64 +138,58 @@ class RawSlideReader:
             downsamples=self.downsamples,
         )  # fmt: skip
 
+    def plans(self, start: int, stop: int) -> RegionPlans:
+        """The region plans of tiles start..stop, as arrays (row i = plan() of tile start + i)."""
+        st = self.st
+        coords = np.asarray(st.coords_px[start:stop], np.int64).reshape(-1, 2)
+        return plan_regions(
+            coords[:, 0], coords[:, 1], size_um=st.tile_size_um, target_mpp=st.target_mpp, mpp=st.mpp,
+            downsamples=self.downsamples,
+        )  # fmt: skip
+
     def read(self, start: int, stop: int) -> RawBatch:
         """Tiles start..stop of the slide as compressed JPEG streams and their region plans."""
         st, lv = self.st, self.lv
-        coords = np.asarray(st.coords_px[start:stop], np.int64)
-        plans = _Plans.of([self.plan(int(x), int(y)) for x, y in coords])
-        grid0, table, cells = _cell_table(plans.win, lv)
-        streams, lengths = [], []
-        for slot, (col, row) in enumerate(cells):
-            stream = self._stream(int(col), int(row))
-            if stream is None:  # a tile the file does not hold (sparse TIFF): background, like openslide
-                table[table == slot] = -1
-                stream = b""
-            streams.append(stream)
-            lengths.append(len(stream))
-        data = np.frombuffer(b"".join(streams), np.uint8) if streams else np.zeros(0, np.uint8)
+        if self._slide is None:  # the whole slide at once: a batch then only slices arrays
+            self._slide = _SlidePlans.of(self.plans(0, st.n), lv)
+        sp = self._slide
+        gh, gw = sp.extent[start:stop].max(axis=0, initial=1).tolist()  # this batch's table: no wider
+        table, cells = table_of_keys(sp.keys[start:stop, :gh, :gw], lv.n_cols)
+        flat = cells[:, 1] * lv.n_cols + cells[:, 0]
+        streams = read_streams(
+            self._fd, lv.offsets[flat], lv.counts[flat], stream_header(lv.tables, lv.rgb), lv.rgb,
+            self._scratch,
+        )  # fmt: skip
+        if streams.missing.any():  # tiles the file does not hold (sparse TIFF): white, like openslide
+            table[np.isin(table, np.flatnonzero(streams.missing))] = -1
         return RawBatch(
             slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, size_um=st.tile_size_um,
-            target_mpp=st.target_mpp, tile_px=round(st.tile_size_um / st.target_mpp), coords_px=coords,
-            level=lv.level, level_wh=(lv.width, lv.height), tile_wh=(lv.tile_w, lv.tile_h),
-            data=torch.from_numpy(data.copy()), lengths=lengths, cells=cells, win=plans.win,
-            box=plans.box, kind=plans.kind, factor=plans.factor, filt=plans.filt, grid0=grid0, table=table,
+            target_mpp=st.target_mpp, tile_px=sp.tile_px,
+            coords_px=np.asarray(st.coords_px[start:stop], np.int64), level=lv.level,
+            level_wh=(lv.width, lv.height), tile_wh=(lv.tile_w, lv.tile_h), data=streams.data,
+            offsets=streams.offsets, lengths=streams.lengths, cells=cells, win=sp.win[start:stop],
+            box=sp.box[start:stop], kind=sp.kind[start:stop], factor=sp.factor[start:stop],
+            filt=sp.filt[start:stop], grid0=sp.grid0[start:stop], table=table,
         )  # fmt: skip
 
-    def _stream(self, col: int, row: int) -> bytes | None:
-        """The complete JPEG stream of one tile; None: not in the file (white); b"": not a JPEG (bad)."""
-        i = row * self.lv.n_cols + col
-        offset, count = int(self.lv.offsets[i]), int(self.lv.counts[i])
-        if count == 0 or offset == 0:
-            return None
-        if count <= 2:
-            return b""
-        tile = os.pread(self._fd, count, offset)
-        if len(tile) != count or tile[:2] != SOI:
-            return b""
-        return complete_jpeg(tile, self.lv.tables, self.lv.rgb)
 
+@dataclass(frozen=True)
+class _SlidePlans:
+    """Every tile's region plan and JPEG cells of one slide, as arrays (RawBatch's per-tile fields)."""
 
-def _cell_table(win: np.ndarray, lv: JpegLevel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The JPEG grid cells each window touches (clipped to the level), deduplicated over the batch.
+    tile_px: int
+    win: np.ndarray  # (N, 4)
+    box: np.ndarray  # (N, 3)
+    kind: np.ndarray  # (N,)
+    factor: np.ndarray  # (N,)
+    filt: np.ndarray  # (N,)
+    grid0: np.ndarray  # (N, 2) first JPEG cell of each window
+    keys: np.ndarray  # (N, GH, GW) the cells each window touches (tile_bytes.cell_keys)
+    extent: np.ndarray  # (N, 2) rows and columns of cells each window touches
 
-    Returns grid0 (B, 2) first cell (gx0, gy0) of each window, table (B, GH, GW) slot of each touched
-    cell (-1: none) and cells (J, 2) (col, row) of each slot.
-    """
-    b = len(win)
-    tw, th = lv.tile_w, lv.tile_h
-    x0c, y0c = np.maximum(win[:, 0], 0), np.maximum(win[:, 1], 0)
-    x1c = np.minimum(win[:, 0] + win[:, 2], lv.width)
-    y1c = np.minimum(win[:, 1] + win[:, 3], lv.height)
-    inside = (x1c > x0c) & (y1c > y0c)
-    gx0, gy0 = x0c // tw, y0c // th
-    gw = np.where(inside, (x1c - 1) // tw - gx0 + 1, 0)
-    gh = np.where(inside, (y1c - 1) // th - gy0 + 1, 0)
-    table = np.full((b, max(1, int(gh.max(initial=0))), max(1, int(gw.max(initial=0)))), -1, np.int64)
-    slots: dict[tuple[int, int], int] = {}
-    for j in range(b):
-        for r in range(int(gh[j])):
-            for c in range(int(gw[j])):
-                cell = (int(gx0[j]) + c, int(gy0[j]) + r)
-                table[j, r, c] = slots.setdefault(cell, len(slots))
-    cells = np.array(list(slots) or np.zeros((0, 2)), np.int64).reshape(-1, 2)
-    return np.stack([gx0, gy0], axis=1).astype(np.int64), table, cells
+    @classmethod
+    def of(cls, plans: RegionPlans, lv: JpegLevel) -> _SlidePlans:
+        grid0, keys = cell_keys(plans.win, lv)
+        extent = np.stack([(keys >= 0).any(axis=2).sum(axis=1), (keys >= 0).any(axis=1).sum(axis=1)], 1)
+        return cls(plans.tile_px, plans.win, plans.box(), plans.kind, plans.factor, plans.filters(), grid0,
+                   keys, extent)  # fmt: skip
