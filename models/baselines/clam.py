@@ -40,6 +40,8 @@ from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
 from wsi.models.baselines.layers import (
     AttentionScores,
+    Rate,
+    Width,
     check_bags,
     chunk_for,
     chunks_of,
@@ -50,8 +52,8 @@ from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep
 from wsi.models.standardize import standardize_input
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
-_Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
+_Width = Width
+_Rate = Rate
 
 
 @config_model

@@ -31,22 +31,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import check_bags, chunk_for, chunks_of, masked_softmax
+from wsi.models.baselines.layers import Rate, Width, check_bags, chunk_for, chunks_of, masked_softmax
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep, weighted_mean
 from wsi.models.standardize import standardize_input
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
-_Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
+_Width = Width
+_Rate = Rate
 
 
 @config_model

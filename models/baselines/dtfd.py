@@ -48,15 +48,15 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
+from wsi.config import MAX_SEED, config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import AttentionScores, bags, check_bags, chunk_for, renamed
+from wsi.models.baselines.layers import AttentionScores, Rate, Width, bags, check_bags, chunk_for, renamed
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.objectives import LossInputs, TrainingStep
 from wsi.models.standardize import standardize_input
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
-_Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
+_Width = Width
+_Rate = Rate
 Parts = Callable[[], Iterator[Tensor]]  # a fresh iterator over one bag's feature chunks (n, in_dim)
 
 
@@ -69,16 +69,17 @@ class DTFDConfig:
     in_dim: _Width = 1024  # feature width (authors' in_chn)
     hidden_dim: _Width = 512  # mDim
     attn_dim: _Width = 128  # Attention_Gated D
-    residual_blocks: Annotated[int, Field(ge=0, strict=True)] = 0  # numLayer_Res
+    residual_blocks: Annotated[int, Field(ge=0, le=1000, strict=True)] = 0  # numLayer_Res
     num_classes: _Width = 2
     pseudo_bags: _Width = 4  # numGroup (and numGroup_test)
     distill: Literal["AFS", "MaxS", "MaxMinS"] = "AFS"  # distill_type
     total_instance: _Width = 4  # MaxS / MaxMinS keep total_instance // pseudo_bags tiles per side
     dropout: _Rate = 0.0  # before the tier-1 classifier (droprate)
     tier2_dropout: _Rate = 0.0  # before the tier-2 classifier (droprate_2)
-    grad_clip: Annotated[float, Field(gt=0)] | None = 5.0  # per module, each step (grad_clipping)
+    grad_clip: Annotated[float, Field(gt=0, le=1e6)] | None = 5.0  # per module, each step (grad_clipping)
     mean_inference: _Width = 1  # splits averaged at inference (num_MeanInference)
-    split_seed: int = 0  # seeds the inference splits (ours: the authors' are unseeded)
+    split_seed: Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)] = 0  # seeds the inference splits
+    # (ours: the authors' are unseeded)
     max_tokens_per_chunk: _Width | None = None  # no-grad passes over chunks of this many tiles (exact)
 
     def __post_init__(self) -> None:

@@ -8,11 +8,19 @@ score per tile; the authors' networks have both, and their parameter counts are 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from wsi.errors import ConfigError
+from wsi.models.transformer import MAX_MODEL_INT
+
+#: a width, count or chunk of a baseline's config (strict: a YAML `true` is not 1)
+Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]
+#: a dropout rate
+Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 #: without gradients, bags of more tiles than this run in chunks of `AUTO_CHUNK` (exact; bounded memory)
 CHUNK_ABOVE_TILES = 16384
@@ -101,6 +109,6 @@ def renamed(state: dict[str, Tensor], table: dict[str, str]) -> dict[str, Tensor
 
 
 __all__ = [
-    "AUTO_CHUNK", "CHUNK_ABOVE_TILES", "AttentionScores", "bags", "check_bags", "chunk_for", "chunks_of",
-    "masked_softmax", "renamed",
+    "AUTO_CHUNK", "CHUNK_ABOVE_TILES", "AttentionScores", "Rate", "Width", "bags", "check_bags", "chunk_for",
+    "chunks_of", "masked_softmax", "renamed",
 ]  # fmt: skip

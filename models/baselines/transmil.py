@@ -37,22 +37,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import Tensor, nn
 
 from wsi.config import config_dict, config_model
 from wsi.errors import ConfigError
-from wsi.models.baselines.layers import bags, check_bags, renamed
+from wsi.models.baselines.layers import Rate, Width, bags, check_bags, renamed
 from wsi.models.baselines.nystrom import NystromAttention
 from wsi.models.model_kinds import MODEL_KINDS, KindModel
 from wsi.models.standardize import standardize_input
 
-_Width = Annotated[int, Field(gt=0, strict=True)]
-_Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
+_Width = Width
+_Rate = Rate
 
 #: without gradients, bags longer than this (tokens) run the lean O(N dim) attention
 LEAN_ABOVE_TOKENS = 16384
