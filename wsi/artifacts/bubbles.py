@@ -75,4 +75,4 @@ def _smooth(part: np.ndarray, mpp: float) -> bool:
     skeleton = skeletonize(part)
     neighbours = ndimage.convolve(skeleton.astype(np.int16), np.ones((3, 3), np.int16), mode="constant")
     branches = np.count_nonzero(skeleton & (neighbours >= 4))  # the pixel and 3+ neighbours
-    return branches <= _MAX_BRANCHES_PER_MM * np.count_nonzero(skeleton) * mpp / 1000.0
+    return bool(branches <= _MAX_BRANCHES_PER_MM * np.count_nonzero(skeleton) * mpp / 1000.0)
