@@ -25,10 +25,21 @@ class KindConfig(Protocol):
 
 
 class KindModel(nn.Module):
-    """Base of every registered model: built from one typed config, serialised back to a plain dict."""
+    """Base of every registered model: built from one typed config, serialised back to a plain dict.
+
+    `task_kinds` names the task kinds the model trains (None: every kind); a model whose authors' loss
+    needs a class per bag (CLAM, DSMIL, DTFD-MIL) says `("categorical",)` and `wsi train` refuses the
+    others by name, giving `task_kinds_reason`. `explains_by` says what `wsi predict` draws per tile:
+    "contributions" (`tile_contributions`, each tile's additive share of the logits) or "attention"
+    (`attention_weights`, for a model whose logits have no additive per-tile decomposition: its
+    `tile_contributions` refuses, naming why).
+    """
 
     config_class: ClassVar[type[Any]]  # the @config_model dataclass `models.presets` parses a preset into
     config: KindConfig
+    task_kinds: ClassVar[tuple[str, ...] | None] = None
+    task_kinds_reason: ClassVar[str] = ""
+    explains_by: ClassVar[str] = "contributions"
 
     def to_dict(self) -> JsonObject:
         """The resolved config as plain JSON-ready data (`kind` included); rebuilds the architecture."""
@@ -41,7 +52,11 @@ class KindModel(nn.Module):
 
 MODEL_KINDS: Registry[type[KindModel]] = Registry(
     "model kind",
-    modules=("wsi.models.mil", "wsi.models.vit", "wsi.models.abmil", "wsi.models.heads"),
-)
+    modules=(
+        "wsi.models.mil", "wsi.models.vit", "wsi.models.abmil", "wsi.models.heads",
+        "wsi.models.baselines.transmil", "wsi.models.baselines.clam", "wsi.models.baselines.dsmil",
+        "wsi.models.baselines.dtfd",
+    ),
+)  # fmt: skip
 
 __all__ = ["MODEL_KINDS", "KindConfig", "KindModel"]

@@ -1,7 +1,8 @@
 """Heatmaps of per-tile contributions, over a slide thumbnail or a blank canvas at the tile positions.
 
 Values are signed (towards / against the predicted class), so the colour map is diverging and centred
-on zero: red pushes towards the prediction, blue against it, and the colour scale is symmetric.
+on zero: red pushes towards the prediction, blue against it, and the colour scale is symmetric. A model
+explained by its attention (TransMIL) draws weights >= 0 the same way, labelled as attention.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ log = logging.getLogger(__name__)
 
 #: longest side of a canvas drawn without a slide
 _CANVAS_PX = 1024
+#: colour bar labels: per-tile contributions (most models), attention weights (TransMIL)
+CONTRIBUTION_LABEL = "contribution to predicted class"
+ATTENTION_LABEL = "attention weight"
 
 
 def contribution_to_class(contributions: np.ndarray, cls: int) -> np.ndarray:
@@ -38,6 +42,7 @@ def render_heatmap(
     thumbnail: np.ndarray | None = None,
     thumb_mpp: float | None = None,
     title: str = "",
+    label: str = CONTRIBUTION_LABEL,
 ) -> None:
     """Draw `values` (N,) as squares of `tile_size_um` at `coords_um` (N, 2 top-left x, y) and save a PNG.
 
@@ -78,7 +83,7 @@ def render_heatmap(
     if title:
         ax.set_title(title, fontsize=9)
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.035, pad=0.02,
-                 label="contribution to predicted class")  # fmt: skip
+                 label=label)  # fmt: skip
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png")
@@ -93,6 +98,7 @@ def slide_heatmap(
     out_png: Path,
     title: str,
     backend: str = "openslide",
+    label: str = CONTRIBUTION_LABEL,
 ) -> None:
     """`values` (N,) over the slide's thumbnail (about 2,048 px on the long side); `thumb` is the
     slide's (path, level-0 mpp or None for the metadata's)."""
@@ -106,7 +112,7 @@ def slide_heatmap(
         thumb_mpp = max(w_px, h_px) * slide.mpp / max(image.shape[:2])  # the size actually returned
     render_heatmap(
         coords_um=coords_um, tile_size_um=tile_size_um, values=values, out_png=out_png,
-        thumbnail=image, thumb_mpp=thumb_mpp, title=title,
+        thumbnail=image, thumb_mpp=thumb_mpp, title=title, label=label,
     )  # fmt: skip
 
 

@@ -374,12 +374,14 @@ class BagInput:
         contributions: torch.Tensor,
         out_png: Path,
         title: str = "",
+        label: str | None = None,
     ) -> None:
-        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here).
+        """Per-tile values (N,) drawn at the tile coordinates on a blank canvas (no slide here); `label`
+        names the colour bar (default: contributions).
 
         Bags whose resolution is unknown are drawn in level-0 pixels (the picture is the same, only the
         unit differs)."""
-        from wsi.pipelines.heatmaps import render_heatmap
+        from wsi.pipelines.heatmaps import CONTRIBUTION_LABEL, render_heatmap
 
         if "coords_um" in sample:
             coords, size = sample["coords_um"].numpy(), sample.get("tile_size_um")
@@ -393,4 +395,5 @@ class BagInput:
             values=contributions.float().numpy(),
             out_png=out_png,
             title=title,
+            label=label or CONTRIBUTION_LABEL,
         )

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsi.pipelines.heatmaps import slide_heatmap, tile_values
+from wsi.pipelines.heatmaps import ATTENTION_LABEL, CONTRIBUTION_LABEL, slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item
 from wsi.pipelines.jobs import describe_error
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
@@ -97,6 +97,7 @@ def _heatmap(
 ) -> None:
     """Values (N,) over the slide when it is reachable (the raw slide predicted, or the `slide_path` a
     bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image)."""
+    label = ATTENTION_LABEL if run.explains_by == "attention" else CONTRIBUTION_LABEL
     if thumb is None and run.adapter.name == "bags" and "coords_um" in sample:
         slide_path, slide_mpp, _ = recorded_slide(item.path)
         thumb = None if slide_path is None else (slide_path, slide_mpp)
@@ -106,13 +107,15 @@ def _heatmap(
         try:
             tile_um = float(sample.get("tile_size_um") or read_bag_attrs(item.path)["tile_size_um"])
             coords = sample["coords_um"].numpy()
-            slide_heatmap(thumb, coords, tile_um, values, png, title, options.backend)
+            slide_heatmap(thumb, coords, tile_um, values, png, title, options.backend, label)
             return
         except Exception as exc:  # the slide is there but unreadable: the heatmap without it
             log.warning("%s: heatmap drawn without the slide (%s)", item.id, describe_error(exc))
     if hasattr(run.adapter, "heatmap"):
         grid = getattr(run.models[0], "grid_shape", None)
-        extra = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
+        extra: dict[str, Any] = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
+        if label != CONTRIBUTION_LABEL:  # bags only: the models explained by attention read tile bags
+            extra["label"] = label
         run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
 
 

@@ -5,7 +5,9 @@ All in level-0 pixels (the bag's `coords` where it stores them, else its microme
 mpp), so File > Import objects in QuPath lays them over the slide (`wsi.qupath`). Per tile:
   "contribution <output>"  its additive share of each output (class, target or risk: the values the
                            heatmaps draw, `TaskKind.contribution_maps`)
-  "pooling weight"         its attention-pooling weight, for models that pool by attention (ABMIL)
+  "pooling weight"         its attention-pooling weight, for models that pool by attention (ABMIL, CLAM,
+                           DSMIL, DTFD-MIL)
+  "attention"              instead of contributions, for a model explained by its attention (TransMIL)
 Annotations: for each output the `k` tiles pushing it most ("most <output>") and least ("least
 <output>"), named with their rank, as `pipelines.top_tiles` picks them. A slide whose tiles cannot be
 placed (a pixel bag without its mpp) gets no file: a warning says why, and the prediction stands.
@@ -25,6 +27,7 @@ from wsi.bags import open_bag_stream
 from wsi.errors import WsiError
 from wsi.files import sanitize_slide_id
 from wsi.pipelines.devices import autocast_for
+from wsi.pipelines.predict.run_model import ATTENTION
 from wsi.pipelines.predict.top_tiles import pick
 from wsi.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
 from wsi.qupath import write_geojson as write_collection
@@ -89,7 +92,7 @@ def slide_collection(
     effects: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The FeatureCollection of one slide: tiles (maps, weights, effects as measurements), top tiles."""
-    columns: dict[str, np.ndarray] = {f"contribution {name}": np.asarray(v) for name, v in maps.items()}
+    columns: dict[str, np.ndarray] = {_column(name): np.asarray(v) for name, v in maps.items()}
     if weights is not None:
         columns[POOLING_WEIGHT] = np.asarray(weights)
     columns.update({f"tile effect {name}": np.asarray(v) for name, v in (effects or {}).items()})
@@ -105,7 +108,7 @@ def slide_collection(
                         object_type="annotation",
                         classification=cls,
                         name=f"{side} {name} #{rank}",
-                        measurements={f"contribution {name}": float(values[int(i)]), "rank": rank},
+                        measurements={_column(name): float(values[int(i)]), "rank": rank},
                     )
                 )
     props = {
@@ -115,6 +118,11 @@ def slide_collection(
         "prediction": dict(prediction),
     }
     return feature_collection(features, props)
+
+
+def _column(name: str) -> str:
+    """A map's measurement name: `contribution <output>`, or `attention` for a model explained by it."""
+    return name if name == ATTENTION else f"contribution {name}"
 
 
 def write_slide_geojson(
@@ -161,7 +169,10 @@ def case_slide_geojson(
     kind = run.kind
     prediction: dict[str, Any] = {c: float(v) for c, v in zip(kind.output_columns, output, strict=True)}
     prediction.update(zip(kind.derived_columns(), kind.derived_cells(output), strict=True))
-    weights = pooling_weights(run.models, batch.x, batch.model_inputs(), run.device)
+    # a model explained by attention has it in `maps` already (and it pools by no such weight)
+    weights = None
+    if ATTENTION not in maps:
+        weights = pooling_weights(run.models, batch.x, batch.model_inputs(), run.device)
     mpp = getattr(run.adapter, "mpp_by_slide", {}).get(item.id, getattr(run.adapter, "mpp", None))
     return write_slide_geojson(
         out, slide_id=item.id, bag_path=item.path, mpp=mpp,

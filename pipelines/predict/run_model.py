@@ -1,5 +1,8 @@
 """A trained run ready to predict: its model(s) rebuilt from the run record and best weights.
 
+A model that explains itself by attention (`explains_by = "attention"`: TransMIL, whose logits have no
+additive per-tile share) gets its attention drawn instead of contributions: one map, "attention".
+
 `load_run(RUN_DIR)` reads config.json (`pipelines.run_record`) and best.safetensors (safetensors only,
 never pickle); a cross-validation run gives one model per fold, and `RunModel` averages their outputs
 (probability, value, risk) and contributions. Prediction uses it without importing the training code.
@@ -20,6 +23,9 @@ from wsi.pipelines.devices import autocast_for, resolve_device
 from wsi.pipelines.inputs import InputAdapter, build_input
 from wsi.pipelines.run_record import RUN_STAMP_KEY, RunRecord, read_fitted, read_run_record, record_path
 from wsi.pipelines.task_kinds import TaskKind, build_kind
+
+#: the one map of a model explained by attention (heatmaps, tile values, GeoJSON, top tiles)
+ATTENTION = "attention"
 
 
 @dataclass
@@ -58,11 +64,24 @@ class RunModel:
         """(B, N, C): each token's contribution to each logit (mean over the folds' models)."""
         return self._mean(lambda m, k, x, e: m.tile_contributions(x, **e), x, extra)
 
+    @property
+    def explains_by(self) -> str:
+        """"contributions", or "attention" when any of the run's models has no per-tile contributions."""
+        ways = {getattr(m, "explains_by", "contributions") for m in self.models}
+        return "attention" if "attention" in ways else "contributions"
+
     def explain(
         self, x: torch.Tensor, extra: dict[str, torch.Tensor], output: np.ndarray
     ) -> tuple[list[tuple[str, np.ndarray, str]], dict[str, np.ndarray]]:
         """(heatmaps: (file suffix, (N,) values, title), maps: {output: (N,)}) of the first case. Folds
-        fitted alike share one mean contribution; else each fold's maps (in label units) are averaged."""
+        fitted alike share one mean contribution; else each fold's maps (in label units) are averaged.
+        Models explained by attention: the mean attention over the models, as map "attention"."""
+        if self.explains_by == "attention":
+            weights = self._mean(lambda m, k, x, e: m.attention_weights(x, **e), x, extra)[0].cpu().numpy()
+            n_out = self.kind.num_outputs
+            drawn = self.kind.heatmap_maps(np.zeros((len(weights), n_out)), output)
+            title = "; ".join(t for _, _, t in drawn)
+            return [("", weights, f"{title}: {ATTENTION}")], {ATTENTION: weights}
         if all(k.fitted() == self.kind.fitted() for k in self.kinds):
             contrib = self.contributions(x, extra)[0].cpu().numpy()  # (N, C)
             return self.kind.heatmap_maps(contrib, output), self.kind.contribution_maps(contrib)
@@ -179,4 +198,4 @@ def _checkpoints(run: Path, record: RunRecord) -> list[Path]:
     return ckpts
 
 
-__all__ = ["RunModel", "load_run"]
+__all__ = ["ATTENTION", "RunModel", "load_run"]

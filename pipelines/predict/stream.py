@@ -6,6 +6,11 @@ read `READ_TILES` rows at a time into each model's `logits_from_chunks` (models.
 the tokens at model width plus one chunk and runs the same exact two-pass scheme as an in-memory
 forward, so the outputs are the in-memory ones (tests/pipelines/test_predict_stream.py).
 
+Some models read a streamed bag twice (DSMIL finds each class's critical tile before its attention,
+DTFD-MIL scores its pseudo-bags before distilling them): the chunk source is re-iterable, each pass
+reading the file from the top. TransMIL keeps its whole (N, 512) token sequence (square padding and
+PPEG span the bag) but never the features.
+
 What streaming gives up: per-tile contributions (heatmaps, top tiles) need the whole bag's
 activations, so a streamed bag gets its prediction and a manifest note saying the heatmap was not
 drawn, rather than a memory error that would lose the prediction too.
@@ -61,22 +66,29 @@ def streamed_outputs(run: RunModel, case: Item, *, read_tiles: int | None = None
     for model, kind in zip(run.models, run.kinds, strict=True):
         with torch.inference_mode(), autocast_for(run.device)():
             logits = cast(Any, model).logits_from_chunks(
-                _chunks(stream, read_tiles, run.device), n_tiles=stream.n_tiles
+                ChunkSource(stream, read_tiles, run.device), n_tiles=stream.n_tiles
             )
             outputs.append(kind.outputs(logits.float()).float())
     return torch.stack(outputs).mean(0)[0].cpu().numpy(), stream.n_tiles
 
 
-def _chunks(
-    stream: BagStream, size: int, device: torch.device
-) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-    coords = stream.bag.coords_um  # None: a pixel-layout bag of unknown resolution, positions unused
-    start = 0
-    for feats in finite_chunks(stream, size):
-        x = torch.from_numpy(feats).to(device)  # as stored: the model casts one model chunk at a time
-        c = None if coords is None else torch.from_numpy(coords[start : start + len(feats)]).to(device)
-        start += len(feats)
-        yield x, c
+class ChunkSource:
+    """(feats (n, D) as stored, coords_um (n, 2) or None) of one streamed bag, `size` rows at a time;
+    re-iterable: every `iter()` reads the bag from the top. A chunk is valid until the next is asked
+    for (the reader reuses its buffer)."""
+
+    def __init__(self, stream: BagStream, size: int, device: torch.device) -> None:
+        self.stream, self.size, self.device = stream, size, device
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        coords = self.stream.bag.coords_um  # None: a pixel-layout bag of unknown resolution
+        start = 0
+        for feats in finite_chunks(self.stream, self.size):
+            x = torch.from_numpy(feats).to(self.device)  # as stored: the model casts a chunk at a time
+            rows = slice(start, start + len(feats))
+            c = None if coords is None else torch.from_numpy(coords[rows]).to(self.device)
+            start += len(feats)
+            yield x, c
 
 
-__all__ = ["READ_TILES", "stream_length", "streamed_outputs"]
+__all__ = ["READ_TILES", "ChunkSource", "stream_length", "streamed_outputs"]

@@ -35,7 +35,8 @@ def _preset_help() -> str:
     from wsi.configs import available
 
     names = ", ".join(available("models"))
-    return f"Model preset ({names}) or a model YAML path; linear or mlp read slide embeddings."
+    return (f"Model preset ({names}) or a model YAML path; linear or mlp read slide embeddings; clam-sb, "
+            "clam-mb, dsmil and dtfd train categorical tasks only.")
 
 
 @config_model

@@ -5,6 +5,9 @@ It knows nothing about bags or images, nor about what is learned: batches come f
 and go to `model(x, **batch.model_inputs())`; the task kind (`pipelines.task_kinds`) turns logits into
 a loss (over `group_bags` bags:
 a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
+A model kind with its authors' own training objective (CLAM's instance loss, DSMIL's two streams,
+DTFD-MIL's tiers) gives it through `models.objectives`: the loop asks `training_step` for the logits
+and the objective, and lets the model touch its gradients (`before_optimizer_step`) before the step.
 `fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
 validate, keep the best weights, write the log, last weights and resume state (when the best epoch
 changes, every STATE_EVERY_S and at the end), and stop early when validation stops improving. Inputs
@@ -33,6 +36,7 @@ from tqdm.auto import tqdm
 
 from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
+from wsi.models.objectives import LossInputs, Objective, before_optimizer_step, training_step
 from wsi.models.standardize import input_standardizer
 from wsi.pipelines.cases import make_loader
 from wsi.pipelines.checkpoints import save_weights
@@ -74,6 +78,15 @@ def log_columns(kind: TaskKind) -> tuple[str, ...]:
 _forward = forward_batch  # one name per module: tests replace the training pass's forward
 
 
+def _training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, Objective | None]:
+    """(logits (B, C), the model's own objective or None): `_forward` for models without one."""
+    if not callable(getattr(model, "training_step", None)):
+        return _forward(model, batch), None
+    x = batch.x.float() if batch.x.dtype == torch.float16 else batch.x
+    step = training_step(model, x, **batch.model_inputs())
+    return step.logits, step.objective
+
+
 def train_epoch(
     model: torch.nn.Module,
     loader: DataLoader[Any],
@@ -102,6 +115,7 @@ def train_epoch(
     n_batches = len(loader)
     group_bags = kind.group_bags if kind is not None else 1
     pending: list[tuple[torch.Tensor, Batch]] = []
+    objective: Objective | None = None  # the model's own objective for the pending batch, if it has one
     n_losses = 0
     watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
@@ -114,10 +128,14 @@ def train_epoch(
             if augment is not None:
                 batch = augment(batch)
             with autocast():
-                pending.append((_forward(model, batch), batch))  # logits (B, C)
+                logits, objective = _training_forward(model, batch)
+            pending.append((logits, batch))
         if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
             continue
-        loss = _group_loss(pending, kind, class_weights)
+        if objective is None:
+            loss = _group_loss(pending, kind, class_weights)
+        else:
+            loss = _objective_loss(pending, objective, kind, class_weights)
         watch.loss(loss, [i for _, b in pending for i in b.ids])
         pending = []
         (loss / grad_accum).backward()
@@ -125,6 +143,7 @@ def train_epoch(
         n_losses += 1
         counter = step + 1 if group_bags == 1 else n_losses
         if counter % grad_accum == 0 or last:
+            before_optimizer_step(model)  # a model's own gradient handling (DTFD-MIL's per-tier clipping)
             if grad_clip is not None:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             else:
@@ -155,6 +174,25 @@ def _group_loss(
     if targets is None:
         raise ValueError("batches reach the loss without targets; build loaders with pipelines.cases")
     return kind.loss(logits.float(), targets, labels)
+
+
+def _objective_loss(
+    pending: list[tuple[torch.Tensor, Batch]],
+    objective: Objective,
+    kind: TaskKind | None,
+    class_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """A model's own objective over one batch, given the task's loss of any (B, C) logits of its bags
+    (models with an objective train categorical tasks: one batch is one loss)."""
+    if len(pending) != 1:
+        raise ConfigError("a model with its own training objective cannot pool bags into one loss")
+    batch = pending[0][1]
+
+    def task_loss(logits: torch.Tensor) -> torch.Tensor:
+        return _group_loss([(logits, batch)], kind, class_weights)
+
+    weights = class_weights if kind is None else getattr(kind, "class_weights", None)
+    return objective(LossInputs(task_loss=task_loss, labels=batch.labels, class_weights=weights))
 
 
 # ---------------------------------------------------------------------------------------------- fit

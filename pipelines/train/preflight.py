@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from wsi.errors import BagFormatError
+from wsi.errors import BagFormatError, ConfigError
 from wsi.pipelines.inputs import InputAdapter, Item
+from wsi.pipelines.tasks import TaskConfig
 
 
 def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[Item, str]]:
@@ -54,4 +55,23 @@ def refuse_unusable(adapter: InputAdapter, items: Sequence[Item]) -> None:
     )
 
 
-__all__ = ["refuse_unusable", "unusable_items"]
+def refuse_model_for_kind(task: TaskConfig) -> None:
+    """ConfigError when the task's model does not train the task's kind (CLAM, DSMIL and DTFD-MIL train
+    categorical tasks only: their authors' losses need each bag's class), naming both and why."""
+    from wsi.models.model_kinds import MODEL_KINDS
+    from wsi.models.presets import preset_kind
+
+    if task.model.preset is None:
+        return
+    model_kind = preset_kind(task.model.preset)
+    model = MODEL_KINDS.get(model_kind)
+    if model.task_kinds is None or task.kind in model.task_kinds:
+        return
+    others = "abmil or transmil" if task.input == "bags" else "another preset"
+    raise ConfigError(
+        f"model {task.model.preset} ({model_kind}) trains {' and '.join(model.task_kinds)} tasks only: "
+        f"{model.task_kinds_reason}; task {task.name!r} is {task.kind}. Choose {others} (--preset)"
+    )
+
+
+__all__ = ["refuse_model_for_kind", "refuse_unusable", "unusable_items"]

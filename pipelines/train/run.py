@@ -64,7 +64,7 @@ from wsi.pipelines.train.config import TrainOptions
 from wsi.pipelines.train.cv import run_folds_on_cluster
 from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from wsi.pipelines.train.loop import EpochHook
-from wsi.pipelines.train.preflight import refuse_unusable
+from wsi.pipelines.train.preflight import refuse_model_for_kind, refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
 from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
@@ -131,6 +131,7 @@ def _train(
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, opts.cv)
     cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
+    refuse_model_for_kind(cfg)  # CLAM, DSMIL, DTFD-MIL: categorical tasks only
     adapter = with_resolution(
         adapter, mpp=opts.mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
     )

@@ -62,7 +62,10 @@ def _direct_path_contributions(
 
 
 def test_presets_build_with_the_papers_widths() -> None:
-    assert available_presets() == ["abmil", "linear", "mlp", "vit-2d", "vit-3d", "vit-wsi", "vit-wsi-small"]
+    assert available_presets() == [
+        "abmil", "clam-mb", "clam-sb", "dsmil", "dtfd", "linear", "mlp", "transmil", "vit-2d", "vit-3d",
+        "vit-wsi", "vit-wsi-small",
+    ]  # fmt: skip
     with torch.device("meta"):
         mil = build_model("vit-wsi")
         v2 = build_model("vit-2d", in_dim=1, num_classes=5)

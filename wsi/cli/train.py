@@ -43,6 +43,7 @@ Examples:
   wsi train --task my-task.yaml --features clam/h5_files --labels labels.csv --out m/ --mpp 0.25  # CLAM
   wsi train --task nsclc-subtype --features run/feather-slide --labels labels.csv --out probe/ --cv 5
   wsi train --task nsclc-subtype --features run/chief-slide --labels l.csv --out m/ --preset mlp
+  wsi train --task my-task.yaml --features bags/ --labels labels.csv --out clam/ --cv 5 --preset clam-sb
 
 \b
 Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the

@@ -1,0 +1,159 @@
+"""Nystrom attention as TransMIL uses it: lucidrains/nystrom-attention 0.0.14, our own code.
+
+Read from lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py @ fbe9ebad6bae (the
+`NystromAttention` TransMIL imports; KatherLab/STAMP src/stamp/modeling/models/trans_mil.py
+@ c54ce0673962 vendors the same computation). What it computes, including the details that change the
+numbers:
+
+- the sequence (n tokens) is zero-padded at the FRONT to a multiple of m landmarks; the padding rows stay
+  in every sum below (no mask: TransMIL passes none), and the output keeps the last n rows;
+- q, k, v = x W (no bias), q scaled by d^-1/2; landmarks are the means of m contiguous segments of
+  l = ceil(n/m) rows of q and of k;
+- out = (softmax(q k_l^T) pinv(softmax(q_l k_l^T))) (softmax(q_l k^T) v) + conv_33(v), the last a
+  depthwise convolution of each head's values along the sequence;
+- pinv is 6 Newton-Schulz iterations started from x^T / (max row sum * max column sum), the maxima
+  taken over the whole tensor: over every head (and, in the authors' code, every bag of a batch; ours
+  takes them per bag, which is the same for TransMIL's one bag at a time).
+
+The core runs in float32 with autocast off (bf16 would break the pinv iterations). `forward_lean`
+computes the same output for one bag without gradients in O(n dim) memory: one head and one chunk of
+queries at a time, never the (heads, n, m) similarity matrices (TransMIL's inference on long bags).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def iterative_pinv(x: Tensor, iters: int) -> Tensor:
+    """Newton-Schulz approximation of pinv(x) for (B, H, m, m); scaled by maxima over heads and rows."""
+    absx = x.abs()
+    col = absx.sum(-1).amax(dim=(-2, -1), keepdim=True)  # (B, 1, 1): largest row sum of any head
+    row = absx.sum(-2).amax(dim=(-2, -1), keepdim=True)
+    z = x.transpose(-1, -2) / (col * row).unsqueeze(-1)
+    eye = torch.eye(x.shape[-1], device=x.device, dtype=x.dtype)
+    for _ in range(iters):
+        xz = x @ z
+        z = 0.25 * z @ (13 * eye - (xz @ (15 * eye - (xz @ (7 * eye - xz)))))
+    return z
+
+
+class NystromAttention(nn.Module):
+    """Parameters as the authors' (`to_qkv`, `to_out`, `res_conv`); forward(x (B, n, dim)) -> (B, n, dim)."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        heads: int,
+        dim_head: int,
+        landmarks: int,
+        pinv_iterations: int = 6,
+        conv_kernel: int = 33,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        inner = heads * dim_head
+        self.heads, self.dim_head, self.landmarks, self.iters = heads, dim_head, landmarks, pinv_iterations
+        self.scale = dim_head**-0.5
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=False)
+        self.to_out = nn.Linear(inner, dim)
+        self.drop = nn.Dropout(dropout)
+        pad = conv_kernel // 2
+        self.res_conv = nn.Conv2d(heads, heads, (conv_kernel, 1), padding=(pad, 0), groups=heads, bias=False)
+
+    # --- one pass, batched (training and short bags) ------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[1]
+        pad = (-n) % self.landmarks
+        x = F.pad(x, (0, 0, pad, 0))
+        q, k, v = (
+            t.unflatten(-1, (self.heads, self.dim_head)).transpose(1, 2) for t in self.to_qkv(x).chunk(3, -1)
+        )
+        out = self.core(q, k, v)  # (B, H, N, d) float32
+        out = out.transpose(1, 2).flatten(2).to(x.dtype)  # (B, N, H d)
+        return self.drop(self.to_out(out))[:, -n:]
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """(B, H, N, d) each, N a multiple of m -> the heads' outputs (B, H, N, d) in float32."""
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v = q.float() * self.scale, k.float(), v.float()
+            b, h, big_n, d = q.shape
+            m = self.landmarks
+            ql = q.reshape(b, h, m, big_n // m, d).sum(3) / (big_n // m)
+            kl = k.reshape(b, h, m, big_n // m, d).sum(3) / (big_n // m)
+            attn2_inv = iterative_pinv(torch.softmax(ql @ kl.transpose(-1, -2), -1), self.iters)
+            values = torch.softmax(ql @ k.transpose(-1, -2), -1) @ v  # (B, H, m, d)
+            out = (torch.softmax(q @ kl.transpose(-1, -2), -1) @ attn2_inv) @ values
+            conv = self.res_conv.weight.float()
+            return out + F.conv2d(v, conv, padding=self.res_conv.padding, groups=self.heads)
+
+    # --- one bag, no gradients, O(n dim) memory ------------------------------------------------------
+    def _head_qkv(self, x: Tensor, head: int, pad: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Head `head`'s q (scaled), k, v (N, d) in float32 for one bag's rows x (n, dim), front-padded."""
+        inner, d = self.heads * self.dim_head, self.dim_head
+        w = self.to_qkv.weight
+        out = []
+        for part in range(3):
+            rows = w[part * inner + head * d : part * inner + (head + 1) * d]  # (d, dim)
+            t = torch.zeros(x.shape[0] + pad, d, device=x.device, dtype=torch.float32)
+            t[pad:] = (x @ rows.T.to(x.dtype)).float()
+            out.append(t)
+        return out[0] * self.scale, out[1], out[2]
+
+    @torch.no_grad()
+    def forward_lean(self, x: Tensor, chunk: int = 4096) -> Tensor:
+        """One bag x (1, n, dim) -> (1, n, dim) as `forward` in eval mode, one head and `chunk` queries at a
+        time: memory for x, the output and one head's (N, d) q, k, v."""
+        n, m = x.shape[1], self.landmarks
+        pad = (-n) % m
+        big_n = n + pad
+        seg = big_n // m
+        rows = x[0]
+        with torch.autocast(x.device.type, enabled=False):
+            ql = torch.empty(self.heads, m, self.dim_head, device=x.device)
+            kl = torch.empty_like(ql)
+            for h in range(self.heads):
+                q, k, _ = self._head_qkv(rows, h, pad)
+                ql[h] = q.reshape(m, seg, -1).sum(1) / seg
+                kl[h] = k.reshape(m, seg, -1).sum(1) / seg
+            attn2_inv = iterative_pinv(torch.softmax(ql @ kl.transpose(-1, -2), -1)[None], self.iters)[0]
+            out = torch.zeros(n, self.to_out.out_features, device=x.device)
+            w_out = self.to_out.weight.float()
+            for h in range(self.heads):
+                q, k, v = self._head_qkv(rows, h, pad)
+                values = torch.softmax(ql[h] @ k.T, -1) @ v  # (m, d)
+                conv = self.res_conv.weight[h : h + 1].float()  # (1, 1, K, 1)
+                res = F.conv2d(v[None, None], conv, padding=self.res_conv.padding)[0, 0]  # (N, d)
+                w_h = w_out[:, h * self.dim_head : (h + 1) * self.dim_head]  # (dim, d)
+                for start in range(pad, big_n, chunk):
+                    sl = slice(start, min(start + chunk, big_n))
+                    att = (torch.softmax(q[sl] @ kl[h].T, -1) @ attn2_inv[h]) @ values
+                    out[sl.start - pad : sl.stop - pad] += (att + res[sl]) @ w_h.T
+            out += self.to_out.bias.float()
+        return out[None].to(x.dtype)
+
+    @torch.no_grad()
+    def query_attention(self, x: Tensor, query: int) -> Tensor:
+        """The Nystrom attention row of token `query` over the bag (B, H, n): softmax(q k_l^T) pinv
+        softmax(q_l k^T), as the authors' `return_attn` gives it, without the value convolution."""
+        b, n, _ = x.shape
+        pad = (-n) % self.landmarks
+        q, k, _ = (
+            t.unflatten(-1, (self.heads, self.dim_head)).transpose(1, 2)
+            for t in self.to_qkv(F.pad(x, (0, 0, pad, 0))).chunk(3, -1)
+        )
+        with torch.autocast(q.device.type, enabled=False):
+            q, k = q.float() * self.scale, k.float()
+            m, seg = self.landmarks, (n + pad) // self.landmarks
+            ql = q.reshape(b, self.heads, m, seg, -1).sum(3) / seg
+            kl = k.reshape(b, self.heads, m, seg, -1).sum(3) / seg
+            attn2_inv = iterative_pinv(torch.softmax(ql @ kl.transpose(-1, -2), -1), self.iters)
+            row = torch.softmax(q[:, :, pad + query : pad + query + 1] @ kl.transpose(-1, -2), -1)
+            attn = (row @ attn2_inv) @ torch.softmax(ql @ k.transpose(-1, -2), -1)  # (B, H, 1, N)
+        return attn[:, :, 0, pad:]
+
+
+__all__ = ["NystromAttention", "iterative_pinv"]
