@@ -33,7 +33,6 @@ import argparse
 import logging
 import math
 import multiprocessing as mp
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -42,14 +41,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks._machine import cpu_model  # noqa: E402
-from benchmarks.mil_data import MILCohort, write_cohort  # noqa: E402
-from benchmarks.paired_stats import PairedCI, corrected_ci, paired_ci  # noqa: E402
-from benchmarks.small_cohort import CLASSES, UNSEEN_DATA_SEEDS, cohorts, read_rows, run_cv, write_rows  # noqa: E402
+from _machine import cpu_model
+from mil_data import MILCohort, write_cohort
+from paired_stats import PairedCI, corrected_ci, paired_ci
+from small_cohort import CLASSES, UNSEEN_DATA_SEEDS, cohorts, read_rows, run_cv, write_rows
 
 log = logging.getLogger("mil_baselines")
 

@@ -4,17 +4,12 @@ only what is compared, a tiny run goes through `wsi train --cv`, and the cost ro
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # benchmarks/ is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.mil_baselines import cost_table, main, summarise, table, task_yaml  # noqa: E402
-from benchmarks.small_cohort import COLUMNS  # noqa: E402
+from mil_baselines import cost_table, main, summarise, table, task_yaml
+from small_cohort import COLUMNS
 
 
 def test_task_yaml_names_the_preset_and_nothing_else() -> None:
