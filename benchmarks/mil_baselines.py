@@ -44,7 +44,16 @@ import numpy as np
 from _machine import cpu_model
 from mil_data import MILCohort, write_cohort
 from paired_stats import PairedCI, corrected_ci, paired_ci
-from small_cohort import CLASSES, UNSEEN_DATA_SEEDS, cohorts, read_rows, run_cv, write_rows
+from small_cohort import (
+    CLASSES,
+    UNSEEN_DATA_SEEDS,
+    cohorts,
+    fold_row,
+    paired_grid,
+    read_rows,
+    run_cv,
+    write_rows,
+)  # fmt: skip
 
 log = logging.getLogger("mil_baselines")
 
@@ -84,7 +93,7 @@ def run_all(
                 run_dir = work / "runs" / f"{cohort.name}-{model}-seed{seed}"
                 per_fold = run_cv(bags, labels, task_file, run_dir, folds=folds, seed=seed, epochs=epochs)
                 seconds = time.perf_counter() - t0
-                rows += [fold_row(cohort.name, data, model, seed, k, m, seconds / folds)
+                rows += [fold_row(cohort.name, data, "raw", model, seed, k, m, seconds / folds)
                          for k, m in enumerate(per_fold)]  # fmt: skip
                 if csv_path is not None:
                     write_rows(csv_path, rows)
@@ -92,27 +101,7 @@ def run_all(
                 log.info("%s %s seed %d: accuracy %.3f (%.0f s)", cohort.name, model, seed, acc, seconds)
 
 
-def fold_row(
-    cohort: str, data: str, model: str, seed: int, k: int, m: dict[str, Any], seconds: float
-) -> dict[str, str]:
-    """One fold's figures as a small_cohort.csv row (features: raw)."""
-
-    def figure(value: object) -> str:
-        return "" if value is None else f"{float(value):.4f}"  # type: ignore[arg-type]
-
-    return {
-        "cohort": cohort, "data": data, "features": "raw", "model": model, "seed": str(seed),
-        "fold": str(k + 1), "accuracy": figure(m.get("accuracy")), "auroc": figure(m.get("auroc")),
-        "epochs_run": str(m.get("epochs_run", "")), "seconds": f"{seconds:.1f}",
-    }  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------ the table
-def _grid(rows: Sequence[dict[str, str]], model: str, metric: str) -> dict[tuple[int, int], float]:
-    return {(int(r["seed"]), int(r["fold"])): float(r[metric]) if r[metric] else math.nan
-            for r in rows if r["model"] == model}  # fmt: skip
-
-
 def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, Any]]:
     """Per cohort and model: mean figures, the paired difference to ABMIL with its CIs, seconds per fold."""
     out: list[dict[str, Any]] = []
@@ -124,7 +113,7 @@ def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, A
             entry["seeds"] = len({r["seed"] for r in mine})
             entry["seconds"] = float(np.mean([float(r["seconds"]) for r in mine]))
             for metric in ("accuracy", "auroc"):
-                a, b = _grid(sub, model, metric), _grid(sub, BASELINE, metric)
+                a, b = paired_grid(sub, model, metric), paired_grid(sub, BASELINE, metric)
                 entry[metric] = float(np.nanmean(list(a.values())))
                 paired = sorted(set(a) & set(b))
                 if model == BASELINE or not paired:

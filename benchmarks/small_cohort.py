@@ -167,7 +167,7 @@ def run_all(
                     run_dir = work / "runs" / f"{cohort.name}-{feat}-{model}-seed{seed}"
                     per_fold = run_cv(bags, labels, task_file, run_dir, folds=folds, seed=seed, epochs=epochs)
                     seconds = time.perf_counter() - t0
-                    rows += [_row(cohort.name, data, feat, model, seed, k, m, seconds / folds)
+                    rows += [fold_row(cohort.name, data, feat, model, seed, k, m, seconds / folds)
                              for k, m in enumerate(per_fold)]  # fmt: skip
                     if csv_path is not None:
                         write_rows(csv_path, rows)
@@ -176,7 +176,7 @@ def run_all(
                              acc, seconds)  # fmt: skip
 
 
-def _row(
+def fold_row(
     cohort: str, data: str, feat: str, model: str, seed: int, k: int, m: dict, seconds: float
 ) -> dict[str, str]:
     return {
@@ -187,7 +187,7 @@ def _row(
 
 
 # ------------------------------------------------------------------------------------------ the table
-def _grid(rows: Sequence[dict[str, str]], model: str, metric: str) -> dict[tuple[int, int], float]:
+def paired_grid(rows: Sequence[dict[str, str]], model: str, metric: str) -> dict[tuple[int, int], float]:
     return {(int(r["seed"]), int(r["fold"])): float(r[metric]) if r[metric] else math.nan
             for r in rows if r["model"] == model}  # fmt: skip
 
@@ -202,7 +202,7 @@ def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, o
         sub = [r for r in rows if (r["cohort"], r["features"]) == (cohort, feat)]
         entry: dict[str, object] = {"data": data, "cohort": cohort, "features": feat}
         for metric in ("accuracy", "auroc"):
-            a, b = _grid(sub, "seqnorm", metric), _grid(sub, "abmil", metric)
+            a, b = paired_grid(sub, "seqnorm", metric), paired_grid(sub, "abmil", metric)
             for name, g in (("seqnorm", a), ("abmil", b)):
                 entry[f"{name}_{metric}"] = float(np.nanmean(list(g.values()))) if g else math.nan
             paired = sorted(set(a) & set(b))
