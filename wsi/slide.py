@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 from PIL import Image
@@ -22,7 +22,6 @@ from PIL import Image
 from wsi.errors import ConfigError, MissingMppError, SlideError
 from wsi.region import RegionKind, RegionPlan, best_level, plan_region
 from wsi.slide_colour import ColourFix, check_colours
-from wsi.storage.cache import hold_copy
 from wsi.storage.slides import RangeFile, check_complete, open_binary, remote_slide
 from wsi.storage.urls import Url, is_url, parse_url
 from wsi.stored_tiles import JpegTiles, jpeg_levels
@@ -72,11 +71,13 @@ class Slide:
         jpeg: dict[_XY, JpegTiles] | None = None,
         *,
         file: Path | RangeFile | None = None,
+        hold: IO[str] | None = None,
     ) -> None:
         self.path = path
         self.file = file if file is not None else Path(path)
-        # a remote slide's local copy stays in the cache while this slide is open (openslide re-opens it)
-        self._hold = hold_copy(self.file) if isinstance(path, Url) and isinstance(self.file, Path) else None
+        # a remote slide's local copy stays in the cache while this slide is open (openslide re-opens it);
+        # released by close()
+        self._hold = hold
         self.backend = backend
         self._direct: dict[int, JpegTiles] = {}
         h = self._new_handle()
@@ -322,14 +323,19 @@ def open_slide(
 def _open_remote(url: Url, backend: str, mpp: float | None, direct_jpeg: bool) -> Slide:
     """A remote slide: read by ranges (tiffslide) or from its local copy (openslide, multi-file formats;
     the copy's JPEG tiles are read directly, as a local slide's)."""
-    file = remote_slide(url, backend)
-    size = file.size if isinstance(file, RangeFile) else file.stat().st_size
-    if size == 0:
-        raise SlideError(f"{url}: the file is empty (0 bytes); upload it again")
-    if is_tiff(file):
-        check_complete(file, size, url)  # names the URL, not the cache copy
-    jpeg = jpeg_levels(file) if direct_jpeg and isinstance(file, Path) and is_tiff(file) else None
-    return Slide(url, backend, mpp, jpeg, file=file)
+    file, hold = remote_slide(url, backend)  # a local copy is held from the moment it is checked
+    try:
+        size = file.size if isinstance(file, RangeFile) else file.stat().st_size
+        if size == 0:
+            raise SlideError(f"{url}: the file is empty (0 bytes); upload it again")
+        if is_tiff(file):
+            check_complete(file, size, url)  # names the URL, not the cache copy
+        jpeg = jpeg_levels(file) if direct_jpeg and isinstance(file, Path) and is_tiff(file) else None
+        return Slide(url, backend, mpp, jpeg, file=file, hold=hold)
+    except BaseException:
+        if hold is not None:
+            hold.close()
+        raise
 
 
 # ----------------------------------------------------------------------------------------------- helpers

@@ -342,3 +342,39 @@ def test_a_copy_openslide_holds_open_is_not_evicted(
     with open_slide(f"s3://{bucket}/later/s3-c.svs", direct_jpeg=False):  # a and b closed: both may go
         pass
     assert [p.name for p in (tmp_path / "cache" / "files").rglob("*.svs")] == ["s3-c.svs"]
+
+
+def test_a_copy_is_held_before_its_entry_lock_is_let_go(
+    s3: S3Server, slides: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No moment between the check that a copy is valid and the reader's hold: an eviction by another
+    process (which needs the entry lock and no hold) in that moment would remove the copy being opened."""
+    import fcntl
+
+    from wsi.storage import cache
+    from wsi.storage.urls import parse_url
+
+    folder, bucket = slides
+    monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
+    url = parse_url(f"s3://{bucket}/slides/s3-a.svs", what="slide")
+    seen: list[bool] = []
+    take = cache._hold_entry
+
+    def hold_and_look(where: Path) -> Any:
+        with open(where / ".lock", "a+") as other:  # another process's eviction would try this first
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append(False)
+                fcntl.flock(other, fcntl.LOCK_UN)
+            except BlockingIOError:
+                seen.append(True)
+        return take(where)
+
+    monkeypatch.setattr(cache, "_hold_entry", hold_and_look)
+    for _ in range(2):  # copied now, then found in the cache
+        paths, hold = cache.held_local_copies(url.parent, [url.name], why="a test")
+        with hold, cache._unheld(cache.entry_dir(url, cache.storage_settings())) as free:
+            assert paths[0].is_file() and not free  # held: eviction passes over it
+    assert seen == [True, True]  # the entry lock was still held when the hold was taken
+    with cache._unheld(cache.entry_dir(url, cache.storage_settings())) as free:
+        assert free  # closed: evictable again

@@ -4,10 +4,10 @@ A copy lives in `<cache>/files/<sha of the URL>/` with an `entry.json` that reco
 version (ETag, generation): a copy is used again only while the remote file is unchanged, and re-fetched
 once it changed. The cache is bounded (`WSI_CACHE_GB`): before a copy is made, the least recently used
 entries go until it fits, except entries a reader holds open: openslide re-opens its file between reads,
-so a slide opened from its copy takes a shared lock on the entry (`hold_copy`, released when the slide is
-closed) and eviction passes over held entries. An entry being filled is locked too (flock), so two
-processes (embed readers, dask workers on one machine) copying the same slide wait for one download
-instead of making two.
+so a slide opened from its copy takes a shared lock on the entry (`held_local_copies`: taken before the
+entry lock is let go, released when the slide is closed) and eviction passes over held entries. An entry
+being filled is locked too (flock), so two processes (embed readers, dask workers on one machine) copying
+the same slide wait for one download instead of making two.
 """
 
 from __future__ import annotations
@@ -66,7 +66,23 @@ def local_copies(
     """Local files with the content of `folder/rel` for each rel, kept together in one entry (a DICOM
     series, an MRXS index with its data folder), in the order given. `why` says in the log why a copy is
     needed (e.g. "openslide reads local files only")."""
-    settings = settings or storage_settings()
+    return _copies(folder, rels, why=why, settings=settings or storage_settings(), hold=False)[0]
+
+
+def held_local_copies(
+    folder: Url, rels: Sequence[str], *, why: str, settings: StorageSettings | None = None
+) -> tuple[list[Path], IO[str]]:
+    """`local_copies`, with the entry held (as `hold_copy` holds it) from before the entry lock is let go:
+    no other process can evict the copy between its check and the caller's first read. Close the
+    returned file when the copy is no longer read."""
+    paths, hold = _copies(folder, rels, why=why, settings=settings or storage_settings(), hold=True)
+    assert hold is not None
+    return paths, hold
+
+
+def _copies(
+    folder: Url, rels: Sequence[str], *, why: str, settings: StorageSettings, hold: bool
+) -> tuple[list[Path], IO[str] | None]:
     key = join(folder, rels[0])  # the slide file names the entry, also for a group of files
     where = entry_dir(key, settings)
     fs, root = filesystem(folder)
@@ -81,7 +97,7 @@ def local_copies(
             p.is_file() for p in paths
         ):
             _touch(where)
-            return paths
+            return paths, _hold_entry(where) if hold else None
         need = sum(i.size for i in infos.values())
         _make_room(settings, need, keep=where)
         log.info(
@@ -102,7 +118,8 @@ def local_copies(
         write_text_atomic(where / _ENTRY, json.dumps({
             "url": str(key), "files": {rel: i.version for rel, i in infos.items()}, "bytes": need,
         }))  # fmt: skip
-    return paths
+        # taken under the entry lock, which eviction needs too: the copy cannot go before it is held
+        return paths, _hold_entry(where) if hold else None
 
 
 def _read_entry(where: Path) -> dict[str, Any]:
@@ -164,7 +181,11 @@ def hold_copy(path: Path, settings: StorageSettings | None = None) -> IO[str] | 
         rel = path.absolute().relative_to(settings.root / "files")
     except ValueError:
         return None
-    fh = open(settings.root / "files" / rel.parts[0] / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
+    return _hold_entry(settings.root / "files" / rel.parts[0])
+
+
+def _hold_entry(where: Path) -> IO[str]:
+    fh = open(where / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
     fcntl.flock(fh, fcntl.LOCK_SH)
     return fh
 
@@ -204,4 +225,4 @@ def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str |
     return str(join(Url(url).parent, inside))
 
 
-__all__ = ["entry_dir", "hold_copy", "local_copies", "local_copy", "origin_of_copy"]
+__all__ = ["entry_dir", "held_local_copies", "hold_copy", "local_copies", "local_copy", "origin_of_copy"]

@@ -9,7 +9,7 @@ local file name only, and so do DICOM series (one slide is a folder of files), M
 folder of data files) and VMS; those are copied to the local cache (`wsi.storage.cache`) first, which the
 log says with the size and the reason.
 
-    remote_slide(url, backend) -> RangeFile | Path     what `wsi.slide.open_slide` reads
+    remote_slide(url, backend) -> (RangeFile | Path, hold)  what `wsi.slide.open_slide` reads
     RangeFile(url, size, version).open()                 a fresh read handle with its own block cache
     open_binary(source)                                  a binary handle on a Path or a RangeFile
     check_complete(source, size, url)                    SlideError if the TIFF's data runs past its end
@@ -21,10 +21,10 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import IO, BinaryIO, cast
 
 from wsi.errors import SlideError
-from wsi.storage.cache import local_copies
+from wsi.storage.cache import held_local_copies
 from wsi.storage.fs import filesystem, list_files, remote_info, translated
 from wsi.storage.settings import storage_settings
 from wsi.storage.urls import Url
@@ -79,16 +79,17 @@ class RangeFile:
         return str(self.url)
 
 
-def remote_slide(url: Url, backend: str) -> RangeFile | Path:
+def remote_slide(url: Url, backend: str) -> tuple[RangeFile | Path, IO[str] | None]:
     """How to read the remote slide `url` with `backend`: a RangeFile (tiffslide, a single-file format) or
-    the path of a local copy (openslide, and formats made of several files)."""
+    the path of a local copy (openslide, and formats made of several files), with the copy's hold in the
+    cache (close it when the slide is closed; None for a RangeFile)."""
     suffix = url.suffix.lower()
     if backend == "tiffslide" and suffix not in _MULTI_FILE:
         settings = storage_settings()
         fs, path = filesystem(url)
         with translated(url, "opening the slide"):
             info = remote_info(fs, path)
-        return RangeFile(url, info.size, info.version, settings.block_bytes, settings.blocks)
+        return RangeFile(url, info.size, info.version, settings.block_bytes, settings.blocks), None
     folder = url.parent
     if suffix == ".dcm":  # a DICOM series: every instance in the folder (openslide finds them there)
         why = "a DICOM series is read from local files (openslide)"
@@ -105,7 +106,8 @@ def remote_slide(url: Url, backend: str) -> RangeFile | Path:
     else:
         why = "openslide reads local files only; --backend tiffslide reads TIFF-based slides in place"
         rels = [url.name]
-    return local_copies(folder, rels, why=why)[0]
+    paths, hold = held_local_copies(folder, rels, why=why)
+    return paths[0], hold
 
 
 #: block size of a look at a remote file's headers (TIFF IFDs, the first tile of a level)

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import numpy as np
 from PIL import Image
@@ -67,6 +67,7 @@ class DeepZoomSlide:
     path: Path | str  # a local file, or a URL (wsi.storage.Url)
     handle: Any
     generator: Any
+    hold: IO[str] | None = None  # a remote slide's local copy, held in the cache while the slide is open
 
     def dzi(self) -> str:
         return str(self.generator.get_dzi("jpeg"))
@@ -85,6 +86,8 @@ class DeepZoomSlide:
 
     def close(self) -> None:
         self.handle.close()
+        if self.hold is not None:
+            self.hold.close()
 
 
 def open_deepzoom(path: Path | str, backend: str) -> DeepZoomSlide:
@@ -92,7 +95,9 @@ def open_deepzoom(path: Path | str, backend: str) -> DeepZoomSlide:
     A URL is read by ranges (tiffslide) or from its local copy (openslide; `wsi.storage.slides`)."""
     from openslide.deepzoom import DeepZoomGenerator
 
-    file = remote_slide(parse_url(str(path), what="slide"), backend) if is_url(path) else Path(path)
+    file, hold = (
+        remote_slide(parse_url(str(path), what="slide"), backend) if is_url(path) else (Path(path), None)
+    )
     try:
         if backend == "openslide":
             import openslide
@@ -112,12 +117,16 @@ def open_deepzoom(path: Path | str, backend: str) -> DeepZoomSlide:
         generator = DeepZoomGenerator(reader, tile_size=TILE_SIZE, overlap=OVERLAP, limit_bounds=False)
     except SlideError:  # wrong colours that cannot be corrected: the message says what to do
         handle.close()
+        if hold is not None:
+            hold.close()
         raise
     except Exception as exc:  # each backend raises its own types; the page shows file + reason
+        if hold is not None:
+            hold.close()
         raise SlideError(
             f"{path}: {backend} cannot open it for viewing ({type(exc).__name__}: {exc})"
         ) from exc
-    return DeepZoomSlide(path=path, handle=handle, generator=generator)
+    return DeepZoomSlide(path=path, handle=handle, generator=generator, hold=hold)
 
 
 class DeepZoomCache:
