@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,13 +301,38 @@ def _layout(
 
 
 def save_png(path: str | os.PathLike[str], image: np.ndarray) -> None:
-    """Write an RGB uint8 image as PNG atomically.
-
-    zlib level 1 with libpng's Up filter on every row (imagecodecs): half the time of Pillow's level 1,
-    which tries each filter per row (a 1,200 x 1,344 QC picture: 46 against 90 ms CPU) for ~3% more bytes.
-    """
-    import imagecodecs  # already loaded by the slide reader (tifffile's JPEG decoder)
-
-    data = imagecodecs.png_encode(np.ascontiguousarray(image), level=1, filter=imagecodecs.PNG.FILTER.UP)
+    """Write an RGB uint8 image as PNG atomically (`png_bytes`)."""
+    data = png_bytes(image)
     with atomic_path(Path(path)) as tmp:
         tmp.write_bytes(data)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """An (H, W, 3) uint8 image as a PNG file: every row with the Up filter, compressed by libdeflate at
+    level 1 (imagecodecs). A 1,250 x 1,394 QC picture: 42 ms of CPU against 80 for libpng's zlib at level
+    1 with the same filter (itself half of Pillow's time), for ~6% more bytes; the pixels read back the
+    same. Where imagecodecs lacks libdeflate, libpng writes it."""
+    import imagecodecs  # already loaded by the slide reader (tifffile's JPEG decoder)
+
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    if image.ndim != 3 or image.shape[2] != 3 or not image.size:
+        raise ValueError(f"expected a non-empty (H, W, 3) uint8 image, got shape {image.shape}")
+    if not imagecodecs.DEFLATE.available:
+        return bytes(imagecodecs.png_encode(image, level=1, filter=imagecodecs.PNG.FILTER.UP))
+    h, w = image.shape[:2]
+    flat = image.reshape(h, w * 3)
+    rows = np.empty((h, 1 + w * 3), np.uint8)  # each row: its filter type, then the filtered bytes
+    rows[:, 0] = 2  # Up: the byte minus the one above it (modulo 256); the first row's "above" is 0
+    rows[0, 1:] = flat[0]
+    np.subtract(flat[1:], flat[:-1], out=rows[1:, 1:])
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8 bits, truecolour, deflate, no interlace
+    idat = imagecodecs.deflate_encode(rows, level=1)  # zlib-wrapped, as PNG's IDAT wants
+    return b"".join([_PNG_SIGNATURE, _chunk(b"IHDR", ihdr), _chunk(b"IDAT", idat), _chunk(b"IEND", b"")])
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    """A PNG chunk: length, type, data, CRC-32 of type and data."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(body, zlib.crc32(kind)))
