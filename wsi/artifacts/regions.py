@@ -60,7 +60,7 @@ def find_artifacts(
     rgb = block_reduce(thumb[..., :3], factor)  # float32 0-255
     at = mpp * factor
     planes = hsv(rgb)
-    region_tissue = block_reduce(tissue.astype(np.float32), factor) >= 0.5
+    region_tissue = block_reduce(tissue, factor) >= 0.5  # bool: the share of tissue pixels, float32
     masks: dict[str, np.ndarray] = {}
     border = border_regions(rgb, params=params)  # first: its black fill is not black ink
     if params.on("border"):
