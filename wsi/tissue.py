@@ -71,7 +71,7 @@ def _saturated_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
             hist, edges = np.histogram(values, bins=256, weights=counts[seen])
             centres = (edges[:-1] + edges[1:]) / 2.0
             threshold = max(threshold, float(threshold_otsu(hist=(hist, centres))))
-    return (_SATURATION > threshold)[pair] & usable
+    return (threshold < _SATURATION)[pair] & usable
 
 
 def _saturation_table() -> np.ndarray:

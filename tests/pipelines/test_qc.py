@@ -98,7 +98,9 @@ def test_params_unchanged_so_old_tile_files_still_resume() -> None:
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 3), (3, 700, 3), (1394, 1250, 3)])
-def test_png_reads_back_the_same_pixels_in_pillow_and_libpng(shape: tuple[int, int, int], tmp_path: Path) -> None:
+def test_png_reads_back_the_same_pixels_in_pillow_and_libpng(
+    shape: tuple[int, int, int], tmp_path: Path
+) -> None:
     """The QC PNG is written by our own chunk writer around libdeflate (issue 35): the file must be a valid
     PNG (Pillow and libpng both check its CRCs) holding exactly the pixels given."""
     import imagecodecs

@@ -310,3 +310,19 @@ def test_disk_morphology_by_rows_matches_the_distance_transform() -> None:
             np.testing.assert_array_equal(
                 closing(mask, r), erode_before(dilate_before(mask, r_px), r_px) | mask
             )
+
+
+@pytest.mark.parametrize("name", ["coverslip_edge_he__coverslip_edge", "coverslip_edge_ihc__coverslip_edge"])
+def test_bubble_lines_from_bytes_are_those_from_floats(histoqc: Path, name: str) -> None:
+    """find_artifacts hands bubble_regions the darkest values as bytes (closed in uint8, issue 35): the
+    same rims as the 0-1 floats it was given before, on HistoQC's real coverslip edges."""
+    from wsi.artifacts.bubbles import bubble_regions
+
+    rgb = _rgb(histoqc / f"{name}.png")
+    dark = np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
+    sat = np.zeros(dark.shape, np.float32)  # grey everywhere: every dark line is a candidate
+    tissue = tissue_mask(rgb, mpp=THUMB_MPP)
+    lines = bubble_regions(dark, sat, tissue, mpp=THUMB_MPP, params=PARAMS)
+    assert lines.any()
+    before = bubble_regions(dark.astype(np.float32) / 255.0, sat, tissue, mpp=THUMB_MPP, params=PARAMS)
+    np.testing.assert_array_equal(lines, before)

@@ -106,4 +106,4 @@ def _block_reduce_bytes(image: np.ndarray, factor: int, how: str) -> np.ndarray:
         reduce(out, columns[:, :, j], out=out)
     if how == "mean":
         out /= factor * factor
-    return out.reshape((h, w // factor) + image.shape[2:])
+    return out.reshape((h, w // factor, *image.shape[2:]))
