@@ -73,7 +73,7 @@ FATE_RGB: dict[str, tuple[int, int, int]] = {
 }
 #: the long side of the map, pixels: legible on a screen and in a report (smaller slides: their own size)
 QC_LONG_SIDE_PX = 1200
-_FILL_ALPHA = 0.25
+_FILL_ALPHA = 0.25  # `_blend` computes it in integers: change both together
 #: the legend panel is at least this wide, so its text fits however narrow the slide
 _MIN_WIDTH_PX = 760
 _FONT_PX = 20
@@ -194,7 +194,7 @@ def render_qc(
     sx, sy = scale
     line = 2 if step_px * min(sx, sy) >= 24 else 1  # thicker outlines where boxes are big enough
     for fate, rgb in FATE_RGB.items():
-        colour = np.asarray(rgb, np.float32)
+        colour = np.asarray(rgb, np.uint16) + 2
         for x, y in np.asarray(tiles.get(fate, ()), dtype=np.float64).reshape(-1, 2).tolist():
             x0, y0 = round(x * sx), round(y * sy)
             x1, y1 = round((x + step_px) * sx), round((y + step_px) * sy)
@@ -202,7 +202,7 @@ def render_qc(
             if x0 >= x1 or y0 >= y1:
                 continue
             box = img[y0:y1, x0:x1]
-            box[:] = np.clip(box * (1 - _FILL_ALPHA) + _FILL_ALPHA * colour + 0.5, 0, 255).astype(np.uint8)
+            box[:] = _blend(box, colour)
             box[:line, :] = box[-line:, :] = rgb  # outline, so neighbouring tiles stay apart
             box[:, :line] = box[:, -line:] = rgb
     if mask.shape != (h, w):
@@ -211,6 +211,17 @@ def render_qc(
     img[find_boundaries(mask, "thick" if line > 1 else "inner")] = OUTLINE_RGB
     picture = img
     return picture if legend is None else _with_legend(picture, legend)
+
+
+def _blend(box: np.ndarray, colour_plus_2: np.ndarray) -> np.ndarray:
+    """`box` blended with a colour at _FILL_ALPHA = 1/4, rounded: v * 3/4 + c / 4 + 1/2, floored, is
+    (3v + c + 2) >> 2 exactly (the float form it replaced, clipped, gives the same bytes: tested), in a
+    third fewer numpy calls per box (a 10 mm slide draws 869)."""
+    out = box.astype(np.uint16)
+    out *= 3
+    out += colour_plus_2
+    out >>= 2
+    return out
 
 
 def qc_size(level0_size: tuple[int, int], long_side_px: int = QC_LONG_SIDE_PX) -> tuple[int, int]:

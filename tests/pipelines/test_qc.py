@@ -118,3 +118,16 @@ def test_png_reads_back_the_same_pixels_in_pillow_and_libpng(
     assert np.array_equal(imagecodecs.png_decode(path.read_bytes()), image)
     with pytest.raises(ValueError, match="H, W, 3"):
         png_bytes(image[..., 0])
+
+
+def test_box_blend_in_integers_is_the_float_blend() -> None:
+    """QC boxes are blended as (3v + c + 2) >> 2 (issue 35): the bytes of the float blend at alpha 1/4,
+    rounded and clipped, for every byte value and every fate's colour."""
+    from wsi.qc import _FILL_ALPHA, _blend
+
+    assert _FILL_ALPHA == 0.25
+    values = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)[None]  # (1, 256, 3)
+    for rgb in FATE_RGB.values():
+        colour = np.asarray(rgb, np.float32)
+        floats = np.clip(values * (1 - _FILL_ALPHA) + _FILL_ALPHA * colour + 0.5, 0, 255).astype(np.uint8)
+        np.testing.assert_array_equal(_blend(values, np.asarray(rgb, np.uint16) + 2).astype(np.uint8), floats)
