@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -337,7 +337,8 @@ def png_bytes(image: np.ndarray) -> bytes:
     rows[0, 1:] = flat[0]
     np.subtract(flat[1:], flat[:-1], out=rows[1:, 1:])
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8 bits, truecolour, deflate, no interlace
-    idat = imagecodecs.deflate_encode(rows, level=1)  # zlib-wrapped, as PNG's IDAT wants
+    # zlib-wrapped, as PNG's IDAT wants; imagecodecs reads any buffer (its stub names bytes only)
+    idat = bytes(imagecodecs.deflate_encode(cast(bytes, rows), level=1))
     return b"".join([_PNG_SIGNATURE, _chunk(b"IHDR", ihdr), _chunk(b"IDAT", idat), _chunk(b"IEND", b"")])
 
 
