@@ -24,6 +24,7 @@ regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) 
     python benchmarks/tile_throughput.py            # full size
     python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
     python benchmarks/tile_throughput.py --filters  # artifact filters on vs off
+    python benchmarks/tile_throughput.py --slides 4 --backends openslide --workers 1 --no-painted  # stage/raw
     python benchmarks/tile_throughput.py --breakdown --repeat 5   # per-slide fixed costs, ms per step
     python benchmarks/tile_throughput.py --compare --repeat 5 --lazyslide-python /tmp/lzs/bin/python
 """
