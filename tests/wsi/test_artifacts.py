@@ -300,7 +300,7 @@ def test_disk_morphology_by_rows_matches_the_distance_transform() -> None:
         grown = ndimage.binary_dilation(rng.random((h, w)) < 0.03, iterations=int(rng.integers(0, 6)))
         masks.append(~grown if i % 4 == 0 else grown)
     for mask in masks:
-        for r in (5, 6, 9, 13, 40, 7.5):
+        for r in (5, 6, 9, 13, 16, 40, 7.5):
             np.testing.assert_array_equal(dilate(mask, r), dilate_before(mask, r))
             np.testing.assert_array_equal(erode(mask, r), erode_before(mask, r))
             r_px = round(r)

@@ -13,6 +13,8 @@ from wsi.morphology import dilation, erosion
 
 #: radii (px) up to this use a footprint, larger ones a distance transform
 _SMALL_R = 4
+#: ... or, up to this and whole, a row-by-row max/min (its cost grows with the radius, the transform's not)
+_ROWS_MAX_R = 16
 
 
 def _disk(r: float) -> np.ndarray:
@@ -27,7 +29,7 @@ def dilate(mask: np.ndarray, r: float) -> np.ndarray:
         return mask.copy()
     if r <= _SMALL_R:
         return np.asarray(ndimage.binary_dilation(mask, structure=_disk(r)))
-    if r == int(r):
+    if r == int(r) and r <= _ROWS_MAX_R:
         return _by_rows(mask, int(r), dilate=True)
     return np.asarray(ndimage.distance_transform_edt(~mask)) <= r
 
@@ -38,7 +40,8 @@ def erode(mask: np.ndarray, r: float) -> np.ndarray:
         return mask.copy()
     if r <= _SMALL_R:
         return np.asarray(ndimage.binary_erosion(mask, structure=_disk(r), border_value=1))
-    if r == int(r) and not mask.all():  # all mask: scipy's transform measures to the image edge instead
+    # an all-mask image: scipy's transform measures to the image edge instead, kept as it was
+    if r == int(r) and r <= _ROWS_MAX_R and not mask.all():
         return _by_rows(mask, int(r), dilate=False)
     return np.asarray(ndimage.distance_transform_edt(mask)) > r
 
