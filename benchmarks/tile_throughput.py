@@ -24,6 +24,7 @@ regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) 
     python benchmarks/tile_throughput.py            # full size
     python benchmarks/tile_throughput.py --quick    # 2 x 2 mm, seconds
     python benchmarks/tile_throughput.py --filters  # artifact filters on vs off
+    python benchmarks/tile_throughput.py --slides 4 --backends openslide --workers 1 --no-painted  # stage/raw
     python benchmarks/tile_throughput.py --breakdown --repeat 5   # per-slide fixed costs, ms per step
     python benchmarks/tile_throughput.py --compare --repeat 5 --lazyslide-python /tmp/lzs/bin/python
 """
@@ -90,7 +91,14 @@ def raw_read(
 
 
 def _measure(
-    sources: list[SlideSource], coords: np.ndarray, *, backend: str, workers: int, out: Path, repeat: int = 1
+    sources: list[SlideSource],
+    coords: np.ndarray,
+    *,
+    backend: str,
+    workers: int,
+    out: Path,
+    repeat: int = 1,
+    painted: bool = True,
 ) -> dict:
     """Raw reads, then the stage, on the same warmed-up workers (a LocalCluster started once and timed
     apart), so the rates compare work, not process start-up or imports. Medians of `repeat` rounds."""
@@ -104,7 +112,7 @@ def _measure(
         scheduler = cluster.scheduler_address
     startup_s = time.perf_counter() - start
     readers = {"raw": functools.partial(raw_read, coords=coords, backend=backend, threads=threads)}
-    if backend == "openslide":
+    if backend == "openslide" and painted:
         readers["painted"] = functools.partial(readers["raw"], direct_jpeg=False)
     times: dict[str, list[float]] = {name: [] for name in [*readers, "stage"]}
     # with one worker everything runs in this process: its CPU time (all threads) is the work done,
@@ -228,6 +236,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="timed runs, best kept (default 3, quick 1)")
     parser.add_argument("--device", default=None, help="accepted for uniformity; tiling runs on the CPU")
     parser.add_argument("--filters", action="store_true", help="time the artifact filters: stage on vs off")
+    parser.add_argument("--no-painted", action="store_true",
+                        help="skip the raw read through openslide's painting (the slowest)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true", help="ms per step of one slide (fixed costs)")
     parser.add_argument("--compare", action="store_true", help="whole process: wsi tile against LazySlide")
     parser.add_argument("--slide", type=Path, nargs="+", default=None,
@@ -274,9 +284,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
         for backend in args.backends:
             for workers in args.workers:
-                rows.append(
-                    _measure(sources, coords, backend=backend, workers=workers, out=Path(tmp), repeat=repeat)
-                )
+                row = _measure(
+                    sources, coords, backend=backend, workers=workers, out=Path(tmp), repeat=repeat,
+                    painted=not args.no_painted,
+                )  # fmt: skip
+                rows.append(row)
                 print(rows[-1], flush=True)
 
     header = ("| backend | workers | threads | tiles read | kept | raw tiles/s | raw (painted) tiles/s "

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -71,7 +73,7 @@ FATE_RGB: dict[str, tuple[int, int, int]] = {
 }
 #: the long side of the map, pixels: legible on a screen and in a report (smaller slides: their own size)
 QC_LONG_SIDE_PX = 1200
-_FILL_ALPHA = 0.25
+_FILL_ALPHA = 0.25  # `_blend` computes it in integers: change both together
 #: the legend panel is at least this wide, so its text fits however narrow the slide
 _MIN_WIDTH_PX = 760
 _FONT_PX = 20
@@ -192,7 +194,7 @@ def render_qc(
     sx, sy = scale
     line = 2 if step_px * min(sx, sy) >= 24 else 1  # thicker outlines where boxes are big enough
     for fate, rgb in FATE_RGB.items():
-        colour = np.asarray(rgb, np.float32)
+        colour = np.asarray(rgb, np.uint16) + 2
         for x, y in np.asarray(tiles.get(fate, ()), dtype=np.float64).reshape(-1, 2).tolist():
             x0, y0 = round(x * sx), round(y * sy)
             x1, y1 = round((x + step_px) * sx), round((y + step_px) * sy)
@@ -200,7 +202,7 @@ def render_qc(
             if x0 >= x1 or y0 >= y1:
                 continue
             box = img[y0:y1, x0:x1]
-            box[:] = np.clip(box * (1 - _FILL_ALPHA) + _FILL_ALPHA * colour + 0.5, 0, 255).astype(np.uint8)
+            box[:] = _blend(box, colour)
             box[:line, :] = box[-line:, :] = rgb  # outline, so neighbouring tiles stay apart
             box[:, :line] = box[:, -line:] = rgb
     if mask.shape != (h, w):
@@ -209,6 +211,17 @@ def render_qc(
     img[find_boundaries(mask, "thick" if line > 1 else "inner")] = OUTLINE_RGB
     picture = img
     return picture if legend is None else _with_legend(picture, legend)
+
+
+def _blend(box: np.ndarray, colour_plus_2: np.ndarray) -> np.ndarray:
+    """`box` blended with a colour at _FILL_ALPHA = 1/4, rounded: v * 3/4 + c / 4 + 1/2, floored, is
+    (3v + c + 2) >> 2 exactly (the float form it replaced, clipped, gives the same bytes: tested), in a
+    third fewer numpy calls per box (a 10 mm slide draws 869)."""
+    out = box.astype(np.uint16)
+    out *= 3
+    out += colour_plus_2
+    out >>= 2
+    return out
 
 
 def qc_size(level0_size: tuple[int, int], long_side_px: int = QC_LONG_SIDE_PX) -> tuple[int, int]:
@@ -299,13 +312,39 @@ def _layout(
 
 
 def save_png(path: str | os.PathLike[str], image: np.ndarray) -> None:
-    """Write an RGB uint8 image as PNG atomically.
-
-    zlib level 1 with libpng's Up filter on every row (imagecodecs): half the time of Pillow's level 1,
-    which tries each filter per row (a 1,200 x 1,344 QC picture: 46 against 90 ms CPU) for ~3% more bytes.
-    """
-    import imagecodecs  # already loaded by the slide reader (tifffile's JPEG decoder)
-
-    data = imagecodecs.png_encode(np.ascontiguousarray(image), level=1, filter=imagecodecs.PNG.FILTER.UP)
+    """Write an RGB uint8 image as PNG atomically (`png_bytes`)."""
+    data = png_bytes(image)
     with atomic_path(Path(path)) as tmp:
         tmp.write_bytes(data)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """An (H, W, 3) uint8 image as a PNG file: every row with the Up filter, compressed by libdeflate at
+    level 1 (imagecodecs). A 1,250 x 1,394 QC picture: 42 ms of CPU against 80 for libpng's zlib at level
+    1 with the same filter (itself half of Pillow's time), for ~6% more bytes; the pixels read back the
+    same. Where imagecodecs lacks libdeflate, libpng writes it."""
+    import imagecodecs  # already loaded by the slide reader (tifffile's JPEG decoder)
+
+    image = np.ascontiguousarray(image, dtype=np.uint8)
+    if image.ndim != 3 or image.shape[2] != 3 or not image.size:
+        raise ValueError(f"expected a non-empty (H, W, 3) uint8 image, got shape {image.shape}")
+    if not imagecodecs.DEFLATE.available:
+        return bytes(imagecodecs.png_encode(image, level=1, filter=imagecodecs.PNG.FILTER.UP))
+    h, w = image.shape[:2]
+    flat = image.reshape(h, w * 3)
+    rows = np.empty((h, 1 + w * 3), np.uint8)  # each row: its filter type, then the filtered bytes
+    rows[:, 0] = 2  # Up: the byte minus the one above it (modulo 256); the first row's "above" is 0
+    rows[0, 1:] = flat[0]
+    np.subtract(flat[1:], flat[:-1], out=rows[1:, 1:])
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8 bits, truecolour, deflate, no interlace
+    # zlib-wrapped, as PNG's IDAT wants; imagecodecs reads any buffer (its stub names bytes only)
+    idat = bytes(imagecodecs.deflate_encode(cast(bytes, rows), level=1))
+    return b"".join([_PNG_SIGNATURE, _chunk(b"IHDR", ihdr), _chunk(b"IDAT", idat), _chunk(b"IEND", b"")])
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    """A PNG chunk: length, type, data, CRC-32 of type and data."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(body, zlib.crc32(kind)))

@@ -95,3 +95,39 @@ def test_params_unchanged_so_old_tile_files_still_resume() -> None:
         "max_background_fraction", "max_unreadable_fraction", "min_blur_variance", "min_tissue_fraction",
         "tile_px", "tile_um", "tissue", "white_level", "artifacts",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (3, 700, 3), (1394, 1250, 3)])
+def test_png_reads_back_the_same_pixels_in_pillow_and_libpng(
+    shape: tuple[int, int, int], tmp_path: Path
+) -> None:
+    """The QC PNG is written by our own chunk writer around libdeflate (issue 35): the file must be a valid
+    PNG (Pillow and libpng both check its CRCs) holding exactly the pixels given."""
+    import imagecodecs
+
+    from wsi.qc import png_bytes, save_png
+
+    image = np.random.default_rng(len(shape) + shape[0]).integers(0, 256, shape, dtype=np.uint8)
+    image[: shape[0] // 2] //= 16  # smooth rows too, where the Up filter's differences are small
+    path = tmp_path / "qc.png"
+    save_png(path, image)
+    with Image.open(path) as png:
+        png.load()
+        assert png.mode == "RGB" and png.size == (shape[1], shape[0])
+        assert np.array_equal(np.asarray(png), image)
+    assert np.array_equal(imagecodecs.png_decode(path.read_bytes()), image)
+    with pytest.raises(ValueError, match="H, W, 3"):
+        png_bytes(image[..., 0])
+
+
+def test_box_blend_in_integers_is_the_float_blend() -> None:
+    """QC boxes are blended as (3v + c + 2) >> 2 (issue 35): the bytes of the float blend at alpha 1/4,
+    rounded and clipped, for every byte value and every fate's colour."""
+    from wsi.qc import _FILL_ALPHA, _blend
+
+    assert _FILL_ALPHA == 0.25
+    values = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)[None]  # (1, 256, 3)
+    for rgb in FATE_RGB.values():
+        colour = np.asarray(rgb, np.float32)
+        floats = np.clip(values * (1 - _FILL_ALPHA) + _FILL_ALPHA * colour + 0.5, 0, 255).astype(np.uint8)
+        np.testing.assert_array_equal(_blend(values, np.asarray(rgb, np.uint16) + 2).astype(np.uint8), floats)

@@ -257,3 +257,72 @@ def test_params_refuse_unknown_filters_and_bad_ranges() -> None:
         ArtifactParams(filters=("ink", "smudge"))
     with pytest.raises(ValueError, match="max_ink_fraction"):
         ArtifactParams(max_ink_fraction=1.5)
+
+
+@pytest.mark.parametrize("factor", [2, 3, 5, 16])
+@pytest.mark.parametrize("how", ["mean", "min", "max"])
+def test_block_reduce_of_bytes_matches_the_slice_per_offset_sum(factor: int, how: str) -> None:
+    """uint8 and bool images take a rows-then-columns path (issue 35): the same values as the float path,
+    edges padded, on RGB and single-channel images."""
+    from wsi.artifacts.morph import block_reduce
+
+    rng = np.random.default_rng(factor)
+    rgb = rng.integers(0, 256, (47, 61, 3), dtype=np.uint8)
+    mask = rng.random((45, 50)) < 0.4
+    for image in (rgb, mask, rgb[..., 1]):
+        fast = block_reduce(image, factor, how)
+        slow = block_reduce(image.astype(np.float32), factor, how)  # the slice-per-offset path
+        if how == "mean":
+            assert fast.dtype == np.float32
+            np.testing.assert_array_equal(fast, slow)
+        else:
+            assert fast.dtype == image.dtype
+            np.testing.assert_array_equal(fast.astype(np.float32), slow)
+
+
+def test_disk_morphology_by_rows_matches_the_distance_transform() -> None:
+    """Whole-pixel radii past the footprint range dilate and erode row by row (issue 35): the same pixels
+    as the Euclidean distance transform they replaced, at the image edges and on empty or full masks."""
+    from scipy import ndimage
+
+    from wsi.artifacts.morph import closing, dilate, erode, opening
+
+    def dilate_before(mask: np.ndarray, r: float) -> np.ndarray:
+        return mask.copy() if not mask.any() else ndimage.distance_transform_edt(~mask) <= r
+
+    def erode_before(mask: np.ndarray, r: float) -> np.ndarray:
+        return mask.copy() if not mask.any() else ndimage.distance_transform_edt(mask) > r
+
+    rng = np.random.default_rng(3)
+    masks = [np.zeros((30, 40), bool), np.ones((30, 40), bool)]
+    for i in range(24):
+        h, w = rng.integers(12, 90, 2)
+        grown = ndimage.binary_dilation(rng.random((h, w)) < 0.03, iterations=int(rng.integers(0, 6)))
+        masks.append(~grown if i % 4 == 0 else grown)
+    for mask in masks:
+        for r in (5, 6, 9, 13, 16, 40, 7.5):
+            np.testing.assert_array_equal(dilate(mask, r), dilate_before(mask, r))
+            np.testing.assert_array_equal(erode(mask, r), erode_before(mask, r))
+            r_px = round(r)
+            np.testing.assert_array_equal(
+                opening(mask, r), dilate_before(erode_before(mask, r_px), r_px) & mask
+            )
+            np.testing.assert_array_equal(
+                closing(mask, r), erode_before(dilate_before(mask, r_px), r_px) | mask
+            )
+
+
+@pytest.mark.parametrize("name", ["coverslip_edge_he__coverslip_edge", "coverslip_edge_ihc__coverslip_edge"])
+def test_bubble_lines_from_bytes_are_those_from_floats(histoqc: Path, name: str) -> None:
+    """find_artifacts hands bubble_regions the darkest values as bytes (closed in uint8, issue 35): the
+    same rims as the 0-1 floats it was given before, on HistoQC's real coverslip edges."""
+    from wsi.artifacts.bubbles import bubble_regions
+
+    rgb = _rgb(histoqc / f"{name}.png")
+    dark = np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2])
+    sat = np.zeros(dark.shape, np.float32)  # grey everywhere: every dark line is a candidate
+    tissue = tissue_mask(rgb, mpp=THUMB_MPP)
+    lines = bubble_regions(dark, sat, tissue, mpp=THUMB_MPP, params=PARAMS)
+    assert lines.any()
+    before = bubble_regions(dark.astype(np.float32) / 255.0, sat, tissue, mpp=THUMB_MPP, params=PARAMS)
+    np.testing.assert_array_equal(lines, before)

@@ -229,3 +229,18 @@ def test_hsv_equals_the_reference_on_every_colour() -> None:
         rgb = np.stack(np.meshgrid(reds, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
         for new, old in zip(hsv(rgb), _reference_hsv(rgb), strict=True):
             assert np.array_equal(new, old)
+
+
+def test_sampled_laplacian_is_the_grayscale_one_within_rounding(real_tiles: np.ndarray) -> None:
+    """The shortcut's Laplacian (per channel in integers, then weighted) is the exact filter's (of the
+    float32 grayscale) to within 0.01 a pixel on real H&E, so MARGIN (1% of the threshold) covers it."""
+    from wsi.blur import GRAY
+
+    tiles = real_tiles[:32].astype(np.float32)
+    def laplacian(x: np.ndarray) -> np.ndarray:
+        return 4 * x[:, 1:-1, 1:-1] - x[:, :-2, 1:-1] - x[:, 2:, 1:-1] - x[:, 1:-1, :-2] - x[:, 1:-1, 2:]
+
+    exact = laplacian(tiles @ GRAY)
+    weighted = laplacian(real_tiles[:32].astype(np.int16)).astype(np.float32) @ GRAY
+    assert np.abs(weighted - exact).max() < 0.01
+    assert np.abs(exact).max() > 50  # real texture, not a flat tile

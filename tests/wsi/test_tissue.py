@@ -95,3 +95,44 @@ def test_dark_background_mask_finds_what_shines() -> None:
     mask = tissue_mask(thumb, mpp=8.0, dark=True)
     assert mask[50:150, 40:140].mean() > 0.98 and mask[:, 170:].mean() == 0.0
     assert not tissue_mask(np.full((100, 100, 3), 8, np.uint8), mpp=8.0, dark=True).any()  # blank: none
+
+
+def _otsu_mask_before(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
+    """The saturation split as it was computed pixel by pixel (issue 35's reference)."""
+    from skimage.filters import threshold_otsu
+
+    sat = saturation(rgb)
+    usable = np.asarray(rgb.max(axis=-1)) > params.dark_level
+    values = sat[usable]
+    threshold = params.min_saturation
+    if values.size and float(values.max()) > float(values.min()):
+        threshold = max(threshold, float(threshold_otsu(values)))
+    return (sat > threshold) & usable
+
+
+@pytest.mark.parametrize("case", ["fragment", "noise", "flat", "two values", "dark", "pale", "real"])
+def test_saturation_split_by_channel_pairs_matches_pixel_by_pixel(case: str, shared_data) -> None:
+    """`_saturated_pixels` builds Otsu's histogram from (brightest, darkest) channel pair counts: the
+    same mask as the per-pixel computation on any image (issue 35)."""
+    from wsi.slide import open_slide
+    from wsi.thumbnail import read_thumbnails
+    from wsi.tissue import _saturated_pixels
+
+    rng = np.random.default_rng(7)
+    images = {
+        "fragment": [_thumb()],
+        "noise": [rng.integers(0, 256, (120, 130, 3), dtype=np.uint8)],
+        "flat": [np.full((30, 40, 3), 240, np.uint8)],
+        "two values": [np.where(rng.random((30, 40, 1)) < 0.5, 240, 120).repeat(3, axis=2).astype(np.uint8)],
+        "dark": [rng.integers(0, 40, (50, 60, 3), dtype=np.uint8)],  # mostly under dark_level
+        "pale": [np.clip(rng.normal(235, 6, (80, 90, 3)), 0, 255).astype(np.uint8)],
+    }
+    if case == "real":
+        images["real"] = []
+        for name in ("CMU-1-Small-Region.svs", "tcga-cr-7395-01a-01-ts1.svs"):  # the TCGA crop has no mpp
+            with open_slide(shared_data / "slides" / name, mpp=0.25) as slide:
+                [thumb] = read_thumbnails(slide, (4.0,))
+                images["real"].append(thumb.image)
+    for params in (TissueParams(), TissueParams(min_saturation=0.0, dark_level=0)):
+        for rgb in images[case]:
+            np.testing.assert_array_equal(_saturated_pixels(rgb, params), _otsu_mask_before(rgb, params))

@@ -60,7 +60,7 @@ def find_artifacts(
     rgb = block_reduce(thumb[..., :3], factor)  # float32 0-255
     at = mpp * factor
     planes = hsv(rgb)
-    region_tissue = block_reduce(tissue.astype(np.float32), factor) >= 0.5
+    region_tissue = block_reduce(tissue, factor) >= 0.5  # bool: the share of tissue pixels, float32
     masks: dict[str, np.ndarray] = {}
     border = border_regions(rgb, params=params)  # first: its black fill is not black ink
     if params.on("border"):
@@ -76,12 +76,13 @@ def find_artifacts(
         # each block's darkest value per channel: a line thinner than a block keeps its contrast and its
         # own colour (a grey rim stays grey; a purple alveolar wall stays purple, where the block's mean
         # mixes it with the glass beside it into grey)
-        low = block_reduce(thumb[..., :3], factor, how="min").astype(np.float32)
-        high = np.maximum(np.maximum(low[..., 0], low[..., 1]), low[..., 2])
-        least = np.minimum(np.minimum(low[..., 0], low[..., 1]), low[..., 2])
+        low = block_reduce(thumb[..., :3], factor, how="min")  # uint8
+        high_u8 = np.maximum(np.maximum(low[..., 0], low[..., 1]), low[..., 2])
+        high = high_u8.astype(np.float32)
+        least = np.minimum(np.minimum(low[..., 0], low[..., 1]), low[..., 2]).astype(np.float32)
         line_sat = np.where(high > 0, (high - least) / np.maximum(high, 1.0), 0.0)  # HSV saturation
-        darkest = high / 255.0
-        masks["bubble"] = bubble_regions(darkest, line_sat, region_tissue, mpp=at, params=params)
+        # the darkest values, 0-255: bubble_regions closes them in bytes and scales them as high / 255
+        masks["bubble"] = bubble_regions(high_u8, line_sat, region_tissue, mpp=at, params=params)
     if params.on("dust"):
         masks["dust"] = dust_regions(region_tissue, mpp=at, params=params)
     return ArtifactMaps({name: masks[name] for name in FILTERS if name in masks}, scale=1.0 / factor)
