@@ -83,6 +83,7 @@ def _saturation_table() -> np.ndarray:
 
 
 _SATURATION = _saturation_table()
+_SATURATION.setflags(write=False)  # a constant table, shared read-only
 
 
 def _bright_pixels(rgb: np.ndarray, params: TissueParams) -> np.ndarray:
