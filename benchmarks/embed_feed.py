@@ -53,6 +53,7 @@ from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, dec
 from wsi.pipelines.embed.device_decode.tile_bytes import cell_table
 from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime
 from wsi.pipelines.embed.feed import iter_batches
+from wsi.slide import open_slide
 
 log = logging.getLogger("embed_feed")
 READS = (
@@ -225,9 +226,12 @@ def time_together(slides: list[SlideTiles], rt, args: argparse.Namespace, device
     feed = time.perf_counter() - t0
     if got != n:
         raise RuntimeError(f"feed delivered {got} of {n} tiles")
+    with open_slide(slides[0].slide_path) as slide:  # bags record the slide's level-0 size
+        size = slide.dimensions
     works = [SlideWork((SlideJob(tiles=st, bag_path=folder / f"{st.slide_id}.h5",
                                  coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
-                                 tile_params={"benchmark": True}),)) for st in slides]  # fmt: skip
+                                 tile_params={"benchmark": True}, level0_size=size),))
+             for st in slides]  # fmt: skip
     options = EmbedOptions(encoder=rt.encoder.name, random_init=True, batch_size=args.batch_size,
                            readers=args.readers, dtype="float16", decode="device")  # fmt: skip
     t0 = time.perf_counter()
