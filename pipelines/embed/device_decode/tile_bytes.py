@@ -56,8 +56,11 @@ class JpegLevel(Protocol):
 MAX_GAP = 32 * 1024
 #: segments per preadv call (a cell, or the gap bytes before it): the kernel's IOV_MAX
 MAX_SEGMENTS_PER_READ = min(IOV_MAX, 1024)
-#: SOI, the APP0 marker and "JFIF" as the little-endian integers _view gathers
-_SOI16, _APP0_16, _JFIF32 = (int.from_bytes(b, "little") for b in (SOI, b"\xff\xe0", b"JFIF"))
+#: SOI as the little-endian integer _view gathers
+_SOI16 = int.from_bytes(SOI, "little")
+#: the first 11 bytes of a tile with a JFIF segment, and which of them say so (APP0 marker, "JFIF\0")
+_JFIF_HEAD = np.frombuffer(SOI + b"\xff\xe0\x00\x00JFIF\x00", np.uint8)
+_JFIF_MASK = np.frombuffer(b"\x00\x00\xff\xff\x00\x00\xff\xff\xff\xff\xff", np.uint8)
 
 
 class Streams(NamedTuple):
@@ -193,16 +196,18 @@ def read_streams(
     buf = data.numpy()
     full = _read(fd, off, end, dst, runs, gap, whole, buf, data.data_ptr(), scratch)
     at = dst if full is None else np.where(full, dst, 0)  # None: all read whole; 0: not read, not looked at
-    ok = _view(buf, "<u2")[at] == _SOI16 if len(at) else np.ones(0, bool)
+    ok = _view(buf, "<u2")[at] == _SOI16
     if full is not None:
         ok &= full
+    every = bool(ok.all())
     skip = _jfif_skip(buf, at, cnt, ok) if rgb else 0
-    starts = dst - (n_head - 2) + skip
+    starts, length = dst - (n_head - 2) + skip, cnt + (n_head - 2) - skip
     if not whole:  # the header over each tile's SOI (and a dropped JFIF segment)
-        _view(buf, np.uint8, n_head)[starts if ok.all() else starts[ok]] = np.frombuffer(header, np.uint8)
+        _view(buf, np.uint8, n_head)[starts if every else starts[ok]] = np.frombuffer(header, np.uint8)
+    if not every:
+        starts, length = np.where(ok, starts, 0), np.where(ok, length, 0)
     out_starts, lengths = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
-    out_starts[order] = np.where(ok, starts, 0)
-    lengths[order] = np.where(ok, n_head - 2 + cnt - skip, 0)
+    out_starts[order], lengths[order] = starts, length
     return Streams(data, out_starts, lengths, missing)
 
 
@@ -221,16 +226,18 @@ def _jfif_skip(buf: np.ndarray, at: np.ndarray, counts: np.ndarray, ok: np.ndarr
     """Bytes of a JFIF APP0 segment right after each tile's SOI, which complete_jpeg drops from RGB
     tiles (JFIF would make decoders take them for YCbCr); 0 where there is none (0 alone: none at all)."""
     can = ok & (counts >= 11)  # SOI, APP0 marker, length, "JFIF\0": shorter bodies never match
-    a = at if can.all() else at[can]
-    if not len(a):
+    every = bool(can.all())
+    a, n = (at, counts) if every else (at[can], counts[can])
+    head = _view(buf, np.uint8, 11)[a]  # (m, 11) each tile's first bytes: one gather
+    jfif = ~((head ^ _JFIF_HEAD) & _JFIF_MASK).any(axis=1)
+    if not jfif.any():  # Aperio's tiles have no APP0 segment
         return 0
-    app0 = _view(buf, "<u2")[a + 2] == _APP0_16  # most (Aperio) tiles have none: one look settles them
-    if not app0.any():
-        return 0
-    jfif = app0 & (_view(buf, "<u4")[a + 6] == _JFIF32) & (buf[a + 10] == 0)
-    seg = 2 + _view(buf, ">u2")[a + 4].astype(np.int64)  # marker + its length field's value
+    seg = 2 + head[:, 4].astype(np.int64) * 256 + head[:, 5]  # marker + its length field's value
+    got = np.where(jfif, np.minimum(seg, n - 2), 0)  # complete_jpeg's slice clips too
+    if every:
+        return got
     skip = np.zeros(len(counts), np.int64)
-    skip[can] = np.where(jfif, np.minimum(seg, counts[can] - 2), 0)  # complete_jpeg's slice clips too
+    skip[can] = got
     return skip
 
 
