@@ -165,19 +165,24 @@ def read_streams(
     what is left to gain over a plain pread loop (benchmarks/embed_feed.py).
     """
     offsets, counts = np.asarray(offsets, np.int64), np.asarray(counts, np.int64)
-    order = np.argsort(offsets, kind="stable")  # file order
-    off, cnt = offsets[order], counts[order]
     missing = np.zeros(len(counts), bool)
-    if len(off) and (off[0] == 0 or cnt.min() <= 2):  # not held or too short: no stream (sorted: off[0])
+    order = None  # which cell each read one is (None: all, as given)
+    if len(counts) and (counts.min() <= 2 or not offsets.all()):  # not held or too short: no stream
         missing = (counts == 0) | (offsets == 0)
-        keep = (cnt > 2) & (off != 0)
-        order, off, cnt = order[keep], off[keep], cnt[keep]
+        order = np.flatnonzero((counts > 2) & ~missing)
+    off, cnt = (offsets, counts) if order is None else (offsets[order], counts[order])
     if not len(off):
         return Streams(
             batch_buffer(0), np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64), missing
         )
     end = off + cnt
     gap = off[1:] - end[:-1]  # bytes between a cell and the one before it
+    if (gap < 0).any():  # not in file order (row-major cells mostly are): sorted, neighbours read together
+        by_offset = np.argsort(off, kind="stable")
+        order = by_offset if order is None else order[by_offset]
+        off, cnt = off[by_offset], cnt[by_offset]
+        end = off + cnt
+        gap = off[1:] - end[:-1]  # < 0 now only where cells share bytes: each starts a read
     runs = np.zeros(1, np.int64)  # first cell of each read: all in one when the tiles are back to back
     if gap.any():
         runs = np.flatnonzero(np.concatenate([[True], (gap < 0) | (gap > MAX_GAP)]))
@@ -206,6 +211,8 @@ def read_streams(
         _view(buf, np.uint8, n_head)[starts if every else starts[ok]] = np.frombuffer(header, np.uint8)
     if not every:
         starts, length = np.where(ok, starts, 0), np.where(ok, length, 0)
+    if order is None:
+        return Streams(data, starts, length, missing)
     out_starts, lengths = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
     out_starts[order], lengths[order] = starts, length
     return Streams(data, out_starts, lengths, missing)
