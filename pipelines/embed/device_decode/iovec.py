@@ -21,13 +21,23 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from typing import Any
 
 import numpy as np
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+def _iov_max() -> int:
+    try:
+        n = os.sysconf("SC_IOV_MAX")
+    except (AttributeError, ValueError, OSError):  # no sysconf, or no such name here
+        n = -1
+    return n if n > 0 else 1024  # POSIX's minimum is 16; every Linux and macOS has 1024
 
 
-def _libc_preadv():  # the 64-bit-offset symbol where libc has both (32-bit glibc)
+IOV_MAX = _iov_max()
+
+
+def _libc_preadv() -> Any:  # the 64-bit-offset symbol where libc has both (32-bit glibc)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
@@ -44,7 +54,7 @@ def _libc_preadv():  # the 64-bit-offset symbol where libc has both (32-bit glib
 _PREADV = _libc_preadv()
 
 
-def address(buf) -> int:
+def address(buf: bytearray | memoryview | np.ndarray) -> int:
     """The address of a writable buffer's (bytearray, memoryview, ndarray) first byte."""
     return np.frombuffer(buf, np.uint8).ctypes.data if len(buf) else 0
 
