@@ -160,9 +160,10 @@ def read_streams(
     Tiles that are complete streams already (no JPEGTables, not RGB: header is SOI alone) are read in
     the file's own layout, one segment per run of neighbours (gaps included): no work per tile at all.
     Others get HEAD - 2 bytes of room before each tile for the header, which is then written over every
-    tile at once. Every step is one numpy operation over the batch, none runs per tile, and the common
-    case (every cell held, tiles back to back in the file) takes the fewest: a batch's fixed cost is
-    what is left to gain over a plain pread loop (benchmarks/embed_feed.py).
+    tile at once. Every step is one numpy operation over the batch (none runs per tile; only cells a
+    truncated file cuts short are read again one by one), and the common case (every cell held, tiles
+    in file order) takes the fewest: a batch's fixed cost is what is left between this and a plain
+    pread loop (benchmarks/embed_feed.py).
     """
     offsets, counts = np.asarray(offsets, np.int64), np.asarray(counts, np.int64)
     missing = np.zeros(len(counts), bool)
