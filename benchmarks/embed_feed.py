@@ -25,7 +25,8 @@ Together: `feed` (iter_batches with --readers processes + decode-ahead: tiles on
 one process, so the machine's load hits them alike; the tables give medians.
 
     python benchmarks/embed_feed.py --quick                        # seconds, CPU
-    python benchmarks/embed_feed.py --device cpu                   # the docs/benchmarks.md table
+    python benchmarks/embed_feed.py --device cpu --rounds 41 --no-together   # docs/benchmarks.md reads
+    python benchmarks/embed_feed.py --device cpu                   # every step, and together
     python benchmarks/embed_feed.py --device cuda --readers 8      # one GPU
 """
 
