@@ -9,6 +9,8 @@ tiles at 1 um/px, so every tile is read from the 0.92 um/px level and resized. S
                   each dropped at once, so malloc hands back the same cache-hot block every time)
   read (before)   the reader before issue 34 (benchmarks/_feed_legacy.py: an object per tile, a pread
                   and a bytes join per JPEG tile)
+  read (7ae3dd4)  RawSlideReader.read of commit 7ae3dd4 (benchmarks/_feed_previous.py: os.preadv with a
+                  memoryview per tile, the stream header written tile by tile)
   read            today's RawSlideReader.read: the batch's compressed tiles in a few large reads,
                   completed in place, plus the pinned copy on CUDA (the feed's CPU side per reader)
   to device       the batch's bytes from pinned memory to the device (CUDA only)
@@ -23,7 +25,8 @@ Together: `feed` (iter_batches with --readers processes + decode-ahead: tiles on
 one process, so the machine's load hits them alike; the tables give medians.
 
     python benchmarks/embed_feed.py --quick                        # seconds, CPU
-    python benchmarks/embed_feed.py --device cpu                   # the docs/benchmarks.md table
+    python benchmarks/embed_feed.py --device cpu --rounds 41 --no-together   # docs/benchmarks.md reads
+    python benchmarks/embed_feed.py --device cpu                   # every step, and together
     python benchmarks/embed_feed.py --device cuda --readers 8      # one GPU
 """
 
@@ -44,23 +47,27 @@ import numpy as np
 import torch
 
 from _feed_legacy import legacy_read
+from _feed_previous import read as previous_read
 from _machine import cpu_model
 from embed_throughput import SLIDE_MPP, _slide_jobs, random_encoder
 from wsi.bags import BagProvenance, write_bag
 from wsi.pipelines.devices import resolve_device
-from wsi.pipelines.embed.batches import SlideTiles
+from wsi.pipelines.embed.batches import RawBatch, SlideTiles
 from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, decode_ahead
 from wsi.pipelines.embed.device_decode.tile_bytes import cell_table
 from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime
 from wsi.pipelines.embed.feed import iter_batches
+from wsi.slide import open_slide
 
 log = logging.getLogger("embed_feed")
 READS = (
     "pread",
     "pread, bytes dropped",
     "read (before)",
+    "read (7ae3dd4)",
     "read",
     "read (before), Aperio tiles",
+    "read (7ae3dd4), Aperio tiles",
     "read, Aperio tiles",
 )
 #: stands in for an Aperio JPEGTables tag (CMU-1's is 289 bytes): SOI, tables, EOI
@@ -85,8 +92,8 @@ def byte_ranges(reader: RawSlideReader, spans: list[tuple[int, int]]) -> list[li
 
 def time_reads(reader: RawSlideReader, spans: list[tuple[int, int]], pin: bool, rounds: int) -> dict:
     """Wall and CPU seconds of one pass over all batches, per round, for the pread loop, the reader
-    before issue 34 and today's, on this slide's tiles as they are and as abbreviated Aperio tiles
-    (a 289-byte JPEGTables header, RGB: the per-tile path)."""
+    before issue 34, at commit 7ae3dd4 and today's, on this slide's tiles as they are and as abbreviated
+    Aperio tiles (a 289-byte JPEGTables header, RGB: the per-tile path)."""
     ranges = byte_ranges(reader, spans)
     fd = reader._fd
     aperio = RawSlideReader.open(reader.st)  # its own file handle
@@ -112,10 +119,11 @@ def time_reads(reader: RawSlideReader, spans: list[tuple[int, int]], pin: bool, 
 
         return run
 
-    def today(r: RawSlideReader) -> Callable[[], None]:
+    def today(r: RawSlideReader, read: Callable[[RawSlideReader, int, int], RawBatch] = RawSlideReader.read
+              ) -> Callable[[], None]:  # fmt: skip
         def run() -> None:
             for start, stop in spans:
-                raw = r.read(start, stop)
+                raw = read(r, start, stop)
                 if pin:
                     raw.pin_memory()
 
@@ -123,8 +131,9 @@ def time_reads(reader: RawSlideReader, spans: list[tuple[int, int]], pin: bool, 
 
     fns: dict[str, Callable[[], None]] = {
         "pread": pread, "pread, bytes dropped": pread_dropped, "read (before)": before(reader),
-        "read": today(reader),
-        "read (before), Aperio tiles": before(aperio), "read, Aperio tiles": today(aperio),
+        "read (7ae3dd4)": today(reader, previous_read), "read": today(reader),
+        "read (before), Aperio tiles": before(aperio),
+        "read (7ae3dd4), Aperio tiles": today(aperio, previous_read), "read, Aperio tiles": today(aperio),
     }  # fmt: skip
     for fn in fns.values():  # warm: the file in the page cache, code paths loaded
         fn()
@@ -225,9 +234,12 @@ def time_together(slides: list[SlideTiles], rt, args: argparse.Namespace, device
     feed = time.perf_counter() - t0
     if got != n:
         raise RuntimeError(f"feed delivered {got} of {n} tiles")
+    with open_slide(slides[0].slide_path) as slide:  # bags record the slide's level-0 size
+        size = slide.dimensions
     works = [SlideWork((SlideJob(tiles=st, bag_path=folder / f"{st.slide_id}.h5",
                                  coords_um=(st.coords_px * SLIDE_MPP).astype(np.float32),
-                                 tile_params={"benchmark": True}),)) for st in slides]  # fmt: skip
+                                 tile_params={"benchmark": True}, level0_size=size),))
+             for st in slides]  # fmt: skip
     options = EmbedOptions(encoder=rt.encoder.name, random_init=True, batch_size=args.batch_size,
                            readers=args.readers, dtype="float16", decode="device")  # fmt: skip
     t0 = time.perf_counter()
@@ -284,11 +296,12 @@ def report(reads: dict, steps: dict, n_read: int, n_enc: int, together: dict | N
     lines += [f"- {k}: {v:,.0f} tiles/s" + (" **<- bounds**" if k == bound else "") for k, v in stage.items()]
     for suffix in ("", ", Aperio tiles"):
         ratio, cpu_ratio = vs_pread(f"read{suffix}", "seconds"), vs_pread(f"read{suffix}", "cpu")
-        before = f"read (before){suffix}"
+        before, previous = f"read (before){suffix}", f"read (7ae3dd4){suffix}"
         speedup = med[before] / med[f"read{suffix}"]
         lines += ["", f"read{suffix} / pread = {ratio:.2f}, CPU {cpu_ratio:.2f} (goal >= 0.80: "
-                  f"{'met' if min(ratio, cpu_ratio) >= 0.8 else 'NOT met'}); before / pread = "
-                  f"{vs_pread(before, 'seconds'):.2f}; today / before = {speedup:.1f}x"]  # fmt: skip
+                  f"{'met' if min(ratio, cpu_ratio) >= 0.8 else 'NOT met'}); 7ae3dd4 / pread = "
+                  f"{vs_pread(previous, 'seconds'):.2f}, CPU {vs_pread(previous, 'cpu'):.2f}; before / "
+                  f"pread = {vs_pread(before, 'seconds'):.2f}; today / before = {speedup:.1f}x"]  # fmt: skip
     if together:
         lines.append(f"end2end / bound = {together['tiles'] / together['end2end'] / stage[bound]:.2f}")
     return "\n".join(lines)

@@ -193,11 +193,11 @@ def _expected(fd: int, offset: int, count: int, tables: bytes | None, rgb: bool)
 
 @pytest.mark.parametrize("tables", [None, SOI + b"\xff\xdb\x00\x05abc" + b"\xff\xd9"])
 @pytest.mark.parametrize("rgb", [False, True])
-@pytest.mark.parametrize("per_read", [500, 2])
+@pytest.mark.parametrize("per_read", [1024, 2, 3])
 def test_read_streams_equal_complete_jpeg_of_each_pread(
     tmp_path: Path, monkeypatch, tables, rgb, per_read
 ) -> None:
-    monkeypatch.setattr(tile_bytes, "MAX_CELLS_PER_READ", per_read)
+    monkeypatch.setattr(tile_bytes, "MAX_SEGMENTS_PER_READ", per_read)
     jfif = SOI + b"\xff\xe0\x00\x10JFIF\x00\x01\x02\x00\x00\x01\x00\x01\x00\x00" + b"\xff\xdbrest-of-tile"
     bad_jfif = SOI + b"\xff\xe0\xff\xf0JFIF\x00" + b"xy"  # a length past the tile's end: clipped
     a, b, c, d, e = _jpeg(1, 300), _jpeg(2, 40), _jpeg(3, 1000), _jpeg(4, 77), _jpeg(5, 500)

@@ -17,6 +17,7 @@ One idea per module, in the order a batch meets them:
                  (runs in reader workers; None: not a tiled JPEG TIFF, use the CPU path)
   tile_bytes.py  the JPEG cells of a batch, each once, in coalesced reads, completed in place (as arrays:
                  no object per tile; benchmarks/embed_feed.py measures it against a plain pread loop)
+  iovec.py       preadv(fd, iov, offset): one read into many pieces of memory, the iovec array from numpy
   codecs.py      JPEG batch decoders behind one signature: torchvision (default), nvImageCodec
   decoder.py     DeviceDecoder(device, codec).decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool)
   resample.py    the PIL arithmetic (block means, resampling weights) as batched torch operations

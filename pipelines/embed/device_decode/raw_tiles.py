@@ -154,8 +154,7 @@ class RawSlideReader:
             self._slide = _SlidePlans.of(self.plans(0, st.n), lv)
         sp = self._slide
         gh, gw = sp.extent[start:stop].max(axis=0, initial=1).tolist()  # this batch's table: no wider
-        table, cells = table_of_keys(sp.keys[start:stop, :gh, :gw], lv.n_cols)
-        flat = cells[:, 1] * lv.n_cols + cells[:, 0]
+        table, cells, flat = table_of_keys(sp.keys[start:stop, :gh, :gw], lv.n_cols)
         streams = read_streams(
             self._fd, lv.offsets[flat], lv.counts[flat], stream_header(lv.tables, lv.rgb), lv.rgb,
             self._scratch,
