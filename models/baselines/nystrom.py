@@ -15,6 +15,11 @@ numbers:
   taken over the whole tensor: over every head (and, in the authors' code, every bag of a batch; ours
   takes them per bag, which is the same for TransMIL's one bag at a time).
 
+Short bags: a bag of n tokens pads to m rows when n < m, so most landmarks are made of padding
+only; `core` runs the pinv on the landmark matrix with those as one index (the same polynomial, the
+same output and gradients to float32 rounding; tests/models/test_mil_baselines.py), which made a CPU
+training step on a 36-tile bag about 10x faster (docs/benchmarks.md).
+
 The core runs in float32 with autocast off (bf16 would break the pinv iterations). `forward_lean`
 computes the same output for one bag without gradients in O(n dim) memory: one head and one chunk of
 queries at a time, never the (heads, n, m) similarity matrices (TransMIL's inference on long bags).
