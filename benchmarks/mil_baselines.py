@@ -20,7 +20,7 @@ its maximum resident set minus the resident set before the forward).
 
     python benchmarks/mil_baselines.py --out OUT                    # accuracy, the documented sets
     python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --seeds 2 --out OUT
-    python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --seeds 3 --from-seed 2 \
+    python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --seeds 3 --from-seed 2 \\
         --out OUT2                                                  # seed 2 beside a run of seeds 0-1
     python benchmarks/mil_baselines.py --table OUT/mil_baselines.csv   # the table of finished rows
     python benchmarks/mil_baselines.py --cost OUT                   # time and memory, 10k/100k tiles
