@@ -354,7 +354,7 @@ def test_a_copy_is_held_before_its_entry_lock_is_let_go(
     from wsi.storage import cache
     from wsi.storage.urls import parse_url
 
-    folder, bucket = slides
+    _, bucket = slides
     monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
     url = parse_url(f"s3://{bucket}/slides/s3-a.svs", what="slide")
     seen: list[bool] = []
