@@ -65,16 +65,6 @@ def _layout(p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.
     return rows, per_row, per_centre, per_column, per_row.sum(axis=1)
 
 
-@functools.lru_cache(maxsize=8)
-def _block_rows(p: int) -> np.ndarray:
-    """(4, P) 0/1: which tile rows (1 + r*k .. (r+1)*k) make each block row (k = (P - 2) // 4)."""
-    k = (p - 2) // _GRID
-    out = np.zeros((_GRID, p), np.float64)
-    for r in range(_GRID):
-        out[r, 1 + r * k : 1 + (r + 1) * k] = 1.0
-    return out
-
-
 def surely_kept(
     tiles: np.ndarray, *, white_level: int, max_background_fraction: float, min_blur_variance: float
 ) -> np.ndarray:
@@ -106,7 +96,9 @@ def surely_kept(
         per_row_seen = whole_tissue @ per_column  # (b', P, 5)
         glass = p * p - per_row_seen[..., _GRID].sum(axis=1, dtype=np.float64)
         not_background[unsure] = glass / (p * p) <= max_background_fraction
-        n_high[unsure] = _block_rows(p) @ per_row_seen[..., :_GRID].astype(np.float64)
+        # the same 0/1 tile-row -> block matrix as per_column's block columns (blocks are square)
+        block_rows = per_column[:, :_GRID].T.astype(np.float64)  # (4, P)
+        n_high[unsure] = block_rows @ per_row_seen[..., :_GRID].astype(np.float64)
         votes[unsure] = n_high[unsure] >= quarter
     # the Laplacian at the centre rows, over tissue pixels: exact in integers per channel, then weighted
     # as the grayscale is (the Laplacian is linear; it differs from the exact filter's, which rounds the
