@@ -16,6 +16,9 @@ detection and filtering shows.
 With --filters it instead times the stage with the artifact filters (wsi.artifacts) on and off, side
 by side (alternating runs, best of --repeat each), and prints their ratio: what the filters cost.
 
+With --ceiling it times the stage (one worker) as it is and with its filters and/or QC outputs taken
+out (`tile_ceiling.py`), beside the raw read: the highest stage/raw that faster filters or QC could give.
+
 With --breakdown it times each per-slide step of the stage (open, thumbnail, tissue mask, artifact
 regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) on CMU-1-Small-Region
 (../shared/data) and a generated 8 mm slide, or on --slide; with --compare it times whole processes,
@@ -27,6 +30,7 @@ regions, tile reads + filters, QC picture, GeoJSON, tile file; `tile_costs.py`) 
     python benchmarks/tile_throughput.py --slides 4 --backends openslide --workers 1 --no-painted  # stage/raw
     python benchmarks/tile_throughput.py --breakdown --repeat 5   # per-slide fixed costs, ms per step
     python benchmarks/tile_throughput.py --compare --repeat 5 --lazyslide-python /tmp/lzs/bin/python
+    python benchmarks/tile_throughput.py --ceiling --slides 4 --repeat 3   # filters/QC taken out
 """
 
 from __future__ import annotations
@@ -240,6 +244,8 @@ def main() -> None:
                         help="skip the raw read through openslide's painting (the slowest)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true", help="ms per step of one slide (fixed costs)")
     parser.add_argument("--compare", action="store_true", help="whole process: wsi tile against LazySlide")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="stage/raw with filters and/or QC outputs taken out (one worker)")  # fmt: skip
     parser.add_argument("--slide", type=Path, nargs="+", default=None,
                         help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)")
     parser.add_argument("--lazyslide-python", default=None,
@@ -265,6 +271,17 @@ def main() -> None:
           f"each; {os.cpu_count()} CPUs ({cpu_model()})")  # fmt: skip
 
     rows = []
+    if args.ceiling:
+        import tile_ceiling  # benchmarks/tile_ceiling.py, beside this script
+
+        with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
+            row = tile_ceiling.measure(
+                sources, coords, out=Path(tmp), repeat=repeat, threads=default_threads(1)
+            )  # fmt: skip
+        print(row, flush=True)
+        tile_ceiling.print_ceiling(row)
+        print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+        return
     if args.filters:
         with tempfile.TemporaryDirectory(prefix="tile-bench-") as tmp:
             for backend in args.backends:
