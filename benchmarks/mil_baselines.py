@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import multiprocessing as mp
 import tempfile
 import time
@@ -45,7 +44,7 @@ import numpy as np
 
 from _machine import cpu_model
 from mil_data import MILCohort, write_cohort
-from paired_stats import PairedCI, corrected_ci, paired_ci
+from paired_stats import ci_cell, num, paired_difference
 from small_cohort import (
     CLASSES,
     UNSEEN_DATA_SEEDS,
@@ -117,25 +116,16 @@ def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, A
             for metric in ("accuracy", "auroc"):
                 a, b = paired_grid(sub, model, metric), paired_grid(sub, BASELINE, metric)
                 entry[metric] = float(np.nanmean(list(a.values())))
-                paired = sorted(set(a) & set(b))
-                if model == BASELINE or not paired:
-                    continue
-                seeds = sorted({s for s, _ in paired})
-                diffs = np.full((len(seeds), folds), math.nan)
-                for s, k in paired:
-                    diffs[seeds.index(s), k - 1] = a[(s, k)] - b[(s, k)]
-                entry[f"diff_{metric}"] = paired_ci(diffs)
-                entry[f"corrected_{metric}"] = corrected_ci(diffs, test_over_train=1 / (folds - 1))
+                found = None if model == BASELINE else paired_difference(a, b, folds=folds)
+                if found is not None:
+                    _, entry[f"diff_{metric}"], entry[f"corrected_{metric}"] = found
             out.append(entry)
     return out
 
 
 def table(summary: Sequence[dict[str, Any]]) -> str:
-    def num(v: object) -> str:
-        return f"{v:.3f}" if isinstance(v, float) and math.isfinite(v) else "n/a"
-
     def ci(v: object) -> str:
-        return v.cell() if isinstance(v, PairedCI) else "-"
+        return ci_cell(v, "-")
 
     lines = [
         "| cohort | model | seeds | accuracy | - ABMIL [95% CI over seeds] | [corrected CV t] | AUROC "

@@ -65,4 +65,30 @@ def corrected_ci(diffs: np.ndarray, *, test_over_train: float, level: float = 0.
     return PairedCI(mean, mean - half, mean + half, int(d.size))
 
 
-__all__ = ["PairedCI", "corrected_ci", "paired_ci"]
+def paired_difference(
+    a: dict[tuple[int, int], float], b: dict[tuple[int, int], float], *, folds: int
+) -> tuple[int, PairedCI, PairedCI] | None:
+    """(seeds, `paired_ci`, `corrected_ci`) of a - b over the (seed, fold) figures both have; None when
+    they share none. The corrected interval takes n_test / n_train as 1 / (K - 1): n_train counts the
+    fold's validation bags too, the usual repeated-CV ratio."""
+    paired = sorted(set(a) & set(b))
+    if not paired:
+        return None
+    seeds = sorted({s for s, _ in paired})
+    diffs = np.full((len(seeds), folds), math.nan)
+    for s, k in paired:
+        diffs[seeds.index(s), k - 1] = a[(s, k)] - b[(s, k)]
+    return len(seeds), paired_ci(diffs), corrected_ci(diffs, test_over_train=1 / (folds - 1))
+
+
+def num(v: object) -> str:
+    """A table cell: a finite float to three places, else n/a."""
+    return f"{v:.3f}" if isinstance(v, float) and math.isfinite(v) else "n/a"
+
+
+def ci_cell(v: object, missing: str = "n/a") -> str:
+    """A table cell: a PairedCI as `+m [low, high]`, else `missing`."""
+    return v.cell() if isinstance(v, PairedCI) else missing
+
+
+__all__ = ["PairedCI", "ci_cell", "corrected_ci", "num", "paired_ci", "paired_difference"]

@@ -51,7 +51,7 @@ import numpy as np
 
 from _machine import cpu_model
 from mil_data import DataPackageMissing, MILCohort, load_public, synthetic_cohort, write_cohort
-from paired_stats import PairedCI, corrected_ci, paired_ci
+from paired_stats import ci_cell, num, paired_difference
 
 log = logging.getLogger("small_cohort")
 
@@ -205,29 +205,16 @@ def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, o
             a, b = paired_grid(sub, "seqnorm", metric), paired_grid(sub, "abmil", metric)
             for name, g in (("seqnorm", a), ("abmil", b)):
                 entry[f"{name}_{metric}"] = float(np.nanmean(list(g.values()))) if g else math.nan
-            paired = sorted(set(a) & set(b))
-            if not paired:
-                continue
-            seeds = sorted({s for s, _ in paired})
-            diffs = np.full((len(seeds), folds), math.nan)
-            for s, k in paired:
-                diffs[seeds.index(s), k - 1] = a[(s, k)] - b[(s, k)]
-            entry[f"diff_{metric}"] = paired_ci(diffs)
-            # n_train counts the fold's validation bags too: 1/(K-1), the usual repeated-CV ratio
-            entry[f"corrected_{metric}"] = corrected_ci(diffs, test_over_train=1 / (folds - 1))
-            entry["seeds"] = len(seeds)
+            found = paired_difference(a, b, folds=folds)
+            if found is not None:
+                entry["seeds"], entry[f"diff_{metric}"], entry[f"corrected_{metric}"] = found
         out.append(entry)
     return out
 
 
 def table(summary: Sequence[dict[str, object]]) -> str:
     """Markdown: one row per cohort and features."""
-
-    def num(v: object) -> str:
-        return f"{v:.3f}" if isinstance(v, float) and math.isfinite(v) else "n/a"
-
-    def ci(v: object) -> str:
-        return v.cell() if isinstance(v, PairedCI) else "n/a"
+    ci = ci_cell
 
     lines = [
         "| cohort | features | seeds | accuracy seqnorm | accuracy ABMIL | accuracy seqnorm - ABMIL "
