@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     rows = read_rows(csv_path) if csv_path else []
     chosen = cohorts(args.sets, args.synthetic, args.synthetic_max_size, False, args.data_seeds)
+    if not chosen:
+        ap.error("no cohort to run: name --sets, or give --synthetic a bag count (e.g. --synthetic 100)")
     for cohort, data in chosen:
         log.info("%s (%s)", cohort.summary(), data)
     t0 = time.perf_counter()

@@ -95,3 +95,12 @@ def test_tiny_runs_write_rows_and_tables(tmp_path: Path, capsys: pytest.CaptureF
         ("transmil", "train"),
     ]
     assert all(float(r["seconds"]) > 0 and r["note"] == "" for r in cost)
+
+
+def test_a_run_with_no_cohort_says_so_instead_of_printing_an_empty_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--sets", "--synthetic", "--models", "transmil", "--seeds", "1"])
+    assert exc.value.code == 2
+    assert "no cohort to run" in capsys.readouterr().err
