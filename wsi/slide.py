@@ -263,7 +263,7 @@ class Slide:
         """
         plan = self.region_plan(x0_px, y0_px, size_um, target_mpp)
         if out is not None:
-            check_out(out, plan.tile_px)
+            _check_out(out, plan.tile_px)
         where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
         if plan.kind == RegionKind.COPY:
             return self._read(plan.level, *plan.window, where, out)[0]
@@ -372,7 +372,7 @@ def _positive_float(value: str | float | None) -> float | None:
     return f if math.isfinite(f) and f > 0 else None
 
 
-def check_out(out: np.ndarray, tile_px: int) -> None:
+def _check_out(out: np.ndarray, tile_px: int) -> None:
     """ValueError unless `out` can take a (P, P, 3) tile as `read_region_um` writes it."""
     shape = (tile_px, tile_px, 3)
     if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:

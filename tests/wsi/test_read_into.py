@@ -195,3 +195,12 @@ def test_the_colour_space_is_tifffiles(shared_data: Path, generated: Path) -> No
     for photometric, jfif in ((2, True), (2, False), (6, True), (6, False)):
         colorspace, _ = theirs(photometric, 1, (), jfif)
         assert jpeg_colorspace(photometric, jfif) == ("RGB" if colorspace == 2 else None)
+
+
+def test_the_backends_own_reads_are_copied_into_out(generated: Path) -> None:
+    """Reads the direct path does not serve (tiffslide; openslide with direct_jpeg=False) fill `out` too,
+    whole or partly outside the slide."""
+    with open_slide(generated, backend="tiffslide") as tiff, open_slide(generated, direct_jpeg=False) as osl:
+        for slide in (tiff, osl):
+            assert not slide._direct
+            _compare(slide, slide, 128.0, 0.5, _windows(*slide.dimensions, 256)[:9])
