@@ -12,8 +12,8 @@ slides), in a fifth of the time; a stored tile left empty (a sparse Aperio level
 transparent pixels are over glass.
 
 A window that is exactly one whole stored tile (the tile stage's default grid at a level of 256 px
-tiles) is decoded straight into the destination and not cached: no neighbour shares it, and the copy
-out of the decoded tile plus the cache's lock cost ~10% of the read (issue 35).
+tiles) is decoded straight into the caller's array and not cached: no neighbour shares it, and the two
+copies and the cache round trip cost ~10% of the tile stage's raw read (issue 35).
 
 Public API:
   jpeg_levels(path) -> dict[(width, height), JpegTiles]   the file's tiled JPEG pages, by size; {} if none
@@ -61,9 +61,9 @@ class JpegTiles:
     decode: Callable[..., Any]
     #: the colour space the tiles' JPEG streams are taken to be in, as tifffile's decode takes it
     #: (`jpeg_colorspace`): "RGB" for Aperio's RGB-coded streams, None (libjpeg's guess) otherwise
-    colorspace: str | None = None
+    colorspace: str | None
     #: imagecodecs.jpeg_decode, the decoder under tifffile's (`_whole_tile` calls it with `out=`)
-    jpeg_decode: Callable[..., Any] | None = None
+    jpeg_decode: Callable[..., Any]
     _cache: OrderedDict[int, np.ndarray] = field(default_factory=OrderedDict, repr=False)
     _cached_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -133,7 +133,6 @@ class JpegTiles:
         if data is None:
             out[...] = _WHITE
             return out
-        assert self.jpeg_decode is not None  # set by jpeg_levels
         # imagecodecs decodes into C-contiguous arrays only: a view that is not (the part of a larger
         # window inside the level) gets a new array, copied over
         dest = out if out.flags.c_contiguous else np.empty(shape, np.uint8)
