@@ -170,16 +170,25 @@ class Slide:
         return self._read(level, x_px, y_px, w_px, h_px, where)[0]
 
     def _read(
-        self, level: int, x_px: int, y_px: int, w_px: int, h_px: int, where: str
+        self,
+        level: int,
+        x_px: int,
+        y_px: int,
+        w_px: int,
+        h_px: int,
+        where: str,
+        out: np.ndarray | None = None,
     ) -> tuple[np.ndarray, float, float]:
-        """Pixels of a level rectangle, and where (in level px) the backend's pixel grid really started."""
+        """Pixels of a level rectangle (in `out`, a C-contiguous (h, w, 3) uint8 array, when given), and
+        where (in level px) the backend's pixel grid really started."""
         lw, lh = self.level_dimensions[level]
         cx0, cy0 = max(0, x_px), max(0, y_px)
         cx1, cy1 = min(lw, x_px + w_px), min(lh, y_px + h_px)
         if cx0 >= cx1 or cy0 >= cy1:
-            return np.full((h_px, w_px, 3), _WHITE, np.uint8), 0.0, 0.0
+            return _white(out, w_px, h_px), 0.0, 0.0
         ds = self.level_downsamples[level]
         size = (cx1 - cx0, cy1 - cy0)
+        whole = size == (w_px, h_px)
         if self.backend == "openslide":
             # openslide maps the level-0 location to level px as loc / downsample, fraction included
             loc = (round(cx0 * ds), round(cy0 * ds))
@@ -190,15 +199,14 @@ class Slide:
             shift = (0.0, 0.0)
         direct = self._direct.get(level)
         if direct is not None and shift == (0.0, 0.0):  # openslide would read these very pixels
+            # decoded in place: into `out` itself, or the part of it inside the level
+            dest = out if whole else _white(out, w_px, h_px)
+            inside = dest if whole or dest is None else dest[cy0 - y_px : cy1 - y_px, cx0 - x_px : cx1 - x_px]
             try:
-                part = direct.read(cx0, cy0, *size)
+                part = direct.read(cx0, cy0, *size, out=inside)
             except Exception as exc:
                 raise SlideError(f"{self.path}: cannot read {where}: {type(exc).__name__}: {exc}") from exc
-            if size == (w_px, h_px):
-                return part, 0.0, 0.0
-            out = np.full((h_px, w_px, 3), _WHITE, np.uint8)
-            out[cy0 - y_px : cy1 - y_px, cx0 - x_px : cx1 - x_px] = part
-            return out, 0.0, 0.0
+            return (part if dest is None else dest), 0.0, 0.0
         try:
             part = self._read_backend(self._handle, loc, level, size)
         except Exception as exc:
@@ -208,11 +216,14 @@ class Slide:
             # reading it, so the failure may be someone else's: retry on a private fresh handle, and
             # swap a fresh one in for everybody. Only a truly bad region fails.
             part = self._retry_openslide(loc, level, size, where)
-        if (cx1 - cx0, cy1 - cy0) == (w_px, h_px):
-            return np.ascontiguousarray(part), shift[0], shift[1]
-        out = np.full((h_px, w_px, 3), _WHITE, np.uint8)  # partly outside the slide: white glass
-        out[cy0 - y_px : cy1 - y_px, cx0 - x_px : cx1 - x_px] = part
-        return out, shift[0], shift[1]
+        if whole:
+            if out is None:
+                return np.ascontiguousarray(part), shift[0], shift[1]
+            out[...] = part
+            return out, shift[0], shift[1]
+        dest = _white(out, w_px, h_px)  # partly outside the slide: white glass
+        dest[cy0 - y_px : cy1 - y_px, cx0 - x_px : cx1 - x_px] = part
+        return dest, shift[0], shift[1]
 
     def _read_backend(self, handle: Any, loc: _XY, level: int, size: _XY) -> np.ndarray:
         if self.backend == "openslide":
@@ -238,27 +249,39 @@ class Slide:
             downsamples=self.level_downsamples, shifts_fractional_levels=self.backend == "openslide",
         )  # fmt: skip
 
-    def read_region_um(self, x0_px: int, y0_px: int, size_um: float, target_mpp: float) -> np.ndarray:
+    def read_region_um(
+        self, x0_px: int, y0_px: int, size_um: float, target_mpp: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """(P, P, 3) uint8 RGB of the square of `size_um` whose top-left is (x0_px, y0_px) at level 0.
 
         P = round(size_um / target_mpp). Read from `best_level_for_mpp(target_mpp)`, then copied, reduced
         by whole blocks or resized with an antialiasing filter, as `wsi.region.plan_region` plans it;
         regions partly outside the slide are padded white.
+        out: a C-contiguous (P, P, 3) uint8 array (a row of a chunk of tiles) to write the tile into,
+        and return; a window that is one whole stored JPEG tile is decoded straight into it (ValueError
+        for any other array). Its content is undefined after a SlideError.
         """
         plan = self.region_plan(x0_px, y0_px, size_um, target_mpp)
+        if out is not None:
+            _check_out(out, plan.tile_px)
         where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
-        raw, sx, sy = self._read(plan.level, *plan.window, where)
         if plan.kind == RegionKind.COPY:
-            return raw
+            return self._read(plan.level, *plan.window, where, out)[0]
+        raw, sx, sy = self._read(plan.level, *plan.window, where)
         if plan.kind == RegionKind.REDUCE:
-            return np.asarray(Image.fromarray(raw).reduce(plan.factor))
-        bx, by, side = plan.box((sx, sy))
-        img = Image.fromarray(raw).resize(
-            (plan.tile_px, plan.tile_px), resample=plan.resample_filter((sx, sy)),
-            box=(bx, by, bx + side, by + side),
-        )  # fmt: skip
-        return np.asarray(img)
-
+            tile = np.asarray(Image.fromarray(raw).reduce(plan.factor))
+        else:
+            bx, by, side = plan.box((sx, sy))
+            tile = np.asarray(
+                Image.fromarray(raw).resize(
+                    (plan.tile_px, plan.tile_px), resample=plan.resample_filter((sx, sy)),
+                    box=(bx, by, bx + side, by + side),
+                )
+            )  # fmt: skip
+        if out is None:
+            return tile
+        out[...] = tile
+        return out
 
     # ------------------------------------------------------------------------------------------- life
     def close(self) -> None:
@@ -347,6 +370,28 @@ def _positive_float(value: str | float | None) -> float | None:
     except ValueError:
         return None
     return f if math.isfinite(f) and f > 0 else None
+
+
+def _check_out(out: np.ndarray, tile_px: int) -> None:
+    """ValueError unless `out` can take a (P, P, 3) tile as `read_region_um` writes it."""
+    shape = (tile_px, tile_px, 3)
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:
+        got = f"{out.dtype} array of shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out must be a uint8 array of shape {shape} for this tile, not a {got}")
+    if not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be C-contiguous (as a row of a (k, P, P, 3) array), not {out.strides} strides"
+        )
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+
+
+def _white(out: np.ndarray | None, w_px: int, h_px: int) -> np.ndarray:
+    """`out` (or a new (h, w, 3) uint8 array) filled with white glass."""
+    if out is None:
+        return np.full((h_px, w_px, 3), _WHITE, np.uint8)
+    out.fill(_WHITE)
+    return out
 
 
 def _rgba_over_white(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -141,12 +141,11 @@ class BatchReader(Dataset):
     ) -> None:
         for j, (x_px, y_px) in enumerate(st.coords_px[start:stop]):
             try:
-                tile = slide.read_region_um(int(x_px), int(y_px), st.tile_size_um, st.target_mpp)
-                if tile.shape != tiles.shape[1:]:
-                    raise ValueError(f"tile of shape {tile.shape}, expected {tiles.shape[1:]}")
-                tiles[j] = tile
+                # decoded into the batch; a tile of another size than the batch's is a ValueError
+                slide.read_region_um(int(x_px), int(y_px), st.tile_size_um, st.target_mpp, out=tiles[j])
                 ok[j] = True
             except Exception as exc:
+                tiles[j] = 0  # as a tile never read: a failed decode may have left part of one
                 log.warning(
                     "%s: tile at level-0 (%d, %d) unreadable, skipped: %s",
                     st.slide_id, x_px, y_px, describe_error(exc),

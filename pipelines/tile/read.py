@@ -132,7 +132,7 @@ def _read_chunk(
     bad = np.zeros(len(coords), bool)
     for j, (x, y) in enumerate(coords):
         try:
-            tiles[j] = slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp)
+            slide.read_region_um(int(x), int(y), params.tile_um, params.target_mpp, out=tiles[j])
         except SlideError as exc:  # one corrupt JPEG tile must not cost the whole slide
             where = str(exc)
             if probe is not None:

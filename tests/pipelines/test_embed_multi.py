@@ -58,9 +58,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
         def __init__(self, slide: Any) -> None:
             self.slide = slide
 
-        def read_region_um(self, x: int, y: int, *args: Any) -> Any:
+        def read_region_um(self, x: int, y: int, *args: Any, **kwargs: Any) -> Any:
             seen.append((str(self.slide.path), x, y))
-            return self.slide.read_region_um(x, y, *args)
+            return self.slide.read_region_um(x, y, *args, **kwargs)
 
         def close(self) -> None:
             self.slide.close()
