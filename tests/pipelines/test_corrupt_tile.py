@@ -9,12 +9,12 @@ copy with many bad tiles still fails as a damaged file.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from damaged_slides import damage_tiles
 from PIL import Image
 
 from wsi.pipelines.jobs import read_manifest
@@ -39,18 +39,10 @@ def _damage(source: Path, path: Path, cells: Sequence[tuple[int, int]]) -> Path:
     """A copy of `source` with the first 400 bytes of each (col, row) JPEG tile zeroed."""
     import tifffile
 
-    shutil.copy(source, path)
-    path.chmod(0o644)
-    with tifffile.TiffFile(path) as tif:
+    with tifffile.TiffFile(source) as tif:
         page = tif.pages[0]
         assert (page.tilewidth, page.tilelength) == (JPEG_TILE_PX, JPEG_TILE_PX)
-        per_row = -(-page.imagewidth // JPEG_TILE_PX)
-        offsets = [page.tags["TileOffsets"].value[row * per_row + col] for col, row in cells]
-    with open(path, "r+b") as fh:  # the tile's first 400 bytes: not a JPEG any more, for every decoder
-        for offset in offsets:
-            fh.seek(offset)
-            fh.write(bytes(400))
-    return path
+    return damage_tiles(source, path, cells)
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from damaged_slides import damage_tiles
 
 from wsi.errors import SlideError
 from wsi.pipelines.tile.read import _read_chunk
@@ -144,13 +144,8 @@ def test_a_wrong_out_is_a_clear_error(generated: Path) -> None:
 
 
 def test_a_corrupt_or_cut_tile_is_a_slide_error_in_out(shared_data: Path, tmp_path: Path) -> None:
-    path = tmp_path / "bad.svs"
-    shutil.copy(_cmu(shared_data), path)
-    path.chmod(0o644)
+    path = damage_tiles(_cmu(shared_data), tmp_path / "bad.svs", [(2, 3)])  # tile (col 2, row 3)
     [tiles] = jpeg_levels(path).values()
-    with open(path, "r+b") as fh:  # tile (col 2, row 3): its first 400 bytes zeroed
-        fh.seek(int(tiles.offsets[3 * tiles.n_cols + 2]))
-        fh.write(bytes(400))
     with open_slide(path) as slide:
         side = 240 * slide.mpp
         out = np.zeros((240, 240, 3), np.uint8)

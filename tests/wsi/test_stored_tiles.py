@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from damaged_slides import damage_tiles
 
 from wsi.errors import SlideError
 from wsi.slide import open_slide
@@ -60,13 +61,8 @@ def test_levels_found_and_the_cache_stays_bounded(shared_data: Path) -> None:
 
 
 def test_a_corrupt_tile_is_a_slide_error_naming_the_place(shared_data: Path, tmp_path: Path) -> None:
-    path = tmp_path / "bad.svs"
-    shutil.copy(shared_data / "slides" / "CMU-1-Small-Region.svs", path)
-    path.chmod(0o644)
-    [tiles] = jpeg_levels(path).values()
-    with open(path, "r+b") as fh:  # tile (col 2, row 3): its first 400 bytes zeroed
-        fh.seek(int(tiles.offsets[3 * tiles.n_cols + 2]))
-        fh.write(bytes(400))
+    cmu = shared_data / "slides" / "CMU-1-Small-Region.svs"
+    path = damage_tiles(cmu, tmp_path / "bad.svs", [(2, 3)])  # tile (col 2, row 3)
     with open_slide(path) as slide:
         slide.read_level(0, 0, 0, 240, 240)  # another tile still reads
         with pytest.raises(SlideError, match="cannot read level 0 at x=480 y=720"):
