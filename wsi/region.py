@@ -18,6 +18,7 @@ Public API:
   plan_regions(x0_px, y0_px, *, ...same keywords) -> RegionPlans    the plans of many tiles as arrays
   RegionPlans     win (N, 4), kind (N,), factor (N,), origin (N, 2); box() (N, 3), filters() (N,)
   resample_filter(reduction, off_grid=0.0) -> PIL.Image.Resampling
+  tiffslide_loc(level_px, downsample) -> int   the level-0 x (or y) tiffslide reads level px `level_px` from
 """
 
 from __future__ import annotations
@@ -223,6 +224,16 @@ def plan_regions(
     factor = np.where(snap, k, 1).astype(np.int64)
     origin = np.where(snap[:, None], 0.0, np.stack([lx - rx, ly - ry], axis=1))
     return RegionPlans(level, p, side, win, kind, factor, origin)
+
+
+def tiffslide_loc(level_px: int, downsample: float) -> int:
+    """The level-0 coordinate that tiffslide (int(loc / downsample)) maps to exactly `level_px`."""
+    loc = math.ceil(level_px * downsample)
+    while loc > 0 and int((loc - 1) / downsample) == level_px:
+        loc -= 1
+    while int(loc / downsample) < level_px:
+        loc += 1
+    return loc
 
 
 def resample_filter(reduction: float, off_grid: float = 0.0) -> Image.Resampling:

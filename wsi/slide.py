@@ -20,22 +20,20 @@ import numpy as np
 from PIL import Image
 
 from wsi.errors import ConfigError, MissingMppError, SlideError
-from wsi.region import RegionKind, RegionPlan, best_level, plan_region
+from wsi.region import RegionKind, RegionPlan, best_level, plan_region, tiffslide_loc
 from wsi.slide_colour import ColourFix, check_colours
-from wsi.storage.slides import RangeFile, check_complete, open_binary, remote_slide
+from wsi.storage.slides import RangeFile, check_complete, remote_slide
 from wsi.storage.urls import Url, is_url, parse_url
 from wsi.stored_tiles import JpegTiles, jpeg_levels
 from wsi.suffixes import SLIDE_SUFFIXES
+from wsi.tiff_header import is_tiff, mpp_from_tiff_tags
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["openslide", "tiffslide"]
 _XY = tuple[int, int]
 BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
-#: resolution tags outside this range (um/px) are defaults such as 72 dpi, not a scan resolution
-_PLAUSIBLE_MPP = (0.01, 50.0)
 _WHITE = 255
-_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 #: openslide vendors whose levels are the TIFF's tiled pages, read as they are (`wsi.stored_tiles`)
 _DIRECT_VENDORS = frozenset({"aperio", "generic-tiff"})
 
@@ -147,7 +145,7 @@ class Slide:
                 if y is not None and abs(y - value) > 0.01 * value:
                     log.warning("%s: mpp-x %.4g differs from mpp-y %.4g; using mpp-x", self.path, value, y)
                 return value, f"metadata ({key})"
-        tags = _mpp_from_tiff_tags(self.file)
+        tags = mpp_from_tiff_tags(self.file)
         return tags, "TIFF resolution tags" if tags is not None else ""
 
     # ------------------------------------------------------------------------------------------- read
@@ -170,15 +168,9 @@ class Slide:
         return self._read(level, x_px, y_px, w_px, h_px, where)[0]
 
     def _read(
-        self,
-        level: int,
-        x_px: int,
-        y_px: int,
-        w_px: int,
-        h_px: int,
-        where: str,
+        self, level: int, x_px: int, y_px: int, w_px: int, h_px: int, where: str,
         out: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, float, float]:
+    ) -> tuple[np.ndarray, float, float]:  # fmt: skip
         """Pixels of a level rectangle (in `out`, a C-contiguous (h, w, 3) uint8 array, when given), and
         where (in level px) the backend's pixel grid really started."""
         lw, lh = self.level_dimensions[level]
@@ -195,7 +187,7 @@ class Slide:
             shift = (loc[0] / ds - cx0, loc[1] / ds - cy0)
         else:
             # tiffslide takes int(loc / downsample): pick the loc that lands exactly on (cx0, cy0)
-            loc = (_loc_for(cx0, ds), _loc_for(cy0, ds))
+            loc = (tiffslide_loc(cx0, ds), tiffslide_loc(cy0, ds))
             shift = (0.0, 0.0)
         direct = self._direct.get(level)
         if direct is not None and shift == (0.0, 0.0):  # openslide would read these very pixels
@@ -400,43 +392,3 @@ def _rgba_over_white(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         return rgb
     a = alpha[..., None].astype(np.float32) / 255.0
     return (rgb.astype(np.float32) * a + 255.0 * (1.0 - a) + 0.5).astype(np.uint8)
-
-
-def _loc_for(level_px: int, downsample: float) -> int:
-    """The level-0 coordinate that tiffslide (int(loc / downsample)) maps to exactly `level_px`."""
-    loc = math.ceil(level_px * downsample)
-    while loc > 0 and int((loc - 1) / downsample) == level_px:
-        loc -= 1
-    while int(loc / downsample) < level_px:
-        loc += 1
-    return loc
-
-
-def is_tiff(path: Path | RangeFile) -> bool:
-    """Whether the file starts like a TIFF (classic or BigTIFF, either byte order)."""
-    with open_binary(path) as fh:
-        return fh.read(4) in _TIFF_MAGIC
-
-
-def _mpp_from_tiff_tags(path: Path | RangeFile) -> float | None:
-    """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only)."""
-    if not is_tiff(path):
-        return None
-    import tifffile
-
-    try:
-        with open_binary(path) as fh, tifffile.TiffFile(fh) as tif:
-            tags = tif.pages.first.tags
-            unit = tags.get("ResolutionUnit")
-            xres = tags.get("XResolution")
-            if unit is None or xres is None:
-                return None
-            unit_um = {2: 25400.0, 3: 10000.0}.get(int(unit.value))
-            num, den = xres.value if isinstance(xres.value, tuple) else (xres.value, 1)
-    except Exception:
-        return None
-    if unit_um is None or not num or not den:
-        return None
-    mpp = unit_um * den / num
-    lo, hi = _PLAUSIBLE_MPP
-    return mpp if lo <= mpp <= hi else None

@@ -335,14 +335,21 @@ def test_preprocess_resizes_and_crops_on_the_device_like_torchvision() -> None:
     enc = build_encoder(
         "prov-gigapath", random_init=True, arch_overrides={"depth": 1}
     )  # 256 bicubic, crop 224
-    tiles = torch.randint(0, 256, (2, 300, 300, 3), dtype=torch.uint8)  # noise: the hardest case
-    img = TF.resize(
-        tiles.permute(0, 3, 1, 2), [256], interpolation=TF.InterpolationMode.BICUBIC, antialias=True
-    )
-    ref = TF.normalize(TF.center_crop(img, [224]).float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    diff = (enc.preprocess(tiles) - ref).abs() * std * 255  # in grey levels
-    assert diff.max() < 1.01 and diff.mean() < 0.02  # PIL-style uint8 rounding: a level apart, rarely
+    # noise, the hardest case, of several seeds: PIL-style uint8 rounding puts a value a level apart
+    # now and then, and two levels apart about once in 10^7 (seeds 1 and 5 of 0-39 have one such value
+    # each: a first pass's rounding carried through the second pass's bicubic overshoot)
+    for seed in (1, 5):
+        generator = torch.Generator().manual_seed(seed)
+        tiles = torch.randint(0, 256, (2, 300, 300, 3), dtype=torch.uint8, generator=generator)
+        img = TF.resize(
+            tiles.permute(0, 3, 1, 2), [256], interpolation=TF.InterpolationMode.BICUBIC, antialias=True
+        )
+        ref = TF.normalize(
+            TF.center_crop(img, [224]).float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+        )
+        diff = (enc.preprocess(tiles) - ref).abs() * std * 255  # in grey levels
+        assert diff.max() < 2.01 and int((diff > 1.01).sum()) <= 1 and diff.mean() < 0.02
 
 
 def test_runtime_helpers_on_the_cpu() -> None:

@@ -32,8 +32,9 @@ from wsi.pipelines.embed.device_decode.tile_bytes import (
     table_of_keys,
 )
 from wsi.region import RegionPlan, RegionPlans, plan_region, plan_regions
-from wsi.slide import is_tiff, open_slide
+from wsi.slide import open_slide
 from wsi.slide_colour import first_tile
+from wsi.tiff_header import is_tiff
 
 log = logging.getLogger(__name__)
 
