@@ -194,7 +194,7 @@ def run_cost(
                          "note": f"exit code {proc.exitcode}"})  # fmt: skip
             continue
         seconds, peak = queue.get()
-        rows.append({"model": model, "tiles": str(tiles), "mode": mode, "seconds": f"{seconds:.2f}",
+        rows.append({"model": model, "tiles": str(tiles), "mode": mode, "seconds": f"{seconds:.4f}",
                      "peak_mb": f"{peak:.0f}", "note": ""})  # fmt: skip
         log.info("%s %d tiles %s: %.2f s, %.0f MB", model, tiles, mode, seconds, peak)
         from wsi.files import write_csv_atomic

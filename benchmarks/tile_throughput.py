@@ -49,7 +49,7 @@ import numpy as np
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.artifacts import ArtifactParams
-from wsi.pipelines.jobs import JobResult, run_jobs, start_local_cluster
+from wsi.pipelines.jobs import JobResult, close_local_cluster, run_jobs, start_local_cluster
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides
@@ -147,7 +147,7 @@ def _measure(
                 raise SystemExit(f"tile stage failed: {[r.error for r in res if r.error]}")
     finally:
         if cluster is not None:
-            cluster.close()
+            close_local_cluster(cluster)
     med = {name: statistics.median(t) for name, t in times.items()}
     med_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     painted = med.get("painted")
@@ -201,7 +201,7 @@ def _measure_filters(
                 kept[name] = sum(r.n for r in res)
     finally:
         if cluster is not None:
-            cluster.close()
+            close_local_cluster(cluster)
     n = n_tiles * len(sources)
     return {
         "backend": backend, "workers": workers, "threads": threads, "tiles": n, "kept_on": kept["on"],

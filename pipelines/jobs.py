@@ -8,6 +8,7 @@ Public API:
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
     start_local_cluster(workers) -> distributed.LocalCluster       # what workers>1 uses; caller closes
+    close_local_cluster(cluster)     # ... with it: a slow worker shutdown is a warning, not a failure
     read_manifest(path) -> list[JobResult]
     RunSummary.of(results, seconds) -> counts per status, items produced, `.line(stage)`, `.failed`
 
@@ -274,7 +275,7 @@ def _run_dask_quietly(
         try:
             client = Client(cluster)
         except BaseException:
-            cluster.close()
+            close_local_cluster(cluster)
             raise
     else:
         try:
@@ -304,7 +305,7 @@ def _run_dask_quietly(
     finally:
         client.close()
         if cluster is not None:
-            cluster.close()
+            close_local_cluster(cluster)
 
 
 def start_local_cluster(workers: int) -> Any:
@@ -328,6 +329,20 @@ def start_local_cluster(workers: int) -> Any:
             processes=True,
             dashboard_address=":0",  # None still binds 8787 and warns when taken
             silence_logs=logging.WARNING,
+        )
+
+
+def close_local_cluster(cluster: Any) -> None:
+    """Close a cluster from `start_local_cluster`. On a loaded machine a worker process may take longer
+    to exit than dask's nanny waits (a few seconds); the nanny then kills it and `close()` raises
+    TimeoutError, after every result is in. That must not turn a finished run into a traceback (and
+    lose its manifest), so it is a warning."""
+    try:
+        cluster.close()
+    except (TimeoutError, OSError) as exc:
+        log.warning(
+            "dask's local cluster did not shut down in time (%s); its worker processes were stopped",
+            type(exc).__name__,
         )
 
 

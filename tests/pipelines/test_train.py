@@ -157,13 +157,18 @@ def test_cross_validation_folds_are_patient_disjoint(cohort, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_cross_validation_on_dask_equals_sequential(cohort, tmp_path: Path) -> None:
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from wsi.pipelines.jobs import close_local_cluster, start_local_cluster
 
     task = write_task(tmp_path / "task.yaml", epochs=2, patience=0)
     seq = _train(cohort, task, tmp_path / "seq", cv=2)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    with cluster, Client(cluster):
-        par = _train(cohort, task, tmp_path / "par", cv=2, scheduler=cluster.scheduler_address)
+    cluster = start_local_cluster(2)  # two processes, one thread each
+    try:
+        with Client(cluster):
+            par = _train(cohort, task, tmp_path / "par", cv=2, scheduler=cluster.scheduler_address)
+    finally:
+        close_local_cluster(cluster)  # a worker slow to exit on a loaded machine is not this test's failure
     for fs, fp in zip(seq.metrics["per_fold"], par.metrics["per_fold"], strict=True):
         assert fs["auroc"] == pytest.approx(fp["auroc"], abs=1e-9)
         assert fs["confusion_matrix"] == fp["confusion_matrix"]
