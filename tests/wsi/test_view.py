@@ -229,3 +229,19 @@ def test_a_tiling_folder_lists_its_slides_with_kept_tiles(
     assert Catalog(tmp_path).slides["view"].qc_png == tmp_path / "qc" / "view.png"
     tiles = kept_tiles(tmp_path / "tiles" / "view.h5")
     assert len(tiles["xy"]) == result.n > 0 and tiles["size"] > 0
+
+
+def test_cli_names_a_port_in_use_without_a_traceback(folder: Path) -> None:
+    """A port another program holds is a user's choice to change (exit 2, naming it), not a crash."""
+    import socket
+
+    from wsi.cli.main import cli
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["view", str(folder), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "choose another --port" in result.output
+    assert not isinstance(result.exception, AttributeError)

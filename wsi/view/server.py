@@ -297,11 +297,12 @@ class PooledHTTPServer(HTTPServer):
     ) -> None:  # fmt: skip
         host = address[0]
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__(address, ViewHandler)
+        # before binding: a port in use makes HTTPServer call server_close, which closes all of these
         self.state = state
         self.loopback_only = host in ("127.0.0.1", "::1", "localhost")
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wsi-view")
         self.heads = HeadReader(self._submit, head_timeout_s=head_timeout_s)
+        super().__init__(address, ViewHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.heads.add(request, client_address)  # to the pool once its request head is here
