@@ -92,12 +92,25 @@ def embed_raw_slides(
             src = by_id.get(r.slide_id)
             if src is not None:
                 where = cast(Path, src.path)  # a Url for a remote slide: open_slide takes either
-                thumbs[r.slide_id] = (where, src.mpp if src.mpp is not None else mpp)
+                thumbs[r.slide_id] = (where, _tiled_mpp(bag, src.mpp if src.mpp is not None else mpp))
         else:  # an embed stage that reports empty slides itself keeps that status here
             status: Literal["empty", "failed"] = "empty" if r.status == "empty" else "failed"
             why = r.error or "no bag made"
             failed.append(JobResult(r.slide_id, r.path, status, seconds=r.seconds, error=why))
     return found, thumbs, failed + _unreported(sources, results, work)
+
+
+def _tiled_mpp(bag: Path, given: float | None) -> float | None:
+    """The level-0 um/px the tile stage used for this slide, as its bag records it: a slide's metadata
+    wins over --mpp there, so heatmaps and top tiles must not open the slide with --mpp instead."""
+    from wsi.bags import read_bag_attrs
+    from wsi.errors import WsiError
+
+    with contextlib.suppress(OSError, ValueError, WsiError):
+        recorded = read_bag_attrs(bag).get("mpp")
+        if recorded is not None:
+            return float(recorded)
+    return given
 
 
 def _unreported(sources: Sequence[Any], results: Sequence[JobResult], work: Path) -> list[JobResult]:

@@ -172,3 +172,22 @@ def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> Non
         assert (tmp_path / "p1" / "heatmaps" / f"{row['slide']}.png").read_bytes()[:8] == PNG
     failed = [r for r in from_slides.results if r.status == "failed"]
     assert [r.slide_id for r in failed] == ["missing"]
+
+
+def test_raw_slides_are_drawn_at_the_resolution_they_were_tiled_at(make_slide, tmp_path: Path) -> None:
+    """--mpp serves slides without resolution metadata; a slide with one is tiled at its own, so its
+    heatmap and top tiles must open it at that one too, not at --mpp (tiles drawn at 2x their place)."""
+    from wsi.pipelines.predict.raw_slides import embed_raw_slides
+
+    slide = make_slide(name="has-mpp", size_um=600.0, mpp=0.5, seed=1)
+    provenance = {
+        "encoder": "timm:test_resnet", "weights_sha256": "random", "input_px": 32,
+        "tile_params": {"tile_um": 96.0, "tile_px": 32, "min_blur_variance": 0.0},
+    }  # fmt: skip
+    bags, thumbs, failed = embed_raw_slides(
+        provenance, [slide.path], tmp_path / "work", weights=None, mpp=0.25, backend="openslide",
+        workers=1, scheduler=None, device="cpu", progress=False,
+    )  # fmt: skip
+    assert failed == [] and set(bags) == {"has-mpp"}
+    assert load_bag(bags["has-mpp"]).provenance.mpp == pytest.approx(0.5)  # tiled at the metadata's
+    assert thumbs["has-mpp"] == (slide.path, pytest.approx(0.5))  # and drawn at it, not at --mpp 0.25
