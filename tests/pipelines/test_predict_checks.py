@@ -315,3 +315,17 @@ def test_images_with_nan_pixels_fail_by_name_in_predict_and_stop_training(
     with pytest.raises(NonFiniteTrainingError, match=r"lesion3"):
         train(task=task, labels_csv=labels, images_dir=folder, out_dir=tmp_path / "run2", device="cpu",
               progress=False)  # fmt: skip
+
+
+def test_the_summary_line_says_which_slides_an_earlier_call_predicted(trained, tmp_path: Path) -> None:
+    """A re-run that predicted nothing new says so, rather than `4 slide(s) predicted`."""
+    cohort, run = trained
+    bags = tmp_path / "bags"
+    _four_bags(cohort, bags)
+    argv = ["predict", "--model", str(run), "--features", str(bags), "--out", str(tmp_path / "out"),
+            "--no-heatmaps", "--no-geojson", "--no-progress"]  # fmt: skip
+    first = CliRunner().invoke(cli, argv)
+    assert first.exit_code == 0 and "4 slide(s) predicted, 0 failed" in first.output, first.output
+    again = CliRunner().invoke(cli, argv)
+    assert again.exit_code == 0, again.output
+    assert "0 slide(s) predicted, 4 already predicted (--overwrite redoes them), 0 failed" in again.output

@@ -115,7 +115,9 @@ def command(
     noun = f"{result.level}(s)"
     n_empty = len(result.summary.empty)
     empty = f", {n_empty} empty (kept no tile)" if n_empty else ""
-    counts = f"{len(result.rows)} {noun} predicted, {len(failed) - n_empty} failed{empty}"
+    n_skipped = result.summary.counts.get("skipped", 0)  # finished by an earlier call into --out
+    again = f", {n_skipped} already predicted (--overwrite redoes them)" if n_skipped else ""
+    counts = f"{len(result.rows) - n_skipped} {noun} predicted{again}, {len(failed) - n_empty} failed{empty}"
     click.echo(f"{counts}: {origin(result.predictions_csv)}")
     if result.metrics is not None:
         from wsi.pipelines.run_record import read_run_record
