@@ -27,8 +27,8 @@ other task keeps the preset it names, else gets one by the sizing rule.
 
 Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
 small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
-holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. Inputs other than feature bags keep `vit-wsi`
-(name vit-2d or vit-3d in an image task).
+holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. An image task gets `vit-2d`, or `vit-3d`
+when its `input_options.size_px` is [D, H, W] (vit-wsi reads feature bags, not images).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SMALL_BELOW = 300
 SMALL_PRESET = "vit-wsi-small"
 FULL_PRESET = "vit-wsi"
+IMAGE_PRESETS = {2: "vit-2d", 3: "vit-3d"}  # image tasks naming no preset: by input_options.size_px
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,13 @@ RECIPES: dict[str, RecipeValues] = {
 }  # fmt: skip
 
 
-def preset_for(recipe: str, n_train: int, input_name: str = "bags") -> str:
+def preset_for(
+    recipe: str, n_train: int, input_name: str = "bags", input_options: Mapping[str, Any] | None = None
+) -> str:
     """The preset a task that names none trains (the sizing rule in the module docstring)."""
+    if input_name == "images":  # vit-wsi reads feature bags: an image task's own ViT, by its dimensions
+        size = (input_options or {}).get("size_px")
+        return IMAGE_PRESETS[3 if isinstance(size, list | tuple) and len(size) == 3 else 2]
     if recipe == "small-cohort" and input_name == "bags" and n_train < SMALL_BELOW:
         return SMALL_PRESET
     return FULL_PRESET
@@ -106,7 +112,8 @@ def resolve_preset(task: TaskConfig, n_train: int) -> tuple[str, ModelOverrides]
 
     preset = task.model.preset
     if task.input != "slide-embeddings":
-        return preset or preset_for(task.recipe, n_train, task.input), dict(task.model.overrides)
+        chosen = preset or preset_for(task.recipe, n_train, task.input, task.input_options)
+        return chosen, dict(task.model.overrides)
     if preset is not None and preset_kind(preset) in HEAD_KINDS:
         return preset, dict(task.model.overrides)
     log.info("slide embeddings: training the %s head on them (task preset: %s)", DEFAULT_HEAD, preset)
@@ -156,5 +163,5 @@ def _get(task: TaskConfig, dotted: str) -> Any:
     return node
 
 
-__all__ = ["FULL_PRESET", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues", "apply_recipe",
+__all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues", "apply_recipe",
            "is_resolved", "preset_for", "resolve_preset"]  # fmt: skip

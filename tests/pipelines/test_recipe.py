@@ -75,7 +75,6 @@ def test_a_task_naming_only_its_classes_gets_the_small_cohort_recipe(tmp_path: P
         ("small-cohort", SMALL_BELOW, "bags", "vit-wsi"),
         ("small-cohort", 5000, "bags", "vit-wsi"),
         ("paper", 40, "bags", "vit-wsi"),
-        ("small-cohort", 40, "images", "vit-wsi"),  # image tasks name vit-2d / vit-3d themselves
     ],
 )
 def test_preset_is_sized_by_the_number_of_training_cases(
@@ -83,6 +82,30 @@ def test_preset_is_sized_by_the_number_of_training_cases(
 ) -> None:
     assert SMALL_BELOW == 300  # the documented rule (README.md, pipelines/train/recipe.py)
     assert preset_for(recipe, n_train, input_name) == preset
+
+
+@pytest.mark.parametrize(
+    ("recipe", "input_options", "preset"),
+    [
+        ("small-cohort", {}, "vit-2d"),
+        ("small-cohort", {"size_px": 224}, "vit-2d"),
+        ("paper", {"size_px": [224, 224]}, "vit-2d"),
+        ("small-cohort", {"size_px": [32, 256, 256]}, "vit-3d"),
+    ],
+)
+def test_an_image_task_naming_no_preset_gets_an_image_vit(
+    recipe: str, input_options: dict[str, object], preset: str
+) -> None:
+    """vit-wsi reads feature bags: an image YAML naming only its classes got it and failed on its
+    `in_channels` (configs/models/vit-wsi.yaml: unknown field)."""
+    assert preset_for(recipe, 40, "images", input_options) == preset
+
+
+def test_an_image_yaml_naming_only_its_classes_builds_its_vit(tmp_path: Path) -> None:
+    task = apply_recipe(load_task(_task_yaml(tmp_path / "t.yaml", input="images")), n_train=2)
+    assert task.model.preset == "vit-2d"
+    model = build_model(task.model.preset, in_dim=3, num_classes=2, attention=task.model.attention)
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_values_written_in_the_task_win_over_the_recipe(tmp_path: Path) -> None:
