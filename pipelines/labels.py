@@ -296,6 +296,8 @@ def match_items(
                     mpp_by_slide[key] = patient_mpp
         missing += [f"patient {p}" for p in by_patient if p not in matched_patients]
     unlabelled = sorted(set(found) - used)
+    if not items and rows:
+        raise LabelError(_none_matched(labels_path, rows, found))
     if missing:
         log.warning(
             "%d labelled slide(s) have no input file and are left out (e.g. %s)",
@@ -325,6 +327,27 @@ def match_items(
     counts = Counter(classes[it.label] for it in items)
     log.info("%d slides from %d patients: %s", len(items), len({it.group for it in items}), dict(counts))
     return Matched(items, missing, unlabelled, mpp_by_slide)
+
+
+def _none_matched(labels_path: str | Path, rows: Sequence[LabelRow], found: Mapping[str, Path]) -> str:
+    """Why no label row met an input file, with both sides' ids and, when they differ only by letter
+    case or a prefix, that."""
+    named = [r.slide or f"patient {r.patient}" for r in rows]
+    inputs = sorted(found)
+    if not inputs:
+        return f"{labels_path}: its {len(rows)} row(s) have no input file to match (none was found)"
+    lowered = {k.lower() for k in inputs}
+    case_only = [r.slide for r in rows if r.slide and any(k.lower() in lowered for k in slide_keys(r.slide))]
+    hint = (
+        f"; ids differ only by letter case (e.g. {case_only[0]!r}): write them as the files are named"
+        if case_only
+        else "; the slide column must hold the input files' names (with or without their suffix), or the "
+        "patient column the patients"
+    )
+    return (
+        f"{labels_path}: none of its {len(rows)} row(s) matches one of the {len(inputs)} input file(s): "
+        f"rows name e.g. {', '.join(named[:3])}; inputs are e.g. {', '.join(inputs[:3])}{hint}"
+    )
 
 
 def _item(key: str, path: Path, row: LabelRow, classes: Sequence[str], kind: TaskKind | None) -> Item:

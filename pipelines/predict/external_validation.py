@@ -55,11 +55,6 @@ def build_cohort(
         matched = match_items(
             rows, found, classes=task.classes, labels_path=labels_csv, kind=kind, check=False
         )
-        if not matched.items:
-            raise LabelError(
-                f"{labels_csv}: none of its {len(rows)} row(s) matches an input (ids like "
-                f"{', '.join(sorted(found)[:3])}); check the slide / patient column"
-            )
         missing, mpp_by_slide = matched.missing_inputs, matched.mpp_by_slide
         for it in matched.items:
             target_of[it.id] = it.target

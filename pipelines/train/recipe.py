@@ -163,5 +163,5 @@ def _get(task: TaskConfig, dotted: str) -> Any:
     return node
 
 
-__all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues", "apply_recipe",
-           "is_resolved", "preset_for", "resolve_preset"]  # fmt: skip
+__all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues",
+           "apply_recipe", "is_resolved", "preset_for", "resolve_preset"]  # fmt: skip

@@ -165,3 +165,21 @@ def test_metrics_match_sklearn_and_bootstrap_brackets_the_estimate() -> None:
     y3 = rng.integers(0, 3, 90)
     assert auroc(y3, three) == pytest.approx(roc_auc_score(y3, three, multi_class="ovr", average="macro"))
     assert np.isnan(auroc(np.zeros(5, int), probs[:5]))
+
+
+def test_a_table_matching_no_input_says_so_with_both_sides_ids(tmp_path: Path) -> None:
+    """Not `class(es) with fewer than two patients: LUAD (0), LUSC (0)`: the ids never met."""
+    found = {s: tmp_path / f"{s}.h5" for s in ("cmu-1", "cmu-2", "tcga-1", "tcga-2")}
+    other = _csv(tmp_path, "slide,label\nslide-a,LUAD\nslide-b,LUAD\nslide-c,LUSC\nslide-d,LUSC\n")
+    with pytest.raises(LabelError) as err:
+        match_items(read_labels(other, classes=CLASSES, columns=COLS), found, classes=CLASSES,
+                    labels_path=other)  # fmt: skip
+    msg = str(err.value)
+    assert msg.startswith(f"{other}: none of its 4 row(s) matches one of the 4 input file(s)")
+    assert "rows name e.g. slide-a, slide-b, slide-c" in msg and "inputs are e.g. cmu-1, cmu-2, tcga-1" in msg
+    assert "slide column must hold the input files' names" in msg
+    upper = _csv(tmp_path, "slide,label\nCMU-1.svs,LUAD\nCMU-2,LUAD\nTCGA-1,LUSC\nTCGA-2,LUSC\n")
+    for check in (True, False):  # training, and external validation (which scores what it gets)
+        with pytest.raises(LabelError, match=r"differ only by letter case \(e\.g\. 'CMU-1\.svs'\)"):
+            match_items(read_labels(upper, classes=CLASSES, columns=COLS), found, classes=CLASSES,
+                        labels_path=upper, check=check)  # fmt: skip
