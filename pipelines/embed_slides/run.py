@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import torch
 
-from wsi.bags import Bag, load_bag
+from wsi.bags import Bag, load_bag, no_bags_message
 from wsi.config import with_settings
 from wsi.errors import ConfigError, LabelError
 from wsi.files import is_temp_name
@@ -54,7 +54,7 @@ def find_bags(features: Path) -> dict[str, Path]:
         return {features.stem: features}
     bags = {p.stem: p for p in sorted(features.glob("*.h5")) if not is_temp_name(p)}
     if not bags:
-        raise ConfigError(f"no feature bags (*.h5) in {features}; give the folder `wsi embed` wrote")
+        raise ConfigError(no_bags_message(features))
     return bags
 
 

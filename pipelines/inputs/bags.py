@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from wsi.bags import bag_length, check_finite, find_bad_bags, load_bag, read_bag_attrs, read_bag_header
+from wsi.bags.folders import no_bags_message, tile_files_message
 from wsi.config import MAX_MPP
 from wsi.errors import ConfigError, WsiError
 from wsi.files import is_temp_name
@@ -262,10 +263,9 @@ class BagInput:
             if source.is_dir():
                 files = sorted(p for p in source.glob(f"*{BAG_SUFFIX}") if not is_temp_name(p))
                 if not files:
-                    raise ConfigError(
-                        f"no feature bags (*.h5) in {source}; give the folder `wsi embed` wrote, "
-                        "e.g. RUN/features/<encoder>"
-                    )
+                    raise ConfigError(no_bags_message(source))
+                if (tiles := tile_files_message(source)) is not None:
+                    raise ConfigError(tiles)
             elif source.is_file() and source.suffix == BAG_SUFFIX:
                 files = [source]
             else:

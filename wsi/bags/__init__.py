@@ -40,6 +40,7 @@ Public API:
                                          writes the `wsi-bag` layout atomically (see docs/architecture.md)
   upgrade_bag(path) -> bool              adds `feat_type` to a bag of ours written before it existed
   bag_info(path, *, mpp=None) -> dict    the summary `wsi info` prints
+  no_bags_message(folder) -> str         "no feature bags in FOLDER", naming bag folders below it
   FORMAT, FORMAT_VERSION, LAYOUTS, FEAT_TYPE
 Every reader opens a bag through `safe.open_bag_file` (one place): external links, external raw storage,
 virtual datasets, soft links that dangle or loop, non-float features, shapes the file does not store and
@@ -56,6 +57,7 @@ from wsi.bags.check import (
     finite_chunks,
     scan_bag,
 )
+from wsi.bags.folders import bag_folders_below, no_bags_message
 from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
 from wsi.bags.geometry import grid_step
 from wsi.bags.info import bag_info
@@ -88,6 +90,7 @@ __all__ = [
     "NonFiniteFeaturesError",
     "Rows",
     "available_memory",
+    "bag_folders_below",
     "bag_info",
     "bag_layout",
     "bag_length",
@@ -98,6 +101,7 @@ __all__ = [
     "grid_step",
     "is_complete_bag",
     "load_bag",
+    "no_bags_message",
     "open_bag_stream",
     "read_bag_attrs",
     "read_bag_header",
