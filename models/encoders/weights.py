@@ -106,19 +106,29 @@ def load_state_dict_file(path: str | os.PathLike[str]) -> StateDict:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln]
         if not found:  # not a pickle of objects at all: damaged or some other file
-            raise WeightsError(
-                f"{path} is not a readable PyTorch checkpoint ({text.strip()[:200]})"
-            ) from None
+            after = text.split("WeightsUnpickler error:", 1)
+            lines = [ln.strip() for ln in (after[1] if len(after) > 1 else "").splitlines() if ln.strip()]
+            raise WeightsError(_not_a_checkpoint(path, lines[0] if lines else "")) from None
         what = f" ({found[0].split(' was not an allowed')[0]})"
         raise WeightsError(
             f"{path} contains Python objects other than tensors{what}; they are not loaded because "
             "unpickling can run arbitrary code. Save only the state dict: torch.save(model.state_dict(), ...)"
         ) from None
     except Exception as exc:  # an untrusted file: torch's unpickler fails in many ways on garbage
-        raise WeightsError(
-            f"{path} is not a readable PyTorch checkpoint ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from None
+        first = str(exc).strip().split(". ")[0][:200]  # torch's first sentence: the rest is advice
+        raise WeightsError(_not_a_checkpoint(path, f"{type(exc).__name__}: {first}")) from None
     return _unwrap(obj, path)
+
+
+def _not_a_checkpoint(path: Path, why: str) -> str:
+    """What a file torch cannot read at all is, and what to do. Only torch's reason is kept: its advice
+    for the unpickler (re-run with weights_only=False) is the unsafe way around it."""
+    detail = f" ({why})" if why else ""
+    return (
+        f"{path} is not a PyTorch checkpoint: its bytes are not what torch.save writes{detail}. It is "
+        "damaged (download it again and compare its sha256) or another kind of file; give the checkpoint "
+        "(.safetensors, .bin, .pth) or the model folder"
+    )
 
 
 def located_weights(

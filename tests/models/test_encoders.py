@@ -129,6 +129,17 @@ def test_pickled_objects_are_refused(tmp_path: Path) -> None:
         load_state_dict_file(_write(tmp_path / "junk.pth", b"definitely not a checkpoint"))
     with pytest.raises(WeightsError, match="no state dict"):
         load_state_dict_file(_save(tmp_path / "list.pth", [1, 2, 3]))
+    # binary that is no checkpoint (a JPEG, a cut download): named, without torch's advice to unpickle
+    noise = _write(tmp_path / "noise.pth", bytes([0xFF, 0xD8, 0xFF, 0xE0, 0x7C, 0x95]) * 500)
+    with pytest.raises(WeightsError) as err:
+        load_state_dict_file(noise)
+    msg = str(err.value)
+    assert msg.startswith(f"{noise} is not a PyTorch checkpoint") and "download it again" in msg
+    assert "weights_only" not in msg
+    whole = _save(tmp_path / "whole.pth", {"conv1.weight": torch.zeros(4096)}).read_bytes()
+    cut = _write(tmp_path / "cut.pth", whole[: len(whole) // 2])  # a download cut short
+    with pytest.raises(WeightsError, match=r"cut\.pth is not a PyTorch checkpoint.*download it again"):
+        load_state_dict_file(cut)
 
 
 def _write(path: Path, data: bytes) -> Path:
