@@ -200,3 +200,23 @@ def test_write_probe_failure_is_reported_even_as_root(
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "cannot write into the folder (Permission denied)" in result.stderr and "chmod" in result.stderr
     assert not list((tmp_path / "o").iterdir())  # no slide was tiled
+
+
+def test_ctrl_c_says_how_to_go_on(slides: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not click's bare `Aborted!`: what was kept and the command that goes on, exit 130."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("wsi.pipelines.tile.stage.tile_slides", interrupted)
+    result = _run(str(slides), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 130 and "Aborted" not in result.output
+    assert "wsi tile: interrupted; finished slides are kept; run the same command again" in result.stderr
+
+    monkeypatch.setattr("wsi.pipelines.train.train", interrupted)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("slide,label\na,LUAD\n")
+    result = CliRunner().invoke(cli, ["train", "--task", "nsclc-subtype", "--features", str(tmp_path),
+                                      "--labels", str(labels), "--out", str(tmp_path / "m")])  # fmt: skip
+    assert result.exit_code == 130, result.output
+    assert "wsi train: interrupted; finished epochs are kept in --out; add --resume" in result.stderr

@@ -22,10 +22,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_PARTIAL_FAILURE = 1
 #: exit code for a usage or input error before any work started
 EXIT_USAGE = 2
+#: exit code after Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
+
+#: what to do after Ctrl-C, by command: outputs are written atomically, so what finished is kept
+AFTER_INTERRUPT = {
+    "tile": "finished slides are kept; run the same command again to go on (they are skipped)",
+    "embed": "finished bags are kept; run the same command again to go on (they are skipped)",
+    "embed-slides": "finished embeddings are kept; run the same command again to go on (they are skipped)",
+    "predict": "finished slides are in --out; run the same command again to go on (they are skipped)",
+    "train": "finished epochs are kept in --out; add --resume to the same command to continue",
+    "demo": "run it again to go on: finished stages are re-used",
+}
 
 
 def user_errors(func: F) -> F:
-    """Print a `WsiError` as one clear line (no traceback) and exit with code 2."""
+    """Print a `WsiError` as one clear line (no traceback) and exit with code 2; after Ctrl-C, say how
+    to go on (click's own `Aborted!` says nothing of the work kept) and exit 130."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -34,6 +47,12 @@ def user_errors(func: F) -> F:
         except WsiError as exc:
             click.echo(f"Error: {exc}", err=True)
             raise SystemExit(EXIT_USAGE) from None
+        except KeyboardInterrupt:
+            ctx = click.get_current_context(silent=True)
+            name = ctx.info_name if ctx is not None else None
+            hint = AFTER_INTERRUPT.get(str(name))
+            click.echo(f"\nwsi {name}: interrupted" + (f"; {hint}" if hint else ""), err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
 
     return cast(F, wrapper)
 
