@@ -176,8 +176,9 @@ def run_jobs(
     desc: str = "slides",
     worker_plugin: Any = None,
     at_once: int = 1,
+    progress: bool = True,
 ) -> list[JobResult]:
-    """Run `fn` on every item; return one JobResult per item in the order of `items`.
+    """Run `fn` on every item; return one JobResult per item in the order of `items`; `progress`: a bar.
 
     at_once: inline, run this many items at a time on threads (for work that releases the GIL, such as
     the tile stage's decoding and numpy: one item's single-threaded steps then overlap another's)."""
@@ -188,24 +189,26 @@ def run_jobs(
     if not items:
         results: list[JobResult] = []
     elif scheduler is None and (workers == 1 or len(items) == 1):  # no cluster start-up for one item
-        results = _run_inline(items, fn, desc, worker_plugin, at_once)
+        results = _run_inline(items, fn, desc, worker_plugin, at_once, progress=progress)
     else:
-        results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin)
+        results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin, progress=progress)
     log.info("%s", RunSummary.of(results, time.perf_counter() - start).line(desc))
     return results
 
 
-def _progress(total: int, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False)
+def _progress(total: int, desc: str, *, show: bool = True) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False, disable=not show)
 
 
-def _run_inline(items: list[Any], fn: Callable, desc: str, plugin: Any, at_once: int = 1) -> list[JobResult]:
+def _run_inline(
+    items: list[Any], fn: Callable, desc: str, plugin: Any, at_once: int = 1, *, progress: bool = True
+) -> list[JobResult]:
     plugins = {_plugin_name(plugin): plugin} if plugin is not None else {}
     token = _INLINE_PLUGINS.set(plugins)
     try:
         if plugin is not None and hasattr(plugin, "setup"):
             plugin.setup(worker=None)
-        with _progress(len(items), desc) as bar:
+        with _progress(len(items), desc, show=progress) as bar:
             if at_once > 1 and len(items) > 1:
                 return _run_threads(items, fn, bar, at_once)
             results = []
@@ -242,10 +245,11 @@ def _run_threads(items: list[Any], fn: Callable, bar: tqdm, at_once: int) -> lis
 
 
 def _run_dask(
-    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
-) -> list[JobResult]:
+    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any,
+    *, progress: bool = True,
+) -> list[JobResult]:  # fmt: skip
     with _quiet_distributed():
-        return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin)
+        return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin, progress=progress)
 
 
 @contextmanager
@@ -265,8 +269,9 @@ def _quiet_distributed() -> Iterator[None]:
 
 
 def _run_dask_quietly(
-    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any
-) -> list[JobResult]:
+    items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any,
+    *, progress: bool = True,
+) -> list[JobResult]:  # fmt: skip
     from distributed import Client, as_completed
 
     cluster = None
@@ -291,7 +296,7 @@ def _run_dask_quietly(
         futures = client.map(_call, [fn] * len(items), items, pure=False)
         index = {future.key: i for i, future in enumerate(futures)}
         results: list[JobResult | None] = [None] * len(items)
-        with _progress(len(items), desc) as bar:
+        with _progress(len(items), desc, show=progress) as bar:
             for future in as_completed(futures):
                 i = index[future.key]
                 try:

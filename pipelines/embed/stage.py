@@ -318,7 +318,7 @@ def _embed_slides_locked(
 
     tiled = tile_slides(
         sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
-        scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite,
+        scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite, progress=progress,
     )  # fmt: skip
     ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
     carried = [_carried(r) for r in tiled if r.status in ("failed", "empty")]

@@ -41,6 +41,7 @@ class TileOptions:
         None, ge=1, le=1024, default_text="cores / workers, at most 4", help="Reader threads per slide."
     )
     save_tiles: bool = setting(False, help="Also store the kept tiles' pixels (zarr) for embedding.")
+    progress: bool = setting(True, help="Progress bars (--no-progress: none).")
     overwrite: bool = setting(
         False,
         help="Redo slides whose output is already complete (also replaces another slide's tiles of the "

@@ -150,7 +150,10 @@ def tile_slides(
         # files) overlap the other's reads and filters and both cores stay busy
         at_once = min(2, os.cpu_count() or 1)
         ran = iter(
-            run_jobs(todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile", at_once=at_once)
+            run_jobs(
+                todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile", at_once=at_once,
+                progress=opts.progress,
+            )
         )
         results = [
             JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)

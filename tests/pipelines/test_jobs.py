@@ -191,3 +191,20 @@ def test_a_manifest_written_before_the_note_column_still_reads(tmp_path: Path) -
     with path.open(newline="") as fh:
         rows = {r["slide"]: r for r in csv.DictReader(fh)}
     assert rows["s1"]["note"] == "" and rows["s2"]["note"] == "no heatmap" and rows["s1"]["tiles"] == "12"
+
+
+def test_no_progress_draws_no_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    """`wsi predict --no-progress` on raw slides still drew the tile stage's bar: it reaches run_jobs."""
+    items = [Item(str(i), str(i)) for i in range(3)]
+    run_jobs(items, square, desc="tile", progress=False)
+    assert "tile:" not in capsys.readouterr().err
+    run_jobs(items, square, desc="tile")
+    assert "tile:" in capsys.readouterr().err  # the default draws it
+
+
+def test_tile_slides_pass_progress_on(sample_slide, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.sources import find_slides
+
+    tile_slides(find_slides([sample_slide.path]), out_dir=tmp_path / "o", progress=False)
+    assert "tile:" not in capsys.readouterr().err

@@ -25,7 +25,7 @@ TILE_OPTION_FLAGS = {
     "--mpp": "mpp", "--backend": "backend", "--workers": "workers", "--scheduler": "scheduler",
     "--threads": "threads", "--save-tiles": "save_tiles", "--overwrite": "overwrite",
     "--background": "background", "--roi": "roi", "--mpp-override": "mpp_override", "--review": "review",
-    "--max-read-gpx": "max_read_gpx",
+    "--max-read-gpx": "max_read_gpx", "--progress": "progress",
 }  # fmt: skip
 SEGMENTATION_FLAGS = {
     "--tissue-model": "tissue_model", "--tissue-weights": "tissue_weights",
