@@ -109,7 +109,9 @@ class RunSummary:
         parts = ", ".join(f"{n} {names.get(status, status)}" for status, n in shown)
         timing = ""
         if self.seconds > 0:
-            timing = f" in {self.seconds:.1f} s ({self.produced / self.seconds:.0f} {unit}/s)"
+            rate = self.produced / self.seconds  # slow items (images on a CPU) show 0.24/s, not 0/s
+            shown = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
+            timing = f" in {self.seconds:.1f} s ({shown} {unit}/s)"
         return f"{stage}: {self.total} {noun}: {parts}; {self.produced} {unit}{timing}"
 
 

@@ -79,7 +79,7 @@ class PredictResult:
     rows: list[dict[str, Any]]  # slide (or patient, slides), the output columns, derived columns
     results: list[JobResult] = field(default_factory=list)  # one per case, failures included
     metrics: dict[str, Any] | None = None  # with labels_csv: what metrics.json holds
-    level: str = "slide"  # what a row is: "slide", or "patient" for a patient-level task
+    level: str = "slide"  # what a row is: "slide" ("image" for image tasks), or "patient" (patient-level)
 
     @property
     def summary(self) -> RunSummary:
@@ -176,7 +176,8 @@ def _finish(
     labels = {"ok": "predicted", "skipped": "already predicted"}
     csv_path = out / "predictions.csv"
     log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
-    return PredictResult(out, csv_path, rows, results, figures, level=task.level)
+    level = "image" if task.level == "slide" and run.adapter.name != BAGS else task.level
+    return PredictResult(out, csv_path, rows, results, figures, level=level)
 
 
 def _patient_means(

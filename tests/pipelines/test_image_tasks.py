@@ -115,10 +115,11 @@ def test_2d_task_trains_predicts_and_skips_corrupt_images(
 
     # prediction: a folder (the corrupt files are skipped again) and one file named directly
     preds = tmp_path / "preds"
-    _invoke(
+    said = _invoke(
         ["predict", "--model", str(run), str(folder / "sub"), str(folder / "lesion00.jpg"),
          "--out", str(preds), "--device", "cpu", "--no-progress"]
     )  # fmt: skip
+    assert "4 image(s) predicted, 0 failed" in said  # images, not slides
     rows = list(csv.DictReader((preds / "predictions.csv").open()))
     assert sorted(r["slide"] for r in rows) == ["lesion00", "lesion09", "lesion10", "lesion11"]
     for r in rows:

@@ -15,6 +15,7 @@ from distributed import WorkerPlugin
 from wsi.errors import SlideError
 from wsi.pipelines.jobs import (
     JobResult,
+    RunSummary,
     close_local_cluster,
     read_manifest,
     run_jobs,
@@ -208,3 +209,10 @@ def test_tile_slides_pass_progress_on(sample_slide, tmp_path: Path, capsys: pyte
 
     tile_slides(find_slides([sample_slide.path]), out_dir=tmp_path / "o", progress=False)
     assert "tile:" not in capsys.readouterr().err
+
+
+def test_summary_rate_keeps_its_digits_below_ten_per_second() -> None:
+    results = [JobResult(str(i), str(i), "ok", n=1) for i in range(5)]
+    slow = RunSummary.of(results, 20.8).line("predict", unit="images")
+    assert slow.endswith("5 images in 20.8 s (0.24 images/s)")
+    assert RunSummary.of(results, 0.25).line("tile", unit="tiles").endswith("5 tiles in 0.2 s (20 tiles/s)")
