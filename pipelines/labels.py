@@ -163,7 +163,8 @@ def _read_table(
                 if patient_table
                 else ""
             )
-            + f" and {what}; found columns: {', '.join(header) or 'none'}"
+            + f" and {what}; found columns: {', '.join(header) or 'none'}. Rename the columns, or name "
+            "yours under `columns:` in a task YAML (configs/tasks/*.yaml show how)"
         )
     rows: list[LabelRow] = []
     bad: list[str] = []

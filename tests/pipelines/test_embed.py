@@ -255,6 +255,7 @@ def test_cli_embeds_slides_directly(make_slide, tmp_path: Path) -> None:
             "--input-px", "64", "--readers", "0", "--tile-um", "128", "--tile-px", "32"]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
+    assert f" -> {tmp_path / BAGS}\n" in result.output  # the folder `wsi train --features` takes
     assert (tmp_path / "tiles" / "emb-direct.h5").is_file()
     bag = load_bag(tmp_path / BAGS / "emb-direct.h5")
     assert len(bag) == len(read_tile_file(tmp_path / "tiles" / "emb-direct.h5")) > 0

@@ -51,8 +51,9 @@ def test_duplicate_slides_are_named_by_row(tmp_path: Path) -> None:
 
 def test_missing_columns_name_what_was_found(tmp_path: Path) -> None:
     path = _csv(tmp_path, "name,diagnosis\na,LUAD\n")
-    with pytest.raises(LabelError, match="found columns: name, diagnosis"):
+    with pytest.raises(LabelError, match="found columns: name, diagnosis") as err:
         read_labels(path, classes=CLASSES, columns=COLS)
+    assert "name yours under `columns:` in a task YAML" in str(err.value)  # and how to fix it
 
 
 def test_aliases_and_semicolons(tmp_path: Path) -> None:

@@ -198,7 +198,7 @@ def _report(results: list[Any], out_dir: Path | Url, names: list[str]) -> bool:
         rows = by_encoder.get(encoder_id, [])
         summary = RunSummary.of(rows)
         stage = "embed" if len(names) == 1 else f"embed {encoder_id}"
-        folder = out_dir / "features" / (encoder_id if len(names) > 1 else "")
+        folder = out_dir / "features" / encoder_id  # what `wsi train --features` takes next
         click.echo(f"wsi {summary.line(stage, unit='tiles')} -> {folder}", err=True)
         ok = [r for r in rows if r.status == "ok"]
         for line in bad_tile_report(ok, out_dir=local_view(out_dir), encoder=name):
