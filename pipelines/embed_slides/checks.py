@@ -7,11 +7,15 @@ message naming both encoders (or both sizes) and the command that makes fitting 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from wsi.bags import Bag
-from wsi.errors import BagFormatError
+from wsi.bags import FORMAT, Bag, read_bag_attrs
+from wsi.errors import BagFormatError, ConfigError, WsiError
 from wsi.models.slide_encoders import SlideEncoderSpec
 
 log = logging.getLogger(__name__)
@@ -49,22 +53,50 @@ class TileSource:
 def tile_source(bag: Bag) -> TileSource:
     if bag.provenance is not None:
         return TileSource(bag.provenance.encoder, bag.provenance.weights_sha256)
-    extractor = str(bag.meta.get("extractor", "") or "")
+    return _source_of_attrs(bag.meta)
+
+
+def _source_of_attrs(attrs: Mapping[str, Any]) -> TileSource:
+    """`tile_source` from a bag's root attributes alone (no array read): ours, STAMP's, others'."""
+    if attrs.get("format") == FORMAT:
+        return TileSource(str(attrs.get("encoder", "") or ""), attrs.get("weights_sha256"))
+    extractor = str(attrs.get("extractor", "") or "")
     if extractor:
         base = extractor.rsplit("-", 1)[0] if extractor not in STAMP_EXTRACTORS else extractor
         name, digest = STAMP_EXTRACTORS.get(base, (base, None))
         return TileSource(name, digest)
-    return TileSource(str(bag.meta.get("encoder", "") or ""), None)
+    return TileSource(str(attrs.get("encoder", "") or ""), None)
+
+
+def check_folder(bags: Mapping[str, Path], spec: SlideEncoderSpec, name: str, folder: Path) -> None:
+    """Refuse at once (ConfigError) a folder none of whose bags was made by a tile encoder the slide
+    encoder reads: one line, not the same failure once per slide. Bags that cannot be read, or that do
+    not name their encoder, are left to the per-slide check."""
+    named: set[str] = set()
+    for path in bags.values():
+        with contextlib.suppress(OSError, ValueError, WsiError):
+            named.add(_source_of_attrs(read_bag_attrs(path)).encoder)
+    named.discard("")
+    if named and not named & set(spec.tile_encoders):
+        raise ConfigError(
+            f"{folder}: its {len(bags)} bag(s) hold {', '.join(sorted(named))} features, but slide encoder "
+            f"{name!r} reads {' or '.join(spec.tile_encoders)} features: {fix_for(spec)}"
+        )
+
+
+def fix_for(spec: SlideEncoderSpec) -> str:
+    """The commands that make bags a slide encoder reads."""
+    return (
+        f"make bags for it with `wsi tile SLIDES --out RUN --tile-um {spec.tile_size_um:g} --tile-px "
+        f"{round(spec.tile_size_um / spec.tile_mpp)}` then "
+        f"`wsi embed --tiles RUN --out RUN --encoder {spec.tile_encoders[0]}`"
+    )
 
 
 def check_bag(bag: Bag, spec: SlideEncoderSpec, name: str) -> TileSource:
     """Refuse a bag made by another tile encoder, other weights, or at another tile size/resolution."""
     source = tile_source(bag)
-    fix = (
-        f"make bags for it with `wsi tile SLIDES --out RUN --tile-um {spec.tile_size_um:g} --tile-px "
-        f"{round(spec.tile_size_um / spec.tile_mpp)}` then "
-        f"`wsi embed --tiles RUN --out RUN --encoder {spec.tile_encoders[0]}`"
-    )
+    fix = fix_for(spec)
     if not source.encoder:
         raise BagFormatError(
             f"{bag.path} does not say which tile encoder made it; slide encoder {name!r} needs "

@@ -26,7 +26,7 @@ from wsi.config import with_settings
 from wsi.errors import ConfigError, LabelError
 from wsi.files import is_temp_name
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
-from wsi.pipelines.embed_slides.checks import TileSource, check_bag
+from wsi.pipelines.embed_slides.checks import TileSource, check_bag, check_folder
 from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
@@ -193,6 +193,7 @@ def _embed_slides(
     dev = resolve_device(opts.device)
     model.to(dev)
     bags = find_bags(Path(features))
+    check_folder(bags, model.SPEC, model.name, Path(features))  # a wrong folder: one line, exit 2
     if opts.level == "patient":
         jobs = patient_jobs(bags, Path(str(slide_table)))
     else:

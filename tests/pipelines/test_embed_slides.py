@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from slide_bags import make_bag
 
 from wsi.cli.main import cli
+from wsi.errors import ConfigError
 from wsi.models.slide_encoders import build_slide_encoder
 from wsi.pipelines.embed_slides import embed_slides, read_embedding
 
@@ -88,8 +89,20 @@ def test_stamp_bag_names_its_extractor(tmp_path: Path) -> None:
         h5.attrs["unit"] = "um"
     _, ok = embed_slides(features=path, encoder="chief", random_init=True, out=tmp_path / "o")
     assert ok[0].status == "ok", ok[0].error
-    _, bad = embed_slides(features=path, encoder="feather", random_init=True, out=tmp_path / "o")
-    assert "holds ctranspath features, but slide encoder 'feather' reads conch-v1.5" in bad[0].error
+    with pytest.raises(ConfigError, match="hold ctranspath features, but slide encoder 'feather' reads"):
+        embed_slides(features=path, encoder="feather", random_init=True, out=tmp_path / "o")
+
+
+def test_a_folder_of_another_tile_encoders_bags_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Not the same failure once per slide and exit 1: the folder is the mistake (exit 2)."""
+    for slide in ("a", "b", "c"):
+        make_bag(tmp_path / "bags" / f"{slide}.h5", encoder="uni", dim=1024)
+    result = CliRunner().invoke(cli, ["embed-slides", "--features", str(tmp_path / "bags"), "--encoder",
+                                      "feather", "--random-init", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    want = f"{tmp_path / 'bags'}: its 3 bag(s) hold uni features, but slide encoder 'feather' reads conch"
+    assert want in result.output and result.output.count("hold uni features") == 1
+    assert "--encoder conch-v1.5" in result.output and not (tmp_path / "o" / "feather-slide").exists()
 
 
 @pytest.mark.parametrize("name,fusion", [("chief", "early"), ("feather", "late")])
