@@ -110,8 +110,8 @@ class RunSummary:
         timing = ""
         if self.seconds > 0:
             rate = self.produced / self.seconds  # slow items (images on a CPU) show 0.24/s, not 0/s
-            shown = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
-            timing = f" in {self.seconds:.1f} s ({shown} {unit}/s)"
+            per_s = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
+            timing = f" in {self.seconds:.1f} s ({per_s} {unit}/s)"
         return f"{stage}: {self.total} {noun}: {parts}; {self.produced} {unit}{timing}"
 
 
