@@ -268,6 +268,11 @@ def _check_resumable(run_dir: Path, record: RunRecord, resume: bool) -> None:
         for config in [record_path(run_dir), *(record_path(d) for d in run_dir.glob("fold-*"))]:
             config.unlink(missing_ok=True)
         return
+    if not resume and (run_dir / "metrics.json").is_file():  # finished: --resume has nothing to go on with
+        raise ConfigError(
+            f"{run_dir} holds a finished training run (its test figures: {run_dir / 'metrics.json'}); "
+            "give another --out to train again"
+        )
     if not resume:
         raise ConfigError(
             f"{run_dir} already holds a training run; use --resume to continue it or another --out"

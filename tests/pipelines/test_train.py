@@ -118,6 +118,8 @@ def test_resume_reaches_the_same_weights_as_an_uninterrupted_run(cohort, tmp_pat
 def test_resume_refuses_a_changed_task(cohort, tmp_path: Path) -> None:
     task = write_task(tmp_path / "task.yaml", epochs=1)
     _train(cohort, task, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"holds a finished training run .*\); give another --out"):
+        _train(cohort, task, tmp_path / "run")  # the same call again: done, not "use --resume"
     with pytest.raises(ConfigError, match="cannot resume"):
         _train(cohort, task, tmp_path / "run", resume=True, seed=99)
 
