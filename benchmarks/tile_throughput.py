@@ -49,7 +49,8 @@ import numpy as np
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.artifacts import ArtifactParams
-from wsi.pipelines.jobs import JobResult, close_local_cluster, run_jobs, start_local_cluster
+from wsi.pipelines.cluster import close_local_cluster, start_local_cluster
+from wsi.pipelines.jobs import JobResult, run_jobs
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
 from wsi.slide import open_slide
 from wsi.sources import SlideSource, find_slides

@@ -7,9 +7,8 @@ Public API:
         -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
-    start_local_cluster(workers) -> distributed.LocalCluster       # what workers>1 uses; caller closes
-    close_local_cluster(cluster)     # ... with it: a slow worker shutdown is a warning, not a failure
     read_manifest(path) -> list[JobResult]
+    JobsInterrupted(finished)        # Ctrl-C in run_jobs: `finished[i]` the row of item i, None if not done
     RunSummary.of(results, seconds) -> counts per status, items produced, `.line(stage)`, `.failed`
 
 `items` are objects with `slide_id` and `path` attributes (e.g. `wsi.sources.SlideSource`); `fn(item)`
@@ -29,8 +28,7 @@ import csv
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +41,7 @@ with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio +
 
 from wsi.errors import WsiError
 from wsi.files import disk_full_error, is_disk_full, write_csv_atomic
+from wsi.pipelines.cluster import close_local_cluster, quiet_distributed, start_local_cluster
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +66,16 @@ class JobResult:
     seconds: float = 0.0
     error: str = ""
     note: str = ""  # a case that succeeded without everything asked for: what is missing and why
+
+
+class JobsInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a batch. `finished` (in the order of the items) holds the rows of the items that
+    were done, None for the others, so a stage records them in its manifest before it stops: files are
+    the truth a re-run resumes from, but the manifest is what a user reads."""
+
+    def __init__(self, finished: Sequence[JobResult | None]) -> None:
+        super().__init__()
+        self.finished = list(finished)
 
 
 @dataclass(frozen=True)
@@ -213,10 +222,13 @@ def _run_inline(
         with _progress(len(items), desc, show=progress) as bar:
             if at_once > 1 and len(items) > 1:
                 return _run_threads(items, fn, bar, at_once)
-            results = []
-            for item in items:
-                results.append(_call(fn, item))
-                bar.update()
+            results: list[JobResult] = []
+            try:
+                for item in items:
+                    results.append(_call(fn, item))
+                    bar.update()
+            except KeyboardInterrupt:
+                raise JobsInterrupted([*results, *[None] * (len(items) - len(results))]) from None
             return results
     finally:
         if plugin is not None and hasattr(plugin, "teardown"):
@@ -232,17 +244,29 @@ def _run_threads(items: list[Any], fn: Callable, bar: tqdm, at_once: int) -> lis
     results: list[JobResult | None] = [None] * len(items)
     with ThreadPoolExecutor(at_once, thread_name_prefix="job") as pool:
         running: dict[Future[JobResult], int] = {}
-        for i, item in enumerate(items):
-            if len(running) >= at_once:  # submit as slots free up: a later item never waits on an earlier
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    results[running.pop(future)] = future.result()
-                    bar.update()
-            context = contextvars.copy_context()
-            running[pool.submit(context.run, _call, fn, item)] = i
-        for future in running:
-            results[running[future]] = future.result()
-            bar.update()
+        try:
+            for i, item in enumerate(items):
+                if len(running) >= at_once:  # submit as slots free up: a later item never waits on an earlier
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        at = running.pop(future)
+                        results[at] = future.result()
+                        bar.update()
+                context = contextvars.copy_context()
+                running[pool.submit(context.run, _call, fn, item)] = i
+            for future in list(running):
+                at = running.pop(future)
+                results[at] = future.result()
+                bar.update()
+        except KeyboardInterrupt:  # the items running finish (their files are whole), no new one starts
+            now = sum(not f.done() for f in running)
+            if now:
+                log.warning("stopping: waiting for %d running item(s) to finish (Ctrl-C again: at once)", now)
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, i in running.items():
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    results[i] = future.result()
+            raise JobsInterrupted(results) from None
     return [r for r in results if r is not None]
 
 
@@ -250,24 +274,8 @@ def _run_dask(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any,
     *, progress: bool = True,
 ) -> list[JobResult]:  # fmt: skip
-    with _quiet_distributed():
+    with quiet_distributed():
         return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin, progress=progress)
-
-
-@contextmanager
-def _quiet_distributed() -> Iterator[None]:
-    """Keep dask's per-cluster INFO chatter (scheduler, nanny, worker start/stop) off the user's
-    terminal unless debug logging is on; the level is restored afterwards."""
-    import distributed  # noqa: F401  (importing it sets its log levels from dask's config: do it first)
-
-    logger = logging.getLogger("distributed")
-    old = logger.level
-    if not log.isEnabledFor(logging.DEBUG):
-        logger.setLevel(max(old, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
 
 
 def _run_dask_quietly(
@@ -299,58 +307,23 @@ def _run_dask_quietly(
         index = {future.key: i for i, future in enumerate(futures)}
         results: list[JobResult | None] = [None] * len(items)
         with _progress(len(items), desc, show=progress) as bar:
-            for future in as_completed(futures):
-                i = index[future.key]
-                try:
-                    results[i] = future.result()
-                except Exception as exc:  # the worker died (e.g. a crash in a slide library)
-                    results[i] = JobResult(
-                        _item_id(items[i]), _item_path(items[i]), "failed", error=describe_error(exc)
-                    )
-                bar.update()
+            try:
+                for future in as_completed(futures):
+                    i = index[future.key]
+                    try:
+                        results[i] = future.result()
+                    except Exception as exc:  # the worker died (e.g. a crash in a slide library)
+                        results[i] = JobResult(
+                            _item_id(items[i]), _item_path(items[i]), "failed", error=describe_error(exc)
+                        )
+                    bar.update()
+            except KeyboardInterrupt:  # the cluster stops below: what finished is in `results`
+                raise JobsInterrupted(results) from None
         return [r for r in results if r is not None]
     finally:
         client.close()
         if cluster is not None:
             close_local_cluster(cluster)
-
-
-def start_local_cluster(workers: int) -> Any:
-    """A quiet dask.distributed LocalCluster of `workers` processes, one thread each, no dashboard.
-
-    dask starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also freezes glibc's mmap threshold at
-    128 KiB: every tile-sized numpy temporary then costs fresh page faults, and the tile stage measured
-    2x slower in a worker than inline. Our jobs free their memory per slide, so we leave glibc's
-    defaults in place. The caller closes the cluster.
-    """
-    import dask
-    from distributed import LocalCluster
-
-    with (
-        _quiet_distributed(),
-        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}),
-    ):
-        return LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",  # None still binds 8787 and warns when taken
-            silence_logs=logging.WARNING,
-        )
-
-
-def close_local_cluster(cluster: Any) -> None:
-    """Close a cluster from `start_local_cluster`. On a loaded machine a worker process may take longer
-    to exit than dask's nanny waits (a few seconds); the nanny then kills it and `close()` raises
-    TimeoutError, after every result is in. That must not turn a finished run into a traceback (and
-    lose its manifest), so it is a warning."""
-    try:
-        cluster.close()
-    except (TimeoutError, OSError) as exc:
-        log.warning(
-            "dask's local cluster did not shut down in time (%s); its worker processes were stopped",
-            type(exc).__name__,
-        )
 
 
 def write_manifest(path: str | Path, results: Sequence[JobResult], *, keep_others: bool = True) -> None:

@@ -269,34 +269,40 @@ def embed_works(
     ):
         if decoder is not None:  # raw JPEG tiles -> (b, P, P, 3) uint8 on the device, a batch ahead
             batches = decode_ahead(batches, decoder)
-        for batch in batches:
-            i = batch.slide_index
-            acc, work = accs[i], works[i]
-            b = int(batch.tiles.shape[0])
-            acc.start = acc.start or time.perf_counter()
-            if batch.error:
-                acc.error = batch.error
-            elif not acc.error:
-                _encode_batch(acc, work, runtimes, batch, norm)
-            acc.done += b
-            bar.update(b)
-            if acc.done < work.tiles.n:
-                continue
-            for k, job in enumerate(work.jobs):
-                if job is None:
+        interrupted = False
+        try:
+            for batch in batches:
+                i = batch.slide_index
+                acc, work = accs[i], works[i]
+                b = int(batch.tiles.shape[0])
+                acc.start = acc.start or time.perf_counter()
+                if batch.error:
+                    acc.error = batch.error
+                elif not acc.error:
+                    _encode_batch(acc, work, runtimes, batch, norm)
+                acc.done += b
+                bar.update(b)
+                if acc.done < work.tiles.n:
                     continue
-                try:
-                    kwargs = _finish(job, acc, k, runtimes[k], options, stain)
-                except _SlideFailed as exc:
-                    results[i][k] = _failed(job, str(exc), time.perf_counter() - acc.start)
-                except Exception as exc:  # a failure in one slide never stops the others
-                    log.debug("%s failed", job.tiles.slide_id, exc_info=True)
-                    results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
-                else:
-                    n_ok = len(kwargs["feats"])
-                    future = writer.submit(_write, job.bag_path, kwargs, publish)
-                    writes.append((i, k, job, future, acc.start, n_ok))
-            del accs[i]
+                for k, job in enumerate(work.jobs):
+                    if job is None:
+                        continue
+                    try:
+                        kwargs = _finish(job, acc, k, runtimes[k], options, stain)
+                    except _SlideFailed as exc:
+                        results[i][k] = _failed(job, str(exc), time.perf_counter() - acc.start)
+                    except Exception as exc:  # a failure in one slide never stops the others
+                        log.debug("%s failed", job.tiles.slide_id, exc_info=True)
+                        results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
+                    else:
+                        n_ok = len(kwargs["feats"])
+                        future = writer.submit(_write, job.bag_path, kwargs, publish)
+                        writes.append((i, k, job, future, acc.start, n_ok))
+                del accs[i]
+        except KeyboardInterrupt:  # Ctrl-C: the bags already queued are written (whole), then stop
+            interrupted = True
+            with contextlib.suppress(Exception):
+                getattr(batches, "close", lambda: None)()  # the readers stop
         for i, k, job, future, start, n_ok in writes:
             try:
                 finished = future.result()
@@ -305,7 +311,18 @@ def embed_works(
                 )
             except Exception as exc:
                 results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - start)
+    if interrupted:
+        raise EmbedInterrupted(results)
     return results
+
+
+class EmbedInterrupted(KeyboardInterrupt):
+    """Ctrl-C while embedding: `finished[work][encoder]`, the rows of the bags that were written (None
+    for the others), for the manifests."""
+
+    def __init__(self, finished: list[list[JobResult | None]]) -> None:
+        super().__init__()
+        self.finished = finished
 
 
 def embed_stream(

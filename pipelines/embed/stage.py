@@ -47,13 +47,20 @@ from wsi.output_lock import output_lock
 from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
 from wsi.pipelines.embed.config import EmbedOptions
-from wsi.pipelines.embed.engine import SlideWork, WorkResult, embed_works
+from wsi.pipelines.embed.engine import EmbedInterrupted, SlideWork, WorkResult, embed_works
 from wsi.pipelines.embed.gpus import Gpus, assign_gpus
 from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from wsi.pipelines.embed.remote import embed_item_remote, local_tiles, publisher
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference
-from wsi.pipelines.jobs import JobResult, RunSummary, describe_error, run_jobs, write_manifest
+from wsi.pipelines.jobs import (
+    JobResult,
+    JobsInterrupted,
+    RunSummary,
+    describe_error,
+    run_jobs,
+    write_manifest,
+)
 from wsi.storage import Mirror, origin, remote_output
 from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 
@@ -175,20 +182,37 @@ def _embed_tiles_locked(
     for enc_rows in rows:
         enc_rows += unreadable  # a tile file that cannot be read fails for every encoder
     if works:
-        done = _run(works, encoders, options, stain, devices, workers, scheduler, progress, remote)
-        for work_rows in done:
-            for k, row in enumerate(work_rows):
-                if row is not None:
-                    rows[k].append(row)
+        try:
+            done = _run(works, encoders, options, stain, devices, workers, scheduler, progress, remote)
+        except EmbedInterrupted as stop:  # Ctrl-C: the manifests record the bags that were finished
+            _add(rows, stop.finished)
+            _record(rows, ids, files, out_dir, remote, seconds=None)
+            raise
+        _add(rows, done)
+    return _record(rows, ids, files, out_dir, remote, seconds=time.perf_counter() - start)
+
+
+def _add(rows: list[list[JobResult]], done: list[list[JobResult | None]]) -> None:
+    for work_rows in done:
+        for k, row in enumerate(work_rows):
+            if row is not None:
+                rows[k].append(row)
+
+
+def _record(
+    rows: list[list[JobResult]], ids: list[str], files: Sequence[Path], out_dir: str | os.PathLike[str],
+    remote: Mirror | None, *, seconds: float | None,
+) -> list[JobResult]:  # fmt: skip
+    """One manifest per encoder (and its summary line, unless interrupted); the rows, encoder by encoder."""
     order = {f.stem: i for i, f in enumerate(files)}
     results: list[JobResult] = []
-    seconds = time.perf_counter() - start
     for encoder_id, enc_rows in zip(ids, rows, strict=True):
         enc_rows.sort(key=lambda r: order.get(r.slide_id, len(order)))
         tagged = [BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in enc_rows]
         out = bag_dir(out_dir, encoder_id)
         write_manifest(out / "manifest.csv", tagged)
-        _summary(tagged, seconds, out, encoder_id if len(ids) > 1 else "")
+        if seconds is not None:
+            _summary(tagged, seconds, out, encoder_id if len(ids) > 1 else "")
         results += tagged
     if remote is not None:  # the manifests, and finished bags a failed upload or an upgrade left behind
         remote.push_all("features")
@@ -237,17 +261,27 @@ def _embed_dask(
         fn = functools.partial(
             embed_item_remote, options=options, remote=str(remote.url), client_root=str(remote.local)
         )
-    results = run_jobs(
-        items,
-        fn,
-        workers=workers,
-        scheduler=scheduler,
-        desc="embed",
-        worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
-    )
+    try:
+        results: Sequence[JobResult | None] = run_jobs(
+            items,
+            fn,
+            workers=workers,
+            scheduler=scheduler,
+            desc="embed",
+            worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
+        )
+    except JobsInterrupted as stop:
+        raise EmbedInterrupted(_bag_rows(works, stop.finished)) from None
+    return _bag_rows(works, results)
+
+
+def _bag_rows(works: list[SlideWork], results: Sequence[JobResult | None]) -> list[list[JobResult | None]]:
+    """Per work, one row per encoder from a dask job's result (None: not finished)."""
     out: list[list[JobResult | None]] = []
     for work, r in zip(works, results, strict=True):
-        if isinstance(r, WorkResult):
+        if r is None:
+            out.append([None] * len(work.jobs))
+        elif isinstance(r, WorkResult):
             out.append(list(r.bags))
         else:  # the worker died, or the job raised: every bag of the slide failed with its reason
             out.append([None if job is None else JobResult(r.slide_id, r.path, "failed", seconds=r.seconds,

@@ -45,7 +45,7 @@ from typing import Any
 from wsi.config import with_settings
 from wsi.errors import ConfigError
 from wsi.output_lock import output_lock
-from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.jobs import JobResult, JobsInterrupted, run_jobs, write_manifest
 from wsi.pipelines.remote import mirrored_job
 from wsi.pipelines.tile.checks import (
     check_moved,
@@ -78,7 +78,7 @@ from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
 from wsi.qupath import ReviewFile, Roi
 from wsi.slide import Slide
 from wsi.sources import SlideSource
-from wsi.storage import remote_output
+from wsi.storage import Mirror, remote_output
 from wsi.suffixes import TILE_FILE_SUFFIX
 from wsi.thumbnail import read_thumbnails
 from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
@@ -149,20 +149,31 @@ def tile_slides(
         # one process: two slides at a time, so one slide's single-threaded steps (mask, QC picture,
         # files) overlap the other's reads and filters and both cores stay busy
         at_once = min(2, os.cpu_count() or 1)
-        ran = iter(
-            run_jobs(
-                todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile", at_once=at_once,
-                progress=opts.progress,
-            )
-        )
-        results = [
-            JobResult(src.slide_id, str(src.path), "failed", error=refused[i]) if i in refused else next(ran)
-            for i, src in enumerate(sources)
-        ]
-        write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
-        if remote is not None:
-            remote.push(["tiles/manifest.csv"])
+        try:
+            ran = iter(
+                run_jobs(
+                    todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile",
+                    at_once=at_once, progress=opts.progress,
+                )
+            )  # fmt: skip
+        except JobsInterrupted as stop:  # Ctrl-C: the manifest records the slides that were finished
+            done = iter(stop.finished)
+            rows = [_refused(s, refused[i]) if i in refused else next(done) for i, s in enumerate(sources)]
+            _record([r for r in rows if r is not None], job, remote)
+            raise
+        results = [_refused(src, refused[i]) if i in refused else next(ran) for i, src in enumerate(sources)]
+        _record(results, job, remote)
     return results
+
+
+def _refused(source: SlideSource, why: str) -> JobResult:
+    return JobResult(source.slide_id, str(source.path), "failed", error=why)
+
+
+def _record(results: list[JobResult], job: TileJob, remote: Mirror | None) -> None:
+    write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
+    if remote is not None:
+        remote.push(["tiles/manifest.csv"])
 
 
 def tile_slide(source: SlideSource, job: TileJob) -> JobResult:

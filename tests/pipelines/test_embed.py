@@ -203,6 +203,34 @@ def test_resume_after_an_interrupted_run(
     ]  # fmt: skip
 
 
+def test_ctrl_c_keeps_the_finished_bags_in_the_manifest(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the second slide is embedded: the first one's bag is written whole and is in the
+    encoder's manifest.csv; the rerun skips it."""
+    import wsi.pipelines.embed.engine as engine
+
+    shutil.copytree(run_dir / "tiles", tmp_path / "tiles")
+    real = engine._encode_batch
+
+    def ctrl_c_at_slide_1(acc, work, runtimes, batch, norm):  # type: ignore[no-untyped-def]
+        if batch.slide_index == 1:
+            raise KeyboardInterrupt
+        return real(acc, work, runtimes, batch, norm)
+
+    monkeypatch.setattr(engine, "_encode_batch", ctrl_c_at_slide_1)
+    with pytest.raises(KeyboardInterrupt):
+        embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path, options=OPTIONS, progress=False)
+    with open(tmp_path / BAGS / "manifest.csv", newline="") as fh:
+        rows = [(r["slide"], r["status"], int(r["tiles"])) for r in csv.DictReader(fh)]
+    assert rows == [("emb-a", "ok", len(load_bag(tmp_path / BAGS / "emb-a.h5")))]
+    assert [p.name for p in (tmp_path / BAGS).glob("*.h5")] == ["emb-a.h5"]
+
+    monkeypatch.setattr(engine, "_encode_batch", real)
+    results = embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path, options=OPTIONS, progress=False)
+    assert [(r.slide_id, r.status) for r in results] == [("emb-a", "skipped"), ("emb-b", "ok")]
+
+
 def test_nan_features_fail_the_slide(run_dir: Path, tmp_path: Path) -> None:
     enc = build_encoder(ENCODER, random_init=True)
     state = {k: v.clone() for k, v in enc.backbone.state_dict().items()}

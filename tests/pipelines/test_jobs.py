@@ -13,13 +13,13 @@ import pytest
 from distributed import WorkerPlugin
 
 from wsi.errors import SlideError
+from wsi.pipelines.cluster import close_local_cluster, start_local_cluster
 from wsi.pipelines.jobs import (
     JobResult,
+    JobsInterrupted,
     RunSummary,
-    close_local_cluster,
     read_manifest,
     run_jobs,
-    start_local_cluster,
     worker_plugin,
     write_manifest,
 )
@@ -106,6 +106,27 @@ def test_inline_at_once_runs_items_together_with_the_same_rows_in_order() -> Non
     assert all(r.error.startswith("BrokenBarrierError") for r in in_turn)  # one at a time: nobody met
     counted = run_jobs([Item(str(i), "x") for i in range(4)], uses_plugin, worker_plugin=Counter(), at_once=2)
     assert sorted(r.n for r in counted) == [1, 2, 3, 4] and len({r.path for r in counted}) == 1
+
+
+def ctrl_c_at_two(item: Item) -> JobResult:
+    if item.slide_id == "2":
+        raise KeyboardInterrupt  # what Ctrl-C raises in the main thread, here from the item itself
+    return square(item)
+
+
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_ctrl_c_hands_back_the_rows_of_the_items_that_finished(at_once: int) -> None:
+    """A stage writes its manifest from these before it stops: the items done are there with their real
+    rows, the one interrupted and those never started are None, in the order of the items."""
+    items = [Item(str(i), f"s{i}.svs") for i in range(20)]
+    with pytest.raises(JobsInterrupted) as stop:
+        run_jobs(items, ctrl_c_at_two, at_once=at_once, progress=False)
+    finished = stop.value.finished
+    assert isinstance(stop.value, KeyboardInterrupt) and len(finished) == len(items)
+    assert [(r.slide_id, r.status, r.n) for r in finished[:2] if r is not None] == [("0", "ok", 0), ("1", "ok", 1)]
+    assert finished[2] is None and all(r is None for r in finished[5:])  # no item starts after the stop
+    for item, row in zip(items, finished, strict=True):  # at_once=2: item 3 or 4 may have been running
+        assert row is None or (row.slide_id, row.n) == (item.slide_id, int(item.slide_id) ** 2)
 
 
 @pytest.mark.slow

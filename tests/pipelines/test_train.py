@@ -161,7 +161,7 @@ def test_cross_validation_folds_are_patient_disjoint(cohort, tmp_path: Path) -> 
 def test_cross_validation_on_dask_equals_sequential(cohort, tmp_path: Path) -> None:
     from distributed import Client
 
-    from wsi.pipelines.jobs import close_local_cluster, start_local_cluster
+    from wsi.pipelines.cluster import close_local_cluster, start_local_cluster
 
     task = write_task(tmp_path / "task.yaml", epochs=2, patience=0)
     seq = _train(cohort, task, tmp_path / "seq", cv=2)

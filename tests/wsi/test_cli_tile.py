@@ -220,3 +220,31 @@ def test_ctrl_c_says_how_to_go_on(slides: Path, tmp_path: Path, monkeypatch: pyt
                                       "--labels", str(labels), "--out", str(tmp_path / "m")])  # fmt: skip
     assert result.exit_code == 130, result.output
     assert "wsi train: interrupted; finished epochs are kept in --out; add --resume" in result.stderr
+
+
+def test_ctrl_c_keeps_the_finished_slides_in_the_manifest(
+    slides: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while case-1 is tiled: case-0, finished (alone or beside it), is in tiles/manifest.csv, the
+    rerun skips it and tiles case-1."""
+    import wsi.pipelines.tile.stage as stage
+
+    real = stage.tile_slide
+
+    def ctrl_c_at_case_1(source, job):  # type: ignore[no-untyped-def]
+        if source.slide_id == "case-1":
+            raise KeyboardInterrupt
+        return real(source, job)
+
+    out = tmp_path / "run"
+    args = [str(slides), "--out", str(out), "--tile-um", "128", "--tile-px", "64", "--no-progress"]
+    monkeypatch.setattr(stage, "tile_slide", ctrl_c_at_case_1)
+    result = _run(*args)
+    assert result.exit_code == 130 and "interrupted" in result.stderr, result.output
+    assert [(r["slide"], r["status"]) for r in _manifest(out)] == [("case-0", "ok")]
+    assert int(_manifest(out)[0]["tiles"]) > 0
+
+    monkeypatch.setattr(stage, "tile_slide", real)
+    result = _run(*args)
+    assert result.exit_code == 0, result.output
+    assert [(r["slide"], r["status"]) for r in _manifest(out)] == [("case-0", "skipped"), ("case-1", "ok")]
