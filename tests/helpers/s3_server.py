@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -69,10 +68,22 @@ class S3Server:
         return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: the server process: moto's own server (its app and request handler, as `python -m moto.server` runs
+#: them) on a port the kernel picks when it binds, written to argv[1] once it listens. A port picked here
+#: and bound by the server later could be taken in between by another process (pytest-xdist workers start
+#: servers and clusters side by side), and the check below would then talk to that process instead.
+_SERVE = """
+import os, sys, threading
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer("127.0.0.1", 0, verbose=False)
+server.start()
+port = server.get_host_and_port()[1]
+os.environ["MOTO_PORT"] = str(port)  # what `python -m moto.server -p PORT` sets
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(port))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+threading.Event().wait()  # serves until terminated
+"""
 
 
 @pytest.fixture(scope="module")
@@ -81,26 +92,21 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'wsi[cloud]')")
     import boto3
 
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
+    folder = tmp_path_factory.mktemp("moto")
+    log, port_file = folder / "server.log", folder / "port"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(_SETUP_ACTIONS)
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
+            [sys.executable, "-c", _SERVE, str(port_file)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 120  # moto imports in seconds, four times that on a loaded CI machine
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    endpoint = f"http://127.0.0.1:{int(port_file.read_text())}"
     iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
                        aws_secret_access_key="setup")  # fmt: skip
     iam.create_user(UserName="wsi-tests")

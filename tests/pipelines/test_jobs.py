@@ -44,22 +44,29 @@ def not_a_result(item: Item) -> int:
 
 
 class Counter(WorkerPlugin):
-    """A worker plugin: set up once per worker, shared by every item on it."""
+    """A worker plugin: set up once per worker, shared by every item on it (and by the threads that run
+    items at once, so it counts under a lock, as a real shared plugin must: a bare `calls += 1` and a
+    later read let two threads both see 2)."""
 
     name = "counter"
 
     def setup(self, worker: object) -> None:
         self.pid = os.getpid()
         self.calls = 0
+        self.lock = threading.Lock()
 
     def teardown(self, worker: object) -> None:
         pass
 
+    def count(self) -> int:
+        with self.lock:
+            self.calls += 1
+            return self.calls
+
 
 def uses_plugin(item: Item) -> JobResult:
     plugin = worker_plugin("counter")
-    plugin.calls += 1
-    return JobResult(item.slide_id, str(plugin.pid), "ok", n=plugin.calls)
+    return JobResult(item.slide_id, str(plugin.pid), "ok", n=plugin.count())
 
 
 ITEMS = [Item("2", "a"), Item("bad", "b.svs"), Item("3", "c"), Item("oops", "d")]

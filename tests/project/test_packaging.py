@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -15,12 +16,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """Built from a copy of what the build reads: setuptools writes build/ and wsi.egg-info/ into the
+    source folder whatever the working folder, so building the checkout itself would leave them there,
+    and two pytest-xdist workers each building it at once collide ("File exists: build/bdist...")."""
     out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")  # keep the checkout clean: setuptools writes its build here
+    source = tmp_path_factory.mktemp("source")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["wsi"]
+    for folder in folders["package-folders"].values():
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
          "-w", str(out)],
-        capture_output=True, text=True, cwd=build, env={"PIP_NO_INDEX": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, cwd=source, env={"PIP_NO_INDEX": "1", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     if result.returncode != 0:
         pytest.fail(f"pip wheel failed:\n{result.stdout}\n{result.stderr}")

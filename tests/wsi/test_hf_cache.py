@@ -142,9 +142,14 @@ def test_a_missing_model_names_the_download_command_and_the_licence(hub: Path) -
         build_slide_encoder("titan")
 
 
-def test_the_cli_says_it_and_marks_what_is_cached(hub: Path, make_slide, tmp_path: Path) -> None:
+def test_the_cli_says_it_and_marks_what_is_cached(
+    hub: Path, make_slide, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = CliRunner()
     slide = make_slide(name="hf-a", size_um=600.0, mpp=1.0, seed=1).path
+    # `hub` set HF_HUB_OFFLINE itself (and an earlier CLI test in this worker may have): unset, the check
+    # below sees what the CLI does (socket.connect stays blocked); monkeypatch restores it afterwards
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     res = runner.invoke(
         cli, ["tile", str(slide), "--out", str(tmp_path / "run"), "--tissue-model", "hest-tissue"]
     )

@@ -259,15 +259,22 @@ def test_a_dask_cluster_of_separate_processes_tiles_from_the_bucket(
     """Two worker processes whose cache folder is not the client's: each pulls and uploads on its own."""
     from distributed import LocalCluster
 
+    from wsi.pipelines.jobs import close_local_cluster
+
     _, bucket = slides
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
         env={"WSI_CACHE_DIR": str(tmp_path / "workers"), "OMP_NUM_THREADS": "1"},
-    ) as cluster:  # fmt: skip
+    )  # fmt: skip
+    try:
         results = tile_slides(
             find_slides([f"s3://{bucket}/slides/"]), out_dir=f"s3://{bucket}/cluster/", params=PARAMS,
             backend="tiffslide", threads=1, scheduler=cluster.scheduler_address,
         )  # fmt: skip
+    finally:
+        # not `with LocalCluster(...)`: under load its close() raises TimeoutError when a worker process is
+        # slow to exit, after every result is in (bdd0e01: the CV-on-dask test failed that way)
+        close_local_cluster(cluster)
     assert [r.status for r in results] == ["ok", "ok"], results
     stored = s3.objects(bucket, "cluster/")
     for slide in ("s3-a", "s3-b"):
