@@ -78,7 +78,7 @@ def prepare_runtime(
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest kernels
     else:
         if autocast is not None:
-            log.info("precision %s applies to CUDA; the CPU runs fp32", precision)
+            log.debug("precision %s applies to CUDA; the CPU runs fp32", precision)  # the default: no news
         autocast = None
         if threads:
             torch.set_num_threads(threads)
