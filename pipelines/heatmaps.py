@@ -57,6 +57,7 @@ def render_heatmap(
     coords_um = np.asarray(coords_um, dtype=np.float64).reshape(-1, 2)
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     if thumbnail is not None and thumb_mpp:
+        thumbnail, thumb_mpp = _fit(thumbnail, thumb_mpp, _CANVAS_PX)
         base = thumbnail.astype(np.float32) / 255.0
         px_per_um = 1.0 / thumb_mpp
     else:
@@ -88,6 +89,22 @@ def render_heatmap(
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+
+
+def _fit(image: np.ndarray, mpp: float, longest: int) -> tuple[np.ndarray, float]:
+    """`image` box-filtered down to at most `longest` px on its long side, with its new um/px. The PNG
+    is ~900 px wide, so blending and resampling a 2,048 px thumbnail cost more than half of every
+    heatmap for pixels no one sees."""
+    from PIL import Image
+
+    h, w = image.shape[:2]
+    if max(h, w) <= longest:
+        return image, mpp
+    scale = longest / max(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    rgb = Image.fromarray(np.ascontiguousarray(image[..., :3]))
+    small = np.asarray(rgb.resize(size, Image.Resampling.BOX))
+    return small, mpp * max(h, w) / max(small.shape[:2])
 
 
 def slide_heatmap(
