@@ -25,7 +25,7 @@ from wsi.json_types import JsonObject
 from wsi.registry import Registry
 from wsi.storage.hf import hub_weights, repo_of
 
-log = logging.getLogger("models.slide_encoders")
+log = logging.getLogger("wsi.models.slide_encoders")
 
 StateDict = dict[str, torch.Tensor]
 #: tiles scored at once by the chunked pooling: bounds activation memory on 100,000-tile slides

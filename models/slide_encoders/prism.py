@@ -52,7 +52,7 @@ from wsi.errors import WeightsError
 from wsi.models.slide_encoders import base
 from wsi.models.slide_encoders.base import SLIDE_ENCODERS, SlideEncoder, SlideEncoderSpec, StateDict
 
-log = logging.getLogger("models.slide_encoders.prism")
+log = logging.getLogger("wsi.models.slide_encoders.prism")
 
 #: checkpoint tensors that belong to the text side only (BioGPT decoder, text projection, CLIP logit
 #: scale): skipped by exact prefix, so every other tensor of the full checkpoint is still checked

@@ -42,7 +42,7 @@ from torch import nn
 
 from wsi.models.slide_encoders.base import SLIDE_ENCODERS, SlideEncoder, SlideEncoderSpec, StateDict
 
-log = logging.getLogger("models.slide_encoders")
+log = logging.getLogger("wsi.models.slide_encoders")
 
 #: bytes of attention scores (heads x query rows x all tokens, float32) one block may hold
 SCORE_BYTES = 128 * 2**20

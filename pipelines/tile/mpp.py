@@ -18,7 +18,7 @@ from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
 from wsi.slide import Slide, open_slide
 from wsi.sources import SlideSource
 
-log = logging.getLogger("pipelines.tile")
+log = logging.getLogger("wsi.pipelines.tile")
 
 #: `mpp_source` of a slide tiled at --mpp with --mpp-override (stored in the tile file)
 OVERRIDE_SOURCE = "--mpp-override"

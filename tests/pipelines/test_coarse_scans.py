@@ -33,7 +33,7 @@ def _grid(slide, n: int = 16):
 
 
 def test_coarse_scan_judged_for_blur_at_its_own_resolution(coarse, tmp_path: Path, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="pipelines.tile"):
+    with caplog.at_level(logging.WARNING, logger="wsi.pipelines.tile"):
         [r] = tile_slides([SlideSource("coarse", coarse.path)], out_dir=tmp_path)
     assert r.status == "ok" and LOW_YIELD_PREFIX not in r.note
     assert r.note.startswith("check filter: blurry removed")  # its out-of-focus region: over 5%, named
@@ -86,14 +86,14 @@ def test_mpp_against_metadata_says_which_wins_and_override_forces_it(
     sample_slide, tmp_path: Path, caplog
 ) -> None:
     src = [SlideSource("s", sample_slide.path)]
-    with caplog.at_level(logging.INFO, logger="pipelines.tile"):
+    with caplog.at_level(logging.INFO, logger="wsi.pipelines.tile"):
         [r] = tile_slides(src, out_dir=tmp_path, mpp=0.4)
     assert r.status == "ok"
     assert "the metadata's 0.5 um/px wins over --mpp 0.4" in caplog.text and "--mpp-override" in caplog.text
     tf = read_tile_file(output_paths(tmp_path, "s").h5)
     assert tf.mpp == pytest.approx(0.5) and tf.meta.mpp_source == "metadata"
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="pipelines.tile"):
+    with caplog.at_level(logging.INFO, logger="wsi.pipelines.tile"):
         [forced] = tile_slides(src, out_dir=tmp_path, mpp=0.4, mpp_override=True)
     assert forced.status == "ok"  # recomputed, not skipped: the override changes the mpp
     assert "--mpp 0.4 wins over the metadata's 0.5 um/px (--mpp-override)" in caplog.text
