@@ -121,6 +121,7 @@ class RunSummary:
             rate = self.produced / self.seconds  # slow items (images on a CPU) show 0.24/s, not 0/s
             per_s = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
             timing = f" in {self.seconds:.1f} s ({per_s} {unit}/s)"
+        noun = noun.removesuffix("s") if self.total == 1 else noun  # "1 slide", not "1 slides"
         return f"{stage}: {self.total} {noun}: {parts}; {self.produced} {unit}{timing}"
 
 

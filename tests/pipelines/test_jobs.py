@@ -245,3 +245,10 @@ def test_summary_rate_keeps_its_digits_below_ten_per_second() -> None:
     slow = RunSummary.of(results, 20.8).line("predict", unit="images")
     assert slow.endswith("5 images in 20.8 s (0.24 images/s)")
     assert RunSummary.of(results, 0.25).line("tile", unit="tiles").endswith("5 tiles in 0.2 s (20 tiles/s)")
+
+
+def test_summary_counts_one_slide_in_the_singular() -> None:
+    one = RunSummary.of([JobResult("a", "a.svs", "ok", n=3)], 0.0)
+    assert one.line("tile", unit="tiles").startswith("tile: 1 slide: 1 ok, 0 skipped, 0 failed; 3 tiles")
+    two = RunSummary.of([JobResult("a", "a.svs", "ok"), JobResult("b", "b.svs", "skipped")], 0.0)
+    assert two.line("tile", noun="images").startswith("tile: 2 images: 1 ok")
