@@ -6,6 +6,7 @@ Public API (the layout is the contract in docs/architecture.md):
     TileFileMeta (wsi.tile_meta)                # its attributes, typed
     write_tile_file(path, *, coords, coords_um, meta, candidates=None) -> None   # atomic; `complete` last
     read_tile_file(path) -> TileFile            # TileFileError if missing, incomplete or foreign
+    read_tile_meta(path) -> TileFileMeta        # the same checks, without reading the coordinates
     Candidates, read_candidates(path)           # every candidate tile and the filters' verdict (review)
     coords_digest(coords) -> str                # sha256 of a tile set (bags record it: re-made on change)
     is_complete(path) -> bool                   # True only for a finished file of our format
@@ -179,6 +180,17 @@ def read_tile_file(path: str | os.PathLike[str]) -> TileFile:
     except OSError as exc:
         raise TileFileError(f"{path} is not a readable HDF5 file ({exc}); re-run `wsi tile`") from exc
     return TileFile(path=path, coords=coords, coords_um=coords_um, meta=meta)
+
+
+def read_tile_meta(path: str | os.PathLike[str]) -> TileFileMeta:
+    """A tile file's attributes, checked as `read_tile_file` checks the file, without reading its
+    coordinates: cheap on thousands of files (`wsi info FOLDER`)."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as h5:
+            return _check(h5, path)
+    except OSError as exc:
+        raise TileFileError(f"{path} is not a readable HDF5 file ({exc}); re-run `wsi tile`") from exc
 
 
 def _write_candidates(h5: h5py.File, c: Candidates) -> None:

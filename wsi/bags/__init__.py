@@ -30,7 +30,9 @@ Public API:
   available_memory() -> int | None       bytes this process may still allocate (RAM, cgroup, ulimit -v)
   fits_in_memory(nbytes) -> bool         within half of that: loading whole is safe, else stream or refuse
   scan_bag(path) -> BadBag | None
-  read_bag_header(path) -> BagHeader     layout, n_tiles, dim, dtype, attrs (no arrays loaded)
+  scan_bag_header(path) -> (BagHeader | None, BadBag | None)   unreadable or empty, no array read
+  read_bag_header(path, *, attr_names=None) -> BagHeader   layout, n_tiles, dim, dtype, attrs (all, or
+                                         those named); no arrays loaded
   bag_length(path) -> int                number of tiles, read from the dataset shape (no data loaded)
   bag_layout(path) -> str                "wsi" | "stamp" | "clam" | "trident"
   read_bag_attrs(path) -> dict           root attributes of a bag (ours: encoder, weights_sha256, ...)
@@ -56,6 +58,7 @@ from wsi.bags.check import (
     find_bad_bags,
     finite_chunks,
     scan_bag,
+    scan_bag_header,
 )
 from wsi.bags.folders import bag_folders_below, no_bags_message
 from wsi.bags.format import FEAT_TYPE, FORMAT, FORMAT_VERSION, LAYOUTS, BagProvenance
@@ -106,6 +109,7 @@ __all__ = [
     "read_bag_attrs",
     "read_bag_header",
     "scan_bag",
+    "scan_bag_header",
     "upgrade_bag",
     "write_bag",
 ]
