@@ -109,11 +109,10 @@ class FolderSummary:
         return " and ".join(kinds) or "no files, a manifest only"
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "folder": self.folder,
-            "kind": self.kind,
-            **{k: v for k, v in asdict(self).items() if k != "folder"},
-        }
+        fields = asdict(self)
+        if self.bags is not None:
+            fields["bags"]["mixed"] = self.bags.mixed
+        return {"folder": fields.pop("folder"), "kind": self.kind, **fields}
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,12 @@ def test_a_bag_folder_says_encoder_width_tiles_unusable_and_manifest(run: Path) 
     assert res.exit_code == 1
     data = json.loads(res.stdout)
     assert data["kind"] == "feature bags" and data["bags"]["encoders"][0]["dim"] == 8
-    assert data["bags"]["tiles"] == {"total": 14, "min": 0, "median": 4.0, "max": 10}
+    assert data["bags"]["mixed"] is False and data["bags"]["tiles"] == {
+        "total": 14,
+        "min": 0,
+        "median": 4.0,
+        "max": 10,
+    }
     assert data["manifest"]["status"] == {"ok": 1, "skipped": 1, "failed": 1}
     assert [Path(u["path"]).name for u in data["unusable"]] == ["d.h5"]
 
@@ -162,6 +167,8 @@ def test_mixed_encoders_peer_layouts_and_broken_files_are_named(tmp_path: Path) 
     assert "manifest  none (no manifest.csv in this folder)" in lines
     assert any("junk.h5 is not a readable HDF5 bag" in line for line in lines)
     assert "usable    4 of 5; 1 refused" in res.output
+    data = json.loads(CliRunner().invoke(cli, ["info", str(tmp_path), "--json"]).stdout)
+    assert data["bags"]["mixed"] is True and len(data["bags"]["encoders"]) == 4
 
 
 def test_nan_features_need_read_features(tmp_path: Path) -> None:
@@ -193,3 +200,13 @@ def test_a_folder_with_nothing_of_ours_is_a_clear_error(tmp_path: Path) -> None:
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output  # no traceback
     assert f"Error: {tmp_path} holds no tile files, feature bags (*.h5) or manifest.csv" in res.output
     assert "RUN/features/<encoder>" in res.output and "Traceback" not in res.output
+
+
+def test_tile_files_and_bags_in_one_folder_are_both_summarised(tmp_path: Path) -> None:
+    our_bag(tmp_path / "a.h5", 4)
+    tile_file(tmp_path / "b.h5", 6)
+    summary = folder_info(tmp_path)
+    assert isinstance(summary, FolderSummary) and summary.kind == "tile files and feature bags"
+    assert summary.bags is not None and summary.bags.count == 1 and summary.tile_files is not None
+    assert summary.tile_files.count == 1 and summary.tile_files.tiles is not None
+    assert summary.tile_files.tiles.total == 6 and not summary.unusable

@@ -33,7 +33,7 @@ Examples:
   wsi info run/features/retccl                    # the folder: encoder, width, tiles per slide, manifest
   wsi info run/                                   # a run folder: tiles/ and each features/<encoder>/
   wsi info run/features/retccl --read-features    # also read every bag's features for NaN (slower)
-A folder is judged from HDF5 attributes and shapes only (10,000 bags in seconds): unreadable and empty
+A folder is judged from HDF5 attributes and shapes only (10,000 bags in ~20 s): unreadable and empty
 bags; NaN features need --read-features (or `wsi info` on the bags themselves).
 Exit status 1 when a bag is one wsi train and predict refuse (its `usable` line says why), or a tile
 file of a folder cannot be read.
