@@ -85,3 +85,10 @@ def test_series_found_without_pydicom_through_openslide(cohort: Path, monkeypatc
     assert [s.slide_id for s in found] == ["caseA", "caseB"]
     with open_slide(found[0].path) as slide:
         assert slide.dimensions == (1024, 1024)
+
+
+def test_wsi_info_on_a_series_folder_describes_its_slide() -> None:
+    """As `wsi tile` reads it: the folder is the slide (its level-0 instance), not a folder of files."""
+    result = CliRunner().invoke(cli, ["info", str(FIXTURE)])
+    assert result.exit_code == 0, result.output
+    assert "level0.dcm" in result.output and "1024" in result.output and "dicom" in result.output

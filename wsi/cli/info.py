@@ -32,6 +32,7 @@ Examples:
   wsi info run/features/retccl/*.h5 --json
   wsi info run/features/retccl                    # the folder: encoder, width, tiles per slide, manifest
   wsi info run/                                   # a run folder: tiles/ and each features/<encoder>/
+  wsi info dicom/case1/                           # a DICOM whole-slide series folder: its slide
   wsi info run/features/retccl --read-features    # also read every bag's features for NaN (slower)
 A folder is judged from HDF5 attributes and shapes only (10,000 bags in ~20 s): unreadable and empty
 bags; NaN features need --read-features (or `wsi info` on the bags themselves).
@@ -68,7 +69,8 @@ def command(
     from wsi.tile_file import is_tile_file, tile_file_info
 
     refused = 0
-    for i, path in enumerate(files):
+    paths = [part for given in files for part in _series_or_folder(given)]
+    for i, path in enumerate(paths):
         if path.is_dir():
             found = folder_info(path, features=read_features)
             refused += len(found.unusable)
@@ -97,6 +99,19 @@ def command(
             f"{refused} file(s) would be refused by the next command (wsi embed, train, predict)", err=True
         )
         raise SystemExit(1)
+
+
+def _series_or_folder(path: Path) -> list[Path]:
+    """A folder holding DICOM whole-slide series (and no .h5) is its slides, as `wsi tile` reads it:
+    each series' level-0 instance; any other path as given."""
+    if not path.is_dir() or any(path.glob("*.h5")):
+        return [path]
+    dcm = sorted(p for p in path.iterdir() if p.suffix.lower() == ".dcm")
+    if not dcm:
+        return [path]
+    from wsi.dicom_series import find_series
+
+    return [series.path for series in find_series(dcm)] or [path]
 
 
 def _folder_lines(summary: FolderSummary | RunSummary) -> list[str]:
