@@ -109,7 +109,7 @@ def test_a_bag_folder_says_encoder_width_tiles_unusable_and_manifest(run: Path) 
     assert any("d.h5 holds no tiles" in line for line in lines)
     assert f"manifest  {bags / 'manifest.csv'}: 3 slides; ok 1, skipped 1, failed 1" in lines
     assert "            failed e: SlideError: e.svs cannot be opened" in lines
-    assert "1 file(s) would be refused" in res.output
+    assert "1 of 3 bag(s) would be refused by the next command" in res.output
 
     res = CliRunner().invoke(cli, ["info", str(bags), "--json"])
     assert res.exit_code == 1

@@ -4,6 +4,7 @@ of them (`wsi.folder_info`: this module only formats its summary)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,16 +65,20 @@ def command(
 
     from wsi.bags import bag_info
     from wsi.errors import BagFormatError
-    from wsi.folder_info import folder_info
+    from wsi.folder_info import RunSummary, folder_info
     from wsi.slide_info import slide_info
     from wsi.tile_file import is_tile_file, tile_file_info
 
     refused = 0
+    checked: Counter[str] = Counter()  # files that could be refused, by kind: "bag", "tile file"
     paths = [part for given in files for part in _series_or_folder(given)]
     for i, path in enumerate(paths):
         if path.is_dir():
             found = folder_info(path, features=read_features)
             refused += len(found.unusable)
+            for part in found.parts if isinstance(found, RunSummary) else [found]:
+                checked["bag"] += part.bags.count if part.bags else 0
+                checked["tile file"] += part.tile_files.count if part.tile_files else 0
             if as_json:
                 click.echo(json.dumps(found.to_json(), default=str))
             else:
@@ -84,7 +89,9 @@ def command(
         if not h5py.is_hdf5(path):  # not a tile file or a bag: a slide, or a SlideError naming it
             summary = slide_info(path, backend=reading["backend"], mpp=mpp)
         else:
-            summary = tile_file_info(path) if is_tile_file(path) else bag_info(path, mpp=mpp)
+            tiles = is_tile_file(path)
+            summary = tile_file_info(path) if tiles else bag_info(path, mpp=mpp)
+            checked["tile file" if tiles else "bag"] += 1
         refused += "usable" in summary  # a bag train and predict refuse (why: its `usable`)
         if as_json:
             click.echo(json.dumps(summary, default=str))
@@ -95,8 +102,12 @@ def command(
         for key, value in summary.items():
             click.echo(f"{key:<{width}}  {value}")
     if refused:  # not exit 0 for a bag that the next command refuses
+        kinds = [kind for kind, n in checked.items() if n]
+        noun = f"{kinds[0]}(s)" if len(kinds) == 1 else "file(s)"
+        total = max(sum(checked.values()), refused)  # (a folder's unreadable .h5 is neither kind)
         click.echo(
-            f"{refused} file(s) would be refused by the next command (wsi embed, train, predict)", err=True
+            f"{refused} of {total} {noun} would be refused by the next command (wsi embed, train, predict)",
+            err=True,
         )
         raise SystemExit(1)
 
