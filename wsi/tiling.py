@@ -34,7 +34,7 @@ from wsi.dark_noise import dark_noise, tile_signal_level
 from wsi.filter_bounds import surely_kept
 from wsi.thumbnail import Thumbnail, read_thumbnail
 from wsi.tile_params import TileParams
-from wsi.tissue import cell_fractions, tissue_mask
+from wsi.tissue import LeftOut, cell_fractions, find_tissue_mask, left_out
 from wsi.work_bounds import check_grid, grid_shape
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class TissueGrid:
     region_codes: np.ndarray | None = None
     #: (N,) each grid cell's share of `mask` (with `unknown`: of both), or None where not computed
     fractions: np.ndarray | None = None
+    #: coloured area the mask left out, and why (`wsi.tissue.left_out`); None: not counted (a mask
+    #: given by a network, a dark-background slide)
+    left_out: LeftOut | None = None
 
     @property
     def candidate_coords(self) -> np.ndarray:
@@ -141,8 +144,12 @@ def find_tissue(
     if unknown.any():
         image = image.copy()
         image[unknown] = 0 if kind.dark else 255  # as the background looks: neither tissue nor a vote
+    missed = None
     if mask is None:
-        mask = tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+        finding = find_tissue_mask(image, mpp=thumb.mpp, params=params.tissue, dark=kind.dark)
+        mask = finding.mask
+        if not kind.dark:
+            missed = left_out(image, finding, mpp=thumb.mpp, params=params.tissue)
     elif mask.shape != image.shape[:2]:
         raise ValueError(f"tissue mask of shape {mask.shape} for a thumbnail of {image.shape[:2]}")
     if kind.dark:
@@ -161,7 +168,7 @@ def find_tissue(
     return TissueGrid(
         thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
         unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable, artifacts=maps,
-        region_codes=codes, fractions=fractions,
+        region_codes=codes, fractions=fractions, left_out=missed,
     )  # fmt: skip
 
 
