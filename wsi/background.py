@@ -68,6 +68,9 @@ class Background:
     #: dark slides: a tile pixel brighter than this is signal (`wsi.dark_noise.tile_signal_level`); None:
     #: 255 - white_level, the level of a well exposed slide
     signal_level: int | None = None
+    #: light slides: a tile pixel is near-white from this level on (`with_glass_level`: a faintly stained
+    #: slide's own tissue/glass contrast); None: the setting's white_level
+    white_level: int | None = None
 
     @property
     def dark(self) -> bool:
@@ -89,6 +92,36 @@ def with_signal_gain(background: Background, thumb: np.ndarray, mask: np.ndarray
         return background
     reason = f"{background.reason}; dim signal ({level:.0f} of 255): brightened {gain:.2g}x for the blur test"
     return dataclasses.replace(background, gain=gain, reason=reason)
+
+
+#: a faint slide's near-white level stays this far under its glass (thumbnail pixels are block means;
+#: a tile's glass pixels scatter ~5 grey levels around them)
+_GLASS_MARGIN = 12
+
+
+def with_glass_level(
+    background: Background, thumb: np.ndarray, mask: np.ndarray, white_level: int, known: np.ndarray | None = None
+) -> Background:
+    """`background` with the near-white level of a faintly stained light slide: halfway between its
+    glass and its tissue (each the median darkest channel of the thumbnail off and on the tissue mask),
+    at most _GLASS_MARGIN under the glass, never under the `white_level` setting. A slide stained as
+    usual (tissue far darker than the glass) keeps the setting; on a pale one, tissue pixels paler than
+    the setting (lavender stroma at 225) are no longer counted as glass by the background filter.
+    known: the pixels that were decoded (None: all)."""
+    off = ~mask if known is None else ~mask & known
+    if background.dark or not mask.any() or not off.any():
+        return background
+    low = np.minimum(np.minimum(thumb[..., 0], thumb[..., 1]), thumb[..., 2])
+    glass = float(np.median(low[off]))
+    tissue = float(np.median(low[mask]))
+    level = int(min(round((glass + tissue) / 2), glass - _GLASS_MARGIN))
+    if level <= white_level:
+        return background
+    reason = (
+        f"{background.reason}; faint stain (tissue {tissue:.0f}, glass {glass:.0f} of 255): tile pixels "
+        f"count as near-white from {level}, not {white_level}"
+    )
+    return dataclasses.replace(background, white_level=level, reason=reason)
 
 
 def fluorescence_hints(properties: Mapping[str, str]) -> list[str]:

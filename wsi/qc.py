@@ -139,7 +139,10 @@ def tile_qc_image(
             f"  |  {found.background.kind} background  |  {len(found.grid):,} grid cells"
         ),
         counts=counts,
-        notes=(f"cannot be decoded: {describe_regions(regions)}",) if regions else (),
+        notes=(
+            *((f"cannot be decoded: {describe_regions(regions)}",) if regions else ()),
+            *((f"outside the tissue mask: {found.left_out.describe()}",) if found.left_out else ()),
+        ),
     )
     return render_qc(
         thumb,

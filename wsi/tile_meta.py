@@ -74,6 +74,21 @@ class ReviewRecord:
     n_dropped: Count  # `n_review_dropped`: tiles the filters kept, dropped by the review
 
 
+#: an area on a slide, mm^2 (a 10 x 10 cm square, beyond any glass)
+Mm2 = Annotated[float, Field(ge=0, le=1e4)]
+
+
+@config_model
+@dataclass(frozen=True)
+class MaskRecord:
+    """The tissue mask's area and the coloured area it left out, by why (`wsi.tissue.LeftOut`)."""
+
+    tissue_mm2: Mm2  # `mask_tissue_mm2`
+    glass_mm2: Mm2  # `outside_glass_mm2`: under the saturation split
+    ink_mm2: Mm2  # `outside_ink_mm2`: marker or dye colours
+    debris_mm2: Mm2  # `outside_debris_mm2`: removed by the cleanup as too small or thin
+
+
 #: a tile file's attributes as written: one number or text each (mappings as JSON text)
 TileFileAttrs = dict[str, str | int | float]
 
@@ -136,6 +151,7 @@ class TileFileMeta:
     roi: RoiRecord | None = None
     segmentation: SegmentationRecord | None = None
     review: ReviewRecord | None = None
+    mask: MaskRecord | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
@@ -169,6 +185,12 @@ class TileFileMeta:
             out.update(
                 review_path=v.path, review_sha256=v.sha256, n_review_tiles=v.n_tiles,
                 n_review_regions=v.n_regions, n_review_restored=v.n_restored, n_review_dropped=v.n_dropped,
+            )  # fmt: skip
+        if self.mask is not None:
+            m = self.mask
+            out.update(
+                mask_tissue_mm2=m.tissue_mm2, outside_glass_mm2=m.glass_mm2, outside_ink_mm2=m.ink_mm2,
+                outside_debris_mm2=m.debris_mm2,
             )  # fmt: skip
         if self.segmentation is not None:
             s = self.segmentation
@@ -217,6 +239,12 @@ class TileFileMeta:
                 "n_restored": attrs.get("n_review_restored", 0),
                 "n_dropped": attrs.get("n_review_dropped", 0),
             }  # fmt: skip
+        if "mask_tissue_mm2" in attrs:
+            data["mask"] = {
+                "tissue_mm2": attrs["mask_tissue_mm2"], "glass_mm2": attrs.get("outside_glass_mm2", 0.0),
+                "ink_mm2": attrs.get("outside_ink_mm2", 0.0),
+                "debris_mm2": attrs.get("outside_debris_mm2", 0.0),
+            }  # fmt: skip
         if attrs.get("segmentation"):
             data["segmentation"] = {
                 "models": _json(attrs["segmentation"], "segmentation", source),
@@ -237,7 +265,7 @@ class TileFileMeta:
         return self.segmentation.models.copy() if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review"}
+_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review", "mask"}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")
@@ -259,6 +287,7 @@ __all__ = [
     "REQUIRED_ATTRS",
     "BackgroundRecord",
     "DamageRecord",
+    "MaskRecord",
     "ReviewRecord",
     "RoiRecord",
     "SegmentationModel",

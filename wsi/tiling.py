@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wsi.artifacts import CODES, ArtifactMaps, artifact_verdicts, find_artifacts, judge_tiles
-from wsi.background import Background, detect_background, looks_dark_maybe, with_signal_gain
+from wsi.background import Background, detect_background, looks_dark_maybe, with_glass_level, with_signal_gain
 from wsi.blur import (
     BLUR_BATCH,
     background_fraction,
@@ -154,6 +154,8 @@ def find_tissue(
         raise ValueError(f"tissue mask of shape {mask.shape} for a thumbnail of {image.shape[:2]}")
     if kind.dark:
         kind = with_signal_gain(with_noise_level(kind, image, mask, params), image, mask)
+    else:
+        kind = with_glass_level(kind, image, mask, params.white_level, known=~unknown if unknown.any() else None)
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)

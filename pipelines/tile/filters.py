@@ -37,12 +37,14 @@ def filter_tiles(
     --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
     (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
     params = job.params
+    if found.background.white_level is not None:  # a faint slide's own near-white level (wsi.background)
+        params = dataclasses.replace(params, white_level=found.background.white_level)
     every = found
     if artifacts is not None:
         keep = artifacts == KEPT
         codes = found.region_codes[keep] if found.region_codes is not None else None
         found = dataclasses.replace(found, candidates=found.candidates[keep], region_codes=codes)
-    writer = pixel_writer(zarr_path, params, slide_id, len(found.candidates)) if job.save_tiles else None
+    writer = pixel_writer(zarr_path, job.params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
         done = 0

@@ -82,7 +82,7 @@ from wsi.storage import Mirror, remote_output
 from wsi.suffixes import TILE_FILE_SUFFIX
 from wsi.thumbnail import read_thumbnails
 from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
-from wsi.tile_meta import BackgroundRecord, TileFileMeta
+from wsi.tile_meta import BackgroundRecord, MaskRecord, TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import KEPT, REASON_NAMES, find_tissue
 from wsi.work_bounds import check_grid
@@ -320,6 +320,10 @@ def _tile_open_slide(
         slide, source, job.params, counts, mpp_source,
         background=BackgroundRecord(kind=bg.kind, reason=bg.reason, choice=job.background),
         empty_reason=empty, damage=damage_record(found, damage), roi=roi_record,
+        mask=None if found.left_out is None else MaskRecord(
+            tissue_mm2=found.left_out.tissue_mm2, glass_mm2=found.left_out.glass_mm2,
+            ink_mm2=found.left_out.ink_mm2, debris_mm2=found.left_out.debris_mm2,
+        ),
         upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
         segmentation=None if job.segmentation is None
         else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),

@@ -31,6 +31,7 @@ from wsi.region import LEVEL_TOLERANCE
 from wsi.tile_meta import TileFileMeta
 from wsi.tile_params import TileParams
 from wsi.tiling import TileCounts
+from wsi.tissue import LeftOut
 
 #: a slide keeping under this share of its tissue tiles gets a note
 LOW_YIELD = 0.10
@@ -42,6 +43,12 @@ HEAVY_FILTER = 0.05
 HEAVY_FILTER_PREFIX = "check filter"
 #: the first words of the review's part of a note
 REVIEW_PREFIX = "reviewed ("
+#: the coloured area the tissue mask left out is noted from this share of the tissue on
+MASK_NOTE_SHARE = 0.01
+#: ... and asked to be looked at from this share of it judged glass (pale tissue under the split)
+MASK_CHECK_SHARE = 0.05
+#: that note's first words
+MASK_PREFIX = "outside the tissue mask"
 
 
 def upsampling_note(slide_mpp: float, target_mpp: float) -> tuple[float, str]:
@@ -125,6 +132,22 @@ def heavy_filter_note(
     )
 
 
+def mask_note(meta: TileFileMeta) -> str:
+    """The note of a slide whose tissue mask left out at least MASK_NOTE_SHARE of its coloured area
+    ("" otherwise), by why: glass (under the saturation split), ink (marker or dye colours), debris
+    (removed by the cleanup); past MASK_CHECK_SHARE judged glass, where to look."""
+    m = meta.mask
+    if m is None:
+        return ""
+    left = LeftOut(m.tissue_mm2, m.glass_mm2, m.ink_mm2, m.debris_mm2)
+    if left.share(left.total_mm2) < MASK_NOTE_SHARE:
+        return ""
+    note = f"{MASK_PREFIX}: {left.describe()}"
+    if left.share(left.glass_mm2) >= MASK_CHECK_SHARE:
+        note += f"; check qc/{meta.slide_id}.png: pale tissue may have been taken for glass"
+    return note
+
+
 def row_note(meta: TileFileMeta) -> str:
     """The manifest note of a slide from its tile file's record: tiles rejected per artifact, a filter
     over HEAVY_FILTER, the low-yield note, the review applied and what is wrong with the ROI's place ("" when
@@ -145,7 +168,7 @@ def row_note(meta: TileFileMeta) -> str:
             f"tile(s) dropped ({r.n_tiles} tile objects, {r.n_regions} Exclude region(s))"
         )
     roi = meta.roi.note if meta.roi is not None else ""
-    parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review, roi)
+    parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review, roi, mask_note(meta))
     return "; ".join(part for part in parts if part)
 
 
@@ -155,7 +178,7 @@ def note_part(note: str, prefix: str) -> str:
     if prefix not in note:
         return ""
     rest = note[note.index(prefix) :]
-    others = (p for p in (LOW_YIELD_PREFIX, HEAVY_FILTER_PREFIX, REVIEW_PREFIX) if p != prefix)
+    others = (p for p in (LOW_YIELD_PREFIX, HEAVY_FILTER_PREFIX, REVIEW_PREFIX, MASK_PREFIX) if p != prefix)
     ends = [e for p in others if (e := rest.find(f"; {p}")) > 0]
     return rest[: min(ends, default=len(rest))]
 
@@ -181,10 +204,12 @@ __all__ = [
     "HEAVY_FILTER_PREFIX",
     "LOW_YIELD",
     "LOW_YIELD_PREFIX",
+    "MASK_PREFIX",
     "REVIEW_PREFIX",
     "artifact_empty",
     "heavy_filter_note",
     "low_yield_note",
+    "mask_note",
     "note_part",
     "rejections",
     "row_note",
