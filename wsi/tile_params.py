@@ -117,6 +117,17 @@ class ArtifactParams:
     blue_hue: tuple[Hue, Hue] = setting((200.0, 250.0), help="Blue ink hue range (degrees).")
     #: haematoxylin in IHC is as blue but paler (under ~0.35)
     blue_min_saturation: float = setting(0.4, ge=0, le=1, help="Least saturation of blue ink.")
+    #: translucent blue marker over tissue: hue 204-253, saturation 0.32-0.6, bright (value 0.73-0.88);
+    #: H&E nuclei that saturated are dark (value <= 0.6), IHC haematoxylin under 0.3
+    blue_pale_hue_max: float = setting(
+        255.0, ge=0, le=360, help="Translucent blue ink: hue from the blue range's start up to this (degrees)."
+    )
+    blue_pale_min_saturation: float = setting(
+        0.3, ge=0, le=1, help="Translucent blue ink: least saturation (with blue_pale_min_value)."
+    )
+    blue_pale_min_value: float = setting(
+        0.65, ge=0, le=1, help="Translucent blue ink: brightest channel at least this (0-1)."
+    )
     #: eosin is 300-345 degrees
     red_hue_min: float = setting(342.0, ge=0, le=360, help="Red ink hue from this (degrees, through 0).")
     red_hue_max: float = setting(15.0, ge=0, le=360, help="Red ink hue up to this (degrees, after 0).")

@@ -140,6 +140,11 @@ def find_tissue_mask(
 PALE_SHARE = 0.5
 #: ... and at least this far over the glass's own saturation (the median of the pixels under the split)
 GLASS_MARGIN = 0.04
+#: ... and not near-black (brightest channel at least this, 0-255: a saturation of noise)
+PALE_MIN_BRIGHTNESS = 64
+#: ... and of a stain's hue (haematoxylin and eosin: purple through pink to red, from this through 0 to
+#: that): the grey band of a coverslip edge is blue-grey or brownish
+PALE_HUES = (250.0, 20.0)
 
 
 def _with_pale_edges(
@@ -160,7 +165,11 @@ def _with_pale_edges(
     level = max(params.min_saturation, PALE_SHARE * threshold, glass + GLASS_MARGIN)
     if level >= threshold:
         return over
-    pale = usable & (sat > level)
+    pale = (high >= PALE_MIN_BRIGHTNESS) & (sat > level)
+    rows, cols = np.nonzero(pale)
+    hue = _hue(rgb[rows, cols, :3].astype(np.float32))
+    stain = (hue >= PALE_HUES[0]) | (hue < PALE_HUES[1])
+    pale[rows[~stain], cols[~stain]] = False
     labels = label(pale | over, connectivity=2)
     keep = np.zeros(int(labels.max()) + 1, bool)
     keep[labels[over]] = True

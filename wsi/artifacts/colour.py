@@ -102,6 +102,11 @@ def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
     lit = val >= 0.15  # hue of near-black pixels is noise
     green = lit & (hue >= p.green_hue[0]) & (hue <= p.green_hue[1]) & (sat >= p.green_min_saturation)
     blue = lit & (hue > p.blue_hue[0]) & (hue <= p.blue_hue[1]) & (sat >= p.blue_min_saturation)
+    # translucent blue marker over tissue: bright, moderately saturated, hue pulled toward purple
+    blue |= (
+        (hue > p.blue_hue[0]) & (hue <= p.blue_pale_hue_max) & (sat >= p.blue_pale_min_saturation)
+        & (val >= p.blue_pale_min_value)
+    )  # fmt: skip
     red = lit & ((hue >= p.red_hue_min) | (hue <= p.red_hue_max)) & (sat >= p.red_min_saturation)
     black = val <= p.black_max_value
     return {"green": green, "blue": blue, "red": red, "black": black}
