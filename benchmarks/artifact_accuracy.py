@@ -6,6 +6,7 @@ are rejected as any artifact (ink, fold, bubble, border, dust), per image and pe
     python benchmarks/artifact_accuracy.py --pae PenAnnotationExtractor/data/thumbnails   # + 319 slides
     python benchmarks/artifact_accuracy.py --slides                # + real slide files, whole tile stage
     python benchmarks/artifact_accuracy.py --csv out.csv
+    python benchmarks/artifact_accuracy.py --no-public           # without benchmarks/images
 
 Each image is taken as a slide thumbnail at its (estimated) um/px and judged by the tile stage's own
 functions, in memory: `wsi.tiling.find_tissue` (tissue mask, grid, artifact regions on the thumbnail)
@@ -25,6 +26,16 @@ no ink lies in it or within `margin` of it).
   negatives keep half a tile of margin from any ink.
 - HistoQC's coverslip-edge masks mark a real artifact: those tiles are neither positive nor negative.
 
+- The public images of benchmarks/images (SOURCES.tsv: repository, commit, licence, um/px, split):
+  WSIPenMarkingRemoval's marked skin has its clean scan as truth (ink: where the two differ; tissue:
+  the clean scan's colour), its tile pairs are scored per tile; the others use `marker_truth`.
+
+Per image, besides the tiles: the share of its *tissue cells* (grid cells at least half coloured by an
+independent rule: saturation > 0.1, not near-white, not a marker colour; from the clean scan where there
+is one) inside the candidate tiles, i.e. what the tissue mask let the filters see at all. The candidates
+are judged by the background filter too (blur off: thumbnails are not sharp), so pale tissue taken for
+glass counts as rejected. The worst image of each measure and each marker colour are reported apart.
+
 Split: the thresholds were chosen on the `tune` images and are reported on the `report` ones, which
 were not used to choose them (see docs/benchmarks.md for which were looked at while designing).
 """
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import logging
 import sys
 import time
@@ -48,13 +60,17 @@ from scipy import ndimage
 from wsi.artifacts import hsv
 from wsi.thumbnail import Thumbnail
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, REASON_NAMES, find_tissue, judge_artifacts, tissue_fractions
+from wsi.tiling import KEPT, REASON_NAMES, cell_boxes, classify_tiles, find_tissue, judge_artifacts, tissue_fractions
+from wsi.tissue import cell_fractions
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 FIXTURES = REPO / "tests" / "fixtures" / "artifacts"
 INK = 4
 ARTIFACTS = ("ink", "fold", "bubble", "border", "dust")
+#: reasons counted against an ink-free tissue tile (the background filter's too: pale tissue)
+REJECTIONS = ("background", *ARTIFACTS)
+PUBLIC = REPO / "benchmarks" / "images"
 
 
 @dataclass
@@ -68,6 +84,7 @@ class Case:
     #: "mask:<file>" (hand-drawn), "none" (no ink), or "colours:<green,blue,black,red>" (marker_truth)
     truth: str
     exclude: Path | None = None  # a real artifact (coverslip edge): neither positive nor negative
+    colours: str = ""  # the marker colours it holds, for the per-colour table ("" none)
 
 
 @dataclass
@@ -80,13 +97,17 @@ class Score:
     as_any: int = 0  # ... rejected as any artifact
     clean: int = 0  # ink-free tissue tiles
     false: dict[str, int] = field(default_factory=dict)  # ... rejected, per artifact
+    colours: str = ""
+    cells: int = 0  # tissue cells (independent colour rule)
+    cells_inside: int = 0  # ... inside the candidate tiles
 
 
 def shared_cases(shared: Path) -> list[Case]:
     """HistoQC's pen and coverslip thumbnails and the lookalikes of ../shared/data/artifacts."""
     qc, look = shared / "artifacts" / "histoqc", shared / "artifacts" / "lookalikes"
     out = [
-        Case(f"histoqc {name}", qc / f"{name}.png", mpp, "tune", f"mask:{qc / f'{name}_mask.png'}")
+        Case(f"histoqc {name}", qc / f"{name}.png", mpp, "tune", f"mask:{qc / f'{name}_mask.png'}",
+             colours=name.rsplit("_", 1)[-1])
         for name, mpp in (
             ("pen__1k_version__pen_black", 16.0), ("pen__1k_version__pen_green", 16.0),
             ("pen__1k_version__pen_red", 16.0), ("pen_markings_he__pen_green", 30.0),
@@ -108,7 +129,8 @@ def shared_cases(shared: Path) -> list[Case]:
          "colours:red,black,green,dark"),
         ("ink04_histolab_tcga-red-pen.png", 2.0, "tune", "colours:red"),
     ):  # fmt: skip
-        out.append(Case(stem[:5], look / stem, mpp, split, truth))
+        colours = truth[8:].replace(",dark", "") if truth.startswith("colours:") else ""
+        out.append(Case(stem[:5], look / stem, mpp, split, truth, colours=colours))
     return [c for c in out if c.path.is_file()]
 
 
@@ -123,7 +145,8 @@ def mskcc_cases(folder: Path, *, every: int = 1) -> list[Case]:
             continue
         number = int(path.stem.rsplit("_", 1)[-1])
         split = {0: "tune", 4: "report"}.get((number - 1) % 8, "other")
-        out.append(Case(f"mskcc {path.stem[-5:]}", path, 24.0, split, "colours:black,blue,green,dark"))
+        out.append(Case(f"mskcc {path.stem[-5:]}", path, 24.0, split, "colours:black,blue,green,dark",
+                        colours="black,blue,green"))  # fmt: skip
     return out
 
 
@@ -148,9 +171,41 @@ def marker_truth(rgb: np.ndarray, colours: set[str]) -> np.ndarray:
     return np.asarray(ndimage.binary_closing(mask, iterations=2) | mask)
 
 
-def judge(rgb: np.ndarray, mpp: float, params: TileParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(M, 4) level-0 boxes, (M,) reason codes and tissue shares of the tile stage's candidates, for an
-    image taken as a slide at `mpp` um/px (read at params.tissue.thumb_mpp for the thumbnail)."""
+def public_cases(folder: Path = PUBLIC) -> list[Case]:
+    """The images of benchmarks/images/SOURCES.tsv that are slides (not truth scans, not tile pairs)."""
+    listing = folder / "SOURCES.tsv"
+    if not listing.is_file():
+        return []
+    with open(listing, newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    out = []
+    for r in rows:
+        if r["split"] == "truth" or r["truth"] == "pair":
+            continue
+        truth = r["truth"]
+        if truth.startswith("clean:"):
+            truth = f"clean:{folder / truth[6:]}"
+        colours = "" if r["marker_colours"] == "-" else r["marker_colours"]
+        out.append(Case(f"public {Path(r['file']).stem}", folder / r["file"], float(r["um_per_px"]), r["split"],
+                        truth, colours=colours))  # fmt: skip
+    return out
+
+
+def tissue_truth(rgb: np.ndarray) -> np.ndarray:
+    """(h, w) bool: coloured pixels that are no marker colour (the benchmark's own rule, apart from the
+    code it measures): saturation > 0.1, darkest channel under 215, not blue/green/teal (hue 60-260 at
+    saturation >= 0.3) and not black (brightest channel <= 64)."""
+    hue, sat, val = hsv(rgb)
+    marker = ((hue >= 60) & (hue < 260) & (sat >= 0.3)) | (val <= 0.25)
+    return (sat > 0.1) & (rgb.min(axis=-1) < 215) & ~marker
+
+
+def judge(
+    rgb: np.ndarray, mpp: float, params: TileParams, tissue_rgb: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
+    """(M, 4) level-0 boxes, (M,) reason codes and tissue shares of the tile stage's candidates, and
+    (tissue cells, of them inside the candidates), for an image taken as a slide at `mpp` um/px (read
+    at params.tissue.thumb_mpp for the thumbnail); tissue cells from `tissue_rgb` (default: `rgb`)."""
     h, w = rgb.shape[:2]
     scale = min(1.0, mpp / params.tissue.thumb_mpp)
     thumb = rgb if scale == 1.0 else _resized(rgb, max(1, round(w * scale)), max(1, round(h * scale)))
@@ -165,11 +220,18 @@ def judge(rgb: np.ndarray, mpp: float, params: TileParams) -> tuple[np.ndarray, 
     tiles = np.zeros((len(coords), side, side, 3), np.uint8)
     for i, (x, y) in enumerate(coords):
         tiles[i] = _resized(rgb[y : round(y + step), x : round(x + step)], side, side)
+    white = getattr(found.background, "white_level", None) or params.white_level  # a faint slide's own
+    plain = dataclasses.replace(params, min_blur_variance=0.0, white_level=white)
+    reasons = classify_tiles(tiles, plain) if len(tiles) else np.zeros(0, np.int8)
     codes = found.region_codes if found.region_codes is not None else np.zeros(len(coords), np.int8)
-    reasons = judge_artifacts(tiles, np.zeros(len(coords), np.int8), codes, params)
+    reasons = judge_artifacts(tiles, reasons, codes, params)
     tissue = tissue_fractions(found.grid, found.mask, level0_width=w, level0_height=h)[found.candidates]
     boxes = np.concatenate([coords, coords + step], axis=1).astype(np.float64)
-    return boxes, reasons, tissue
+    cells = cell_fractions(tissue_truth(rgb if tissue_rgb is None else tissue_rgb),
+                           cell_boxes(found.grid, (h, w), level0_width=w, level0_height=h)) >= 0.5  # fmt: skip
+    inside = np.zeros(len(found.grid), bool)
+    inside[found.candidates] = True
+    return boxes, reasons, tissue, (int(cells.sum()), int((cells & inside).sum()))
 
 
 def _resized(rgb: np.ndarray, w: int, h: int) -> np.ndarray:
@@ -186,16 +248,22 @@ def _share(mask: np.ndarray | None, box: np.ndarray) -> float:
 
 def score(case: Case, params: TileParams) -> Score:
     rgb = np.asarray(Image.open(case.path).convert("RGB"))
-    truth, margin = None, 0
+    truth, margin, clean_rgb = None, 0, None
     if case.truth.startswith("mask:"):
         truth = np.asarray(Image.open(case.truth[5:]).convert("L")) > 127
+    elif case.truth.startswith("clean:"):  # the same sections scanned before marking
+        clean_rgb = np.asarray(Image.open(case.truth[6:]).convert("RGB"))
+        diff = np.abs(rgb.astype(np.int16) - clean_rgb.astype(np.int16)).mean(axis=-1) > 30
+        truth = np.asarray(ndimage.binary_opening(diff, iterations=1))
+        margin = max(1, round(params.tile_um / 2 / case.mpp))
     elif case.truth.startswith("colours:"):
         truth = marker_truth(rgb, set(case.truth[8:].split(",")))
         margin = max(1, round(params.tile_um / 2 / case.mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
     exclude = np.asarray(Image.open(case.exclude).convert("L")) > 127 if case.exclude else None
-    boxes, reasons, tissue = judge(rgb, case.mpp, params)
-    out = Score(case.name, case.split, approx=case.truth.startswith("colours:"))
+    boxes, reasons, tissue, (cells, inside) = judge(rgb, case.mpp, params, clean_rgb)
+    out = Score(case.name, case.split, approx=case.truth.startswith("colours:"), colours=case.colours,
+                cells=cells, cells_inside=inside)  # fmt: skip
     for box, reason, share in zip(boxes, reasons, tissue, strict=True):
         if _share(truth, box) > 0.2:
             out.inked += 1
@@ -203,9 +271,26 @@ def score(case: Case, params: TileParams) -> Score:
             out.as_any += int(reason >= INK)
         elif _share(clear, box) == 0 and _share(exclude, box) == 0 and share >= 0.5:
             out.clean += 1
-            if reason != KEPT and REASON_NAMES.get(int(reason)) in ARTIFACTS:
+            if reason != KEPT and REASON_NAMES.get(int(reason)) in REJECTIONS:
                 name = REASON_NAMES[int(reason)]
                 out.false[name] = out.false.get(name, 0) + 1
+    return out
+
+
+def pair_scores(params: TileParams, folder: Path = PUBLIC) -> list[Score]:
+    """WSIPenMarkingRemoval's tile pairs: each marked half an inked tile, each clean half an ink-free one."""
+    from wsi.artifacts import tile_ink_share
+
+    out = []
+    for path in sorted(folder.glob("wpmr_pair_*.jpg")):
+        rgb = np.asarray(Image.open(path).convert("RGB"))
+        clean, marked = tile_ink_share(np.stack([rgb[:, :256], rgb[:, 256:]]), params.artifacts)
+        limit = params.artifacts.max_ink_fraction
+        s = Score(f"public {path.stem}", "report", approx=False, inked=1, as_ink=int(marked > limit),
+                  as_any=int(marked > limit), clean=1, colours="blue")  # fmt: skip
+        if clean > limit:
+            s.false["ink"] = 1
+        out.append(s)
     return out
 
 
@@ -240,16 +325,16 @@ def _pct(k: int, n: int) -> str:
 def table(scores: list[Score]) -> str:
     head = (
         "| image | split | tiles >20% ink | rejected as ink | as any artifact | ink-free tissue tiles "
-        "| rejected (any) | by filter |"
+        "| rejected (any) | by filter | tissue cells inside candidates |"
     )
-    rows = [head, "|" + "---|" * 8]
+    rows = [head, "|" + "---|" * 9]
     for s in scores:
         n_false = sum(s.false.values())
         by = ", ".join(f"{v} {k}" for k, v in sorted(s.false.items())) or "-"
         inked = f"{s.inked}{' (approx.)' if s.approx and s.inked else ''}"
         rows.append(
             f"| {s.name} | {s.split} | {inked} | {_pct(s.as_ink, s.inked)} | {_pct(s.as_any, s.inked)} "
-            f"| {s.clean} | {n_false} ({_pct(n_false, s.clean)}) | {by} |"
+            f"| {s.clean} | {n_false} ({_pct(n_false, s.clean)}) | {by} | {_cells(s)} |"
         )
     for split in ("tune", "report", "other"):
         for approx in (False, True):
@@ -258,11 +343,55 @@ def table(scores: list[Score]) -> str:
                 continue
             inked, ink, anyr = (sum(getattr(s, k) for s in group) for k in ("inked", "as_ink", "as_any"))
             clean, false = sum(s.clean for s in group), sum(sum(s.false.values()) for s in group)
+            cells, inside = sum(s.cells for s in group), sum(s.cells_inside for s in group)
             label = f"**all {split}{', approx. truth' if approx else ''}** ({len(group)} images)"
             rows.append(
                 f"| {label} | {split} | {inked} | {_pct(ink, inked)} | {_pct(anyr, inked)} | {clean} "
-                f"| {false} ({_pct(false, clean)}) | |"
+                f"| {false} ({_pct(false, clean)}) | | {_pct(inside, cells)} of {cells} |"
             )
+    return "\n".join(rows) + "\n\n" + worst_table(scores) + "\n\n" + colour_table(scores)
+
+
+def _cells(s: Score) -> str:
+    return f"{_pct(s.cells_inside, s.cells)} of {s.cells}" if s.cells else "-"
+
+
+def worst_table(scores: list[Score]) -> str:
+    """The worst image of each measure, per split (ink-free tissue rejected: images with >= 50 such
+    tiles; inked tiles kept: >= 20; tissue cells outside the candidates: >= 50)."""
+    rows = ["| split | worst ink-free tissue rejected | worst inked tiles kept | worst tissue cells inside |",
+            "|---|---|---|---|"]  # fmt: skip
+    for split in ("tune", "report", "other"):
+        group = [s for s in scores if s.split == split]
+        if not group:
+            continue
+        rej = [s for s in group if s.clean >= 50]
+        kept = [s for s in group if s.inked >= 20]
+        cov = [s for s in group if s.cells >= 50]
+        a = max(rej, key=lambda s: sum(s.false.values()) / s.clean, default=None)
+        b = max(kept, key=lambda s: 1 - s.as_ink / s.inked, default=None)
+        c = min(cov, key=lambda s: s.cells_inside / s.cells, default=None)
+        rows.append(
+            f"| {split} | {_pct(sum(a.false.values()), a.clean) + ' ' + a.name if a else '-'} "
+            f"| {_pct(b.inked - b.as_ink, b.inked) + ' ' + b.name if b else '-'} "
+            f"| {_pct(c.cells_inside, c.cells) + ' ' + c.name if c else '-'} |"
+        )
+    return "\n".join(rows)
+
+
+def colour_table(scores: list[Score]) -> str:
+    """Inked tiles kept per marker colour: images holding one marker colour count for it; images with
+    several count for "mixed (...)"."""
+    groups: dict[str, list[Score]] = {}
+    for s in scores:
+        if s.inked and s.colours:
+            colours = s.colours.split(",")
+            key = colours[0] if len(colours) == 1 else f"mixed ({s.colours})"
+            groups.setdefault(key, []).append(s)
+    rows = ["| marker colour | images | tiles >20% ink | kept (not rejected as ink) |", "|---|---|---|---|"]
+    for key, group in sorted(groups.items()):
+        inked, ink = sum(s.inked for s in group), sum(s.as_ink for s in group)
+        rows.append(f"| {key} | {len(group)} | {inked} | {inked - ink} ({_pct(inked - ink, inked)}) |")
     return "\n".join(rows)
 
 
@@ -274,10 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slides", action="store_true", help="also run the tile stage on the real slide files")
     ap.add_argument("--tile-px", type=int, default=64, help="tile side the per-tile ink share is measured at")
     ap.add_argument("--csv", type=Path, help="write one row per image here")
+    ap.add_argument("--no-public", action="store_true", help="leave out the images of benchmarks/images")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     params = TileParams(tile_px=args.tile_px)
     cases = shared_cases(args.shared) + mskcc_cases(FIXTURES / "mskcc")
+    if not args.no_public:
+        cases += public_cases()
     if args.pae:
         fixed = {c.path.name for c in cases}
         cases += [c for c in mskcc_cases(args.pae, every=args.every) if c.path.name not in fixed]
@@ -289,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases, 1):
         scores.append(score(case, params))
         print(f"[{i}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
+    if not args.no_public:
+        scores += pair_scores(params)
     if args.slides:
         import tempfile
 
@@ -299,10 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["image", "split", "approx", "inked", "as_ink", "as_any", "clean", *ARTIFACTS])
+            w.writerow(["image", "split", "approx", "colours", "inked", "as_ink", "as_any", "clean", *REJECTIONS,
+                        "tissue_cells", "tissue_cells_inside"])  # fmt: skip
             for s in scores:
-                counts = [s.false.get(a, 0) for a in ARTIFACTS]
-                w.writerow([s.name, s.split, s.approx, s.inked, s.as_ink, s.as_any, s.clean, *counts])
+                counts = [s.false.get(a, 0) for a in REJECTIONS]
+                w.writerow([s.name, s.split, s.approx, s.colours, s.inked, s.as_ink, s.as_any, s.clean, *counts,
+                            s.cells, s.cells_inside])  # fmt: skip
     return 0
 
 
