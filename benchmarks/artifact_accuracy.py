@@ -60,7 +60,15 @@ from scipy import ndimage
 from wsi.artifacts import hsv
 from wsi.thumbnail import Thumbnail
 from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, REASON_NAMES, cell_boxes, classify_tiles, find_tissue, judge_artifacts, tissue_fractions
+from wsi.tiling import (
+    KEPT,
+    REASON_NAMES,
+    cell_boxes,
+    classify_tiles,
+    find_tissue,
+    judge_artifacts,
+    tissue_fractions,
+)
 from wsi.tissue import cell_fractions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,8 +194,8 @@ def public_cases(folder: Path = PUBLIC) -> list[Case]:
         if truth.startswith("clean:"):
             truth = f"clean:{folder / truth[6:]}"
         colours = "" if r["marker_colours"] == "-" else r["marker_colours"]
-        out.append(Case(f"public {Path(r['file']).stem}", folder / r["file"], float(r["um_per_px"]), r["split"],
-                        truth, colours=colours))  # fmt: skip
+        name, path = f"public {Path(r['file']).stem}", folder / r["file"]
+        out.append(Case(name, path, float(r["um_per_px"]), r["split"], truth, colours=colours))
     return out
 
 
@@ -227,8 +235,8 @@ def judge(
     reasons = judge_artifacts(tiles, reasons, codes, params)
     tissue = tissue_fractions(found.grid, found.mask, level0_width=w, level0_height=h)[found.candidates]
     boxes = np.concatenate([coords, coords + step], axis=1).astype(np.float64)
-    cells = cell_fractions(tissue_truth(rgb if tissue_rgb is None else tissue_rgb),
-                           cell_boxes(found.grid, (h, w), level0_width=w, level0_height=h)) >= 0.5  # fmt: skip
+    grid_boxes = cell_boxes(found.grid, (h, w), level0_width=w, level0_height=h)
+    cells = cell_fractions(tissue_truth(rgb if tissue_rgb is None else tissue_rgb), grid_boxes) >= 0.5
     inside = np.zeros(len(found.grid), bool)
     inside[found.candidates] = True
     return boxes, reasons, tissue, (int(cells.sum()), int((cells & inside).sum()))
@@ -433,12 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["image", "split", "approx", "colours", "inked", "as_ink", "as_any", "clean", *REJECTIONS,
-                        "tissue_cells", "tissue_cells_inside"])  # fmt: skip
+            head = ["image", "split", "approx", "colours", "inked", "as_ink", "as_any", "clean"]
+            w.writerow([*head, *REJECTIONS, "tissue_cells", "tissue_cells_inside"])
             for s in scores:
                 counts = [s.false.get(a, 0) for a in REJECTIONS]
-                w.writerow([s.name, s.split, s.approx, s.colours, s.inked, s.as_ink, s.as_any, s.clean, *counts,
-                            s.cells, s.cells_inside])  # fmt: skip
+                row = [s.name, s.split, s.approx, s.colours, s.inked, s.as_ink, s.as_any, s.clean]
+                w.writerow([*row, *counts, s.cells, s.cells_inside])
     return 0
 
 

@@ -100,7 +100,11 @@ _GLASS_MARGIN = 12
 
 
 def with_glass_level(
-    background: Background, thumb: np.ndarray, mask: np.ndarray, white_level: int, known: np.ndarray | None = None
+    background: Background,
+    thumb: np.ndarray,
+    mask: np.ndarray,
+    white_level: int,
+    known: np.ndarray | None = None,
 ) -> Background:
     """`background` with the near-white level of a faintly stained light slide: halfway between its
     glass and its tissue (each the median darkest channel of the thumbnail off and on the tissue mask),

@@ -156,9 +156,7 @@ class TileFileMeta:
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
         """The flat root attributes, as stored (mappings as sorted-key JSON, absent sections left out)."""
-        out: TileFileAttrs = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS
-        }
+        out: TileFileAttrs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS}
         out["params"] = json.dumps(self.params, sort_keys=True)
         out.update({k: int(v) for k, v in asdict(self.counts).items()})
         if self.empty_reason is None:

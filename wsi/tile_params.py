@@ -120,7 +120,10 @@ class ArtifactParams:
     #: translucent blue marker over tissue: hue 204-253, saturation 0.32-0.6, bright (value 0.73-0.88);
     #: H&E nuclei that saturated are dark (value <= 0.6), IHC haematoxylin under 0.3
     blue_pale_hue_max: float = setting(
-        255.0, ge=0, le=360, help="Translucent blue ink: hue from the blue range's start up to this (degrees)."
+        255.0,
+        ge=0,
+        le=360,
+        help="Translucent blue ink: hue from the blue range's start up to this (degrees).",
     )
     blue_pale_min_saturation: float = setting(
         0.3, ge=0, le=1, help="Translucent blue ink: least saturation (with blue_pale_min_value)."

@@ -155,7 +155,9 @@ def find_tissue(
     if kind.dark:
         kind = with_signal_gain(with_noise_level(kind, image, mask, params), image, mask)
     else:
-        kind = with_glass_level(kind, image, mask, params.white_level, known=~unknown if unknown.any() else None)
+        kind = with_glass_level(
+            kind, image, mask, params.white_level, known=~unknown if unknown.any() else None
+        )
     grid = make_grid(w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)

@@ -92,7 +92,9 @@ class LeftOut:
             f"{_mm2(v)} {name}"
             for name, v in (("glass", self.glass_mm2), ("ink", self.ink_mm2), ("debris", self.debris_mm2))
         )
-        return f"{_mm2(self.total_mm2)} mm2 coloured ({self.share(self.total_mm2):.1%} of the tissue): {parts}"
+        return (
+            f"{_mm2(self.total_mm2)} mm2 coloured ({self.share(self.total_mm2):.1%} of the tissue): {parts}"
+        )
 
 
 def _mm2(value: float) -> str:

@@ -7,7 +7,6 @@ import csv
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tifffile
 from PIL import Image
 

@@ -112,7 +112,10 @@ def test_mskcc_slides_blood_is_never_red_ink_and_tissue_is_kept() -> None:
     red_only = TileParams(
         tile_px=64,
         artifacts=ArtifactParams(
-            black_max_value=0.0, green_min_saturation=1.0, blue_min_saturation=1.0, blue_pale_min_saturation=1.0
+            black_max_value=0.0,
+            green_min_saturation=1.0,
+            blue_min_saturation=1.0,
+            blue_pale_min_saturation=1.0,
         ),
     )
     clean = false = 0

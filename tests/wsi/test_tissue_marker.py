@@ -34,7 +34,9 @@ def _found(rgb: np.ndarray, mpp: float, params: TileParams | None = None) -> Tis
     return find_tissue(slide, params or TileParams(), thumbnail=thumb)  # type: ignore[arg-type]
 
 
-def tissue_cells_inside(rgb: np.ndarray, mpp: float, truth_rgb: np.ndarray | None = None) -> tuple[float, int]:
+def tissue_cells_inside(
+    rgb: np.ndarray, mpp: float, truth_rgb: np.ndarray | None = None
+) -> tuple[float, int]:
     """(share of the tissue cells inside the candidate tiles, number of tissue cells)."""
     found = _found(rgb, mpp)
     ref = rgb if truth_rgb is None else truth_rgb
