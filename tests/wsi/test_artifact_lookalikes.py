@@ -121,7 +121,7 @@ def test_mskcc_slides_blood_is_never_red_ink_and_tissue_is_kept() -> None:
     clean = false = 0
     for case in cases:
         rgb = np.asarray(Image.open(case.path).convert("RGB"))
-        _, reasons, _ = bench.judge(rgb, case.mpp, red_only)
+        _, reasons, _, _ = bench.judge(rgb, case.mpp, red_only)
         assert not (reasons == INK).any(), case.name
         s = bench.score(case, PARAMS)
         clean, false = clean + s.clean, false + sum(s.false.values())
