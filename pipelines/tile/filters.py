@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.blur import blur_reduction
 from wsi.pipelines.tile.artifacts import count_reasons
 from wsi.pipelines.tile.checks import check_damage, file_damage
 from wsi.pipelines.tile.output import pixel_writer
 from wsi.pipelines.tile.read import classified_chunks
-from wsi.slide import Slide
-from wsi.tiff_tiles import FileDamage, FileTileProbe
-from wsi.tiling import KEPT, TileCounts, TissueGrid
+from wsi.slides.slide import Slide
+from wsi.slides.tiff_tiles import FileDamage, FileTileProbe
+from wsi.tiling.blur import blur_reduction
+from wsi.tiling.grid import KEPT, TileCounts, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.pipelines.tile.job import TileJob
@@ -37,7 +37,7 @@ def filter_tiles(
     --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
     (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
     params = job.params
-    if found.background.white_level is not None:  # a faint slide's own near-white level (wsi.background)
+    if found.background.white_level is not None:  # a faint slide's own near-white level (background)
         params = dataclasses.replace(params, white_level=found.background.white_level)
     every = found
     if artifacts is not None:
