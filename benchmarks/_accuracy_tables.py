@@ -68,16 +68,27 @@ def worst_table(scores: list[Any]) -> str:
 
 
 def colour_table(scores: list[Any]) -> str:
-    """Inked tiles kept per marker colour: images holding one marker colour count for it; images with
-    several count for "mixed (...)"."""
-    groups: dict[str, list[Any]] = {}
-    for s in scores:
-        if s.inked and s.colours:
-            colours = s.colours.split(",")
-            key = colours[0] if len(colours) == 1 else f"mixed ({s.colours})"
-            groups.setdefault(key, []).append(s)
-    rows = ["| marker colour | images | tiles >20% ink | kept (not rejected as ink) |", "|---|---|---|---|"]
-    for key, group in sorted(groups.items()):
-        inked, ink = sum(s.inked for s in group), sum(s.as_ink for s in group)
-        rows.append(f"| {key} | {len(group)} | {inked} | {inked - ink} ({_pct(inked - ink, inked)}) |")
+    """Inked tiles per marker colour and split: each inked tile has the colour of its truth (an image's
+    one marker colour, else the colour covering most of the tile); rejected as something other than
+    ink (a fold, a bubble rim, background) is not kept, but not named ink either."""
+    rows = [
+        "| split | marker colour | images | tiles >20% ink | not rejected as ink "
+        "| kept (not rejected at all) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for split in ("tune", "report", "other"):
+        totals: dict[str, list[int]] = {}
+        images: dict[str, int] = {}
+        for s in scores:
+            if s.split != split:
+                continue
+            for colour, (n, ink, kept) in s.by_colour.items():
+                t = totals.setdefault(colour, [0, 0, 0])
+                t[0], t[1], t[2] = t[0] + n, t[1] + ink, t[2] + kept
+                images[colour] = images.get(colour, 0) + 1
+        for colour, (n, ink, kept) in sorted(totals.items()):
+            rows.append(
+                f"| {split} | {colour} | {images[colour]} | {n} | {n - ink} ({_pct(n - ink, n)}) "
+                f"| {kept} ({_pct(kept, n)}) |"
+            )
     return "\n".join(rows)

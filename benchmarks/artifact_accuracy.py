@@ -109,6 +109,17 @@ class Score:
     colours: str = ""
     cells: int = 0  # tissue cells (independent colour rule)
     cells_inside: int = 0  # ... inside the candidate tiles
+    #: marker colour -> [inked tiles of that colour, rejected as ink, kept (not rejected at all)]
+    by_colour: dict[str, list[int]] = field(default_factory=dict)
+
+    def add_inked(self, colour: str, reason: int) -> None:
+        self.inked += 1
+        self.as_ink += int(reason == INK)
+        self.as_any += int(reason >= INK)
+        counts = self.by_colour.setdefault(colour or "?", [0, 0, 0])
+        counts[0] += 1
+        counts[1] += int(reason == INK)
+        counts[2] += int(reason == KEPT)
 
 
 def shared_cases(shared: Path) -> list[Case]:
@@ -159,25 +170,30 @@ def mskcc_cases(folder: Path, *, every: int = 1) -> list[Case]:
     return out
 
 
-def marker_truth(rgb: np.ndarray, colours: set[str]) -> np.ndarray:
-    """(h, w) bool: a loose mask of marker of the given colours, closed over a stroke's streaks; looser
-    than the filters' own rules (any saturation of green or blue, grey-black up to value 0.45), so that
-    it errs toward calling pixels ink and the negatives stay clear of it."""
+def marker_truth(rgb: np.ndarray, colours: set[str]) -> dict[str, np.ndarray]:
+    """Colour -> (h, w) bool: a loose mask of marker of each given colour, closed over a stroke's streaks;
+    looser than the filters' own rules (any saturation of green or blue, grey-black up to value 0.45,
+    brown by hue alone), so that it errs toward calling pixels ink and the negatives stay clear of it.
+    "dark" (purple-black marker) counts as black; teal as green."""
     hue, sat, val = hsv(rgb)
-    mask = np.zeros(hue.shape, bool)
     lit = val > 0.15
+    rules: dict[str, np.ndarray] = {}
     if "green" in colours:
-        mask |= lit & (hue >= 120) & (hue <= 200) & (sat >= 0.15)
+        rules["green"] = lit & (hue >= 120) & (hue <= 200) & (sat >= 0.15)
     if "blue" in colours:
-        mask |= lit & (hue >= 195) & (hue <= 260) & (sat >= 0.3)
-    if "black" in colours:
-        mask |= (val <= 0.45) & (sat <= 0.45)
+        rules["blue"] = lit & (hue >= 195) & (hue <= 260) & (sat >= 0.3)
+    if "black" in colours or "dark" in colours:
+        black = (val <= 0.45) & (sat <= 0.45) if "black" in colours else np.zeros(hue.shape, bool)
+        rules["black"] = black | (val <= 0.35) if "dark" in colours else black
     if "red" in colours:
-        mask |= lit & ((hue >= 340) | (hue <= 20)) & (sat >= 0.4)
-    if "dark" in colours:  # purple-black marker (ink03's rings)
-        mask |= val <= 0.35
-    mask = ndimage.binary_opening(mask)
-    return np.asarray(ndimage.binary_closing(mask, iterations=2) | mask)
+        rules["red"] = lit & ((hue >= 340) | (hue <= 20)) & (sat >= 0.4)
+    if "brown" in colours:  # orange-brown: hue of DAB, which no H&E slide holds
+        rules["brown"] = lit & (hue >= 5) & (hue <= 45) & (sat >= 0.25) & (val <= 0.8)
+    out = {}
+    for name, mask in rules.items():
+        mask = ndimage.binary_opening(mask)
+        out[name] = np.asarray(ndimage.binary_closing(mask, iterations=2) | mask)
+    return out
 
 
 def public_cases(folder: Path = PUBLIC) -> list[Case]:
@@ -192,8 +208,9 @@ def public_cases(folder: Path = PUBLIC) -> list[Case]:
         if r["split"] == "truth" or r["truth"] == "pair":
             continue
         truth = r["truth"]
-        if truth.startswith("clean:"):
-            truth = f"clean:{folder / truth[6:]}"
+        if truth.startswith(("clean:", "mask:")):
+            kind, file = truth.split(":", 1)
+            truth = f"{kind}:{folder / file}"
         colours = "" if r["marker_colours"] == "-" else r["marker_colours"]
         name, path = f"public {Path(r['file']).stem}", folder / r["file"]
         out.append(Case(name, path, float(r["um_per_px"]), r["split"], truth, colours=colours))
@@ -258,6 +275,7 @@ def _share(mask: np.ndarray | None, box: np.ndarray) -> float:
 def score(case: Case, params: TileParams) -> Score:
     rgb = np.asarray(Image.open(case.path).convert("RGB"))
     truth, margin, clean_rgb = None, 0, None
+    by_colour: dict[str, np.ndarray] = {}
     if case.truth.startswith("mask:"):
         truth = np.asarray(Image.open(case.truth[5:]).convert("L")) > 127
     elif case.truth.startswith("clean:"):  # the same sections scanned before marking
@@ -266,18 +284,20 @@ def score(case: Case, params: TileParams) -> Score:
         truth = np.asarray(ndimage.binary_opening(diff, iterations=1))
         margin = max(1, round(params.tile_um / 2 / case.mpp))
     elif case.truth.startswith("colours:"):
-        truth = marker_truth(rgb, set(case.truth[8:].split(",")))
+        by_colour = marker_truth(rgb, set(case.truth[8:].split(",")))
+        truth = np.logical_or.reduce(list(by_colour.values())) if by_colour else None
         margin = max(1, round(params.tile_um / 2 / case.mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
     exclude = np.asarray(Image.open(case.exclude).convert("L")) > 127 if case.exclude else None
     boxes, reasons, tissue, (cells, inside) = judge(rgb, case.mpp, params, clean_rgb)
     out = Score(case.name, case.split, approx=case.truth.startswith("colours:"), colours=case.colours,
                 cells=cells, cells_inside=inside)  # fmt: skip
+    single = case.colours if "," not in case.colours else ""
     for box, reason, share in zip(boxes, reasons, tissue, strict=True):
         if _share(truth, box) > 0.2:
-            out.inked += 1
-            out.as_ink += int(reason == INK)
-            out.as_any += int(reason >= INK)
+            # the tile's colour: the image's one marker colour, else the colour covering most of it
+            shares = {name: _share(mask, box) for name, mask in by_colour.items()}
+            out.add_inked(single or max(shares, key=shares.__getitem__, default=""), int(reason))
         elif _share(clear, box) == 0 and _share(exclude, box) == 0 and share >= 0.5:
             out.clean += 1
             if reason != KEPT and REASON_NAMES.get(int(reason)) in REJECTIONS:
@@ -290,13 +310,19 @@ def pair_scores(params: TileParams, folder: Path = PUBLIC) -> list[Score]:
     """WSIPenMarkingRemoval's tile pairs: each marked half an inked tile, each clean half an ink-free one."""
     from wsi.tiling.artifacts import tile_ink_share
 
+    listing = folder / "SOURCES.tsv"
+    if not listing.is_file():
+        return []
+    with open(listing, newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    pairs = [(folder / r["file"], r["split"]) for r in rows if r["truth"] == "pair"]
     out = []
-    for path in sorted(folder.glob("wpmr_pair_*.jpg")):
+    for path, split in pairs:
         rgb = np.asarray(Image.open(path).convert("RGB"))
         clean, marked = tile_ink_share(np.stack([rgb[:, :256], rgb[:, 256:]]), params.artifacts)
         limit = params.artifacts.max_ink_fraction
-        s = Score(f"public {path.stem}", "report", approx=False, inked=1, as_ink=int(marked > limit),
-                  as_any=int(marked > limit), clean=1, colours="blue")  # fmt: skip
+        s = Score(f"public {path.stem}", split, approx=False, clean=1, colours="blue")
+        s.add_inked("blue", INK if marked > limit else KEPT)
         if clean > limit:
             s.false["ink"] = 1
         out.append(s)
@@ -347,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_public:
         cases += public_cases()
     if args.pae:
-        fixed = {c.path.name for c in cases}
+        fixed = {c.path.name.removeprefix("mskcc_") for c in cases}
         cases += [c for c in mskcc_cases(args.pae, every=args.every) if c.path.name not in fixed]
     if not cases:
         print(f"no images found under {args.shared} or {FIXTURES}", file=sys.stderr)

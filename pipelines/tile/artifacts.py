@@ -12,7 +12,7 @@ import numpy as np
 from wsi.core.errors import TileFileError
 from wsi.formats.tile_file import read_tile_file
 from wsi.pipelines.scheduling.jobs import JobResult
-from wsi.tiling.artifacts import CODES, DESCRIPTIONS, FILTERS
+from wsi.tiling.artifacts import CODES, DESCRIPTIONS, FILTERS, INK, INK_COLOURS
 from wsi.tiling.grid import BACKGROUND, BLURRY, EXCLUDED, KEPT, UNREADABLE, TileCounts, TissueGrid
 
 
@@ -36,17 +36,42 @@ def artifact_counts(reasons: np.ndarray) -> dict[str, int]:
     return {f"n_{name}": int(np.count_nonzero(reasons == code)) for name, code in CODES.items()}
 
 
+#: colour code -> name, as `candidate_ink_colours` stores them (`wsi.tiling.artifacts.colour_code`)
+COLOUR_NAMES = {i: name for i, name in enumerate(INK_COLOURS, 1)}
+
+
+def ink_colour_counts(reasons: np.ndarray, colours: np.ndarray | None) -> dict[str, int] | None:
+    """Colour -> tiles rejected as ink of that colour (most of their ink), from (M,) reason codes and
+    (M,) colour codes ("unknown" where no colour was named); None when no colours were recorded."""
+    if colours is None:
+        return None
+    ink = reasons == INK
+    out = {name: int(np.count_nonzero(ink & (colours == code))) for code, name in COLOUR_NAMES.items()}
+    out["unknown"] = int(np.count_nonzero(ink & (colours == 0)))
+    return {name: n for name, n in out.items() if n}
+
+
 def _tally(counts: Mapping[str, Any]) -> list[tuple[str, int]]:
     return [(name, int(counts.get(f"n_{name}", 0) or 0)) for name in FILTERS if counts.get(f"n_{name}")]
 
 
-def artifact_note(counts: Mapping[str, Any]) -> str:
+def artifact_note(counts: Mapping[str, Any], ink_colours: Mapping[str, int] | None = None) -> str:
     """The manifest note of a slide with tiles rejected as artifacts ("" when none), e.g.
-    "rejected as artifacts: 12 ink, 3 fold"; `counts` holds n_ink, n_fold, ... (a tile file's meta)."""
+    "rejected as artifacts: 12 ink (8 red, 4 brown), 3 fold"; `counts` holds n_ink, n_fold, ... (a tile
+    file's meta), `ink_colours` the ink tiles per marker colour (`ink_colour_counts`)."""
     tally = _tally(counts)
     if not tally:
         return ""
-    return "rejected as artifacts: " + ", ".join(f"{n} {name}" for name, n in tally)
+    return "rejected as artifacts: " + ", ".join(
+        f"{n} {name}{ink_colour_text(ink_colours) if name == 'ink' else ''}" for name, n in tally
+    )
+
+
+def ink_colour_text(ink_colours: Mapping[str, int] | None) -> str:
+    """" (8 red, 4 brown)": the ink tiles per colour, most first ("" when not recorded)."""
+    if not ink_colours:
+        return ""
+    return " (" + ", ".join(f"{n} {c}" for c, n in sorted(ink_colours.items(), key=lambda kv: -kv[1])) + ")"
 
 
 def artifact_counts_by_name(counts: Mapping[str, Any]) -> dict[str, int]:

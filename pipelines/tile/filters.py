@@ -32,18 +32,25 @@ def filter_tiles(
     zarr_path: Path,
     slide_id: str,
     artifacts: np.ndarray | None = None,
+    colours: np.ndarray | None = None,
 ) -> tuple[np.ndarray, TileCounts, FileDamage | None]:
     """(M,) reason code per candidate, the counts and what could not be decoded (None: all was); with
     --save-tiles the kept pixels stream into the zarr, which is committed only when the slide passes
-    (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read)."""
+    (else removed, leaving no partial pixels). artifacts: (M,) an artifact network's verdicts (KEPT: read).
+    colours: (M,) uint8 each candidate's ink colour (`TissueGrid.region_colours` on entry), changed in
+    place where a tile's own pixels make it ink."""
     params = job.params
     if found.background.white_level is not None:  # a faint slide's own near-white level (background)
         params = dataclasses.replace(params, white_level=found.background.white_level)
-    every = found
+    every, read_colours = found, colours
     if artifacts is not None:
         keep = artifacts == KEPT
         codes = found.region_codes[keep] if found.region_codes is not None else None
-        found = dataclasses.replace(found, candidates=found.candidates[keep], region_codes=codes)
+        tints = found.region_colours[keep] if found.region_colours is not None else None
+        found = dataclasses.replace(
+            found, candidates=found.candidates[keep], region_codes=codes, region_colours=tints
+        )
+        read_colours = colours[keep] if colours is not None else None
     writer = pixel_writer(zarr_path, job.params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:
         reasons = np.empty(len(found.candidates), dtype=np.int8)  # (M,)
@@ -54,7 +61,7 @@ def filter_tiles(
             slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
             region_codes=found.region_codes,
             signal_level=kind.signal_level,
-            blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px),
+            blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px), colours=read_colours,
         )  # fmt: skip
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
@@ -64,6 +71,8 @@ def filter_tiles(
         if artifacts is not None:
             reasons, read = artifacts.copy(), reasons
             reasons[artifacts == KEPT] = read
+            if colours is not None and read_colours is not None:
+                colours[artifacts == KEPT] = read_colours
         counts = count_reasons(every, reasons)
         damage = file_damage(slide, found, probe) if counts.n_unreadable else None
         if damage is not None:

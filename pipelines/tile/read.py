@@ -70,20 +70,24 @@ def classified_chunks(
     region_codes: np.ndarray | None = None,
     signal_level: int | None = None,
     blur_reduce: int = 1,
+    colours: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
     dark-background slide and its signal gain (`wsi.tiling.grid.classify_tiles`); probe: locates the bad
     stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
     code of each tile's thumbnail regions (`wsi.tiling.grid.TissueGrid.region_codes`; None: no artifact
     filter runs), judged with the tile's own pixels (`wsi.tiling.grid.judge_artifacts`); signal_level: a dim
-    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur.blur_reduction`)."""
+    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur.blur_reduction`);
+    colours: (len(coords),) uint8 each tile's ink colour, its thumbnail regions' on entry, changed in place
+    where a tile's own pixels make it ink (each chunk its own slice: the pool's threads never share one)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(
             tiles, params, dark=dark, gain=gain, signal_level=signal_level, blur_reduce=blur_reduce
         )
         if region_codes is not None:
-            reasons = judge_artifacts(tiles, reasons, region_codes[start : start + len(tiles)], params)
+            part = colours[start : start + len(tiles)] if colours is not None else None
+            reasons = judge_artifacts(tiles, reasons, region_codes[start : start + len(tiles)], params, part)
         reasons[bad] = UNREADABLE
         return tiles, reasons
 

@@ -53,6 +53,7 @@ from wsi.formats.tile_file import Candidates, TileFile, is_complete, pixels_comp
 from wsi.formats.tile_meta import BackgroundRecord, MaskRecord, TileFileMeta
 from wsi.pipelines.scheduling.jobs import JobResult, JobsInterrupted, run_jobs, write_manifest
 from wsi.pipelines.scheduling.remote import mirrored_job
+from wsi.pipelines.tile.artifacts import COLOUR_NAMES, ink_colour_counts
 from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
@@ -84,6 +85,7 @@ from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import read_thumbnails
 from wsi.storage import Mirror, remote_output
+from wsi.tiling.artifacts import INK
 from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue
 from wsi.tiling.params import TileParams
 from wsi.tiling.qc import qc_picture_mpp, save_png, tile_qc_image
@@ -286,7 +288,12 @@ def _tile_open_slide(
     upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
     if coarse:
         log.warning("%s: %s", source.slide_id, coarse)
-    reasons, counts, damage = filter_tiles(slide, found, job, paths.zarr, source.slide_id, artifacts)
+    colours = found.region_colours.copy() if found.region_colours is not None else None
+    reasons, counts, damage = filter_tiles(
+        slide, found, job, paths.zarr, source.slide_id, artifacts, colours=colours
+    )
+    if colours is not None:
+        colours[reasons != INK] = 0
     note = damage_note(counts, damage, found)
     if note:
         log.warning("%s: %s", source.slide_id, note)
@@ -311,7 +318,7 @@ def _tile_open_slide(
     picture = tile_qc_image(
         slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
         picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
-        extra_fates=art_names,
+        extra_fates=art_names, ink_colours=ink_colour_counts(reasons, colours),
     )  # fmt: skip
     save_png(paths.qc, picture)
     names = {code: name for name, code in art_names.items()}  # an artifact network's classes
@@ -325,6 +332,7 @@ def _tile_open_slide(
             tissue_mm2=found.left_out.tissue_mm2, glass_mm2=found.left_out.glass_mm2,
             ink_mm2=found.left_out.ink_mm2, debris_mm2=found.left_out.debris_mm2,
         ),
+        ink_colours=ink_colour_counts(reasons, colours),
         upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
         segmentation=None if job.segmentation is None
         else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
@@ -332,7 +340,8 @@ def _tile_open_slide(
     cells = found.candidates
     candidates = Candidates(
         coords=found.grid.coords[cells], coords_um=found.grid.coords_um[cells], reasons=reasons,
-        names={**REASON_NAMES, **names}, empty_reason=empty,
+        names={**REASON_NAMES, **names}, empty_reason=empty, ink_colours=colours,
+        colour_names=COLOUR_NAMES if colours is not None else {},
     )  # fmt: skip
     meta = write_tiles(
         paths, meta, candidates, review, params=job.params, save_tiles=job.save_tiles,

@@ -168,7 +168,9 @@ def row_note(meta: TileFileMeta) -> str:
             f"tile(s) dropped ({r.n_tiles} tile objects, {r.n_regions} Exclude region(s))"
         )
     roi = meta.roi.note if meta.roi is not None else ""
-    parts = (artifact_note(counts.to_dict()), meta.low_yield, heavy, review, roi, mask_note(meta))
+    parts = (
+        artifact_note(counts.to_dict(), meta.ink_colours), meta.low_yield, heavy, review, roi, mask_note(meta)
+    )
     return "; ".join(part for part in parts if part)
 
 

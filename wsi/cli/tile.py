@@ -12,7 +12,7 @@ from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import SegmentationOptions, TileOptions
 from wsi.storage import Url
-from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
+from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, DEFAULT_FILTERS, TileParams
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling.grid, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -62,17 +62,20 @@ Output (under --out):
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
                           artifacts: ink orange, fold brown, bubble cyan, border near-black,
-                          dust pink; legend with counts, slide id, mpp
+                          dust pink, blood dark red; legend with counts (ink per marker
+                          colour), slide id, mpp
   qc/<slide_id>.geojson   the same as QuPath objects (File > Import objects), level-0 px:
                           tissue outline (annotation "Tissue"), every tissue tile classed
                           by its fate (kept, background, blurry, ink, ...) with its tissue fraction
   tiles/manifest.csv      one row per slide: slide, path, status, tiles, seconds, error, note
-                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink";
+                          (note: tiles rejected per artifact, e.g. "rejected as artifacts: 12 ink
+                          (8 red, 4 brown)": ink by marker colour, also per tile in the tile file;
                           "check filter: ink removed 11.0% (172 of 1563) ..." when one filter
                           removed over 5% of the slide's tissue tiles; the review applied)
 
 \b
-Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
+Artifact filters (no weights; brightfield slides; on by default but blood, --no-filter NAME turns one
+off, --filter blood turns blood on):
 """ + "".join(f"  {name:<8} {ARTIFACT_DESCRIPTIONS[name]}\n" for name in ARTIFACT_FILTERS) + """\
 Thresholds: TileParams.artifacts (wsi.tiling.artifacts.ArtifactParams), saved in each tile file.
 A filter (or blur) that removes over 5% of a slide's tissue tiles is named with its share in
@@ -117,7 +120,15 @@ redoes them (and replaces the tiles of another slide with the same id).
     "no_filter",
     multiple=True,
     type=click.Choice(list(ARTIFACT_FILTERS)),
-    help="Turn an artifact filter off (repeat for several): " + ", ".join(ARTIFACT_FILTERS) + ".",
+    help="Turn an artifact filter off (repeat for several): " + ", ".join(DEFAULT_FILTERS) + ".",
+)
+@click.option(
+    "--filter",
+    "add_filter",
+    multiple=True,
+    type=click.Choice([name for name in ARTIFACT_FILTERS if name not in DEFAULT_FILTERS]),
+    help="Turn on a filter that is off by default: blood (tiles mostly blood: haemorrhage, clots; named "
+    "'blood', never 'ink').",
 )
 @config_options(SegmentationOptions, SEGMENTATION_FLAGS, into="networks")
 @user_errors
@@ -127,6 +138,7 @@ def command(
     tiling: dict[str, Any],
     run: dict[str, Any],
     no_filter: tuple[str, ...],
+    add_filter: tuple[str, ...],
     networks: dict[str, Any],
 ) -> None:
     """Find tissue and cut tiles of a physical size (micrometres) from whole-slide images.
@@ -149,7 +161,12 @@ def command(
         raise SystemExit(EXIT_USAGE)
     tiling = {
         **tiling,
-        "artifacts": {"filters": [name for name in ARTIFACT_FILTERS if name not in no_filter]},
+        "artifacts": {
+            "filters": [
+                name for name in ARTIFACT_FILTERS
+                if (name in DEFAULT_FILTERS or name in add_filter) and name not in no_filter
+            ]
+        },
     }
     params = parse_config(TileParams, tiling, source="wsi tile options")  # ConfigError: exit 2
     options = parse_config(TileOptions, run, source="wsi tile options")

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -100,6 +100,10 @@ class Candidates:
     reasons: np.ndarray  # (M,) int8 the filters' reason codes (before any review)
     names: dict[int, str]  # reason code -> name, for every code the run could give (model classes too)
     empty_reason: str = ""  # why the filters kept no tile ("" when they kept some)
+    #: (M,) uint8 the marker colour of each tile rejected as ink (0 elsewhere; dataset
+    #: `candidate_ink_colours`, its attribute `names`: code -> colour), or None when not recorded
+    ink_colours: np.ndarray | None = None
+    colour_names: dict[int, str] = field(default_factory=dict)
 
 
 def coords_digest(coords: np.ndarray) -> str:
@@ -202,6 +206,11 @@ def _write_candidates(h5: h5py.File, c: Candidates) -> None:
     ds = h5.create_dataset("candidate_reasons", data=np.asarray(c.reasons, dtype=np.int8))
     ds.attrs["names"] = json.dumps({str(k): v for k, v in sorted(c.names.items())})
     ds.attrs["empty_reason"] = c.empty_reason
+    if c.ink_colours is not None:
+        if np.shape(c.ink_colours) != (m,):
+            raise ValueError(f"candidates disagree: {np.shape(c.ink_colours)} ink colours for {m} reasons")
+        ink = h5.create_dataset("candidate_ink_colours", data=np.asarray(c.ink_colours, dtype=np.uint8))
+        ink.attrs["names"] = json.dumps({str(k): v for k, v in sorted(c.colour_names.items())})
 
 
 def read_candidates(path: str | os.PathLike[str]) -> Candidates | None:
@@ -223,12 +232,19 @@ def read_candidates(path: str | os.PathLike[str]) -> Candidates | None:
                     raise TileFileError(f"{path}: `{n}` {problem}; re-run `wsi tile --overwrite`")
             ds = h5["candidate_reasons"]
             table = json.loads(str(plain(ds.attrs.get("names", "{}"))))
+            colours, colour_names = None, {}
+            ink = h5.get("candidate_ink_colours")
+            if isinstance(ink, h5py.Dataset) and ink.shape == (m,):
+                colours = ink[()].astype(np.uint8)
+                colour_names = json.loads(str(plain(ink.attrs.get("names", "{}"))))
             return Candidates(
                 coords=h5["candidate_coords"][()].astype(np.int64),
                 coords_um=h5["candidate_coords_um"][()].astype(np.float32),
                 reasons=ds[()].astype(np.int8),
                 names={int(k): str(v) for k, v in table.items()},
                 empty_reason=str(plain(ds.attrs.get("empty_reason", ""))),
+                ink_colours=colours,
+                colour_names={int(k): str(v) for k, v in colour_names.items()},
             )
     except (OSError, ValueError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
         raise TileFileError(f"{path}: unreadable candidates ({exc}); re-run `wsi tile --overwrite`") from None

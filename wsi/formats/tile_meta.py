@@ -152,6 +152,9 @@ class TileFileMeta:
     segmentation: SegmentationRecord | None = None
     review: ReviewRecord | None = None
     mask: MaskRecord | None = None
+    #: tiles the filters rejected as ink, by the marker colour of most of their ink (attribute
+    #: `ink_colours`, JSON; "unknown": too little of a colour to name); None: not recorded
+    ink_colours: dict[str, Count] | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
@@ -190,6 +193,8 @@ class TileFileMeta:
                 mask_tissue_mm2=m.tissue_mm2, outside_glass_mm2=m.glass_mm2, outside_ink_mm2=m.ink_mm2,
                 outside_debris_mm2=m.debris_mm2,
             )  # fmt: skip
+        if self.ink_colours is not None:
+            out["ink_colours"] = json.dumps(self.ink_colours, sort_keys=True)
         if self.segmentation is not None:
             s = self.segmentation
             out["segmentation"] = json.dumps(s.models, sort_keys=True)
@@ -243,6 +248,8 @@ class TileFileMeta:
                 "ink_mm2": attrs.get("outside_ink_mm2", 0.0),
                 "debris_mm2": attrs.get("outside_debris_mm2", 0.0),
             }  # fmt: skip
+        if "ink_colours" in attrs:
+            data["ink_colours"] = _json(attrs["ink_colours"], "ink_colours", source)
         if attrs.get("segmentation"):
             data["segmentation"] = {
                 "models": _json(attrs["segmentation"], "segmentation", source),
@@ -263,7 +270,7 @@ class TileFileMeta:
         return self.segmentation.models.copy() if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review", "mask"}
+_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review", "mask", "ink_colours"}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")

@@ -111,6 +111,9 @@ class TissueGrid:
     artifacts: ArtifactMaps = field(default_factory=ArtifactMaps)
     #: (M,) int8 artifact reason code per candidate from its share of each region (0: none), or None
     region_codes: np.ndarray | None = None
+    #: (M,) uint8 the ink colour covering most of each candidate on the thumbnail (`wsi.tiling.artifacts.
+    #: colour_code`; 0: none), or None where the ink filter did not run
+    region_colours: np.ndarray | None = None
     #: (N,) each grid cell's share of `mask` (with `unknown`: of both), or None where not computed
     fractions: np.ndarray | None = None
     #: coloured area the mask left out, and why (`wsi.tiling.tissue.left_out`); None: not counted (a mask
@@ -168,17 +171,18 @@ def find_tissue(
     maybe = mask | unknown  # unknown: maybe tissue, to be tried
     fractions = tissue_fractions(grid, maybe, level0_width=w0, level0_height=h0)
     candidates = np.flatnonzero(fractions >= params.min_tissue_fraction)
-    maps, codes = ArtifactMaps(), None
+    maps, codes, colours = ArtifactMaps(), None, None
     # colour rules are for brightfield; a slide taken as light that looks like a dark-background one
     # (`--background light` on fluorescence) would be all "black ink": its message says what to do
     if not kind.dark and not looks_dark_maybe(kind) and params.artifacts.filters:
         maps = find_artifacts(image, mask, mpp=thumb.mpp, params=params.artifacts)
         boxes = cell_boxes(grid, mask.shape, level0_width=w0, level0_height=h0)[candidates]
         codes = artifact_verdicts(maps.shares(boxes), params.artifacts, tissue=fractions[candidates])
+        colours = maps.colours(boxes) if params.artifacts.on("ink") else None
     return TissueGrid(
         thumb=image, mask=mask, grid=grid, candidates=candidates, background=kind,
         unknown=unknown if unknown.any() else None, unreadable=thumb.unreadable, artifacts=maps,
-        region_codes=codes, fractions=fractions, left_out=missed,
+        region_codes=codes, region_colours=colours, fractions=fractions, left_out=missed,
     )  # fmt: skip
 
 
@@ -198,7 +202,8 @@ def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, para
 
 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
-# the artifact filters' codes follow (wsi.tiling.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8)
+# the artifact filters' codes follow (wsi.tiling.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8,
+# blood 9)
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
 #: a tile a reviewer dropped (`wsi tile --review`: re-classed in QuPath, or inside an Exclude region); not
 #: a filter's verdict, so not in REASON_NAMES (the QC picture and qc/<id>.geojson show the filters')
@@ -289,14 +294,19 @@ def classify_exact(
 
 
 def judge_artifacts(
-    tiles: np.ndarray, reasons: np.ndarray, region_codes: np.ndarray | None, params: TileParams
+    tiles: np.ndarray,
+    reasons: np.ndarray,
+    region_codes: np.ndarray | None,
+    params: TileParams,
+    colours: np.ndarray | None = None,
 ) -> np.ndarray:
     """`reasons` with the artifacts named (`wsi.tiling.artifacts.judge_tiles`): kept and blurry tiles may
-    become one; background and unreadable ones keep their reason. region_codes None: none ran."""
+    become one; background and unreadable ones keep their reason. region_codes None: none ran. colours:
+    (B,) uint8 each tile's ink colour, its regions' on entry, changed in place where its pixels decide."""
     if region_codes is None:
         return reasons
     open_ = (reasons == KEPT) | (reasons == BLURRY)
-    return judge_tiles(tiles, reasons, region_codes, params.artifacts, open_=open_)
+    return judge_tiles(tiles, reasons, region_codes, params.artifacts, open_=open_, colours=colours)
 
 
 @dataclass
@@ -304,7 +314,8 @@ class TileCounts:
     """How many grid cells went where.
 
     n_grid = no tissue + n_tissue, and n_tissue = n_background + n_blurry + n_unreadable + n_kept +
-    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust) + n_excluded (dropped by a review).
+    the artifacts (n_ink + n_fold + n_bubble + n_border + n_dust + n_blood) + n_excluded (dropped by a
+    review).
     """
 
     n_grid: int = 0
@@ -318,11 +329,12 @@ class TileCounts:
     n_bubble: int = 0
     n_border: int = 0
     n_dust: int = 0
+    n_blood: int = 0
     n_excluded: int = 0
 
     @property
     def n_artifacts(self) -> int:
-        return self.n_ink + self.n_fold + self.n_bubble + self.n_border + self.n_dust
+        return self.n_ink + self.n_fold + self.n_bubble + self.n_border + self.n_dust + self.n_blood
 
     def to_dict(self) -> dict[str, int]:
         """Plain ints by name (stored as tile-file attributes)."""

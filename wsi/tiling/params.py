@@ -73,15 +73,21 @@ class TissueParams:
 
 #: every artifact filter (wsi.tiling.artifacts), in the order its reason wins when a tile has several (ink
 #: first: the known shortcut)
-ARTIFACT_FILTERS = ("ink", "fold", "bubble", "border", "dust")
+ARTIFACT_FILTERS = ("ink", "fold", "bubble", "border", "dust", "blood")
+#: the filters that run unless told otherwise: blood is tissue (haemorrhage, congested vessels) that a
+#: user may want out, never an artifact by default
+DEFAULT_FILTERS = ("ink", "fold", "bubble", "border", "dust")
+#: the marker and dye colours the ink filter knows, in the order they are reported
+INK_COLOURS = ("green", "blue", "red", "brown", "yellow", "black")
 
 #: what each artifact filter removes, for --help, the README and error messages
 ARTIFACT_DESCRIPTIONS = {
-    "ink": "marker ink (green, blue, black, red) drawn on the slide",
+    "ink": "marker and tissue-marking dye (green, teal, blue, red, brown, yellow, black, grey)",
     "fold": "tissue folds: two layers of tissue, far darker than the slide's own tissue",
     "bubble": "air bubbles and coverslip edges: thin grey-black lines and their rims",
     "border": "out-of-scan borders: flat near-black fill where the scanner did not scan",
     "dust": "dust islands: small specks of 'tissue' far from any real tissue",
+    "blood": "blood (haemorrhage, clots, full vessels): saturated red absorbing like H&E; off by default",
 }
 
 #: the published segmentation networks the tile stage runs by name (`wsi tile --tissue-model`,
@@ -101,7 +107,11 @@ class ArtifactParams:
     alone. Colours in HSV: hue in degrees, saturation and value in [0, 1]; sizes in micrometres."""
 
     filters: tuple[str, ...] = setting(
-        ARTIFACT_FILTERS, help=f"Artifact filters that run ({', '.join(ARTIFACT_FILTERS)})."
+        DEFAULT_FILTERS,
+        help=f"Artifact filters that run ({', '.join(ARTIFACT_FILTERS)}; blood only when named).",
+    )
+    ink_colours: tuple[str, ...] = setting(
+        INK_COLOURS, help=f"Marker and dye colours the ink filter looks for ({', '.join(INK_COLOURS)})."
     )
     max_ink_fraction: float = setting(
         0.1,
@@ -183,6 +193,10 @@ class ArtifactParams:
     )
     border_level: int = setting(30, ge=0, le=255, help="Border fill: brightest channel at most this (0-255).")
     border_flatness: int = setting(5, ge=0, le=255, help="Border fill: channels within this of each other.")
+    max_blood_fraction: float = setting(
+        0.3, ge=0, le=1,
+        help="With the blood filter on: reject a tile when more than this share of it is blood.",
+    )  # fmt: skip
     dust_max_um2: float = setting(
         60_000.0, ge=0, le=MAX_UM2, help="Tissue regions smaller than this (um^2) ..."
     )
@@ -196,6 +210,9 @@ class ArtifactParams:
             raise ValueError(
                 f"unknown artifact filter(s) {unknown}; choose from {', '.join(ARTIFACT_FILTERS)}"
             )
+        colours = [c for c in self.ink_colours if c not in INK_COLOURS]
+        if colours:
+            raise ValueError(f"unknown ink colour(s) {colours}; choose from {', '.join(INK_COLOURS)}")
         for name in ("green_hue", "blue_hue"):
             lo, hi = getattr(self, name)
             if not 0.0 <= lo <= hi <= 360.0:

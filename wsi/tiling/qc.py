@@ -50,6 +50,7 @@ ARTIFACT_RGB: dict[str, tuple[int, int, int]] = {
     "bubble": (0, 190, 220),  # cyan
     "border": (40, 40, 40),  # near black
     "dust": (255, 110, 180),  # pink
+    "blood": (170, 0, 40),  # dark red (off by default)
 }
 OUTLINE_RGB = (255, 210, 0)
 #: hatching over what could not be decoded (slate-grey stripes: "no data", not glass; not a neutral
@@ -112,6 +113,7 @@ def tile_qc_image(
     picture: Thumbnail | None = None,
     unreadable: Sequence[UnreadableRegion] = (),
     extra_fates: Mapping[str, int] | None = None,
+    ink_colours: Mapping[str, int] | None = None,
 ) -> np.ndarray:
     """The tile stage's QC picture of one slide: the slide at `qc_size` (QC_LONG_SIDE_PX on its long
     side, its own size where smaller), each candidate tile coloured by its reason code in `reasons`
@@ -121,7 +123,7 @@ def tile_qc_image(
     picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
     unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
     legend with the thumbnail's. extra_fates: more reason codes by name (a key of FATE_RGB), e.g. the
-    artifact network's ("artifact: pen")."""
+    artifact network's ("artifact: pen"). ink_colours: the ink tiles per marker colour, a legend note."""
     w0, h0 = slide.dimensions
     thumb, unknown = _qc_thumbnail(found, picture, qc_size((w0, h0)))
     coords = found.candidate_coords
@@ -142,6 +144,7 @@ def tile_qc_image(
         notes=(
             *((f"cannot be decoded: {describe_regions(regions)}",) if regions else ()),
             *((f"outside the tissue mask: {found.left_out.describe()}",) if found.left_out else ()),
+            *((f"ink by marker colour: {_by_colour(ink_colours)}",) if ink_colours else ()),
         ),
     )
     return render_qc(
@@ -153,6 +156,11 @@ def tile_qc_image(
         legend=legend,
         unknown=unknown,
     )
+
+
+def _by_colour(ink_colours: Mapping[str, int]) -> str:
+    """e.g. "80 red, 40 brown" (most first)."""
+    return ", ".join(f"{n} {c}" for c, n in sorted(ink_colours.items(), key=lambda kv: -kv[1]))
 
 
 def _qc_thumbnail(

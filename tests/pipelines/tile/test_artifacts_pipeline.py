@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from PIL import Image
 
 from wsi.cli.main import cli
-from wsi.formats.tile_file import read_tile_file
+from wsi.formats.tile_file import read_candidates, read_tile_file
 from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slides.sources import SlideSource
-from wsi.tiling.artifacts import FILTERS
+from wsi.tiling.artifacts import FILTERS, INK
 from wsi.tiling.grid import REASON_NAMES
-from wsi.tiling.params import TileParams
+from wsi.tiling.params import DEFAULT_FILTERS, TileParams
 from wsi.tiling.qc import ARTIFACT_RGB, FATE_RGB, QcLegend, render_qc
 
 #: the HistoQC thumbnail is written as a one-level slide at 8 um/px: its own pixels are then both the
@@ -61,10 +61,20 @@ def test_inked_slide_loses_its_ink_tiles_and_says_so(inked, tmp_path: Path) -> N
     )
     kept_share = _truth_share(truth, tf.coords)
     assert (kept_share > 0.2).sum() == 0  # no kept tile is more than 20% ink
-    assert tf.params["artifacts"]["filters"] == list(FILTERS)
+    assert tf.params["artifacts"]["filters"] == list(DEFAULT_FILTERS)  # blood only when asked for
+    # each ink tile's marker colour is recorded: the tile file, its count per colour, the manifest note
+    found = read_candidates(output_paths(tmp_path, "inked").h5)
+    assert found is not None and found.ink_colours is not None
+    ink = found.reasons == INK
+    assert found.ink_colours[ink].all() and not found.ink_colours[~ink].any()
+    named = [found.colour_names[int(k)] for k in found.ink_colours[ink]]
+    assert m.ink_colours == {name: named.count(name) for name in set(named)}
+    # the green pen's circle, and a blob of blue ink beside the tissue (not in HistoQC's green mask)
+    assert set(named) == {"green", "blue"} and named.count("green") >= 0.9 * c.n_ink
     with open(tmp_path / "tiles" / "manifest.csv", newline="") as fh:
         [row] = list(csv.DictReader(fh))
-    assert row["note"].startswith(f"rejected as artifacts: {c.n_ink} ink")
+    by_colour = f"({m.ink_colours['green']} green, {m.ink_colours['blue']} blue)"
+    assert row["note"].startswith(f"rejected as artifacts: {c.n_ink} ink {by_colour}")
     qc = np.asarray(Image.open(output_paths(tmp_path, "inked").qc))
     assert (qc.reshape(-1, 3) == ARTIFACT_RGB["ink"]).all(axis=1).sum() > 100  # ink tiles outlined orange
 

@@ -73,7 +73,8 @@ def test_a_filter_over_the_threshold_is_named_with_its_share(inked: dict[str, Pa
     assert f"{HEAVY_FILTER_PREFIX}: {share} of the tissue tiles" in note
     assert "qc/many.png" in note and "--no-filter ink" in note
     assert f"many: {HEAVY_FILTER_PREFIX}: {share}" in res.stderr  # the summary at the end of the run
-    assert rows["few"]["note"] == f"rejected as artifacts: {few.n_ink} ink"  # counted, not flagged
+    # counted (with the marker's colour), not flagged
+    assert rows["few"]["note"] == f"rejected as artifacts: {few.n_ink} ink ({few.n_ink} green)"
     assert "few:" not in res.stderr and res.stderr.count(HEAVY_FILTER_PREFIX) == 1
 
     again = CliRunner().invoke(cli, args, catch_exceptions=False)  # already tiled: skipped, still said

@@ -109,15 +109,7 @@ def test_mskcc_slides_blood_is_never_red_ink_and_tissue_is_kept() -> None:
     bubble rim)."""
     cases = bench.mskcc_cases(bench.FIXTURES / "mskcc")
     assert len(cases) == 6
-    red_only = TileParams(
-        tile_px=64,
-        artifacts=ArtifactParams(
-            black_max_value=0.0,
-            green_min_saturation=1.0,
-            blue_min_saturation=1.0,
-            blue_pale_min_saturation=1.0,
-        ),
-    )
+    red_only = TileParams(tile_px=64, artifacts=ArtifactParams(ink_colours=("red",)))
     clean = false = 0
     for case in cases:
         rgb = np.asarray(Image.open(case.path).convert("RGB"))

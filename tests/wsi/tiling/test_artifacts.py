@@ -23,7 +23,6 @@ from skimage import data as skdata
 from wsi.tiling.artifacts import (
     BORDER,
     BUBBLE,
-    CODES,
     DUST,
     FOLD,
     INK,
@@ -163,7 +162,7 @@ def test_ihc_dab_is_not_ink_nor_any_artifact() -> None:
     assert (tile_ink_share(tiles, PARAMS) < 0.01).all()
     for mpp in (2.0, 8.0):
         maps = find_artifacts(ihc, tissue_mask(ihc, mpp=mpp), mpp=mpp, params=PARAMS)
-        assert {name: int(m.sum()) for name, m in maps.masks.items()} == dict.fromkeys(CODES, 0), mpp
+        assert {name: int(m.sum()) for name, m in maps.masks.items()} == dict.fromkeys(PARAMS.filters, 0), mpp
 
 
 def test_haematoxylin_dense_tissue_is_not_blue_ink_nor_a_fold(histoqc: Path) -> None:

@@ -12,7 +12,7 @@ tile's share of each artifact, and for ink also the tile's own pixels).
 A dark-background (fluorescence-like) slide is not judged: the colour rules are for brightfield.
 """
 
-from wsi.tiling.artifacts.colour import INK_COLOURS, hsv, ink_mask, ink_pixels, tile_ink_share
+from wsi.tiling.artifacts.colour import colour_code, hsv, ink_mask, ink_pixels, tile_ink_share
 from wsi.tiling.artifacts.reasons import (
     BORDER,
     BUBBLE,
@@ -26,10 +26,10 @@ from wsi.tiling.artifacts.reasons import (
 from wsi.tiling.artifacts.regions import ArtifactMaps, find_artifacts
 from wsi.tiling.params import ARTIFACT_DESCRIPTIONS as DESCRIPTIONS
 from wsi.tiling.params import ARTIFACT_FILTERS as FILTERS
-from wsi.tiling.params import ArtifactParams
+from wsi.tiling.params import INK_COLOURS, ArtifactParams
 
 __all__ = [
     "BORDER", "BUBBLE", "CODES", "DESCRIPTIONS", "DUST", "FILTERS", "FOLD", "INK", "INK_COLOURS",
-    "ArtifactMaps", "ArtifactParams", "artifact_verdicts", "find_artifacts", "hsv", "ink_mask",
+    "ArtifactMaps", "ArtifactParams", "artifact_verdicts", "colour_code", "find_artifacts", "hsv", "ink_mask",
     "ink_pixels", "judge_tiles", "tile_ink_share",
 ]  # fmt: skip

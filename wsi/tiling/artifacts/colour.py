@@ -31,12 +31,17 @@ over a region's or a tile's red pixels dense enough to measure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from wsi.tiling.params import ArtifactParams
+from wsi.tiling.params import INK_COLOURS, ArtifactParams
 
-#: ink colours, in the order they are reported
-INK_COLOURS = ("green", "blue", "red", "black")
+
+def colour_code(name: str) -> int:
+    """The code of an ink colour in per-tile records and colour maps: 1 + its index in INK_COLOURS (0:
+    no ink, or not known)."""
+    return INK_COLOURS.index(name) + 1
 #: (hue degrees, saturation, value) planes of an image, float32
 HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: a red candidate's signature is measured where its green OD is at least this (transmission <= 32%):
@@ -112,6 +117,59 @@ def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
     return {"green": green, "blue": blue, "red": red, "black": black}
 
 
+#: brown marker: orange-brown (hue 5-45 degrees), moderately saturated, and absorbing blue light more than
+#: green (OD_B >= OD_G), which no H&E stain does (eosin 0.1, haematoxylin 0.4, measured 0.65-0.85 on
+#: H&E tissue, 1.1-1.4 on brown marker); DAB, haemosiderin and melanin do, so only stroke-shaped
+#: regions count (`wsi.tiling.artifacts.strokes`), and only on the thumbnail, never per tile pixel
+BROWN_HUES = (5.0, 45.0)
+BROWN_MIN_SATURATION = 0.25
+BROWN_MIN_OD = 0.15  # green OD: a brown marker's paler streaks are still this dense
+#: yellow tissue-marking dye: hue 45-70 degrees at saturation >= 0.3, absorbing blue light far more than
+#: green (OD_B >= 1.5 OD_G); as brown, a band on the thumbnail
+YELLOW_HUES = (45.0, 70.0)
+YELLOW_MIN_SATURATION = 0.3
+
+
+def dye_rules(planes: HSV, od: np.ndarray) -> dict[str, np.ndarray]:
+    """Colour -> bool mask of the pixels of an image's HSV `planes` and (..., 3) optical density `od` whose
+    colour could be brown marker or yellow dye (candidates: only stroke-shaped regions of them are)."""
+    hue, sat, _ = planes
+    blue_over_green = od[..., 2] / np.maximum(od[..., 1], 1e-3)
+    brown = (hue >= BROWN_HUES[0]) & (hue < BROWN_HUES[1]) & (sat >= BROWN_MIN_SATURATION)
+    brown &= (blue_over_green >= 1.0) & (od[..., 1] >= BROWN_MIN_OD)
+    yellow = (hue >= YELLOW_HUES[0]) & (hue < YELLOW_HUES[1]) & (sat >= YELLOW_MIN_SATURATION)
+    yellow &= blue_over_green >= 1.5
+    return {"brown": brown, "yellow": yellow}
+
+
+@dataclass(frozen=True)
+class EosinRatios:
+    """A slide's own eosin: OD_R / OD_G of its eosin-hued, stained pixels (`eosin_ratios`)."""
+
+    low: float  # the 10th percentile: the least red light any of its eosin absorbs
+    median: float
+
+
+#: eosin's hue (degrees) and the least saturation and green OD of a pixel measured as the slide's eosin
+EOSIN_HUES = (300.0, 342.0)
+EOSIN_MIN_SATURATION = 0.2
+EOSIN_MIN_OD = 0.3
+#: ... and how many such pixels make a measure (else None)
+EOSIN_MIN_PIXELS = 200
+
+
+def eosin_ratios(planes: HSV, od: np.ndarray) -> EosinRatios | None:
+    """The slide's own eosin (`EosinRatios`) from a thumbnail's HSV `planes` and (h, w, 3) `od`; None when
+    under EOSIN_MIN_PIXELS pixels are eosin (a slide without H&E, or all marker)."""
+    hue, sat, _ = planes
+    pink = (hue >= EOSIN_HUES[0]) & (hue < EOSIN_HUES[1]) & (sat >= EOSIN_MIN_SATURATION)
+    pink &= od[..., 1] >= EOSIN_MIN_OD
+    if np.count_nonzero(pink) < EOSIN_MIN_PIXELS:
+        return None
+    low, median = np.percentile(red_od_ratio(od[pink]), [10, 50])
+    return EosinRatios(low=float(low), median=float(median))
+
+
 #: a tile's ink share is measured on every `TILE_STRIDE`-th pixel in each direction (1/64 of them):
 #: 1,024 samples of a 256 px tile give its share to about 1% (binomial sd near the 10% threshold), at a
 #: fifth of the cost of 1/16 (measured 0.1 vs 0.48 ms per tile, against ~1.4 ms for the background
@@ -136,13 +194,30 @@ def ink_sample(tiles: np.ndarray) -> np.ndarray:
 
 def sample_ink_share(sample: np.ndarray, params: ArtifactParams) -> np.ndarray:
     """`tile_ink_share` of tiles' (B, n, 3) `ink_sample`."""
+    return sample_ink(sample, params)[0]
+
+
+def sample_ink(sample: np.ndarray, params: ArtifactParams) -> tuple[np.ndarray, np.ndarray]:
+    """((B,) ink share, (B,) uint8 colour code of the most of it: `colour_code`, 0 where none) of tiles'
+    (B, n, 3) `ink_sample`, counting the colours in params.ink_colours that have a per-pixel rule (green,
+    blue, red, black; brown and yellow only as thumbnail strokes)."""
     colours = ink_pixels(sample, params)
-    ink = colours["green"] | colours["blue"] | colours["black"]
-    red = colours["red"]
-    rows = np.flatnonzero(red.any(axis=1))  # only tiles with red pixels need their optical density
-    if len(rows):
-        ink[rows] |= red[rows] & _red_marker_rows(sample[rows], red[rows], params)[:, None]
-    return np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
+    wanted: list[str] = [c for c in ("green", "blue", "black") if c in params.ink_colours]
+    red = colours["red"] if "red" in params.ink_colours else None
+    if red is not None:
+        rows = np.flatnonzero(red.any(axis=1))  # only tiles with red pixels need their optical density
+        marker = np.zeros(len(sample), bool)
+        if len(rows):
+            marker[rows] = _red_marker_rows(sample[rows], red[rows], params)
+        colours["red"] = red & marker[:, None]
+        wanted.append("red")
+    counts = np.stack([np.count_nonzero(colours[c], axis=1) for c in wanted], axis=1) if wanted else None
+    if counts is None:
+        return np.zeros(len(sample)), np.zeros(len(sample), np.uint8)
+    ink = np.logical_or.reduce([colours[c] for c in wanted])
+    share = np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
+    codes = np.asarray([colour_code(c) for c in wanted], np.uint8)[np.argmax(counts, axis=1)]
+    return share, np.where(counts.max(axis=1) > 0, codes, 0).astype(np.uint8)
 
 
 def is_red_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:

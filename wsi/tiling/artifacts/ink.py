@@ -26,7 +26,19 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from wsi.tiling.artifacts.colour import HSV, RED_DENSE_OD, ink_rules, median_margin, red_od_ratio
+from wsi.tiling.artifacts.colour import (
+    HSV,
+    INK_COLOURS,
+    RED_DENSE_OD,
+    EosinRatios,
+    colour_code,
+    dye_rules,
+    eosin_ratios,
+    ink_rules,
+    median_margin,
+    red_od_ratio,
+)
+from wsi.tiling.artifacts.strokes import BROWN_BAND, DYE_BAND, GREY_BAND, RED_BAND, bands, region_shapes
 from wsi.tiling.morphology import close_disk, dilate_disk, label, open_disk, remove_small_objects
 from wsi.tiling.params import ArtifactParams
 
@@ -59,7 +71,22 @@ def ink_regions(
 ) -> np.ndarray:
     """(h, w) bool: ink on a thumbnail (its HSV `planes` and (h, w, 3) optical density `od`) at `mpp`
     um/px; `exclude`: pixels that are another artifact already (out-of-scan fill is as black as ink)."""
+    return ink_colour_regions(planes, od, mpp=mpp, params=params, exclude=exclude) > 0
+
+
+def ink_colour_regions(
+    planes: HSV,
+    od: np.ndarray,
+    *,
+    mpp: float,
+    params: ArtifactParams,
+    exclude: np.ndarray | None = None,
+) -> np.ndarray:
+    """(h, w) uint8: the colour of the ink at each pixel (`colour.colour_code`: 1 + its index in
+    INK_COLOURS; 0 none), as `ink_regions` finds it. Where two colours' strokes meet, the later colour
+    of INK_COLOURS wins (a black stroke end over a brown stroke is black)."""
     colours = ink_rules(planes, params)
+    colours.update(dye_rules(planes, od))
     if exclude is not None:
         colours = {name: mask & ~exclude for name, mask in colours.items()}
     hue, sat, val = planes
@@ -68,27 +95,102 @@ def ink_regions(
     )
     # paler black: marker black is brownish or grey (hue under 90 or unsaturated), nuclei are purple
     faint_black = (val <= params.black_faint_max_value) & ((hue <= 90.0) | (sat <= 0.2))
-    red = _red_strokes(open_disk(colours["red"], _MIN_STROKE_UM / 2 / mpp), od, mpp=mpp, params=params)
-    faint_red &= _stroke_hue(hue, red)  # growth stops where the colour stops being the strokes' own
-    black = open_disk(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
-    grown = (
-        open_disk(colours["green"] | colours["blue"], _MIN_STROKE_UM / 2 / mpp)
-        | _grown(red, colours["red"] | faint_red, mpp, _GROW_UM)
-        # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along
-        | _grown(black, colours["black"] | faint_black, mpp, None)
+    eosin = eosin_ratios(planes, od)
+    red, median = _red_strokes(
+        open_disk(colours["red"], _MIN_STROKE_UM / 2 / mpp), od, mpp=mpp, params=params, eosin=eosin
     )
+    # growth stops where the colour stops being the strokes' own: their hue, and a red absorption
+    # nearer the strokes' than the slide's own eosin (the stroma beside a stroke is eosin)
+    faint_red &= _stroke_hue(hue, red)
+    if red.any():
+        tissue = eosin.median if eosin else _EOSIN_RATIO
+        faint_red &= red_od_ratio(od) <= median + _GROW_TOWARD_EOSIN * (tissue - median)
+    black = open_disk(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
+    found = {
+        "green": open_disk(colours["green"], _MIN_STROKE_UM / 2 / mpp),
+        "blue": open_disk(colours["blue"], _MIN_STROKE_UM / 2 / mpp),
+        "red": _grown(red, colours["red"] | faint_red, mpp, _GROW_UM),
+        # dyes and brown marker share their colour with DAB and pigment: only bands (strokes) are ink, and
+        # brown only on a slide stained with eosin (H&E): on one without (IHC), brown is the DAB stain
+        "brown": bands(open_disk(colours["brown"], _MIN_STROKE_UM / 2 / mpp), mpp, BROWN_BAND)
+        if eosin is not None
+        else np.zeros_like(colours["brown"]),
+        "yellow": bands(open_disk(colours["yellow"], _MIN_STROKE_UM / 2 / mpp), mpp, DYE_BAND),
+        # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
+        # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
+        "black": _grown(black, colours["black"] | faint_black, mpp, None) | _grey_bands(planes, mpp),
+    }
+    found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
+    found["green"], found["blue"] = _one_pen(found["green"], found["blue"])
+    grown = np.logical_or.reduce(list(found.values()))
     if exclude is not None:
         grown &= ~exclude
+    out = np.zeros(grown.shape, np.uint8)
     if not grown.any():
-        return grown
+        return out
     grown = close_disk(grown, _GAP_UM / 2 / mpp)
-    return remove_small_objects(grown, max_size=int(_MIN_REGION_UM2 / (mpp * mpp)))
+    grown = remove_small_objects(grown, max_size=int(_MIN_REGION_UM2 / (mpp * mpp)))
+    for name in INK_COLOURS:
+        out[found[name] & grown] = colour_code(name)
+    gaps = grown & (out == 0)
+    if gaps.any():  # a closed gap takes the colour of a stroke it joins (within the closing's reach)
+        reach = 2 * int(np.ceil(_GAP_UM / 2 / mpp)) + 1
+        out[gaps] = ndimage.grey_dilation(out, size=(reach, reach))[gaps]
+    return out
+
+
+def _one_pen(green: np.ndarray, blue: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(green, blue) with each stroke one colour: a teal marker's streaks straddle the 200 degree line
+    between the two rules, so every connected region of either takes the colour of most of its pixels."""
+    if not (green.any() and blue.any()):
+        return green, blue
+    labels = label(green | blue, connectivity=2)
+    n = int(labels.max()) + 1
+    more_green = np.bincount(labels[green], minlength=n) >= np.bincount(labels[blue], minlength=n)
+    either = labels > 0
+    return either & more_green[labels], either & ~more_green[labels]
 
 
 #: a red stroke grows only into pixels within this many degrees of hue of the strokes' own median: a
 #: marker's faint streaks keep its hue (HistoQC's red pen: 335-357 degrees, median 348), eosin-rich stroma
 #: beside a red (0-10 degree) stroke is pinker (330-345); 12 degrees lost HistoQC's streaks over tissue
 _STROKE_HUE_DEG = 18.0
+#: a slide whose eosin cannot be measured (too little of it) is taken to absorb red light like this
+#: (OD_R / OD_G; Macenko et al.'s reference eosin vector: 0.27)
+_EOSIN_RATIO = 0.27
+#: ... and a faint red pixel joins a stroke only while its ratio lies under this share of the way from
+#: the strokes' own (median) to the slide's eosin (median): a streak of marker over tissue mixes the two
+#: (0.5 lost 5-9 of the tiles of HistoQC's red streaks over tissue; 0.7 keeps them)
+_GROW_TOWARD_EOSIN = 0.7
+#: a sure red stroke (its pieces a gap apart taken together) has at least this many dense pixels: a
+#: pixel or two of blood in a vessel, or of eosin in a JPEG thumbnail, reach a marker's ratio by noise
+#: alone (TUPAC thumbnails: specks with 0-2 dense pixels at 0.09-0.15; HistoQC's red strokes: 8-8,000)
+_MIN_DENSE = 4
+#: a red region absorbing this little red light is marker or dye whatever its shape (marker 0.09-0.14
+#: over glass); between this and the limit (where haemorrhage has been measured, 0.13-0.20) only a
+#: stroke-shaped region is (`strokes.RED_BAND`), or one this far under the slide's own eosin
+_STRONG_RATIO = 0.125
+_EOSIN_GAP = 0.06
+
+
+#: translucent grey and purple-black marker: as dark (value <= 0.55) and as grey (saturation <= 0.35) as
+#: dense haematoxylin, told from it only as a long even band (MSKCC's grey loops: 250-720 um wide, 5-40
+#: times as long; no dark tissue region of the tuning images is such a band)
+_GREY_MAX_VALUE = 0.55
+_GREY_MAX_SATURATION = 0.35
+#: ... of a purple-to-blue grey (MSKCC's: 277-308 degrees) or neutral; brown-grey is brown's (`dye_rules`)
+_GREY_HUES = (200.0, 330.0)
+_NEUTRAL_SATURATION = 0.12
+
+
+def _grey_bands(planes: HSV, mpp: float) -> np.ndarray:
+    """(h, w) bool: dark grey or purple-black regions shaped like a marker stroke (`strokes.GREY_BAND`),
+    their streaks closed over."""
+    hue, sat, val = planes
+    grey = (val <= _GREY_MAX_VALUE) & (sat <= _GREY_MAX_SATURATION) & (val > 0.1)
+    grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
+    grey = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
+    return bands(grey, mpp, GREY_BAND) if grey.any() else grey
 
 
 def _stroke_hue(hue: np.ndarray, strokes: np.ndarray) -> np.ndarray:
@@ -101,40 +203,58 @@ def _stroke_hue(hue: np.ndarray, strokes: np.ndarray) -> np.ndarray:
     return np.abs(centred - median) <= _STROKE_HUE_DEG
 
 
-def _red_strokes(parts: np.ndarray, od: np.ndarray, *, mpp: float, params: ArtifactParams) -> np.ndarray:
-    """The red `parts` that are marker: sure strokes by their own optical density, and the parts next to
+def _red_strokes(
+    parts: np.ndarray, od: np.ndarray, *, mpp: float, params: ArtifactParams, eosin: EosinRatios | None
+) -> tuple[np.ndarray, float]:
+    """(the red `parts` that are marker, their median OD_R / OD_G): sure strokes by their own optical
+    density (under the limit and under the slide's own eosin), size and shape, and the parts next to
     them where a stroke goes over tissue."""
     ratio, dense = red_od_ratio(od), od[..., 1] >= RED_DENSE_OD
     # a stroke drawn up to a pool of blood is one red region with it: parted where the pixels absorb
     # more red light than marker over tissue does, so that each part is judged on its own
     parts = parts & ~(dense & (ratio > _NEAR_RATIO))
-    sure = _regions_under(parts, ratio, dense, params.red_max_od_ratio, margin=True)
-    if not sure.any() or params.red_max_od_ratio >= _NEAR_RATIO:
-        return sure
-    near = _regions_under(parts & ~sure, ratio, dense, _NEAR_RATIO, margin=False)
-    return sure | (_touching(near | dilate_disk(sure, _NEAR_UM / mpp), sure) & near)
+    limit = params.red_max_od_ratio if eosin is None else min(params.red_max_od_ratio, eosin.low)
+    labels = label(parts, connectivity=2)
+    medians, counts = _region_medians(labels, ratio, dense)
+    # size and shape are the stroke's: a drying marker breaks into pieces a gap apart
+    groups, width, elongation = region_shapes(close_disk(parts, _GAP_UM / 2 / mpp), mpp)
+    group = np.zeros(len(medians), np.int64)
+    group[labels[parts]] = groups[parts]
+    shaped = (width >= RED_BAND.min_width_um) & (elongation >= RED_BAND.min_elongation)
+    in_group = np.bincount(group, weights=counts, minlength=len(width))  # dense pixels per group
+    big = in_group >= _MIN_DENSE
+    bound = medians + median_margin(counts)
+    # under the limit, a part is marker when it absorbs far less red light than any blood could (strong),
+    # or far less than the slide's own eosin (which blood absorbs like), or when its stroke is a band
+    unlike_eosin = bound <= (eosin.low - _EOSIN_GAP if eosin is not None else 0.0)
+    keep = (bound <= limit) & big[group] & ((bound <= _STRONG_RATIO) | unlike_eosin | shaped[group])
+    keep[0] = False
+    sure = keep[labels]
+    if not sure.any():
+        return sure, 0.0
+    median = float(np.median(ratio[sure & dense]))
+    if params.red_max_od_ratio >= _NEAR_RATIO:
+        return sure, median
+    near = (medians <= _NEAR_RATIO) & (counts > 0) & ~keep
+    near[0] = False
+    near_parts = near[labels]
+    return sure | (_touching(near_parts | dilate_disk(sure, _NEAR_UM / mpp), sure) & near_parts), median
 
 
-def _regions_under(
-    parts: np.ndarray, ratio: np.ndarray, dense: np.ndarray, limit: float, *, margin: bool
-) -> np.ndarray:
-    """The connected parts of `parts` whose median `ratio` over their `dense` pixels is at most `limit`
-    (moved up by `colour.median_margin` when `margin`, so that the median of a few pixels, mostly noise,
-    does not make a speck of blood a marker); a part without dense pixels cannot be told from tissue."""
-    labels, n = ndimage.label(parts, structure=np.ones((3, 3), bool))
-    if n == 0:
-        return parts
+def _region_medians(
+    labels: np.ndarray, ratio: np.ndarray, dense: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """((n + 1,) median `ratio` over each labelled region's `dense` pixels (inf: none), (n + 1,) their
+    count)."""
+    n = int(labels.max())
     measured = np.where(dense, labels, 0)
-    counts = np.bincount(measured.ravel(), minlength=n + 1)[1:]
-    has = counts > 0
-    keep = np.zeros(n + 1, bool)
-    if has.any():
-        index = np.arange(1, n + 1)[has]
-        medians = np.asarray(ndimage.median(ratio, labels=measured, index=index), np.float64)
-        if margin:
-            medians = medians + median_margin(counts[has])
-        keep[index] = medians <= limit
-    return keep[labels]
+    counts = np.bincount(measured.ravel(), minlength=n + 1)
+    counts[0] = 0
+    medians = np.full(n + 1, np.inf)
+    index = np.flatnonzero(counts)
+    if len(index):
+        medians[index] = np.asarray(ndimage.median(ratio, labels=measured, index=index), np.float64)
+    return medians, counts
 
 
 def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float, reach_um: float | None) -> np.ndarray:

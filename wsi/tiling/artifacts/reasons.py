@@ -11,13 +11,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from wsi.tiling.artifacts.colour import ink_sample, sample_ink_share
+from wsi.tiling.artifacts.colour import ink_sample, sample_ink
 from wsi.tiling.params import ARTIFACT_FILTERS as FILTERS
 from wsi.tiling.params import ArtifactParams
 
-INK, FOLD, BUBBLE, BORDER, DUST = 4, 5, 6, 7, 8
+INK, FOLD, BUBBLE, BORDER, DUST, BLOOD = 4, 5, 6, 7, 8, 9
 #: filter name -> reason code, in the order a tile with several artifacts is named
-CODES = {"ink": INK, "fold": FOLD, "bubble": BUBBLE, "border": BORDER, "dust": DUST}
+CODES = {"ink": INK, "fold": FOLD, "bubble": BUBBLE, "border": BORDER, "dust": DUST, "blood": BLOOD}
 assert tuple(CODES) == FILTERS
 
 
@@ -35,6 +35,7 @@ def artifact_verdicts(
         "fold": params.max_fold_fraction,
         "bubble": params.max_bubble_fraction,
         "border": params.max_border_fraction,
+        "blood": params.max_blood_fraction,
     }
     out = np.zeros(n, np.int8)
     for name in reversed(FILTERS):  # the first filter in FILTERS is written last and wins
@@ -57,18 +58,26 @@ def judge_tiles(
     params: ArtifactParams,
     *,
     open_: np.ndarray,
+    colours: np.ndarray | None = None,
 ) -> np.ndarray:
     """`reasons` ((B,) int8, changed in place and returned) with artifacts named for the tiles in
     `open_` ((B,) bool: those still kept or only blurry): INK when more than max_ink_fraction of the
     tile's own pixels is ink, else the code of its thumbnail regions (`region_codes`, (B,), 0: none).
-    The tile's pixels catch ink the thumbnail smooths away (a thin stroke across one tile)."""
+    The tile's pixels catch ink the thumbnail smooths away (a thin stroke across one tile).
+    colours: (B,) uint8 ink colour per tile (`colour.colour_code`), holding its thumbnail regions' (0:
+    none), changed in place where a tile is ink by its own pixels and no region named a colour (the
+    colour of most of its ink pixels)."""
     index = np.flatnonzero(open_)
     if len(index) == 0:
         return reasons
     codes = region_codes[index].copy()
     if params.on("ink"):
-        share = sample_ink_share(ink_sample(tiles)[index], params)  # sampled before the tiles are picked
-        codes[share > params.max_ink_fraction] = INK
+        share, colour = sample_ink(ink_sample(tiles)[index], params)  # sampled before the tiles are picked
+        own = (share > params.max_ink_fraction) & (codes != INK)
+        codes[own] = INK
+        if colours is not None:  # a stroke seen on the thumbnail names it; else the tile's own pixels
+            at = index[own]
+            colours[at] = np.where(colours[at] > 0, colours[at], colour[own])
     hit = codes > 0
     reasons[index[hit]] = codes[hit]
     return reasons

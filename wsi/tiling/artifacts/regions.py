@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wsi.tiling.artifacts.blood import blood_regions
 from wsi.tiling.artifacts.borders import border_regions
 from wsi.tiling.artifacts.bubbles import bubble_regions
 from wsi.tiling.artifacts.colour import hsv, optical_density
 from wsi.tiling.artifacts.dust import dust_regions
 from wsi.tiling.artifacts.folds import fold_regions
-from wsi.tiling.artifacts.ink import ink_regions
+from wsi.tiling.artifacts.ink import ink_colour_regions
 from wsi.tiling.morphology import block_reduce
 from wsi.tiling.params import ARTIFACT_FILTERS as FILTERS
 from wsi.tiling.params import ArtifactParams
@@ -37,6 +38,8 @@ class ArtifactMaps:
 
     masks: Mapping[str, np.ndarray] = field(default_factory=dict)
     scale: float = 1.0
+    #: (h, w) uint8 the colour of the ink at each mask pixel (`colour.colour_code`; 0: none), or None
+    ink_colours: np.ndarray | None = None
 
     def shares(self, boxes: np.ndarray) -> dict[str, np.ndarray]:
         """Filter -> (N,) share of each (x0, y0, x1, y1) box (thumbnail px) that is that artifact."""
@@ -46,6 +49,19 @@ class ArtifactMaps:
             name: cell_fractions(mask, scaled) if mask.any() else np.zeros(len(scaled))
             for name, mask in self.masks.items()
         }
+
+
+    def colours(self, boxes: np.ndarray) -> np.ndarray:
+        """(N,) uint8 the ink colour covering most of each (x0, y0, x1, y1) box (thumbnail px; 0: none)."""
+        out = np.zeros(len(boxes), np.uint8)
+        if self.ink_colours is None or not self.ink_colours.any():
+            return out
+        scaled = np.asarray(boxes, np.float64) * self.scale
+        present = [int(c) for c in np.unique(self.ink_colours) if c]
+        shares = np.stack([cell_fractions(self.ink_colours == c, scaled) for c in present], axis=1)
+        best = np.argmax(shares, axis=1)
+        out[:] = np.where(shares.max(axis=1) > 0, np.asarray(present, np.uint8)[best], 0)
+        return out
 
 
 def find_artifacts(
@@ -65,9 +81,11 @@ def find_artifacts(
     border = border_regions(rgb, params=params)  # first: its black fill is not black ink
     if params.on("border"):
         masks["border"] = border
-    ink = None
-    if params.on("ink") or params.on("fold"):
-        ink = ink_regions(planes, optical_density(rgb), mpp=at, params=params, exclude=border)
+    ink = colours = None
+    od = optical_density(rgb) if params.on("ink") or params.on("fold") or params.on("blood") else None
+    if od is not None:  # blood is what is red and not marker: it needs the ink regions too
+        colours = ink_colour_regions(planes, od, mpp=at, params=params, exclude=border)
+        ink = colours > 0
     if params.on("ink") and ink is not None:
         masks["ink"] = ink
     if params.on("fold"):
@@ -85,4 +103,10 @@ def find_artifacts(
         masks["bubble"] = bubble_regions(high_u8, line_sat, region_tissue, mpp=at, params=params)
     if params.on("dust"):
         masks["dust"] = dust_regions(region_tissue, mpp=at, params=params)
-    return ArtifactMaps({name: masks[name] for name in FILTERS if name in masks}, scale=1.0 / factor)
+    if params.on("blood") and od is not None:
+        masks["blood"] = blood_regions(planes, od, mpp=at, params=params, exclude=ink)
+    return ArtifactMaps(
+        {name: masks[name] for name in FILTERS if name in masks},
+        scale=1.0 / factor,
+        ink_colours=colours if params.on("ink") else None,
+    )
