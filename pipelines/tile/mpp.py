@@ -91,7 +91,8 @@ def refuse_images_without_mpp(
     if missing:
         named = ", ".join(str(path) for path, _ in missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise MissingMppError(
-            f"{len(missing)} plain images have no trustworthy resolution in their metadata: {named}; {MPP_FIX}"
+            f"{len(missing)} plain images have no trustworthy resolution in their metadata: {named}; "
+            f"{MPP_FIX}"
         )
 
 

@@ -32,7 +32,7 @@ import h5py
 from wsi.hdf5 import attrs_of
 from wsi.json_types import JsonObject
 from wsi.storage import Url, location
-from wsi.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
+from wsi.suffixes import BAG_SUFFIX, NAMED_SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
 from wsi.tile_file import FORMAT as TILE_FORMAT
 
 log = logging.getLogger(__name__)
@@ -116,9 +116,9 @@ def _slide_of(path: Path | Url) -> tuple[Path | Url | None, float | None, str]:
     """(slide file, recorded mpp, why not) for a path a manifest names: a slide, or a bag / tile file
     that records its slide. A slide's URL is taken as reachable (opening it says otherwise)."""
     if isinstance(path, Url):
-        found = name_suffix(path.name) in SLIDE_SUFFIXES
+        found = name_suffix(path.name) in NAMED_SLIDE_SUFFIXES
         return (path, None, "") if found else (None, None, f"{path} is not a slide file")
-    if name_suffix(path) in SLIDE_SUFFIXES:
+    if name_suffix(path) in NAMED_SLIDE_SUFFIXES:
         return (path, None, "") if path.is_file() else (None, None, f"slide file {path} not found")
     if name_suffix(path) == BAG_SUFFIX and path.is_file():
         attrs = _h5_attrs(path)
