@@ -151,7 +151,7 @@ def _header(
     if found is not None:
         dpi = 25400.0 / found if found > 0 else float("nan")
         ignored = (
-            f"its {source} of {dpi:.4g} dpi ({found:.4g} um/px) is not a microscope's or slide scanner's "
+            f"its {source} of {dpi:.3g} dpi ({found:.4g} um/px) is not a microscope's or slide scanner's "
             f"({lo:g}-{hi:g} um/px) but a default image software writes, so it is not used"
         )
     return ImageHeader(fmt, w, h, None, "", ignored, whole_px, whole_why)
