@@ -124,7 +124,9 @@ def test_a_plain_image_without_a_resolution_is_refused_before_any_slide(
     listing = tmp_path / "list.csv"
     listing.write_text(f"path,mpp\n{photo},2\n")
     again = _invoke("tile", str(listing), "--out", str(tmp_path / "run"), "--no-filter", "ink")
-    assert "plain JPEG" not in again.output
+    assert again.exit_code in (0, 1) and "plain JPEG" not in again.output  # ran (1: kept no tile)
+    with h5py.File(tmp_path / "run" / "tiles" / "retina.h5", "r") as f:
+        assert (f.attrs["mpp"], f.attrs["mpp_source"]) == (2.0, "slide list")
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ cache, and the refusals (no mpp, truncated, too large to decode whole) naming th
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -228,3 +229,63 @@ def test_not_an_image_is_named(tmp_path: Path) -> None:
     (tmp_path / "x.png").write_bytes(b"GIF89a" + bytes(100))
     with pytest.raises(SlideError, match=r"x\.png: not a PNG, JPEG or TIFF image"):
         open_slide(tmp_path / "x.png", mpp=1.0)
+
+
+# ------------------------------------------------------------------------------------- the two uses apart
+def test_a_plain_image_is_a_slide_when_named_and_an_image_to_an_image_task(
+    tmp_path: Path, make_slide
+) -> None:
+    """Folder search finds whole-slide files only: QC pictures beside slides are not tiled; the same
+    folder given to an image task (dermoscopy, fundus) finds its JPEGs and PNGs as images."""
+    from wsi.pipelines.inputs.images import ImageInput
+    from wsi.sources import find_slides
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    slide = make_slide(name="s", size_um=400.0, mpp=0.5, seed=2)
+    (folder / "s.svs").write_bytes(slide.path.read_bytes())
+    _png(folder / "qc.png", _tissue())
+    Image.fromarray(_tissue()).save(folder / "photo.jpg")
+    assert [s.slide_id for s in find_slides([folder])] == ["s"]
+    named = find_slides([folder / "qc.png", folder / "photo.jpg"])
+    assert [(s.slide_id, s.path) for s in named] == [
+        ("qc", folder / "qc.png"),
+        ("photo", folder / "photo.jpg"),
+    ]
+    assert set(ImageInput().find([folder])) == {"qc", "photo"}
+
+
+def test_wsi_info_describes_a_plain_image_from_its_header(tmp_path: Path, _cache: Path) -> None:
+    from click.testing import CliRunner
+
+    from wsi.cli.main import cli
+
+    path = _png(tmp_path / "a.png", _tissue(), dpi=(25400 / 8, 25400 / 8))
+    result = CliRunner().invoke(cli, ["info", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["kind"] == "plain PNG image, read as a one-level slide" and info["size_px"] == "900 x 600"
+    assert info["mpp"] == pytest.approx(8.0, rel=1e-4) and info["mpp_source"] == "PNG pHYs"
+    assert info["size_mm"] == "7.20 x 4.80" and info["levels"] == 1
+    assert not (_cache / "pyramids").exists()  # described, not converted
+    bare = CliRunner().invoke(cli, ["info", str(_png(tmp_path / "b.png", _tissue())), "--json"])
+    assert (
+        "unknown: no resolution in its PNG metadata; pass the resolution with --mpp"
+        in json.loads(bare.output)["mpp"]
+    )
+
+
+def test_wsi_view_shows_a_plain_image_from_its_pyramid(tmp_path: Path) -> None:
+    from wsi.view.dzi import open_deepzoom
+
+    img = _tissue(600, 900)
+    path = _png(tmp_path / "a.png", img)
+    view = open_deepzoom(path, "openslide")
+    try:
+        assert 'Width="900"' in view.dzi() and 'Height="600"' in view.dzi()
+        top = view.generator.level_count - 1  # full resolution: the first 254 px tile (+1 px overlap)
+        tile = np.asarray(Image.open(io.BytesIO(view.tile_jpeg(top, 0, 0))).convert("RGB"))
+        assert tile.shape == (255, 255, 3)
+        assert np.abs(tile.astype(int) - img[:255, :255]).mean() < 3  # JPEG q80 of the same pixels
+    finally:
+        view.close()
