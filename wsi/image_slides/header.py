@@ -109,7 +109,7 @@ def _jpeg(path: Path) -> ImageHeader:
     with open(path, "rb") as fh:
         im = JpegImagePlugin.JpegImageFile(fh)
         w, h = im.size
-        info: dict[str, Any] = dict(im.info)
+        info: dict[str | tuple[int, int], Any] = dict(im.info)
         exif = im.getexif()
     found, source = None, "JPEG JFIF density"
     unit_um = _JFIF_UNIT_UM.get(int(info.get("jfif_unit", 0)))
