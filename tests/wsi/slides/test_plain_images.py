@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import tifffile
 from PIL import Image
+from s3_server import S3Server, use_s3
+from s3_server import s3_server as s3_server  # a fixture
 
 from wsi.core.errors import MissingMppError, SlideError
 from wsi.slides.plain_images import image_pyramid, is_image_slide, read_image_header
@@ -289,3 +291,26 @@ def test_wsi_view_shows_a_plain_image_from_its_pyramid(tmp_path: Path) -> None:
         assert np.abs(tile.astype(int) - img[:255, :255]).mean() < 3  # JPEG q80 of the same pixels
     finally:
         view.close()
+
+
+@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
+def test_a_plain_image_in_the_bucket_is_a_slide(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A PNG named by its URL (a real S3 server, tests/helpers/s3_server.py): found as a slide, copied to
+    the cache and read from its pyramid there, with either backend (a PNG has no ranges to read in place)."""
+    from wsi.slides.sources import find_slides
+
+    use_s3(monkeypatch, s3_server, tmp_path / "cache")
+    s3 = s3_server
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 255, (300, 500, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "thumb.png")
+    bucket = s3.bucket()
+    s3.client().upload_file(str(tmp_path / "thumb.png"), bucket, "images/thumb.png")
+    url = f"s3://{bucket}/images/thumb.png"
+    [source] = find_slides([url])
+    assert (source.slide_id, str(source.path)) == ("thumb", url)
+    with open_slide(url, backend=backend, mpp=8.0) as slide:
+        assert slide.path == url and slide.vendor == "plain-png" and slide.dimensions == (500, 300)
+        np.testing.assert_array_equal(slide.read_region_um(80, 40, 800.0, 8.0), pixels[40:140, 80:180])

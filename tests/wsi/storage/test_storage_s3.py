@@ -385,27 +385,3 @@ def test_a_copy_is_held_before_its_entry_lock_is_let_go(
     assert seen == [True, True]  # the entry lock was still held when the hold was taken
     with cache._unheld(cache.entry_dir(url, cache.storage_settings())) as free:
         assert free  # closed: evictable again
-
-
-@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
-def test_a_plain_image_in_the_bucket_is_a_slide(
-    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
-    """A PNG named by its URL: found as a slide, copied to the cache and read from its pyramid there,
-    with either backend (a PNG has no ranges to read in place)."""
-    from PIL import Image
-
-    from wsi.slides.slide import open_slide
-
-    monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
-    rng = np.random.default_rng(1)
-    pixels = rng.integers(0, 255, (300, 500, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(tmp_path / "thumb.png")
-    bucket = s3.bucket()
-    s3.client().upload_file(str(tmp_path / "thumb.png"), bucket, "images/thumb.png")
-    url = f"s3://{bucket}/images/thumb.png"
-    [source] = find_slides([url])
-    assert (source.slide_id, str(source.path)) == ("thumb", url)
-    with open_slide(url, backend=backend, mpp=8.0) as slide:
-        assert slide.path == url and slide.vendor == "plain-png" and slide.dimensions == (500, 300)
-        np.testing.assert_array_equal(slide.read_region_um(80, 40, 800.0, 8.0), pixels[40:140, 80:180])
