@@ -150,9 +150,13 @@ class Catalog:
         return self.slides.setdefault(slide_id, SlideEntry(slide_id))
 
     def _offer(self, slide_id: str, path: Path | Url, mpp: float | None = None) -> None:
-        """Record where a slide's file may be; the first reachable one wins."""
+        """Record where a slide's file may be; the first reachable one wins. A later offer of the same
+        file with the mpp it was read at (a tile file's) supplies the mpp the first one lacked (a
+        manifest's row): a slide or plain image tiled at --mpp cannot be opened without it."""
         entry = self._entry(slide_id)
         if entry.path is not None:
+            if entry.mpp is None and mpp is not None and str(path) == str(entry.path):
+                entry.mpp = mpp
             return
         slide, recorded, why = _slide_of(path)
         if slide is None:

@@ -73,6 +73,10 @@ def test_wsi_tile_cuts_the_micrometre_grid_of_a_plain_image(
     assert (coords_um[:, 0] + 256 <= width_um / 2).all() and (coords_um[:, 1] + 256 <= height_um).all()
     tissue_cells = (width_um / 2 // 256) * (height_um // 256)
     assert 0.7 * tissue_cells <= attrs["n_kept"] <= tissue_cells
+    from wsi.view.catalog import Catalog  # `wsi view run/` finds the image as the run's slide
+
+    entry = Catalog(tmp_path / "run").get("half")
+    assert entry is not None and entry.path == path and entry.mpp == mpp and not entry.why_missing
 
 
 def test_a_plain_image_tiles_as_the_same_image_in_a_tiff_slide(shared_data: Path, tmp_path: Path) -> None:
