@@ -46,7 +46,7 @@ from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.filters import filter_tiles
 from wsi.pipelines.tile.findings import TileResult, TileSlideResult, artifact_empty, upsampling_note
 from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths, remote_files
-from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
+from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp, refuse_images_without_mpp
 from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import default_threads, read_tile_chunks
@@ -124,6 +124,10 @@ def tile_slides(
         if remote is not None:  # the finished tile files and the manifest, for the id checks and resume
             remote.pull_folder("tiles", suffixes=(TILE_FILE_SUFFIX, ".csv"))
         refused = refuse_id_clashes(sources, job.out_dir)
+        refuse_images_without_mpp(  # MissingMppError: no slide has been read
+            [s for i, s in enumerate(sources) if i not in refused], job.fallback_mpp,
+            done=lambda src: is_complete(output_paths(job.out_dir, src.slide_id).h5),
+        )  # fmt: skip
         for i, reason in refused.items():
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]

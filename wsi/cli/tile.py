@@ -44,6 +44,7 @@ Examples:
   wsi tile a.svs b.ndpi --out run/ --tile-um 224 --tile-px 224
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
+  wsi tile thumb.png photo.jpg --out run/ --mpp 8  # plain images as one-level slides
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
   wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
   wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
@@ -135,8 +136,10 @@ def command(
     .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
     id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
     paths are taken from the CSV's folder). Each may be a URL (s3://, gs://, https://): see README
-    "Slides and outputs in object storage". A failing slide is recorded in the manifest and never stops
-    the others.
+    "Slides and outputs in object storage". A plain image (.png .jpg .jpeg, a TIFF in strips) named as a
+    PATH or in a CSV is a one-level slide at --mpp (or a resolution its metadata can be trusted for);
+    folders are not searched for them. A failing slide is recorded in the manifest and never stops the
+    others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from wsi.core.config import parse_config
