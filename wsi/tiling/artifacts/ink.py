@@ -1,24 +1,35 @@
-"""Marker ink on the thumbnail: the colour rules of `wsi.tiling.artifacts.colour`, a test of each red region's
-optical density, then morphology so that a stroke is one region (its faint, streaky inside included)
-and stray pixels of tissue are not.
+"""Marker ink and tissue-marking dye on the thumbnail: the colour rules of `wsi.tiling.artifacts.colour`,
+a test of each red region's optical density, the shape of a stroke (`strokes`), then morphology so that
+a stroke is one region (its faint, streaky inside included) and stray pixels of tissue are not. The
+result names each stroke's colour (`ink_colour_regions`), which the tile file records per tile.
 
 1. Seeds: pixels of an ink colour in parts at least a stroke wide (an opening): thinner specks are
    tissue (red blood cells, pigment) or noise. Black seeds must be wider still (200 um): dense nuclei
    and a coverslip's dark edge are as dark as black marker, but narrower than its stroke.
 2. A red seed region is marker only when its dense pixels absorb like marker, not like H&E
    (`colour.red_od_ratio`: the median ratio, moved toward tissue by `colour.median_margin`, at most
-   `red_max_od_ratio`): a pool of blood or eosin-rich muscle has the colour of a red marker but absorbs
-   red light like eosin. Marker drawn over tissue adds the tissue's own absorption; a red region up to
-   `_NEAR_RATIO` within `_NEAR_UM` of a sure stroke is that stroke going over tissue.
+   `red_max_od_ratio` and at most the slide's own eosin, `colour.eosin_ratios`): a pool of blood or
+   eosin-rich muscle has the colour of a red marker but absorbs red light like eosin. One number is not
+   enough where haemorrhage has been measured as low as 0.13: a region must also hold a few dense
+   pixels (`_MIN_DENSE`; a pixel of JPEG noise is no stroke), and unless it absorbs less red light than
+   blood ever does (`_STRONG_RATIO`) or far less than the slide's own eosin (`_EOSIN_GAP`), be shaped
+   like a stroke (`strokes.RED_BAND`: a band, where a pool or a clot is a blob). Marker drawn over
+   tissue adds the tissue's own absorption; a red region up to `_NEAR_RATIO` within `_NEAR_UM` of a sure
+   stroke is that stroke going over tissue.
 3. Strokes grow from their seeds into faint pixels of their own colour that touch them (hysteresis, as in
-   Canny's edge linking). Red grows only into pixels of the strokes' own hue (`_STROKE_HUE_DEG`) and
-   only within `_GROW_UM`: faint red is also the colour of eosin, so a
-   growth without bound from a stroke at the edge of the tissue would take the stroma beside it. Faint
-   black (grey or brownish, never purple) follows a stroke all along: a marker loop is dark enough to seed
-   at its ends only (MSKCC's thumbnail 283: 420 of its 574 ink tiles).
+   Canny's edge linking). Red grows only into pixels of the strokes' own hue (`_STROKE_HUE_DEG`), whose
+   ratio is nearer the strokes' than the slide's eosin (`_GROW_TOWARD_EOSIN`), and only within
+   `_GROW_UM`: faint red is also the colour of eosin, so a growth without bound from a stroke at the
+   edge of the tissue would take the stroma beside it. Faint black (grey or brownish, never purple)
+   follows a stroke all along: a marker loop is dark enough to seed at its ends only (MSKCC's thumbnail
+   283: 420 of its 574 ink tiles).
+4. Colours that tissue also takes are ink only as strokes (`strokes`): brown marker (DAB's colour; only
+   on a slide stained with eosin, never on IHC), yellow dye, and translucent grey or purple-black marker
+   (the colour of dense nuclei) as long bands.
 
-The slide's own stain sets no threshold: ink is judged by how it absorbs, so a slide that is mostly ink
-is still caught (a per-slide split, as for the tissue mask, would call the ink "normal").
+The slide's own stain sets no colour threshold of the seeds: ink is judged by how it absorbs, so a slide
+that is mostly ink is still caught (a per-slide split, as for the tissue mask, would call the ink
+"normal"); the slide's eosin only caps the red ratio and bounds the growth.
 """
 
 from __future__ import annotations
@@ -121,7 +132,6 @@ def ink_colour_regions(
         "black": _grown(black, colours["black"] | faint_black, mpp, None) | _grey_bands(planes, mpp),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
-    found["green"], found["blue"] = _one_pen(found["green"], found["blue"])
     grown = np.logical_or.reduce(list(found.values()))
     if exclude is not None:
         grown &= ~exclude
@@ -137,18 +147,6 @@ def ink_colour_regions(
         reach = 2 * int(np.ceil(_GAP_UM / 2 / mpp)) + 1
         out[gaps] = ndimage.grey_dilation(out, size=(reach, reach))[gaps]
     return out
-
-
-def _one_pen(green: np.ndarray, blue: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(green, blue) with each stroke one colour: a teal marker's streaks straddle the 200 degree line
-    between the two rules, so every connected region of either takes the colour of most of its pixels."""
-    if not (green.any() and blue.any()):
-        return green, blue
-    labels = label(green | blue, connectivity=2)
-    n = int(labels.max()) + 1
-    more_green = np.bincount(labels[green], minlength=n) >= np.bincount(labels[blue], minlength=n)
-    either = labels > 0
-    return either & more_green[labels], either & ~more_green[labels]
 
 
 #: a red stroke grows only into pixels within this many degrees of hue of the strokes' own median: a
@@ -168,7 +166,9 @@ _GROW_TOWARD_EOSIN = 0.7
 _MIN_DENSE = 4
 #: a red region absorbing this little red light is marker or dye whatever its shape (marker 0.09-0.14
 #: over glass); between this and the limit (where haemorrhage has been measured, 0.13-0.20) only a
-#: stroke-shaped region is (`strokes.RED_BAND`), or one this far under the slide's own eosin
+#: stroke-shaped region is (`strokes.RED_BAND`), or one at least this far under the slide's own eosin
+#: (its 10th percentile: blood absorbs like eosin, so a part this far under it is no blood; HistoQC's
+#: broken red strokes over tissue, 0.15-0.19 on a slide whose eosin starts at 0.28)
 _STRONG_RATIO = 0.125
 _EOSIN_GAP = 0.06
 
