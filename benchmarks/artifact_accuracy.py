@@ -58,8 +58,8 @@ from PIL import Image
 from scipy import ndimage
 
 from _accuracy_tables import table  # type: ignore[import-not-found]
+from _accuracy_truth import marker_truth, tissue_truth  # type: ignore[import-not-found]
 from wsi.slides.thumbnail import Thumbnail
-from wsi.tiling.artifacts import hsv
 from wsi.tiling.grid import (
     KEPT,
     REASON_NAMES,
@@ -170,32 +170,6 @@ def mskcc_cases(folder: Path, *, every: int = 1) -> list[Case]:
     return out
 
 
-def marker_truth(rgb: np.ndarray, colours: set[str]) -> dict[str, np.ndarray]:
-    """Colour -> (h, w) bool: a loose mask of marker of each given colour, closed over a stroke's streaks;
-    looser than the filters' own rules (any saturation of green or blue, grey-black up to value 0.45,
-    brown by hue alone), so that it errs toward calling pixels ink and the negatives stay clear of it.
-    "dark" (purple-black marker) counts as black; teal as green."""
-    hue, sat, val = hsv(rgb)
-    lit = val > 0.15
-    rules: dict[str, np.ndarray] = {}
-    if "green" in colours:
-        rules["green"] = lit & (hue >= 120) & (hue <= 200) & (sat >= 0.15)
-    if "blue" in colours:
-        rules["blue"] = lit & (hue >= 195) & (hue <= 260) & (sat >= 0.3)
-    if "black" in colours or "dark" in colours:
-        black = (val <= 0.45) & (sat <= 0.45) if "black" in colours else np.zeros(hue.shape, bool)
-        rules["black"] = black | (val <= 0.35) if "dark" in colours else black
-    if "red" in colours:
-        rules["red"] = lit & ((hue >= 340) | (hue <= 20)) & (sat >= 0.4)
-    if "brown" in colours:  # orange-brown: hue of DAB, which no H&E slide holds
-        rules["brown"] = lit & (hue >= 5) & (hue <= 45) & (sat >= 0.25) & (val <= 0.8)
-    out = {}
-    for name, mask in rules.items():
-        mask = ndimage.binary_opening(mask)
-        out[name] = np.asarray(ndimage.binary_closing(mask, iterations=2) | mask)
-    return out
-
-
 def public_cases(folder: Path = PUBLIC) -> list[Case]:
     """The images of benchmarks/images/SOURCES.tsv that are slides (not truth scans, not tile pairs)."""
     listing = folder / "SOURCES.tsv"
@@ -215,15 +189,6 @@ def public_cases(folder: Path = PUBLIC) -> list[Case]:
         name, path = f"public {Path(r['file']).stem}", folder / r["file"]
         out.append(Case(name, path, float(r["um_per_px"]), r["split"], truth, colours=colours))
     return out
-
-
-def tissue_truth(rgb: np.ndarray) -> np.ndarray:
-    """(h, w) bool: coloured pixels that are no marker colour (the benchmark's own rule, apart from the
-    code it measures): saturation > 0.1, darkest channel under 215, not blue/green/teal (hue 60-260 at
-    saturation >= 0.3) and not black (brightest channel <= 64)."""
-    hue, sat, val = hsv(rgb)
-    marker = ((hue >= 60) & (hue < 260) & (sat >= 0.3)) | (val <= 0.25)
-    return (sat > 0.1) & (rgb.min(axis=-1) < 215) & ~marker
 
 
 def judge(

@@ -50,7 +50,7 @@ def slide(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, n
 
 def _shares(mask: np.ndarray, coords: np.ndarray, step: float) -> np.ndarray:
     """(N,) share of each tile (level-0 top-left `coords`, side `step` px) that `mask` covers."""
-    s = int(round(step))
+    s = round(step)
     return np.array([mask[y : y + s, x : x + s].mean() if s else 0.0 for x, y in coords])
 
 

@@ -217,7 +217,7 @@ def _red_strokes(
     labels = label(parts, connectivity=2)
     medians, counts = _region_medians(labels, ratio, dense)
     # size and shape are the stroke's: a drying marker breaks into pieces a gap apart
-    groups, width, elongation = region_shapes(close_disk(parts, _GAP_UM / 2 / mpp), mpp)
+    groups, width, elongation = region_shapes(close_disk(parts, _GAP_UM / 2 / mpp), mpp, RED_BAND)
     group = np.zeros(len(medians), np.int64)
     group[labels[parts]] = groups[parts]
     shaped = (width >= RED_BAND.min_width_um) & (elongation >= RED_BAND.min_elongation)
@@ -244,16 +244,22 @@ def _red_strokes(
 def _region_medians(
     labels: np.ndarray, ratio: np.ndarray, dense: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """((n + 1,) median `ratio` over each labelled region's `dense` pixels (inf: none), (n + 1,) their
-    count)."""
+    """((n + 1,) median `ratio` over each labelled region's `dense` pixels (inf: none; the mean of the two
+    middle values for an even count, as np.median), (n + 1,) their count). One sort of the dense pixels
+    by region, then value: ndimage.median's per-label selection cost 70 ms on a thumbnail of many specks."""
     n = int(labels.max())
-    measured = np.where(dense, labels, 0)
-    counts = np.bincount(measured.ravel(), minlength=n + 1)
-    counts[0] = 0
+    region, value = labels[dense], ratio[dense]
+    inside = region > 0
+    region, value = region[inside], value[inside]
+    counts = np.bincount(region, minlength=n + 1)
     medians = np.full(n + 1, np.inf)
-    index = np.flatnonzero(counts)
-    if len(index):
-        medians[index] = np.asarray(ndimage.median(ratio, labels=measured, index=index), np.float64)
+    has = np.flatnonzero(counts)
+    if len(has):
+        ranked = value[np.lexsort((value, region))].astype(np.float64)
+        start = np.cumsum(counts) - counts
+        lo = start[has] + (counts[has] - 1) // 2
+        hi = start[has] + counts[has] // 2
+        medians[has] = (ranked[lo] + ranked[hi]) / 2.0
     return medians, counts
 
 

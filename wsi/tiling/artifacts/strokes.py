@@ -42,14 +42,19 @@ GREY_BAND = Band(min_width_um=250.0, min_elongation=5.0)
 RED_BAND = Band(min_width_um=80.0, min_elongation=2.5)
 
 
-def region_shapes(mask: np.ndarray, mpp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def region_shapes(
+    mask: np.ndarray, mpp: float, band: Band | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(labels (h, w) int32, width_um (n + 1,), elongation (n + 1,)) of the 8-connected regions of a bool
-    `mask` at `mpp` um/px; index 0 (no region) is 0 in both."""
+    `mask` at `mpp` um/px; index 0 (no region) is 0 in both. With a `band`, regions too small to be one
+    (area under min_elongation x min_width^2) are not measured (0 in both): most regions are specks."""
     labels, n = ndimage.label(mask, structure=np.ones((3, 3), bool))
     width = np.zeros(n + 1)
     elongation = np.zeros(n + 1)
+    least = band.min_elongation * (band.min_width_um / mpp) ** 2 if band is not None else 0.0
+    areas = np.bincount(labels.ravel(), minlength=n + 1)
     for i, box in enumerate(ndimage.find_objects(labels), 1):
-        if box is None:
+        if box is None or areas[i] < least:
             continue
         part = np.pad(labels[box] == i, 1)
         radius = float(ndimage.distance_transform_edt(part).max())  # px, >= 1 for any pixel
@@ -61,7 +66,7 @@ def region_shapes(mask: np.ndarray, mpp: float) -> tuple[np.ndarray, np.ndarray,
 
 def bands(mask: np.ndarray, mpp: float, band: Band) -> np.ndarray:
     """(h, w) bool: the regions of `mask` shaped like a stroke (`Band`)."""
-    labels, width, elongation = region_shapes(mask, mpp)
+    labels, width, elongation = region_shapes(mask, mpp, band)
     keep = (width >= band.min_width_um) & (elongation >= band.min_elongation)
     keep[0] = False
     return keep[labels]
