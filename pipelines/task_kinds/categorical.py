@@ -44,7 +44,7 @@ def bce_of_probs(labels: np.ndarray, probs: np.ndarray) -> float:
     one-hot class (sigmoid scoring's validation loss; for two classes it is the one output's BCE)."""
     if len(labels) == 0:
         return math.nan
-    p = np.clip(probs, 1e-12, 1 - 1e-12)
+    p = np.clip(probs.astype(np.float64), 1e-12, 1 - 1e-12)  # float32 rounds 1 - 1e-12 up to 1
     onehot = np.eye(probs.shape[1])[labels]
     return float(-(onehot * np.log(p) + (1 - onehot) * np.log(1 - p)).mean())
 
