@@ -214,11 +214,7 @@ class DTFD(KindModel):
         """(sub-logits (G, C), distilled features (P, hidden), h (n, hidden), the split's mix)."""
         h = self._h(feats)
         mix = self.mix(*self._scores(h), groups)
-        pooled = mix.afs.to(h.dtype) @ h  # (G, hidden)
-        if self.training and self.tier1_drop.p > 0:  # the authors call their classifier (and its
-            # dropout) once per pseudo-bag: one draw per row, so one seed draws their masks
-            pooled = torch.cat([self.tier1_drop(row[None]) for row in pooled])
-        sub = self.tier1_head(pooled)
+        sub = self.tier1_head(self.tier1_drop(mix.afs.to(h.dtype) @ h))
         return sub, mix.chosen.to(h.dtype) @ h, h, mix
 
     def _decompose(self, feats: Tensor) -> tuple[Tensor, Tensor, Tensor]:
