@@ -20,7 +20,7 @@ test; README "Labels"): each output is its own class's sigmoid, trained by BCE, 
 has ONE output (`--num_classes=1`): the task's first class is the negative one, whose bags have no
 critical instance and an all-zero target, and p(second class) = sigmoid(z). More classes have one
 output each (one-hot targets) and p_c = sigmoid(z_c), not normalised across classes. The task kind
-scores the outputs so (pipelines.task_kinds.categorical, from the task's resolved `model.scoring`)
+scores the outputs so (pipelines.study.kinds.categorical, from the task's resolved `model.scoring`)
 and the training loop builds the model with `num_classes` = its outputs (1 for two classes).
 `scoring: softmax` is one output per class scored by a softmax across them (what wsi did before).
 
@@ -47,12 +47,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.errors import ConfigError
+from wsi.core.config import config_dict, config_model
+from wsi.core.errors import ConfigError
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.base.objectives import LossInputs, TrainingStep, weighted_mean
 from wsi.models.baselines.layers import Rate, Width, check_bags, chunk_for, chunks_of, masked_softmax
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.objectives import LossInputs, TrainingStep, sigmoid_targets, weighted_mean
-from wsi.models.standardize import standardize_input
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.base.objectives import LossInputs, TrainingStep, sigmoid_targets, weighted_mean
+from wsi.models.layers.standardize import standardize_input
 
 _Width = Width
 _Rate = Rate

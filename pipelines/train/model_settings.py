@@ -20,8 +20,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from wsi.errors import ConfigError
-from wsi.pipelines.tasks import ModelOverrides, TaskConfig
+from wsi.core.errors import ConfigError
+from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ DEFAULT_SCORING = "softmax"
 
 
 def _config_class(preset: str) -> Any:
-    from wsi.models.model_kinds import MODEL_KINDS
+    from wsi.models.base.kinds import MODEL_KINDS
     from wsi.models.presets import preset_kind
 
     return MODEL_KINDS.get(preset_kind(preset)).config_class

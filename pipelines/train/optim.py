@@ -3,7 +3,7 @@
 `make_optimizer` is the one place the optimizer is built. Optimizers: `adamw` (decoupled weight decay;
 the project's recipes), `adam` (torch's Adam, weight decay added to the gradient: CLAM's, DSMIL's and
 DTFD-MIL's), `lookahead-radam` (TransMIL's: RAdam inside Lookahead, `LookaheadRAdam`). Which parameters
-decay (`optimizer.weight_decay_on`): `matrices`, `models.param_groups`'s rule (weight matrices only:
+decay (`optimizer.weight_decay_on`): `matrices`, `models.base.param_groups`'s rule (weight matrices only:
 never norms, biases, the class token); `all` (every parameter, torch's default, as the three Adam users
 pass model.parameters()); `not-1d` (timm's add_weight_decay, which TransMIL's optimizer factory uses:
 every parameter except biases and 1-d ones, its class token included).
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from wsi.models import param_groups
-from wsi.pipelines.tasks import TaskConfig
+from wsi.models.base.param_groups import param_groups
+from wsi.pipelines.study.tasks import TaskConfig
 
 #: TransMIL's Lookahead (szc19990412/TransMIL MyOptimizer/lookahead.py:13 @ 9d6aee57c7c7): alpha, k
 LOOKAHEAD_ALPHA, LOOKAHEAD_K = 0.5, 6

@@ -1,7 +1,7 @@
 """Training recipes: the values a task's unset (None) fields take, and the preset sized to the cohort.
 
 A task names its recipe (`recipe: small-cohort`, the default, `recipe: paper` or `recipe: authors`); every
-field it leaves None (`pipelines.tasks`) is filled here when training starts, once the number of
+field it leaves None (`pipelines.study.tasks`) is filled here when training starts, once the number of
 training cases is known, and the run record keeps the filled task. A value written in the task YAML
 always wins; `wsi train --recipe R` trains with R's values in place of the task's own (TrainOptions).
 
@@ -50,9 +50,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from wsi import configs
-from wsi.config import Fraction, config_model, parse_config
-from wsi.errors import ConfigError
-from wsi.pipelines.tasks import MAX_EPOCHS, Epochs, ModelOverrides, TaskConfig
+from wsi.core.config import Fraction, config_model, parse_config
+from wsi.core.errors import ConfigError
+from wsi.pipelines.study.tasks import MAX_EPOCHS, Epochs, ModelOverrides, TaskConfig
 from wsi.pipelines.train.model_settings import refuse_untaken, resolve_model_settings
 from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS
 
