@@ -1,5 +1,6 @@
-"""The MIL baselines in TRAINING mode against their authors' modules (tests/helpers/mil_baselines_reference.py),
-and the choices their authors made that eval-mode forwards cannot see.
+"""The MIL baselines in TRAINING mode against their authors' modules (tests/helpers/
+mil_baselines_reference.py, mil_training_reference.py), and the choices their authors made that
+eval-mode forwards cannot see.
 
 - Dropout: the authors' module and ours, on shared weights, in train mode under one seed, give the same
   logits (and losses): every dropout at the authors' place, rate and draw. Each test also sets our
@@ -31,8 +32,8 @@ from mil_baselines_reference import (
     RefMILNet,
     RefNystrom,
     RefTransMIL,
-    ref_smooth_top1_svm,
 )
+from mil_training_reference import ref_smooth_top1_svm
 
 from wsi.models import build_model
 from wsi.models.baselines import clam, dsmil, dtfd, transmil

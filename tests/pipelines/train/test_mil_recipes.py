@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from mil_baselines_reference import RefLookahead, RefRAdam, ref_add_weight_decay
+from mil_training_reference import RefLookahead, RefRAdam, ref_add_weight_decay
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from wsi.core.config import parse_config
