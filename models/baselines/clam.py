@@ -57,8 +57,6 @@ from wsi.models.baselines.layers import (
     renamed,
 )
 from wsi.models.baselines.smooth_svm import smooth_top1_svm
-from wsi.models.base.kinds import MODEL_KINDS, KindModel
-from wsi.models.base.objectives import LossInputs, TrainingStep
 from wsi.models.layers.standardize import standardize_input
 
 _Width = Width

@@ -52,7 +52,7 @@ def _choices(hint: Any) -> tuple[Any, ...] | None:
         return typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         found = [c for arg in typing.get_args(hint) if (c := _choices(arg)) is not None]
-        return tuple(v for c in found for v in c) + (None,) if found else None
+        return (*tuple(v for c in found for v in c), None) if found else None
     return None
 
 

@@ -46,7 +46,7 @@ class LookaheadRAdam(torch.optim.RAdam):
             group.setdefault("lookahead_step", 0)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
         loss = super().step(closure)
         for group in self.param_groups:
             group["lookahead_step"] += 1
@@ -70,7 +70,8 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str) -> list
         return param_groups(model, weight_decay)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if rule == "all":
-        return [{"params": [p for _, p in named], "names": [n for n, _ in named], "weight_decay": weight_decay}]
+        everything = {"params": [p for _, p in named], "names": [n for n, _ in named]}
+        return [{**everything, "weight_decay": weight_decay}]
     keep = [(n, p) for n, p in named if p.ndim <= 1 or n.endswith(".bias")]  # timm add_weight_decay
     decay = [(n, p) for n, p in named if not (p.ndim <= 1 or n.endswith(".bias"))]
     return [
@@ -85,7 +86,7 @@ def make_optimizer(model: torch.nn.Module, task: TaskConfig) -> torch.optim.Opti
     cuda = next(model.parameters()).device.type == "cuda"
     groups = decay_groups(model, float(opt.weight_decay or 0.0), opt.weight_decay_on or "matrices")
     lr = _required(opt.lr, "optimizer.lr")
-    betas = tuple(opt.betas) if opt.betas is not None else (0.9, 0.999)
+    betas = (float(opt.betas[0]), float(opt.betas[1])) if opt.betas is not None else (0.9, 0.999)
     if opt.name == "adam":
         return torch.optim.Adam(groups, lr=lr, betas=betas, fused=cuda or None)
     if opt.name == "lookahead-radam":

@@ -85,7 +85,9 @@ def refuse_model_for_input(task: TaskConfig) -> None:
     model = MODEL_KINDS.get(preset_kind(task.model.preset))
     if model.inputs is None or task.input in model.inputs:
         return
-    readers = [p for p in available_presets() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))]
+    readers = [
+        p for p in available_presets() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
+    ]
     raise ConfigError(
         f"model {task.model.preset} reads {' or '.join(model.inputs)}; task {task.name!r} gives "
         f"{task.input}. Choose a preset that reads {task.input}: {', '.join(readers)} (--preset)"

@@ -58,7 +58,8 @@ class Selection:
     @classmethod
     def of(cls, task: TaskConfig) -> Selection:
         s = task.selection
-        return cls(s.metric or "val-figure", int(s.window or 1), bool(s.average_weights), s.after_share or 0.0)
+        metric, window = s.metric or "val-figure", int(s.window or 1)
+        return cls(metric, window, bool(s.average_weights), s.after_share or 0.0)
 
     def eligible(self, epoch: int, epochs: int) -> bool:
         """Whether 1-based `epoch` of `epochs` may become best.safetensors (`after_share`)."""

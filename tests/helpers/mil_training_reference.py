@@ -18,7 +18,9 @@ from torch import nn
 
 
 # ------------------------------------------------------------------------- CLAM's SmoothTop1SVM (topk)
-def ref_smooth_top1_svm(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0, tau: float = 1.0) -> torch.Tensor:
+def ref_smooth_top1_svm(
+    x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0, tau: float = 1.0
+) -> torch.Tensor:
     """SmoothTop1SVM(n_classes)(x, y): detect_large (k = 1, thresh 1e3) splits the samples; the smooth
     ones get Top1_Smooth_SVM (tau log_sum_exp), the rest Top1_Hard_SVM; each part summed / x.size(0)."""
     labels = torch.arange(x.size(1))

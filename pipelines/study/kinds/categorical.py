@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from wsi.core.errors import LabelError
 from wsi.models.base.objectives import sigmoid_targets, weighted_mean
-from wsi.pipelines.inputs.heatmaps import contribution_to_class
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.heatmaps import contribution_to_class
 from wsi.pipelines.stats import classification as cls_stats

@@ -36,9 +36,9 @@ from mil_baselines_reference import (
 from mil_training_reference import ref_smooth_top1_svm
 
 from wsi.models import build_model
+from wsi.models.base.objectives import LossInputs, training_step
 from wsi.models.baselines import clam, dsmil, dtfd, transmil
 from wsi.models.baselines.smooth_svm import smooth_top1_svm
-from wsi.models.base.objectives import LossInputs, training_step
 from wsi.pipelines.study.kinds import build_kind
 from wsi.pipelines.study.tasks import TaskConfig
 
@@ -151,7 +151,7 @@ def test_dsmil_outputs_losses_and_scores_are_the_authors(outputs: int) -> None:
         y = torch.tensor([label])
         vector = torch.tensor([[float(label)]]) if outputs == 1 else F.one_hot(y, outputs).float()
         with torch.no_grad():
-            inst, top, ours_bag, _ = ours.streams(x)
+            inst, _, ours_bag, _ = ours.streams(x)
             torch.testing.assert_close(ours_bag, bag, atol=ATOL, rtol=0)
             torch.testing.assert_close(inst[0], classes, atol=ATOL, rtol=0)
             loss = training_step(ours, x).objective(_ce(y))  # type: ignore[misc]

@@ -45,8 +45,8 @@ def _bags(folder: Path, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]
         prov = BagProvenance(slide_id=f"b{i:03d}", encoder="planted", weights_sha256="0" * 64,
                              tile_size_um=256.0, tile_size_px=256, mpp=0.5, level0_width=4096,
                              level0_height=4096, tile_params={"tile_um": 256.0, "tile_px": 256})  # fmt: skip
-        write_bag(folder / f"b{i:03d}.h5", feats=x, coords_um=coords, coords_px=(coords / 0.5).astype(np.int64),
-                  provenance=prov)  # fmt: skip
+        write_bag(folder / f"b{i:03d}.h5", feats=x, coords_um=coords,
+                  coords_px=(coords / 0.5).astype(np.int64), provenance=prov)  # fmt: skip
         feats.append(x)
         labels.append(label)
     return feats, labels
@@ -56,16 +56,18 @@ def _bags(folder: Path, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]
 def test_each_preset_finds_a_planted_signal_above_chance(preset: str, tmp_path: Path) -> None:
     _bags(tmp_path / "train", 32, seed=0)
     labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label,patient\n" + "".join(f"b{i:03d},{'LUSC' if i % 2 else 'LUAD'},p{i}\n"
-                                                         for i in range(32)))  # fmt: skip
+    rows = "".join(f"b{i:03d},{'LUSC' if i % 2 else 'LUAD'},p{i}\n" for i in range(32))
+    labels.write_text("slide,label,patient\n" + rows)
     task = write_task(
         tmp_path / "task.yaml", model={"preset": preset, "overrides": TINY[preset]}, epochs=6, patience=0,
         optimizer={"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "none"},
         split={"train": 0.75, "val": 0.25, "test": 0.0}, bootstrap=20,
     )  # fmt: skip
-    train(task=task, labels_csv=labels, features_dir=tmp_path / "train", out_dir=tmp_path / "run", progress=False)
+    train(task=task, labels_csv=labels, features_dir=tmp_path / "train", out_dir=tmp_path / "run",
+          progress=False)  # fmt: skip
     held_out, truth = _bags(tmp_path / "test", 40, seed=1)
     run = load_run(tmp_path / "run", device="cpu")
     with torch.no_grad():
-        probs = np.stack([run.kind.outputs(run.models[0](torch.from_numpy(x)[None]))[0].numpy() for x in held_out])
+        model = run.models[0]
+        probs = np.stack([run.kind.outputs(model(torch.from_numpy(x)[None]))[0].numpy() for x in held_out])
     assert auroc(np.array(truth), probs) > 0.75, preset

@@ -15,8 +15,8 @@ import torch
 from click.testing import CliRunner
 from cohorts import CLASSES, Cohort, make_cohort
 
-from wsi.formats.bags import load_bag
 from wsi.cli.main import cli
+from wsi.formats.bags import load_bag
 from wsi.pipelines.predict.stage import load_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -47,7 +47,7 @@ def test_every_preset_trains_on_the_packaged_subtyping_task(cohort: Cohort, tmp_
         result = _train(cohort, tmp_path / preset, "--preset", preset, "--epochs", "1")
         assert result.exit_code == 0, (preset, result.output)
         record = _record(tmp_path / preset)
-        model, task = record["model"], record["task"]
+        task = record["task"]
         assert task["model"]["preset"] == preset
         assert (task["model"]["attention"] == "seqnorm") == (preset in ("vit-wsi", "vit-wsi-small"))
         assert ("subtyping" in task["model"]["overrides"]) == preset.startswith("clam")
