@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", type=int, default=50, help="the task's `bootstrap:` (unused per-fold CIs)")
     ap.add_argument("--epochs", type=int, default=None, help="wsi train --epochs (smoke tests only)")
     ap.add_argument("--table", nargs="*", type=Path, default=None, metavar="CSV", help="only print tables")
-    ap.add_argument("--table-seeds", nargs="*", type=int, default=None, help="--table: only these seeds' rows")
+    ap.add_argument("--table-seeds", nargs="*", type=int, default=None,
+                    help="--table: only these seeds' rows")  # fmt: skip
     ap.add_argument("--cost", type=Path, default=None, metavar="OUT", help="time and memory per model")
     ap.add_argument("--cost-sizes", nargs="*", type=int, default=[10_000, 100_000])
     ap.add_argument("--cost-models", nargs="*", default=list(COST_MODELS), choices=COST_MODELS)

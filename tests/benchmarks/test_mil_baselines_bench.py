@@ -23,7 +23,8 @@ def test_task_yaml_names_the_preset_and_nothing_else() -> None:
 
 
 def test_the_authors_recipe_rows_name_it_and_are_paired_with_abmil_and_seqnorm() -> None:
-    assert task_yaml("dsmil:authors") == "classes: [negative, positive]\nmodel: {preset: dsmil}\nrecipe: authors\n"
+    want = "classes: [negative, positive]\nmodel: {preset: dsmil}\nrecipe: authors\n"
+    assert task_yaml("dsmil:authors") == want
 
     def row(model: str, fold: int, auroc: float) -> dict[str, str]:
         values = ["musk2", "unseen", "raw", model, "0", str(fold), f"{auroc}", f"{auroc}", "10", "3.0"]
