@@ -10,6 +10,7 @@ option a preset cannot take is refused naming the option and the preset).
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -291,3 +292,38 @@ def test_old_run_records_rebuild_as_they_trained() -> None:
     assert build_model_from_config({**clam, "subtyping": "off"}, saved=True).config.subtyping is False
     old = {k: v for k, v in load_preset("dsmil").data.items() if k != "scoring"}
     assert build_model_from_config({**old, "in_dim": 8}, saved=True).config.scoring == "softmax"
+
+
+def test_lookahead_radam_resumes_where_it_stopped(tmp_path: Path) -> None:
+    """The slow weights and the Lookahead counter are saved in resume/ and restored: 7 steps, a resume,
+    8 more give the weights of 15 uninterrupted steps (two synchronisations on either side)."""
+    from wsi.pipelines.train.state import TrainState, load_resume, save_resume
+
+    task = TaskConfig(name="t", classes=("a", "b")).replace(**{
+        "optimizer.name": "lookahead-radam", "optimizer.lr": 0.05, "optimizer.weight_decay": 0.1,
+        "optimizer.weight_decay_on": "not-1d",
+    })  # fmt: skip
+    x = torch.randn(15, 5, 4, generator=torch.Generator().manual_seed(2))
+
+    def steps(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: torch.Tensor) -> None:
+        for xb in batches:
+            opt.zero_grad()
+            model(xb).pow(2).mean().backward()
+            opt.step()
+
+    torch.manual_seed(0)
+    whole = _Tiny()
+    start = {k: v.clone() for k, v in whole.state_dict().items()}
+    steps(whole, make_optimizer(whole, task), x)
+    first = _Tiny()
+    first.load_state_dict(start)
+    opt = make_optimizer(first, task)
+    steps(first, opt, x[:7])
+    save_resume(tmp_path, model=first, optimizer=opt, scheduler=None, loader_generator=torch.Generator(),
+                state=TrainState(epoch=1))  # fmt: skip
+    again = _Tiny()
+    opt2 = make_optimizer(again, task)
+    load_resume(tmp_path, model=again, optimizer=opt2, scheduler=None, loader_generator=torch.Generator())
+    steps(again, opt2, x[7:])
+    for (name, a), b in zip(again.named_parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
