@@ -57,11 +57,16 @@ def _choices(hint: Any) -> tuple[Any, ...] | None:
 
 
 def takes(preset: str, name: str, value: Any = None) -> bool:
-    """Whether the preset's model has a setting `name` (and, with `value`, one of its allowed values)."""
+    """Whether the preset's model has a setting `name` (and, with `value`, one of its allowed values:
+    a Literal's, or for a transformer's `attention` the attention registry's)."""
     fields = preset_fields(preset)
     if name not in fields:
         return False
     allowed = _choices(fields[name])
+    if allowed is None and name == "attention":
+        from wsi.models.attention import ATTENTION
+
+        allowed = tuple(ATTENTION.names())
     return value is None or allowed is None or value in allowed
 
 

@@ -268,6 +268,17 @@ def test_the_subtyping_flag_reaches_clam_only() -> None:
     assert model.config.is_subtyping
 
 
+def test_an_attention_goes_only_where_its_value_is_one_of_the_presets() -> None:
+    """A task written for ABMIL (attention: gated) trained with vit-wsi keeps vit-wsi's own attention;
+    nsclc-subtype's seqnorm trained with ABMIL keeps ABMIL's gated."""
+    task = load_task("nsclc-subtype")
+    gated = task.replace(**{"model.attention": "gated", "model.preset": "vit-wsi"})
+    assert apply_recipe(gated, n_train=40).model.attention == "seqnorm"
+    assert apply_recipe(task.replace(**{"model.preset": "abmil"}), n_train=40).model.attention == "gated"
+    softmax = task.replace(**{"model.attention": "softmax", "model.preset": "vit-wsi-small"})
+    assert apply_recipe(softmax, n_train=40).model.attention == "softmax"
+
+
 def test_a_run_option_the_preset_cannot_take_is_refused_naming_option_and_preset() -> None:
     task = load_task("nsclc-subtype").replace(**{"model.preset": "dsmil", "model.attention": "gdla"})
     options = TrainOptions(preset="dsmil", attention="gdla")
