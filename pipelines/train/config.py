@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, bounds_of, config_model, setting
 from wsi.core.errors import ConfigError
@@ -54,6 +54,12 @@ class TrainOptions:
     attention: str | None = setting(
         None, choices=_attention_names, default_text="the task's", help="Attention variant."
     )
+    recipe: Literal["small-cohort", "paper", "authors"] | None = setting(
+        None, default_text="the task's",
+        help="Training recipe: small-cohort, paper, or authors (a baseline preset's authors' own: "
+        "configs/recipes/<preset>.yaml). Given here, its values replace the task's own training settings "
+        "(optimizer, schedule, epochs, stopping, sampling); other options still win.",
+    )  # fmt: skip
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     epochs: int | None = setting(
         None, **bounds_of(TaskConfig, "epochs"), default_text="the task's", help="Maximum epochs."
@@ -114,7 +120,12 @@ class TrainOptions:
     def task_changes(self, task_overrides: Mapping[str, Any]) -> dict[str, Any]:
         """The dotted task changes these settings make (`TaskConfig.replace`); `task_overrides` is the
         task's own model.overrides, which `model_overrides` are merged over."""
-        changes: dict[str, Any] = dict(self.overrides)
+        changes: dict[str, Any] = {}
+        if self.recipe is not None:  # the recipe's values, not the task's: reset what it fills
+            from wsi.pipelines.train.recipe import RECIPE_FIELDS
+
+            changes = {"recipe": self.recipe, **dict.fromkeys(RECIPE_FIELDS)}
+        changes.update(self.overrides)
         for key, value in (
             ("model.preset", self.preset), ("model.attention", self.attention), ("epochs", self.epochs),
             ("seed", self.seed), ("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
@@ -126,6 +137,13 @@ class TrainOptions:
         if self.model_overrides:
             changes["model.overrides"] = {**task_overrides, **self.model_overrides}
         return changes
+
+    def given_model_settings(self) -> dict[str, Any]:
+        """The model settings these options give, named as given (refused when the preset cannot
+        take them: pipelines.train.model_settings)."""
+        from wsi.pipelines.train.model_settings import given_model_settings
+
+        return given_model_settings(self.attention, self.model_overrides)
 
 
 __all__ = ["TrainOptions"]
