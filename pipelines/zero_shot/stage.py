@@ -1,0 +1,219 @@
+"""`zero_shot()`: classes named in words score bags of tile features or slide embeddings, without training.
+
+Tile-level towers (conch-v1, plip): every tile's stored feature is mapped into the joint space, its
+cosine similarity to each class embedding computed, and a slide's class score is the mean of the top-k
+tile similarities (MI-Zero; CONCH zeroshot_path.py topj_pooling); probabilities are
+softmax(logit_scale.exp() * scores) (run_mizero). Slide-level towers (titan, prism): the slide
+embedding is mapped into the joint space and scored against the class embeddings (TITAN zero_shot:
+softmax of the cosines) or every prompt (PRISM zero_shot: softmax over prompts, summed per class).
+Refused inputs stop the run before any work (exit 2); a slide that fails while scored is recorded in
+the manifest and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wsi.config import with_settings
+from wsi.files import write_csv_atomic
+from wsi.output_lock import output_lock
+from wsi.pipelines.jobs import JobResult, describe_error, write_manifest
+from wsi.pipelines.zero_shot.config import ZeroShotOptions
+from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs, read_embedding_vector
+from wsi.pipelines.zero_shot.outputs import write_slide_maps
+from wsi.pipelines.zero_shot.prompts import PromptSet, TextClassifier, load_prompts, text_classifier, top_k_mean
+
+log = logging.getLogger("wsi.pipelines.zero_shot")
+#: tile features mapped into the joint space at once
+CHUNK = 65_536
+
+
+@dataclass
+class SlideScore:
+    slide_id: str
+    path: Path
+    probs: np.ndarray  # (C,)
+    scores: np.ndarray  # (C,) pooled similarities (tile level) or the slide's similarities
+    n_tiles: int
+
+
+@dataclass
+class ZeroShotResult:
+    """What a zero-shot run produced; files under `out_dir`."""
+
+    out_dir: Path
+    model: str
+    classes: list[str]
+    slides: list[SlideScore]
+    failed: list[JobResult] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def predictions(self) -> Path:
+        return self.out_dir / "predictions.csv"
+
+    def probabilities(self) -> np.ndarray:
+        """(S, C) in the order of `slides`."""
+        return np.stack([s.probs for s in self.slides]) if self.slides else np.zeros((0, len(self.classes)))
+
+    def predicted(self) -> dict[str, str]:
+        return {s.slide_id: self.classes[int(np.argmax(s.probs))] for s in self.slides}
+
+
+def zero_shot(
+    inputs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    out_dir: str | os.PathLike[str],
+    prompts: str | os.PathLike[str] | PromptSet,
+    tower: Any = None,
+    options: ZeroShotOptions | None = None,
+    **settings: Any,
+) -> ZeroShotResult:
+    """Score every bag or slide embedding in `inputs` against the classes of `prompts` (a YAML file, a
+    packaged set's name such as "nsclc", or a PromptSet); settings are ZeroShotOptions' fields. `tower`:
+    an already built text tower (its name must be `model`'s). Writes predictions.csv, manifest.csv,
+    heatmaps/, geojson/ and, with labels_csv, metrics.json + report.html."""
+    from wsi.models.text_encoders import build_text_encoder
+
+    opts = with_settings(ZeroShotOptions, options, settings, source="zero-shot options")
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    out = Path(out_dir)
+    t0 = time.perf_counter()
+    sources = find_inputs(paths)
+    if tower is None:
+        tower = build_text_encoder(opts.model, weights=opts.weights, random_init=opts.random_init,
+                                   tokenizer=opts.tokenizer)  # fmt: skip
+    spec = tower.SPEC
+    slide_tile_encoder = None
+    if spec.level == "slide":
+        from wsi.models.slide_encoders import get_spec as slide_spec
+
+        slide_tile_encoder = slide_spec(spec.image_encoders[0]).tile_encoders[0]
+    for src in sources:  # every refusal before any work: exit 2 naming the file
+        check_source(src, tower_name=tower.name, level=spec.level, image_encoders=spec.image_encoders,
+                     tower_sha=tower.weights_sha256, tile_encoder_of_slide=slide_tile_encoder)  # fmt: skip
+    prompt_set = prompts if isinstance(prompts, PromptSet) else load_prompts(prompts, spec.templates)
+    device = _device(opts.device)
+    tower.to(device)
+    with output_lock(out):
+        classifier = text_classifier(tower, prompt_set, out / "text_embeddings")
+        slide_encoder = _slide_encoder(tower, sources, opts) if spec.level == "slide" else None
+        scores: list[SlideScore] = []
+        rows: list[JobResult] = []
+        files: list[str] = []
+        for src in sources:
+            t1 = time.perf_counter()
+            try:
+                score, written = _score(src, tower, classifier, slide_encoder, opts, out, device)
+            except Exception as exc:  # one slide's failure never stops the others
+                rows.append(JobResult(src.slide_id, str(src.path), "failed", 0, time.perf_counter() - t1,
+                                      describe_error(exc)))  # fmt: skip
+                log.error("%s: %s", src.slide_id, describe_error(exc))
+                continue
+            scores.append(score)
+            files += written
+            rows.append(JobResult(src.slide_id, str(src.path), "ok", score.n_tiles, time.perf_counter() - t1, ""))
+        _write_predictions(out, classifier, scores, spec.level)
+        write_manifest(out / "manifest.csv", rows)
+        result = ZeroShotResult(out, tower.name, classifier.classes, scores,
+                                [r for r in rows if r.status != "ok"], None, files)  # fmt: skip
+        if opts.labels_csv is not None and scores:
+            result.metrics = _evaluate(result, opts)
+    log.info("zero-shot with %s: %d slide(s) scored, %d failed, in %.1f s; predictions in %s", tower.name,
+             len(scores), len(result.failed), time.perf_counter() - t0, result.predictions)  # fmt: skip
+    return result
+
+
+def _device(name: str) -> torch.device:
+    from wsi.pipelines.devices import resolve_device
+
+    return resolve_device(name)
+
+
+def _slide_encoder(tower: Any, sources: list[Source], opts: ZeroShotOptions) -> Any:
+    """The tower's own slide encoder (same checkpoint) when some input is a bag to embed here."""
+    if not any(s.kind == "bag" for s in sources):
+        return None
+    from wsi.models.slide_encoders import build_slide_encoder
+
+    name = tower.SPEC.image_encoders[0]
+    if tower.weights_sha256 == "random":
+        return build_slide_encoder(name, random_init=True)
+    return build_slide_encoder(name, weights=tower.weights_path)
+
+
+def _score(src: Source, tower: Any, classifier: TextClassifier, slide_encoder: Any, opts: ZeroShotOptions,
+           out: Path, device: torch.device) -> tuple[SlideScore, list[str]]:  # fmt: skip
+    from wsi.bags import load_bag
+
+    if src.kind == "embedding":
+        vec = torch.from_numpy(read_embedding_vector(src.path))[None]
+        return _score_slide(src, tower, classifier, vec, 1, device), []
+    bag = load_bag(src.path, mpp=opts.mpp, require_um=False)
+    feats = torch.from_numpy(np.asarray(bag.feats))
+    if not torch.isfinite(feats).all():
+        raise ValueError(f"{src.path} holds non-finite features (NaN or inf); embed the slide again")
+    if len(feats) == 0:
+        raise ValueError(f"{src.path} holds no tiles")
+    if slide_encoder is not None:
+        coords = None if bag.coords_um is None else torch.from_numpy(np.asarray(bag.coords_um, dtype=np.float32))
+        vec = slide_encoder.encode(feats, coords, float(bag.tile_size_um or 0))[None]
+        return _score_slide(src, tower, classifier, vec, len(feats), device), []
+    with torch.no_grad():
+        sims = torch.cat([classifier.similarities(tower.image_to_joint(feats[s : s + CHUNK].to(device)).cpu())
+                          for s in range(0, len(feats), CHUNK)])  # fmt: skip
+    pooled = top_k_mean(sims, opts.top_k)
+    probs = classifier.probabilities(pooled=pooled[None])[0].numpy()
+    predicted = classifier.classes[int(np.argmax(probs))]
+    maps = {c: sims[:, i].numpy() for i, c in enumerate(classifier.classes)}
+    written = write_slide_maps(out, slide_id=src.slide_id, bag=bag, maps=maps, predicted=predicted,
+                               probs=dict(zip(classifier.classes, probs.tolist(), strict=True)), k=opts.top_k,
+                               heatmaps=opts.heatmaps, geojson=opts.geojson)  # fmt: skip
+    return SlideScore(src.slide_id, src.path, probs, pooled.numpy(), len(feats)), written
+
+
+def _score_slide(src: Source, tower: Any, classifier: TextClassifier, vec: torch.Tensor, n: int,
+                 device: torch.device) -> SlideScore:  # fmt: skip
+    if not torch.isfinite(vec).all():
+        raise ValueError(f"{src.path}: the slide embedding is not finite")
+    with torch.no_grad():
+        joint = tower.image_to_joint(vec.to(device)).cpu()
+    sims = classifier.similarities(joint)
+    probs = classifier.probabilities(pooled=sims, joint=joint)[0].numpy()
+    return SlideScore(src.slide_id, src.path, probs, sims[0].numpy(), n)
+
+
+def _write_predictions(out: Path, classifier: TextClassifier, scores: list[SlideScore], level: str) -> None:
+    cls = classifier.classes
+    score_name = "topk_similarity" if level == "tile" else "similarity"
+    header = ["slide", *[f"prob_{c}" for c in cls], "predicted", *[f"{score_name}_{c}" for c in cls], "tiles"]
+    rows = ([s.slide_id, *[f"{p:.6f}" for p in s.probs], cls[int(np.argmax(s.probs))],
+             *[f"{v:.6f}" for v in s.scores], s.n_tiles] for s in scores)  # fmt: skip
+    write_csv_atomic(out / "predictions.csv", header, rows)
+
+
+def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
+    """predict's external validation on the labelled slides: metrics.json, bootstrap CIs, report.html."""
+    from wsi.pipelines.predict.external_validation import build_cohort, evaluate_cohort
+    from wsi.pipelines.task_kinds import build_kind
+    from wsi.pipelines.tasks import TaskConfig
+
+    task = TaskConfig(name=f"zero-shot {result.model}", classes=tuple(result.classes), bootstrap=opts.bootstrap,
+                      seed=opts.seed)  # fmt: skip
+    kind = build_kind(task)
+    found = {s.slide_id: s.path for s in result.slides}
+    cohort = build_cohort(found, task=task, kind=kind, labels_csv=opts.labels_csv)
+    ids = [c.id for c in cohort.cases]
+    probs = {s.slide_id: s.probs for s in result.slides}
+    return evaluate_cohort(task=task, kind=kind, cohort=cohort, ids=ids, outputs=np.stack([probs[i] for i in ids]),
+                           out_dir=result.out_dir)  # fmt: skip
