@@ -163,4 +163,5 @@ def test_cli_end_to_end_on_generated_slides(tmp_path: Path) -> None:
     stem = slides[0].path.stem
     assert (out / "heatmaps" / f"{stem}_LUAD.png").is_file() and (out / "geojson" / f"{stem}.geojson").is_file()
     entry = Catalog(out).get(stem)
-    assert entry is not None and entry.heatmap is not None and "geojson" in entry.geojson
+    assert entry is not None and entry.path == slides[0].path and entry.heatmap_json is not None
+    assert "geojson" in entry.geojson and entry.prediction["predicted"] == "LUAD"
