@@ -64,7 +64,7 @@ class TextTower(nn.Module):
 
     # -------------------------------------------------------------------------------- to implement
     def encode_ids(self, tokens: Tokenized) -> torch.Tensor:
-        """(P, L) token ids -> (P, dim) text embeddings as the authors' encode_text returns them, unnormalised."""
+        """(P, L) token ids -> (P, dim) text embeddings as the authors' encode_text gives them, not normed."""
         raise NotImplementedError
 
     def image_to_joint(self, feats: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,8 @@ class TextTower(nn.Module):
         vocab = self.vocab_size()
         if int(tokens.ids.max()) >= vocab:
             raise WeightsError(
-                f"tokenizer {getattr(self.tokenizer, 'source', '')} gives token ids up to {int(tokens.ids.max())}, "
+                f"tokenizer {getattr(self.tokenizer, 'source', '')} gives token ids up to "
+                f"{int(tokens.ids.max())}, "
                 f"but text tower {self.name} has {vocab} embeddings: is it this model's tokenizer?"
             )
         return tokens
@@ -157,11 +158,19 @@ def load_checked(model: TextTower, state: StateDict, path: Path, name: str) -> N
 
 def _weights_file(weights: str | os.PathLike[str] | None, spec: TextTowerSpec, name: str) -> Path:
     repo = repo_of(spec.weights_page)
-    found = hub_weights(weights, repo=repo, files=spec.weights_files, what=f"text encoder {name!r}",
-                        licence=spec.licence, page=spec.weights_page)  # fmt: skip
+    found = hub_weights(
+        weights,
+        repo=repo,
+        files=spec.weights_files,
+        what=f"text encoder {name!r}",
+        licence=spec.licence,
+        page=spec.weights_page,
+    )
     path = Path(found) if found is not None else Path(os.fspath(weights)) if weights is not None else None
     if path is None:
-        raise ConfigError(f"text encoder {name!r} needs --weights (from {spec.weights_page}), or --random-init")
+        raise ConfigError(
+            f"text encoder {name!r} needs --weights (from {spec.weights_page}), or --random-init"
+        )
     if path.is_dir():
         for candidate in spec.weights_files:
             if (path / candidate).is_file():
@@ -212,11 +221,19 @@ def build_text_encoder(
         if weights is not None:
             raise ConfigError(f"text encoder {name!r}: give --weights or --random-init, not both")
         log.warning("text encoder %s has RANDOM weights (--random-init): its scores mean nothing", name)
-    model.tokenizer = model.load_tokenizer(folder, Path(os.fspath(tokenizer)) if tokenizer else None, random_init)
+    model.tokenizer = model.load_tokenizer(
+        folder, Path(os.fspath(tokenizer)) if tokenizer else None, random_init
+    )
     return model.requires_grad_(False).eval()
 
 
 __all__ = [
-    "PROMPT_BATCH", "TEXT_ENCODERS", "TextTower", "TextTowerSpec", "build_text_encoder", "get_spec", "hub_file",
+    "PROMPT_BATCH",
+    "TEXT_ENCODERS",
+    "TextTower",
+    "TextTowerSpec",
+    "build_text_encoder",
+    "get_spec",
+    "hub_file",
     "load_checked",
-]  # fmt: skip
+]

@@ -69,7 +69,9 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
-        q, k, v = (p(x).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
 
@@ -93,15 +95,22 @@ class PrismText(TextTower):
     """PRISM's BioGPT text embedding and contrastive projections (text and slide)."""
 
     SPEC = TextTowerSpec(
-        level="slide", image_encoders=("prism",), dim=5120, context_length=1024,
-        weights_page="https://huggingface.co/paige-ai/Prism", weights_files=("model.safetensors", "pytorch_model.bin"),
-        tokenizer_files="BioGPT's vocab.json + merges.txt (microsoft/biogpt, the Hugging Face cache, or a biogpt/ "
+        level="slide",
+        image_encoders=("prism",),
+        dim=5120,
+        context_length=1024,
+        weights_page="https://huggingface.co/paige-ai/Prism",
+        weights_files=("model.safetensors", "pytorch_model.bin"),
+        tokenizer_files="BioGPT's vocab.json + merges.txt (microsoft/biogpt, the Hugging Face cache, or a "
+        "biogpt/ "
         "folder beside the weights)",
-        templates=("CLASSNAME",), temperature="temperature", prompt_pooling="sum-probability",
+        templates=("CLASSNAME",),
+        temperature="temperature",
+        prompt_pooling="sum-probability",
         reference="paige-ai/Prism modeling_prism.py zero_shot, biogpt.py, biogpt_hf.py, as copied in "
         "DIAGNijmegen/unicorn_baseline dec3809 src/unicorn_baseline/vision_language/prism/",
         licence="CC-BY-NC-ND 4.0 (non-commercial academic research; gated on Hugging Face)",
-    )  # fmt: skip
+    )
 
     def __init__(self, cfg: BioGptConfig | None = None) -> None:
         super().__init__()
@@ -123,10 +132,12 @@ class PrismText(TextTower):
         keep = ids != self.cfg.pad_id  # biogpt.py: attention_mask = input_ids != pad_id
         positions = (torch.cumsum(keep.long(), 1) * keep.long()) - 1 + 2
         x = self.embed_tokens(ids) * math.sqrt(self.cfg.width) + self.embed_positions(positions)
-        b, n = ids.shape
+        n = ids.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril_()
         allowed = causal[None, None] & keep[:, None, None, :]
-        mask = torch.zeros(allowed.shape, device=ids.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        mask = torch.zeros(allowed.shape, device=ids.device).masked_fill_(
+            ~allowed, torch.finfo(torch.float32).min
+        )
         for layer in self.layers:
             x = layer(x, mask)
         return self.text_to_latents(x[:, -1])  # hidden_states[first_x_attn_layer][:, -1]
@@ -165,11 +176,14 @@ class PrismText(TextTower):
         if random_init and given is None:
             specials = ("<s>", "<pad>", "</s>", "<unk>")  # BioGPT's first ids: pad 1, </s> 2
             tok = byte_tokenizer(specials=specials, template=None, vocab_size=self.cfg.vocab_size)
-            return _ByteBioGpt(HfTokenizer(tok, max_length=64, pad_token="<pad>", source="bytes (random-init)"))
+            return _ByteBioGpt(
+                HfTokenizer(tok, max_length=64, pad_token="<pad>", source="bytes (random-init)")
+            )
         raise WeightsError(
             "PRISM's tokenizer (BioGPT's vocab.json + merges.txt) was not found in "
             f"{', '.join(str(c) for c in candidates) or 'the Hugging Face cache'}: download it "
-            f"(hf download microsoft/biogpt vocab.json merges.txt --revision {BIOGPT_REVISION}) or give --tokenizer FOLDER"
+            f"(hf download microsoft/biogpt vocab.json merges.txt --revision {BIOGPT_REVISION}) "
+            "or give --tokenizer FOLDER"
         )
 
 

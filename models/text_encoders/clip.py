@@ -62,7 +62,9 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
-        q, k, v = (p(x).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # scale head_dim^-0.5, as CLIPAttention
         return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
 
@@ -92,14 +94,20 @@ class PlipText(TextTower):
     """CLIP's text transformer with PLIP's weights; bags of the `plip` tile encoder are its image side."""
 
     SPEC = TextTowerSpec(
-        level="tile", image_encoders=("plip",), dim=512, context_length=77,
-        weights_page="https://huggingface.co/vinid/plip", weights_files=("pytorch_model.bin", "model.safetensors"),
+        level="tile",
+        image_encoders=("plip",),
+        dim=512,
+        context_length=77,
+        weights_page="https://huggingface.co/vinid/plip",
+        weights_files=("pytorch_model.bin", "model.safetensors"),
         tokenizer_files="tokenizer.json (or vocab.json + merges.txt) of vinid/plip, beside the weights",
-        templates=("An H&E image of CLASSNAME.",), temperature="logit_scale", prompt_pooling="mean-embedding",
+        templates=("An H&E image of CLASSNAME.",),
+        temperature="logit_scale",
+        prompt_pooling="mean-embedding",
         reference="PathologyFoundation/plip f010f3d plip.py (CLIPModel, CLIPProcessor max_length 77); "
         "transformers CLIPTextModel / CLIPTokenizerFast (convert_slow_tokenizer.CLIPConverter)",
         licence="research use (see the PLIP terms on its page)",
-    )  # fmt: skip
+    )
 
     def __init__(self, cfg: ClipTextConfig | None = None) -> None:
         super().__init__()
@@ -124,7 +132,9 @@ class PlipText(TextTower):
         # the mask marks what follows the first <|endoftext|>, as the processor's mask does
         eot = ids.argmax(-1)
         pad = torch.arange(n, device=ids.device)[None] > eot[:, None]
-        mask = causal[None, None] + torch.zeros(b, 1, 1, n, device=ids.device).masked_fill_(pad[:, None, None], float("-inf"))
+        mask = causal[None, None] + torch.zeros(b, 1, 1, n, device=ids.device).masked_fill_(
+            pad[:, None, None], float("-inf")
+        )
         for layer in self.layers:
             x = x + layer.self_attn(layer.layer_norm1(x), mask)
             x = x + layer.mlp(layer.layer_norm2(x))
@@ -165,13 +175,16 @@ class PlipText(TextTower):
             tok, source = clip_tokenizer(base / "vocab.json", base / "merges.txt"), base
         elif random_init and given is None:
             tok = byte_tokenizer(specials=(BOS, EOS), template=(BOS, EOS), vocab_size=self.cfg.vocab_size)
-            return HfTokenizer(tok, max_length=self.cfg.max_positions, pad_token=EOS, source="bytes (random-init)")
+            return HfTokenizer(
+                tok, max_length=self.cfg.max_positions, pad_token=EOS, source="bytes (random-init)"
+            )
         else:
             cached = hub_file("vinid/plip", ("tokenizer.json",))
             if cached is None:
                 raise WeightsError(
                     f"PLIP's tokenizer (tokenizer.json, or vocab.json + merges.txt) was not found in "
-                    f"{given or folder or 'the Hugging Face cache'}: download vinid/plip (hf download vinid/plip) "
+                    f"{given or folder or 'the Hugging Face cache'}: download vinid/plip "
+                    "(hf download vinid/plip) "
                     "or give --tokenizer FOLDER"
                 )
             tok, source = load_tokenizer_json(cached), cached

@@ -1,4 +1,4 @@
-"""CoCa text towers: CONCH v1's (Lu et al. 2024) and TITAN's (Ding et al. 2024), written from the authors' code.
+"""CoCa text towers: CONCH v1's (Lu et al. 2024) and TITAN's (Ding et al. 2024), from the authors' code.
 
 CONCH: mahmoodlab/CONCH 141cc09, conch/open_clip_custom/transformer.py `TextTransformer` with
 conch_ViT-B-16.json's text_cfg (context 128, vocab 32007, width 768, 12 heads, 12 layers, embed_cls,
@@ -47,24 +47,55 @@ from wsi.models.text_encoders.text_tokens import (
 #: CONCH's prompt templates for whole-slide NSCLC subtyping (mahmoodlab/CONCH prompts/
 #: nsclc_prompts_all_per_class.json; the same 22 templates are in crc100k_prompts_all_per_class.json)
 CONCH_TEMPLATES = (
-    "CLASSNAME.", "a photomicrograph showing CLASSNAME.", "a photomicrograph of CLASSNAME.",
-    "an image of CLASSNAME.", "an image showing CLASSNAME.", "an example of CLASSNAME.", "CLASSNAME is shown.",
-    "this is CLASSNAME.", "there is CLASSNAME.", "a histopathological image showing CLASSNAME.",
-    "a histopathological image of CLASSNAME.", "a histopathological photograph of CLASSNAME.",
-    "a histopathological photograph showing CLASSNAME.", "shows CLASSNAME.", "presence of CLASSNAME.",
-    "CLASSNAME is present.", "an H&E stained image of CLASSNAME.", "an H&E stained image showing CLASSNAME.",
-    "an H&E image showing CLASSNAME.", "an H&E image of CLASSNAME.", "CLASSNAME, H&E stain.", "CLASSNAME, H&E.",
-)  # fmt: skip
+    "CLASSNAME.",
+    "a photomicrograph showing CLASSNAME.",
+    "a photomicrograph of CLASSNAME.",
+    "an image of CLASSNAME.",
+    "an image showing CLASSNAME.",
+    "an example of CLASSNAME.",
+    "CLASSNAME is shown.",
+    "this is CLASSNAME.",
+    "there is CLASSNAME.",
+    "a histopathological image showing CLASSNAME.",
+    "a histopathological image of CLASSNAME.",
+    "a histopathological photograph of CLASSNAME.",
+    "a histopathological photograph showing CLASSNAME.",
+    "shows CLASSNAME.",
+    "presence of CLASSNAME.",
+    "CLASSNAME is present.",
+    "an H&E stained image of CLASSNAME.",
+    "an H&E stained image showing CLASSNAME.",
+    "an H&E image showing CLASSNAME.",
+    "an H&E image of CLASSNAME.",
+    "CLASSNAME, H&E stain.",
+    "CLASSNAME, H&E.",
+)
 #: TITAN's 23 templates (mahmoodlab/TITAN 33042f5 titan/utils.py TEMPLATES)
 TITAN_TEMPLATES = (
-    "CLASSNAME.", "an image of CLASSNAME.", "the image shows CLASSNAME.", "the image displays CLASSNAME.",
-    "the image exhibits CLASSNAME.", "an example of CLASSNAME.", "CLASSNAME is shown.", "this is CLASSNAME.",
-    "I observe CLASSNAME.", "the pathology image shows CLASSNAME.", "a pathology image shows CLASSNAME.",
-    "the pathology slide shows CLASSNAME.", "shows CLASSNAME.", "contains CLASSNAME.", "presence of CLASSNAME.",
-    "CLASSNAME is present.", "CLASSNAME is observed.", "the pathology image reveals CLASSNAME.",
-    "a microscopic image of showing CLASSNAME.", "histology shows CLASSNAME.", "CLASSNAME can be seen.",
-    "the tissue shows CLASSNAME.", "CLASSNAME is identified.",
-)  # fmt: skip
+    "CLASSNAME.",
+    "an image of CLASSNAME.",
+    "the image shows CLASSNAME.",
+    "the image displays CLASSNAME.",
+    "the image exhibits CLASSNAME.",
+    "an example of CLASSNAME.",
+    "CLASSNAME is shown.",
+    "this is CLASSNAME.",
+    "I observe CLASSNAME.",
+    "the pathology image shows CLASSNAME.",
+    "a pathology image shows CLASSNAME.",
+    "the pathology slide shows CLASSNAME.",
+    "shows CLASSNAME.",
+    "contains CLASSNAME.",
+    "presence of CLASSNAME.",
+    "CLASSNAME is present.",
+    "CLASSNAME is observed.",
+    "the pathology image reveals CLASSNAME.",
+    "a microscopic image of showing CLASSNAME.",
+    "histology shows CLASSNAME.",
+    "CLASSNAME can be seen.",
+    "the tissue shows CLASSNAME.",
+    "CLASSNAME is identified.",
+)
 CONCH_SPECIALS = ("<pad>", "<start_of_text>", "<end_of_text>")
 CONCH_TOKENIZER_FILE = "conch_byte_level_bpe_uncased.json"
 
@@ -89,9 +120,15 @@ class _Block(nn.Module):
         self.ln_1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.ln_2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(OrderedDict([
-            ("c_fc", nn.Linear(width, 4 * width)), ("gelu", nn.GELU()), ("c_proj", nn.Linear(4 * width, width)),
-        ]))  # fmt: skip
+        self.mlp = nn.Sequential(
+            OrderedDict(
+                [
+                    ("c_fc", nn.Linear(width, 4 * width)),
+                    ("gelu", nn.GELU()),
+                    ("c_proj", nn.Linear(4 * width, width)),
+                ]
+            )
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         y = self.ln_1(x)
@@ -132,7 +169,7 @@ class CocaText(TextTower):
 
     def _mask(self, text: torch.Tensor) -> torch.Tensor:
         """(B * heads, L + 1, L + 1) additive mask: causal + the authors' <cls> row (build_cls_mask)."""
-        b, n = text.shape
+        n = text.shape[1]
         seq = n + 1
         causal = torch.full((seq, seq), float("-inf"), device=text.device).triu_(1)
         keep = F.pad((text != self.cfg.pad_id)[:, None, :], (1, 0, n, 0), value=True)  # (B, L+1, L+1)
@@ -155,7 +192,7 @@ class CocaText(TextTower):
         pos = out.get("positional_embedding")
         used = self.cfg.context_length
         if pos is not None and pos.ndim == 2 and pos.shape[0] != self.cfg.num_pos and pos.shape[0] >= used:
-            # open_clip's table has context + 1 rows with embed_cls, CONCH's copy context rows: take the file's
+            # open_clip's table has context + 1 rows with embed_cls, CONCH's copy context rows: the file's
             self.positional_embedding = nn.Parameter(torch.empty_like(pos))
         return out
 
@@ -165,12 +202,22 @@ class CocaText(TextTower):
             if not random_init:
                 raise WeightsError(self._no_tokenizer(folder))
             return HfTokenizer(
-                byte_tokenizer(specials=CONCH_SPECIALS, template=CONCH_SPECIALS[1:], vocab_size=self.cfg.vocab_size),
-                max_length=self.cfg.context_length - 1, pad_token="<pad>", extra_pad=1, source="bytes (random-init)",
-            )  # fmt: skip
+                byte_tokenizer(
+                    specials=CONCH_SPECIALS, template=CONCH_SPECIALS[1:], vocab_size=self.cfg.vocab_size
+                ),
+                max_length=self.cfg.context_length - 1,
+                pad_token="<pad>",
+                extra_pad=1,
+                source="bytes (random-init)",
+            )
         pad = special_token(path.parent, "pad_token", "<pad>")
-        return HfTokenizer(load_tokenizer_json(path), max_length=self.cfg.context_length - 1, pad_token=pad,
-                           extra_pad=1, source=str(path))  # fmt: skip
+        return HfTokenizer(
+            load_tokenizer_json(path),
+            max_length=self.cfg.context_length - 1,
+            pad_token=pad,
+            extra_pad=1,
+            source=str(path),
+        )
 
     def _tokenizer_file(self, folder: Path | None, given: Path | None) -> Path | None:
         names = (CONCH_TOKENIZER_FILE, "tokenizer.json")
@@ -194,15 +241,23 @@ class ConchV1Text(CocaText):
     """CONCH v1's text tower; its tile features (bags of conch-v1) enter the joint space by proj_contrast."""
 
     SPEC = TextTowerSpec(
-        level="tile", image_encoders=("conch-v1",), dim=512, context_length=128,
-        weights_page="https://huggingface.co/MahmoodLab/CONCH", weights_files=("pytorch_model.bin",),
-        tokenizer_files=f"{CONCH_TOKENIZER_FILE} (github.com/mahmoodlab/CONCH conch/open_clip_custom/tokenizers/), "
+        level="tile",
+        image_encoders=("conch-v1",),
+        dim=512,
+        context_length=128,
+        weights_page="https://huggingface.co/MahmoodLab/CONCH",
+        weights_files=("pytorch_model.bin",),
+        tokenizer_files=f"{CONCH_TOKENIZER_FILE} (github.com/mahmoodlab/CONCH "
+        "conch/open_clip_custom/tokenizers/), "
         "beside the weights or --tokenizer",
-        templates=CONCH_TEMPLATES, temperature="logit_scale", prompt_pooling="mean-embedding",
-        reference="mahmoodlab/CONCH 141cc09 conch/open_clip_custom/ (transformer.py TextTransformer, coca_model.py, "
+        templates=CONCH_TEMPLATES,
+        temperature="logit_scale",
+        prompt_pooling="mean-embedding",
+        reference="mahmoodlab/CONCH 141cc09 conch/open_clip_custom/ (transformer.py TextTransformer, "
+        "coca_model.py, "
         "custom_tokenizer.py), conch/downstream/zeroshot_path.py",
         licence="CC-BY-NC-ND-4.0 (gated)",
-    )  # fmt: skip
+    )
     PREFIX = "text."
 
     def __init__(self, cfg: CocaTextConfig | None = None) -> None:
@@ -226,7 +281,8 @@ class ConchV1Text(CocaText):
     def _no_tokenizer(self, folder: Path | None) -> str:
         where = f" (looked in {folder})" if folder else ""
         return (
-            f"CONCH's tokenizer {CONCH_TOKENIZER_FILE} was not found{where}. It ships with the authors' code, not "
+            f"CONCH's tokenizer {CONCH_TOKENIZER_FILE} was not found{where}. It ships with the authors' "
+            "code, not "
             "with the weights: copy conch/open_clip_custom/tokenizers/conch_byte_level_bpe_uncased.json from "
             "github.com/mahmoodlab/CONCH beside pytorch_model.bin, or give --tokenizer FILE"
         )
@@ -237,15 +293,21 @@ class TitanText(CocaText):
     """TITAN's text tower; TITAN slide embeddings enter the joint space by vision_encoder.proj."""
 
     SPEC = TextTowerSpec(
-        level="slide", image_encoders=("titan",), dim=768, context_length=128,
-        weights_page="https://huggingface.co/MahmoodLab/TITAN", weights_files=("model.safetensors",),
+        level="slide",
+        image_encoders=("titan",),
+        dim=768,
+        context_length=128,
+        weights_page="https://huggingface.co/MahmoodLab/TITAN",
+        weights_files=("model.safetensors",),
         tokenizer_files="tokenizer.json of MahmoodLab/TITAN (beside model.safetensors)",
-        templates=TITAN_TEMPLATES, temperature="none", prompt_pooling="mean-embedding",
+        templates=TITAN_TEMPLATES,
+        temperature="none",
+        prompt_pooling="mean-embedding",
         reference="MahmoodLab/TITAN (Hugging Face) modeling_titan.py encode_text / zero_shot_classifier / "
         "zero_shot, config.json text_config; open_clip v2.26 TextTransformer; mahmoodlab/TITAN 33042f5 "
         "titan/utils.py TEMPLATES",
         licence="CC-BY-NC-ND 4.0 (non-commercial academic research; gated on Hugging Face)",
-    )  # fmt: skip
+    )
     PREFIX = "text_encoder."
     TOKENIZER_REPO = "MahmoodLab/TITAN"
 
@@ -255,7 +317,9 @@ class TitanText(CocaText):
 
     def __init__(self, cfg: CocaTextConfig | None = None) -> None:
         super().__init__(cfg)
-        self.proj = nn.Parameter(torch.randn(self.cfg.output_dim, self.cfg.output_dim) * self.cfg.output_dim**-0.5)
+        self.proj = nn.Parameter(
+            torch.randn(self.cfg.output_dim, self.cfg.output_dim) * self.cfg.output_dim**-0.5
+        )
 
     def authors_to_ours(self, state: StateDict) -> StateDict:
         out = super().authors_to_ours(state)
@@ -272,6 +336,7 @@ class TitanText(CocaText):
     def _no_tokenizer(self, folder: Path | None) -> str:
         where = f" in {folder}" if folder else ""
         return (
-            f"TITAN's tokenizer.json was not found{where} or in the Hugging Face cache: download the repository "
+            f"TITAN's tokenizer.json was not found{where} or in the Hugging Face cache: download the "
+            "repository "
             "(hf download MahmoodLab/TITAN) or give --tokenizer FILE"
         )

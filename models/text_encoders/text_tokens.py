@@ -15,6 +15,7 @@ downloaded. Random-initialised towers (tests, the demo) may use `byte_tokenizer`
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,10 +45,14 @@ class HfTokenizer:
     """A `tokenizers.Tokenizer` with the authors' call: truncation and padding to `max_length`,
     special tokens from the file's post-processor, `extra_pad` more pad columns (CONCH's <cls> slot)."""
 
-    def __init__(self, tokenizer: Any, *, max_length: int, pad_token: str, extra_pad: int = 0, source: str = "") -> None:
+    def __init__(
+        self, tokenizer: Any, *, max_length: int, pad_token: str, extra_pad: int = 0, source: str = ""
+    ) -> None:
         pad_id = tokenizer.token_to_id(pad_token)
         if pad_id is None:
-            raise WeightsError(f"tokenizer {source} has no pad token {pad_token!r}; is it this model's tokenizer?")
+            raise WeightsError(
+                f"tokenizer {source} has no pad token {pad_token!r}; is it this model's tokenizer?"
+            )
         self._tok = tokenizer
         self.max_length = max_length
         self.pad_token = pad_token
@@ -60,7 +65,9 @@ class HfTokenizer:
         tok = self._tok
         # PreTrainedTokenizerFast(max_length=L, truncation=True, padding="max_length") sets exactly these
         tok.enable_truncation(max_length=self.max_length, strategy="longest_first", stride=0)
-        tok.enable_padding(length=self.max_length, pad_id=self.pad_id, pad_token=self.pad_token, direction="right")
+        tok.enable_padding(
+            length=self.max_length, pad_id=self.pad_id, pad_token=self.pad_token, direction="right"
+        )
         encodings = tok.encode_batch(list(prompts), add_special_tokens=True)
         ids = torch.tensor([e.ids for e in encodings], dtype=torch.long)
         if self.extra_pad:
@@ -72,7 +79,9 @@ def _tokenizers() -> Any:
     try:
         import tokenizers
     except ImportError as exc:  # a core dependency; only a broken install lacks it
-        raise WeightsError(f"the `tokenizers` package is needed for text prompts ({exc}); pip install tokenizers") from None
+        raise WeightsError(
+            f"the `tokenizers` package is needed for text prompts ({exc}); pip install tokenizers"
+        ) from None
     return tokenizers
 
 
@@ -86,29 +95,44 @@ def load_tokenizer_json(path: Path) -> Any:
         raise WeightsError(f"{path} is not a readable Hugging Face tokenizer.json ({exc})") from None
 
 
-def clip_tokenizer(vocab_json: Path, merges_txt: Path, *, bos: str = "<|startoftext|>", eos: str = "<|endoftext|>") -> Any:
+def clip_tokenizer(
+    vocab_json: Path, merges_txt: Path, *, bos: str = "<|startoftext|>", eos: str = "<|endoftext|>"
+) -> Any:
     """CLIP's BPE from vocab.json + merges.txt, assembled as transformers' CLIPConverter does."""
     tk = _tokenizers()
     vocab = load_json_file(vocab_json, what="CLIP vocabulary", error=WeightsError)
     if not isinstance(vocab, dict):
         raise WeightsError(f"{vocab_json} is not a token -> id table")
     merges = _read_merges(merges_txt)
-    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                                     end_of_word_suffix="</w>", fuse_unk=False, unk_token=eos))  # fmt: skip
+    tok = tk.Tokenizer(
+        tk.models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="</w>",
+            fuse_unk=False,
+            unk_token=eos,
+        )
+    )
     tok.normalizer = tk.normalizers.Sequence(
         [tk.normalizers.NFC(), tk.normalizers.Replace(tk.Regex(r"\s+"), " "), tk.normalizers.Lowercase()]
     )
-    tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
-        tk.pre_tokenizers.Split(tk.Regex(CLIP_SPLIT), behavior="removed", invert=True),
-        tk.pre_tokenizers.ByteLevel(add_prefix_space=False),
-    ])  # fmt: skip
+    tok.pre_tokenizer = tk.pre_tokenizers.Sequence(
+        [
+            tk.pre_tokenizers.Split(tk.Regex(CLIP_SPLIT), behavior="removed", invert=True),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tok.decoder = tk.decoders.ByteLevel()
     for special in (bos, eos):
         if special not in vocab:
             raise WeightsError(f"{vocab_json} lacks CLIP's special token {special!r}")
     tok.add_special_tokens([bos, eos])
-    tok.post_processor = tk.processors.RobertaProcessing(  # (sep, cls) positionally: the keywords changed across releases
-        (eos, int(vocab[eos])), (bos, int(vocab[bos])), trim_offsets=False, add_prefix_space=False
+    tok.post_processor = (
+        tk.processors.RobertaProcessing(  # (sep, cls) positionally: the keywords changed across releases
+            (eos, int(vocab[eos])), (bos, int(vocab[bos])), trim_offsets=False, add_prefix_space=False
+        )
     )
     return tok
 
@@ -157,7 +181,9 @@ class BioGptTokenizer:
         try:
             import sacremoses
         except ImportError as exc:
-            raise WeightsError(f"PRISM's tokenizer needs sacremoses ({exc}); pip install sacremoses") from None
+            raise WeightsError(
+                f"PRISM's tokenizer needs sacremoses ({exc}); pip install sacremoses"
+            ) from None
         vocab = load_json_file(vocab_json, what="BioGPT vocabulary", error=WeightsError)
         if not isinstance(vocab, dict):
             raise WeightsError(f"{vocab_json} is not a token -> id table")
@@ -180,7 +206,7 @@ class BioGptTokenizer:
             return self._cache[token]
         word = [*token[:-1], token[-1] + "</w>"]
         while len(word) > 1:
-            pairs = {(a, b) for a, b in zip(word, word[1:], strict=False)}
+            pairs = set(itertools.pairwise(word))
             best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
             if best not in self.ranks:
                 break
@@ -198,7 +224,7 @@ class BioGptTokenizer:
         return word
 
     def ids(self, text: str) -> list[int]:
-        """A prompt's ids: '</s>' + BPE(Moses(text)) + '</s>' (the '</s>' the authors append stays one token)."""
+        """A prompt's ids: '</s>' + BPE(Moses(text)) + '</s>' (the appended '</s>' stays one token)."""
         out = [self.eos_id]
         words = self.moses.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
         for word in words:
@@ -230,6 +256,11 @@ def special_token(folder: Path, key: str, default: str) -> str:
 
 
 __all__ = [
-    "BioGptTokenizer", "HfTokenizer", "Tokenized", "byte_tokenizer", "clip_tokenizer", "load_tokenizer_json",
+    "BioGptTokenizer",
+    "HfTokenizer",
+    "Tokenized",
+    "byte_tokenizer",
+    "clip_tokenizer",
+    "load_tokenizer_json",
     "special_token",
-]  # fmt: skip
+]

@@ -15,6 +15,13 @@ from wsi.pipelines.zero_shot.retrieval import RetrievalResult, retrieve
 from wsi.pipelines.zero_shot.stage import SlideScore, ZeroShotResult, zero_shot
 
 __all__ = [
-    "InputRefused", "PromptSet", "RetrievalResult", "SlideScore", "ZeroShotOptions", "ZeroShotResult",
-    "load_prompts", "retrieve", "zero_shot",
-]  # fmt: skip
+    "InputRefused",
+    "PromptSet",
+    "RetrievalResult",
+    "SlideScore",
+    "ZeroShotOptions",
+    "ZeroShotResult",
+    "load_prompts",
+    "retrieve",
+    "zero_shot",
+]

@@ -18,20 +18,28 @@ class ZeroShotOptions:
     """How prompts score bags or slide embeddings; which tower comes from --model."""
 
     model: str = setting(
-        "conch-v1", help="Text tower: conch-v1, plip (tile features in bags), titan, prism (slide embeddings)."
+        "conch-v1",
+        help="Text tower: conch-v1, plip (tile features in bags), titan, prism (slide embeddings).",
     )
     weights: str | None = setting(
-        None, default_text="the Hugging Face cache",
+        None,
+        default_text="the Hugging Face cache",
         help="The model's checkpoint (file or folder; hf:ORG/REPO); the same file as the image side's.",
-    )  # fmt: skip
+    )
     tokenizer: Path | None = setting(
-        None, existing="any", default_text="beside the weights",
+        None,
+        existing="any",
+        default_text="beside the weights",
         help="Tokenizer file or folder (CONCH: conch_byte_level_bpe_uncased.json from the authors' code).",
-    )  # fmt: skip
+    )
     random_init: bool = setting(False, help="Random text tower (tests, the demo): its scores mean nothing.")
-    top_k: int = setting(DEFAULT_TOP_K, ge=1, le=100_000, help="Tiles whose similarities are averaged per class.")
+    top_k: int = setting(
+        DEFAULT_TOP_K, ge=1, le=100_000, help="Tiles whose similarities are averaged per class."
+    )
     labels_csv: Path | None = setting(
-        None, existing="file", help="Label table (slide,label): metrics with bootstrap intervals and report.html."
+        None,
+        existing="file",
+        help="Label table (slide,label): metrics with bootstrap intervals and report.html.",
     )
     heatmaps: bool = setting(True, help="Per-class tile-score heatmaps over the slide (tile-level models).")
     geojson: bool = setting(True, help="geojson/<slide>.geojson: tiles with each class's score for QuPath.")

@@ -57,7 +57,9 @@ def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Source]:
         elif p.is_file():
             files.append(p)
         else:
-            raise ConfigError(f"input {p} does not exist; give bags or slide embeddings (.h5) or their folder")
+            raise ConfigError(
+                f"input {p} does not exist; give bags or slide embeddings (.h5) or their folder"
+            )
     if not files:
         raise ConfigError(f"no .h5 bags or slide embeddings in {', '.join(map(str, paths))}")
     out: dict[str, Source] = {}
@@ -81,43 +83,68 @@ def _describe(path: Path) -> Source:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     if text("format") == "wsi-slide-embedding" or text("feat_type") in ("slide", "patient"):
-        return Source(sanitize_slide_id(text("id") or path.stem), path, "embedding", text("slide_encoder"),
-                      text("slide_encoder_weights_sha256"))  # fmt: skip
+        return Source(
+            sanitize_slide_id(text("id") or path.stem),
+            path,
+            "embedding",
+            text("slide_encoder"),
+            text("slide_encoder_weights_sha256"),
+        )
     if not text("encoder"):
         raise InputRefused(
-            f"{path}: the bag records no encoder (a STAMP, CLAM or TRIDENT bag?); wsi zero-shot needs to know "
+            f"{path}: the bag records no encoder (a STAMP, CLAM or TRIDENT bag?); wsi zero-shot needs to "
+            "know "
             "its features are the text tower's image side: embed the slides with wsi embed --encoder conch-v1"
         )
-    return Source(sanitize_slide_id(text("slide_id") or path.stem), path, "bag", text("encoder"),
-                  text("weights_sha256"))  # fmt: skip
+    return Source(
+        sanitize_slide_id(text("slide_id") or path.stem), path, "bag", text("encoder"), text("weights_sha256")
+    )
 
 
-def check_source(src: Source, *, tower_name: str, level: str, image_encoders: tuple[str, ...],
-                 tower_sha: str, tile_encoder_of_slide: str | None) -> None:  # fmt: skip
+def check_source(
+    src: Source,
+    *,
+    tower_name: str,
+    level: str,
+    image_encoders: tuple[str, ...],
+    tower_sha: str,
+    tile_encoder_of_slide: str | None,
+) -> None:
     """Refuse an input the tower cannot score, naming the file and what to do."""
     allowed = ", ".join(image_encoders)
     if level == "tile":
         if src.kind != "bag":
             raise InputRefused(f"{src.path} is a slide embedding; {tower_name} scores tiles: give its bags")
         if src.encoder not in image_encoders:
-            why = NO_TEXT_SIDE.get(src.encoder, f"embed the slides with wsi embed --encoder {image_encoders[0]}")
-            raise InputRefused(f"{src.path} holds {src.encoder} features, but {tower_name}'s text tower scores "
-                               f"{allowed} features: {why}")  # fmt: skip
+            why = NO_TEXT_SIDE.get(
+                src.encoder, f"embed the slides with wsi embed --encoder {image_encoders[0]}"
+            )
+            raise InputRefused(
+                f"{src.path} holds {src.encoder} features, but {tower_name}'s text tower scores "
+                f"{allowed} features: {why}"
+            )
     else:
         if src.kind == "embedding" and src.encoder not in image_encoders:
-            raise InputRefused(f"{src.path} is a {src.encoder} slide embedding; {tower_name} scores {allowed} slide "
-                               f"embeddings: wsi embed-slides --encoder {image_encoders[0]}")  # fmt: skip
+            raise InputRefused(
+                f"{src.path} is a {src.encoder} slide embedding; {tower_name} scores {allowed} slide "
+                f"embeddings: wsi embed-slides --encoder {image_encoders[0]}"
+            )
         if src.kind == "bag" and src.encoder != tile_encoder_of_slide:
-            raise InputRefused(f"{src.path} holds {src.encoder} tile features; {tower_name} reads {allowed} slide "
-                               f"embeddings, made from {tile_encoder_of_slide} bags")  # fmt: skip
+            raise InputRefused(
+                f"{src.path} holds {src.encoder} tile features; {tower_name} reads {allowed} slide "
+                f"embeddings, made from {tile_encoder_of_slide} bags"
+            )
     if src.kind == "bag" and level == "slide":
-        return  # the tile encoder's weights are another file; the slide encoder below is the tower's checkpoint
+        return  # the tile encoder's weights are another file; the slide encoder is the tower's checkpoint
     random = "random"
-    if (src.weights_sha256 == random) != (tower_sha == random) or (tower_sha != random and src.weights_sha256 != tower_sha):
+    if (src.weights_sha256 == random) != (tower_sha == random) or (
+        tower_sha != random and src.weights_sha256 != tower_sha
+    ):
         raise InputRefused(
-            f"{src.path} was made with {src.encoder} weights {src.weights_sha256[:12] or 'unrecorded'}, but the "
-            f"text tower's checkpoint is {tower_sha[:12]}: its vectors are not in this tower's joint space. Give "
-            "the same weights file to both (wsi embed --weights / wsi zero-shot --weights), or --random-init to both"
+            f"{src.path} was made with {src.encoder} weights {src.weights_sha256[:12] or 'unrecorded'}, "
+            f"but the text tower's checkpoint is {tower_sha[:12]}: its vectors are not in this tower's joint "
+            "space. Give the same weights file to both (wsi embed --weights / wsi zero-shot --weights), or "
+            "--random-init to both"
         )
 
 

@@ -25,9 +25,17 @@ SIMILARITY_LABEL = "cosine similarity to the class's prompts"
 
 
 def write_slide_maps(
-    out: Path, *, slide_id: str, bag: Any, maps: Mapping[str, np.ndarray], predicted: str, probs: Mapping[str, float],
-    k: int, heatmaps: bool, geojson: bool,
-) -> list[str]:  # fmt: skip
+    out: Path,
+    *,
+    slide_id: str,
+    bag: Any,
+    maps: Mapping[str, np.ndarray],
+    predicted: str,
+    probs: Mapping[str, float],
+    k: int,
+    heatmaps: bool,
+    geojson: bool,
+) -> list[str]:
     """Write the slide's tile-value file, heatmaps and QuPath objects; the paths written (relative to out).
     A slide that cannot be placed or drawn loses its pictures, not its prediction (logged)."""
     from wsi.pipelines.heatmaps import render_heatmap, slide_heatmap
@@ -36,10 +44,20 @@ def write_slide_maps(
     sid = sanitize_slide_id(slide_id)
     written: list[str] = []
     if bag.coords_um is None or not bag.tile_size_um:
-        log.warning("%s: the bag has no tile positions in micrometres (give --mpp): no heatmap or QuPath objects", slide_id)
+        log.warning(
+            "%s: the bag has no tile positions in micrometres (give --mpp): no heatmap or QuPath objects",
+            slide_id,
+        )
         return written
-    write_tile_values(out / "heatmaps" / f"{sid}.json", slide=slide_id, coords_um=bag.coords_um,
-                      tile_size_um=float(bag.tile_size_um), outputs=maps, mpp=bag.mpp, predicted=predicted)  # fmt: skip
+    write_tile_values(
+        out / "heatmaps" / f"{sid}.json",
+        slide=slide_id,
+        coords_um=bag.coords_um,
+        tile_size_um=float(bag.tile_size_um),
+        outputs=maps,
+        mpp=bag.mpp,
+        predicted=predicted,
+    )
     written.append(f"heatmaps/{sid}.json")
     if heatmaps:
         slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
@@ -48,11 +66,24 @@ def write_slide_maps(
             title = f"{slide_id}: {name} (p={probs[name]:.3f})"
             try:
                 if slide_path and Path(str(slide_path)).is_file():
-                    slide_heatmap((Path(str(slide_path)), bag.mpp), bag.coords_um, float(bag.tile_size_um), values,
-                                  png, title, label=SIMILARITY_LABEL)  # fmt: skip
+                    slide_heatmap(
+                        (Path(str(slide_path)), bag.mpp),
+                        bag.coords_um,
+                        float(bag.tile_size_um),
+                        values,
+                        png,
+                        title,
+                        label=SIMILARITY_LABEL,
+                    )
                 else:
-                    render_heatmap(coords_um=bag.coords_um, tile_size_um=float(bag.tile_size_um), values=values,
-                                   out_png=png, title=title, label=SIMILARITY_LABEL)  # fmt: skip
+                    render_heatmap(
+                        coords_um=bag.coords_um,
+                        tile_size_um=float(bag.tile_size_um),
+                        values=values,
+                        out_png=png,
+                        title=title,
+                        label=SIMILARITY_LABEL,
+                    )
                 written.append(str(png.relative_to(out)))
             except Exception as exc:  # a slide that cannot be read still has its scores
                 log.warning("%s: heatmap %s not drawn (%s: %s)", slide_id, png.name, type(exc).__name__, exc)
@@ -63,8 +94,16 @@ def write_slide_maps(
     return written
 
 
-def _geojson(out: Path, sid: str, slide_id: str, bag: Any, maps: Mapping[str, np.ndarray], predicted: str,
-             probs: Mapping[str, float], k: int) -> str | None:  # fmt: skip
+def _geojson(
+    out: Path,
+    sid: str,
+    slide_id: str,
+    bag: Any,
+    maps: Mapping[str, np.ndarray],
+    predicted: str,
+    probs: Mapping[str, float],
+    k: int,
+) -> str | None:
     mpp = bag.mpp
     if bag.coords_px is not None:
         coords = bag.coords_px.astype(np.float64)
@@ -84,11 +123,21 @@ def _geojson(out: Path, sid: str, slide_id: str, bag: Any, maps: Mapping[str, np
         cls = QuPathClass.of(f"top {name}", (200, 0, 0))
         for rank, i in enumerate(top, start=1):
             x, y = (float(v) for v in coords[int(i)])
-            features.append(feature(polygon_geometry([[box_ring(x, y, size, size)]]), object_type="annotation",
-                                    classification=cls, name=f"top {name} #{rank}",
-                                    measurements={f"similarity {name}": float(values[int(i)]), "rank": rank}))  # fmt: skip
-    props = {"slide_id": slide_id, "units": "level-0 pixels", "tile_size_px0": size,
-             "prediction": {"predicted": predicted, **{f"prob_{c}": p for c, p in probs.items()}}}  # fmt: skip
+            features.append(
+                feature(
+                    polygon_geometry([[box_ring(x, y, size, size)]]),
+                    object_type="annotation",
+                    classification=cls,
+                    name=f"top {name} #{rank}",
+                    measurements={f"similarity {name}": float(values[int(i)]), "rank": rank},
+                )
+            )
+    props = {
+        "slide_id": slide_id,
+        "units": "level-0 pixels",
+        "tile_size_px0": size,
+        "prediction": {"predicted": predicted, **{f"prob_{c}": p for c, p in probs.items()}},
+    }
     path = out / "geojson" / f"{sid}.geojson"
     write_collection(path, feature_collection(features, props))
     return f"geojson/{sid}.geojson"

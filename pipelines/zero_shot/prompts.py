@@ -45,8 +45,12 @@ class PromptSet:
     source: str = ""
 
     @classmethod
-    def from_classes(cls, classes: dict[str, list[str]] | dict[str, tuple[str, ...]], templates: tuple[str, ...] | list[str],
-                     source: str = "") -> PromptSet:  # fmt: skip
+    def from_classes(
+        cls,
+        classes: dict[str, list[str]] | dict[str, tuple[str, ...]],
+        templates: tuple[str, ...] | list[str],
+        source: str = "",
+    ) -> PromptSet:
         if len(classes) < 2:
             raise ConfigError(f"{source or 'prompts'}: give at least two classes (found {len(classes)})")
         out: dict[str, tuple[str, ...]] = {}
@@ -58,7 +62,10 @@ class PromptSet:
         templates = tuple(templates)
         bad = [t for t in templates if PLACEHOLDER not in t]
         if not templates or bad:
-            raise ConfigError(f"{source or 'prompts'}: every template must contain {PLACEHOLDER} ({bad[:2] or 'none given'})")
+            raise ConfigError(
+                f"{source or 'prompts'}: every template must contain {PLACEHOLDER} "
+                f"({bad[:2] or 'none given'})"
+            )
         return cls(out, templates, source)
 
     @property
@@ -82,8 +89,11 @@ class PromptSet:
 
 
 def packaged_prompts() -> list[str]:
-    return sorted(p.name.removesuffix(".yaml") for p in resources.files("wsi.configs").joinpath("prompts").iterdir()
-                  if p.name.endswith(".yaml"))  # fmt: skip
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in resources.files("wsi.configs").joinpath("prompts").iterdir()
+        if p.name.endswith(".yaml")
+    )
 
 
 def load_prompts(source: str | Path, default_templates: tuple[str, ...]) -> PromptSet:
@@ -93,7 +103,8 @@ def load_prompts(source: str | Path, default_templates: tuple[str, ...]) -> Prom
         packaged = resources.files("wsi.configs").joinpath("prompts", f"{source}.yaml")
         if not packaged.is_file():
             raise ConfigError(
-                f"prompts {source}: no such file or packaged prompt set (packaged: {', '.join(packaged_prompts())})"
+                f"prompts {source}: no such file or packaged prompt set "
+                f"(packaged: {', '.join(packaged_prompts())})"
             )
         path = Path(str(packaged))
     data: Any
@@ -130,7 +141,9 @@ class TextClassifier:
     @property
     def class_emb(self) -> torch.Tensor:
         """(C, D): the normalised mean of each class's normalised prompt embeddings."""
-        rows = [F.normalize(self.prompt_emb[self.groups == c].mean(0), dim=0) for c in range(len(self.classes))]
+        rows = [
+            F.normalize(self.prompt_emb[self.groups == c].mean(0), dim=0) for c in range(len(self.classes))
+        ]
         return torch.stack(rows)
 
     def similarities(self, joint: torch.Tensor) -> torch.Tensor:
@@ -141,7 +154,9 @@ class TextClassifier:
         sims = joint.float() @ self.prompt_emb.T
         return torch.stack([sims[:, self.groups == c].amax(1) for c in range(len(self.classes))], 1)
 
-    def probabilities(self, pooled: torch.Tensor | None = None, joint: torch.Tensor | None = None) -> torch.Tensor:
+    def probabilities(
+        self, pooled: torch.Tensor | None = None, joint: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(S, C) probabilities: softmax(scale * pooled class similarities), or for PRISM the per-prompt
         softmax of the slide embedding `joint` summed per class."""
         if self.mode == "mean-embedding":

@@ -28,7 +28,19 @@ from wsi.pipelines.zero_shot.config import ZeroShotOptions
 from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
-HEADER = ["rank", "slide", "similarity", "x_um", "y_um", "x_px", "y_px", "tile_size_um", "row", "bag", "picture"]
+HEADER = [
+    "rank",
+    "slide",
+    "similarity",
+    "x_um",
+    "y_um",
+    "x_px",
+    "y_px",
+    "tile_size_um",
+    "row",
+    "bag",
+    "picture",
+]
 
 
 @dataclass
@@ -67,13 +79,20 @@ def retrieve(
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     sources = find_inputs(paths)
     if tower is None:
-        tower = build_text_encoder(opts.model, weights=opts.weights, random_init=opts.random_init,
-                                   tokenizer=opts.tokenizer)  # fmt: skip
+        tower = build_text_encoder(
+            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
+        )
     if tower.SPEC.level != "tile":
         raise ConfigError(f"{tower.name} scores slides, not tiles: retrieve tiles with conch-v1 or plip")
     for src in sources:
-        check_source(src, tower_name=tower.name, level="tile", image_encoders=tower.SPEC.image_encoders,
-                     tower_sha=tower.weights_sha256, tile_encoder_of_slide=None)  # fmt: skip
+        check_source(
+            src,
+            tower_name=tower.name,
+            level="tile",
+            image_encoders=tower.SPEC.image_encoders,
+            tower_sha=tower.weights_sha256,
+            tile_encoder_of_slide=None,
+        )
     by_id = {s.slide_id: s for s in sources}
     if query is not None:
         q = tower.encode_text([query])[0]
@@ -82,7 +101,9 @@ def retrieve(
         assert query_tile is not None
         sid, x_um, y_um = query_tile
         if sid not in by_id:
-            raise ConfigError(f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})")
+            raise ConfigError(
+                f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})"
+            )
         bag = load_bag(by_id[sid].path, mpp=opts.mpp)
         assert bag.coords_um is not None
         i = int(np.argmin(((bag.coords_um - np.array([x_um, y_um])) ** 2).sum(1)))
@@ -106,17 +127,30 @@ def retrieve(
     crops: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = {}
     for rank, (sim, sid, row) in enumerate(ranked, start=1):
         bag = load_bag(by_id[sid].path, mpp=opts.mpp, rows=[row], require_um=False)
-        x_um, y_um = (float(v) for v in bag.coords_um[0]) if bag.coords_um is not None else (float("nan"),) * 2
+        x_um, y_um = (
+            (float(v) for v in bag.coords_um[0]) if bag.coords_um is not None else (float("nan"),) * 2
+        )
         x_px, y_px = (int(v) for v in bag.coords_px[0]) if bag.coords_px is not None else (-1, -1)
         picture = ""
         if pictures:
             picture, crop = _picture(out, rank, sid, by_id[sid], bag, x_px, y_px)
             if crop is not None:
                 crops.setdefault(("query", "most"), []).append((crop, sim))
-        result.rows.append({"rank": rank, "slide": sid, "similarity": f"{sim:.6f}", "x_um": f"{x_um:.1f}",
-                            "y_um": f"{y_um:.1f}", "x_px": x_px, "y_px": y_px,
-                            "tile_size_um": bag.tile_size_um, "row": row, "bag": str(by_id[sid].path),
-                            "picture": picture})  # fmt: skip
+        result.rows.append(
+            {
+                "rank": rank,
+                "slide": sid,
+                "similarity": f"{sim:.6f}",
+                "x_um": f"{x_um:.1f}",
+                "y_um": f"{y_um:.1f}",
+                "x_px": x_px,
+                "y_px": y_px,
+                "tile_size_um": bag.tile_size_um,
+                "row": row,
+                "bag": str(by_id[sid].path),
+                "picture": picture,
+            }
+        )
     write_csv_atomic(result.csv, HEADER, ([r[h] for h in HEADER] for r in result.rows))
     if crops:
         from wsi.pipelines.predict.top_tiles import contact_sheet

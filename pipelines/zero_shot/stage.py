@@ -30,7 +30,13 @@ from wsi.pipelines.jobs import JobResult, describe_error, write_manifest
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs, read_embedding_vector
 from wsi.pipelines.zero_shot.outputs import write_slide_maps
-from wsi.pipelines.zero_shot.prompts import PromptSet, TextClassifier, load_prompts, text_classifier, top_k_mean
+from wsi.pipelines.zero_shot.prompts import (
+    PromptSet,
+    TextClassifier,
+    load_prompts,
+    text_classifier,
+    top_k_mean,
+)
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 #: tile features mapped into the joint space at once
@@ -91,8 +97,9 @@ def zero_shot(
     t0 = time.perf_counter()
     sources = find_inputs(paths)
     if tower is None:
-        tower = build_text_encoder(opts.model, weights=opts.weights, random_init=opts.random_init,
-                                   tokenizer=opts.tokenizer)  # fmt: skip
+        tower = build_text_encoder(
+            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
+        )
     spec = tower.SPEC
     slide_tile_encoder = None
     if spec.level == "slide":
@@ -100,8 +107,14 @@ def zero_shot(
 
         slide_tile_encoder = slide_spec(spec.image_encoders[0]).tile_encoders[0]
     for src in sources:  # every refusal before any work: exit 2 naming the file
-        check_source(src, tower_name=tower.name, level=spec.level, image_encoders=spec.image_encoders,
-                     tower_sha=tower.weights_sha256, tile_encoder_of_slide=slide_tile_encoder)  # fmt: skip
+        check_source(
+            src,
+            tower_name=tower.name,
+            level=spec.level,
+            image_encoders=spec.image_encoders,
+            tower_sha=tower.weights_sha256,
+            tile_encoder_of_slide=slide_tile_encoder,
+        )
     prompt_set = prompts if isinstance(prompts, PromptSet) else load_prompts(prompts, spec.templates)
     device = _device(opts.device)
     tower.to(device)
@@ -116,21 +129,38 @@ def zero_shot(
             try:
                 score, written = _score(src, tower, classifier, slide_encoder, opts, out, device)
             except Exception as exc:  # one slide's failure never stops the others
-                rows.append(JobResult(src.slide_id, str(src.path), "failed", 0, time.perf_counter() - t1,
-                                      describe_error(exc)))  # fmt: skip
+                rows.append(
+                    JobResult(
+                        src.slide_id,
+                        str(src.path),
+                        "failed",
+                        0,
+                        time.perf_counter() - t1,
+                        describe_error(exc),
+                    )
+                )
                 log.error("%s: %s", src.slide_id, describe_error(exc))
                 continue
             scores.append(score)
             files += written
-            rows.append(JobResult(src.slide_id, str(src.path), "ok", score.n_tiles, time.perf_counter() - t1, ""))
+            rows.append(
+                JobResult(src.slide_id, str(src.path), "ok", score.n_tiles, time.perf_counter() - t1, "")
+            )
         _write_predictions(out, classifier, scores, spec.level)
         write_manifest(out / "manifest.csv", rows)
-        result = ZeroShotResult(out, tower.name, classifier.classes, scores,
-                                [r for r in rows if r.status != "ok"], None, files)  # fmt: skip
+        result = ZeroShotResult(
+            out, tower.name, classifier.classes, scores, [r for r in rows if r.status != "ok"], None, files
+        )
         if opts.labels_csv is not None and scores:
             result.metrics = _evaluate(result, opts)
-    log.info("zero-shot with %s: %d slide(s) scored, %d failed, in %.1f s; predictions in %s", tower.name,
-             len(scores), len(result.failed), time.perf_counter() - t0, result.predictions)  # fmt: skip
+    log.info(
+        "zero-shot with %s: %d slide(s) scored, %d failed, in %.1f s; predictions in %s",
+        tower.name,
+        len(scores),
+        len(result.failed),
+        time.perf_counter() - t0,
+        result.predictions,
+    )
     return result
 
 
@@ -152,8 +182,15 @@ def _slide_encoder(tower: Any, sources: list[Source], opts: ZeroShotOptions) -> 
     return build_slide_encoder(name, weights=tower.weights_path)
 
 
-def _score(src: Source, tower: Any, classifier: TextClassifier, slide_encoder: Any, opts: ZeroShotOptions,
-           out: Path, device: torch.device) -> tuple[SlideScore, list[str]]:  # fmt: skip
+def _score(
+    src: Source,
+    tower: Any,
+    classifier: TextClassifier,
+    slide_encoder: Any,
+    opts: ZeroShotOptions,
+    out: Path,
+    device: torch.device,
+) -> tuple[SlideScore, list[str]]:
     from wsi.bags import load_bag
 
     if src.kind == "embedding":
@@ -166,24 +203,39 @@ def _score(src: Source, tower: Any, classifier: TextClassifier, slide_encoder: A
     if len(feats) == 0:
         raise ValueError(f"{src.path} holds no tiles")
     if slide_encoder is not None:
-        coords = None if bag.coords_um is None else torch.from_numpy(np.asarray(bag.coords_um, dtype=np.float32))
+        coords = (
+            None if bag.coords_um is None else torch.from_numpy(np.asarray(bag.coords_um, dtype=np.float32))
+        )
         vec = slide_encoder.encode(feats, coords, float(bag.tile_size_um or 0))[None]
         return _score_slide(src, tower, classifier, vec, len(feats), device), []
     with torch.no_grad():
-        sims = torch.cat([classifier.similarities(tower.image_to_joint(feats[s : s + CHUNK].to(device)).cpu())
-                          for s in range(0, len(feats), CHUNK)])  # fmt: skip
+        sims = torch.cat(
+            [
+                classifier.similarities(tower.image_to_joint(feats[s : s + CHUNK].to(device)).cpu())
+                for s in range(0, len(feats), CHUNK)
+            ]
+        )
     pooled = top_k_mean(sims, opts.top_k)
     probs = classifier.probabilities(pooled=pooled[None])[0].numpy()
     predicted = classifier.classes[int(np.argmax(probs))]
     maps = {c: sims[:, i].numpy() for i, c in enumerate(classifier.classes)}
-    written = write_slide_maps(out, slide_id=src.slide_id, bag=bag, maps=maps, predicted=predicted,
-                               probs=dict(zip(classifier.classes, probs.tolist(), strict=True)), k=opts.top_k,
-                               heatmaps=opts.heatmaps, geojson=opts.geojson)  # fmt: skip
+    written = write_slide_maps(
+        out,
+        slide_id=src.slide_id,
+        bag=bag,
+        maps=maps,
+        predicted=predicted,
+        probs=dict(zip(classifier.classes, probs.tolist(), strict=True)),
+        k=opts.top_k,
+        heatmaps=opts.heatmaps,
+        geojson=opts.geojson,
+    )
     return SlideScore(src.slide_id, src.path, probs, pooled.numpy(), len(feats)), written
 
 
-def _score_slide(src: Source, tower: Any, classifier: TextClassifier, vec: torch.Tensor, n: int,
-                 device: torch.device) -> SlideScore:  # fmt: skip
+def _score_slide(
+    src: Source, tower: Any, classifier: TextClassifier, vec: torch.Tensor, n: int, device: torch.device
+) -> SlideScore:
     if not torch.isfinite(vec).all():
         raise ValueError(f"{src.path}: the slide embedding is not finite")
     with torch.no_grad():
@@ -197,8 +249,16 @@ def _write_predictions(out: Path, classifier: TextClassifier, scores: list[Slide
     cls = classifier.classes
     score_name = "topk_similarity" if level == "tile" else "similarity"
     header = ["slide", *[f"prob_{c}" for c in cls], "predicted", *[f"{score_name}_{c}" for c in cls], "tiles"]
-    rows = ([s.slide_id, *[f"{p:.6f}" for p in s.probs], cls[int(np.argmax(s.probs))],
-             *[f"{v:.6f}" for v in s.scores], s.n_tiles] for s in scores)  # fmt: skip
+    rows = (
+        [
+            s.slide_id,
+            *[f"{p:.6f}" for p in s.probs],
+            cls[int(np.argmax(s.probs))],
+            *[f"{v:.6f}" for v in s.scores],
+            s.n_tiles,
+        ]
+        for s in scores
+    )
     write_csv_atomic(out / "predictions.csv", header, rows)
 
 
@@ -208,12 +268,22 @@ def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
     from wsi.pipelines.task_kinds import build_kind
     from wsi.pipelines.tasks import TaskConfig
 
-    task = TaskConfig(name=f"zero-shot {result.model}", classes=tuple(result.classes), bootstrap=opts.bootstrap,
-                      seed=opts.seed)  # fmt: skip
+    task = TaskConfig(
+        name=f"zero-shot {result.model}",
+        classes=tuple(result.classes),
+        bootstrap=opts.bootstrap,
+        seed=opts.seed,
+    )
     kind = build_kind(task)
     found = {s.slide_id: s.path for s in result.slides}
     cohort = build_cohort(found, task=task, kind=kind, labels_csv=opts.labels_csv)
     ids = [c.id for c in cohort.cases]
     probs = {s.slide_id: s.probs for s in result.slides}
-    return evaluate_cohort(task=task, kind=kind, cohort=cohort, ids=ids, outputs=np.stack([probs[i] for i in ids]),
-                           out_dir=result.out_dir)  # fmt: skip
+    return evaluate_cohort(
+        task=task,
+        kind=kind,
+        cohort=cohort,
+        ids=ids,
+        outputs=np.stack([probs[i] for i in ids]),
+        out_dir=result.out_dir,
+    )

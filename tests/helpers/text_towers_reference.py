@@ -30,8 +30,9 @@ class OcResBlock(nn.Module):
         self.ln_1 = nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, h, batch_first=batch_first)
         self.ln_2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(OrderedDict([("c_fc", nn.Linear(d, 4 * d)), ("gelu", nn.GELU()),
-                                              ("c_proj", nn.Linear(4 * d, d))]))  # fmt: skip
+        self.mlp = nn.Sequential(
+            OrderedDict([("c_fc", nn.Linear(d, 4 * d)), ("gelu", nn.GELU()), ("c_proj", nn.Linear(4 * d, d))])
+        )
 
     def forward(self, x, attn_mask=None):
         y = self.ln_1(x)
@@ -49,8 +50,18 @@ class RefCocaText(nn.Module):
     """TextTransformer(embed_cls=True): CONCH's copy (batch_first=False, num_pos = context) or open_clip
     v2.26 (batch_first=True, num_pos = context + 1)."""
 
-    def __init__(self, *, context=128, vocab=32007, width=768, heads=12, layers=12, output_dim=512,
-                 pad_id=0, open_clip_v2=False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        context=128,
+        vocab=32007,
+        width=768,
+        heads=12,
+        layers=12,
+        output_dim=512,
+        pad_id=0,
+        open_clip_v2=False,
+    ) -> None:
         super().__init__()
         self.heads, self.pad_id, self.batch_first = heads, pad_id, open_clip_v2
         self.num_pos = context + (1 if open_clip_v2 else 0)
@@ -141,7 +152,9 @@ class RefClipAttention(nn.Module):
         query_states = self._shape(query_states, tgt_len, bsz).view(*proj_shape)
         key_states = key_states.view(*proj_shape)
         value_states = value_states.view(*proj_shape)
-        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2)).view(bsz, self.num_heads, tgt_len, -1)
+        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2)).view(
+            bsz, self.num_heads, tgt_len, -1
+        )
         attn_weights = attn_weights + causal_attention_mask + attention_mask
         attn_weights = nn.functional.softmax(attn_weights.view(bsz * self.num_heads, tgt_len, -1), dim=-1)
         out = torch.bmm(attn_weights, value_states).view(bsz, self.num_heads, tgt_len, self.head_dim)
@@ -174,14 +187,18 @@ class RefClipLayer(nn.Module):
 class RefClipModelText(nn.Module):
     """CLIPModel's text half with the checkpoint's names (text_model.*, text_projection, logit_scale)."""
 
-    def __init__(self, *, vocab=49408, width=512, heads=8, layers=12, inner=2048, positions=77, out=512) -> None:
+    def __init__(
+        self, *, vocab=49408, width=512, heads=8, layers=12, inner=2048, positions=77, out=512
+    ) -> None:
         super().__init__()
         self.text_model = nn.Module()
         self.text_model.embeddings = nn.Module()
         self.text_model.embeddings.token_embedding = nn.Embedding(vocab, width)
         self.text_model.embeddings.position_embedding = nn.Embedding(positions, width)
         self.text_model.encoder = nn.Module()
-        self.text_model.encoder.layers = nn.ModuleList([RefClipLayer(width, heads, inner) for _ in range(layers)])
+        self.text_model.encoder.layers = nn.ModuleList(
+            [RefClipLayer(width, heads, inner) for _ in range(layers)]
+        )
         self.text_model.final_layer_norm = nn.LayerNorm(width)
         self.text_projection = nn.Linear(width, out, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(2.6592))
@@ -192,7 +209,8 @@ class RefClipModelText(nn.Module):
         x = tm.embeddings.token_embedding(input_ids) + tm.embeddings.position_embedding(torch.arange(n)[None])
         causal = torch.full((n, n), torch.finfo(x.dtype).min).triu_(1)[None, None].expand(bsz, 1, n, n)
         expanded = (1.0 - attention_mask[:, None, None, :].to(x.dtype)).masked_fill(
-            attention_mask[:, None, None, :] == 0, torch.finfo(x.dtype).min)  # fmt: skip
+            attention_mask[:, None, None, :] == 0, torch.finfo(x.dtype).min
+        )
         for layer in tm.encoder.layers:
             x = layer(x, expanded, causal)
         x = tm.final_layer_norm(x)
@@ -247,8 +265,20 @@ class RefBioGptLayer(nn.Module):
 class RefPrism(nn.Module):
     """The text side of modeling_prism.Prism with its checkpoint names (image_resampler left out)."""
 
-    def __init__(self, *, vocab=42384, width=1024, heads=16, layers=24, inner=4096, positions=1024,
-                 latents=5120, image_dim=1280, pad_id=1, cls_id=42383) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        vocab=42384,
+        width=1024,
+        heads=16,
+        layers=24,
+        inner=4096,
+        positions=1024,
+        latents=5120,
+        image_dim=1280,
+        pad_id=1,
+        cls_id=42383,
+    ) -> None:
         super().__init__()
         self.pad_id, self.cls_id, self.width = pad_id, cls_id, width
         self.text_decoder = nn.Module()
@@ -257,8 +287,9 @@ class RefPrism(nn.Module):
         self.text_decoder.model.biogpt = bio
         bio.embed_tokens = nn.Embedding(vocab, width, pad_id)
         bio.embed_positions = nn.Embedding(positions + 2, width)
-        bio.layers = nn.ModuleList([RefBioGptLayer(width, heads, inner, i >= layers // 2, image_dim)
-                                    for i in range(layers)])  # fmt: skip
+        bio.layers = nn.ModuleList(
+            [RefBioGptLayer(width, heads, inner, i >= layers // 2, image_dim) for i in range(layers)]
+        )
         bio.layer_norm = nn.LayerNorm(width)
         self.text_decoder.model.output_projection = nn.Linear(width, vocab, bias=False)
         self.first_x_attn_layer = layers // 2
@@ -281,7 +312,8 @@ class RefPrism(nn.Module):
         dtype_min = torch.finfo(hidden.dtype).min
         causal = torch.full((n, n), dtype_min).triu_(1)[None, None]  # _prepare_4d_causal_attention_mask
         expanded = (1.0 - attention_mask[:, None, None, :].float()).masked_fill(
-            attention_mask[:, None, None, :] == 0, dtype_min)  # fmt: skip
+            attention_mask[:, None, None, :] == 0, dtype_min
+        )
         mask4 = causal.masked_fill(expanded.bool().expand(bsz, 1, n, n), dtype_min)
         all_hidden = []
         for layer in bio.layers[: self.first_x_attn_layer]:
@@ -308,6 +340,10 @@ def randomise(module: nn.Module, seed: int = 1) -> nn.Module:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            centre = 1.0 if ("norm" in name or name.startswith("ln") or ".ln" in name) and name.endswith("weight") else 0.0
+            centre = (
+                1.0
+                if ("norm" in name or name.startswith("ln") or ".ln" in name) and name.endswith("weight")
+                else 0.0
+            )
             p.copy_(torch.randn(p.shape, generator=g) * (0.1 if p.ndim == 1 else 0.08) + centre)
     return module.eval()

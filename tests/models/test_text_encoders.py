@@ -26,13 +26,22 @@ from wsi.models.text_encoders.clip import ClipTextConfig
 from wsi.models.text_encoders.coca import CocaTextConfig
 
 PROMPTS = [
-    "lung adenocarcinoma.", "an H&E image of squamous cell carcinoma of the lung.", "Tumour-infiltrating lymphocytes",
+    "lung adenocarcinoma.",
+    "an H&E image of squamous cell carcinoma of the lung.",
+    "Tumour-infiltrating lymphocytes",
     "a histopathological photograph showing necrosis, H&E stain.",
-]  # fmt: skip
-CORPUS = PROMPTS + [
-    "adenocarcinoma of the lung", "lung squamous cell carcinoma", "a photomicrograph of normal tissue",
-    "invasive ductal carcinoma of the breast", "mucinous adenocarcinoma with signet ring cells",
-] * 5  # fmt: skip
+]
+CORPUS = (
+    PROMPTS
+    + [
+        "adenocarcinoma of the lung",
+        "lung squamous cell carcinoma",
+        "a photomicrograph of normal tissue",
+        "invasive ductal carcinoma of the breast",
+        "mucinous adenocarcinoma with signet ring cells",
+    ]
+    * 5
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -49,23 +58,33 @@ def conch_style_tokenizer(path: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase()])
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase()]
+    )
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     specials = ["<pad>", "<start_of_text>", "<end_of_text>", "<|person|>"]
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single="<start_of_text> $A <end_of_text>", special_tokens=[("<start_of_text>", 1), ("<end_of_text>", 2)]
+        single="<start_of_text> $A <end_of_text>",
+        special_tokens=[("<start_of_text>", 1), ("<end_of_text>", 2)],
     )
     tok.save(str(path))
     return path
 
 
 def tiny_coca(vocab: int, *, titan: bool) -> tuple[CocaTextConfig, RefCocaText]:
-    cfg = CocaTextConfig(vocab_size=vocab, width=32, heads=4, layers=2, output_dim=24 if titan else 16,
-                         num_pos=129 if titan else 128)  # fmt: skip
+    cfg = CocaTextConfig(
+        vocab_size=vocab,
+        width=32,
+        heads=4,
+        layers=2,
+        output_dim=24 if titan else 16,
+        num_pos=129 if titan else 128,
+    )
     ref = RefCocaText(vocab=vocab, width=32, heads=4, layers=2, output_dim=cfg.output_dim, open_clip_v2=titan)
     return cfg, randomise(ref)
 
@@ -92,8 +111,12 @@ def test_conch_v1_equals_the_authors_text_tower(tmp_path: Path, conch_tok: Path)
     cfg, ref = tiny_coca(400, titan=False)
     proj = torch.randn(16, 16)
     state = {f"text.{k}": v for k, v in ref.state_dict().items()}
-    state |= {"visual.proj_contrast": proj, "logit_scale": torch.tensor(4.2), "visual.trunk.cls_token": torch.zeros(1, 1, 8),
-              "text_decoder.ln_final.weight": torch.ones(8)}  # fmt: skip
+    state |= {
+        "visual.proj_contrast": proj,
+        "logit_scale": torch.tensor(4.2),
+        "visual.trunk.cls_token": torch.zeros(1, 1, 8),
+        "text_decoder.ln_final.weight": torch.ones(8),
+    }
     torch.save(state, tmp_path / "pytorch_model.bin")  # huggingface.co/MahmoodLab/CONCH layout
     (tmp_path / "conch_byte_level_bpe_uncased.json").write_bytes(conch_tok.read_bytes())
     tower = build_text_encoder("conch-v1", weights=tmp_path, config=cfg)
@@ -110,11 +133,16 @@ def test_conch_v1_equals_the_authors_text_tower(tmp_path: Path, conch_tok: Path)
     classes = [["adenocarcinoma", "LUAD"], ["squamous cell carcinoma"]]
     templates = ["CLASSNAME.", "an image of CLASSNAME."]
     with torch.no_grad():
-        ref_cls = zero_shot_classifier(lambda t: coca_encode_text(ref, conch_tokenize(Tokenizer.from_file(str(conch_tok)), t)),
-                                       classes, templates)  # fmt: skip
+        ref_cls = zero_shot_classifier(
+            lambda t: coca_encode_text(ref, conch_tokenize(Tokenizer.from_file(str(conch_tok)), t)),
+            classes,
+            templates,
+        )
     from wsi.pipelines.zero_shot.prompts import PromptSet, class_embeddings
 
-    ours = class_embeddings(tower, PromptSet.from_classes({"LUAD": classes[0], "LUSC": classes[1]}, templates))
+    ours = class_embeddings(
+        tower, PromptSet.from_classes({"LUAD": classes[0], "LUSC": classes[1]}, templates)
+    )
     torch.testing.assert_close(ours.T, ref_cls, atol=2e-5, rtol=1e-4)
 
 
@@ -145,11 +173,16 @@ def _clip_files(folder: Path) -> None:
 
     st = SimpleTokenizer()
     folder.mkdir(parents=True, exist_ok=True)
-    names = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}  # open_clip renamed OpenAI's
+    names = {
+        "<start_of_text>": "<|startoftext|>",
+        "<end_of_text>": "<|endoftext|>",
+    }  # open_clip renamed OpenAI's
     vocab = {names.get(k, k): v for k, v in st.encoder.items()}
     (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     merges = sorted(st.bpe_ranks, key=st.bpe_ranks.get)
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", encoding="utf-8")
+    (folder / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", encoding="utf-8"
+    )
 
 
 def test_plip_tokens_and_text_tower(tmp_path: Path) -> None:
@@ -170,7 +203,9 @@ def test_plip_tokens_and_text_tower(tmp_path: Path) -> None:
     eot = 49407
     for got, want in zip(ids, openai, strict=True):
         n = int((want == eot).nonzero()[0]) + 1
-        assert torch.equal(got[:n], want[:n]) and (got[n:] == eot).all()  # CLIPProcessor pads with <|endoftext|>
+        assert (
+            torch.equal(got[:n], want[:n]) and (got[n:] == eot).all()
+        )  # CLIPProcessor pads with <|endoftext|>
     mask = (torch.arange(77)[None] <= ids.argmax(-1)[:, None]).long()  # the processor's attention_mask
     with torch.no_grad():
         want = F.normalize(ref.get_text_features(ids, mask), dim=-1)
@@ -183,13 +218,28 @@ def _biogpt_files(folder: Path) -> None:
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
-    merges = [("l", "u"), ("lu", "n"), ("lun", "g</w>"), ("c", "a"), ("ca", "r"), ("-", "@</w>"), ("@", "-@</w>")]
+    merges = [
+        ("l", "u"),
+        ("lu", "n"),
+        ("lun", "g</w>"),
+        ("c", "a"),
+        ("ca", "r"),
+        ("-", "@</w>"),
+        ("@", "-@</w>"),
+    ]
     chars = sorted({c for text in CORPUS for c in text.lower() + text.upper()} | set("&;@-"))
-    vocab = ["<s>", "<pad>", "</s>", "<unk>"] + [c for c in chars if c.strip()] + [c + "</w>" for c in chars if c.strip()]
+    vocab = (
+        ["<s>", "<pad>", "</s>", "<unk>"]
+        + [c for c in chars if c.strip()]
+        + [c + "</w>" for c in chars if c.strip()]
+    )
     vocab += ["".join(m) for m in merges]
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(dict.fromkeys(vocab))}), encoding="utf-8")
-    (folder / "merges.txt").write_text("\n".join(f"{a} {b} {100 - i}" for i, (a, b) in enumerate(merges)) + "\n",
-                                       encoding="utf-8")  # fmt: skip
+    (folder / "vocab.json").write_text(
+        json.dumps({t: i for i, t in enumerate(dict.fromkeys(vocab))}), encoding="utf-8"
+    )
+    (folder / "merges.txt").write_text(
+        "\n".join(f"{a} {b} {100 - i}" for i, (a, b) in enumerate(merges)) + "\n", encoding="utf-8"
+    )
 
 
 def test_biogpt_tokens(tmp_path: Path) -> None:
@@ -212,12 +262,32 @@ def test_biogpt_tokens(tmp_path: Path) -> None:
 def test_prism_equals_the_authors_text_side(tmp_path: Path) -> None:
     _biogpt_files(tmp_path / "biogpt")
     vocab = 130  # above the small vocabulary's ids; the last is PRISM's <cls>
-    ref = randomise(RefPrism(vocab=vocab, width=32, heads=4, layers=4, inner=64, positions=64, latents=24,
-                             image_dim=16, cls_id=vocab - 1))  # fmt: skip
+    ref = randomise(
+        RefPrism(
+            vocab=vocab,
+            width=32,
+            heads=4,
+            layers=4,
+            inner=64,
+            positions=64,
+            latents=24,
+            image_dim=16,
+            cls_id=vocab - 1,
+        )
+    )
     state = {k: v.contiguous() for k, v in ref.state_dict().items()}
     save_file(state, str(tmp_path / "model.safetensors"))
-    cfg = BioGptConfig(vocab_size=vocab, width=32, heads=4, layers=4, intermediate=64, max_positions=64,
-                       latent_dim=24, image_dim=16, cls_id=vocab - 1)  # fmt: skip
+    cfg = BioGptConfig(
+        vocab_size=vocab,
+        width=32,
+        heads=4,
+        layers=4,
+        intermediate=64,
+        max_positions=64,
+        latent_dim=24,
+        image_dim=16,
+        cls_id=vocab - 1,
+    )
     tower = build_text_encoder("prism", weights=tmp_path, config=cfg)
     prompts = ["lung carcinoma", "car", "lung", "non-small lung carcinoma of the lung"]
     tokens = tower.tokenize(prompts)
@@ -225,7 +295,9 @@ def test_prism_equals_the_authors_text_side(tmp_path: Path) -> None:
         want = F.normalize(ref.text_to_latents.to_latents(ref.text_embedding(tokens.ids[:, :-1])), dim=-1)
     torch.testing.assert_close(tower.encode_text(prompts), want, atol=2e-5, rtol=1e-4)
     slide = torch.randn(2, 16)
-    torch.testing.assert_close(tower.image_to_joint(slide), F.normalize(ref.img_to_latents.to_latents(slide), dim=-1))
+    torch.testing.assert_close(
+        tower.image_to_joint(slide), F.normalize(ref.img_to_latents.to_latents(slide), dim=-1)
+    )
     assert tower.logit_scale() == pytest.approx(float(ref.temperature.detach().exp()))
 
 
@@ -237,10 +309,14 @@ def test_wrong_checkpoints_are_named(tmp_path: Path) -> None:
     torch.save(state, tmp_path / "pytorch_model.bin")
     with pytest.raises(WeightsError, match=r"2 missing: ln_final\.bias, ln_final\.weight"):
         build_text_encoder("conch-v1", weights=tmp_path, config=cfg, tokenizer=tmp_path)
-    state = {f"text.{k}": v for k, v in ref.state_dict().items()} | {"visual.proj_contrast": torch.randn(16, 16),
-                                                                      "logit_scale": torch.tensor(1.0)}  # fmt: skip
+    state = {f"text.{k}": v for k, v in ref.state_dict().items()} | {
+        "visual.proj_contrast": torch.randn(16, 16),
+        "logit_scale": torch.tensor(1.0),
+    }
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(WeightsError, match="CONCH's tokenizer conch_byte_level_bpe_uncased.json was not found"):
+    with pytest.raises(
+        WeightsError, match=r"CONCH's tokenizer conch_byte_level_bpe_uncased\.json was not found"
+    ):
         build_text_encoder("conch-v1", weights=tmp_path, config=cfg)
 
 
@@ -248,13 +324,23 @@ def test_published_sizes() -> None:
     """The full-size towers have the authors' parameter counts (meta device: nothing allocated)."""
     with torch.device("meta"):
         ours = {n: sum(p.numel() for p in TEXT_ENCODERS.get(n)().parameters()) for n in TEXT_ENCODERS.names()}
-        conch = sum(p.numel() for p in RefCocaText().parameters()) + 512 * 512 + 1  # + proj_contrast, logit_scale
-        titan = sum(p.numel() for p in RefCocaText(output_dim=768, open_clip_v2=True).parameters()) + 768 * 768
+        conch = (
+            sum(p.numel() for p in RefCocaText().parameters()) + 512 * 512 + 1
+        )  # + proj_contrast, logit_scale
+        titan = (
+            sum(p.numel() for p in RefCocaText(output_dim=768, open_clip_v2=True).parameters()) + 768 * 768
+        )
         plip = sum(p.numel() for p in RefClipModelText().parameters())
         prism_ref = RefPrism()
         bio = prism_ref.text_decoder.model.biogpt
-        prism = (sum(p.numel() for layer in bio.layers[:12] for p in layer.parameters()) + bio.embed_tokens.weight.numel()
-                 + bio.embed_positions.weight.numel() + 2 * 0 + prism_ref.text_to_latents.to_latents.weight.numel()
-                 + prism_ref.img_to_latents.to_latents.weight.numel() + 1)  # fmt: skip
+        prism = (
+            sum(p.numel() for layer in bio.layers[:12] for p in layer.parameters())
+            + bio.embed_tokens.weight.numel()
+            + bio.embed_positions.weight.numel()
+            + 2 * 0
+            + prism_ref.text_to_latents.to_latents.weight.numel()
+            + prism_ref.img_to_latents.to_latents.weight.numel()
+            + 1
+        )
     assert ours == {"conch-v1": conch, "titan": titan, "plip": plip, "prism": prism}
     assert get_spec("conch-v1").image_encoders == ("conch-v1",) and get_spec("titan").level == "slide"

@@ -20,7 +20,9 @@ from wsi.models.text_encoders.coca import CocaTextConfig
 from wsi.pipelines.zero_shot import InputRefused, PromptSet, retrieve, zero_shot
 from wsi.pipelines.zero_shot.prompts import class_embeddings
 
-PROMPTS = PromptSet.from_classes({"tumour": ["tumour"], "stroma": ["stroma"]}, ["CLASSNAME.", "an image of CLASSNAME."])
+PROMPTS = PromptSet.from_classes(
+    {"tumour": ["tumour"], "stroma": ["stroma"]}, ["CLASSNAME.", "an image of CLASSNAME."]
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +31,48 @@ def tower():
     return build_text_encoder("conch-v1", random_init=True, config=cfg)
 
 
-def _bag(path: Path, joint: np.ndarray, proj: torch.Tensor, *, slide_path: str | None = None, encoder: str = "conch-v1",
-         sha: str = "random", tile_um: float = 96.0) -> None:  # fmt: skip
+def _bag(
+    path: Path,
+    joint: np.ndarray,
+    proj: torch.Tensor,
+    *,
+    slide_path: str | None = None,
+    encoder: str = "conch-v1",
+    sha: str = "random",
+    tile_um: float = 96.0,
+) -> None:
     """A conch-v1 bag whose features land on `joint` (N, 16) directions after proj_contrast."""
     feats = torch.from_numpy(joint).float() @ torch.linalg.inv(proj.float())  # f @ P = joint
     n = len(joint)
     side = int(np.ceil(np.sqrt(n)))
     coords_um = np.stack([np.arange(n) % side, np.arange(n) // side], 1).astype(np.float32) * tile_um
-    prov = BagProvenance(slide_id=path.stem, encoder=encoder, weights_sha256=sha, tile_size_um=tile_um,
-                         tile_size_px=96, mpp=1.0, level0_width=side * 96, level0_height=side * 96,
-                         tile_params={"tile_um": tile_um}, target_mpp=1.0, slide_path=slide_path)  # fmt: skip
+    prov = BagProvenance(
+        slide_id=path.stem,
+        encoder=encoder,
+        weights_sha256=sha,
+        tile_size_um=tile_um,
+        tile_size_px=96,
+        mpp=1.0,
+        level0_width=side * 96,
+        level0_height=side * 96,
+        tile_params={"tile_um": tile_um},
+        target_mpp=1.0,
+        slide_path=slide_path,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bag(path, feats=feats.numpy(), coords_um=coords_um, coords_px=coords_um.astype(np.int64), provenance=prov,
-              dtype="float32")  # fmt: skip
+    write_bag(
+        path,
+        feats=feats.numpy(),
+        coords_um=coords_um,
+        coords_px=coords_um.astype(np.int64),
+        provenance=prov,
+        dtype="float32",
+    )
 
 
-def _planted(classes: torch.Tensor, n_tumour: int, n: int, rng: np.random.Generator, strong: float) -> np.ndarray:
+def _planted(
+    classes: torch.Tensor, n_tumour: int, n: int, rng: np.random.Generator, strong: float
+) -> np.ndarray:
     """`n_tumour` tiles of the tumour texture (close to the tumour class embedding), the others stroma tiles,
     `strong`-ly aligned with the stroma embedding."""
     e_t, e_s = classes[0].numpy(), classes[1].numpy()
@@ -70,9 +98,18 @@ def test_planted_texture_finds_the_slides_rich_in_it(tower, tmp_path: Path) -> N
     for sid, joint in joints.items():
         _bag(tmp_path / "bags" / f"{sid}.h5", joint, proj)
     labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label\n" + "".join(f"{s},{'tumour' if s.startswith('rich') else 'stroma'}\n" for s in joints))
-    result = zero_shot(tmp_path / "bags", out_dir=tmp_path / "out", prompts=PROMPTS, tower=tower, top_k=10,
-                       labels_csv=labels, bootstrap=50)  # fmt: skip
+    labels.write_text(
+        "slide,label\n" + "".join(f"{s},{'tumour' if s.startswith('rich') else 'stroma'}\n" for s in joints)
+    )
+    result = zero_shot(
+        tmp_path / "bags",
+        out_dir=tmp_path / "out",
+        prompts=PROMPTS,
+        tower=tower,
+        top_k=10,
+        labels_csv=labels,
+        bootstrap=50,
+    )
     assert result.predicted() == {s: "tumour" if s.startswith("rich") else "stroma" for s in joints}
     rows = {r["slide"]: r for r in csv.DictReader((tmp_path / "out" / "predictions.csv").open())}
     for sid, joint in joints.items():
@@ -83,7 +120,9 @@ def test_planted_texture_finds_the_slides_rich_in_it(tower, tmp_path: Path) -> N
     rich = F.normalize(torch.from_numpy(joints["rich-0"]), dim=-1) @ classes.T
     assert rich.mean(0).argmax() == 1 and rich.topk(10, dim=0).values.mean(0).argmax() == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["auroc"] == 1.0 and "auroc_ci95" in metrics and (tmp_path / "out" / "report.html").is_file()
+    assert (
+        metrics["auroc"] == 1.0 and "auroc_ci95" in metrics and (tmp_path / "out" / "report.html").is_file()
+    )
     tv = json.loads((tmp_path / "out" / "heatmaps" / "rich-0.json").read_text())
     assert set(tv["outputs"]) == {"tumour", "stroma"} and tv["predicted"] == "tumour"
     np.testing.assert_allclose(tv["outputs"]["tumour"][:15], rich[:15, 0].numpy(), atol=1e-4)
@@ -95,7 +134,9 @@ def test_planted_texture_finds_the_slides_rich_in_it(tower, tmp_path: Path) -> N
 
 
 def test_retrieval_finds_the_planted_tiles(tower, tmp_path: Path) -> None:
-    classes = class_embeddings(tower, PromptSet.from_classes({"t": ["tumour"], "s": ["stroma"]}, ["CLASSNAME."]))
+    classes = class_embeddings(
+        tower, PromptSet.from_classes({"t": ["tumour"], "s": ["stroma"]}, ["CLASSNAME."])
+    )
     rng = np.random.default_rng(1)
     proj = tower.proj_contrast.detach()
     for name, n_t in (("a", 3), ("b", 2)):  # n_t tiles on the text's direction, the rest anywhere
@@ -106,7 +147,9 @@ def test_retrieval_finds_the_planted_tiles(tower, tmp_path: Path) -> None:
     top = {(r["slide"], r["row"]) for r in found.rows}
     assert {("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)} == top  # the five tumour tiles of the cohort
     assert [r["rank"] for r in found.rows] == [1, 2, 3, 4, 5] and found.csv.is_file()
-    by_tile = retrieve(tmp_path / "bags", out_dir=tmp_path / "r2", query_tile=("b", 0.0, 0.0), top=5, tower=tower)
+    by_tile = retrieve(
+        tmp_path / "bags", out_dir=tmp_path / "r2", query_tile=("b", 0.0, 0.0), top=5, tower=tower
+    )
     assert {(r["slide"], r["row"]) for r in by_tile.rows} == top
 
 
@@ -114,16 +157,30 @@ def test_bags_the_tower_cannot_score_are_refused(tower, tmp_path: Path) -> None:
     proj = tower.proj_contrast.detach()
     joint = np.random.default_rng(2).normal(size=(5, 16)).astype(np.float32)
     _bag(tmp_path / "v15" / "x.h5", joint, proj, encoder="conch-v1.5")
-    with pytest.raises(InputRefused, match=r"x\.h5 holds conch-v1\.5 features.*CONCH v1\.5's text tower is not released"):
+    with pytest.raises(
+        InputRefused, match=r"x\.h5 holds conch-v1\.5 features.*CONCH v1\.5's text tower is not released"
+    ):
         zero_shot(tmp_path / "v15", out_dir=tmp_path / "o", prompts=PROMPTS, tower=tower)
     _bag(tmp_path / "real" / "y.h5", joint, proj, sha="a" * 64)
-    with pytest.raises(InputRefused, match=r"y\.h5 was made with conch-v1 weights aaaaaaaaaaaa.*not in this tower's"):
+    with pytest.raises(
+        InputRefused, match=r"y\.h5 was made with conch-v1 weights aaaaaaaaaaaa.*not in this tower's"
+    ):
         zero_shot(tmp_path / "real", out_dir=tmp_path / "o", prompts=PROMPTS, tower=tower)
     runner = CliRunner()
     from wsi.cli.main import cli
 
-    res = runner.invoke(cli, ["zero-shot", str(tmp_path / "v15"), "--prompts", "nsclc", "--random-init",
-                              "--out", str(tmp_path / "o")])  # fmt: skip
+    res = runner.invoke(
+        cli,
+        [
+            "zero-shot",
+            str(tmp_path / "v15"),
+            "--prompts",
+            "nsclc",
+            "--random-init",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert res.exit_code == 2 and "x.h5 holds conch-v1.5 features" in res.output
 
 
@@ -138,7 +195,9 @@ def test_cli_end_to_end_on_generated_slides(tmp_path: Path) -> None:
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     tower = build_text_encoder("conch-v1", random_init=True)  # the CLI builds the same seeded tower
     prompts = tmp_path / "p.yaml"
-    prompts.write_text("classes:\n  LUAD: [adenocarcinoma]\n  LUSC: [squamous cell carcinoma]\ntemplates: ['CLASSNAME.']\n")
+    prompts.write_text(
+        "classes:\n  LUAD: [adenocarcinoma]\n  LUSC: [squamous cell carcinoma]\ntemplates: ['CLASSNAME.']\n"
+    )
     from wsi.pipelines.zero_shot import load_prompts
 
     classes = class_embeddings(tower, load_prompts(prompts, ()))
@@ -152,16 +211,33 @@ def test_cli_end_to_end_on_generated_slides(tmp_path: Path) -> None:
         _bag(tmp_path / "bags" / f"{s.path.stem}.h5", joint, proj, slide_path=str(s.path), tile_um=96.0)
         rows.append(f"{s.path.stem},{label}\n")
     (tmp_path / "labels.csv").write_text("slide,label\n" + "".join(rows))
-    res = CliRunner().invoke(cli, ["zero-shot", str(tmp_path / "bags"), "--prompts", str(prompts), "--random-init",
-                                   "--labels", str(tmp_path / "labels.csv"), "--top-k", "5", "--bootstrap", "50",
-                                   "--out", str(tmp_path / "zs")])  # fmt: skip
+    res = CliRunner().invoke(
+        cli,
+        [
+            "zero-shot",
+            str(tmp_path / "bags"),
+            "--prompts",
+            str(prompts),
+            "--random-init",
+            "--labels",
+            str(tmp_path / "labels.csv"),
+            "--top-k",
+            "5",
+            "--bootstrap",
+            "50",
+            "--out",
+            str(tmp_path / "zs"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = tmp_path / "zs"
     preds = list(csv.DictReader((out / "predictions.csv").open()))
     assert [p["predicted"] for p in preds] == ["LUAD", "LUSC", "LUAD", "LUSC"]
     assert json.loads((out / "metrics.json").read_text())["auroc"] == 1.0 and (out / "report.html").is_file()
     stem = slides[0].path.stem
-    assert (out / "heatmaps" / f"{stem}_LUAD.png").is_file() and (out / "geojson" / f"{stem}.geojson").is_file()
+    assert (out / "heatmaps" / f"{stem}_LUAD.png").is_file() and (
+        out / "geojson" / f"{stem}.geojson"
+    ).is_file()
     entry = Catalog(out).get(stem)
     assert entry is not None and entry.path == slides[0].path and entry.heatmap_json is not None
     assert "geojson" in entry.geojson and entry.prediction["predicted"] == "LUAD"

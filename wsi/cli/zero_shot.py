@@ -11,12 +11,21 @@ from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_erro
 from wsi.cli._options import config_options
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 
-# option -> ZeroShotOptions field: defaults, ranges and help come from the fields (pipelines/zero_shot/config.py)
+# option -> ZeroShotOptions field: defaults, ranges and help come from pipelines/zero_shot/config.py
 ZERO_SHOT_FLAGS = {
-    "--model": "model", "--weights": "weights", "--tokenizer": "tokenizer", "--random-init": "random_init",
-    "--top-k": "top_k", "--labels": "labels_csv", "--heatmaps": "heatmaps", "--geojson": "geojson", "--mpp": "mpp",
-    "--device": "device", "--bootstrap": "bootstrap", "--seed": "seed",
-}  # fmt: skip
+    "--model": "model",
+    "--weights": "weights",
+    "--tokenizer": "tokenizer",
+    "--random-init": "random_init",
+    "--top-k": "top_k",
+    "--labels": "labels_csv",
+    "--heatmaps": "heatmaps",
+    "--geojson": "geojson",
+    "--mpp": "mpp",
+    "--device": "device",
+    "--bootstrap": "bootstrap",
+    "--seed": "seed",
+}
 
 
 @click.command(
@@ -50,17 +59,35 @@ Weights and tokenizer files are never downloaded: docs/zero_shot.md says which f
 """,
 )
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output folder.")  # fmt: skip
-@click.option("--prompts", default=None, help="Prompt file (YAML, or CONCH's JSON) or a packaged set (nsclc).")
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder."
+)
+@click.option(
+    "--prompts", default=None, help="Prompt file (YAML, or CONCH's JSON) or a packaged set (nsclc)."
+)
 @click.option("--query", default=None, help="Retrieval: the tiles most like this text.")
-@click.option("--query-tile", nargs=3, type=(str, float, float), default=None, metavar="SLIDE X_UM Y_UM",
-              help="Retrieval: the tiles most like this slide's tile at (x, y) micrometres.")  # fmt: skip
-@click.option("--top", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Retrieval: tiles kept.")
+@click.option(
+    "--query-tile",
+    nargs=3,
+    type=(str, float, float),
+    default=None,
+    metavar="SLIDE X_UM Y_UM",
+    help="Retrieval: the tiles most like this slide's tile at (x, y) micrometres.",
+)
+@click.option(
+    "--top", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Retrieval: tiles kept."
+)
 @config_options(ZeroShotOptions, ZERO_SHOT_FLAGS, into="settings")
 @user_errors
-def command(inputs: tuple[Path, ...], out_dir: Path, prompts: str | None, query: str | None,
-            query_tile: tuple[str, float, float] | None, top: int, settings: dict[str, Any]) -> None:  # fmt: skip
+def command(
+    inputs: tuple[Path, ...],
+    out_dir: Path,
+    prompts: str | None,
+    query: str | None,
+    query_tile: tuple[str, float, float] | None,
+    top: int,
+    settings: dict[str, Any],
+) -> None:
     """Classify slides zero-shot from prompts, or retrieve tiles by a text or a tile."""
     from wsi.config import parse_config
     from wsi.errors import ConfigError
@@ -68,13 +95,19 @@ def command(inputs: tuple[Path, ...], out_dir: Path, prompts: str | None, query:
     options = parse_config(ZeroShotOptions, settings, source="wsi zero-shot options")
     retrieval = query is not None or query_tile is not None
     if retrieval == (prompts is not None):
-        raise ConfigError("give --prompts (classification) or --query / --query-tile (retrieval), one of them")
+        raise ConfigError(
+            "give --prompts (classification) or --query / --query-tile (retrieval), one of them"
+        )
     ensure_writable_dir(out_dir)
     if retrieval:
         from wsi.pipelines.zero_shot import retrieve
 
-        found = retrieve(list(inputs), out_dir=out_dir, query=query, query_tile=query_tile, top=top, options=options)
-        click.echo(f"wsi zero-shot: {len(found.rows)} tile(s) most like {found.query!r} -> {found.csv}", err=True)
+        found = retrieve(
+            list(inputs), out_dir=out_dir, query=query, query_tile=query_tile, top=top, options=options
+        )
+        click.echo(
+            f"wsi zero-shot: {len(found.rows)} tile(s) most like {found.query!r} -> {found.csv}", err=True
+        )
         return
     from wsi.pipelines.zero_shot import zero_shot
 
@@ -84,12 +117,19 @@ def command(inputs: tuple[Path, ...], out_dir: Path, prompts: str | None, query:
     for c in result.predicted().values():
         counts[c] += 1
     line = ", ".join(f"{c} {n}" for c, n in counts.items())
-    click.echo(f"wsi zero-shot ({result.model}): {len(result.slides)} slide(s) scored ({line}) -> {result.predictions}",
-               err=True)  # fmt: skip
+    click.echo(
+        f"wsi zero-shot ({result.model}): {len(result.slides)} slide(s) scored ({line}) "
+        f"-> {result.predictions}",
+        err=True,
+    )
     if result.metrics:
         auroc = result.metrics.get("auroc")
-        click.echo(f"  AUROC {auroc:.3f} on the labelled slides; report: {out_dir / 'report.html'}" if isinstance(
-            auroc, float) else f"  metrics: {out_dir / 'metrics.json'}", err=True)  # fmt: skip
+        click.echo(
+            f"  AUROC {auroc:.3f} on the labelled slides; report: {out_dir / 'report.html'}"
+            if isinstance(auroc, float)
+            else f"  metrics: {out_dir / 'metrics.json'}",
+            err=True,
+        )
     for r in result.failed[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
     if result.failed:
