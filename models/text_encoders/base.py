@@ -208,7 +208,7 @@ def build_text_encoder(
     cls = TEXT_ENCODERS.get(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # --random-init: every run builds the same network
-        model = cls() if config is None else cls(config)  # type: ignore[call-arg]
+        model = cls() if config is None else cls(config)
     model.name = name
     folder: Path | None = None
     if not random_init:

@@ -136,6 +136,7 @@ class PlipText(TextTower):
             pad[:, None, None], float("-inf")
         )
         for layer in self.layers:
+            assert isinstance(layer, _Layer)
             x = x + layer.self_attn(layer.layer_norm1(x), mask)
             x = x + layer.mlp(layer.layer_norm2(x))
         x = self.final_layer_norm(x)

@@ -48,4 +48,5 @@ class ZeroShotOptions:
     )
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     bootstrap: int = setting(1000, ge=0, le=100_000, help="Bootstrap resamples of every 95% interval.")
+    top: int = setting(20, ge=1, le=10_000, help="Retrieval (--query, --query-tile): the tiles kept.")
     seed: int = setting(1337, ge=0, le=2**31 - 1, help="Seed of the bootstrap.")

@@ -60,7 +60,7 @@ def retrieve(
     out_dir: str | os.PathLike[str],
     query: str | None = None,
     query_tile: tuple[str, float, float] | None = None,
-    top: int = 20,
+    top: int | None = None,
     pictures: bool = True,
     tower: Any = None,
     options: ZeroShotOptions | None = None,
@@ -73,9 +73,10 @@ def retrieve(
 
     if (query is None) == (query_tile is None):
         raise ConfigError("retrieval needs a text query or a query tile (one of them)")
+    opts = with_settings(ZeroShotOptions, options, settings, source="retrieval options")
+    top = opts.top if top is None else top
     if top < 1:
         raise ConfigError(f"top must be at least 1, got {top}")
-    opts = with_settings(ZeroShotOptions, options, settings, source="retrieval options")
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     sources = find_inputs(paths)
     if tower is None:

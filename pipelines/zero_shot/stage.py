@@ -115,7 +115,11 @@ def zero_shot(
             tower_sha=tower.weights_sha256,
             tile_encoder_of_slide=slide_tile_encoder,
         )
-    prompt_set = prompts if isinstance(prompts, PromptSet) else load_prompts(prompts, spec.templates)
+    prompt_set = (
+        prompts
+        if isinstance(prompts, PromptSet)
+        else load_prompts(Path(prompts) if not isinstance(prompts, str) else prompts, spec.templates)
+    )
     device = _device(opts.device)
     tower.to(device)
     with output_lock(out):

@@ -23,6 +23,7 @@ ZERO_SHOT_FLAGS = {
     "--geojson": "geojson",
     "--mpp": "mpp",
     "--device": "device",
+    "--top": "top",
     "--bootstrap": "bootstrap",
     "--seed": "seed",
 }
@@ -74,9 +75,6 @@ Weights and tokenizer files are never downloaded: docs/zero_shot.md says which f
     metavar="SLIDE X_UM Y_UM",
     help="Retrieval: the tiles most like this slide's tile at (x, y) micrometres.",
 )
-@click.option(
-    "--top", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Retrieval: tiles kept."
-)
 @config_options(ZeroShotOptions, ZERO_SHOT_FLAGS, into="settings")
 @user_errors
 def command(
@@ -85,7 +83,6 @@ def command(
     prompts: str | None,
     query: str | None,
     query_tile: tuple[str, float, float] | None,
-    top: int,
     settings: dict[str, Any],
 ) -> None:
     """Classify slides zero-shot from prompts, or retrieve tiles by a text or a tile."""
@@ -102,9 +99,7 @@ def command(
     if retrieval:
         from wsi.pipelines.zero_shot import retrieve
 
-        found = retrieve(
-            list(inputs), out_dir=out_dir, query=query, query_tile=query_tile, top=top, options=options
-        )
+        found = retrieve(list(inputs), out_dir=out_dir, query=query, query_tile=query_tile, options=options)
         click.echo(
             f"wsi zero-shot: {len(found.rows)} tile(s) most like {found.query!r} -> {found.csv}", err=True
         )
