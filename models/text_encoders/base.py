@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.errors import ConfigError, WeightsError
-from wsi.json_types import JsonObject
+from wsi.core.errors import ConfigError, WeightsError
+from wsi.core.json_types import JsonObject
 from wsi.models.text_encoders.text_tokens import Tokenized
-from wsi.registry import Registry
+from wsi.core.registry import Registry
 from wsi.storage.hf import cached_file, hub_weights, repo_of
 
 log = logging.getLogger("wsi.models.text_encoders")
@@ -202,7 +202,7 @@ def build_text_encoder(
     weights: the authors' checkpoint file or model folder, `hf:ORG/REPO`, or None (the Hugging Face cache);
     tokenizer: a tokenizer file or folder overriding where the tower looks (beside the weights, the cache);
     config: tests only (a smaller architecture of the same code)."""
-    from wsi.files import sha256_file
+    from wsi.core.files import sha256_file
     from wsi.models.encoders import load_state_dict_file
 
     cls = TEXT_ENCODERS.get(name)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.errors import WeightsError
+from wsi.core.errors import WeightsError
 from wsi.models.text_encoders.base import TEXT_ENCODERS, StateDict, TextTower, TextTowerSpec, hub_file
 from wsi.models.text_encoders.text_tokens import (
     HfTokenizer,

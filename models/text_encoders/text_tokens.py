@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from wsi.errors import WeightsError
-from wsi.user_text import load_json_file
+from wsi.core.errors import WeightsError
+from wsi.core.user_text import load_json_file
 
 log = logging.getLogger("wsi.models.text_encoders")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.config import MAX_MPP, config_model, setting
+from wsi.core.config import MAX_MPP, config_model, setting
 
 #: tiles pooled per class (MI-Zero's top-K mean; the CONCH authors report K in 1, 5, 10, 50, 100)
 DEFAULT_TOP_K = 50

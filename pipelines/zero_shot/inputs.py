@@ -19,8 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from wsi.errors import ConfigError
-from wsi.files import sanitize_slide_id
+from wsi.core.errors import ConfigError
+from wsi.core.files import sanitize_slide_id
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 

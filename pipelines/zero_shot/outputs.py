@@ -1,6 +1,6 @@
 """A zero-shot run's files per slide: the tile scores as `wsi view` and QuPath read them, and heatmaps.
 
-heatmaps/<slide>.json (wsi.tile_values: each class's tile similarity, the predicted class named), one
+heatmaps/<slide>.json (wsi.formats.tile_values: each class's tile similarity, the predicted class named), one
 heatmaps/<slide>_<class>.png per class (the similarity over the slide's thumbnail, predict's renderer), and
 geojson/<slide>.geojson (every tile with `similarity <class>` measurements, and each class's top tiles as
 annotations, as `wsi predict` lays them out).
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from wsi.files import sanitize_slide_id
-from wsi.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
-from wsi.qupath import write_geojson as write_collection
+from wsi.core.files import sanitize_slide_id
+from wsi.formats.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
+from wsi.formats.qupath import write_geojson as write_collection
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 
@@ -38,8 +38,8 @@ def write_slide_maps(
 ) -> list[str]:
     """Write the slide's tile-value file, heatmaps and QuPath objects; the paths written (relative to out).
     A slide that cannot be placed or drawn loses its pictures, not its prediction (logged)."""
-    from wsi.pipelines.heatmaps import render_heatmap, slide_heatmap
-    from wsi.tile_values import write_tile_values
+    from wsi.pipelines.inputs.heatmaps import render_heatmap, slide_heatmap
+    from wsi.formats.tile_values import write_tile_values
 
     sid = sanitize_slide_id(slide_id)
     written: list[str] = []

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wsi.errors import ConfigError
-from wsi.user_text import load_json_file, load_yaml_file
+from wsi.core.errors import ConfigError
+from wsi.core.user_text import load_json_file, load_yaml_file
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsi.config import with_settings
-from wsi.errors import ConfigError
-from wsi.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
+from wsi.core.config import with_settings
+from wsi.core.errors import ConfigError
+from wsi.core.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs
 
@@ -68,7 +68,7 @@ def retrieve(
 ) -> RetrievalResult:
     """The `top` tiles most similar to `query` (text) or `query_tile` (slide id, x_um, y_um: the tile of
     that slide's bag at that position) across the bags in `inputs`; tile-level towers only."""
-    from wsi.bags import load_bag
+    from wsi.formats.bags import load_bag
     from wsi.models.text_encoders import build_text_encoder
 
     if (query is None) == (query_tile is None):
@@ -167,7 +167,7 @@ def _picture(out: Path, rank: int, sid: str, src: Source, bag: Any, x_px: int, y
 
     from PIL import Image
 
-    from wsi.slide import open_slide
+    from wsi.slides.slide import open_slide
 
     slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
     if not slide_path or not Path(str(slide_path)).is_file() or x_px < 0 or not bag.tile_size_um:

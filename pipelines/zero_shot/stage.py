@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsi.config import with_settings
-from wsi.files import write_csv_atomic
-from wsi.output_lock import output_lock
-from wsi.pipelines.jobs import JobResult, describe_error, write_manifest
+from wsi.core.config import with_settings
+from wsi.core.files import write_csv_atomic
+from wsi.core.output_lock import output_lock
+from wsi.pipelines.scheduling.jobs import JobResult, describe_error, write_manifest
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs, read_embedding_vector
 from wsi.pipelines.zero_shot.outputs import write_slide_maps
@@ -169,7 +169,7 @@ def zero_shot(
 
 
 def _device(name: str) -> torch.device:
-    from wsi.pipelines.devices import resolve_device
+    from wsi.pipelines.scheduling.devices import resolve_device
 
     return resolve_device(name)
 
@@ -195,7 +195,7 @@ def _score(
     out: Path,
     device: torch.device,
 ) -> tuple[SlideScore, list[str]]:
-    from wsi.bags import load_bag
+    from wsi.formats.bags import load_bag
 
     if src.kind == "embedding":
         vec = torch.from_numpy(read_embedding_vector(src.path))[None]
@@ -269,8 +269,8 @@ def _write_predictions(out: Path, classifier: TextClassifier, scores: list[Slide
 def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
     """predict's external validation on the labelled slides: metrics.json, bootstrap CIs, report.html."""
     from wsi.pipelines.predict.external_validation import build_cohort, evaluate_cohort
-    from wsi.pipelines.task_kinds import build_kind
-    from wsi.pipelines.tasks import TaskConfig
+    from wsi.pipelines.study.kinds import build_kind
+    from wsi.pipelines.study.tasks import TaskConfig
 
     task = TaskConfig(
         name=f"zero-shot {result.model}",

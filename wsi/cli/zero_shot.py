@@ -86,8 +86,8 @@ def command(
     settings: dict[str, Any],
 ) -> None:
     """Classify slides zero-shot from prompts, or retrieve tiles by a text or a tile."""
-    from wsi.config import parse_config
-    from wsi.errors import ConfigError
+    from wsi.core.config import parse_config
+    from wsi.core.errors import ConfigError
 
     options = parse_config(ZeroShotOptions, settings, source="wsi zero-shot options")
     retrieval = query is not None or query_tile is not None
