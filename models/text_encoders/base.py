@@ -21,8 +21,8 @@ from torch import nn
 
 from wsi.core.errors import ConfigError, WeightsError
 from wsi.core.json_types import JsonObject
-from wsi.models.text_encoders.text_tokens import Tokenized
 from wsi.core.registry import Registry
+from wsi.models.text_encoders.text_tokens import Tokenized
 from wsi.storage.hf import cached_file, hub_weights, repo_of
 
 log = logging.getLogger("wsi.models.text_encoders")

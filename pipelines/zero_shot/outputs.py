@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from wsi.core.files import sanitize_slide_id
-from wsi.formats.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
+from wsi.formats.qupath import (
+    QuPathClass,
+    box_ring,
+    feature,
+    feature_collection,
+    polygon_geometry,
+    tile_features,
+)
 from wsi.formats.qupath import write_geojson as write_collection
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
@@ -38,8 +45,8 @@ def write_slide_maps(
 ) -> list[str]:
     """Write the slide's tile-value file, heatmaps and QuPath objects; the paths written (relative to out).
     A slide that cannot be placed or drawn loses its pictures, not its prediction (logged)."""
-    from wsi.pipelines.inputs.heatmaps import render_heatmap, slide_heatmap
     from wsi.formats.tile_values import write_tile_values
+    from wsi.pipelines.inputs.heatmaps import render_heatmap, slide_heatmap
 
     sid = sanitize_slide_id(slide_id)
     written: list[str] = []
