@@ -8,7 +8,8 @@ the authors' layout; tokenizer files come from the model folder, --tokenizer or 
 Public API:
   build_text_encoder(name, *, weights=None, random_init=False, tokenizer=None) -> TextTower (eval mode)
   TextTower.encode_text(prompts, normalize=True) -> (P, dim); .image_to_joint(feats) -> (N, dim) unit rows;
-      .logit_scale() -> float (the authors' softmax temperature); .SPEC: TextTowerSpec
+      .logit_scale() -> float (the authors' softmax temperature); .image_dim() -> int (stored width it maps);
+      .SPEC: TextTowerSpec
   TEXT_ENCODERS (registry), get_spec(name)
 """
 

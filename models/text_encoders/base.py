@@ -71,6 +71,10 @@ class TextTower(nn.Module):
         """Stored image embeddings (N, d) -> (N, dim) unit vectors in the joint space."""
         raise NotImplementedError
 
+    def image_dim(self) -> int:
+        """The width of the stored image embeddings `image_to_joint` maps (a bag's or slide embedding's)."""
+        raise NotImplementedError
+
     def logit_scale(self) -> float:
         """The factor the authors multiply cosine similarities by before the softmax."""
         raise NotImplementedError

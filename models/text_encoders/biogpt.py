@@ -145,6 +145,9 @@ class PrismText(TextTower):
     def image_to_joint(self, feats: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.img_to_latents(feats.float()), dim=-1)
 
+    def image_dim(self) -> int:
+        return int(self.img_to_latents.in_features)
+
     def logit_scale(self) -> float:
         return float(self.temperature.exp())
 

@@ -145,6 +145,9 @@ class PlipText(TextTower):
     def image_to_joint(self, feats: torch.Tensor) -> torch.Tensor:
         return F.normalize(feats.float(), dim=-1)  # a plip bag holds visual_projection(pooled)
 
+    def image_dim(self) -> int:
+        return self.cfg.output_dim  # the joint space itself
+
     def logit_scale(self) -> float:
         return float(self.logit_scale_log.exp())
 

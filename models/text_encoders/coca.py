@@ -275,6 +275,9 @@ class ConchV1Text(CocaText):
     def image_to_joint(self, feats: torch.Tensor) -> torch.Tensor:
         return F.normalize(feats.float() @ self.proj_contrast.float(), dim=-1)
 
+    def image_dim(self) -> int:
+        return int(self.proj_contrast.shape[0])
+
     def logit_scale(self) -> float:
         return float(self.logit_scale_log.exp())
 
@@ -329,6 +332,9 @@ class TitanText(CocaText):
 
     def image_to_joint(self, feats: torch.Tensor) -> torch.Tensor:
         return F.normalize(feats.float() @ self.proj.float(), dim=-1)
+
+    def image_dim(self) -> int:
+        return int(self.proj.shape[0])
 
     def logit_scale(self) -> float:
         return 1.0  # modeling_titan.py zero_shot: softmax(slide @ classifier), no temperature

@@ -45,6 +45,7 @@ class Source:
     kind: str  # "bag" | "embedding"
     encoder: str  # the bag's tile encoder or the embedding's slide encoder
     weights_sha256: str
+    dim: int = 0  # width of the stored vectors (0: not known)
 
 
 def find_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Source]:
@@ -75,6 +76,8 @@ def _describe(path: Path) -> Source:
     try:
         with h5py.File(path, "r") as h5:
             attrs = {k: h5.attrs[k] for k in h5.attrs}
+            feats = h5.get("feats")
+            dim = int(feats.shape[-1]) if isinstance(feats, h5py.Dataset) and feats.ndim >= 1 else 0
     except OSError as exc:
         raise ConfigError(f"{path} is not a readable HDF5 file ({exc})") from None
 
@@ -89,6 +92,7 @@ def _describe(path: Path) -> Source:
             "embedding",
             text("slide_encoder"),
             text("slide_encoder_weights_sha256"),
+            dim,
         )
     if not text("encoder"):
         raise InputRefused(
@@ -97,7 +101,12 @@ def _describe(path: Path) -> Source:
             "its features are the text tower's image side: embed the slides with wsi embed --encoder conch-v1"
         )
     return Source(
-        sanitize_slide_id(text("slide_id") or path.stem), path, "bag", text("encoder"), text("weights_sha256")
+        sanitize_slide_id(text("slide_id") or path.stem),
+        path,
+        "bag",
+        text("encoder"),
+        text("weights_sha256"),
+        dim,
     )
 
 
@@ -109,8 +118,10 @@ def check_source(
     image_encoders: tuple[str, ...],
     tower_sha: str,
     tile_encoder_of_slide: str | None,
+    image_dim: int = 0,
 ) -> None:
-    """Refuse an input the tower cannot score, naming the file and what to do."""
+    """Refuse an input the tower cannot score, naming the file and what to do. image_dim: the width of
+    the vectors the tower maps into its joint space (0: not checked)."""
     allowed = ", ".join(image_encoders)
     if level == "tile":
         if src.kind != "bag":
@@ -136,6 +147,13 @@ def check_source(
             )
     if src.kind == "bag" and level == "slide":
         return  # the tile encoder's weights are another file; the slide encoder is the tower's checkpoint
+    if image_dim and src.dim and src.dim != image_dim:
+        what, command = ("features", "embed") if src.kind == "bag" else ("slide embedding", "embed-slides")
+        raise InputRefused(
+            f"{src.path} holds {src.dim}-d {src.encoder} {what}, but {tower_name}'s text tower maps "
+            f"{image_dim}-d ones into its joint space: it was made by another version of {src.encoder}; "
+            f"make it again with this wsi (wsi {command} --encoder {src.encoder})"
+        )
     random = "random"
     if (src.weights_sha256 == random) != (tower_sha == random) or (
         tower_sha != random and src.weights_sha256 != tower_sha

@@ -93,6 +93,7 @@ def retrieve(
             image_encoders=tower.SPEC.image_encoders,
             tower_sha=tower.weights_sha256,
             tile_encoder_of_slide=None,
+            image_dim=tower.image_dim(),
         )
     by_id = {s.slide_id: s for s in sources}
     if query is not None:

@@ -114,6 +114,7 @@ def zero_shot(
             image_encoders=spec.image_encoders,
             tower_sha=tower.weights_sha256,
             tile_encoder_of_slide=slide_tile_encoder,
+            image_dim=tower.image_dim(),
         )
     prompt_set = (
         prompts

@@ -133,6 +133,33 @@ def test_planted_texture_finds_the_slides_rich_in_it(tower, tmp_path: Path) -> N
     assert list((tmp_path / "out" / "text_embeddings").glob("*.safetensors")) == []  # random towers: no cache
 
 
+def test_plip_bags_are_scored_with_plips_scale(tmp_path: Path) -> None:
+    """PLIP: a plip bag holds visual_projection outputs (the joint space itself), cosine to the class
+    embeddings, top-k mean, softmax(logit_scale.exp() x pooled) as CLIPModel's logits_per_image."""
+    from wsi.models.text_encoders.clip import ClipTextConfig
+
+    cfg = ClipTextConfig(width=32, heads=4, layers=2, intermediate=64, output_dim=16)
+    plip = build_text_encoder("plip", random_init=True, config=cfg)
+    classes = class_embeddings(plip, PROMPTS)
+    rng = np.random.default_rng(5)
+    joints = {"rich": _planted(classes, 15, 60, rng, strong=0.3), "poor": _planted(classes, 0, 60, rng, 1.0)}
+    for sid, joint in joints.items():
+        _bag(tmp_path / "bags" / f"{sid}.h5", joint * 3.0, torch.eye(16), encoder="plip")  # unnormalised
+    result = zero_shot(tmp_path / "bags", out_dir=tmp_path / "out", prompts=PROMPTS, tower=plip, top_k=10)
+    assert result.predicted() == {"rich": "tumour", "poor": "stroma"}
+    assert plip.logit_scale() == pytest.approx(np.exp(2.6592600), rel=1e-6)  # CLIP's initial 1 / 0.07
+    for score in result.slides:
+        np.testing.assert_allclose(score.probs, _expected(plip, joints[score.slide_id], classes, 10), atol=2e-5)
+    # a conch-v1 bag, and a "plip" bag of another width (the 768-d class token before the projection)
+    _bag(tmp_path / "conch" / "c.h5", joints["rich"], torch.eye(16))
+    with pytest.raises(InputRefused, match=r"c\.h5 holds conch-v1 features, but plip's text tower scores plip"):
+        zero_shot(tmp_path / "conch", out_dir=tmp_path / "o", prompts=PROMPTS, tower=plip)
+    wide = np.concatenate([joints["rich"], joints["rich"]], axis=1)
+    _bag(tmp_path / "wide" / "w.h5", wide, torch.eye(32), encoder="plip")
+    with pytest.raises(InputRefused, match=r"w\.h5 holds 32-d plip features, but plip's text tower maps 16-d"):
+        zero_shot(tmp_path / "wide", out_dir=tmp_path / "o", prompts=PROMPTS, tower=plip)
+
+
 def test_retrieval_finds_the_planted_tiles(tower, tmp_path: Path) -> None:
     classes = class_embeddings(
         tower, PromptSet.from_classes({"t": ["tumour"], "s": ["stroma"]}, ["CLASSNAME."])
