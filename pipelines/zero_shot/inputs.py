@@ -116,12 +116,13 @@ def check_source(
     tower_name: str,
     level: str,
     image_encoders: tuple[str, ...],
-    tower_sha: str,
+    tower_sha: str | None,
     tile_encoder_of_slide: str | None,
     image_dim: int = 0,
 ) -> None:
-    """Refuse an input the tower cannot score, naming the file and what to do. image_dim: the width of
-    the vectors the tower maps into its joint space (0: not checked)."""
+    """Refuse an input the tower cannot score, naming the file and what to do. tower_sha None and
+    image_dim 0 skip the checks that need the built tower (so a wrong bag is named before any weights
+    are read); image_dim: the width of the vectors the tower maps into its joint space."""
     allowed = ", ".join(image_encoders)
     if level == "tile":
         if src.kind != "bag":
@@ -155,6 +156,8 @@ def check_source(
             f"make it again with this wsi (wsi {command} --encoder {src.encoder})"
         )
     random = "random"
+    if tower_sha is None:
+        return
     if (src.weights_sha256 == random) != (tower_sha == random) or (
         tower_sha != random and src.weights_sha256 != tower_sha
     ):

@@ -114,8 +114,13 @@ def load_prompts(source: str | Path, default_templates: tuple[str, ...]) -> Prom
             data = next(iter(data.values()))  # CONCH's {"0": {...}}
     else:
         data = load_yaml_file(path, what="prompt file")
+    example = "classes: {LUAD: [adenocarcinoma], LUSC: [squamous cell carcinoma]}"
+    if data is None or data == {}:
+        raise ConfigError(f"{path} is empty: a prompt file names two or more classes, e.g. {example}")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a prompt file is a mapping with `classes` (and optional `templates`)")
+        raise ConfigError(
+            f"{path}: a prompt file is a mapping with `classes` (and optional `templates`), e.g. {example}"
+        )
     classes = data.get("classes", data.get("classnames"))
     if not isinstance(classes, dict):
         raise ConfigError(f"{path}: `classes` must map each class to its names, e.g. LUAD: [adenocarcinoma]")

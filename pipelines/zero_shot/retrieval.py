@@ -69,7 +69,7 @@ def retrieve(
     """The `top` tiles most similar to `query` (text) or `query_tile` (slide id, x_um, y_um: the tile of
     that slide's bag at that position) across the bags in `inputs`; tile-level towers only."""
     from wsi.formats.bags import load_bag
-    from wsi.models.text_encoders import build_text_encoder
+    from wsi.models.text_encoders import build_text_encoder, get_spec
 
     if (query is None) == (query_tile is None):
         raise ConfigError("retrieval needs a text query or a query tile (one of them)")
@@ -79,45 +79,59 @@ def retrieve(
         raise ConfigError(f"top must be at least 1, got {top}")
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     sources = find_inputs(paths)
-    if tower is None:
-        tower = build_text_encoder(
-            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
-        )
-    if tower.SPEC.level != "tile":
-        raise ConfigError(f"{tower.name} scores slides, not tiles: retrieve tiles with conch-v1 or plip")
-    for src in sources:
-        check_source(
-            src,
-            tower_name=tower.name,
-            level="tile",
-            image_encoders=tower.SPEC.image_encoders,
-            tower_sha=tower.weights_sha256,
-            tile_encoder_of_slide=None,
-            image_dim=tower.image_dim(),
-        )
+    name = tower.name if tower is not None else opts.model
+    spec = tower.SPEC if tower is not None else get_spec(opts.model)
+    if spec.level != "tile":
+        raise ConfigError(f"{name} scores slides, not tiles: retrieve tiles with conch-v1 or plip")
+
+    def check(tower_sha: str | None, image_dim: int = 0) -> None:
+        for src in sources:
+            check_source(
+                src,
+                tower_name=name,
+                level="tile",
+                image_encoders=spec.image_encoders,
+                tower_sha=tower_sha,
+                tile_encoder_of_slide=None,
+                image_dim=image_dim,
+            )
+
+    check(None)  # a wrong bag, slide or position is named before the weights load
     by_id = {s.slide_id: s for s in sources}
-    if query is not None:
-        q = tower.encode_text([query])[0]
-        label = query
-    else:
-        assert query_tile is not None
+    query_feat = None
+    if query_tile is not None:
         sid, x_um, y_um = query_tile
         if sid not in by_id:
             raise ConfigError(
                 f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})"
             )
         bag = load_bag(by_id[sid].path, mpp=opts.mpp)
-        assert bag.coords_um is not None
-        i = int(np.argmin(((bag.coords_um - np.array([x_um, y_um])) ** 2).sum(1)))
-        with torch.no_grad():
-            q = tower.image_to_joint(torch.from_numpy(np.asarray(bag.feats[i : i + 1])))[0]
-        label = f"tile of {sid} at ({bag.coords_um[i][0]:.0f}, {bag.coords_um[i][1]:.0f}) um"
+        i = _tile_at(bag, by_id[sid].path, x_um, y_um)
+        query_feat = torch.from_numpy(np.asarray(bag.feats[i : i + 1]))
+        x0, y0 = np.asarray(bag.coords_um)[i]  # _tile_at refused a bag without positions
+        label = f"tile of {sid} at ({x0:.0f}, {y0:.0f}) um"
+    if tower is None:
+        tower = build_text_encoder(
+            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
+        )
+    check(tower.weights_sha256, tower.image_dim())
+    with torch.no_grad():
+        if query is not None:
+            q = tower.encode_text([query])[0]
+            label = query
+        else:
+            assert query_feat is not None
+            q = tower.image_to_joint(query_feat)[0]
     best: list[tuple[float, str, int]] = []  # a min-heap of the best `top` (similarity, slide, row)
     for src in sources:
         feats = torch.from_numpy(np.asarray(load_bag(src.path, mpp=opts.mpp, require_um=False).feats))
         with torch.no_grad():
             sims = (tower.image_to_joint(feats) @ q.float()).numpy()
-        for row in np.argsort(-sims, kind="stable")[:top]:
+        bad = ~np.isfinite(sims)
+        if bad.any():  # NaN / inf features: those tiles cannot be ranked, the others can
+            log.warning("%s: %d tile(s) with non-finite features left out of the search", src.path, bad.sum())
+            sims = np.where(bad, -np.inf, sims)
+        for row in np.argsort(-sims, kind="stable")[: min(top, int((~bad).sum()))]:
             item = (float(sims[row]), src.slide_id, int(row))
             if len(best) < top:
                 heapq.heappush(best, item)
@@ -160,6 +174,28 @@ def retrieve(
         write_bytes_atomic(out / "top_tiles" / "contact_sheet.png", contact_sheet(crops, title=label[:60]))
     log.info("retrieval %r: the %d best of %d slide(s) in %s", label, len(ranked), len(sources), result.csv)
     return result
+
+
+def _tile_at(bag: Any, path: Path, x_um: float, y_um: float) -> int:
+    """The row of the bag's tile that contains the point (x, y) in micrometres (tiles are top-left +
+    tile_size_um); ConfigError naming the tiles' extent when none does."""
+    coords = bag.coords_um
+    if coords is None or not bag.tile_size_um:
+        raise ConfigError(f"{path} records no tile positions in micrometres: give --mpp, or query by text")
+    size = float(bag.tile_size_um)
+    inside = np.flatnonzero(
+        (coords[:, 0] <= x_um)
+        & (x_um < coords[:, 0] + size)
+        & (coords[:, 1] <= y_um)
+        & (y_um < coords[:, 1] + size)
+    )
+    if not len(inside):
+        lo, hi = coords.min(0), coords.max(0) + size
+        raise ConfigError(
+            f"query tile: no tile of {path.stem} contains ({x_um:g}, {y_um:g}) um; its tiles cover x "
+            f"{lo[0]:.0f}-{hi[0]:.0f} um, y {lo[1]:.0f}-{hi[1]:.0f} um (wsi view shows positions)"
+        )
+    return int(inside[0])
 
 
 def _picture(out: Path, rank: int, sid: str, src: Source, bag: Any, x_px: int, y_px: int) -> tuple[str, Any]:

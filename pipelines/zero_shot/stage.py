@@ -89,38 +89,46 @@ def zero_shot(
     packaged set's name such as "nsclc", or a PromptSet); settings are ZeroShotOptions' fields. `tower`:
     an already built text tower (its name must be `model`'s). Writes predictions.csv, manifest.csv,
     heatmaps/, geojson/ and, with labels_csv, metrics.json + report.html."""
-    from wsi.models.text_encoders import build_text_encoder
+    from wsi.models.text_encoders import build_text_encoder, get_spec
 
     opts = with_settings(ZeroShotOptions, options, settings, source="zero-shot options")
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     out = Path(out_dir)
     t0 = time.perf_counter()
     sources = find_inputs(paths)
-    if tower is None:
-        tower = build_text_encoder(
-            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
-        )
-    spec = tower.SPEC
+    name = tower.name if tower is not None else opts.model
+    spec = tower.SPEC if tower is not None else get_spec(opts.model)
     slide_tile_encoder = None
     if spec.level == "slide":
         from wsi.models.slide_encoders import get_spec as slide_spec
 
         slide_tile_encoder = slide_spec(spec.image_encoders[0]).tile_encoders[0]
-    for src in sources:  # every refusal before any work: exit 2 naming the file
-        check_source(
-            src,
-            tower_name=tower.name,
-            level=spec.level,
-            image_encoders=spec.image_encoders,
-            tower_sha=tower.weights_sha256,
-            tile_encoder_of_slide=slide_tile_encoder,
-            image_dim=tower.image_dim(),
-        )
     prompt_set = (
         prompts
         if isinstance(prompts, PromptSet)
         else load_prompts(Path(prompts) if not isinstance(prompts, str) else prompts, spec.templates)
     )
+
+    def check(tower_sha: str | None, image_dim: int = 0) -> None:
+        for src in sources:
+            check_source(
+                src,
+                tower_name=name,
+                level=spec.level,
+                image_encoders=spec.image_encoders,
+                tower_sha=tower_sha,
+                tile_encoder_of_slide=slide_tile_encoder,
+                image_dim=image_dim,
+            )
+
+    check(None)  # every refusal before any work (exit 2, naming the file) and before the weights load
+    if opts.labels_csv is not None:  # label values that are no class are refused now, not after scoring
+        _task_cohort(prompt_set.names, {s.slide_id: s.path for s in sources}, opts, name)
+    if tower is None:
+        tower = build_text_encoder(
+            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
+        )
+    check(tower.weights_sha256, tower.image_dim())  # the same checkpoint; the width it maps
     device = _device(opts.device)
     tower.to(device)
     with output_lock(out):
@@ -267,21 +275,25 @@ def _write_predictions(out: Path, classifier: TextClassifier, scores: list[Slide
     write_csv_atomic(out / "predictions.csv", header, rows)
 
 
-def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
-    """predict's external validation on the labelled slides: metrics.json, bootstrap CIs, report.html."""
-    from wsi.pipelines.predict.external_validation import build_cohort, evaluate_cohort
+def _task_cohort(classes: list[str], found: dict[str, Path], opts: ZeroShotOptions, model: str) -> Any:
+    """(task, kind, cohort) of the labelled slides, as `wsi predict --labels` builds them."""
+    from wsi.pipelines.predict.external_validation import build_cohort
     from wsi.pipelines.study.kinds import build_kind
     from wsi.pipelines.study.tasks import TaskConfig
 
     task = TaskConfig(
-        name=f"zero-shot {result.model}",
-        classes=tuple(result.classes),
-        bootstrap=opts.bootstrap,
-        seed=opts.seed,
+        name=f"zero-shot {model}", classes=tuple(classes), bootstrap=opts.bootstrap, seed=opts.seed
     )
     kind = build_kind(task)
+    return task, kind, build_cohort(found, task=task, kind=kind, labels_csv=opts.labels_csv)
+
+
+def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
+    """predict's external validation on the labelled slides: metrics.json, bootstrap CIs, report.html."""
+    from wsi.pipelines.predict.external_validation import evaluate_cohort
+
     found = {s.slide_id: s.path for s in result.slides}
-    cohort = build_cohort(found, task=task, kind=kind, labels_csv=opts.labels_csv)
+    task, kind, cohort = _task_cohort(result.classes, found, opts, result.model)
     ids = [c.id for c in cohort.cases]
     probs = {s.slide_id: s.probs for s in result.slides}
     return evaluate_cohort(

@@ -1,8 +1,8 @@
 """PLIP's image tower as transformers runs it, written here from huggingface/transformers 000f1ff
-src/transformers/models/clip/modeling_clip.py for tests/models/encoders/test_encoder_plip.py: CLIPVisionEmbeddings
-(class_embedding, bias-free patch_embedding, position_embedding), pre_layrnorm, CLIPEncoderLayer (the same
-layer as the text tower's, without masks), post_layernorm on the class token, and CLIPModel's
-visual_projection (get_image_features), under the checkpoint's names (vision_model.*, visual_projection)."""
+src/transformers/models/clip/modeling_clip.py for tests/models/encoders/test_encoder_plip.py:
+CLIPVisionEmbeddings (class_embedding, bias-free patch_embedding, position_embedding), pre_layrnorm,
+CLIPEncoderLayer (the same layer as the text tower's, without masks), post_layernorm on the class
+token, and CLIPModel's visual_projection (get_image_features), under the checkpoint's names."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ ZERO_SHOT_FLAGS = {
 Examples:
   wsi zero-shot run/features/conch-v1 --prompts nsclc --weights /models/CONCH/ --out zs/   # LUAD vs LUSC
   wsi zero-shot bags/ --prompts classes.yaml --labels labels.csv --out zs/   # + metrics, report.html
+  wsi zero-shot run/features/plip --model plip --weights /models/plip/ --prompts classes.yaml --out zs/
   wsi zero-shot run/titan-slide --model titan --prompts nsclc --out zs/      # TITAN slide embeddings
   wsi zero-shot run/features/conch-v1.5 --model titan --prompts nsclc --out zs/   # TITAN run on the bags
   wsi zero-shot bags/ --query "tumour-infiltrating lymphocytes" --top 24 --out tils/   # retrieval
@@ -48,7 +49,8 @@ CLASSNAME."). Packaged: nsclc. Pooling: conch-v1 and plip score every tile and a
 top-k tile similarities (MI-Zero); titan and prism score the slide embedding. Probabilities are
 softmax(logit_scale * similarity) with the model's own scale (TITAN's authors use none; PRISM sums the
 per-prompt probabilities of each class). Bags must come from the tower's own image side (conch-v1
-bags for conch-v1, made with the same weights file); others are refused (exit 2) naming the bag.
+bags for conch-v1, plip bags for plip: wsi embed --encoder NAME with the same weights file); others
+are refused (exit 2) naming the bag.
 
 \b
 Output (under --out): predictions.csv (slide, prob_<class>, predicted, the pooled similarities),

@@ -149,14 +149,20 @@ def test_plip_bags_are_scored_with_plips_scale(tmp_path: Path) -> None:
     assert result.predicted() == {"rich": "tumour", "poor": "stroma"}
     assert plip.logit_scale() == pytest.approx(np.exp(2.6592600), rel=1e-6)  # CLIP's initial 1 / 0.07
     for score in result.slides:
-        np.testing.assert_allclose(score.probs, _expected(plip, joints[score.slide_id], classes, 10), atol=2e-5)
+        np.testing.assert_allclose(
+            score.probs, _expected(plip, joints[score.slide_id], classes, 10), atol=2e-5
+        )
     # a conch-v1 bag, and a "plip" bag of another width (the 768-d class token before the projection)
     _bag(tmp_path / "conch" / "c.h5", joints["rich"], torch.eye(16))
-    with pytest.raises(InputRefused, match=r"c\.h5 holds conch-v1 features, but plip's text tower scores plip"):
+    with pytest.raises(
+        InputRefused, match=r"c\.h5 holds conch-v1 features, but plip's text tower scores plip"
+    ):
         zero_shot(tmp_path / "conch", out_dir=tmp_path / "o", prompts=PROMPTS, tower=plip)
     wide = np.concatenate([joints["rich"], joints["rich"]], axis=1)
     _bag(tmp_path / "wide" / "w.h5", wide, torch.eye(32), encoder="plip")
-    with pytest.raises(InputRefused, match=r"w\.h5 holds 32-d plip features, but plip's text tower maps 16-d"):
+    with pytest.raises(
+        InputRefused, match=r"w\.h5 holds 32-d plip features, but plip's text tower maps 16-d"
+    ):
         zero_shot(tmp_path / "wide", out_dir=tmp_path / "o", prompts=PROMPTS, tower=plip)
 
 

@@ -39,7 +39,9 @@ def test_plip_bags_from_wsi_embed_are_scored_and_searched(tmp_path: Path) -> Non
     prompts = tmp_path / "p.yaml"
     prompts.write_text("classes:\n  tumour: [tumour, carcinoma]\n  stroma: [stroma]\n")  # PLIP's template
     labels = tmp_path / "labels.csv"
-    labels.write_text("slide,label\n" + "".join(f"{s},{('tumour', 'stroma')[i % 2]}\n" for i, s in enumerate(stems)))
+    labels.write_text(
+        "slide,label\n" + "".join(f"{s},{('tumour', 'stroma')[i % 2]}\n" for i, s in enumerate(stems))
+    )
     zs = runner.invoke(cli, ["zero-shot", str(bags), "--model", "plip", "--random-init", "--prompts",
                              str(prompts), "--labels", str(labels), "--top-k", "5", "--bootstrap", "20",
                              "--out", str(tmp_path / "zs")])  # fmt: skip
@@ -64,11 +66,12 @@ def test_plip_bags_from_wsi_embed_are_scored_and_searched(tmp_path: Path) -> Non
     assert (out / "heatmaps" / f"{stems[0]}_tumour.png").is_file()
     assert (out / "geojson" / f"{stems[0]}.geojson").is_file()
 
-    found = runner.invoke(cli, ["zero-shot", str(bags), "--model", "plip", "--random-init", "--query",
-                                "tumour-infiltrating lymphocytes", "--top", "3", "--out", str(tmp_path / "r")])  # fmt: skip
+    query_text = "tumour-infiltrating lymphocytes"
+    found = runner.invoke(cli, ["zero-shot", str(bags), "--model", "plip", "--random-init", "--top", "3",
+                                "--query", query_text, "--out", str(tmp_path / "r")])  # fmt: skip
     assert found.exit_code == 0, found.output
     top = list(csv.DictReader((tmp_path / "r" / "top_tiles.csv").open()))
-    query = tower.encode_text(["tumour-infiltrating lymphocytes"])[0]
+    query = tower.encode_text([query_text])[0]
     every = sorted(((float(joint[s][i] @ query), s, i) for s in stems for i in range(len(joint[s]))),
                    reverse=True)[:3]  # fmt: skip
     assert [(r["slide"], int(r["row"])) for r in top] == [(s, i) for _, s, i in every]
