@@ -53,6 +53,9 @@ def test_features_equal_get_image_features(tmp_path: Path, reference: RefClipVis
         want = reference.get_image_features(processor(tiles.permute(0, 3, 1, 2)))
         got = enc.embed(tiles)
     assert got.shape == want.shape == (3, 512) and enc.dim == 512
+    with torch.inference_mode():  # the network alone, on the same input: equal to float rounding
+        x = enc.preprocess(tiles)
+        torch.testing.assert_close(enc(x), reference.get_image_features(x), rtol=1e-4, atol=1e-4)
     assert F.cosine_similarity(got.double(), want.double()).min() > 0.9999
     torch.testing.assert_close(got.norm(dim=-1), want.norm(dim=-1), rtol=2e-3, atol=0)  # unnormalised
     # the comparison can fail: the class token before the final norm gives other features

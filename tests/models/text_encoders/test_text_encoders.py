@@ -257,6 +257,9 @@ def test_biogpt_tokens(tmp_path: Path) -> None:
     words = tok.moses.tokenize("non-small H&E", aggressive_dash_splits=True, return_str=False, escape=True)
     assert words == ["non", "@-@", "small", "H", "&amp;", "E"]
     assert out[1, 4] == vocab["@-@</w>"] and out[1, -1] == 2
+    # the whole row, each word's BPE pieces by hand: 'non' '@-@' 'small' 'H' '&amp;' 'E' between </s>
+    pieces = ["n", "o", "n</w>", "@-@</w>", "s", "m", "a", "l", "l</w>", "H</w>", "&", "a", "m", "p", ";</w>"]
+    assert out[1].tolist() == [2, *(vocab[p] for p in [*pieces, "E</w>"]), 2]
 
 
 def test_prism_equals_the_authors_text_side(tmp_path: Path) -> None:
