@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch
 from wsi.core.config import with_settings
 from wsi.core.files import write_csv_atomic
 from wsi.core.output_lock import output_lock
-from wsi.pipelines.scheduling.jobs import JobResult, describe_error, write_manifest
+from wsi.pipelines.scheduling.jobs import describe_error, write_manifest
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs, read_embedding_vector
 from wsi.pipelines.zero_shot.outputs import write_slide_maps
@@ -37,43 +36,11 @@ from wsi.pipelines.zero_shot.prompts import (
     text_classifier,
     top_k_mean,
 )
+from wsi.pipelines.zero_shot.results import SlideScore, ZeroShotResult
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 #: tile features mapped into the joint space at once
 CHUNK = 65_536
-
-
-@dataclass
-class SlideScore:
-    slide_id: str
-    path: Path
-    probs: np.ndarray  # (C,)
-    scores: np.ndarray  # (C,) pooled similarities (tile level) or the slide's similarities
-    n_tiles: int
-
-
-@dataclass
-class ZeroShotResult:
-    """What a zero-shot run produced; files under `out_dir`."""
-
-    out_dir: Path
-    model: str
-    classes: list[str]
-    slides: list[SlideScore]
-    failed: list[JobResult] = field(default_factory=list)
-    metrics: dict[str, Any] | None = None
-    files: list[str] = field(default_factory=list)
-
-    @property
-    def predictions(self) -> Path:
-        return self.out_dir / "predictions.csv"
-
-    def probabilities(self) -> np.ndarray:
-        """(S, C) in the order of `slides`."""
-        return np.stack([s.probs for s in self.slides]) if self.slides else np.zeros((0, len(self.classes)))
-
-    def predicted(self) -> dict[str, str]:
-        return {s.slide_id: self.classes[int(np.argmax(s.probs))] for s in self.slides}
 
 
 def zero_shot(
@@ -134,45 +101,35 @@ def zero_shot(
     with output_lock(out):
         classifier = text_classifier(tower, prompt_set, out / "text_embeddings")
         slide_encoder = _slide_encoder(tower, sources, opts) if spec.level == "slide" else None
-        scores: list[SlideScore] = []
-        rows: list[JobResult] = []
+        rows: list[SlideScore] = []
         files: list[str] = []
         for src in sources:
             t1 = time.perf_counter()
             try:
                 score, written = _score(src, tower, classifier, slide_encoder, opts, out, device)
             except Exception as exc:  # one slide's failure never stops the others
-                rows.append(
-                    JobResult(
-                        src.slide_id,
-                        str(src.path),
-                        "failed",
-                        0,
-                        time.perf_counter() - t1,
-                        describe_error(exc),
-                    )
-                )
-                log.error("%s: %s", src.slide_id, describe_error(exc))
-                continue
-            scores.append(score)
+                error = describe_error(exc)
+                log.error("%s: %s", src.slide_id, error)
+                score, written = SlideScore(src.slide_id, str(src.path), "failed", error=error), []
+            score.seconds = time.perf_counter() - t1
+            rows.append(score)
             files += written
-            rows.append(
-                JobResult(src.slide_id, str(src.path), "ok", score.n_tiles, time.perf_counter() - t1, "")
-            )
-        _write_predictions(out, classifier, scores, spec.level)
+        scored = [r for r in rows if r.status == "ok"]
+        _write_predictions(out, classifier, scored, spec.level)
         write_manifest(out / "manifest.csv", rows)
-        result = ZeroShotResult(
-            out, tower.name, classifier.classes, scores, [r for r in rows if r.status != "ok"], None, files
-        )
-        if opts.labels_csv is not None and scores:
-            result.metrics = _evaluate(result, opts)
+        metrics = _evaluate(classifier.classes, scored, opts, out, tower.name) if opts.labels_csv else None
+    result = ZeroShotResult(
+        "zero-shot", out, tuple(rows), time.perf_counter() - t0, manifest=out / "manifest.csv",
+        model=tower.name, classes=tuple(classifier.classes), predictions_csv=out / "predictions.csv",
+        metrics=metrics, files=tuple(files),
+    )  # fmt: skip
     log.info(
         "zero-shot with %s: %d slide(s) scored, %d failed, in %.1f s; predictions in %s",
         tower.name,
-        len(scores),
+        len(scored),
         len(result.failed),
-        time.perf_counter() - t0,
-        result.predictions,
+        result.seconds,
+        result.predictions_csv,
     )
     return result
 
@@ -243,7 +200,7 @@ def _score(
         heatmaps=opts.heatmaps,
         geojson=opts.geojson,
     )
-    return SlideScore(src.slide_id, src.path, probs, pooled.numpy(), len(feats)), written
+    return _row(src, classifier, probs, pooled.numpy(), len(feats)), written
 
 
 def _score_slide(
@@ -255,7 +212,14 @@ def _score_slide(
         joint = tower.image_to_joint(vec.to(device)).cpu()
     sims = classifier.similarities(joint)
     probs = classifier.probabilities(pooled=sims, joint=joint)[0].numpy()
-    return SlideScore(src.slide_id, src.path, probs, sims[0].numpy(), n)
+    return _row(src, classifier, probs, sims[0].numpy(), n)
+
+
+def _row(
+    src: Source, classifier: TextClassifier, probs: np.ndarray, scores: np.ndarray, n: int
+) -> SlideScore:
+    predicted = classifier.classes[int(np.argmax(probs))]
+    return SlideScore(src.slide_id, str(src.path), "ok", n, probs=probs, scores=scores, predicted=predicted)
 
 
 def _write_predictions(out: Path, classifier: TextClassifier, scores: list[SlideScore], level: str) -> None:
@@ -266,9 +230,9 @@ def _write_predictions(out: Path, classifier: TextClassifier, scores: list[Slide
         [
             s.slide_id,
             *[f"{p:.6f}" for p in s.probs],
-            cls[int(np.argmax(s.probs))],
+            s.predicted,
             *[f"{v:.6f}" for v in s.scores],
-            s.n_tiles,
+            s.n,
         ]
         for s in scores
     )
@@ -288,19 +252,17 @@ def _task_cohort(classes: list[str], found: dict[str, Path], opts: ZeroShotOptio
     return task, kind, build_cohort(found, task=task, kind=kind, labels_csv=opts.labels_csv)
 
 
-def _evaluate(result: ZeroShotResult, opts: ZeroShotOptions) -> dict[str, Any]:
+def _evaluate(
+    classes: list[str], scored: list[SlideScore], opts: ZeroShotOptions, out: Path, model: str
+) -> dict[str, Any] | None:
     """predict's external validation on the labelled slides: metrics.json, bootstrap CIs, report.html."""
     from wsi.pipelines.predict.external_validation import evaluate_cohort
 
-    found = {s.slide_id: s.path for s in result.slides}
-    task, kind, cohort = _task_cohort(result.classes, found, opts, result.model)
+    if not scored:
+        return None
+    task, kind, cohort = _task_cohort(classes, {s.slide_id: Path(s.path) for s in scored}, opts, model)
     ids = [c.id for c in cohort.cases]
-    probs = {s.slide_id: s.probs for s in result.slides}
+    probs = {s.slide_id: s.probs for s in scored}
     return evaluate_cohort(
-        task=task,
-        kind=kind,
-        cohort=cohort,
-        ids=ids,
-        outputs=np.stack([probs[i] for i in ids]),
-        out_dir=result.out_dir,
+        task=task, kind=kind, cohort=cohort, ids=ids, outputs=np.stack([probs[i] for i in ids]), out_dir=out
     )

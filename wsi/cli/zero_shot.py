@@ -111,12 +111,12 @@ def command(
     assert prompts is not None
     result = zero_shot(list(inputs), out_dir=out_dir, prompts=prompts, options=options)
     counts = {c: 0 for c in result.classes}
-    for c in result.predicted().values():
-        counts[c] += 1
+    for row in result.scored:
+        counts[row.predicted] += 1
     line = ", ".join(f"{c} {n}" for c, n in counts.items())
     click.echo(
-        f"wsi zero-shot ({result.model}): {len(result.slides)} slide(s) scored ({line}) "
-        f"-> {result.predictions}",
+        f"wsi zero-shot ({result.model}): {len(result.scored)} of {len(result)} slide(s) scored ({line}) "
+        f"-> {result.predictions_csv}",
         err=True,
     )
     if result.metrics:
@@ -127,7 +127,7 @@ def command(
             else f"  metrics: {out_dir / 'metrics.json'}",
             err=True,
         )
-    for r in result.failed[:10]:
+    for r in result.problems[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
-    if result.failed:
+    if result.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)

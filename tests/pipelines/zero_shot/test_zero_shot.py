@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -145,10 +146,19 @@ def test_plip_bags_are_scored_with_plips_scale(tmp_path: Path) -> None:
     joints = {"rich": _planted(classes, 15, 60, rng, strong=0.3), "poor": _planted(classes, 0, 60, rng, 1.0)}
     for sid, joint in joints.items():
         _bag(tmp_path / "bags" / f"{sid}.h5", joint * 3.0, torch.eye(16), encoder="plip")  # unnormalised
+    _bag(tmp_path / "bags" / "nan.h5", joints["poor"], torch.eye(16), encoder="plip")
+    with h5py.File(tmp_path / "bags" / "nan.h5", "r+") as h5:  # damaged after writing: fails alone
+        h5["feats"][3, 0] = np.nan
     result = zero_shot(tmp_path / "bags", out_dir=tmp_path / "out", prompts=PROMPTS, tower=plip, top_k=10)
     assert result.predicted() == {"rich": "tumour", "poor": "stroma"}
+    # the stage result: one row per slide in input order, the failure among them
+    assert result.stage == "zero-shot" and [(r.slide_id, r.status, r.n) for r in result] == [
+        ("nan", "failed", 0), ("poor", "ok", 60), ("rich", "ok", 60)
+    ]  # fmt: skip
+    assert [r.slide_id for r in result.problems] == ["nan"] and "non-finite" in result[0].error
+    assert result.probabilities().shape == (2, 2) and result.classes == ("tumour", "stroma")
     assert plip.logit_scale() == pytest.approx(np.exp(2.6592600), rel=1e-6)  # CLIP's initial 1 / 0.07
-    for score in result.slides:
+    for score in result.scored:
         np.testing.assert_allclose(
             score.probs, _expected(plip, joints[score.slide_id], classes, 10), atol=2e-5
         )
