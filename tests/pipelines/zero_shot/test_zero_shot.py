@@ -194,6 +194,11 @@ def test_retrieval_finds_the_planted_tiles(tower, tmp_path: Path) -> None:
         tmp_path / "bags", out_dir=tmp_path / "r2", query_tile=("b", 0.0, 0.0), top=5, tower=tower
     )
     assert {(r["slide"], r["row"]) for r in by_tile.rows} == top
+    with h5py.File(tmp_path / "bags" / "a.h5", "r+") as h5:  # a damaged tile is left out, not ranked
+        h5["feats"][0, 0] = np.nan
+    damaged = retrieve(tmp_path / "bags", out_dir=tmp_path / "r3", query="tumour.", top=100, tower=tower)
+    ranked = [(r["slide"], r["row"]) for r in damaged.rows]
+    assert len(ranked) == 79 and ("a", 0) not in ranked and set(ranked[:4]) == top - {("a", 0)}
 
 
 def test_bags_the_tower_cannot_score_are_refused(tower, tmp_path: Path) -> None:
