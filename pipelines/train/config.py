@@ -12,17 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, config_model, numeric_leaves, setting
+from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, bounds_of, config_model, setting
 from wsi.core.errors import ConfigError
 from wsi.pipelines.runs.record import RunRecord
 from wsi.pipelines.scheduling.remote import Location
 from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
-
-
-def _range(model: type, name: str) -> Any:
-    """The bounds (ge/gt/le/lt) of the field that owns a setting's value: written there once."""
-    [leaf] = [n for n in numeric_leaves(model) if n.where == name]
-    return leaf.bounds
 
 
 def _attention_names() -> list[str]:
@@ -62,16 +56,16 @@ class TrainOptions:
     )
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     epochs: int | None = setting(
-        None, **_range(TaskConfig, "epochs"), default_text="the task's", help="Maximum epochs."
+        None, **bounds_of(TaskConfig, "epochs"), default_text="the task's", help="Maximum epochs."
     )
     seed: int | None = setting(
-        None, **_range(TaskConfig, "seed"), default_text="the task's", help="Random seed."
+        None, **bounds_of(TaskConfig, "seed"), default_text="the task's", help="Random seed."
     )
     batch_size: int | None = setting(
-        None, **_range(TaskConfig, "batch_size"), default_text="the task's", help="Bags per step."
+        None, **bounds_of(TaskConfig, "batch_size"), default_text="the task's", help="Bags per step."
     )
     grad_accum: int | None = setting(
-        None, **_range(TaskConfig, "grad_accum"), default_text="the task's",
+        None, **bounds_of(TaskConfig, "grad_accum"), default_text="the task's",
         help="Batches per optimizer step.",
     )
     bag_size: int | None = setting(
@@ -79,7 +73,7 @@ class TrainOptions:
         help="Train on random subsets of at most this many tiles per bag (augmentation).",
     )  # fmt: skip
     num_workers: int | None = setting(
-        None, **_range(TaskConfig, "num_workers"), default_text="the task's",
+        None, **bounds_of(TaskConfig, "num_workers"), default_text="the task's",
         help="Background processes reading bags (GPU training: 2-8).",
     )  # fmt: skip
     standardize_features: bool | None = setting(
@@ -88,7 +82,7 @@ class TrainOptions:
         "model, applied in validation, test and predict).",
     )  # fmt: skip
     cv: int | None = setting(
-        None, **_range(RunRecord, "cv"), help="K-fold cross-validation (patient-grouped)."
+        None, **bounds_of(RunRecord, "cv"), help="K-fold cross-validation (patient-grouped)."
     )
     scheduler: str | None = setting(
         None, help="Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786)."
