@@ -3,8 +3,8 @@
 Public API:
 
     JobResult(slide_id, path, status "ok"|"skipped"|"empty"|"failed", n=0, seconds=0.0, error="")
-    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None, at_once=1)
-        -> list[JobResult]          # one per item, in the order of `items`
+    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None, at_once=1,
+             unit="items", labels=None) -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
     read_manifest(path) -> list[JobResult]
@@ -189,8 +189,12 @@ def run_jobs(
     worker_plugin: Any = None,
     at_once: int = 1,
     progress: bool = True,
+    unit: str = "items",
+    labels: dict[str, str] | None = None,
 ) -> list[JobResult]:
     """Run `fn` on every item; return one JobResult per item in the order of `items`; `progress`: a bar.
+    `unit` names what an item's `n` counts and `labels` its statuses in the closing line, in the words
+    of the command's own summary ("tiles kept", ok -> "tiled"), so a log never says "items" for tiles.
 
     at_once: inline, run this many items at a time on threads (for work that releases the GIL, such as
     the tile stage's decoding and numpy: one item's single-threaded steps then overlap another's)."""
@@ -204,7 +208,8 @@ def run_jobs(
         results = _run_inline(items, fn, desc, worker_plugin, at_once, progress=progress)
     else:
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin, progress=progress)
-    log.info("%s", RunSummary.of(results, time.perf_counter() - start).line(desc))
+    summary = RunSummary.of(results, time.perf_counter() - start)
+    log.info("%s", summary.line(desc, unit=unit, labels=labels))
     return results
 
 

@@ -269,6 +269,7 @@ def _embed_dask(
             scheduler=scheduler,
             desc="embed",
             worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
+            unit="tiles",
         )
     except JobsInterrupted as stop:
         raise EmbedInterrupted(_bag_rows(works, stop.finished)) from None

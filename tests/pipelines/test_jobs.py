@@ -252,3 +252,20 @@ def test_summary_counts_one_slide_in_the_singular() -> None:
     assert one.line("tile", unit="tiles").startswith("tile: 1 slide: 1 ok, 0 skipped, 0 failed; 3 tiles")
     two = RunSummary.of([JobResult("a", "a.svs", "ok"), JobResult("b", "b.svs", "skipped")], 0.0)
     assert two.line("tile", noun="images").startswith("tile: 2 images: 1 ok")
+
+
+def test_the_tile_stage_log_line_counts_tiles_kept_not_items(
+    sample_slide, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A library call's closing line names what it counted in the command's words: "N tiles kept"
+    (then "N tiles" from embed), never "N items"."""
+    import logging
+
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.sources import find_slides
+
+    with caplog.at_level(logging.INFO, logger="wsi"):
+        results = tile_slides(find_slides([sample_slide.path]), out_dir=tmp_path / "o", progress=False)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("tile: 1 slide"))
+    assert "1 tiled, 0 already done, 0 failed" in line, line
+    assert f"; {results[0].n} tiles kept" in line and "items" not in line, line

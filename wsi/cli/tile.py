@@ -163,10 +163,11 @@ def command(
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
     from wsi.pipelines.jobs import RunSummary
+    from wsi.pipelines.tile.stage import TILE_LABELS, TILE_UNIT
 
     summary = RunSummary.of(results)
     click.echo(
-        f"wsi {summary.line('tile', unit='tiles kept', labels={'ok': 'tiled', 'skipped': 'already done'})}; "
+        f"wsi {summary.line('tile', unit=TILE_UNIT, labels=TILE_LABELS)}; "
         f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
         err=True,
     )
