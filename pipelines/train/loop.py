@@ -340,6 +340,11 @@ def require_recipe(task: TaskConfig) -> int:
     return task.epochs
 
 
+def _shown(value: float) -> str:
+    """An epoch figure for the progress line: 3 decimals, "n/a" where it was not estimable (NaN)."""
+    return "n/a" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
+
+
 def fit(
     *,
     task: TaskConfig,
@@ -368,7 +373,7 @@ def fit(
         trainer.end_epoch(state, row, score, run_dir, final=row["epoch"] >= epochs)
         bar.update(1)
         figure = kind.val_columns[0] if kind.val_columns else "val_loss"
-        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: f"{row[figure]:.3f}"})
+        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: _shown(row[figure])})
         if on_epoch_end is not None:
             on_epoch_end(row)
     bar.close()
