@@ -27,18 +27,12 @@ import contextvars
 import csv
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tqdm.std import TqdmExperimentalWarning
-
-with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio + ssl: ~0.1 s of import)
-    warnings.simplefilter("ignore", category=TqdmExperimentalWarning)
-    from tqdm.autonotebook import tqdm
-
+from wsi.core.progress import Bar, progress
 from wsi.errors import WsiError
 from wsi.files import disk_full_error, is_disk_full, write_csv_atomic
 from wsi.pipelines.cluster import close_local_cluster, quiet_distributed, start_local_cluster
@@ -213,8 +207,10 @@ def run_jobs(
     return results
 
 
-def _progress(total: int, desc: str, *, show: bool = True) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False, disable=not show)
+def _progress(total: int, desc: str, *, show: bool = True) -> Bar:
+    unit = "patient" if desc == "patients" else "slide"  # what run_jobs' items are
+    bar: Bar = progress(total=total, desc=desc, unit=unit, leave=False, disable=not show)
+    return bar
 
 
 def _run_inline(
@@ -242,7 +238,7 @@ def _run_inline(
         _INLINE_PLUGINS.reset(token)
 
 
-def _run_threads(items: list[Any], fn: Callable, bar: tqdm, at_once: int) -> list[JobResult]:
+def _run_threads(items: list[Any], fn: Callable, bar: Bar, at_once: int) -> list[JobResult]:
     """`_call(fn, item)` for every item on `at_once` threads (each with this batch's context: its
     plugins), at most `at_once` running; results in the order of `items`."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from wsi.config import with_settings
+from wsi.core.progress import progress as progress_bar
 from wsi.errors import WsiError
 from wsi.files import write_csv_atomic
 from wsi.output_lock import output_lock
@@ -230,7 +230,7 @@ def _predict_cases(
 
     flusher = Flusher(write)
     try:
-        for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
+        for i, case in enumerate(progress_bar(cases, desc="predict", unit="case", disable=not progress)):
             streamed = stream_length(run, case, options.stream_above) is not None
             key = case_key(digest, case, _settings(run, case, options, streamed=streamed))
             finished = done.get(key)

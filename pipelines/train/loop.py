@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
+from wsi.core.progress import progress as progress_bar
 from wsi.errors import ConfigError
 from wsi.files import write_csv_atomic
 from wsi.models.objectives import LossInputs, Objective, before_optimizer_step, training_step
@@ -119,7 +118,8 @@ def train_epoch(
     n_losses = 0
     watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
-    for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
+    steps = progress_bar(loader, desc=desc, unit="step", leave=False, disable=not progress)
+    for step, batch in enumerate(steps):
         last = step + 1 == n_batches
         if batch.x.shape[0] == 0 and not (last and pending):  # every item failed to decode (reported)
             continue
@@ -364,10 +364,9 @@ def fit(
     epochs = require_recipe(task)
     trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
     state = trainer.start(run_dir, resume=resume)
-    bar = tqdm(
-        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
-        file=sys.stderr,
-    )  # fmt: skip
+    bar = progress_bar(
+        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", unit="epoch", disable=not progress
+    )
     while not state.finished(epochs):
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
         trainer.end_epoch(state, row, score, run_dir, final=row["epoch"] >= epochs)

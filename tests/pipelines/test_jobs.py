@@ -223,8 +223,13 @@ def test_a_manifest_written_before_the_note_column_still_reads(tmp_path: Path) -
     assert rows["s1"]["note"] == "" and rows["s2"]["note"] == "no heatmap" and rows["s1"]["tiles"] == "12"
 
 
-def test_no_progress_draws_no_bar(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_progress_draws_no_bar(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`wsi predict --no-progress` on raw slides still drew the tile stage's bar: it reaches run_jobs."""
+    from wsi.core import progress as bars
+
+    monkeypatch.setattr(bars, "is_terminal", lambda: True)  # a live bar (off a terminal: plain lines)
     items = [Item(str(i), str(i)) for i in range(3)]
     run_jobs(items, square, desc="tile", progress=False)
     assert "tile:" not in capsys.readouterr().err

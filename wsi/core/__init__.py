@@ -1,0 +1,1 @@
+"""Plumbing every part of wsi shares."""
