@@ -94,3 +94,24 @@ def test_the_threshold_and_each_filters_option() -> None:
     quiet = TileCounts(n_grid=200, n_tissue=100, n_kept=85, n_background=15, n_ink=5)
     assert heavy_filter_note(quiet, {"ink": 5}, "s1", 50.0) == ""  # background never counts
     assert heavy_filter_note(TileCounts(), {}, "s1", 50.0) == ""
+
+
+def test_many_slides_with_one_heavy_filter_are_one_line() -> None:
+    """The demo's 20 slides, each with a planted blurred patch, made 20 "check filter" lines in the walk's
+    `wsi tile`; past a few slides the summary gives one line per filter, its slides and range."""
+    from wsi.cli.tile import heavy_filter_lines
+    from wsi.pipelines.jobs import JobResult
+
+    def row(slide: str, k: int, n: int, **extra: int) -> JobResult:
+        note = heavy_filter_note(TileCounts(n_tissue=n, n_blurry=k), extra, slide, 50.0)
+        return JobResult(slide, f"{slide}.svs", "ok", n=n - k, note=f"ink 1 tile; {note}")
+
+    few = [row("a", 3, 29), row("b", 2, 20)]
+    assert heavy_filter_lines(few) == [f"{r.slide_id}: {r.note.split('; ', 1)[1]}" for r in few]
+    many = [row(f"DEMO-{i:02d}", 2 + i % 3, 29) for i in range(20)] + [row("inked", 1, 29, ink=9)]
+    lines = heavy_filter_lines(many)
+    assert len(lines) == 2, lines
+    blur, ink = lines
+    assert blur.startswith(f"{HEAVY_FILTER_PREFIX}: blurry removed over 5% of the tissue tiles of 20 slides")
+    assert "(6.9%-13.8% each: DEMO-00, DEMO-01, DEMO-02 and 17 more)" in blur
+    assert ink.startswith(f"{HEAVY_FILTER_PREFIX}: ink removed over 5% of the tissue tiles of 1 slide (31%: inked)")
