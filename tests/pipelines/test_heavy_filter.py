@@ -114,4 +114,4 @@ def test_many_slides_with_one_heavy_filter_are_one_line() -> None:
     blur, ink = lines
     assert blur.startswith(f"{HEAVY_FILTER_PREFIX}: blurry removed over 5% of the tissue tiles of 20 slides")
     assert "(6.9%-13.8% each: DEMO-00, DEMO-01, DEMO-02 and 17 more)" in blur
-    assert ink.startswith(f"{HEAVY_FILTER_PREFIX}: ink removed over 5% of the tissue tiles of 1 slide (31%: inked)")
+    assert ink.startswith(f"{HEAVY_FILTER_PREFIX}: ink removed over 5% of the tissue tiles of 1 slide (31%: ")
