@@ -23,6 +23,7 @@ through `worker_plugin(name)`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import csv
 import logging
@@ -35,7 +36,12 @@ from typing import Any, Literal
 from wsi.core.progress import Bar, progress
 from wsi.errors import WsiError
 from wsi.files import disk_full_error, is_disk_full, write_csv_atomic
-from wsi.pipelines.cluster import close_local_cluster, quiet_distributed, start_local_cluster
+from wsi.pipelines.cluster import (
+    close_local_cluster,
+    main_script_hidden,
+    quiet_distributed,
+    start_local_cluster,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +210,28 @@ def run_jobs(
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin, progress=progress)
     summary = RunSummary.of(results, time.perf_counter() - start)
     log.info("%s", summary.line(desc, unit=unit, labels=labels))
+    _log_problems(summary, desc)
     return results
 
 
+def _log_problems(summary: RunSummary, desc: str) -> None:
+    """Each failed or empty item with its reason, as warnings, which Python shows even where no logging
+    is set up: a library call (a script's `tile_slides(...)`) is told what went wrong, as the CLI is,
+    and a call in which every item failed says so in one more line."""
+    for r in summary.problems:
+        log.warning("%s: %s %s: %s", desc, r.slide_id, r.status, r.error or "no reason recorded")
+    if summary.problems and len(summary.problems) == summary.total:
+        log.error("%s: none of the %d %s(s) succeeded (reasons above, and in the rows and the manifest)",
+                  desc, summary.total, _noun(desc))  # fmt: skip
+
+
+def _noun(desc: str) -> str:
+    """What run_jobs' items are: slides, or patients for `wsi embed-slides --level patient`."""
+    return "patient" if desc == "patients" else "slide"
+
+
 def _progress(total: int, desc: str, *, show: bool = True) -> Bar:
-    unit = "patient" if desc == "patients" else "slide"  # what run_jobs' items are
-    bar: Bar = progress(total=total, desc=desc, unit=unit, leave=False, disable=not show)
+    bar: Bar = progress(total=total, desc=desc, unit=_noun(desc), leave=False, disable=not show)
     return bar
 
 
@@ -276,7 +298,9 @@ def _run_dask(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any,
     *, progress: bool = True,
 ) -> list[JobResult]:  # fmt: skip
-    with quiet_distributed():
+    # a local cluster's workers, restarted too, never re-run the caller's script (pipelines.cluster)
+    hidden = main_script_hidden() if scheduler is None else contextlib.nullcontext()
+    with quiet_distributed(), hidden:
         return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin, progress=progress)
 
 
