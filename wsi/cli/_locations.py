@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from wsi.errors import WsiError
+from wsi.core.errors import WsiError
 from wsi.storage import Url, location
 
 

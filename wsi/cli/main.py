@@ -15,9 +15,9 @@ class _Entry(NamedTuple):
     summary: str  # one line for `wsi --help`, kept here so listing commands imports none of them
 
 
-# The command table. Not a wsi.registry.Registry on purpose: a Registry learns its members by importing
+# The command table. Not a wsi.core.registry.Registry on purpose: a Registry learns its members by importing
 # the modules that register them, so `wsi --help` would import every command module (measured 0.39 s
-# instead of 0.16 s) and `wsi tile` would import all seven. tests/wsi/test_cli_tile.py checks every entry
+# instead of 0.16 s) and `wsi tile` would import all seven. tests/wsi/cli/test_cli_tile.py checks every entry
 # resolves to a click command of that name, so the table cannot drift from the modules.
 COMMANDS: dict[str, _Entry] = {
     "tile": _Entry("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),

@@ -1,1 +1,2 @@
-"""Plumbing every part of wsi shares."""
+"""The core every other part stands on: errors, typed configs, users' text files, atomic file writes, the
+output lock, registries, suffix tables, work bounds and progress bars. Imports nothing else of wsi."""

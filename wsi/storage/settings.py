@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.config import config_model, parse_config, setting
+from wsi.core.config import config_model, parse_config, setting
 
 #: environment variable -> StorageSettings field
 VARIABLES = {
