@@ -176,6 +176,11 @@ class SurvivalKind(TaskKind):
     ) -> list[tuple[str, np.ndarray, str]]:
         return [("", contributions[:, 0], f"risk {output[0]:.3f}")]
 
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        from wsi.pipelines.inputs.heatmaps import RISK_SCALE
+
+        return RISK_SCALE
+
     def derived_columns(self) -> tuple[str, ...]:
         return ("risk_group",) if self.risk_cutoff is not None else ()
 

@@ -196,3 +196,25 @@ def test_report_renders_in_headless_chromium(categorical_cv: Path, tmp_path: Pat
         pixels = np.asarray(img.convert("L"), dtype=np.float32)
     assert pixels.shape == (1600, 1200)
     assert (pixels < 128).mean() > 0.005  # text, tables and plots were drawn, not a blank page
+
+
+def test_a_perfect_roc_curve_shows_inside_its_frame(tmp_path: Path) -> None:
+    """At AUROC 1.0 the curve runs along x = 0 and y = 1: drawn on limits (0, 1) it lay under the frame
+    and the plot looked empty. Both ROC figures (roc.png and the report's) keep a margin inside the
+    frame, so the curve's own colour shows along both edges."""
+    from wsi.pipelines.report import figures
+    from wsi.pipelines.stats.classification import plot_roc
+
+    labels = np.array([0, 0, 0, 1, 1, 1])
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.2, 0.8], [0.1, 0.9], [0.05, 0.95]])
+    assert plot_roc(labels, probs, ["LUAD", "LUSC"], tmp_path / "roc.png", title="t")
+    curve = {"fpr": np.array([0.0, 0.0, 1.0]), "tpr": np.array([0.0, 1.0, 1.0])}
+    curve |= {"tpr_low": curve["tpr"], "tpr_high": curve["tpr"]}
+    band = figures.band_plot([("fold-1", curve)], x="fpr", y="tpr", title="ROC", xlabel="x", ylabel="y",
+                             diagonal=True, area=[1.0])  # fmt: skip
+    blue = np.asarray((31, 119, 180))  # matplotlib's C0: the curve of roc.png and of a fold
+    for png in (Image.open(tmp_path / "roc.png"), Image.open(io.BytesIO(band))):
+        pixels = np.asarray(png.convert("RGB")).astype(int)
+        line = np.abs(pixels - blue).sum(axis=-1) < 40
+        cols, rows = line.sum(axis=0), line.sum(axis=1)  # a vertical and a horizontal run of the curve
+        assert (cols > 0.3 * pixels.shape[0]).any() and (rows > 0.3 * pixels.shape[1]).any()
