@@ -59,7 +59,9 @@ def main_script_hidden() -> Iterator[None]:
             "the call under `if __name__ == \"__main__\":`, or use workers=1"
         )
     main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__
+    }
     try:
         if main is not None:
             main.__spec__ = None
