@@ -144,14 +144,15 @@ class PlainBar:
             log.info("%s", self.line(time.monotonic(), done=True))
 
     def line(self, now: float, *, done: bool = False) -> str:
-        """`desc: n/total unit (p%), r unit/s, about s s left; postfix` (or `... done in s s`)."""
+        """`desc: n of total units (p%), r units/s, about s s left; postfix` (or `... done in s s`)."""
         seconds = max(now - self._start, 1e-9)
         rate = (self.n - self._start_n) / seconds
-        count = f"{self.n:g}" + (f"/{self.total:g}" if self.total else "") + f" {self.unit}"
+        units = self.unit if self.unit.endswith("s") else f"{self.unit}s"  # "tile" counts tiles
+        count = f"{self.n:g} of {self.total:g} {units}" if self.total else f"{self.n:g} {units}"
         if self.total:
             count += f" ({100 * self.n / self.total:.0f}%)"
         per_s = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
-        parts = [count, f"{per_s} {self.unit}/s"]
+        parts = [count, f"{per_s} {units}/s"]
         if done:
             parts.append(f"done in {seconds:.0f} s")
         elif self.total and rate > 0:

@@ -27,10 +27,10 @@ def test_a_bar_off_a_terminal_writes_plain_lines(
             bar.update(2)
     assert got == [0, 1, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith("embed: 1/4 tile (25%), ") and "s left" in lines[0]
-    assert lines[3].startswith("embed: 4/4 tile (100%)") and lines[4].startswith("embed: 4/4 tile (100%)")
+    assert lines[0].startswith("embed: 1 of 4 tiles (25%), ") and " tiles/s, about " in lines[0]
+    assert lines[3].startswith("embed: 4 of 4 tiles (100%)") and lines[4].startswith("embed: 4 of 4 tiles")
     assert "done in" in lines[4]
-    assert lines[-1].startswith("epochs (run): 5/10 epoch (50%)") and lines[-1].endswith(
+    assert lines[-1].startswith("epochs (run): 5 of 10 epochs (50%)") and lines[-1].endswith(
         "; loss 0.693, val_auroc n/a"
     )
     assert not any("\r" in line or "\x1b" in line for line in lines)
