@@ -119,7 +119,8 @@ class PlainBar:
     def update(self, n: float = 1) -> None:
         self.n += n
         now = time.monotonic()
-        if now - self._last >= PLAIN_EVERY_S:
+        done = bool(self.total) and self.n >= (self.total or 0)  # the closing line says it once
+        if now - self._last >= PLAIN_EVERY_S and not done:
             self._last = now
             self._said = True
             log.info("%s", self.line(now))

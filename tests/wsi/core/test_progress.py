@@ -28,8 +28,9 @@ def test_a_bar_off_a_terminal_writes_plain_lines(
     assert got == [0, 1, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("embed: 1 of 4 tiles (25%), ") and " tiles/s, about " in lines[0]
-    assert lines[3].startswith("embed: 4 of 4 tiles (100%)") and lines[4].startswith("embed: 4 of 4 tiles")
-    assert "done in" in lines[4]
+    want = [f"embed: {k} of 4 tiles ({25 * k}%)" for k in (1, 2, 3, 4)]
+    assert [line.split(",")[0] for line in lines[:4]] == want
+    assert "done in" in lines[3] and "done in" not in lines[2]  # the last update is the closing line, once
     assert lines[-1].startswith("epochs (run): 5 of 10 epochs (50%)") and lines[-1].endswith(
         "; loss 0.693, val_auroc n/a"
     )
