@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from wsi.models.encoders import encoder_id_for
 from wsi.pipelines.demo.survival import run_survival_demo
 from wsi.pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from wsi.pipelines.predict.stage import predict
-from wsi.pipelines.scheduling.jobs import JobResult, RunSummary
+from wsi.pipelines.scheduling.results import JobResult, RunSummary
 from wsi.pipelines.study.tasks import ModelOverrides
+from wsi.pipelines.tile.findings import TileResult
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.pipelines.train import train
 from wsi.slides.sources import find_slides
@@ -103,7 +105,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
     return labelled, new, labels
 
 
-def _failed(stage: str, results: list[JobResult]) -> None:
+def _failed(stage: str, results: Sequence[JobResult]) -> None:
     """Stop the demo when a stage failed a slide or left one empty (no silent success)."""
     bad = RunSummary.of(results).problems
     for r in bad:
@@ -112,21 +114,16 @@ def _failed(stage: str, results: list[JobResult]) -> None:
         raise RuntimeError(f"{stage}: {len(bad)} slide(s) failed or produced nothing; see the manifest")
 
 
-def planted_note(out: Path, results: list[JobResult]) -> str:
+def planted_note(out: Path, result: TileResult) -> str:
     """What the sample slides carry on purpose (`wsi.synthetic`: one blurred patch in the tissue of
-    each) and what the blur filter made of it, so that the manifest's "check filter: blurry removed ..."
-    notes read as the demo working, not as a fault."""
-    from wsi.formats.tile_file import read_tile_file
-
-    tissue = blurry = slides = 0
-    for r in results:
-        if r.status in ("ok", "skipped"):
-            counts = read_tile_file(out / "tiles" / f"{r.slide_id}.h5").meta.counts
-            tissue, blurry, slides = tissue + counts.n_tissue, blurry + counts.n_blurry, slides + 1
+    each) and what the blur filter made of it (each slide's `findings`), so that the manifest's "check
+    filter: blurry removed ..." notes read as the demo working, not as a fault."""
+    counts = [r.findings.counts for r in result if r.status in ("ok", "skipped") and r.findings is not None]
+    tissue, blurry = sum(c.n_tissue for c in counts), sum(c.n_blurry for c in counts)
     share = f" ({blurry / tissue:.1%})" if tissue else ""
     return (
         f"each sample slide has a blurred patch planted in its tissue and no other artifact: the blur filter "
-        f"removed {blurry} of {tissue} tissue tiles{share} over {slides} slide(s), as intended (the "
+        f"removed {blurry} of {tissue} tissue tiles{share} over {len(counts)} slide(s), as intended (the "
         f"manifest's 'check filter: blurry' notes are about these patches; {out / 'qc'} shows them)"
     )
 
@@ -149,7 +146,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
              opts.weights if opts.weights else "random initialisation: no weights given")
     options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
                            random_init=opts.weights is None, batch_size=32)
-    _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
+    _failed("embed", embed_tiles(out, out_dir=out, options=options, workers=opts.workers))
     features = bag_dir(out, encoder_id_for(opts.encoder))
 
     run_dir = out / "model"

@@ -41,7 +41,7 @@ def _demo_out(root: Path, per_class: int = 6) -> None:
 
 def test_the_example_is_the_whole_walk() -> None:
     code = readme_example()
-    for call in ("tile_slides(", "embed_tiles(", "train(", "predict("):
+    for call in ("wsi.tile(", "wsi.embed(", "wsi.train(", "wsi.predict("):  # the front door
         assert call in code, call
     assert "__main__" not in code  # a plain script: no guard needed
     assert "workers=2" in code  # the case a guard used to be needed for

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from wsi.storage import Url
 from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
 
 if TYPE_CHECKING:
-    from wsi.pipelines.scheduling.jobs import JobResult
+    from wsi.pipelines.tile.findings import FilterShare, HeavyFilters
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling.grid, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -49,6 +48,7 @@ Examples:
   wsi tile a.svs b.ndpi --out run/ --tile-um 224 --tile-px 224
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
+  wsi tile thumb.png photo.jpg --out run/ --mpp 8  # plain images as one-level slides
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
   wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
   wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
@@ -140,8 +140,10 @@ def command(
     .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
     id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
     paths are taken from the CSV's folder). Each may be a URL (s3://, gs://, https://): see README
-    "Slides and outputs in object storage". A failing slide is recorded in the manifest and never stops
-    the others.
+    "Slides and outputs in object storage". A plain image (.png .jpg .jpeg, a TIFF in strips) named as a
+    PATH or in a CSV is a one-level slide at --mpp (or a resolution its metadata can be trusted for);
+    folders are not searched for them. A failing slide is recorded in the manifest and never stops the
+    others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from wsi.core.config import parse_config
@@ -166,65 +168,53 @@ def command(
     # ConfigError (a model without weights): exit 2
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
-    results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
-    from wsi.pipelines.scheduling.jobs import RunSummary
+    result = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
     from wsi.pipelines.tile.stage import TILE_LABELS, TILE_UNIT
 
-    summary = RunSummary.of(results)
-    click.echo(
-        f"wsi {summary.line('tile', unit=TILE_UNIT, labels=TILE_LABELS)}; "
-        f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
-        err=True,
-    )
+    line = result.summary.line("tile", unit=TILE_UNIT, labels=TILE_LABELS)
+    click.echo(f"wsi {line}; manifest {out_dir / 'tiles' / 'manifest.csv'}", err=True)
     from wsi.pipelines.tile.artifacts import artifact_summary
-    from wsi.storage import local_view
 
-    artifacts = artifact_summary(results, local_view(out_dir))
+    found = [r.findings for r in result if r.findings is not None]
+    artifacts = artifact_summary([f.counts for f in found])
     if artifacts:
         click.echo(f"  {artifacts}", err=True)
-    for r in summary.problems:
+    for r in result.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
-    from wsi.pipelines.tile.yield_notes import HEAVY_FILTER_PREFIX, LOW_YIELD_PREFIX, note_part
-
-    for r in results:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
-        if r.status in ("ok", "skipped") and LOW_YIELD_PREFIX in r.note:
-            click.echo(f"  {r.slide_id}: {note_part(r.note, LOW_YIELD_PREFIX)}", err=True)
-    heavy = [r for r in results if r.status in ("ok", "skipped") and HEAVY_FILTER_PREFIX in r.note]
+    done = [r for r in result if r.status in ("ok", "skipped") and r.findings is not None]
+    for r in done:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
+        if r.findings is not None and r.findings.low_yield is not None:
+            click.echo(f"  {r.slide_id}: {r.findings.low_yield.text()}", err=True)
+    heavy = [r.findings.heavy for r in done if r.findings is not None and r.findings.heavy]
     for line in heavy_filter_lines(heavy):  # one filter took over 5% of the tissue tiles: look first
         click.echo(f"  {line}", err=True)
-    if summary.problems:
+    if result.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
 
 
-#: "blurry removed 6.9% (2 of 29)" in a heavy-filter note (a name may hold ": ", as "artifact: pen")
-_REMOVED = re.compile(r"(?:: |, )([^,;]+?) removed ([\d.]+)% \((\d+) of (\d+)\)")
-
-
-def heavy_filter_lines(heavy: Sequence[JobResult]) -> list[str]:
+def heavy_filter_lines(heavy: Sequence[HeavyFilters]) -> list[str]:
     """The summary's lines for slides of which one filter removed over 5% of the tissue tiles: each
-    slide's note when a few are, else one line per filter with its slides and range (20 slides with one
-    planted blur, as the demo's, are one line, not 20)."""
-    from wsi.pipelines.tile.yield_notes import HEAVY_FILTER, HEAVY_FILTER_PREFIX, note_part
+    slide's finding when a few are, else one line per filter with its slides, their range and the option
+    (20 slides with one planted blur, as the demo's, are one line, not 20)."""
+    from wsi.pipelines.tile.findings import HEAVY_FILTER
 
-    notes = {r.slide_id: note_part(r.note, HEAVY_FILTER_PREFIX) for r in heavy}
-    if len(notes) <= _MAX_EACH:
-        return [f"{slide}: {note}" for slide, note in notes.items()]
-    by_filter: dict[str, list[tuple[str, float]]] = {}
-    for slide, note in notes.items():
-        for name, share, _, _ in _REMOVED.findall(note):
-            by_filter.setdefault(name, []).append((slide, float(share)))
+    if len(heavy) <= _MAX_EACH:
+        return [f"{h.slide_id}: {h.text()}" for h in heavy]
+    by_filter: dict[str, list[tuple[str, FilterShare]]] = {}
+    for h in heavy:
+        for f in h.filters:
+            by_filter.setdefault(f.name, []).append((h.slide_id, f))
     lines = []
     for name, hits in by_filter.items():
-        lo, hi = min(share for _, share in hits), max(share for _, share in hits)
-        span = f"{lo:g}%" if lo == hi else f"{lo:g}%-{hi:g}%"
-        each = " each" if len(hits) > 1 else ""
+        lo, hi = min(f.share for _, f in hits), max(f.share for _, f in hits)
+        span = f"{lo:.1%}" if lo == hi else f"{lo:.1%}-{hi:.1%}"
         named = ", ".join(slide for slide, _ in hits[:_MAX_EACH])
         more = f" and {len(hits) - _MAX_EACH} more" if len(hits) > _MAX_EACH else ""
+        slides, each = ("slides", " each") if len(hits) > 1 else ("slide", "")
         lines.append(
-            f"{HEAVY_FILTER_PREFIX}: {name} removed over {HEAVY_FILTER:.0%} of the tissue tiles of "
-            f"{len(hits)} slide{'s' if len(hits) != 1 else ''} ({span}{each}: {named}{more}); look at their "
-            "qc/<slide>.png; the manifest's note column has each slide's share and the option that "
-            "loosens the filter"
+            f"check filter: {name} removed over {HEAVY_FILTER:.0%} of the tissue tiles of {len(hits)} "
+            f"{slides} ({span}{each}: {named}{more}); look at their qc/<slide>.png; if it took tissue: "
+            f"{hits[0][1].option}"
         )
     return lines
 

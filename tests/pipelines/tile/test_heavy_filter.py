@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.formats.tile_file import read_tile_file
+from wsi.pipelines.tile.findings import HEAVY_FILTER, heavy_filters
 from wsi.pipelines.tile.stage import output_paths
-from wsi.pipelines.tile.yield_notes import HEAVY_FILTER, HEAVY_FILTER_PREFIX, heavy_filter_note
 from wsi.tiling.grid import TileCounts
 
 MPP = 2.0  # 2048 um slide at 2 um/px: 1024 px, an 8 x 8 grid of 256 um tiles
@@ -70,48 +70,50 @@ def test_a_filter_over_the_threshold_is_named_with_its_share(inked: dict[str, Pa
     share = f"ink removed {many.n_ink / many.n_tissue:.1%} ({many.n_ink} of {many.n_tissue})"
     rows = _manifest(out)
     note = rows["many"]["note"]
-    assert f"{HEAVY_FILTER_PREFIX}: {share} of the tissue tiles" in note
+    assert f"check filter: {share} of the tissue tiles" in note
     assert "qc/many.png" in note and "--no-filter ink" in note
-    assert f"many: {HEAVY_FILTER_PREFIX}: {share}" in res.stderr  # the summary at the end of the run
+    assert f"many: check filter: {share}" in res.stderr  # the summary at the end of the run
     assert rows["few"]["note"] == f"rejected as artifacts: {few.n_ink} ink"  # counted, not flagged
-    assert "few:" not in res.stderr and res.stderr.count(HEAVY_FILTER_PREFIX) == 1
+    assert "few:" not in res.stderr and res.stderr.count("check filter") == 1
 
     again = CliRunner().invoke(cli, args, catch_exceptions=False)  # already tiled: skipped, still said
     assert again.exit_code == 0 and "2 already done" in again.stderr, again.stderr
-    assert f"many: {HEAVY_FILTER_PREFIX}: {share}" in again.stderr and "few:" not in again.stderr
+    assert f"many: check filter: {share}" in again.stderr and "few:" not in again.stderr
     rows = _manifest(out)
     assert rows["many"]["status"] == "skipped" and rows["many"]["note"] == note
 
 
 def test_the_threshold_and_each_filters_option() -> None:
     counts = TileCounts(n_grid=200, n_tissue=100, n_kept=80, n_blurry=6, n_ink=5, n_dust=9)
-    note = heavy_filter_note(counts, {"ink": 5, "dust": 9, "artifact: pen": 6}, "s1", 50.0, 0.25)
-    assert note.startswith(f"{HEAVY_FILTER_PREFIX}: blurry removed 6.0% (6 of 100), dust removed 9.0% (9 of")
+    found = heavy_filters(counts, {"ink": 5, "dust": 9, "artifact: pen": 6}, "s1", min_blur_variance=50.0,
+                          max_artifact=0.25)  # fmt: skip
+    assert found is not None and [f.name for f in found.filters] == ["blurry", "dust", "artifact: pen"]
+    note = found.text()
+    assert note.startswith("check filter: blurry removed 6.0% (6 of 100), dust removed 9.0% (9 of")
     assert "ink removed" not in note  # exactly 5% is not over it
     assert "--min-blur-var 50 (lower it" in note and "--no-filter dust" in note
     assert "artifact: pen removed 6.0%" in note and "--max-artifact 0.25 (raise it)" in note
     assert "qc/s1.png" in note and "qc/s1.geojson" in note and "--review" in note
     quiet = TileCounts(n_grid=200, n_tissue=100, n_kept=85, n_background=15, n_ink=5)
-    assert heavy_filter_note(quiet, {"ink": 5}, "s1", 50.0) == ""  # background never counts
-    assert heavy_filter_note(TileCounts(), {}, "s1", 50.0) == ""
+    assert heavy_filters(quiet, {"ink": 5}, "s1", min_blur_variance=50.0) is None  # background never counts
+    assert heavy_filters(TileCounts(), {}, "s1", min_blur_variance=50.0) is None
 
 
 def test_many_slides_with_one_heavy_filter_are_one_line() -> None:
     """The demo's 20 slides, each with a planted blurred patch, made 20 "check filter" lines in the walk's
-    `wsi tile`; past a few slides the summary gives one line per filter, its slides and range."""
+    `wsi tile`; past a few slides the summary gives one line per filter, its slides, range and option."""
     from wsi.cli.tile import heavy_filter_lines
-    from wsi.pipelines.scheduling.jobs import JobResult
 
-    def row(slide: str, k: int, n: int, **extra: int) -> JobResult:
-        note = heavy_filter_note(TileCounts(n_tissue=n, n_blurry=k), extra, slide, 50.0)
-        return JobResult(slide, f"{slide}.svs", "ok", n=n - k, note=f"ink 1 tile; {note}")
+    def found(slide: str, k: int, n: int, **extra: int):
+        return heavy_filters(TileCounts(n_tissue=n, n_blurry=k), extra, slide, min_blur_variance=50.0)
 
-    few = [row("a", 3, 29), row("b", 2, 20)]
-    assert heavy_filter_lines(few) == [f"{r.slide_id}: {r.note.split('; ', 1)[1]}" for r in few]
-    many = [row(f"DEMO-{i:02d}", 2 + i % 3, 29) for i in range(20)] + [row("inked", 1, 29, ink=9)]
+    few = [found("a", 3, 29), found("b", 2, 20)]
+    assert heavy_filter_lines(few) == [f"{h.slide_id}: {h.text()}" for h in few]
+    many = [found(f"DEMO-{i:02d}", 2 + i % 3, 29) for i in range(20)] + [found("inked", 1, 29, ink=9)]
     lines = heavy_filter_lines(many)
     assert len(lines) == 2, lines
     blur, ink = lines
-    assert blur.startswith(f"{HEAVY_FILTER_PREFIX}: blurry removed over 5% of the tissue tiles of 20 slides")
+    assert blur.startswith("check filter: blurry removed over 5% of the tissue tiles of 20 slides")
     assert "(6.9%-13.8% each: DEMO-00, DEMO-01, DEMO-02 and 17 more)" in blur
-    assert ink.startswith(f"{HEAVY_FILTER_PREFIX}: ink removed over 5% of the tissue tiles of 1 slide (31%: ")
+    assert blur.endswith("if it took tissue: --min-blur-var 50 (lower it; 0 turns the blur filter off)")
+    assert ink.startswith("check filter: ink removed over 5% of the tissue tiles of 1 slide (31.0%: inked)")
