@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from wsi.formats.bags import Bag
     from wsi.pipelines.embed import EmbedResult
-    from wsi.pipelines.predict import PredictResult
+    from wsi.pipelines.predict.stage import PredictResult
     from wsi.pipelines.tile.findings import TileResult
     from wsi.pipelines.train.results import TrainResult
     from wsi.slides.slide import Slide
@@ -91,7 +91,8 @@ def train(task: PathLike, *, labels_csv: PathLike, out_dir: PathLike, **settings
     cv, device, ...). Writes config.json, metrics.json, report.html and the weights into `out_dir`."""
     from wsi.pipelines.train import train as train_run
 
-    return train_run(task, labels_csv=labels_csv, out_dir=out_dir, **settings)
+    labels, out = os.fspath(labels_csv), os.fspath(out_dir)
+    return train_run(os.fspath(task), labels_csv=labels, out_dir=out, **settings)
 
 
 def predict(
@@ -100,10 +101,10 @@ def predict(
     """Predict slides (files, folders, CSV lists: tiled and embedded with the run's recorded settings) or
     bags (`features_dir=`) with a trained run folder; `settings`: PredictOptions fields (weights,
     labels_csv, top_tiles, ...). Writes predictions.csv, heatmaps/ and manifest.csv into `out_dir`."""
-    from wsi.pipelines.predict import predict as predict_run
+    from wsi.pipelines.predict.stage import predict as predict_run
 
-    given = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
-    return predict_run(inputs=given, model_dir=model_dir, out_dir=out_dir, **settings)
+    given = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
+    return predict_run(inputs=given, model_dir=os.fspath(model_dir), out_dir=os.fspath(out_dir), **settings)
 
 
 def open_slide(path: PathLike, **settings: Any) -> Slide:
