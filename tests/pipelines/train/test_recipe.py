@@ -345,6 +345,7 @@ def test_the_recipe_line_says_what_trains_in_words(tmp_path: Path) -> None:
     paper = apply_recipe(task.replace(recipe="paper"), n_train=1)
     line = describe_recipe(paper, 1)
     assert "for 1 training case:" in line and "whole bags at every step" in line
+    assert "adamw at learning rate 0.0001" in line and "each training bag once per epoch" in line
     assert "up to 100 epochs (stopping after 10 without improvement)" in line
     assert line.endswith("keeps the epoch of best validation AUROC")
     for jargon in ("tile share", "val-figure", "selection", "[1.0, 1.0]"):
