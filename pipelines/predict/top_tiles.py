@@ -193,9 +193,14 @@ def sheet_rows(
     return {label: row for label, row in rows.items() if row[0]}
 
 
-def contact_sheet(rows: Mapping[str, tuple[list[tuple[np.ndarray, float]], float]], *, title: str) -> bytes:
-    """One row per `sheet_rows` row, the tiles in rank order, each titled with its contribution (and
-    "(other way)" where it pushes against the row's direction: no tile pushed that way)."""
+def contact_sheet(
+    rows: Mapping[str, tuple[list[tuple[np.ndarray, float]], float]],
+    *,
+    title: str,
+    caption: str = "the tiles that push each way most, with their contributions",
+) -> bytes:
+    """One row per `sheet_rows` row, the tiles in rank order, each titled with its value (and "(other
+    way)" where it points against the row's direction, the row's sign: no tile pushed that way)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +221,7 @@ def contact_sheet(rows: Mapping[str, tuple[list[tuple[np.ndarray, float]], float
             other = value * sign < 0
             axes[r, c].set_title(f"{value:+.3g}" + (" (other way)" if other else ""), fontsize=7,
                                  color="0.45" if other else "black")  # fmt: skip
-    fig.suptitle(f"{title}: the tiles that push each way most, with their contributions", fontsize=9)
+    fig.suptitle(f"{title}: {caption}", fontsize=9)
     fig.tight_layout()
     return png_bytes(fig)
 

@@ -140,7 +140,7 @@ def retrieve(
     ranked = sorted(best, key=lambda t: -t[0])
     out = Path(out_dir)
     result = RetrievalResult(out, label)
-    crops: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = {}
+    crops: list[tuple[np.ndarray, float]] = []
     for rank, (sim, sid, row) in enumerate(ranked, start=1):
         bag = load_bag(by_id[sid].path, mpp=opts.mpp, rows=[row], require_um=False)
         x_um, y_um = (
@@ -151,7 +151,7 @@ def retrieve(
         if pictures:
             picture, crop = _picture(out, rank, sid, by_id[sid], bag, x_px, y_px)
             if crop is not None:
-                crops.setdefault(("query", "most"), []).append((crop, sim))
+                crops.append((crop, sim))
         result.rows.append(
             {
                 "rank": rank,
@@ -171,7 +171,9 @@ def retrieve(
     if crops:
         from wsi.pipelines.predict.top_tiles import contact_sheet
 
-        write_bytes_atomic(out / "top_tiles" / "contact_sheet.png", contact_sheet(crops, title=label[:60]))
+        sheet = contact_sheet({"most similar": (crops, 1.0)}, title=label[:60],
+                              caption="the tiles most like it, with their cosine similarity")  # fmt: skip
+        write_bytes_atomic(out / "top_tiles" / "contact_sheet.png", sheet)
     log.info("retrieval %r: the %d best of %d slide(s) in %s", label, len(ranked), len(sources), result.csv)
     return result
 
