@@ -78,6 +78,11 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: the tile stage's closing line: what its count is and what its statuses mean (the CLI's line too)
+TILE_UNIT = "tiles kept"
+TILE_LABELS = {"ok": "tiled", "skipped": "already done"}
+
+
 def tile_slides(
     sources: Sequence[SlideSource],
     *,
@@ -133,7 +138,7 @@ def tile_slides(
         for i, reason in refused.items():
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]
-        work = functools.partial(mirrored_job, fn=tile_slide, job=job, files=remote_files)
+        work = functools.partial(mirrored_job, fn=_tile_checked_slide, job=job, files=remote_files)
         # one process: two slides at a time, so one slide's single-threaded steps (mask, QC picture,
         # files) overlap the other's reads and filters and both cores stay busy
         at_once = min(2, os.cpu_count() or 1)
@@ -141,7 +146,7 @@ def tile_slides(
             ran = iter(
                 run_jobs(
                     todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile",
-                    at_once=at_once, progress=opts.progress,
+                    at_once=at_once, progress=opts.progress, unit=TILE_UNIT, labels=TILE_LABELS,
                 )
             )  # fmt: skip
         except JobsInterrupted as stop:  # Ctrl-C: the manifest records the slides that were finished
@@ -175,7 +180,12 @@ def tile_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
     Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok". An ok
     slide of which some part could not be decoded says where in `error`.
     """
-    check_usable_id(source.slide_id)  # a batch checked this already; a direct caller may not have
+    check_usable_id(source.slide_id)
+    return _tile_checked_slide(source, job)
+
+
+def _tile_checked_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
+    """`tile_slide` for a slide whose id `tile_slides` checked with the whole batch."""
     paths = output_paths(job.out_dir, source.slide_id)
     previous = read_tile_file(paths.h5) if is_complete(paths.h5) else None
     # another slide file made these tiles: refused while it exists; gone, it was probably moved

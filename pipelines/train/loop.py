@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from wsi.core.errors import ConfigError
 from wsi.core.files import write_csv_atomic
+from wsi.core.progress import progress as progress_bar
 from wsi.models.base.objectives import LossInputs, Objective, before_optimizer_step, training_step
 from wsi.models.layers.standardize import input_standardizer
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
@@ -119,7 +118,8 @@ def train_epoch(
     n_losses = 0
     watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
-    for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
+    steps = progress_bar(loader, desc=desc, unit="step", leave=False, disable=not progress)
+    for step, batch in enumerate(steps):
         last = step + 1 == n_batches
         if batch.x.shape[0] == 0 and not (last and pending):  # every item failed to decode (reported)
             continue
@@ -232,14 +232,14 @@ class Trainer:
             return make_loader(
                 adapter, items, train=train, batch_size=task.batch_size, num_workers=task.num_workers,
                 device=device, generator=generator, n_targets=len(kind.target_names),
-                preload_bytes=PRELOAD_BYTES,
+                preload_bytes=PRELOAD_BYTES, balanced=task.sampling == "balanced",
             )  # fmt: skip
 
         train_loader = loader(split.train, train=True)
         optimizer = make_optimizer(model, task)
         batches_per_loss = math.ceil(kind.group_bags / task.batch_size)
         losses_per_epoch = math.ceil(len(train_loader) / batches_per_loss)
-        steps_per_epoch = math.ceil(losses_per_epoch / task.grad_accum)
+        steps_per_epoch = math.ceil(losses_per_epoch / (task.grad_accum or 1))
         return cls(
             task=task, kind=kind, model=model, device=device, train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
@@ -266,11 +266,12 @@ class Trainer:
         t0 = time.perf_counter()
         train_loss = train_epoch(
             self.model, self.train_loader, self.optimizer, self.scheduler, device=device,
-            grad_accum=task.grad_accum, grad_clip=task.optimizer.grad_clip, progress=progress,
+            grad_accum=task.grad_accum or 1, grad_clip=task.optimizer.grad_clip, progress=progress,
             desc=f"epoch {epoch}", kind=self.kind, augment=self.augment,
         )  # fmt: skip
         val = predict_loader(self.model, self.val_loader, device=device, kind=self.kind)
         val_loss, figures, score = self.kind.validation(val.targets, val.outputs, val.logits)
+        score = self.selection.figure(score, val.labels, val.outputs, self.kind.num_outputs)
         row = {
             "epoch": epoch,
             "train_loss": round(train_loss, 6),
@@ -298,15 +299,17 @@ class Trainer:
         epoch = row["epoch"]
         score = self.selection.score(state.log, row, score)
         self.selection.remember(self.model, run_dir, epoch)
-        improved = state.best_score is None or score > state.best_score
+        eligible = self.selection.eligible(epoch, int(self.task.epochs or epoch))
+        improved = eligible and (state.best_score is None or score > state.best_score)
         if improved:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
             self.selection.save_best(self.model, run_dir / "best.safetensors", epoch)
-        else:
+        elif eligible:
             state.bad_epochs += 1
         state.epoch = epoch
         state.log.append(row)
-        if self.task.patience and state.bad_epochs >= self.task.patience:  # 0 / None: never
+        patience, at_least = self.task.patience, self.task.min_epochs or 0
+        if patience and state.bad_epochs >= patience and epoch >= at_least:  # patience 0 / None: never
             state.done = True
             log.info("early stop after epoch %d (best %d)", epoch, state.best_epoch)
         if improved or final or state.done or time.monotonic() - self.saved_at >= STATE_EVERY_S:
@@ -340,6 +343,11 @@ def require_recipe(task: TaskConfig) -> int:
     return task.epochs
 
 
+def _shown(value: float) -> str:
+    """An epoch figure for the progress line: 3 decimals, "n/a" where it was not estimable (NaN)."""
+    return "n/a" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
+
+
 def fit(
     *,
     task: TaskConfig,
@@ -359,16 +367,15 @@ def fit(
     epochs = require_recipe(task)
     trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
     state = trainer.start(run_dir, resume=resume)
-    bar = tqdm(
-        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
-        file=sys.stderr,
-    )  # fmt: skip
+    bar = progress_bar(
+        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", unit="epoch", disable=not progress
+    )
     while not state.finished(epochs):
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
         trainer.end_epoch(state, row, score, run_dir, final=row["epoch"] >= epochs)
         bar.update(1)
         figure = kind.val_columns[0] if kind.val_columns else "val_loss"
-        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: f"{row[figure]:.3f}"})
+        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: _shown(row[figure])})
         if on_epoch_end is not None:
             on_epoch_end(row)
     bar.close()
