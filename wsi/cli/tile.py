@@ -67,7 +67,7 @@ Output (under --out):
   qc/<slide_id>.png       the slide (1200 px): tissue outline; kept green, background blue,
                           blurry red, unreadable magenta, undecodable parts of the file hatched;
                           artifacts: ink orange, fold brown, bubble cyan, border near-black,
-                          dust pink, blood dark red; legend with counts (ink per marker
+                          dust pink, blood wine (--filter blood); legend with counts (ink per marker
                           colour), slide id, mpp
   qc/<slide_id>.geojson   the same as QuPath objects (File > Import objects), level-0 px:
                           tissue outline (annotation "Tissue"), every tissue tile classed

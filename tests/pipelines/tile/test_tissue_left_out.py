@@ -40,13 +40,13 @@ def test_tissue_left_out_of_the_mask_is_counted_and_shown(tmp_path: Path, monkey
     rgb = np.asarray(Image.open(IMAGES / "tml_lavender_blue-marker.png").convert("RGB"))
     slide = _write(tmp_path / "lavender.tif", rgb, 8.0)
     legends: list[wsi.tiling.qc.QcLegend] = []
-    real = wsi.tiling.qc._with_legend
+    real = wsi.tiling.qc.with_legend
 
-    def spy(picture: np.ndarray, legend: wsi.tiling.qc.QcLegend) -> np.ndarray:
+    def spy(picture: np.ndarray, legend: wsi.tiling.qc.QcLegend, *args: float | None) -> np.ndarray:
         legends.append(legend)
-        return real(picture, legend)
+        return real(picture, legend, *args)
 
-    monkeypatch.setattr(wsi.tiling.qc, "_with_legend", spy)
+    monkeypatch.setattr(wsi.tiling.qc, "with_legend", spy)
     params = TileParams(tile_px=32, min_blur_variance=0.0, tissue=TissueParams(min_saturation=0.3))
     [result] = tile_slides([SlideSource("lavender", slide)], out_dir=tmp_path / "floor", params=params)
     assert result.status in ("ok", "empty"), result.error  # the few tiles left may all be marker

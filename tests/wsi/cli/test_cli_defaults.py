@@ -23,7 +23,7 @@ from wsi.cli._options import ConfigOption, config_options, field_of, model_defau
 from wsi.cli.main import COMMANDS, cli, load_command
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.tile.config import SegmentationOptions
-from wsi.tiling.params import ARTIFACT_FILTERS, TileParams
+from wsi.tiling.params import ARTIFACT_FILTERS, DEFAULT_FILTERS, TileParams
 
 WALKED = sorted(COMMANDS)  # train, embed-slides and demo too: TrainOptions, SlideEmbedOptions, DemoOptions
 
@@ -38,6 +38,8 @@ def _segmenter_names(kind: Literal["tissue", "artifact"]) -> list[str]:
 # name) -> (what is compared, where the value comes from)
 FROM_ELSEWHERE: dict[tuple[str, str], tuple[str, Callable[[], Any]]] = {
     ("tile", "no_filter"): ("choices", lambda: list(ARTIFACT_FILTERS)),  # the weight-free filters' names
+    # ... and those of them off by default, which --filter turns on
+    ("tile", "add_filter"): ("choices", lambda: [f for f in ARTIFACT_FILTERS if f not in DEFAULT_FILTERS]),
     ("embed", "encoders"): ("default", lambda: (model_default(EmbedOptions, "encoder"),)),  # paired by order
 }
 # config options whose choices are a registry's (the field's type names them; the registry must agree)
