@@ -45,11 +45,7 @@ def filter_tiles(
     every, read_colours = found, colours
     if artifacts is not None:
         keep = artifacts == KEPT
-        codes = found.region_codes[keep] if found.region_codes is not None else None
-        tints = found.region_colours[keep] if found.region_colours is not None else None
-        found = dataclasses.replace(
-            found, candidates=found.candidates[keep], region_codes=codes, region_colours=tints
-        )
+        found = found.restricted(keep)
         read_colours = colours[keep] if colours is not None else None
     writer = pixel_writer(zarr_path, job.params, slide_id, len(found.candidates)) if job.save_tiles else None
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,7 +87,7 @@ def restrict_to_roi(
         note=note,
     )
     log.info("%s: %d of %d tissue cells inside", roi.describe(), int(keep.sum()), len(keep))
-    return replace(found, candidates=found.candidates[keep]), record, note
+    return found.restricted(keep), record, note
 
 
 def roi_fit_note(found: TissueGrid, roi: Roi | None, size: tuple[int, int], mpp: float) -> str:

@@ -121,6 +121,15 @@ class TissueGrid:
     #: given by a network, a dark-background slide)
     left_out: LeftOut | None = None
 
+    def restricted(self, keep: np.ndarray) -> TissueGrid:
+        """The same grid with only the candidates where (M,) bool `keep` (an ROI, an artifact network's
+        verdicts), their per-candidate regions' codes and ink colours with them."""
+        codes = self.region_codes[keep] if self.region_codes is not None else None
+        colours = self.region_colours[keep] if self.region_colours is not None else None
+        return dataclasses.replace(
+            self, candidates=self.candidates[keep], region_codes=codes, region_colours=colours
+        )
+
     @property
     def candidate_coords(self) -> np.ndarray:
         """(M, 2) int64 level-0 top-left of each candidate cell."""

@@ -4,6 +4,7 @@ slide, its reasons in the tile file, the manifest, the run summary and the QC pi
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,26 @@ def test_qc_legend_shows_every_reason() -> None:
     for name in REASON_NAMES.values():
         assert (panel == FATE_RGB[name]).all(axis=1).sum() >= 100, name  # a filled swatch in the legend
     assert len({FATE_RGB[name] for name in REASON_NAMES.values()}) == len(REASON_NAMES)  # all distinct
+
+
+def test_an_roi_keeps_each_tiles_own_ink_verdict_and_colour(inked, tmp_path: Path) -> None:
+    """With --roi, each tile inside it gets the verdict and the ink colour it has without one: the thumbnail
+    regions' codes and colours follow the candidates the ROI keeps (they were once read in the order of
+    all candidates, so a tile took another's)."""
+    path, truth = inked
+    h, w = truth.shape
+    roi = tmp_path / "right.geojson"
+    half = [[w / 2, 0], [w, 0], [w, h], [w / 2, h], [w / 2, 0]]
+    roi.write_text(json.dumps({"type": "Polygon", "coordinates": [half]}))
+    source = [SlideSource("inked", path)]
+    tile_slides(source, out_dir=tmp_path / "all", params=PARAMS, backend="tiffslide")
+    tile_slides(source, out_dir=tmp_path / "roi", params=PARAMS, backend="tiffslide", roi=roi)
+    every = read_candidates(output_paths(tmp_path / "all", "inked").h5)
+    inside = read_candidates(output_paths(tmp_path / "roi", "inked").h5)
+    assert every is not None and inside is not None and every.ink_colours is not None
+    every_tile = zip(every.coords, every.reasons, every.ink_colours, strict=True)
+    verdicts = {tuple(xy): (int(r), int(c)) for xy, r, c in every_tile}
+    assert inside.ink_colours is not None and 0 < len(inside.reasons) < len(every.reasons)
+    assert (inside.reasons == INK).sum() >= 5
+    for xy, r, c in zip(inside.coords, inside.reasons, inside.ink_colours, strict=True):
+        assert verdicts[tuple(xy)] == (int(r), int(c)), xy
