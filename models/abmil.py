@@ -165,7 +165,7 @@ class ABMIL(KindModel):
 
 
 def _rename_pre_pool_keys(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: object) -> None:
-    """Weights with the pooling at the top level load into `pool` (`attn_v.weight` -> `pool.attn_v.weight`)."""
+    """Weights whose pooling is at the top level load into `pool` (`attn_v.*` -> `pool.attn_v.*`)."""
     for name in ("attn_v", "attn_u", "attn_w"):
         for key in [k for k in state if k.startswith(f"{prefix}{name}.")]:
             state[f"{prefix}pool.{key[len(prefix) :]}"] = state.pop(key)

@@ -45,7 +45,7 @@ class DSMILConfig:
     dropout_v: _Rate = 0.0  # before W_v when passing_v (authors' dropout_node: 0)
     num_classes: _Width = 2
     readout: Literal["bag", "mean"] = "bag"  # the authors' bag stream | 0.5 (bag + max instance), MIL-Lab's
-    stream_loss: Literal["bce", "task"] = "bce"  # each stream's: the authors' BCE (0.5 each) | the task's loss
+    stream_loss: Literal["bce", "task"] = "bce"  # per stream: the authors' BCE | the task's loss
     scoring: Literal["sigmoid", "softmax"] = "sigmoid"  # the authors': per-class sigmoid, one output
     # for two classes (num_classes then 1: set by the task); softmax: one output per class, softmax
     max_tokens_per_chunk: _Width | None = None  # no-grad passes over chunks of this many tiles (exact)
