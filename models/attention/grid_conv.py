@@ -2,11 +2,11 @@
 ../shared/papers/002_c0df02e6ea3bd407.txt; the authors' code: github.com/xmindflow/gdla @973d374).
 
 - `GridDWC`: a depthwise 3x3 (3x3x3) convolution with bias over tokens placed by a neighbour table
-  (models.layout); empty cells and absent tokens read 0.
+  (models.attention.layout); empty cells and absent tokens read 0.
 - `PreMix`: SiLU(DWC3x3(x)), what the block feeds its mixer instead of x.
 - `MixFFN`: eqs. 29-30, the block's feed-forward with a depthwise convolution between its 1x1 maps.
 
-Presence weights (float masks, models.attribution) scale a token's row before it enters a neighbour's
+Presence weights (float masks, models.explain.attribution) scale a token's row before it enters a neighbour's
 convolution, so weight 0 is the bag without the token, as in every attention variant.
 """
 

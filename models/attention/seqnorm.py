@@ -40,7 +40,7 @@ class SeqNormAttention(AttentionBase):
     """Softmax-free attention with Q, K, V normalized across the sequence; linear in N."""
 
     qkv_bias = False  # a bias on Q, K or V cancels in the normalization
-    dead_keys = ("to_qkv.bias",)  # checkpoints from before the bias was dropped still load
+    dead_keys = ("to_qkv.bias",)  # checkpoints that hold the (cancelling) bias still load
 
     def __init__(self, dim: int, heads: int, *, eps: float = 1e-5, **options: object) -> None:
         if options.get("bias"):

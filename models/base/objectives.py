@@ -6,7 +6,7 @@ kinds, so the generic loop (`pipelines.train.loop`) knows none of them. It asks
 forward and no objective), and after the backward pass, before its own clipping, calls
 `before_optimizer_step(model)` (DTFD-MIL clips each tier to the authors' norm there).
 
-A model whose objective needs a class per bag says so in `task_kinds` (models.model_kinds), and
+A model whose objective needs a class per bag says so in `task_kinds` (models.base.kinds), and
 `wsi train` refuses other task kinds by name.
 """
 

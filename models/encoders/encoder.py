@@ -213,54 +213,89 @@ def build_encoder(
 ) -> Encoder:
     """Build an encoder in eval mode on the CPU, with weights from a file or folder, or (explicitly) random.
 
-    name: a named encoder (`wsi encoders`), "timm:<architecture>", or a recipe file "my-encoder.yaml".
+    name: a named encoder (`wsi encoders`), "timm:<architecture>" (any timm model, classifier removed), or
+        a recipe file "my-encoder.yaml" (the fields of EncoderRecipe).
+    weights: a .pth/.pt/.bin state dict (optionally wrapped in {"state_dict"|"model": ...}, keys optionally
+        prefixed "module.") or .safetensors file, the model folder as the authors' hub repository lays it
+        out, `hf:ORG/REPO`, or None (a Hub model is then found in the Hugging Face cache, offline).
+    random_init: build without weights (tests, demos): loud warning, seeded, weights_sha256 = "random".
+    expected_sha256: refuse a weights file whose digest differs (a published digest only warns).
+    input_px: network input side for timm:<name> encoders; named recipes fix theirs.
     arch_overrides: for tests and benchmarks only (e.g. {"depth": 2}): the architecture changes, so the
         encoder's name and id get an "@test" suffix and its bags can never pass for the published model.
+    Errors: WeightsError (missing, unsafe, wrong keys or shapes, digest), ConfigError (name, recipe, size).
     """
     if weights is not None and random_init:
         raise WeightsError("give either weights or random_init, not both")
     recipe = get_recipe(name)
-    if not random_init:  # hf:ORG/REPO, a URL, or nothing for a Hub model: found offline (wsi.storage.hf)
-        weights = located_weights(weights, recipe, name)
-    if weights is None and not random_init:
-        raise WeightsError(
-            f"encoder {name!r} needs weights: give --weights PATH (the weights file or the model folder as "
-            "the authors publish it; see `wsi encoders`), or --random-init for tests and demos"
-        )
-    if input_px is not None and input_px != recipe.input_px:
-        if recipe.fixed_input_px:
-            raise ConfigError(f"encoder {name!r} takes {recipe.input_px} px input; its input size is fixed")
-        if input_px < 16:
-            raise ConfigError(f"input_px {input_px} is too small for a CNN/ViT encoder")
+    weights = None if random_init else _weights_for(name, recipe, weights)
+    _check_input_px(name, recipe, input_px)
     if arch_overrides:
         name = f"{name}@test"
     if is_recipe_path(name) and recipe.dim:
         check_declared_width(recipe, name, arch_overrides)
+    input_px = input_px or recipe.input_px
     if weights is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(RANDOM_SEED)
-            backbone = build_backbone(recipe, arch_overrides)
-            enc = Encoder(
-                recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px
-            )
-        log.warning(
-            "encoder %r has RANDOM weights (random_init): its features carry no pathology knowledge; "
-            "use this only for tests and demos",
-            name,
-        )
-        return enc.eval()
+        return _random_encoder(recipe, name, input_px, arch_overrides)
     with torch.device("meta"):  # the architecture without memory: its facts, then storage for the load
         skeleton = build_backbone(recipe, arch_overrides)
     path = resolve_weights_path(weights, recipe, name, arch_facts(skeleton))
     state = load_state_dict_file(path)
+    digest = _checked_digest(path, name, recipe, expected_sha256)
+    enc = Encoder(
+        recipe, _materialise(skeleton, recipe, arch_overrides), name=name, weights_sha256=digest,
+        input_px=input_px,
+    )  # fmt: skip
+    load_checked(enc, state, recipe, path, name)
+    return enc.eval()
+
+
+def _weights_for(
+    name: str, recipe: EncoderRecipe, weights: str | os.PathLike[str] | None
+) -> str | os.PathLike[str]:
+    """The weights to load: hf:ORG/REPO, a URL, or nothing for a Hub model are found offline
+    (wsi.storage.hf); an encoder left without weights is refused, naming --weights and --random-init."""
+    found = located_weights(weights, recipe, name)
+    if found is None:
+        raise WeightsError(
+            f"encoder {name!r} needs weights: give --weights PATH (the weights file or the model folder as "
+            "the authors publish it; see `wsi encoders`), or --random-init for tests and demos"
+        )
+    return found
+
+
+def _check_input_px(name: str, recipe: EncoderRecipe, input_px: int | None) -> None:
+    """ConfigError for an input side the recipe fixes otherwise, or one too small for any network."""
+    if input_px is None or input_px == recipe.input_px:
+        return
+    if recipe.fixed_input_px:
+        raise ConfigError(f"encoder {name!r} takes {recipe.input_px} px input; its input size is fixed")
+    if input_px < 16:
+        raise ConfigError(f"input_px {input_px} is too small for a CNN/ViT encoder")
+
+
+def _random_encoder(
+    recipe: EncoderRecipe, name: str, input_px: int, arch_overrides: Mapping[str, Any] | None
+) -> Encoder:
+    """The architecture with seeded random weights (the global RNG untouched), with a loud warning."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_SEED)
+        backbone = build_backbone(recipe, arch_overrides)
+        enc = Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=input_px)
+    log.warning(
+        "encoder %r has RANDOM weights (random_init): its features carry no pathology knowledge; "
+        "use this only for tests and demos",
+        name,
+    )
+    return enc.eval()
+
+
+def _checked_digest(path: Path, name: str, recipe: EncoderRecipe, expected_sha256: str | None) -> str:
+    """The weights file's sha256: refused when it is not `expected_sha256`; a warning when no digest is
+    expected and the file is not the published checkpoint (its features will differ from published ones)."""
     digest = sha256_file(path)
     if expected_sha256 is not None and digest != expected_sha256.lower():
         raise WeightsError(f"{path} has sha256 {digest}, expected {expected_sha256}; wrong or damaged file")
-    enc = Encoder(
-        recipe, _materialise(skeleton, recipe, arch_overrides), name=name, weights_sha256=digest,
-        input_px=input_px or recipe.input_px,
-    )  # fmt: skip
-    load_checked(enc, state, recipe, path, name)
     published = recipe.published_sha256
     if expected_sha256 is None and published and digest != published:
         log.warning(
@@ -268,7 +303,7 @@ def build_encoder(
             "differ from published %s features",
             path, name, digest[:12], published[:12], name,
         )  # fmt: skip
-    return enc.eval()
+    return digest
 
 
 def check_declared_width(

@@ -2,21 +2,11 @@
 
 Each batch is read and decoded once; on the device it is stain-normalised (opt-in) and handed, as the
 same uint8 tensor, to every encoder that still needs this slide, each with its own preprocessing
-(`Encoder.preprocess`: resize, crop, normalise on the device). Features stay on the device until a slide
-is complete (one synchronisation per slide), and bags are written by a writer thread, so neither the
-copy back nor HDF5 stalls the next batch. A failure fails that slide's bag(s), never the stream: a slide
-that cannot be read fails every encoder's bag, an encoder that fails on a slide fails only its bag.
-
-Public API:
-  SlideJob          one bag to write: a slide's tiles, the bag path, the tile-file facts for provenance
-  SlideWork(jobs)   one slide read once: jobs[k] is encoder k's bag to write (None: not needed)
-  WorkResult        a JobResult for a whole SlideWork (dask items), with one JobResult per bag in .bags
-  bag_provenance(job, runtime, options, n_bad, *, stain=None, stain_fallback=None) -> BagProvenance
-  embed_works(runtimes, works, *, options, readers, mode, progress, stain=None, batch_size=None,
-              publish=None) -> list[list[JobResult | None]]   per work, one result per runtime (None
-                                               where no job); publish(bag path) after each bag is written
-  embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[JobResult]   one encoder
-  from runtime.py: EmbedOptions, Runtime, prepare_runtime, prepare_runtimes, encode, resolve_decode
+(`Encoder.preprocess`). Features stay on the device until a slide is complete (one synchronisation
+per slide), and a writer thread writes the bags, so neither the copy back nor HDF5 stalls the next
+batch. A failure fails that slide's bag(s), never the stream: a slide that cannot be read fails every
+encoder's bag, an encoder that fails on a slide only its own. A `SlideWork` is one slide read once
+(`jobs[k]`: encoder k's `SlideJob`, or None); `embed_works` returns one result per work and encoder.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ write them:
 
   predict     DIR/manifest.csv (slide, path: the slide, or the bag whose `slide_path` names it, status,
               error), DIR/predictions.csv (one row per slide), DIR/heatmaps/<id>.json (per-tile
-              contributions, `pipelines.heatmaps.write_tile_values`), DIR/top_tiles/index.csv, and for
+              contributions, `pipelines.inputs.heatmaps.write_tile_values`), DIR/top_tiles/index.csv, and for
               raw slides DIR/work/tiles/<id>.h5
   tile        DIR/tiles/manifest.csv, DIR/tiles/<id>.h5 (kept tiles and the slide path), DIR/qc/<id>.png;
               DIR/qc/<id>.geojson and DIR/geojson/<id>.geojson (QuPath objects: tissue, tile fates)
