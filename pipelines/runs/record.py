@@ -156,7 +156,7 @@ def write_fitted(run_dir: str | Path, values: dict[str, Any]) -> Path:
 
 def read_fitted(run_dir: str | Path) -> dict[str, Any]:
     """The fitted values of a run folder as the mapping `pipelines.study.kinds.build_kind` takes ({} when
-    the run has none: categorical runs, and runs written before fitted.json existed)."""
+    the folder has no fitted.json: categorical runs write none)."""
     path = Path(run_dir) / FITTED_NAME
     if not path.is_file():
         return {}

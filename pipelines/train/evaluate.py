@@ -46,7 +46,7 @@ def evaluate_best(trainer: Trainer, run_dir: Path, state: TrainState, *, label: 
     figures = kind.evaluate(preds, n_bootstrap=task.bootstrap, seed=task.seed)
     id_column = "patient" if task.level == "patient" else "slide"
     kind.write_predictions(run_dir / f"{eval_split}_predictions.csv", preds, id_column=id_column)
-    if kind.name == "categorical":  # the ROC figure training has always drawn (other kinds: the report's)
+    if kind.name == "categorical":  # roc.png beside metrics.json (other kinds' figures: the report's)
         _draw_roc(task, preds, run_dir / "roc.png")
     result = _metrics(kind, figures, state, eval_split, note)
     write_json_atomic(run_dir / "metrics.json", result)
