@@ -11,14 +11,8 @@ safetensors): a checkpoint is an untrusted file and must not be able to run code
   count_parameters, pick_batch_size, load_state_dict_file, RETCCL_SHA256, CTRANSPATH_SHA256
 """
 
-from wsi.models.encoders.encoder import (
-    Encoder,
-    build_encoder,
-    count_parameters,
-    encoder_id_for,
-    mpp_warning,
-    pick_batch_size,
-)
+from wsi.models.encoders.build import build_encoder, count_parameters
+from wsi.models.encoders.encoder import Encoder, encoder_id_for, mpp_warning, pick_batch_size
 from wsi.models.encoders.named import CTRANSPATH_SHA256, RETCCL_SHA256
 from wsi.models.encoders.recipe import (
     ENCODERS,

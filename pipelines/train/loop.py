@@ -1,7 +1,7 @@
 """The generic training loop: one model, one split, one run folder.
 
 It knows nothing about bags or images, nor about what is learned: batches come from an input adapter
-(through `pipelines.study.cases`), each epoch's pass is `pipelines.train.epoch.train_epoch`, and the
+(through `pipelines.study.cases`), each epoch's pass is `pipelines.train.passes.train_epoch`, and the
 task kind (`pipelines.study.kinds`) turns the validation outputs into the figures that pick the best
 epoch. `fit` reads top to bottom: start or resume the `Trainer`, then per epoch train, validate, keep
 the best weights, and save the log, last weights and resume state when due. Small cohorts' inputs are
@@ -32,9 +32,8 @@ from wsi.pipelines.study.cases import CaseDataset, make_loader
 from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.augment import BagAugment
-from wsi.pipelines.train.epoch import train_epoch
 from wsi.pipelines.train.optim import make_optimizer, make_scheduler
-from wsi.pipelines.train.passes import Predicted, peak_mem_mb, predict_loader
+from wsi.pipelines.train.passes import Predicted, peak_mem_mb, predict_loader, train_epoch
 from wsi.pipelines.train.recipe import is_resolved
 from wsi.pipelines.train.selection import Selection
 from wsi.pipelines.train.splits import Split
