@@ -94,7 +94,7 @@ __all__ = ["Predicted", "forward_batch", "peak_mem_mb", "predict_loader"]
 
 
 # ------------------------------------------------------------------------------------ training pass
-_forward = forward_batch  # one name per module: tests replace the training pass's forward
+_forward = forward_batch  # the training pass's forward, by a name tests can replace
 
 
 def _training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, Objective | None]:

@@ -74,7 +74,7 @@ def train(
     on_epoch_end: EpochHook | None = None,
     **settings: Any,
 ) -> TrainResult:
-    """Train a task's model on labelled inputs; see the module docstring for what `out_dir` receives.
+    """Train a task's model on labelled inputs; docs/formats.md (RUN_DIR) lists what `out_dir` receives.
 
     `options` (or its fields as keywords, `settings`; `TrainOptions` documents each): where the inputs
     are (`features_dir` or `images_dir`), what of the task to change (preset, attention, epochs, seed,
