@@ -1,17 +1,13 @@
 """ABMIL (preset `abmil`): gated-attention pooling over a bag of tile features (Ilse et al. 2018).
 
-Each tile feature x_k is embedded h_k = ReLU(W_1 x_k) (dropout after), scored
-s_k = w^T (tanh(V h_k) * sigmoid(U h_k)) (gated; `attention: plain` drops the sigmoid gate), and the
-bag is z = sum_k a_k h_k with a = softmax(s) over the bag's real tiles; logits = W_cls z + b.
-Reference read: Ilse, Tomczak & Welling, "Attention-based Deep Multiple Instance Learning", ICML 2018,
-eq. 9 (gated attention); AMLab-Amsterdam/AttentionDeepMIL model.py; mahmoodlab/CLAM
+h_k = ReLU(W_1 x_k) (dropout after), s_k = w^T (tanh(V h_k) * sigmoid(U h_k)) (`attention: plain` drops
+the gate), z = sum_k a_k h_k with a = softmax(s) over the real tiles, logits = W_cls z + b. Read from
+Ilse, Tomczak & Welling, ICML 2018, eq. 9; AMLab-Amsterdam/AttentionDeepMIL model.py; mahmoodlab/CLAM
 models/model_clam.py (Attn_Net_Gated: in -> 512 -> 256, ReLU + dropout 0.25).
 
-It is the small-cohort baseline beside the transformers: 38k parameters for 166-d features at the
-Ilse sizes (1.3M at the 2048-d preset), order-invariant by construction (tile coordinates are accepted
-and ignored), and its explanation is exact: because the classifier is linear after a convex pooling,
-logits = b + sum_k a_k (W_cls h_k), so tile k's contribution is its attention weight times its own
-class scores.
+The small-cohort baseline beside the transformers (38k parameters for 166-d features, 1.3M at the
+2048-d preset): order-invariant (coordinates are accepted and ignored), and its per-tile contributions
+are exact, since the classifier is linear after a convex pooling.
 """
 
 from __future__ import annotations
@@ -169,7 +165,7 @@ class ABMIL(KindModel):
 
 
 def _rename_pre_pool_keys(module: nn.Module, state: dict[str, Tensor], prefix: str, *_: object) -> None:
-    """Weights saved before the pooling moved to models.pooling (`attn_v.weight` -> `pool.attn_v.weight`)."""
+    """Weights whose pooling is at the top level load into `pool` (`attn_v.*` -> `pool.attn_v.*`)."""
     for name in ("attn_v", "attn_u", "attn_w"):
         for key in [k for k in state if k.startswith(f"{prefix}{name}.")]:
             state[f"{prefix}pool.{key[len(prefix) :]}"] = state.pop(key)

@@ -1,22 +1,13 @@
 """MILTransformer (preset `vit-wsi`): a class-token transformer over a bag of tile features.
 
-Tiles are unordered: without position encoding the model is invariant to their order. With
-`pos_encoding` on, a fixed 2D sine-cosine encoding of the tile coordinates (micrometres, so it means the
-same at any magnification) is added to each projected feature. gdla's local path places the tiles on
-their slide grid by their coordinates (models.layout); a bag given without coordinates has every tile
-alone in its neighbourhood.
-
-Readout (`pool`). `cls` (the paper's vit-wsi) reads the class token after the last block. `gated` pools
-the tiles' output tokens with gated attention (models.pooling): with linear attention a class token sees
-the bag only through its tokens' mean and covariance, so one positive tile among dozens barely moves
-it, while a per-token score and a softmax over the bag can single that tile out (small cohorts with
-few positive tiles per slide: `vit-wsi-small`). The final LayerNorm then acts on the pooled bag
-vector, not on each token (which would divide out each token's size), and the class token stays in
-the sequence as a learned global token every tile can attend to. Either way logits == base + the
-tiles' contributions.
-
-Long bags: without gradients a bag longer than `chunk_above_tokens` runs through the exact two-pass
-chunked scheme (bounded memory); `logits_from_chunks` does the same for a bag streamed from disk; with
+Tiles are unordered: without position encoding the model is invariant to their order; `pos_encoding`
+adds a fixed 2D sine-cosine encoding of the tile coordinates (micrometres: the same at any
+magnification). gdla's local path places the tiles on their slide grid by their coordinates.
+Readout (`pool`): `cls` (the paper's) reads the class token after the last block; `gated` pools the
+tiles' output tokens with gated attention (models.layers.pooling), for small cohorts with few positive
+tiles per slide (`vit-wsi-small`). Either way logits == base + the tiles' contributions.
+Long bags: without gradients a bag longer than `chunk_above_tokens` runs the exact two-pass chunked
+scheme (models.layers.chunked), as `logits_from_chunks` does for a bag streamed from disk; with
 gradients a bag longer than `checkpoint_above_tokens` recomputes its blocks in backward.
 """
 
@@ -79,7 +70,7 @@ class MILTransformer(KindModel):
     inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
     config_class = MILConfig
     config: MILConfig
-    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)
+    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.base.param_groups)
 
     def __init__(self, config: MILConfig) -> None:
         super().__init__()
@@ -182,7 +173,10 @@ class MILTransformer(KindModel):
         return self._plain(x, mask, coords_um)[:, 1:]
 
     def readout(self, h: Tensor, mask: Tensor | None = None) -> Tensor:
-        """pool: gated. Tile tokens after the last block (B, N, dim), mask (B, N) -> logits (B, C)."""
+        """pool: gated. Tile tokens after the last block (B, N, dim), mask (B, N) -> logits (B, C).
+
+        The final LayerNorm acts on the pooled bag vector, not on each token (which would divide out each
+        token's size); the class token stays in the sequence as a global token every tile attends to."""
         if self.pool is None:
             raise ConfigError("readout pools tile tokens: this model reads its class token (pool: cls)")
         z, _ = self.pool(h, mask)  # (B, dim)
@@ -323,6 +317,6 @@ class MILTransformer(KindModel):
         after the last block (through the final LayerNorm at the pooled vector's scale).
 
         0 at padded tiles. Call in eval mode (dropout off). See docs/api.md for what it leaves out and
-        `models.attribution.tile_effects` for each tile's whole effect.
+        `models.explain.attribution.tile_effects` for each tile's whole effect.
         """
         return self.logit_decomposition(x, mask, coords_um)[0]

@@ -93,10 +93,9 @@ def build_model_from_config(
 ) -> KindModel:
     """Rebuild a model from `model.to_dict()` (or a preset mapping).
 
-    `saved`: the mapping was written by an earlier wsi (a run record): a gdla model saved before
-    `gdla_block` existed had the legacy block, and is rebuilt with it so its weights load; CLAM's
-    `subtyping: auto | on | off` becomes the flag it trained with; a DSMIL saved before `scoring`
-    existed was scored by a softmax.
+    `saved`: the mapping comes from a run record, whose absent fields take the values its model trained
+    with: gdla without `gdla_block` the legacy block (so its weights load), CLAM's `subtyping: auto | on
+    | off` the flag it stands for, DSMIL without `scoring` a softmax.
     """
     if saved:
         config = _saved_defaults(config)
@@ -112,7 +111,7 @@ def build_model_from_config(
 
 
 def _saved_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A run record's model config with the values its fields had before they existed (or changed)."""
+    """A run record's model config with its absent or older-valued fields as its model trained with them."""
     from wsi.models.baselines.clam import legacy_config
 
     kind = config.get("kind", "mil")
@@ -126,8 +125,8 @@ def _saved_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 #: the largest model built: 2^31 parameters, 8.6 GB in float32 before gradients and optimizer state (the
-#: presets hold 0.04-30 million); each width is bounded on its own (`models.transformer.MAX_MODEL_INT`),
-#: this bounds what they make together
+#: presets hold 0.04-30 million); each width is bounded on its own
+#: (`models.layers.transformer.MAX_MODEL_INT`), this bounds what they make together
 MAX_MODEL_PARAMS = 2**31
 
 

@@ -50,7 +50,7 @@ class _ViT(KindModel):
     inputs: ClassVar[tuple[str, ...] | None] = ("images",)
     config_class = ViTConfig
     config: ViTConfig
-    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)
+    no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.base.param_groups)
     ndim = 2
 
     def __init__(self, config: ViTConfig) -> None:

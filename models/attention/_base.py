@@ -118,7 +118,8 @@ class AttentionBase(nn.Module):
         """x (B, N, D'), mask (B, N) True = real -> (B, N, D').
 
         `grid_shape` says the LAST prod(grid_shape) tokens form a row-major grid; `neighbours` (B, N, T)
-        gives every token's grid neighbours directly (models.layout). Only mixers of neighbours use them.
+        gives every token's grid neighbours directly (models.attention.layout). Only mixers of neighbours use
+        them.
         """
         self.check_input(x, mask)
         return self.drop(self.to_out(self.mix(x, mask, self._table(x, grid_shape, neighbours))))

@@ -1,9 +1,9 @@
 """Masked (and weighted) reductions over the token axis: padded tokens take no part in any sum.
 
 A mask is (B, N): bool (True = real token) or floating, a presence weight per token (0 = padding,
-1 = present, 2 = counts as two copies; `models.attribution` differentiates through it). Tensors reduced
-here are (B, N, C); results keep the token axis as 1 so they broadcast back: (B, 1, C). Padded rows are
-zeroed (not multiplied by 0), so even non-finite padding (NaN, inf) cannot leak into a result.
+1 = present, 2 = counts as two copies; `models.explain.attribution` differentiates through it). Tensors
+reduced here are (B, N, C); results keep the token axis as 1 so they broadcast back: (B, 1, C). Padded rows
+are zeroed (not multiplied by 0), so even non-finite padding (NaN, inf) cannot leak into a result.
 """
 
 from __future__ import annotations

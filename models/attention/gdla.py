@@ -1,21 +1,14 @@
-"""Gated differential linear attention (`gdla`), both paths of the paper (Zheng et al., CVPR 2026
-Findings, arXiv 2603.02727, sections 3.3-3.4).
+"""Gated differential linear attention (`gdla`), both paths of Zheng et al., CVPR 2026 Findings
+(arXiv 2603.02727, sections 3.3-3.4); where the equations could not be read, the authors' code was the
+reference: github.com/xmindflow/gdla modules/attn/gdla.py (one DWC and one PWC over the stacked 4D
+channels, one RMSNorm weight shared by heads and both paths, the gate applied per path).
 
-One projection gives Q, K, V and a gate input G (each D wide). The GLOBAL path is a gated differential
-linear attention: per head, Q and K split into two halves mapped by phi(x) = ELU(x) + 1; two normalized
-linear attentions share V, A_i = phi(Q_i) (phi(K_i)^T V) / (phi(Q_i) sum_n phi(K_i)), and
-Y = RMSNorm(A_1 - lambda * A_2) * sigmoid(G), lambda learnable per head and channel. The LOCAL path
-first mixes [Q; K; V; G] with its token neighbours, f = PWC(DWC3x3(.)) (a depthwise 3x3 convolution on
-the token grid, then a pointwise 4D x 4D projection), and runs a second gated differential linear
-attention on the mixed tensors with its own lambda'. The two outputs are concatenated and fused by a
-2D x D' projection. Everything is linear in the number of tokens.
-
-Where the paper's equations could not be read here, the authors' released code was the reference:
-github.com/xmindflow/gdla, modules/attn/gdla.py (one DWC and one PWC over the stacked 4D channels, one
-RMSNorm weight shared by heads and both paths, the gate applied per path). Tokens without a grid
-position (a class token, a bag without coordinates) have no neighbours: only their centre tap. Sums over
-tokens (phi(K)^T V, sum phi(K)) are formed in float32 and scaled by 1/N (the factor cancels), so bf16
-and fp16 activations neither lose them nor overflow.
+One projection gives Q, K, V and a gate input G. GLOBAL path, per head: Q and K split in halves mapped by
+phi = ELU + 1, A_i = phi(Q_i) (phi(K_i)^T V) / (phi(Q_i) sum_n phi(K_i)), Y = RMSNorm(A_1 - lambda A_2)
+* sigmoid(G). LOCAL path: [Q; K; V; G] mixed with its grid neighbours, f = PWC(DWC3x3(.)), then a second
+such attention with its own lambda'; the two outputs are concatenated and fused. Linear in the tokens.
+Tokens without a grid position have only their centre tap. Sums over tokens are float32 and scaled by
+1/N (it cancels), so bf16/fp16 activations neither lose them nor overflow.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The convolutions of GDLA's block around its mixer, on the token grid (Zheng et al., PVT-GDLA;
-../shared/papers/002_c0df02e6ea3bd407.txt).
+../shared/papers/002_c0df02e6ea3bd407.txt; the authors' code: github.com/xmindflow/gdla @973d374).
 
 - `GridDWC`: a depthwise 3x3 (3x3x3) convolution with bias over tokens placed by a neighbour table
-  (models.layout), through `models.attention.local.depthwise`: empty cells and absent tokens read 0.
-- `PreMix`: SiLU(DWC3x3(x)), what the block feeds its mixer instead of x. The paper replaces the
-  positional embedding with a 3x3 depth-wise convolution (Figure 2's caption); the authors' released
-  block (github.com/xmindflow/gdla @973d374, modules/decoder/gdlam.py, GDLAM.forward) runs
-  x -> LayerNorm -> Conv3x3 -> SiLU -> mixer, residual around all of it. One difference, named: that
-  Conv3x3 has no `groups`, so it is a DENSE 3x3 convolution (9 D'^2 weights); we follow the paper's
-  text (depth-wise, 9 D' weights), as the task asks.
-- `MixFFN`: eqs. 29-30, [X^; G] = DWC3x3(SiLU(Conv1x1(X))), Y = Conv1x1(X^ * SiLU(G)); the released
-  code (modules/ffn/gmlp.py, GMLP) has both 1x1 convolutions and the DWC as here, the last 1x1 without
-  bias, and takes a dropout it never applies. Dropout after the product and the output is ours (as in
-  the plain MLP), 0 unless the model sets `dropout`.
+  (models.attention.layout); empty cells and absent tokens read 0.
+- `PreMix`: SiLU(DWC3x3(x)), what the block feeds its mixer instead of x.
+- `MixFFN`: eqs. 29-30, the block's feed-forward with a depthwise convolution between its 1x1 maps.
 
-Presence weights (float masks, models.attribution) scale a token's row before it enters a neighbour's
+Presence weights (float masks, models.explain.attribution) scale a token's row before it enters a neighbour's
 convolution, so weight 0 is the bag without the token, as in every attention variant.
 """
 
@@ -51,7 +43,12 @@ class GridDWC(nn.Module):
 
 
 class PreMix(nn.Module):
-    """SiLU(DWC3x3(x)): the block's input to the GDLA mixer (after its LayerNorm)."""
+    """SiLU(DWC3x3(x)): the block's input to the GDLA mixer (after its LayerNorm).
+
+    The paper replaces the positional embedding with a depth-wise 3x3 convolution (Figure 2's caption).
+    The authors' block (xmindflow/gdla @973d374 modules/decoder/gdlam.py GDLAM.forward: x -> LayerNorm
+    -> Conv3x3 -> SiLU -> mixer) has no `groups`, a DENSE 3x3 (9 D'^2 weights); we follow the paper's
+    text (depth-wise, 9 D' weights), as the task asks."""
 
     def __init__(self, dim: int, grid_ndim: int = 2) -> None:
         super().__init__()
@@ -63,7 +60,11 @@ class PreMix(nn.Module):
 
 class MixFFN(nn.Module):
     """Mix-FFN (eqs. 29-30): hidden width `hidden` (the paper's d_hidden = 4 d_model: the model's
-    mlp_dim), a depthwise 3x3 over the grid between the two pointwise maps, SiLU gate."""
+    mlp_dim), a depthwise 3x3 over the grid between the two pointwise maps, SiLU gate.
+
+    [X^; G] = DWC3x3(SiLU(Conv1x1(X))), Y = Conv1x1(X^ * SiLU(G)), as the released GMLP
+    (modules/ffn/gmlp.py: the last 1x1 without bias; its dropout argument is never applied). Dropout
+    after the product and the output is ours (as in the plain MLP), 0 unless the model sets it."""
 
     def __init__(self, dim: int, hidden: int, dropout: float = 0.0, grid_ndim: int = 2) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Depthwise 3x3 (or 3x3x3) convolution over tokens placed by a neighbour table (see models.layout).
+"""Depthwise 3x3 (or 3x3x3) convolution over tokens placed by a neighbour table (see models.attention.layout).
 
 On a full patch grid this equals a zero-padded depthwise `nn.Conv2d` / `nn.Conv3d` without bias; on a
 slide's sparse tile grid it is the same convolution with empty cells read as zero. Gathering by index

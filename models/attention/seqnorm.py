@@ -1,15 +1,13 @@
 """Sequence-normalized softmax-free attention (`seqnorm`).
 
-Q, K and V are each normalized per bag and per channel across the real tokens (zero mean, unit
-variance), then scaled and shifted by their own learnable per-channel gamma and beta. Without a softmax
-the products reassociate: per head out = Q_j (K_j^T V_j) / N, so only a (d x d) summary per head is ever
-formed and time and memory grow linearly with the number of tokens N.
+Q, K and V are each normalized per bag and channel across the real tokens (zero mean, unit variance),
+then scaled and shifted by learnable per-channel gamma and beta. Without a softmax the products
+reassociate: out = Q_j (K_j^T V_j) / N per head, so only a (d x d) summary per head is formed and time
+and memory grow linearly with the number of tokens.
 
-Precision. The normalization subtracts each channel's mean, so Q = X W + b and Q - E[Q] = (X - E[X]) W:
-the input is centred over the real tokens in float32 BEFORE the projection, and the bias, which cancels,
-is not there at all. A bf16 projection then rounds the spread of the tokens, not their shared mean (which
-standardising would amplify); variances and the K^T V summary are formed in float32, and K^T V is scaled
-by 1/N so the bf16/fp16 product with Q cannot overflow.
+Precision: since Q - E[Q] = (X - E[X]) W, the input is centred over the real tokens in float32 BEFORE
+the projection (the bias, which cancels, is left out), so a bf16 projection rounds the tokens' spread,
+not their shared mean; variances and K^T V are float32, K^T V scaled by 1/N so it cannot overflow.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ class SeqNormAttention(AttentionBase):
     """Softmax-free attention with Q, K, V normalized across the sequence; linear in N."""
 
     qkv_bias = False  # a bias on Q, K or V cancels in the normalization
-    dead_keys = ("to_qkv.bias",)  # checkpoints from before the bias was dropped still load
+    dead_keys = ("to_qkv.bias",)  # checkpoints that hold the (cancelling) bias still load
 
     def __init__(self, dim: int, heads: int, *, eps: float = 1e-5, **options: object) -> None:
         if options.get("bias"):

@@ -48,7 +48,7 @@ class KindModel(nn.Module):
         return self.config.to_dict()
 
     def config_dict(self) -> JsonObject:
-        """Alias of `to_dict` (the name docs/api.md has always used)."""
+        """Alias of `to_dict` (the name docs/api.md uses)."""
         return self.to_dict()
 
 

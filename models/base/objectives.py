@@ -1,21 +1,13 @@
 """Model kinds' own training objectives: where an author's training quirk lives, not in the loop.
 
-CLAM adds an instance-clustering loss on its most and least attended tiles, DSMIL trains its
-max-instance stream beside its bag stream, DTFD-MIL trains a first tier on pseudo-bags and a second
-tier on what the first distils. Each is part of the model kind, so the generic training loop
-(`pipelines.train.loop`) knows none of them. It asks `training_step(model, x, **inputs)`:
+CLAM's instance clustering, DSMIL's max-instance stream and DTFD-MIL's two tiers belong to their model
+kinds, so the generic loop (`pipelines.train.loop`) knows none of them. It asks
+`training_step(model, x, **inputs)` for a `TrainingStep` (the model's own `training_step`, else its
+forward and no objective), and after the backward pass, before its own clipping, calls
+`before_optimizer_step(model)` (DTFD-MIL clips each tier to the authors' norm there).
 
-- a model with a `training_step` method returns a `TrainingStep(logits, objective)`: the bag logits the
-  task kind scores, and `objective(LossInputs)` -> the scalar loss to minimise (it calls
-  `LossInputs.task_loss` on whichever logits the authors' loss puts through the task's loss);
-- any other model returns its forward's logits and no objective: the task's loss of the logits.
-
-After the backward pass and before the loop's own clipping, `before_optimizer_step(model)` calls a
-model's `before_optimizer_step()` when it has one (DTFD-MIL clips each of its tiers' modules to the
-authors' norm, as its two optimizers did).
-
-A model whose objective needs a class per bag (all three above) trains categorical tasks only; it says
-so in `task_kinds` (models.model_kinds) and `wsi train` refuses other task kinds by name.
+A model whose objective needs a class per bag says so in `task_kinds` (models.base.kinds), and
+`wsi train` refuses other task kinds by name.
 """
 
 from __future__ import annotations
@@ -42,7 +34,10 @@ Objective = Callable[[LossInputs], Tensor]
 
 @dataclass
 class TrainingStep:
-    """One training forward: the bag logits (B, C) and, for models with their own loss, the objective."""
+    """One training forward: the bag logits (B, C) and, for models with their own loss, the objective.
+
+    `objective(LossInputs)` -> the scalar loss to minimise; it calls `LossInputs.task_loss` on whichever
+    logits the authors' loss puts through the task's loss. Without one, the loss is the task's."""
 
     logits: Tensor
     objective: Objective | None = None

@@ -1,33 +1,14 @@
-"""CLAM (presets `clam-sb`, `clam-mb`): Lu et al., "Data-efficient and weakly supervised computational
-pathology on whole-slide images", Nature Biomedical Engineering 2021. Our own code, read from the
-authors' mahmoodlab/CLAM models/model_clam.py @ 53e2409d4a81 (CLAM_SB, CLAM_MB, Attn_Net(_Gated)) and
-utils/core_utils.py (train_loop_clam: total = bag_weight * bag loss + (1 - bag_weight) * instance loss),
-main.py for the defaults (dropout 0.25, k_sample B = 8, bag_weight 0.7, size "small", `--subtyping` off,
-`--inst_loss` None: cross-entropy); mahmoodlab/MIL-Lab src/models/clam.py @ dfc3c17ca687 re-uses it the
-same way.
+"""CLAM (presets `clam-sb`, `clam-mb`): Lu et al., Nature Biomedical Engineering 2021. Our own code, read
+from mahmoodlab/CLAM @ 53e2409d4a81: models/model_clam.py (CLAM_SB, CLAM_MB, Attn_Net(_Gated)),
+utils/core_utils.py (train_loop_clam: bag_weight * bag loss + (1 - bag_weight) * instance loss) and
+main.py (defaults: dropout 0.25, k_sample 8, bag_weight 0.7, size "small", `--subtyping` off,
+cross-entropy instance loss); mahmoodlab/MIL-Lab src/models/clam.py @ dfc3c17ca687 re-uses it.
 
-Per bag: h = ReLU(W x) (in_dim -> 512, dropout), K gated-attention scores per tile (K = 1 for SB, one
-per class for MB), a = softmax over the bag. SB: logits = W_cls (sum_k a_k h_k) + b. MB: class c's
-logit = w_c . (sum_k a_ck h_k) + b_c from its own branch. 790,791 (SB) and 791,048 (MB) parameters at the
-authors' configuration (1024-d input, two classes), as theirs.
-
-The instance loss (the model's objective, models.objectives), per bag of class y: instance classifier y
-learns the k most attended tiles as positive and the k least as negative (for MB, by branch y's
-attention); with `subtyping` each other class's classifier also learns its branch's k most attended
-tiles as negative and the classifiers' losses are averaged. k = min(k_sample, tiles) (the authors'
-topk fails below k tiles). `subtyping` is the authors' `--subtyping` flag, set by hand: "a subtyping
-problem", every class a tumour type (LUAD vs LUSC), so a bag's attended tiles are evidence against the
-other classes; off (the flag's default) for a detection task whose negative class has no tiles of its
-own (tumour vs normal). The packaged subtyping task `nsclc-subtype` sets it (its model.overrides).
-`inst_loss`: `ce` (main.py's default) or `svm`, the smooth top-1 SVM the authors' README trains with
-(models.baselines.smooth_svm). The bag loss is the task's (cross-entropy, with its class weights when
-asked).
-
-Explanations are exact: the classifier is linear after a convex pooling, so tile k's contribution to
-class c is a_ck (w_c . h_k) and logits = bias + the contributions. Long bags: without gradients, a
-bag above 16,384 tiles (or any with `max_tokens_per_chunk`) gets its scores and each tile's class
-scores chunk by chunk (exact), as `logits_from_chunks` does for a bag streamed from disk; only (N, K)
-and (N, C) values are kept for the whole bag.
+Per bag: h = ReLU(W x) (in_dim -> 512), K gated-attention scores per tile (K = 1 for SB, one per class
+for MB), a = softmax over the bag; SB: logits = W_cls (sum_k a_k h_k) + b, MB: class c from its own
+branch. 790,791 (SB) and 791,048 (MB) parameters at the authors' configuration, as theirs. The instance
+loss is the model's objective (`inst_loss`: `ce`, or the authors' smooth top-1 SVM, smooth_svm.py);
+`subtyping` is the authors' hand-set flag (docs/training.md). Contributions are exact: a_ck (w_c . h_k).
 Categorical tasks only: the instance loss needs each bag's class.
 """
 
@@ -93,7 +74,7 @@ class CLAMConfig:
         return self.subtyping
 
 
-#: `subtyping` as wsi wrote it before it was the authors' plain flag (run records keep the old value)
+#: `subtyping` as a run record may hold it: `on` | `off` (`auto`: on for more than two classes)
 LEGACY_SUBTYPING = {"on": True, "off": False}
 
 
@@ -201,7 +182,8 @@ class CLAM(KindModel):
         self, parts: Iterable[tuple[Tensor, Tensor | None]], shape: tuple[int, ...], mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """Contributions and base from chunks of (x (B, n, in_dim), mask): only (B, N, K) scores and
-        (B, N, C) class scores are kept for the whole bag."""
+        (B, N, C) class scores are kept for the whole bag (without gradients, bags above 16,384 tiles or
+        any with `max_tokens_per_chunk`; exact)."""
         w, _ = self._class_weights()
         b, n = shape
         scores = torch.empty(b, n, self.config.branches, device=w.device, dtype=torch.float32)
@@ -248,7 +230,12 @@ class CLAM(KindModel):
         return TrainingStep(logits, objective)
 
     def instance_loss(self, h: Tensor, a: Tensor, label: int, mask: Tensor | None = None) -> Tensor:
-        """One bag's instance-clustering loss: h (N, hidden), a (N, K) attention, its class `label`."""
+        """One bag's instance-clustering loss: h (N, hidden), a (N, K) attention, its class `label`.
+
+        Instance classifier `label` learns the k most attended tiles as positive and the k least as
+        negative (MB: by branch `label`'s attention); with `subtyping` every other class's classifier
+        also learns its branch's k most attended tiles as negative, and the losses are averaged.
+        k = min(k_sample, tiles): the authors' topk fails below k tiles."""
         if mask is not None:
             h, a = h[mask], a[mask]
         k = min(self.config.k_sample, h.shape[0])

@@ -1,40 +1,14 @@
-"""DSMIL (preset `dsmil`): Li, Li & Eliceiri, "Dual-stream Multiple Instance Learning Network for Whole
-Slide Image Classification with Self-supervised Contrastive Learning", CVPR 2021. Our own code, read
-from the authors' binli123/dsmil-wsi dsmil.py @ 80465ed534ac (FCLayer, BClassifier, MILNet) and
-train_tcga.py (defaults: nonlinear q, passing_v off, orthogonal initialisation with zero biases, the
-loss 0.5 * BCE(bag) + 0.5 * BCE(max instance) on one-hot labels, prediction = sigmoid of the bag stream
-unless --average). mahmoodlab/MIL-Lab src/models/dsmil.py @ dfc3c17ca687 re-uses it with a patch
-embedding, a LayerNorm on B and logits averaged over the two streams under cross-entropy.
+"""DSMIL (preset `dsmil`): Li, Li & Eliceiri, CVPR 2021. Our own code, read from binli123/dsmil-wsi
+@ 80465ed534ac dsmil.py (FCLayer, BClassifier, MILNet) and train_tcga.py (nonlinear q, passing_v off,
+orthogonal initialisation, loss 0.5 BCE(bag) + 0.5 BCE(max instance) on one-hot labels); mahmoodlab/MIL-Lab
+src/models/dsmil.py @ dfc3c17ca687 re-uses it with logits averaged over the two streams.
 
-Per bag of n tiles x (no embedding: the instance classifier reads the features):
-  instance stream  c = W_i x + b_i (n, C); the critical tile of class j is argmax_k c_kj
-  bag stream       Q = tanh(W2 ReLU(W1 x)) (n, 128), q_j = Q of class j's critical tile,
-                   A_kj = softmax_k(Q_k . q_j / sqrt(128)), B_j = sum_k A_kj v_k (v = x, or
-                   ReLU(W_v x) with `passing_v`), bag logit_i = sum_{j,d} W_b[i, j, d] B_jd + b_i
-(the authors' fcc is Conv1d(C, C, kernel = feature width), held here as a Linear on the flattened B).
-85,252 parameters at the authors' configuration (512-d input, two outputs; 83,202 with the one output
-of their binary convention).
-
-Outputs and scoring. `scoring: sigmoid` is the authors' convention (train_tcga.py get_bag_feats and
-test; README "Labels"): each output is its own class's sigmoid, trained by BCE, and a two-class task
-has ONE output (`--num_classes=1`): the task's first class is the negative one, whose bags have no
-critical instance and an all-zero target, and p(second class) = sigmoid(z). More classes have one
-output each (one-hot targets) and p_c = sigmoid(z_c), not normalised across classes. The task kind
-scores the outputs so (pipelines.study.kinds.categorical, from the task's resolved `model.scoring`)
-and the training loop builds the model with `num_classes` = its outputs (1 for two classes).
-`scoring: softmax` is one output per class scored by a softmax across them (what wsi did before).
-
-`readout` picks the logits the task scores: `bag` (the authors' default prediction) or `mean`
-(0.5 (bag + max-instance), MIL-Lab's). `stream_loss`: `bce` (the authors': BCE with logits of each
-stream against the bag's target, 0.5 each; the task's class weights weigh the bags) or `task` (the
-task's loss on each stream, 0.5 each). Categorical tasks only: both need each bag's class.
-
-Explanations are exact: the bag stream is linear in B, so tile k's contribution to class i is
-sum_j A_kj (W_b[i, j] . v_k), and with `readout: mean` half of it plus half of class i's instance logit
-at its critical tile. Long bags: without gradients, a bag above 16,384 tiles (or any with
-`max_tokens_per_chunk`) runs two passes over chunks (the critical tiles, then an online softmax
-accumulating B), keeping only (C, D) sums; `logits_from_chunks` reads a streamed bag twice the same way
-(it needs a re-iterable source).
+Per bag of n tiles x: instance stream c = W_i x + b_i (n, C), class j's critical tile argmax_k c_kj; bag
+stream Q = tanh(W2 ReLU(W1 x)), A_kj = softmax_k(Q_k . q_j / sqrt(128)), B_j = sum_k A_kj v_k (v = x, or
+ReLU(W_v x) with `passing_v`), bag logit_i = sum_{j,d} W_b[i, j, d] B_jd + b_i (the authors' fcc Conv1d
+held as a Linear). 85,252 parameters at the authors' configuration (83,202 with one output).
+`scoring: sigmoid` is the authors' per-class sigmoid (one output for two classes; the task kind scores
+it: docs/training.md). Contributions are exact. Categorical tasks only: both losses need each bag's class.
 """
 
 from __future__ import annotations
@@ -70,8 +44,8 @@ class DSMILConfig:
     passing_v: bool = False  # v = ReLU(W_v dropout(x)) | x (authors' BClassifier default: off)
     dropout_v: _Rate = 0.0  # before W_v when passing_v (authors' dropout_node: 0)
     num_classes: _Width = 2
-    readout: Literal["bag", "mean"] = "bag"
-    stream_loss: Literal["bce", "task"] = "bce"
+    readout: Literal["bag", "mean"] = "bag"  # the authors' bag stream | 0.5 (bag + max instance), MIL-Lab's
+    stream_loss: Literal["bce", "task"] = "bce"  # per stream: the authors' BCE | the task's loss
     scoring: Literal["sigmoid", "softmax"] = "sigmoid"  # the authors': per-class sigmoid, one output
     # for two classes (num_classes then 1: set by the task); softmax: one output per class, softmax
     max_tokens_per_chunk: _Width | None = None  # no-grad passes over chunks of this many tiles (exact)
@@ -174,7 +148,10 @@ class DSMIL(KindModel):
 
     @torch.no_grad()
     def _two_pass(self, parts: Any, n: int) -> Tensor:
-        """Logits (1, C) of one bag from `parts()`: a fresh iterator of (x (n, D), mask (n,) or None)."""
+        """Logits (1, C) of one bag from `parts()`: a fresh iterator of (x (n, D), mask (n,) or None).
+
+        Two passes over the chunks (the critical tiles, then an online softmax accumulating B), keeping
+        only (C, D) sums: used without gradients above 16,384 tiles or with `max_tokens_per_chunk`."""
         c = self.config.num_classes
         device = self.instance_head.weight.device
         best = torch.full((c,), float("-inf"), device=device)
@@ -259,7 +236,10 @@ class DSMIL(KindModel):
     def logit_decomposition(
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """(contrib (B, N, C), base (B, C)) with readout logits == base + contrib.sum(1) exactly."""
+        """(contrib (B, N, C), base (B, C)) with readout logits == base + contrib.sum(1) exactly.
+
+        The bag stream is linear in B: tile k's share of class i is sum_j A_kj (W_b[i, j] . v_k); with
+        `readout: mean` half of it, plus half of class i's instance logit at its critical tile."""
         inst, _, _, a = self.streams(x, mask)
         xx = self._x(x)
         if mask is not None:

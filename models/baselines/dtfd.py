@@ -1,40 +1,14 @@
-"""DTFD-MIL (preset `dtfd`): Zhang et al., "DTFD-MIL: Double-Tier Feature Distillation Multiple Instance
-Learning for Histopathology Whole Slide Image Classification", CVPR 2022. Our own code, read from the
-authors' hrzhang1123/DTFD-MIL Main_DTFD_MIL.py @ 10964f4dcc27 (train_attention_preFeature_DTFD,
-test_attention_DTFD_preFeat_MultipleMean and their argparse defaults), Model/Attention.py
-(Attention_Gated, Attention_with_Classifier), Model/network.py (DimReduction, Classifier_1fc) and
-utils.py (get_cam_1d); mahmoodlab/MIL-Lab src/models/dftd.py @ dfc3c17ca687 re-uses it with one
-optimizer and bag_weight * tier-2 + (1 - bag_weight) * tier-1.
+"""DTFD-MIL (preset `dtfd`): Zhang et al., CVPR 2022. Our own code, read from hrzhang1123/DTFD-MIL
+@ 10964f4dcc27: Main_DTFD_MIL.py (train_attention_preFeature_DTFD, test_attention_DTFD_preFeat_MultipleMean,
+argparse defaults), Model/Attention.py, Model/network.py and utils.py (get_cam_1d); mahmoodlab/MIL-Lab
+src/models/dftd.py @ dfc3c17ca687 re-uses it with one optimizer.
 
-Per bag: h = ReLU(W x) (in_dim -> 512, no bias; `residual_blocks` more), a gated attention score per
-tile; the tiles are shuffled into G = 4 pseudo-bags (the authors' numGroup; np.array_split sizes). Tier
-1, per pseudo-bag: a = softmax of its tiles' scores, f = sum a h, a sub-logit W1 f (each pseudo-bag
-labelled with its bag's class). Distillation (`distill`): AFS passes f on; MaxS / MaxMinS pass the
-h of the k = total_instance // G tiles with the highest (and lowest) last-class probability
-softmax(a_k W1 h_k). Tier 2: gated attention over the distilled features and a linear classifier give
-the bag logits. 789,254 parameters at the authors' configuration (1024-d input, two classes).
-
-Training (the model's objective, models.objectives): the authors step two Adam optimizers, tier 1 on
-the mean cross-entropy of the sub-logits and tier 2 on the bag's, each after clipping its modules'
-gradients to norm 5. Their second backward runs after the first optimizer step: on PyTorch 1.x (whose
-optimizers wrote `p.data`) the tier-2 gradients that reached tier 1 were zeroed before the next use;
-on current PyTorch that order raises an in-place error. What trained is therefore tier 1 on its loss
-and tier 2 on features it does not back-propagate into: here one loss, tier-1 loss + tier-2 loss with
-the distilled features detached (the same gradients, one optimizer: the task's), and
-`before_optimizer_step` clips the authors' four modules to `grad_clip` each. Pseudo-bags are drawn
-anew every step from torch's generator (the run's seed).
-
-Inference: the authors shuffle at random at test time too; ours is deterministic: the split comes from
-a generator seeded with `split_seed` (the same for every bag), averaged over `mean_inference` splits
-(the authors' num_MeanInference, 1; we average logits, they probabilities). Bags of fewer than G tiles
-use one pseudo-bag per tile (the authors' split would leave some empty). Categorical tasks only.
-
-Explanations are exact: each distilled feature is a fixed combination of tiles (AFS: the weights a;
-MaxS/MaxMinS: the chosen tiles), so logits = b2 + sum_k w_k (W2 h_k) with w = tier-2 weights times
-that combination, and `attention_weights` is w. Long bags: without gradients, a bag above 16,384
-tiles (or any with `max_tokens_per_chunk`) runs two passes over chunks (scores and class scores, then
-the distilled features), keeping (N, 1 + C) scores and the pseudo-bags' (G + P, N) weights;
-`logits_from_chunks` reads a streamed bag twice the same way (re-iterable source).
+Per bag: h = ReLU(W x) (in_dim -> 512, no bias), a gated attention score per tile, the tiles shuffled
+into G = 4 pseudo-bags (np.array_split sizes). Tier 1, per pseudo-bag: attention pooling and a sub-logit
+(labelled with its bag's class). Distillation (`distill`): AFS passes the pooled feature on; MaxS /
+MaxMinS the tiles with the highest (and lowest) class probability. Tier 2: gated attention over the
+distilled features, then a linear classifier. 789,254 parameters at the authors' configuration.
+Contributions are exact (each distilled feature is a fixed combination of tiles). Categorical tasks only.
 """
 
 from __future__ import annotations
@@ -151,7 +125,11 @@ class DTFD(KindModel):
         return list(torch.tensor_split(perm, min(self.config.pseudo_bags, max(n, 1))))
 
     def eval_splits(self, n: int) -> list[list[Tensor]]:
-        """The `mean_inference` deterministic splits used without training."""
+        """The `mean_inference` deterministic splits used without training.
+
+        The authors shuffle at random at test time too; ours come from a generator seeded with
+        `split_seed` (the same for every bag), and `forward` averages logits over them (they average
+        probabilities; num_MeanInference is 1). Bags of fewer than G tiles get one pseudo-bag per tile."""
         g = torch.Generator().manual_seed(self.config.split_seed)
         return [self.splits(n, g) for _ in range(self.config.mean_inference)]
 
@@ -232,7 +210,11 @@ class DTFD(KindModel):
 
     @torch.no_grad()
     def _two_pass(self, parts: Parts, n: int) -> Tensor:
-        """Logits (1, C) of one bag from `parts()` (fresh iterators of (n_chunk, in_dim) features)."""
+        """Logits (1, C) of one bag from `parts()` (fresh iterators of (n_chunk, in_dim) features).
+
+        Two passes (scores and class scores, then the distilled features), keeping (N, 1 + C) scores and
+        the pseudo-bags' (G + P, N) weights: without gradients above 16,384 tiles or with
+        `max_tokens_per_chunk`."""
         dev = self.tier1_head.weight.device
         scores = torch.empty(n, device=dev)
         tile_logits = torch.empty(n, self.config.num_classes, device=dev)
@@ -273,7 +255,13 @@ class DTFD(KindModel):
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
     ) -> TrainingStep:
         """Tier-2 logits on a random split, and the objective: tier-1 cross-entropy over the pseudo-bags
-        plus the task's loss of the tier-2 logits on the detached distilled features."""
+        plus the task's loss of the tier-2 logits on the detached distilled features.
+
+        Why one loss: the authors step two Adam optimizers, the second backward after the first step. On
+        PyTorch 1.x (optimizers wrote `p.data`) the tier-2 gradients reaching tier 1 were zeroed before
+        use; current PyTorch raises an in-place error for that order. What trained was tier 1 on its loss
+        and tier 2 on features it does not back-propagate into: the same gradients as here, with one
+        optimizer (the task's). Pseudo-bags are drawn anew every step from torch's generator."""
         check_bags("dtfd", self.config.in_dim, x, mask)
         subs, logits, counts = [], [], []
         for _, feats in bags(x, mask):

@@ -1,7 +1,7 @@
 """Pieces the baselines share: input checks, the masked softmax over a bag, and the attention MLP with a
 scored bias and K outputs that CLAM (Attn_Net, Attn_Net_Gated) and DTFD-MIL (Attention_Gated) use.
 
-`models.pooling.GatedAttentionPool` (ABMIL, the transformers) has no bias on its score layer and one
+`models.layers.pooling.GatedAttentionPool` (ABMIL, the transformers) has no bias on its score layer and one
 score per tile; the authors' networks have both, and their parameter counts are what the tests pin.
 """
 

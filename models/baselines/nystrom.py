@@ -1,36 +1,14 @@
 """Nystrom attention as TransMIL uses it: lucidrains/nystrom-attention 0.0.9 and 0.0.14, our own code.
 
-Read from lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py at tag 0.0.14
-(fbe9ebad6bae) and tag 0.0.9 (e3c4aa5c988f), the `NystromAttention` TransMIL imports
-(szc19990412/TransMIL requirements.txt @ 9d6aee57c7c7 pins nystrom-attention==0.0.9; KatherLab/STAMP
-src/stamp/modeling/models/trans_mil.py @ c54ce0673962 vendors 0.0.14's computation). What it computes,
-including the details that change the numbers:
-
-- the sequence (n tokens) is zero-padded at the FRONT to a multiple of m landmarks; the padding rows stay
-  in every sum below (no mask: TransMIL passes none); 0.0.14 returns the last n rows (`out[:, -n:]`, the
-  tokens' own), 0.0.9 the FIRST n (`out[:, :n]`, changed in d7eb229 "fix padding bug", 0.0.10): with p
-  padding rows, token i then receives padded row i's output, a padding row's for i < p and token i - p's
-  otherwise (`rows`: "last" | "first");
-- q, k, v = x W (no bias), q scaled by d^-1/2; landmarks are the means of m contiguous segments of
-  l = ceil(n/m) rows of q and of k;
-- out = (softmax(q k_l^T) pinv(softmax(q_l k_l^T))) (softmax(q_l k^T) v) + conv_33(v), the last a
-  depthwise convolution of each head's values along the sequence;
-- pinv is 6 Newton-Schulz iterations started from x^T / (max row sum * max column sum), the maxima
-  taken over the whole tensor: over every head (and, in the authors' code, every bag of a batch; ours
-  takes them per bag, which is the same for TransMIL's one bag at a time).
-
-Short bags: a bag of n tokens pads to m rows when n < m, so most landmarks are made of padding
-only; `core` runs the pinv on the landmark matrix with those as one index (the same polynomial, the
-same output and gradients to float32 rounding; tests/models/baselines/test_mil_baselines.py), which made a CPU
-training step on a 36-tile bag about 10x faster (docs/benchmarks.md).
-
-The core runs in float32 with autocast off (bf16 would break the pinv iterations). `forward_lean`
-computes the same output for one bag without gradients in O(n dim) memory: one head and one chunk of
-queries at a time, never the (heads, n, m) similarity matrices (TransMIL's inference on long bags).
-
-Dropout (training only) follows `to_out` as in the authors' `nn.Sequential(nn.Linear, nn.Dropout)`,
-which runs on the whole padded sequence before the rows are selected: the mask is drawn over the padded
-length here too, so one seed draws the authors' mask (tests/models/test_mil_baselines_training.py).
+Read from nystrom_attention/nystrom_attention.py at tags 0.0.14 (fbe9ebad6bae) and 0.0.9 (e3c4aa5c988f):
+szc19990412/TransMIL @ 9d6aee57c7c7 pins 0.0.9, KatherLab/STAMP trans_mil.py @ c54ce0673962 vendors 0.0.14.
+The sequence is zero-padded at the FRONT to a multiple of m landmarks, the padding rows staying in every
+sum (no mask); 0.0.14 returns the tokens' own rows (`out[:, -n:]`), 0.0.9 the FIRST n (`rows`: "last" |
+"first"; fixed upstream in d7eb229, 0.0.10). q, k, v = x W (no bias), q scaled by d^-1/2; landmarks are
+means of contiguous segments of q and k; out = (softmax(q k_l^T) pinv(softmax(q_l k_l^T))) (softmax(q_l
+k^T) v) + a depthwise convolution of each head's values along the sequence; pinv is 6 Newton-Schulz steps.
+The core runs in float32 with autocast off (bf16 breaks the pinv iterations); `forward_lean` computes the
+same for one bag without gradients in O(n dim) memory (TransMIL's inference on long bags).
 """
 
 from __future__ import annotations
@@ -44,6 +22,9 @@ from torch import Tensor, nn
 
 def iterative_pinv(x: Tensor, iters: int, first_weight: float = 1.0) -> Tensor:
     """Newton-Schulz approximation of pinv(x) for (B, H, m, m); scaled by maxima over heads and rows.
+
+    Started from x^T / (max row sum * max column sum), the maxima over every head (the authors' code also
+    takes them over every bag of a batch; ours per bag, the same for TransMIL's one bag at a time).
 
     `first_weight` w > 1: x is the reduced form of a larger matrix whose index 0 stands for w indices
     with identical rows and identical columns (the all-padding landmarks, `NystromAttention.core`):
@@ -104,7 +85,8 @@ class NystromAttention(nn.Module):
         return (-n) % self.landmarks if self.rows == "last" else 0
 
     def _dropout(self, out: Tensor) -> Tensor:
-        """Dropout with its mask drawn over the padded sequence, as the authors' to_out draws it."""
+        """Dropout with its mask drawn over the padded sequence, as the authors' to_out draws it (their
+        `nn.Sequential(nn.Linear, nn.Dropout)` runs before the rows are selected): one seed, their mask."""
         if not (self.training and self.drop.p > 0):
             return out
         n = out.shape[1]

@@ -1,19 +1,14 @@
 """The smooth top-1 SVM loss CLAM's authors train their instance classifiers with (`inst_loss: svm`).
 
-Berrada, Zisserman & Kumar, "Smooth Loss Functions for Deep Top-k Classification", ICLR 2018
-(arXiv:1802.07595): the smooth top-k SVM loss L_{k,tau}; for k = 1 and scores s of a sample of class y,
+Berrada, Zisserman & Kumar, ICLR 2018 (arXiv:1802.07595), L_{k,tau} for k = 1 and scores s of class y:
 
     L(s, y) = tau * log sum_j exp((alpha [j != y] + s_j - s_y) / tau),
 
-the log-sum-exp smoothing of the hard top-1 SVM max_j (alpha [j != y] + s_j) - s_y. Where a sample's
-top score leads its second by at least k tau log(thresh) the hard loss is used instead (the smooth one
-equals it there to float32 precision, and its exponentials stay finite). The batch loss is the sum over
-samples divided by their number.
-
-Our own code, read from oval-group/smooth-topk @ 12c1645f187e (topk/svm.py SmoothTop1SVM: alpha None
--> 1, tau 1, thresh 1e3; topk/functional.py Top1_Smooth_SVM, Top1_Hard_SVM; topk/utils.py delta,
-detect_large), the package CLAM's environment installs (mahmoodlab/CLAM env.yml @ 53e2409d4a81) and
-CLAM builds as `SmoothTop1SVM(n_classes = 2)` in utils/core_utils.py (train, `inst_loss == 'svm'`).
+the log-sum-exp smoothing of the hard top-1 SVM; where the top score leads the second by at least
+k tau log(thresh) the hard loss is used (equal there to float32 precision, and finite). Batch loss: the
+mean over samples. Our own code, read from oval-group/smooth-topk @ 12c1645f187e (topk/svm.py
+SmoothTop1SVM: alpha 1, tau 1, thresh 1e3; topk/functional.py; topk/utils.py), which CLAM installs
+(mahmoodlab/CLAM env.yml @ 53e2409d4a81) and builds as `SmoothTop1SVM(n_classes = 2)`.
 """
 
 from __future__ import annotations

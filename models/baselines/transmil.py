@@ -1,46 +1,15 @@
-"""TransMIL (preset `transmil`): Shao et al., "TransMIL: Transformer based Correlated Multiple Instance
-Learning for Whole Slide Image Classification", NeurIPS 2021. Our own code, read from the authors'
-szc19990412/TransMIL models/TransMIL.py @ 9d6aee57c7c7 (and Camelyon/TransMIL.yaml for their training
-settings); KatherLab/STAMP src/stamp/modeling/models/trans_mil.py @ c54ce0673962 re-uses the same model
-for classification, regression and survival, so every task kind trains it here too.
+"""TransMIL (preset `transmil`): Shao et al., NeurIPS 2021. Our own code, read from szc19990412/TransMIL
+@ 9d6aee57c7c7 models/TransMIL.py (and Camelyon/TransMIL.yaml for training); KatherLab/STAMP
+src/stamp/modeling/models/trans_mil.py @ c54ce0673962 trains it for every task kind, so we do too.
 
-Per bag: h = ReLU(W x) (in_dim -> 512); the n tiles are padded to the next square side^2 by repeating
-the first side^2 - n of them (in bag order), a class token is put first; then a pre-norm Nystrom
-attention layer (models.baselines.nystrom: 8 heads of 64, 256 landmarks, 6 pinv iterations, value
-convolution of 33, dropout 0.1 after the output projection), PPEG (the tiles as a side x side image:
-x + depthwise conv 7x7 + 5x5 + 3x3, the class token untouched), a second attention layer, LayerNorm of
-the class token and a linear head. 2,672,146 parameters at the authors' configuration (1024-d input,
-two classes), as the authors' model has (tests/models/baselines/test_mil_baselines.py).
-
-Nystrom version (`nystrom_version`). The authors pin nystrom-attention 0.0.9, whose attention returns
-the FIRST n rows of its front-padded sequence (models.baselines.nystrom): whenever 1 + side^2 is not a
-multiple of 256 every token's residual gets another row's output, the class token a padding row's,
-and below 256 tokens every token gets a padding row's (the same global mean for all, plus the value
-convolution's reach into the tokens). 0.0.10 fixed it as a padding bug ("fix padding bug"); 0.0.14,
-what pip installs today and STAMP vendors, returns the tokens' own rows. Default 0.0.14: attention as
-the paper describes it, and the model every TransMIL run here so far trained; "0.0.9" is the
-authors' released behaviour, which `--recipe authors` sets (configs/recipes/transmil.yaml) to run
-TransMIL as they ran it. On random weights (1024-d, 10-1,000 tiles, 3 seeds) their logits differ by
-0.03-0.22.
-
-Bags are read one at a time (a padded batch is split into its bags): square padding and the
-convolution are per bag, and the authors train with batch size 1. The order of the tiles matters (PPEG
-reads the bag order as an image; our bags are in raster order), so TransMIL is not order-invariant.
-
-Memory. The square padding, PPEG and the landmarks all span the whole sequence, so a bag cannot be cut
-into independent chunks. Without gradients, a bag of more than `LEAN_ABOVE_TOKENS` tokens (or any bag
-when `max_tokens_per_chunk` is set) runs `NystromAttention.forward_lean`: one head and one chunk of
-queries at a time, holding the (N, 512) tokens, their LayerNorm and the attention output plus one
-head's (N, 64) q, k, v and (256, N) landmark attention: linear in N, 1.4 GB above the features at
-100,000 tiles on the CPU (docs/benchmarks.md), never the (8, N, 256) similarity matrices of all heads
-that the one-pass code holds. `logits_from_chunks` builds the token buffer from features streamed off
-disk (pipelines.predict.stream), so the features never sit in memory whole. Training holds the
-one-pass activations: subsample long bags (--bag-size).
-
-Explanations: no additive per-tile share of the logits exists (two attention layers and a
-convolution before the class token), so `tile_contributions` refuses; `attention_weights` is the last
-layer's class-token attention row (Nystrom approximation, heads averaged; a padding copy's weight is
-added to the tile it copies) and is what `wsi predict` draws.
+Per bag: h = ReLU(W x) (in_dim -> 512); the n tiles padded to the next square side^2 by repeating the
+first side^2 - n (in bag order), a class token first; a pre-norm Nystrom attention layer (nystrom.py: 8
+heads of 64, 256 landmarks), PPEG (the tiles as a side x side image, depthwise 7x7 + 5x5 + 3x3), a second
+attention layer, LayerNorm of the class token, a linear head. 2,672,146 parameters at the authors'
+configuration, as theirs. `nystrom_version` picks the authors' pinned 0.0.9 or 0.0.14 (docs/training.md).
+Bags run one at a time (padding and PPEG are per bag; the authors train with batch size 1), and the tile
+order matters (PPEG reads the bag order as an image). Long bags without gradients: `_lean`; training
+holds the one-pass activations (subsample long bags with --bag-size).
 """
 
 from __future__ import annotations
@@ -231,6 +200,10 @@ class TransMIL(KindModel):
         return torch.cat(out)
 
     def _lean(self, feats: Tensor, chunk: int) -> Tensor:
+        """Logits (1, C) of one bag without gradients, in memory linear in N (1.4 GB above the features at
+        100,000 tiles on the CPU): the (N, dim) tokens, their LayerNorm and the attention output plus one
+        head's q, k, v and landmark attention, never all heads' (8, N, 256) similarities. Square padding,
+        PPEG and the landmarks span the whole bag, so it cannot be cut into independent chunks."""
         n = feats.shape[0]
         side = self.side(n)
         buf = torch.empty(1 + side * side, self.config.dim, device=feats.device, dtype=self.proj.weight.dtype)
@@ -297,7 +270,8 @@ class TransMIL(KindModel):
     def tile_contributions(
         self, x: Tensor, mask: Tensor | None = None, coords_um: Tensor | None = None
     ) -> Tensor:
-        """Refused: TransMIL's logits have no additive per-tile decomposition (see the module docstring)."""
+        """Refused: TransMIL's logits have no additive per-tile decomposition (two attention layers and a
+        convolution come before the class token); `attention_weights` is what `wsi predict` draws."""
         raise ConfigError(
             "transmil: per-tile contributions are not defined: the class token reads the bag through two "
             "Nystrom attention layers and the PPEG convolution, so no tile has an additive share of the "

@@ -8,7 +8,6 @@ encoders with different inputs can share one decode.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,22 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.core.errors import ConfigError, WeightsError
-from wsi.core.files import sha256_file
+from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject
 from wsi.models.encoders.layers import POOLINGS
-from wsi.models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
-from wsi.models.encoders.weights import (
-    load_checked,
-    load_state_dict_file,
-    located_weights,
-    resolve_weights_path,
-)
+from wsi.models.encoders.recipe import EncoderRecipe, is_recipe_path, timm_kwargs
 
 log = logging.getLogger("wsi.models.encoders")
-
-RANDOM_SEED = 0  # random_init is seeded so that every dask worker builds the same network
-
 
 def encoder_id_for(name: str) -> str:
     """A folder name for bags: "retccl", "timm:vit_small_patch16_224" -> "timm-vit_small_patch16_224".
@@ -202,139 +191,6 @@ def mpp_warning(recipe: EncoderRecipe, tile_mpp: float, *, name: str, factor: fl
     return msg
 
 
-def build_encoder(
-    name: str,
-    *,
-    weights: str | os.PathLike[str] | None = None,
-    random_init: bool = False,
-    expected_sha256: str | None = None,
-    input_px: int | None = None,
-    arch_overrides: Mapping[str, Any] | None = None,
-) -> Encoder:
-    """Build an encoder in eval mode on the CPU, with weights from a file or folder, or (explicitly) random.
-
-    name: a named encoder (`wsi encoders`), "timm:<architecture>", or a recipe file "my-encoder.yaml".
-    arch_overrides: for tests and benchmarks only (e.g. {"depth": 2}): the architecture changes, so the
-        encoder's name and id get an "@test" suffix and its bags can never pass for the published model.
-    """
-    if weights is not None and random_init:
-        raise WeightsError("give either weights or random_init, not both")
-    recipe = get_recipe(name)
-    if not random_init:  # hf:ORG/REPO, a URL, or nothing for a Hub model: found offline (wsi.storage.hf)
-        weights = located_weights(weights, recipe, name)
-    if weights is None and not random_init:
-        raise WeightsError(
-            f"encoder {name!r} needs weights: give --weights PATH (the weights file or the model folder as "
-            "the authors publish it; see `wsi encoders`), or --random-init for tests and demos"
-        )
-    if input_px is not None and input_px != recipe.input_px:
-        if recipe.fixed_input_px:
-            raise ConfigError(f"encoder {name!r} takes {recipe.input_px} px input; its input size is fixed")
-        if input_px < 16:
-            raise ConfigError(f"input_px {input_px} is too small for a CNN/ViT encoder")
-    if arch_overrides:
-        name = f"{name}@test"
-    if is_recipe_path(name) and recipe.dim:
-        check_declared_width(recipe, name, arch_overrides)
-    if weights is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(RANDOM_SEED)
-            backbone = build_backbone(recipe, arch_overrides)
-            enc = Encoder(
-                recipe, backbone, name=name, weights_sha256="random", input_px=input_px or recipe.input_px
-            )
-        log.warning(
-            "encoder %r has RANDOM weights (random_init): its features carry no pathology knowledge; "
-            "use this only for tests and demos",
-            name,
-        )
-        return enc.eval()
-    with torch.device("meta"):  # the architecture without memory: its facts, then storage for the load
-        skeleton = build_backbone(recipe, arch_overrides)
-    path = resolve_weights_path(weights, recipe, name, arch_facts(skeleton))
-    state = load_state_dict_file(path)
-    digest = sha256_file(path)
-    if expected_sha256 is not None and digest != expected_sha256.lower():
-        raise WeightsError(f"{path} has sha256 {digest}, expected {expected_sha256}; wrong or damaged file")
-    enc = Encoder(
-        recipe, _materialise(skeleton, recipe, arch_overrides), name=name, weights_sha256=digest,
-        input_px=input_px or recipe.input_px,
-    )  # fmt: skip
-    load_checked(enc, state, recipe, path, name)
-    published = recipe.published_sha256
-    if expected_sha256 is None and published and digest != published:
-        log.warning(
-            "%s is not the published %s checkpoint (sha256 %s..., published %s...); its features will "
-            "differ from published %s features",
-            path, name, digest[:12], published[:12], name,
-        )  # fmt: skip
-    return enc.eval()
-
-
-def check_declared_width(
-    recipe: EncoderRecipe, name: str, overrides: Mapping[str, Any] | None = None
-) -> None:
-    """ConfigError when a recipe's `dim` is not the width its model gives: one forward on the meta device
-    (shapes only, no memory). Bags and models would otherwise record a width the features do not have."""
-    with torch.device("meta"):
-        enc = Encoder(
-            recipe, build_backbone(recipe, overrides), name=name, weights_sha256="", input_px=recipe.input_px
-        )
-        try:
-            width = int(enc.eval()(torch.empty(2, 3, recipe.input_px, recipe.input_px)).shape[-1])
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise ConfigError(
-                f"encoder {name!r}: the model does not run on {recipe.input_px} px input ({exc})"
-            ) from None
-    if width != recipe.dim:
-        raise ConfigError(
-            f"encoder {name!r} declares dim {recipe.dim}, but its model gives {width}-d features "
-            f"(pooling {recipe.pooling!r}); set dim: {width} or fix the architecture arguments"
-        )
-
-
-def arch_facts(backbone: nn.Module) -> dict[str, int]:
-    """Width, depth, patch, heads and registers of a ViT (what a hub folder's config.json states)."""
-    facts: dict[str, int] = {}
-    blocks = getattr(backbone, "blocks", None)
-    if isinstance(blocks, nn.Sequential | nn.ModuleList) and len(blocks):
-        facts["depth"] = len(blocks)
-        heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None)
-        if isinstance(heads, int):
-            facts["num_heads"] = heads
-    for key, attr in (("embed_dim", "embed_dim"), ("reg_tokens", "num_reg_tokens")):
-        if isinstance(getattr(backbone, attr, None), int):
-            facts[key] = getattr(backbone, attr)
-    patch = getattr(getattr(backbone, "patch_embed", None), "patch_size", None)
-    if isinstance(patch, tuple) and patch and isinstance(patch[0], int):
-        facts["patch_size"] = patch[0]
-    return facts
-
-
-def _materialise(
-    skeleton: nn.Module, recipe: EncoderRecipe, overrides: Mapping[str, Any] | None
-) -> nn.Module:
-    """Storage for a meta-built backbone without initialising it: every persistent tensor is loaded next.
-
-    A giant's random initialisation costs half a minute on a CPU for numbers that are overwritten at once.
-    Buffers a module derives itself and does not save (Swin's attention masks) would stay garbage, so such
-    architectures are built the ordinary way.
-    """
-    saved = set(skeleton.state_dict())
-    if any(name not in saved for name, _ in skeleton.named_buffers()):
-        return build_backbone(recipe, overrides)
-    return skeleton.to_empty(device="cpu")
-
-
-def count_parameters(name: str, overrides: Mapping[str, Any] | None = None) -> int:
-    """Parameters of an encoder's architecture, built on the meta device (no memory, no init time)."""
-    recipe = get_recipe(name)
-    with torch.device("meta"):
-        backbone = build_backbone(recipe, overrides)
-        enc = Encoder(recipe, backbone, name=name, weights_sha256="random", input_px=recipe.input_px)
-    return sum(p.numel() for p in enc.parameters())
-
-
 def pick_batch_size(
     encoder: Encoder,
     device: torch.device,
@@ -378,9 +234,6 @@ def pick_batch_size(
 __all__ = [
     "Encoder",
     "build_backbone",
-    "build_encoder",
-    "check_declared_width",
-    "count_parameters",
     "encoder_id_for",
     "mpp_warning",
     "pick_batch_size",

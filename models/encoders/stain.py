@@ -1,28 +1,14 @@
 """Stain normalisation before the encoder: Macenko and Reinhard as batched torch ops on the tiles' device.
 
-Multi-centre cohorts differ in stain; mapping every tile onto one reference appearance before the encoder
-removes part of that difference (opt-in: foundation models are trained to be robust to it). Both methods
-run per tile on a (B, H, W, 3) uint8 batch wherever the batch lives, so they slot between the decode and
-the encoders of the embed stage.
+Opt-in (foundation models are trained to be robust to stain): every tile of a (B, H, W, 3) uint8 batch
+is mapped onto one reference appearance wherever the batch lives, between the decode and the encoder.
+A tile whose fit is degenerate (background only, one colour of pen, too little tissue) passes through
+unchanged and is counted in the bag's provenance: never a NaN, never a crash.
 
-A tile whose fit is degenerate (background only, a pen mark of one colour, too little tissue) is passed
-through unchanged and counted: never a NaN, never a crash. The counts go into the bag's provenance.
-
-Why our own code and not torchstain: torchstain (EIDOSLAB/torchstain) normalises one image at a time and
-fails on tiles without tissue (EIDOSLAB/torchstain#54: "kthvalue(): Expected reduction dim 0 to have
-non-zero size"); a batch of 256 tiles per call on the GPU and a per-tile fallback are what the embed stage
-needs, and the methods are ~150 lines of tensor algebra.
-
-Public API:
-  StainReference (config: method, stain_matrix, max_concentrations, lab_mean, lab_std, source)
-  DEFAULT_MACENKO, DEFAULT_REINHARD, default_reference(method)
-  fit_reference(method, tiles) -> StainReference          tiles: (B,H,W,3) uint8 (pooled over all)
-  load_reference(path) / save_reference(ref, path)         JSON, validated with wsi.core.config
-  StainNormalizer(reference): __call__(tiles uint8) -> uint8, normalize(tiles) -> float RGB 0..255,
-      apply(tiles) -> (uint8, fitted (B,) bool, on the device, counters untouched),
-      .n_tiles, .n_fallback, provenance() -> dict
-  StainReference.digest() -> sha256 of its numbers (the bag records it)
-  macenko_stains(tiles) -> (stain_matrix (B,3,2), max_conc (B,2), ok (B,));  rgb_to_lab, lab_to_rgb
+Why not torchstain: it normalises one image at a time and fails on tiles without tissue
+(EIDOSLAB/torchstain#54); the embed stage needs 256 tiles per call on the GPU with a per-tile fallback.
+Entry points: StainReference (fit_reference, load_reference, save_reference, default_reference) and
+StainNormalizer(reference) (__call__, apply, provenance()).
 """
 
 from __future__ import annotations

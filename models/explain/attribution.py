@@ -1,28 +1,13 @@
 """Per-tile attributions of a MIL model's logits: each tile's whole effect, and how much `base` keeps.
 
-`tile_effects` is each tile's leave-one-out effect, logits(bag) - logits(bag without the tile): what
-the model does when the tile is gone, through everything the tile touches (sequence statistics and
-normalizers, earlier blocks, grid neighbours, the pooling, the final LayerNorm). How it is computed
-depends on the model and the bag (`effects_method` says which, or why none is faithful):
-
-- `exact`, ABMIL at any size: its tiles do not see each other before the pooling, so leaving one out
-  is a closed form over the pooling weights (linear in N).
-- `exact`, transformers up to `exact_max_tiles` tiles: one re-forward per tile with the tile masked
-  out, batched (N forwards of N tiles: quadratic, so small bags only).
-- `pooled`, pooled transformers (`pool: gated`) with seqnorm or sima attention on larger bags: the
-  pooling is left out exactly over the tokens as they are (closed form), and the tile's effect on the
-  OTHER tokens is added to first order (the whole gradient minus the pooling's own).
-- `gradient`: the first-order effect d logit / d presence_i alone; `auto` uses it only for class-token
-  readouts with seqnorm or sima on larger bags (their class token sees the bag through statistics that
-  move by O(1/N)). It is wrong where a readout concentrates on few tiles: with pooling weight
-  a_k -> 1, d z / d p_k = a_k (h_k - z) -> 0, so the one tile that decides a bag gets an effect near
-  zero (issue 22: relative error 0.14 .. 0.99 on vit-wsi-small).
-
-softmax and gdla transformers on bags above `exact_max_tiles` are refused with a message naming the
-limit: their first-order terms were not faithful when measured (softmax can concentrate on one tile;
-gdla's local path couples a tile to its 8 neighbours with O(1) weight). Measured relative errors
-||effects - loo|| / ||loo|| per kind: docs/api.md ("tile_effects"), `benchmarks/tile_effects_error.py`.
-
+`tile_effects` is each tile's leave-one-out effect, logits(bag) - logits(bag without the tile), through
+everything the tile touches. `effects_method` picks how: `exact` (ABMIL's closed form at any size;
+transformers up to `exact_max_tiles`, one masked re-forward per tile), `pooled` (gated-pooling seqnorm /
+sima transformers on larger bags: the pooling left out exactly, the effect on the other tokens to first
+order), `gradient` (first order alone: class-token seqnorm / sima readouts, whose statistics move by
+O(1/N); wrong where a readout concentrates on few tiles, since d z / d p_k = a_k (h_k - z) -> 0 as
+a_k -> 1). Larger softmax and gdla bags are refused: no first-order term was faithful when measured.
+Measured errors per kind: docs/api.md ("tile_effects"), `benchmarks/tile_effects_error.py`.
 `base_share` reads a `logit_decomposition`: the fraction of the decomposition carried by `base`.
 """
 

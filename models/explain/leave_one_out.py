@@ -1,7 +1,7 @@
 """Exact leave-one-out logits of a MIL model: batched re-forwards with masks, and the closed form of a
 softmax pooling over fixed tokens.
 
-`tile_effects` (models.attribution) builds on these two. Re-forwarding costs N forwards of N tiles per
+`tile_effects` (models.explain.attribution) builds on these two. Re-forwarding costs N forwards of N tiles per
 bag (quadratic), so it is meant for small bags; the pooled closed form is linear in N and exact for any
 model whose tokens do not depend on each other before the pooling (ABMIL), and it is the exact part of
 the correction used for pooled transformers on large bags.
@@ -55,7 +55,7 @@ def pooled_leave_one_out(h: Tensor, scores: Tensor, present: Tensor) -> Tensor:
     h (B, N, D) tokens, scores (B, N) pooling scores, present (B, N) bool. Computed in float64 from two
     sums per bag; the sums without the top-scoring tile are re-formed shifted by the second score, so a
     pooling that puts nearly all its weight on one tile loses nothing to cancellation. A bag left empty
-    pools to 0 (as `models.pooling` does).
+    pools to 0 (as `models.layers.pooling` does).
     """
     h64, s = h.double(), scores.double().masked_fill(~present, float("-inf"))
     b, n = s.shape

@@ -1,18 +1,11 @@
 """The two-pass chunked scheme behind bounded-memory inference: exact, one chunk of activations at a time.
 
-For each block, pass 1 feeds every chunk of (normalised) tokens to the attention's `stream_collect`,
-which accumulates the bag's summaries (sums, covariances, K^T V); pass 2 computes each chunk's output
-from them and runs the MLP, writing the block's output over its input in place. Linear variants then
-need memory for the token buffer plus one chunk; softmax keeps K and V (still no N x N).
-
-A mixer of grid neighbours (gdla's local path) also needs, for each chunk, the block INPUT of the
-chunk's neighbours. Chunks therefore follow raster order (a chunk's neighbours are then at most one
-grid row away: a small halo of rows), and a chunk's outputs are written back only once no later chunk
-still needs its inputs.
-
-The paper's gdla block (models.grid_conv) also convolves the grid before its mixer and inside its
-Mix-FFN: it runs in four chunked passes with one extra (B, N, dim) buffer (`_grid_block`), each pass
-reading a one-row halo of what the previous one wrote in full.
+Per block, pass 1 feeds every chunk of (normalised) tokens to the attention's `stream_collect`, which
+accumulates the bag's summaries (sums, covariances, K^T V); pass 2 computes each chunk's output from
+them and runs the MLP, writing the block's output over its input in place. Linear variants need the
+token buffer plus one chunk; softmax keeps K and V (still no N x N). A mixer of grid neighbours (gdla)
+also needs each chunk's neighbours' block INPUT: chunks follow raster order (neighbours at most one grid
+row away), and a chunk's outputs are written back only once no later chunk needs its inputs.
 """
 
 from __future__ import annotations
@@ -41,7 +34,7 @@ class Block(Protocol):
     @property
     def mlp(self) -> Any: ...  # MLP, or MixFFN (hidden + mix) when `pre` is set
     @property
-    def pre(self) -> Any: ...  # SiLU(DWC3x3) before the mixer (models.grid_conv.PreMix) or None
+    def pre(self) -> Any: ...  # SiLU(DWC3x3) before the mixer (models.attention.grid_conv.PreMix) or None
     def attend(self, t: Tensor) -> Tensor: ...
 
 
@@ -153,7 +146,7 @@ def _plain_block(
 def _grid_block(
     blk: Block, rows: _Rows, mask: Tensor | None, neighbours: Tensor | None, slices: list[slice]
 ) -> None:
-    """The paper's gdla block (models.grid_conv), in four chunked passes over one extra (B, N, dim)
+    """The paper's gdla block (models.attention.grid_conv), in four chunked passes over one extra (B, N, dim)
     buffer: A = SiLU(DWC(LN(x))) for every token (a halo of x), the attention's summaries over A,
     x + Attn(A) written over x (later chunks read only A), then y + MixFFN(LN(y)) (a halo of y) into
     the buffer, copied back at the end."""

@@ -1,18 +1,12 @@
 """Gated attention pooling (Ilse et al. 2018, eq. 9): one owner for ABMIL and the MIL transformer's head.
 
-Each token h_k of a bag is scored s_k = w^T (tanh(V h_k) * sigmoid(U h_k)) (`gated`; `plain` drops the
-sigmoid gate) and the bag is z = sum_k a_k h_k with a = softmax(s) over the bag's real tokens.
+Each token h_k is scored s_k = w^T (tanh(V h_k) * sigmoid(U h_k)) (`gated`; `plain` drops the gate) and
+the bag is z = sum_k a_k h_k with a = softmax(s) over the bag's present tokens.
 
-Why a module of its own: a class token read through linear attention sees a bag only through its
-mean and covariance (seqnorm's output is an affine map of E[x] and Cov[x]), so a single positive
-tile among dozens barely moves it. A per-token nonlinear score followed by a softmax over the bag can
-single that tile out; this is what ABMIL does over its tile embeddings, and what `pool: gated` does
-over the transformer's output tokens (models.mil).
-
-Presence weights. Masks may be bool (True = real) or float presence weights p_k in [0, 1]; the weights
-are a_k = p_k exp(s_k) / sum_j p_j exp(s_j), which is the masked softmax for 0/1 and lets
-`models.attribution.tile_effects` differentiate with respect to a tile's presence (weight 0 = the bag
-without the tile, with finite gradients).
+Why a module of its own: a class token read through linear attention sees a bag only through its mean
+and covariance, so one positive tile among dozens barely moves it; a per-token nonlinear score and a
+softmax over the bag can single that tile out (ABMIL over its embeddings, `pool: gated` over the
+transformer's output tokens).
 """
 
 from __future__ import annotations
@@ -56,7 +50,9 @@ class GatedAttentionPool(nn.Module):
     def weights(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         """Scores (B, N) -> weights (B, N), summing to one over each bag's present tokens, 0 elsewhere.
 
-        A bag with no present token gets all-zero weights (not NaN).
+        Masks are bool (True = real) or presence weights p_k in [0, 1]: a_k = p_k exp(s_k) / sum_j p_j
+        exp(s_j), the masked softmax for 0/1, differentiable in p (models.explain.attribution: weight 0
+        is the bag without the token). A bag with no present token gets all-zero weights (not NaN).
         """
         presence = None if mask is None else mask.to(scores.dtype)  # (B, N) 0/1 or presence weights
         p = self.attention_dropout

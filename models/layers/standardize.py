@@ -1,22 +1,12 @@
 """Per-feature standardisation of a model's input, held in the model so that it is stored with it.
 
-A task with `standardize_features: true` z-scores every input feature with the mean and sd of its
-training split's tiles (fitted by `pipelines.train.feature_stats`). The transform is a submodule of the
-model (`input_standardizer`, float32 buffers `mean` and `scale`), applied by each bag model's first
-step (`_embed` of the MIL transformer and ABMIL, `_rows` of the slide-embedding heads). Hence:
-
-- it lives in best.safetensors (and last.safetensors, the resume state, averaged weights): the run
-  folder cannot lose it or pair it with another fold's weights;
-- every path into the model applies it identically: training, validation, test, `wsi predict` from
-  bags, from raw slides and streamed chunk by chunk, contributions and leave-one-out re-forwards;
-- it is computed in float32 before the first layer casts (bf16 autocast on CUDA then sees z-scores of
-  order 1, not raw values whose spread is lost in bf16's 8-bit mantissa).
-
-Why not fold it into the first linear layer (W / s, b - W m / s)? The heads put a LayerNorm first, which
-no per-feature affine map commutes with; a feature whose mean is many sds from 0 would lose its spread
-to cancellation in the folded bias (worse in bf16); and training-time feature dropout must drop a
-feature to its mean, which needs the mean at hand. A model without the submodule (every run written
-before it existed) computes exactly what it always did.
+`standardize_features: true` z-scores every input feature with its training split's tile mean and sd
+(`pipelines.train.feature_stats`). The transform is the submodule `input_standardizer` (float32 buffers
+`mean`, `scale`) applied by each bag model's first step, so it lives in every weights file (a run folder
+cannot lose it or pair it with another fold's) and every path into the model applies it identically.
+Why not fold it into the first linear layer: the heads start with a LayerNorm, which no per-feature
+affine map commutes with; a folded bias loses a far-from-zero feature's spread to cancellation; and
+feature dropout must drop a feature to its mean. A model without the submodule takes its input as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +21,10 @@ SCALE_KEY = f"{STANDARDIZER}.scale"
 
 
 class FeatureStandardizer(nn.Module):
-    """x -> (x - mean) / scale per feature, in float32 (scale 1 where a feature did not vary)."""
+    """x -> (x - mean) / scale per feature, in float32 (scale 1 where a feature did not vary).
+
+    Float32 before the first layer casts: bf16 autocast then sees z-scores of order 1, not raw values
+    whose spread bf16's 8-bit mantissa would lose."""
 
     mean: Tensor
     scale: Tensor

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypedDict, cast
+from typing import Annotated, Literal, Required, TypedDict, Unpack, cast
 
 import torch
 from pydantic import Field
@@ -52,11 +52,14 @@ def _refuse_shadowed_options(options: Mapping[str, object]) -> None:
         raise ConfigError(f"attention_options must not set {shadowed}: set the model fields instead ({use})")
 
 
-class BlockOptions(TypedDict):
-    """`Block`'s keyword arguments a TransformerConfig decides (`TransformerConfig.block_options`)."""
+class BlockOptions(TypedDict, total=False):
+    """`Block`'s keyword arguments a TransformerConfig decides (`TransformerConfig.block_options`).
 
-    attention: str
-    attn_dim: int
+    A direct `Block(...)` call may leave out all but `attention`: attn_dim None (the block's width),
+    dropout 0, no attention options, no LayerScale, the plain block."""
+
+    attention: Required[str]
+    attn_dim: int | None
     dropout: float
     attention_options: JsonObject
     attn_layer_scale: float | None
@@ -95,10 +98,10 @@ class TransformerConfig:
     # start lets a model fitted on few bags begin as a per-tile network and take in the bag context only
     # as far as the data supports it (docs/benchmarks.md, small-cohort MIL).
     attn_layer_scale: Annotated[float, Field(gt=0, le=1e3)] | None = None
-    # attention gdla only. `paper`: GDLA's block as in the paper (models.grid_conv): LayerNorm ->
-    # SiLU(DWC3x3) -> mixer, and Mix-FFN (eqs. 29-30) for the MLP; lambda, lambda' ~ N(0, 0.1) as the
-    # released code draws them. `legacy`: the block before issue 22 (LayerNorm -> mixer, plain MLP,
-    # lambda = 0.5), which model records saved without this field describe (models.presets).
+    # attention gdla only. `paper`: GDLA's block as in the paper (models.attention.grid_conv): LayerNorm
+    # -> SiLU(DWC3x3) -> mixer, and Mix-FFN (eqs. 29-30) for the MLP; lambda, lambda' ~ N(0, 0.1) as the
+    # released code draws them. `legacy`: LayerNorm -> mixer, plain MLP, lambda = 0.5: the block of model
+    # records saved without this field (models.presets).
     gdla_block: Literal["paper", "legacy"] = "paper"
 
     def __post_init__(self) -> None:
@@ -159,26 +162,19 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + Attn(LN(x)) (times a per-channel LayerScale when one is set), then x + MLP(LN(x)).
 
-    `paper_block` (gdla): x + Attn(SiLU(DWC3x3(LN(x)))), then x + MixFFN(LN(x)) (models.grid_conv), the
-    convolutions over the token grid given by `neighbours`.
+    `paper_block` (gdla): x + Attn(SiLU(DWC3x3(LN(x)))), then x + MixFFN(LN(x))
+    (models.attention.grid_conv), the convolutions over the token grid given by `neighbours`.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        mlp_dim: int,
-        *,
-        attention: str,
-        attn_dim: int | None = None,
-        dropout: float = 0.0,
-        attention_options: Mapping[str, object] | None = None,
-        attn_layer_scale: float | None = None,
-        paper_block: bool = False,
-    ) -> None:
+    def __init__(self, dim: int, heads: int, mlp_dim: int, **options: Unpack[BlockOptions]) -> None:
         super().__init__()
-        _refuse_shadowed_options(attention_options or {})
-        opts = {**(attention_options or {}), "inner_dim": attn_dim, "dropout": dropout}
+        attention = options["attention"]
+        attention_options = options.get("attention_options") or {}
+        dropout = options.get("dropout", 0.0)
+        attn_layer_scale = options.get("attn_layer_scale")
+        paper_block = options.get("paper_block", False)
+        _refuse_shadowed_options(attention_options)
+        opts = {**attention_options, "inner_dim": options.get("attn_dim"), "dropout": dropout}
         if attention == "gdla" and not paper_block:
             opts.setdefault("lambda_init", 0.5)  # the legacy block's constant start
         self.norm1 = nn.LayerNorm(dim)
@@ -217,7 +213,8 @@ class Block(nn.Module):
         return self.mlp(self.norm2(x))
 
     def forward(self, x: Tensor, mask: Tensor | None = None, neighbours: Tensor | None = None) -> Tensor:
-        """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table (models.layout)."""
+        """x (B, N, dim), mask (B, N), neighbours (B|1, N, T) grid neighbour table
+        (models.attention.layout)."""
         x = x + self.attend(self.attn(self.attn_input(x, mask, neighbours), mask, neighbours=neighbours))
         return x + self.feed_forward(x, mask, neighbours)
 
@@ -225,7 +222,9 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """A stack of pre-norm blocks."""
 
-    def __init__(self, depth: int, dim: int, heads: int, mlp_dim: int, **block_options: Any) -> None:
+    def __init__(
+        self, depth: int, dim: int, heads: int, mlp_dim: int, **block_options: Unpack[BlockOptions]
+    ) -> None:
         super().__init__()
         if depth < 1:
             raise ConfigError(f"depth must be at least 1, got {depth}")

@@ -1,22 +1,9 @@
 """The published tissue and artifact segmentation networks, built as their authors build them.
 
-Checked against the authors' code (and TRIDENT's, which runs all three):
-- GrandQC tissue (cpath-ukk/grandqc@045b7a2, 01_WSI_inference_OPENSLIDE_QC/wsi_tis_detect.py):
-  `smp.UnetPlusPlus(encoder_name="timm-efficientnet-b0", classes=2)`, 512 px windows at 10 um/px of a
-  thumbnail that was JPEG-compressed at quality 80 (the model was trained on such), ImageNet
-  normalisation (smp's preprocessing for that encoder), argmax: class 0 tissue, 1 background.
-- GrandQC artifacts (same commit, main.py and wsi_process.py; TRIDENT mahmoodlab/TRIDENT@a91fa84,
-  trident/segmentation_models/load.py `GrandQCArtifactSegmenter`): `smp.Unet("timm-efficientnet-b0",
-  classes=8)` at 1, 1.5 or 2 um/px (GrandQC_MPP1/15/2.pth), 512 px windows, ImageNet normalisation,
-  argmax: 1 tissue, 2 fold, 3 dark spot & foreign object, 4 pen marking, 5 edge & air bubble, 6 out of
-  focus, 7 background. GrandQC publishes these as pickled whole models, which we never unpickle; TRIDENT's
-  `GrandQC_MPP1_state_dict.pth` (or `torch.save(model.state_dict())` of GrandQC's file) is the input.
-- HEST tissue (mahmoodlab/HEST@afd42c3, src/hest/HESTData.py `segment_tissue`: 512 um patches at
-  1 um/px; TRIDENT's `HESTSegmenter`): torchvision `deeplabv3_resnet50` with `classifier[4]` a 1 x 1
-  conv to 2 classes; the Lightning checkpoint's `state_dict` with `model.` stripped and the `aux_*`
-  tensors dropped; ImageNet normalisation; tissue where softmax(class 1) > 0.5.
-
-segmentation_models_pytorch is an optional extra (`pip install wsi[seg]`); torchvision is a dependency.
+GrandQC's tissue and artifact networks and HEST's tissue network, each checked against the authors'
+code and TRIDENT's (which runs all three); the builders below cite file and commit. Weights are the
+user's, read as tensors only (`SegmenterSpec.weights_hint` says which file). segmentation_models_pytorch
+is an optional extra (`pip install wsi[seg]`); torchvision is a dependency.
 """
 
 from __future__ import annotations
@@ -119,14 +106,25 @@ def _smp_net(arch: str, classes: int) -> nn.Module:
 
 
 def _grandqc_tissue() -> nn.Module:
+    """GrandQC tissue (cpath-ukk/grandqc@045b7a2, 01_WSI_inference_OPENSLIDE_QC/wsi_tis_detect.py):
+    `smp.UnetPlusPlus("timm-efficientnet-b0", classes=2)`, 512 px windows at 10 um/px of a thumbnail
+    JPEG-compressed at quality 80 (as it was trained), ImageNet normalisation, argmax: 0 tissue."""
     return _smp_net("UnetPlusPlus", 2)
 
 
 def _grandqc_artifact() -> nn.Module:
+    """GrandQC artifacts (same commit, main.py and wsi_process.py; TRIDENT mahmoodlab/TRIDENT@a91fa84
+    trident/segmentation_models/load.py GrandQCArtifactSegmenter): `smp.Unet("timm-efficientnet-b0",
+    classes=8)` at 1, 1.5 or 2 um/px, 512 px windows, ImageNet normalisation, argmax over
+    GRANDQC_ARTIFACT_CLASSES. GrandQC publishes pickled whole models, never unpickled here: the input is
+    TRIDENT's GrandQC_MPP1_state_dict.pth or `torch.save(model.state_dict())` of GrandQC's file."""
     return _smp_net("Unet", 8)
 
 
 def _hest_tissue() -> nn.Module:
+    """HEST tissue (mahmoodlab/HEST@afd42c3 src/hest/HESTData.py segment_tissue: 512 um patches at
+    1 um/px; TRIDENT's HESTSegmenter): torchvision deeplabv3_resnet50 with `classifier[4]` a 1 x 1 conv
+    to 2 classes, ImageNet normalisation, tissue where softmax(class 1) > 0.5."""
     from torchvision.models.segmentation import deeplabv3_resnet50
 
     net = deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21, aux_loss=None)

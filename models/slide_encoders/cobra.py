@@ -1,31 +1,14 @@
 """COBRA II: Mamba-2 over tile embeddings, multi-head gated attention, weights for the raw tiles (Lenz et al.
 CVPR 2025).
 
-Architecture as KatherLab/COBRA builds it (commit 49d2311): cobra/model/cobra.py `Cobra` with
-cobra/utils/load_cobra.py `get_cobraII` (layers 1, input_dims [512, 1024, 1280, 1536], num_heads 4,
-dropout 0.2, att_dim 256, d_state 128, embed_dim 768), which is what STAMP (KatherLab/STAMP c54ce06
-src/stamp/encoding/encoder/cobra.py) loads. Forward (eval): `embed[str(D)]` = LayerNorm, Linear(D, 768),
-Dropout, SiLU, Linear(768, 768), chosen by the feature width; cobra/utils/mamba2.py `Mamba2Enc` =
-Linear + GELU, then per layer h = h + Mamba2(LayerNorm(h)), then `classifier` Linear(768, 768) (its
-`norm` is built but unused); `norm` LayerNorm; `rearrange('b t (e c) -> b t e c', c=4)` gives head c
-the columns e*4 + c; each head's BatchedABMIL returns raw gated scores, averaged over the heads, softmax
-over the tiles; the slide embedding is that softmax @ the *raw* tile features (so its width is the tile
-encoder's). The Mamba-2 mixer (mamba_ssm, CUDA only) is written out in plain torch in mamba2.py.
-Weights: huggingface.co/KatherLab/COBRA cobraII.pth.tar; like get_cobraII we take the `momentum_enc.`
-tensors of a pretraining checkpoint (not `momentum_enc.proj`), or the `cobra.` ones of a STAMP fine-tune,
-or a bare state dict.
-Tiles: CONCH v1 (512), UNI (1024), Virchow2 (1280: its class token; STAMP's virchow2 extractor keeps
-only that, wsi's bags hold [class, mean] = 2560 and the class half is used), H-optimus-0 (1536), as the
-COBRA README and STAMP's required_extractors list; 224 um tiles at 224 px (extract_feats.py
-`microns=224`; STAMP's default 256 um / 224 px bags are within the size tolerance).
-Order: Mamba-2 reads the tiles as a sequence. The authors feed the file's row order and pretrained on
-randomly permuted tiles (cobra/ssl/data.py pad_or_sample), so no order is theirs; we sort the tiles by
-position (rows top to bottom, left to right within a row) so that the embedding is a function of the
-slide, not of how its bag's rows happen to be stored (so the spec says it uses positions: a bag without
-them is refused). No positions enter the model otherwise. A patient's bags (early fusion, as
-cobra/inference/extract_feats.py get_pat_embs concatenates them) are read in slide order, rows as stored.
-Memory: the sequence is streamed `CHUNK_TILES` tiles at a time (Mamba's conv and SSM states carried
-between chunks, online softmax for the pooling): exact, and bounded on 100,000-tile slides.
+As KatherLab/COBRA 49d2311 builds it (cobra/model/cobra.py `Cobra`, cobra/utils/load_cobra.py
+`get_cobraII`: one layer, 4 heads, d_state 128, embed_dim 768), which STAMP (c54ce06
+src/stamp/encoding/encoder/cobra.py) loads. Eval forward: a per-width embedding (LayerNorm, Linear,
+SiLU, Linear), `Mamba2Enc` (pre-norm residual Mamba-2 layers, cobra/utils/mamba2.py, written out in plain
+torch: mamba_ssm is CUDA only), LayerNorm, 4 heads of gated-attention scores averaged, softmax over the
+tiles; the slide embedding is that softmax @ the *raw* tile features (the tile encoder's width). Tiles:
+CONCH v1, UNI, Virchow2 (its class-token half of wsi's [class, mean] bags), H-optimus-0 at 224 um /
+224 px (extract_feats.py). A patient's bags are concatenated in slide order (get_pat_embs).
 """
 
 from __future__ import annotations
@@ -95,6 +78,8 @@ class _Cobra(SlideEncoder):
         self.attn = nn.ModuleList([_BatchedABMIL(EMBED_DIM // N_HEADS) for _ in range(N_HEADS)])
 
     def authors_to_ours(self, state: StateDict) -> StateDict:
+        """As get_cobraII: a pretraining checkpoint's `momentum_enc.` tensors (not `momentum_enc.proj`),
+        a STAMP fine-tune's `cobra.` ones, or a bare state dict."""
         if any("momentum_enc" in k for k in state):  # a pretraining checkpoint, as get_cobraII reads it
             return {k.split("momentum_enc.")[-1]: v for k, v in state.items()
                     if "momentum_enc" in k and "momentum_enc.proj" not in k}  # fmt: skip
@@ -111,6 +96,11 @@ class _Cobra(SlideEncoder):
     def encode(
         self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
     ) -> torch.Tensor:
+        """Mamba-2 reads the tiles as a sequence. The authors feed the file's row order and pretrained on
+        randomly permuted tiles (cobra/ssl/data.py pad_or_sample), so no order is theirs: the tiles are
+        sorted by position so that the embedding is a function of the slide, not of the bag's row order.
+        Streamed `CHUNK_TILES` at a time (Mamba's states carried between chunks, online softmax): exact,
+        and bounded on 100,000-tile slides."""
         del tile_size_um
         n = feats.shape[0]
         order = raster_order(coords_um) if coords_um is not None else torch.arange(n, device=feats.device)
@@ -140,7 +130,7 @@ def _spec(tile_encoder: str, in_dim: int, dim: int) -> SlideEncoderSpec:
         weights_page="https://huggingface.co/KatherLab/COBRA", weights_files=("cobraII.pth.tar",),
         reference="KatherLab/COBRA 49d2311 cobra/model/cobra.py + utils/load_cobra.py get_cobraII + "
         "utils/mamba2.py; state-spaces/mamba e9594ce mamba_ssm/modules/mamba2.py",
-        # positions order the sequence (module docstring), so bags without micrometre positions are refused
+        # positions order the sequence (`encode`), so bags without micrometre positions are refused
         uses_positions=True, patient_fusion="early",  # COBRA get_pat_embs and STAMP: tiles concatenated
     )  # fmt: skip
 

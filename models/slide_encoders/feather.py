@@ -1,15 +1,12 @@
 """FEATHER: ABMIL pretrained on a 108-way pan-cancer classification (PC-108, 24K slides), Shao et al. 2025.
 
-Architecture as mahmoodlab/MIL-Lab builds `abmil.base.<encoder>.pc108-24k` (commit dfc3c17):
-src/models/abmil.py `ABMIL` with src/model_configs/abmil/base.yaml (embed_dim 512, attn_dim 384,
-num_fc_layers 1, gate True, one head): patch_embed = Linear(in_dim, 512) + ReLU (layers.py create_mlp,
-end_with_fc=False), GlobalGatedAttention (tanh branch * sigmoid branch -> Linear(384, 1)), softmax over
-the tiles, and the slide embedding is `forward_features`: the attention-weighted sum of the *embedded*
-tiles (512-d). The published checkpoints carry no classifier (MIL-Lab README "FEATHER models do not
-include a classification head"); their tensors are prefixed `model.` (ABMILModel wraps ABMIL as
-`self.model`). TRIDENT (mahmoodlab/TRIDENT a91fa84, slide_encoder_models/load.py FeatherSlideEncoder)
-calls `forward_features` on CONCH v1.5 features of 512 px tiles at 20x (`--patch_size 512 --mag 20`), and
-UNI2 features of 256 px tiles at 20x for the UNI2 variant. No positions: row order cannot matter.
+As mahmoodlab/MIL-Lab dfc3c17 builds `abmil.base.<encoder>.pc108-24k` (src/models/abmil.py `ABMIL`,
+src/model_configs/abmil/base.yaml: embed 512, attn 384, one gated head): patch_embed Linear(in, 512) +
+ReLU, GlobalGatedAttention, softmax over the tiles; the slide embedding is `forward_features`, the
+attention-weighted sum of the *embedded* tiles (512-d). The checkpoints carry no classifier and prefix
+their tensors `model.` (ABMILModel wraps ABMIL). TRIDENT (a91fa84 slide_encoder_models/load.py
+FeatherSlideEncoder) feeds CONCH v1.5 features of 512 px tiles at 20x (UNI2: 256 px at 20x). No
+positions: row order cannot matter.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Prov-GigaPath's slide encoder: a 12-layer LongNet over GigaPath tile features (Xu et al., Nature 2024).
 
-Architecture as prov-gigapath/prov-gigapath builds `gigapath_slide_enc12l768d` (commit 09d8e87,
-gigapath/slide_encoder.py LongNetViT: PatchEmbed Linear(1536, 768), a class token, the fixed 2D sin-cos
-position table of gigapath/pos_embed.py over a `slide_ngrids` = 1000 x 1000 grid, the LongNet encoder of
-longnet.py with segment lengths from `get_optimal_segment_length(262144, 256)` and dilations 1..16, a final
-LayerNorm(eps 1e-6)); published sizes (demo/run_gigapath.ipynb output): 85,148,160 LongNet parameters,
-86,330,880 in all. The checkpoint `slide_encoder.pth` holds {"model": state_dict} in these names.
-
-Positions: `coords_to_pos` takes floor(coords / tile_size) as the grid cell and indexes row
-cell_x * 1000 + cell_y + 1 of the table; the authors' answer (prov-gigapath issue 116) is coordinates at
-the tiles' own level, 256 px at 0.5 um/px, i.e. the cell is the tile index. TRIDENT (mahmoodlab/TRIDENT
-a91fa84 slide_encoder_models/load.py GigaPathSlideEncoder) sets tile_size to the tile's level-0 size and
-STAMP (KatherLab/STAMP c54ce06 encoding/encoder/gigapath.py, after its issue 159 squashed positions onto
-a 4 x 4 grid) divides micrometres by the tiles' um/px: the same cells. Here: cell = floor(coord_um /
-tile_size_um), never rescaled, and a slide larger than the 1000-tile grid (128 mm) is refused, not
-wrapped. The sequence order matters to LongNet (segments), so tiles are put in the authors' tiler order
-(gigapath/preprocessing/data/tiling.py: row by row, x fastest) before the forward: shuffling a bag's rows
-cannot change its embedding.
-
-Output: the class token is untrained ("CLS token is not trained during the pretraining", demo/
-4_load_slide_encoder.py), so global_pool=True: mean of the tile tokens, then `norm`. Which hidden state:
-`gigapath` takes all_layer_embed[11] (after 11 of the 12 layers), as TRIDENT does and as the authors'
-fine-tuning default `--feat_layer 11` does; `gigapath-last` takes `encoder_out` (12 layers and the
-encoder's layer_norm), what `slide_encoder(x, coords)` returns and STAMP stores. Both read one checkpoint.
+As prov-gigapath/prov-gigapath 09d8e87 builds `gigapath_slide_enc12l768d` (gigapath/slide_encoder.py
+LongNetViT: PatchEmbed Linear(1536, 768), a class token, the fixed 2D sin-cos table of pos_embed.py over
+a 1000 x 1000 grid, the LongNet encoder of longnet.py with segment lengths from
+`get_optimal_segment_length(262144, 256)` and dilations 1..16, a final LayerNorm(eps 1e-6)); 86,330,880
+parameters (demo/run_gigapath.ipynb). `slide_encoder.pth` holds {"model": state_dict} in these names.
+Positions: `grid_cells`. Which hidden state: `gigapath` takes all_layer_embed[11] (TRIDENT, and the
+authors' fine-tuning default `--feat_layer 11`), `gigapath-last` takes `encoder_out` (12 layers and the
+encoder's layer_norm: what `slide_encoder(x, coords)` returns and STAMP stores); one checkpoint.
 """
 
 from __future__ import annotations
@@ -63,7 +48,13 @@ def position_embedding(cells: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def grid_cells(coords_um: torch.Tensor, tile_size_um: float, ngrids: int = SLIDE_NGRIDS) -> torch.Tensor:
-    """Tile top-left corners in micrometres -> the authors' grid cells (N, 2) int64 (x, y)."""
+    """Tile top-left corners in micrometres -> the authors' grid cells (N, 2) int64 (x, y).
+
+    The authors' `coords_to_pos` takes floor(coords / tile_size) and indexes row cell_x * 1000 + cell_y + 1
+    of the table; their answer (prov-gigapath issue 116) is coordinates at the tiles' own level (256 px at
+    0.5 um/px): the cell is the tile index. TRIDENT (a91fa84 GigaPathSlideEncoder: level-0 tile size) and
+    STAMP (c54ce06 encoding/encoder/gigapath.py: um / tile um/px, after its issue 159) give the same
+    cells. Never rescaled; a slide beyond the 1000-tile grid (128 mm) is refused, not wrapped."""
     if not tile_size_um > 0:
         raise BagFormatError(f"tile size {tile_size_um} um: Prov-GigaPath needs the tile size to place tiles")
     cells = torch.floor(coords_um.to(torch.float64) / tile_size_um + _CELL_TOLERANCE).to(torch.int64)
@@ -121,6 +112,9 @@ class _GigaPath(SlideEncoder):
     def encode(
         self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
     ) -> torch.Tensor:
+        """The class token is untrained (demo/4_load_slide_encoder.py), so global_pool: the mean of the tile
+        tokens after `LAYER` layers, then `norm`. LongNet's segments make the order matter: tiles go in
+        the authors' tiler order (gigapath/preprocessing/data/tiling.py), so shuffled rows embed alike."""
         if feats.shape[0] == 0:
             raise ValueError("an empty bag has no slide embedding")
         if coords_um is None:

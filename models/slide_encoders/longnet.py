@@ -1,23 +1,13 @@
 """LongNet's dilated-attention transformer encoder, in plain torch, as Prov-GigaPath's slide encoder runs it.
 
-Written from prov-gigapath/prov-gigapath (commit 09d8e87) gigapath/torchscale: model/LongNet.py
-(LongNetEncoderLayer = EncoderLayer with DilatedAttention), architecture/encoder.py and config.py
-(EncoderConfig defaults: pre-norm, `subln` on, so an inner LayerNorm before out_proj and one inside the
+Written from prov-gigapath/prov-gigapath 09d8e87 gigapath/torchscale: model/LongNet.py, architecture/
+encoder.py and config.py (pre-norm, `subln` on: an inner LayerNorm before out_proj and one inside the
 FFN; a final `layer_norm`; GELU; eps 1e-5), component/dilated_attention.py and feedforward_network.py.
 Module and tensor names follow theirs, so their checkpoint loads key for key.
 
-Dilated attention, for each (segment length w, dilation r) pair: the sequence (zero-padded to a multiple of
-min(w, L)) is cut into segments; within a segment, head group j (heads j*H/r .. (j+1)*H/r - 1) attends
-among the positions j, j+r, j+2r, ... only (the segment zero-padded to a multiple of r). The branch outputs
-are merged per position and head, weighted by the softmax of their log-sum-exp (`scattering`). The authors
-run flash-attn for each sparse segment; flash-attn is given no mask there, so the zero-padded keys take
-part in every softmax with score 0 and value 0. That is part of the published model and kept here,
-analytically: n zero keys add n * exp(0) to the denominator, without being materialised.
-
-Memory: no (L, L) matrix exists: each sparse segment goes through PyTorch's fused flash-attention kernel
-on the CPU (elsewhere: `ATTN_BLOCK` scores at a time), the branches are merged on the fly (online
-log-sum-exp), and the row-wise layers run `ROW_CHUNK` tokens at a time. A
-layer holds q, k, v and the merged output, (4 x L x dim) floats: linear in the number of tiles.
+Memory: no (L, L) matrix exists. Each sparse segment goes through PyTorch's fused flash-attention kernel
+on the CPU (elsewhere `ATTN_BLOCK` scores at a time), the branches merge online, and row-wise layers run
+`ROW_CHUNK` tokens at a time: a layer holds q, k, v and the output, linear in the number of tiles.
 """
 
 from __future__ import annotations
@@ -115,7 +105,13 @@ def dilated_attention(
     segment_lengths: Sequence[int],
     dilated_ratios: Sequence[int],
 ) -> torch.Tensor:
-    """Dilated attention of one sequence: q, k, v (L, H, d) -> (L, H, d), equal to the authors' forward."""
+    """Dilated attention of one sequence: q, k, v (L, H, d) -> (L, H, d), equal to the authors' forward.
+
+    Per (segment length w, dilation r): the sequence, zero-padded to a multiple of min(w, L), is cut into
+    segments; in each, head group j attends among positions j, j+r, j+2r, ... only. The branches merge
+    per position and head, weighted by the softmax of their log-sum-exp (`scattering`), on the fly. The
+    authors' flash-attn gets no mask, so the zero-padded keys join every softmax with score 0 and value
+    0: part of the published model, kept analytically (n zero keys add n * exp(0) to the denominator)."""
     length, heads, head_dim = q.shape
     scale = head_dim**-0.5
     acc = torch.zeros_like(q)  # sum over branches of exp(lse - run_max) * branch output

@@ -1,22 +1,14 @@
 """MADELEINE: multi-head ABMIL pretrained by multistain (H&E vs IHC) alignment, Jaume et al. ECCV 2024.
 
-Architecture as mahmoodlab/MADELEINE builds it (commit 419287d): madeleine/models/Model.py `MADELEINE`
-with `create_model(..., stain_encoding=False)` and the pretraining config of
-scripts/launch_pretrain_withoutStainEncodings.sh (patch_embedding_dim 512, wsi_encoder_hidden_dim 512,
-n_heads 4, activation softmax). `ABMILEmbedder.pre_attn` = 3 x (Linear, LayerNorm, GELU, Dropout) widening
-the last layer to 512 * 4; `rearrange('b t (e c) -> b t e c', c=4)` makes column e*4 + c feature e of head
-c (the head index is the *fast* one); each head is a gated `BatchedABMIL` (madeleine/models/abmil.py,
-hidden 512) with its own softmax over the tiles; the 4 pooled 512-d vectors, flattened back e*4 + c, go
-through `projector` Linear(2048, 512). The slide embedding is `encode_he` (what TRIDENT a91fa84
-slide_encoder_models/load.py MadeleineSlideEncoder and STAMP c54ce06 src/stamp/encoding/encoder/madeleine.py
-call). `token_projector` is only used by the pretraining loss but is in the checkpoint (strict load), so
-it is kept. Weights: huggingface.co/MahmoodLab/madeleine model.pt, the state dict of `MADELEINE`
-(a DDP copy's `module.` prefix is stripped, as their create_model does).
-Tiles: CONCH v1 `encode_image(proj_contrast=False, normalize=False)` (512-d) of 256 px tiles at 10x
-(README "CONCH features at 10x magnification on 256x256-pixel patches"; TRIDENT README
-`--slide_encoder madeleine --patch_size 256 --mag 10`). No positions. Patients: STAMP concatenates a
-patient's tiles into one bag (early fusion).
-Precision: the authors run under CUDA autocast in the config's precision; here float32 (float64 pooling).
+As mahmoodlab/MADELEINE 419287d builds it (madeleine/models/Model.py `MADELEINE`, stain_encoding=False,
+config of scripts/launch_pretrain_withoutStainEncodings.sh: 512 wide, 4 heads): `pre_attn` = 3 x
+(Linear, LayerNorm, GELU, Dropout) widening to 512 * 4; column e*4 + c is feature e of head c (the head
+index is the fast one); each head a gated `BatchedABMIL` with its own softmax over the tiles; the
+pooled vectors, flattened back, go through `projector` Linear(2048, 512). The slide embedding is
+`encode_he`, as TRIDENT a91fa84 (MadeleineSlideEncoder) and STAMP c54ce06 (encoder/madeleine.py) call it.
+Weights: huggingface.co/MahmoodLab/madeleine model.pt. Tiles: CONCH v1 (512-d) of 256 px tiles at 10x
+(README; TRIDENT `--patch_size 256 --mag 10`). No positions; a patient's tiles form one bag (STAMP).
+Precision: float32 with float64 pooling (the authors run CUDA autocast in the config's precision).
 """
 
 from __future__ import annotations
@@ -112,7 +104,7 @@ class Madeleine(SlideEncoder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.token_projector = nn.Linear(HIDDEN * N_HEADS, 128)
+        self.token_projector = nn.Linear(HIDDEN * N_HEADS, 128)  # pretraining loss only; in the checkpoint
         self.wsi_embedders = _ABMILEmbedder(self.SPEC.in_dim)
         self.projector = nn.Linear(HIDDEN * N_HEADS, HIDDEN)
 

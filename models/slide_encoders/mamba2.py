@@ -1,16 +1,14 @@
 """The Mamba-2 mixer in plain torch (CPU or GPU, no mamba_ssm / Triton), streamed over a long sequence.
 
-Same parameters (names and shapes) as mamba_ssm.modules.mamba2.Mamba2 (state-spaces/mamba e9594ce,
-mamba_ssm/modules/mamba2.py) with its defaults (headdim 64, ngroups 1, d_conv 4, rmsnorm True,
-norm_before_gate False, no biases but the conv's, D per head, d_ssm = d_inner, no dt limit). Its math,
-as that file's `step` and the reference `rms_norm_ref` (ops/triton/layernorm_gated.py) write it:
+Parameters (names, shapes, defaults) as mamba_ssm.modules.mamba2.Mamba2 (state-spaces/mamba e9594ce);
+its math as that file's `step` and `rms_norm_ref` (ops/triton/layernorm_gated.py) write it:
   z, xBC, dt = split(in_proj(u));  xBC = silu(causal depthwise conv1d(xBC));  x, B, C = split(xBC)
   dt = softplus(dt + dt_bias);  A = -exp(A_log)
   h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T   (per head: (headdim, d_state));  y_t = h_t C_t + D x_t
   y = rmsnorm(y * silu(z)) * weight (eps 1e-5, one group);  out = out_proj(y)
-The scan is evaluated in blocks of `BLOCK` steps as the state-space-dual form (Dao & Gu 2024): within a
-block y = (C B^T o L) (dt x) with L[t, s] = exp(sum_{s<r<=t} dt_r A), plus the carried state; the conv
-and SSM states carry across calls, so a 100,000-tile sequence runs in bounded memory, chunk by chunk.
+The scan runs in blocks of `BLOCK` steps in the state-space-dual form (Dao & Gu 2024), y = (C B^T o L)
+(dt x) with L[t, s] = exp(sum_{s<r<=t} dt_r A) plus the carried state; conv and SSM states carry
+across calls, so a 100,000-tile sequence runs chunk by chunk in bounded memory.
 """
 
 from __future__ import annotations

@@ -1,39 +1,14 @@
 """PRISM's slide encoder: a Perceiver over Virchow (v1) tile embeddings (Shaikovski et al. 2024, Paige).
 
-The authors publish the model code only inside their Hugging Face repository (paige-ai/Prism:
-modeling_prism.py, perceiver.py, configuring_prism.py, config.json). We follow the verbatim copy of those
-files in DIAGNijmegen/unicorn_baseline (commit dec3809, src/unicorn_baseline/vision_language/prism/),
-which loads the published model.safetensors with strict=True (vision/pathology/models.py PRISM), and the
-way TRIDENT (mahmoodlab/TRIDENT a91fa84 trident/slide_encoder_models/load.py PRISMSlideEncoder) and STAMP
-(KatherLab/STAMP c54ce06 src/stamp/encoding/encoder/prism.py) call it: the slide embedding is
-`slide_representations(tile_embeddings)["image_embedding"]`, 1280-d.
-
-Architecture (config.json perceiver_config): 513 learned latents of width 1280 (one class latent + 512
-image latents); 8 Perceiver layers, each a single-head cross-attention of the latents on the raw tile
-embeddings (no LayerNorm on the context, `c_norm=False`; q from LayerNorm(latents), k and v from one
-bias-free Linear(2560, 2 x 1280)) + a GEGLU feed-forward, then a 6-block latent transformer (8-head
-bias-free self-attention + GEGLU). Weights are shared as the authors share them: layer 0 has its own
-cross-attention, layers 1-7 share one (`share_xattn_start_layer=1`; layers 2-7 even reuse layer 1's
-keys and values), and all 8 layers share one latent transformer (`share_tf_start_layer=0`). The slide
-embedding is LayerNorm(class latent) (`cls_norm`); the 512 image latents feed only the text decoder.
-
-Only the vision part is rebuilt. The BioGPT text decoder and the text side of the contrastive head
-(`text_decoder.*`, `text_to_latents.*`, `temperature`) never touch the image embedding: they are skipped
-by those explicit names, every other tensor of the checkpoint is checked. `img_to_latents` (the image
-side of the contrastive head, 1280 -> 5120) is loaded and checked but not applied: the authors'
-`image_embedding` is taken before it.
-
-Positions: none. The authors' Perceiver reads the tile embeddings as an unordered set (no positional
-encoding anywhere), so row order cannot change the embedding and the bag's coordinates are not used.
-Tiles: Virchow v1 class token + mean patch token (2560), 224 px at 0.5 um/px (TRIDENT README:
-`--slide_encoder prism --patch_size 224 --mag 20`; STAMP requires its "virchow-full" extractor).
-
-Memory: the authors run the cross-attention on the whole bag at once, holding keys and values for every
-tile (2 x 1280 floats each: 1 GB at 100,000 tiles in float32) and a 513 x N score matrix. Here the key
-and value projections are folded into the queries and the output (scores = (q W_k) c^T, output =
-(softmax(scores) c) W_v^T, exact because to_kv has no bias and the context no norm), and the softmax runs
-over `CHUNK_TILES` tiles at a time with a running maximum: beyond the bag itself, memory is one chunk.
-The authors' float tile mask of ones is added to every score and cancels in the softmax (batch of one).
+The authors publish the code only in their Hugging Face repository (paige-ai/Prism); we follow its
+verbatim copy in DIAGNijmegen/unicorn_baseline dec3809 (src/unicorn_baseline/vision_language/prism/, which
+loads model.safetensors strictly) and how TRIDENT a91fa84 (PRISMSlideEncoder) and STAMP c54ce06
+(encoder/prism.py) call it: the embedding is `slide_representations(x)["image_embedding"]`, 1280-d.
+config.json: 513 latents of width 1280; 8 Perceiver layers, each a single-head cross-attention on the raw
+tile embeddings (`c_norm=False`, bias-free to_kv) + GEGLU, then a 6-block latent transformer. Shared as
+the authors share them: layers 1-7 one cross-attention (`share_xattn_start_layer=1`), all 8 one latent
+transformer (`share_tf_start_layer=0`). Embedding: LayerNorm(class latent) (`cls_norm`). No positional
+encoding (row order cannot matter). Tiles: Virchow v1 class + mean token (2560), 224 px at 0.5 um/px.
 """
 
 from __future__ import annotations
@@ -105,7 +80,13 @@ class _CrossAttention(nn.Module):
         self.ff = _GegluFeedForward(cfg.latent_dim)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """x (L, latent_dim), context (N, context_dim) -> attention output (L, latent_dim), chunked over N."""
+        """x (L, latent_dim), context (N, context_dim) -> attention output (L, latent_dim), chunked over N.
+
+        The authors hold keys and values for every tile (1 GB at 100,000 tiles in float32) and a 513 x N
+        score matrix. Here the projections fold into the queries and the output (scores = (q W_k) c^T,
+        output = (softmax(scores) c) W_v^T: exact, since to_kv has no bias and the context no norm), and
+        the softmax runs over `CHUNK_TILES` tiles at a time with a running maximum. The authors' float
+        tile mask of ones is added to every score and cancels in the softmax (batch of one)."""
         lat, h, d = x.shape[0], self.heads, self.head_dim
         w_k, w_v = self.to_kv.weight.float().chunk(2, dim=0)  # (h*d, C) each: k = c W_k^T, v = c W_v^T
         q = self.to_q(self.x_norm(x)).view(lat, h, d).transpose(0, 1) * d**-0.5  # (h, L, d)
@@ -182,7 +163,11 @@ class PrismEncoder(SlideEncoder):
         return self.cls_norm(x[0]).float()
 
     def authors_to_ours(self, state: StateDict) -> StateDict:
-        """Prism checkpoint names -> ours; shared layers may be stored once (safetensors) or per layer."""
+        """Prism checkpoint names -> ours; shared layers may be stored once (safetensors) or per layer.
+
+        The text side (`TEXT_PREFIXES`: BioGPT decoder, contrastive text head) never touches the image
+        embedding and is skipped by name; every other tensor is checked. `img_to_latents` loads but is
+        not applied: the authors' `image_embedding` is taken before it."""
         out: StateDict = {}
         source: dict[str, str] = {}
         skipped = 0

@@ -1,34 +1,14 @@
 """TITAN's slide encoder: a ViT over the 2D grid of CONCH v1.5 tile features with 2D ALiBi (Ding et al. 2024).
 
-The authors publish the model code only on Hugging Face (MahmoodLab/TITAN: vision_transformer.py,
-modeling_titan.py, configuration_titan.py, config.json). We follow the verbatim copy vendored in
-DIAGNijmegen/unicorn_baseline (commit dec3809, src/unicorn_baseline/vision/pathology/titan/), with its
-config.json: vision tower depth 6, width 768, 12 heads, MLP ratio 4, qkv bias, patch_embed =
-Linear(768, 768) + GELU, a class token, no absolute position embedding (pos_encode_type "alibi"), final
-LayerNorm (eps 1e-6), and CoCa attentional poolers (`attentional_pool` "parallel": `attn_pool`, 128
-queries, and `attn_pool_contrastive`, 1 query, 8 heads) plus `proj`. `encode_slide_from_patch_features`
-calls the vision tower with `no_proj=True`, so the slide embedding is the 768-d output of
-`attn_pool_contrastive` over all tokens (class token included), before `proj`. `attn_pool` and `proj`
-are kept so that the checkpoint loads key for key; `text_encoder.*` tensors (the CoCa text tower) are
-dropped, since the slide embedding never uses them.
-
-Positions (vision_transformer.py `preprocess_features`): tiles are placed on the grid
-floor((coords - min coords) / patch_size_lv0), i.e. the tile grid at the slide's own scale; tiles whose
-features are all zero are background and dropped; tiles sharing a cell are summed. The ALiBi bias
-between two tiles is -slope_h * their Euclidean grid distance, with Press et al.'s slopes for 12 heads
-and no bias to or from the class token. TRIDENT (mahmoodlab/TRIDENT a91fa84, slide_encoder_models/load.py
-TitanSlideEncoder, IO.py) passes level-0 pixel coords and patch_size_level0 = patch px * level-0 mag /
-target mag; STAMP (KatherLab/STAMP c54ce06, src/stamp/encoding/encoder/titan.py) passes coords_um / mpp
-and the tile size in px. Both give floor((coords_um - min) / tile_size_um), which is what we compute
-from a bag's micrometre coordinates: never a rescaled or squashed grid (STAMP issue 159). Tiles:
-CONCH v1.5 features of 512 px tiles at 20x (0.5 um/px, 256 um; TRIDENT README `--patch_encoder
-conch_v15 --patch_size 512 --mag 20`).
-
-Memory: the authors' code builds the dense (N+1)^2 bias for every head (and an (N, N, 2) distance array in
-NumPy), ~0.5 TB at 100,000 tiles. Here attention is exact but computed for a block of query rows at a
-time, its bias built for that block only (at most `SCORE_BYTES`), and each block's MLP applied at once:
-memory is O(N * width), time stays O(N^2). No cropping or sampling: every tile is attended to, as in the
-authors' inference code.
+The authors publish the code only on Hugging Face (MahmoodLab/TITAN); we follow its verbatim copy in
+DIAGNijmegen/unicorn_baseline dec3809 (src/unicorn_baseline/vision/pathology/titan/) and its config.json:
+depth 6, width 768, 12 heads, MLP ratio 4, qkv bias, patch_embed Linear + GELU, a class token, ALiBi
+instead of absolute positions, final LayerNorm (eps 1e-6), CoCa attentional poolers (`attn_pool`, 128
+queries; `attn_pool_contrastive`, 1 query; 8 heads) and `proj`. `encode_slide_from_patch_features` uses
+`no_proj=True`: the embedding is `attn_pool_contrastive`'s 768-d output over all tokens, before `proj`
+(kept, with `attn_pool`, so the checkpoint loads key for key; `text_encoder.*` is dropped). Tiles on the
+grid of `tile_grid`; all-zero features are background and dropped; tiles sharing a cell are summed.
+Tiles: CONCH v1.5 features of 512 px tiles at 20x (0.5 um/px; TRIDENT `--patch_size 512 --mag 20`).
 """
 
 from __future__ import annotations
@@ -66,7 +46,13 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 
 
 def tile_grid(coords_um: torch.Tensor, tile_size_um: float) -> torch.Tensor:
-    """(N, 2) grid cells floor((coords - min) / tile side), int64: TITAN's positions from micrometres."""
+    """(N, 2) grid cells floor((coords - min) / tile side), int64: TITAN's positions from micrometres.
+
+    As vision_transformer.py `preprocess_features` places tiles: TRIDENT (a91fa84 TitanSlideEncoder, IO.py)
+    passes level-0 pixels and patch_size_level0, STAMP (c54ce06 encoder/titan.py) coords_um / mpp and the
+    tile px; both give this grid at the slide's own scale, never a rescaled or squashed one (STAMP issue
+    159). The ALiBi bias between two tiles is -slope_h * their Euclidean grid distance (none to or from
+    the class token)."""
     if tile_size_um <= 0:
         raise ValueError(f"TITAN needs the tile side in micrometres, got {tile_size_um}")
     coords = coords_um.detach().cpu().double()  # float64 on the CPU: MPS has no float64
@@ -217,7 +203,10 @@ class Titan(SlideEncoder):
 
     def _block(self, blk: _Block, x: torch.Tensor, points: torch.Tensor) -> None:
         """x (T, dim) <- blk(x), in place: K/V of all tokens, then rows a chunk at a time (projections and
-        MLP on `ROW_CHUNK` rows, attention scores on as many query rows as `SCORE_BYTES` allows)."""
+        MLP on `ROW_CHUNK` rows, attention scores on as many query rows as `SCORE_BYTES` allows).
+
+        The authors build the dense (N+1)^2 bias for every head (~0.5 TB at 100,000 tiles); here attention
+        is exact over every tile, its bias built per block of rows: memory O(N * width), time O(N^2)."""
         t, dim = x.shape
         h, hd = self.heads, dim // self.heads
         w_q, w_k, w_v = blk.attn.qkv.weight.split(dim)

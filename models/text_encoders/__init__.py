@@ -1,15 +1,12 @@
 """Text towers of the pathology vision-language models: prompts -> vectors in the joint image-text space.
 
-Each tower is its own module, rebuilt from its authors' released code (cited there) and registered in
-`TEXT_ENCODERS`: coca.py (CONCH v1 and TITAN), clip.py (PLIP), biogpt.py (PRISM); text_tokens.py holds
-the tokenizers, run as the authors run them. Weights are read as tensors only and checked key by key in
-the authors' layout; tokenizer files come from the model folder, --tokenizer or the Hugging Face cache.
+Each tower is rebuilt from its authors' code (cited there) and registered in `TEXT_ENCODERS`: coca.py
+(CONCH v1, TITAN), clip.py (PLIP), biogpt.py (PRISM); text_tokens.py runs the tokenizers as the authors
+do. Weights are read as tensors only and checked key by key in the authors' layout.
 
-Public API:
   build_text_encoder(name, *, weights=None, random_init=False, tokenizer=None) -> TextTower (eval mode)
-  TextTower.encode_text(prompts, normalize=True) -> (P, dim); .image_to_joint(feats) -> (N, dim) unit rows;
-      .logit_scale() -> float (the authors' softmax temperature); .image_dim() -> int (stored width it maps);
-      .SPEC: TextTowerSpec
+  TextTower.encode_text(prompts, normalize=True) -> (P, dim); .image_to_joint(feats) -> (N, dim) unit
+      rows; .logit_scale() (the authors' softmax temperature); .image_dim(); .SPEC: TextTowerSpec
   TEXT_ENCODERS (registry), get_spec(name)
 """
 

@@ -1,22 +1,14 @@
 """PRISM's text tower (Shaikovski et al. 2024): the unimodal half of its BioGPT decoder and the text side of
-its contrastive head, written from the authors' code (paige-ai/Prism on Hugging Face, as copied in
-DIAGNijmegen/unicorn_baseline dec3809 src/unicorn_baseline/vision_language/prism/: modeling_prism.py
-`zero_shot`, biogpt.py `tokenize` / `forward`, biogpt_hf.py BioGptModel, config.json biogpt_config).
+its contrastive head, from paige-ai/Prism as copied in DIAGNijmegen/unicorn_baseline dec3809
+(src/unicorn_baseline/vision_language/prism/: modeling_prism.py `zero_shot`, biogpt.py, biogpt_hf.py
+BioGptModel, config.json biogpt_config).
 
-Text: each prompt + '</s>' is tokenized by BioGPT's tokenizer (microsoft/biogpt at eb0d815e: Moses + BPE;
-'</s>' is also prepended), the batch padded with <pad> (id 1) to its longest prompt, and - as `zero_shot`
-does - the last column dropped; then the <cls> id 42383 is appended to every row. BioGPT embeds tokens
-times sqrt(1024) plus learned positions (offset 2, counted over non-pad tokens), runs its first 12 layers
-(the unimodal ones, without cross-attention: pre-norm, 16 heads, GELU MLP 1024 -> 4096 -> 1024, causal
-and padding masks), and the text embedding is the hidden state after layer 12 at the <cls> position,
-before any final LayerNorm. `text_to_latents` (bias-free 1024 -> 5120) and a unit norm give the joint
-space; the slide embedding goes through `img_to_latents` (1280 -> 5120) and a unit norm. Similarities
-are scaled by `temperature.exp()`, softmaxed over all prompts of all classes, and a class's probability
-is the sum over its prompts (`zero_shot`'s marginalisation). The 12 cross-attention layers, the final
-LayerNorm and the output projection only serve captioning and are not loaded.
-
-The authors drop the last token column of the whole batch, so the longest prompt(s) of a prompt set lose
-their closing '</s>' while shorter ones keep it: embeddings depend on the prompt set, as theirs do.
+Each prompt + '</s>' is tokenized by BioGPT's tokenizer (microsoft/biogpt eb0d815e) and padded with
+<pad>; `encode_ids` runs the 12 unimodal layers to the <cls> position. `text_to_latents` (1024 -> 5120)
+and a unit norm give the joint space; the slide embedding goes through `img_to_latents` and a unit norm.
+Similarities are scaled by `temperature.exp()`, softmaxed over all prompts of all classes, and a class's
+probability is the sum over its prompts. The 12 cross-attention layers, the final LayerNorm and the
+output projection serve captioning only and are not loaded.
 """
 
 from __future__ import annotations
@@ -127,6 +119,10 @@ class PrismText(TextTower):
         return self.cfg.vocab_size
 
     def encode_ids(self, tokens: Tokenized) -> torch.Tensor:
+        """As `zero_shot`: the batch's last token column dropped (so the longest prompts lose their closing
+        '</s>' and embeddings depend on the prompt set, as the authors' do), <cls> appended; tokens times
+        sqrt(width) plus positions (offset 2, counted over non-pad tokens); the first 12 (unimodal)
+        layers, causal and padding masks; the hidden state at <cls>, before any final LayerNorm."""
         ids = tokens.ids[:, :-1]  # modeling_prism.zero_shot: self.tokenize(prompts)[:, :-1]
         ids = torch.cat([ids, torch.full((ids.shape[0], 1), self.cfg.cls_id, device=ids.device)], dim=1)
         keep = ids != self.cfg.pad_id  # biogpt.py: attention_mask = input_ids != pad_id

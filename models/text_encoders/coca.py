@@ -1,26 +1,9 @@
 """CoCa text towers: CONCH v1's (Lu et al. 2024) and TITAN's (Ding et al. 2024), from the authors' code.
 
-CONCH: mahmoodlab/CONCH 141cc09, conch/open_clip_custom/transformer.py `TextTransformer` with
-conch_ViT-B-16.json's text_cfg (context 128, vocab 32007, width 768, 12 heads, 12 layers, embed_cls,
-pad_id 0, output dim 512), coca_model.py `encode_text` (the last token column is dropped to make room for
-the appended <cls> embedding) and `encode_image` (the contrastive image embedding is `ln_contrast(pooled) @
-visual.proj_contrast`, normalised: a bag of conch-v1 holds `ln_contrast(pooled)`, so only the projection and
-the normalisation remain), custom_tokenizer.py (byte-level BPE file conch_byte_level_bpe_uncased.json,
-max_length 127, padding to 127, then one <pad> column more: 128), zeroshot_path.py (logits are cosine
-similarities; probabilities softmax(logit_scale.exp() * logits)).
-
-TITAN: the Hugging Face repository MahmoodLab/TITAN (config.json text_config: context 128, vocab 32007,
-width 768, 12 heads, 12 layers, embed_cls, pad_id 0, output 768, no projection bias) builds open_clip's
-TextTransformer (open_clip v2.26 src/open_clip/transformer.py, the version with `pool_type` and `proj_bias`;
-its `num_pos` counts one row more for the <cls> embedding, so the published table may have 129 rows: we
-take the file's table and use its first 128 rows, as its forward does). modeling_titan.py `encode_text`
-drops the last token column too; `zero_shot` maps the slide embedding with `vision_encoder.proj` and
-normalises it, and applies the softmax to the cosine similarities without any temperature. The
-tokenizer is the repository's tokenizer.json, called as CONCH's (lazyslide-models 0127beb
-multimodal/titan.py: max_length 127, padding, one pad column more).
-
-The cls mask is the authors' (build_cls_mask): the appended <cls> query sees key 0 and key j + 1 for every
-non-pad token j, an off-by-one the checkpoints were trained with and that is kept here.
+Both are open_clip text transformers with an appended <cls> embedding: `encode_text` drops the last
+token column to make room for it (coca_model.py, modeling_titan.py), and the text embedding is
+ln_final(<cls>) @ text_projection. Each tower's class cites its files and commit, the tokenizer and how
+its image side enters the joint space.
 """
 
 from __future__ import annotations
@@ -168,7 +151,10 @@ class CocaText(TextTower):
         return self.cfg.vocab_size
 
     def _mask(self, text: torch.Tensor) -> torch.Tensor:
-        """(B * heads, L + 1, L + 1) additive mask: causal + the authors' <cls> row (build_cls_mask)."""
+        """(B * heads, L + 1, L + 1) additive mask: causal + the authors' <cls> row (build_cls_mask).
+
+        The appended <cls> query sees key 0 and key j + 1 for every non-pad token j: an off-by-one the
+        checkpoints were trained with, kept."""
         n = text.shape[1]
         seq = n + 1
         causal = torch.full((seq, seq), float("-inf"), device=text.device).triu_(1)
@@ -238,7 +224,14 @@ class CocaText(TextTower):
 
 @TEXT_ENCODERS.register("conch-v1")
 class ConchV1Text(CocaText):
-    """CONCH v1's text tower; its tile features (bags of conch-v1) enter the joint space by proj_contrast."""
+    """CONCH v1's text tower; its tile features (bags of conch-v1) enter the joint space by proj_contrast.
+
+    mahmoodlab/CONCH 141cc09: conch/open_clip_custom/transformer.py `TextTransformer` with
+    conch_ViT-B-16.json's text_cfg (context 128, vocab 32007, width 768, 12 heads and layers, embed_cls,
+    pad_id 0, output 512); coca_model.py `encode_image`: the contrastive image embedding is
+    normalize(ln_contrast(pooled) @ visual.proj_contrast), and a conch-v1 bag holds ln_contrast(pooled);
+    custom_tokenizer.py (conch_byte_level_bpe_uncased.json, max_length 127, padded, one <pad> column
+    more); zeroshot_path.py: probabilities softmax(logit_scale.exp() * cosine similarities)."""
 
     SPEC = TextTowerSpec(
         level="tile",
@@ -293,7 +286,14 @@ class ConchV1Text(CocaText):
 
 @TEXT_ENCODERS.register("titan")
 class TitanText(CocaText):
-    """TITAN's text tower; TITAN slide embeddings enter the joint space by vision_encoder.proj."""
+    """TITAN's text tower; TITAN slide embeddings enter the joint space by vision_encoder.proj.
+
+    MahmoodLab/TITAN on Hugging Face (config.json text_config: as CONCH's but output 768, no projection
+    bias) builds open_clip v2.26's TextTransformer, whose `num_pos` counts a row for the <cls> embedding:
+    the file's table may have 129 rows, of which the forward uses the first 128. modeling_titan.py
+    `zero_shot` maps the slide embedding by `vision_encoder.proj`, normalises it, and softmaxes the cosine
+    similarities without a temperature. Tokenizer: the repository's tokenizer.json, called as CONCH's
+    (lazyslide-models 0127beb multimodal/titan.py)."""
 
     SPEC = TextTowerSpec(
         level="slide",

@@ -1,15 +1,12 @@
 """Prompts to token ids exactly as each vision-language model's authors tokenize them, offline.
 
-Three kinds, each the authors' own algorithm:
-  - a Hugging Face `tokenizer.json` (CONCH's byte-level BPE, TITAN's copy of it, PLIP's CLIP BPE) run by
-    the `tokenizers` library, the engine under transformers' PreTrainedTokenizerFast that the authors
-    call, with the same truncation and padding arguments they pass;
+  - a Hugging Face `tokenizer.json` (CONCH's byte-level BPE, TITAN's copy, PLIP's CLIP BPE) run by the
+    `tokenizers` library (the engine under transformers' PreTrainedTokenizerFast) with the authors'
+    truncation and padding arguments;
   - CLIP's BPE from `vocab.json` + `merges.txt` (a PLIP folder without tokenizer.json), assembled as
-    transformers' CLIPConverter assembles it (NFC, whitespace runs to one space, lower case, CLIP's
-    split pattern, byte-level symbols, `</w>` word ends, <|startoftext|> ... <|endoftext|>);
-  - BioGPT's tokenizer (PRISM): Moses tokenization (sacremoses, aggressive dash splits, XML escapes)
-    then word-level BPE with `</w>` word ends, as transformers' BioGptTokenizer does.
-Tokenizer files are read from the model folder, a file the user gives, or the Hugging Face cache; never
+    transformers' CLIPConverter does;
+  - BioGPT's (PRISM): Moses tokenization (sacremoses) then word-level BPE, as BioGptTokenizer does.
+Tokenizer files come from the model folder, a file the user gives, or the Hugging Face cache; never
 downloaded. Random-initialised towers (tests, the demo) may use `byte_tokenizer`: one symbol per byte.
 """
 
@@ -98,7 +95,9 @@ def load_tokenizer_json(path: Path) -> Any:
 def clip_tokenizer(
     vocab_json: Path, merges_txt: Path, *, bos: str = "<|startoftext|>", eos: str = "<|endoftext|>"
 ) -> Any:
-    """CLIP's BPE from vocab.json + merges.txt, assembled as transformers' CLIPConverter does."""
+    """CLIP's BPE from vocab.json + merges.txt, assembled as transformers' CLIPConverter does: NFC,
+    whitespace runs to one space, lower case, CLIP's split pattern, byte-level symbols, `</w>` word ends,
+    <|startoftext|> ... <|endoftext|>."""
     tk = _tokenizers()
     vocab = load_json_file(vocab_json, what="CLIP vocabulary", error=WeightsError)
     if not isinstance(vocab, dict):
@@ -175,7 +174,8 @@ def byte_tokenizer(*, specials: Sequence[str], template: tuple[str, str] | None,
 
 class BioGptTokenizer:
     """transformers' BioGptTokenizer as PRISM calls it (biogpt.py `tokenize`): each prompt + '</s>', the
-    '</s>' separator prepended, padded with <pad> to the longest prompt of the batch."""
+    '</s>' separator prepended, padded with <pad> to the longest prompt of the batch. Moses tokenization
+    splits dashes aggressively and escapes XML; word-level BPE marks word ends with `</w>`."""
 
     def __init__(self, vocab_json: Path, merges_txt: Path) -> None:
         try:

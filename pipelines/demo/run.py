@@ -118,6 +118,45 @@ def _failed(stage: str, results: Sequence[JobResult]) -> None:
         raise RuntimeError(f"{stage}: {len(bad)} slide(s) failed or produced nothing; see the manifest")
 
 
+def _tile(opts: DemoOptions, labelled: Path) -> str:
+    """Step 2: the labelled slides tiled into out_dir; what the planted blur became (logged, returned)."""
+    log.info("demo 2/6: tile")
+    params = TileParams(tile_um=opts.tile_um, tile_px=opts.tile_px)
+    tiled = tile_slides(find_slides([labelled]), out_dir=opts.out_dir, params=params, workers=opts.workers)
+    _failed("tile", tiled)
+    planted = planted_note(opts.out_dir, tiled)
+    log.info("demo: %s", planted)
+    return planted
+
+
+def _embed(opts: DemoOptions) -> Path:
+    """Step 3: the tiles embedded with the demo's encoder (random weights unless given); its bag folder."""
+    out = opts.out_dir
+    log.info("demo 3/6: embed with %s (%s)", opts.encoder,
+             opts.weights if opts.weights else "random initialisation: no weights given")
+    options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
+                           random_init=opts.weights is None, batch_size=32)
+    _failed("embed", embed_tiles(out, out_dir=out, options=options, workers=opts.workers))
+    return bag_dir(out, encoder_id_for(opts.encoder))
+
+
+def _train(opts: DemoOptions, features: Path, labels: Path, run_dir: Path) -> float | None:
+    """Step 4: nsclc-subtype trained on whole bags (a finished run re-used, an interrupted one resumed);
+    its test AUROC."""
+    if (run_dir / "metrics.json").is_file():  # a finished run: re-use it, as the stages above do
+        log.info("demo 4/6: train: finished run found in %s, re-used", run_dir)
+        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    else:
+        log.info("demo 4/6: train (task nsclc-subtype, whole bags)")
+        metrics = train(
+            task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
+            epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
+            overrides={"patience": opts.epochs}, resume=True,  # continues an interrupted demo
+        ).metrics  # fmt: skip
+    auroc = metrics.get("auroc")
+    return None if auroc is None else float(auroc)
+
+
 def planted_note(out: Path, result: TileResult) -> str:
     """What the sample slides carry on purpose (`wsi.synthetic`: one blurred patch in the tissue of
     each) and what the blur filter made of it (each slide's `findings`), so that the manifest's "check
@@ -133,38 +172,16 @@ def planted_note(out: Path, result: TileResult) -> str:
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
+    """The six steps on generated slides, each re-using what an earlier demo in `out_dir` finished."""
     start = time.perf_counter()
     out = opts.out_dir
     out.mkdir(parents=True, exist_ok=True)
     log.info("demo 1/6: writing %d sample slides to %s", 2 * opts.slides_per_class + opts.new_slides, out)
     labelled, new, labels = _make_cohort(opts)
-
-    log.info("demo 2/6: tile")
-    params = TileParams(tile_um=opts.tile_um, tile_px=opts.tile_px)
-    tiled = tile_slides(find_slides([labelled]), out_dir=out, params=params, workers=opts.workers)
-    _failed("tile", tiled)
-    planted = planted_note(out, tiled)
-    log.info("demo: %s", planted)
-
-    log.info("demo 3/6: embed with %s (%s)", opts.encoder,
-             opts.weights if opts.weights else "random initialisation: no weights given")
-    options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
-                           random_init=opts.weights is None, batch_size=32)
-    _failed("embed", embed_tiles(out, out_dir=out, options=options, workers=opts.workers))
-    features = bag_dir(out, encoder_id_for(opts.encoder))
-
+    planted = _tile(opts, labelled)
+    features = _embed(opts)
     run_dir = out / "model"
-    if (run_dir / "metrics.json").is_file():  # a finished run: re-use it, as the stages above do
-        log.info("demo 4/6: train: finished run found in %s, re-used", run_dir)
-        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    else:
-        log.info("demo 4/6: train (task nsclc-subtype, whole bags)")
-        metrics = train(
-            task="nsclc-subtype", features_dir=features, labels_csv=labels, out_dir=run_dir,
-            epochs=opts.epochs, seed=opts.seed, model_overrides=dict(opts.model_overrides),
-            overrides={"patience": opts.epochs}, resume=True,  # continues an interrupted demo
-        ).metrics  # fmt: skip
-
+    test_auroc = _train(opts, features, labels, run_dir)
     log.info("demo 5/6: predict new slides from raw pixels (tile -> embed -> classify)")
     pred_dir = out / "predictions"
     predict(model_dir=run_dir, inputs=[new], out_dir=pred_dir, weights=opts.weights, workers=opts.workers)
@@ -173,7 +190,6 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         features_dir=features, labels_csv=labels, out_dir=out, epochs=opts.epochs, seed=opts.seed,
         model_overrides=dict(opts.model_overrides),
     )  # fmt: skip
-    auroc = metrics.get("auroc")
     outputs = {
         "sample slides": labelled,
         "labels": labels,
@@ -187,7 +203,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         **survival.outputs,
     }
     return DemoResult(
-        test_auroc=None if auroc is None else float(auroc),
+        test_auroc=test_auroc,
         survival_c_index=survival.c_index,
         survival_logrank_p=survival.logrank_p,
         planted=planted,

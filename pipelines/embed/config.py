@@ -1,19 +1,10 @@
 """Every option of the embed stage, as one typed config validated through `wsi.core.config`.
 
-`wsi embed` parses its command-line options into `EmbedOptions` with `parse_config` (unknown keys
-refused, types checked); library callers may build it directly, which runs the same value checks.
-
-One encoder is `encoder` + `weights` (+ `expected_sha256`, `input_px`), as always. Several encoders in one
-pass (each tile read and decoded once, one bag per encoder) are `encoders`, a tuple of `EncoderChoice`;
-then the single-encoder fields stay at their defaults. `choices()` gives the list either way.
-
-Public API:
-  EmbedOptions                      frozen, picklable (sent to dask workers); defaults are `wsi embed`'s
-      .choices() -> tuple[EncoderChoice, ...]     the encoders of this run, in order
-  EncoderChoice(name, weights=None, expected_sha256=None, input_px=None)   one encoder of a run
-  default_readers() -> int          reader processes: every core but one, 1 to 16
-  PRECISIONS, DTYPES, DECODES, STAIN_NORMS, READER_MODES   the allowed values (from the field types)
-  CPU_BATCH                         tiles per pass on a CPU when batch_size is "auto" (the old default)
+`wsi embed` parses its options into `EmbedOptions` with `parse_config` (unknown keys refused, types
+checked); library callers may build it directly, which runs the same value checks. One encoder is
+`encoder` + `weights` (+ `expected_sha256`, `input_px`); several in one pass (each tile read and decoded
+once, one bag per encoder) are `encoders`, a tuple of `EncoderChoice`. `default_readers()`: every core
+but one, 1 to 16; PRECISIONS, DTYPES, DECODES, STAIN_NORMS, READER_MODES: the allowed values.
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 DECODES: tuple[str, ...] = get_args(Decode)
 STAIN_NORMS: tuple[str, ...] = get_args(StainNorm)
 READER_MODES: tuple[str, ...] = get_args(ReaderMode)
-CPU_BATCH = 128  # batch_size "auto" off CUDA: what `wsi embed` always used
+CPU_BATCH = 128  # tiles per pass when batch_size is "auto" off CUDA
 MAX_INPUT_PX = 4096  # a network input side (ViTs take 224-518)
 _InputPx = Annotated[int, Field(ge=16, le=MAX_INPUT_PX)]
 
@@ -78,7 +69,9 @@ def default_readers() -> int:
 @config_model
 @dataclass(frozen=True)
 class EmbedOptions:
-    """Options of the embed stage; defaults are what `wsi embed` uses."""
+    """Options of the embed stage; defaults are what `wsi embed` uses. Frozen and picklable (sent to dask
+    workers); `choices()` gives the run's encoders in order, one (`encoder`, `weights`, ...) or several
+    (`encoders`, the single-encoder fields then at their defaults)."""
 
     encoder: str = setting(
         "retccl",
@@ -102,7 +95,7 @@ class EmbedOptions:
     )  # fmt: skip
     # several encoders in one pass (each tile read once, one bag each); () means the one `encoder` above
     encoders: tuple[EncoderChoice, ...] = ()
-    #: `pipelines.devices.resolve_device`; with --gpus, auto or cuda (the GPUs are chosen for it)
+    #: `pipelines.scheduling.devices.resolve_device`; with --gpus, auto or cuda (the GPUs are chosen for it)
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     precision: Precision = setting(
         "bf16", help="Autocast precision on CUDA (the CPU always runs fp32)."

@@ -2,21 +2,11 @@
 
 Each batch is read and decoded once; on the device it is stain-normalised (opt-in) and handed, as the
 same uint8 tensor, to every encoder that still needs this slide, each with its own preprocessing
-(`Encoder.preprocess`: resize, crop, normalise on the device). Features stay on the device until a slide
-is complete (one synchronisation per slide), and bags are written by a writer thread, so neither the
-copy back nor HDF5 stalls the next batch. A failure fails that slide's bag(s), never the stream: a slide
-that cannot be read fails every encoder's bag, an encoder that fails on a slide fails only its bag.
-
-Public API:
-  SlideJob          one bag to write: a slide's tiles, the bag path, the tile-file facts for provenance
-  SlideWork(jobs)   one slide read once: jobs[k] is encoder k's bag to write (None: not needed)
-  WorkResult        a JobResult for a whole SlideWork (dask items), with one JobResult per bag in .bags
-  bag_provenance(job, runtime, options, n_bad, *, stain=None, stain_fallback=None) -> BagProvenance
-  embed_works(runtimes, works, *, options, readers, mode, progress, stain=None, batch_size=None,
-              publish=None) -> list[list[JobResult | None]]   per work, one result per runtime (None
-                                               where no job); publish(bag path) after each bag is written
-  embed_stream(runtime, jobs, *, options, readers, mode, progress) -> list[JobResult]   one encoder
-  from runtime.py: EmbedOptions, Runtime, prepare_runtime, prepare_runtimes, encode, resolve_decode
+(`Encoder.preprocess`). Features stay on the device until a slide is complete (one synchronisation
+per slide), and a writer thread writes the bags, so neither the copy back nor HDF5 stalls the next
+batch. A failure fails that slide's bag(s), never the stream: a slide that cannot be read fails every
+encoder's bag, an encoder that fails on a slide only its own. A `SlideWork` is one slide read once
+(`jobs[k]`: encoder k's `SlideJob`, or None); `embed_works` returns one result per work and encoder.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 import numpy as np
 import torch
@@ -152,6 +142,20 @@ class _SlideFailed(Exception):
     pass
 
 
+def _take_batch(
+    acc: _Acc, work: SlideWork, runtimes: Sequence[Runtime], batch: TileBatch, norm: StainNormalizer | None
+) -> int:
+    """Add a batch to its slide's accumulator (encoded, or the slide's read error kept); its tiles."""
+    acc.start = acc.start or time.perf_counter()
+    if batch.error:
+        acc.error = batch.error
+    elif not acc.error:
+        _encode_batch(acc, work, runtimes, batch, norm)
+    b = int(batch.tiles.shape[0])
+    acc.done += b
+    return b
+
+
 def _encode_batch(
     acc: _Acc, work: SlideWork, runtimes: Sequence[Runtime], batch: TileBatch, norm: StainNormalizer | None
 ) -> None:
@@ -243,14 +247,9 @@ def embed_works(
     `publish(path)` runs in the writer thread after each bag is written (a remote --out uploads it);
     a failure there fails that bag.
     """
-    results: list[list[JobResult | None]] = [[None] * len(runtimes) for _ in works]
-    for i, work in enumerate(works):
-        if work.tiles.n == 0:  # a tile file that kept no tile: nothing to read
-            for k, job in enumerate(work.jobs):
-                if job is not None:
-                    results[i][k] = _empty(job)
+    results = _empty_rows(works, len(runtimes))
     accs = {i: _Acc() for i, work in enumerate(works) if work.tiles.n}
-    writes: list[tuple[int, int, SlideJob, Future[float], float, int]] = []
+    writes: list[tuple[int, _Queued]] = []  # (work index, its bag queued for writing)
     device = runtimes[0].device
     decode = resolve_decode(options.decode, device)
     decoder = DeviceDecoder(device) if decode == "device" else None
@@ -268,6 +267,10 @@ def embed_works(
         progress_bar(total=total, desc="embed", unit="tile", disable=not progress) as bar,
         contextlib.closing(decoder) if decoder is not None else contextlib.nullcontext(),
     ):
+
+        def submit(path: Path, kwargs: BagWrite) -> Future[float]:
+            return writer.submit(_write, path, kwargs, publish)
+
         if decoder is not None:  # raw JPEG tiles -> (b, P, P, 3) uint8 on the device, a batch ahead
             batches = decode_ahead(batches, decoder)
         interrupted = False
@@ -275,46 +278,81 @@ def embed_works(
             for batch in batches:
                 i = batch.slide_index
                 acc, work = accs[i], works[i]
-                b = int(batch.tiles.shape[0])
-                acc.start = acc.start or time.perf_counter()
-                if batch.error:
-                    acc.error = batch.error
-                elif not acc.error:
-                    _encode_batch(acc, work, runtimes, batch, norm)
-                acc.done += b
-                bar.update(b)
+                bar.update(_take_batch(acc, work, runtimes, batch, norm))
                 if acc.done < work.tiles.n:
                     continue
-                for k, job in enumerate(work.jobs):
-                    if job is None:
-                        continue
-                    try:
-                        kwargs = _finish(job, acc, k, runtimes[k], options, stain)
-                    except _SlideFailed as exc:
-                        results[i][k] = _failed(job, str(exc), time.perf_counter() - acc.start)
-                    except Exception as exc:  # a failure in one slide never stops the others
-                        log.debug("%s failed", job.tiles.slide_id, exc_info=True)
-                        results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
-                    else:
-                        n_ok = len(kwargs["feats"])
-                        future = writer.submit(_write, job.bag_path, kwargs, publish)
-                        writes.append((i, k, job, future, acc.start, n_ok))
-                del accs[i]
+                failed, queued = _close_slide(work, accs.pop(i), runtimes, options, stain, submit)
+                for k, row in failed.items():
+                    results[i][k] = row
+                writes += [(i, q) for q in queued]
         except KeyboardInterrupt:  # Ctrl-C: the bags already queued are written (whole), then stop
             interrupted = True
             with contextlib.suppress(Exception):
                 getattr(batches, "close", lambda: None)()  # the readers stop
-        for i, k, job, future, start, n_ok in writes:
-            try:
-                finished = future.result()
-                results[i][k] = JobResult(
-                    job.tiles.slide_id, job.tiles.slide_path, "ok", n=n_ok, seconds=finished - start
-                )
-            except Exception as exc:
-                results[i][k] = _failed(job, describe_error(exc), time.perf_counter() - start)
+        for i, q in writes:
+            results[i][q.encoder] = _written(q)
     if interrupted:
         raise EmbedInterrupted(results)
     return results
+
+
+def _empty_rows(works: Sequence[SlideWork], n_runtimes: int) -> list[list[JobResult | None]]:
+    """A row per work and runtime: `empty` for a tile file that kept no tile, None until a bag is done."""
+    results: list[list[JobResult | None]] = [[None] * n_runtimes for _ in works]
+    for i, work in enumerate(works):
+        if work.tiles.n == 0:
+            for k, job in enumerate(work.jobs):
+                if job is not None:
+                    results[i][k] = _empty(job)
+    return results
+
+
+class _Queued(NamedTuple):
+    """A bag handed to the writer thread (`start`: when its slide's first batch arrived)."""
+
+    encoder: int
+    job: SlideJob
+    future: Future[float]
+    start: float
+    n_ok: int
+
+
+def _close_slide(
+    work: SlideWork,
+    acc: _Acc,
+    runtimes: Sequence[Runtime],
+    options: EmbedOptions,
+    stain: StainReference | None,
+    submit: Callable[[Path, BagWrite], Future[float]],
+) -> tuple[dict[int, JobResult], list[_Queued]]:
+    """A slide's last batch is in: each encoder's bag checked and queued for writing, or failed
+    ({encoder: failed row}, the bags queued)."""
+    failed: dict[int, JobResult] = {}
+    queued: list[_Queued] = []
+    for k, job in enumerate(work.jobs):
+        if job is None:
+            continue
+        try:
+            kwargs = _finish(job, acc, k, runtimes[k], options, stain)
+        except _SlideFailed as exc:
+            failed[k] = _failed(job, str(exc), time.perf_counter() - acc.start)
+        except Exception as exc:  # a failure in one slide never stops the others
+            log.debug("%s failed", job.tiles.slide_id, exc_info=True)
+            failed[k] = _failed(job, describe_error(exc), time.perf_counter() - acc.start)
+        else:
+            n_ok = len(kwargs["feats"])
+            queued.append(_Queued(k, job, submit(job.bag_path, kwargs), acc.start, n_ok))
+    return failed, queued
+
+
+def _written(q: _Queued) -> JobResult:
+    """The row of a queued bag once the writer is done with it: ok, or failed with the writer's error."""
+    try:
+        finished = q.future.result()
+        tiles = q.job.tiles
+        return JobResult(tiles.slide_id, tiles.slide_path, "ok", n=q.n_ok, seconds=finished - q.start)
+    except Exception as exc:
+        return _failed(q.job, describe_error(exc), time.perf_counter() - q.start)
 
 
 class EmbedInterrupted(KeyboardInterrupt):

@@ -1,21 +1,12 @@
 """The embedding feed: batches of uint8 tiles, read in background workers, slide after slide.
 
-Why one stream over all slides: the readers run ahead of the encoder across slide boundaries, so the
-next slide's tiles are already decoded while the current one is encoded and the device never waits
-between slides (the CLAM/TRIDENT pattern of "open slide, read, encode, close" idles the GPU).
-
-Pixels come from the tile stage's `--save-tiles` zarr cache when it is complete, else from the slide
-through `Slide.read_region_um`, the same function the tile stage used. A tile that cannot be read or
-decoded comes back as zeros with `ok=False`; the slide's caller decides whether that is too many.
-
-With SlideTiles.decode="device" on a tiled JPEG TIFF, readers send the compressed JPEG tiles in
-`TileBatch.raw` (tiles is then (b,0,0,3)) and the consumer decodes them with
-`device_decode.DeviceDecoder`; other slides come as pixels. The types are in batches.py.
-
-Public API:
-  BatchReader(slides, batch_size)   map-style dataset: item i = the i-th batch of the whole stream
-  iter_batches(slides, *, batch_size, readers, pin_memory=False, mode="process"|"thread", prefetch=2)
-      -> Iterator[TileBatch] in slide order, then tile order
+One stream over all slides: the readers run ahead of the encoder across slide boundaries, so the next
+slide's tiles are decoded while the current one is encoded (CLAM/TRIDENT's "open, read, encode, close"
+idles the GPU between slides). Pixels come from the tile stage's `--save-tiles` zarr cache when it is
+complete, else from `Slide.read_region_um`, as the tile stage read them; a tile that cannot be read
+comes back as zeros with `ok=False`. With SlideTiles.decode="device" on a tiled JPEG TIFF, readers send
+the compressed tiles in `TileBatch.raw` for `device_decode.DeviceDecoder`. Entry points: `BatchReader`
+(item i = the stream's i-th batch) and `iter_batches` (batches in slide, then tile order).
 """
 
 from __future__ import annotations

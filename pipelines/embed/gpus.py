@@ -1,17 +1,11 @@
-"""One embed worker per GPU: which GPUs `--gpus` means, and which one a dask worker takes.
+"""One embed worker per GPU: which GPUs `--gpus` means (`assign_gpus`), and which one a dask worker takes.
 
-Locally, `--gpus N` starts a dask LocalCluster of N worker processes (named 0..N-1 by dask); worker k
-holds its encoders on `cuda:k` (the explicit device index travels in the worker plugin). On a cluster
-of your own (`--scheduler`), start one worker per GPU pinned with CUDA_VISIBLE_DEVICES, so that each sees
-one GPU as cuda:0:
+Locally, `--gpus N` starts a LocalCluster of N worker processes named 0..N-1; worker k holds its
+encoders on `cuda:k` (the device index travels in the worker plugin). On your own cluster
+(`--scheduler`), start one worker per GPU pinned with CUDA_VISIBLE_DEVICES, so each sees cuda:0:
     CUDA_VISIBLE_DEVICES=0 dask worker tcp://host:8786 --nworkers 1 --nthreads 1 &
-    CUDA_VISIBLE_DEVICES=1 dask worker tcp://host:8786 --nworkers 1 --nthreads 1 &
 A worker that sees several GPUs and has no number for a name gets one by a hash of its name, which may
-put two workers on one GPU: it says so in the log.
-
-Public API:
-  assign_gpus(gpus, available) -> list[torch.device]      cuda:0..N-1; ConfigError without enough GPUs
-  worker_gpu(worker_name, devices, visible) -> torch.device    the device of one worker
+put two on one GPU: it says so in the log (`worker_gpu`).
 """
 
 from __future__ import annotations

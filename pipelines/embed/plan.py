@@ -1,19 +1,12 @@
 """What each slide needs from each encoder of a run, decided before any tile is read.
 
-Per encoder and slide: an `empty` row (the tiling kept no tile), a refusal (a case clash, or the bag of
-this id belongs to another slide file; checks.py), `skipped` (its bag is current), or a bag to make. The
-slides with bags to make become `SlideWork`s that name only the encoders that need them, so a slide is
-read once for all of them and a finished bag of one encoder is never recomputed for another.
-
-A bag is current when it is complete and made by this encoder (name, weights, recipe digest, input size),
-with this stain normalisation (method and reference digest), dtype and tile file; else `stale` says why.
-
-Public API:
-  bag_dir(out_dir, encoder_id) -> Path                   out_dir/features/<encoder_id>
-  read_tile_files(files, options) -> ([(file, SlideJob without bag path, empty reason)], failed rows)
-  plan(files, slides, encoders, options, stain, out_dir) -> (rows per encoder, works)
-  stale(job, encoder, dtype, stain) -> str | None        why the bag must be made, None when current
-  refused_row(slide_id, path, why) -> JobResult          a failed row, logged as a warning
+Per encoder and slide: an `empty` row (the tiling kept no tile), a refusal (`refused_row`: a case clash,
+or the bag of this id belongs to another slide file; checks.py), `skipped` (its bag is current), or a
+bag to make. The slides with bags to make become `SlideWork`s naming only the encoders that need them,
+so a slide is read once for all of them and a finished bag is never recomputed for another encoder.
+A bag is current when it is complete and made by this encoder (name, weights, recipe digest, input
+size), with this stain normalisation (method, reference digest), dtype and tile file; else `stale` says
+why. Bags live in `bag_dir(out_dir, encoder_id)` = out_dir/features/<encoder_id>.
 """
 
 from __future__ import annotations

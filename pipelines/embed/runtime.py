@@ -4,14 +4,8 @@ Each encoder runs through its own `Encoder.inference_fn` (channels_last for CNNs
 torch.compile); this module adds what belongs to the stage: autocast precision, CPU threads, cuDNN
 autotuning, one padded batch shape on CUDA, and `--batch-size auto` (each encoder's measured memory per
 tile on this device; the smallest batch wins, since every encoder sees the same decoded batch).
-
-Public API:
-  build_encoders(options) -> list[Encoder]        validated, in the order of options.choices()
-  Runtime(encoder, device, autocast, fn, pad_to)  one encoder ready to embed
-  prepare_runtime(encoder, *, device, precision, compile, threads, batch_size) -> Runtime
-  prepare_runtimes(encoders, *, device, options, tile_px) -> (list[Runtime], batch_size)
-  encode(runtime, tiles (b,P,P,3) uint8) -> (b, D) float32 on the device
-  resolve_decode(decode, device) -> "cpu" | "device"
+`prepare_runtimes` gives one `Runtime` per encoder and that batch size; `encode(runtime, tiles)` embeds
+(b, P, P, 3) uint8 tiles into (b, D) float32 on the device.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """The embed stage: tile files (or slides, tiled first) -> `features/<encoder_id>/<slide_id>.h5` bags.
 
-One or several encoders per run: each slide's tiles are read and decoded once and fed to every encoder
-whose bag of that slide is missing or stale, so adding an encoder to a finished run computes only its
-bags. Locally, all slides go through one stream (feed -> device -> writer thread), so reading never waits
-for a slide boundary. With `workers > 1`, `gpus` (one worker per GPU) or a `scheduler`, each slide is a
-dask job on a worker that holds its own encoders (see worker.py). Either way a failing slide becomes a
-manifest row per encoder, never an abort.
-
-Public API:
-  embed_tiles(tiles_dir, *, out_dir, options=None, slide_ids=None, **settings) -> EmbedResult
-  tile_and_embed(sources, *, out_dir, options=None, tile_params=None, tile_options=None, **settings)
-      -> EmbedResult              slides tiled first (the tile stage), then embedded
-  EmbedResult: one BagResult per slide and encoder, encoder by encoder, slides in order
-  BagResult(JobResult)            + encoder_id: the bag folder features/<encoder_id>/ the row is about
-  results_by_encoder(results) -> dict[encoder_id, list[BagResult]]
-  bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id> (from plan.py)
-  find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
-  bad_tile_report(results, *, out_dir, encoder) -> list[str]   "slide: 3 of 120 tiles unreadable, ..."
-`settings` are EmbedOptions fields (workers, scheduler, gpus, progress and the encoders' settings).
-
-What each slide needs from each encoder is decided first (plan.py): a bag is redone when its encoder
-(name, weights, recipe digest, input size), stain normalisation (method and reference), tiles or dtype
-differ from this run's. A slide is refused (a failed row naming both files,
-logged as a warning) when its id differs only by case from another's in the batch or in the bag folder,
-or when the bag of its id was made from another slide file (unless --overwrite); see checks.py. A slide
-whose tiling kept no tile is an `empty` row ("tiling kept no tile: <why>"), which makes the run exit 1.
+`embed_tiles(tiles_dir, *, out_dir, options)` and `tile_and_embed(sources, *, out_dir, options)` return
+an `EmbedResult`: one `BagResult` (a JobResult + its encoder_id) per slide and encoder. Each slide's
+tiles are read and decoded once and fed to every encoder whose bag is missing or stale (plan.py), so
+adding an encoder to a finished run computes only its bags. Locally all slides go through one stream
+(feed -> device -> writer thread), so reading never waits at a slide boundary; with `workers > 1`,
+`gpus` or a `scheduler`, each slide is a dask job on a worker that holds its own encoders (worker.py).
+A failing or refused slide (checks.py) becomes a manifest row per encoder, never an abort; a slide whose
+tiling kept no tile is an `empty` row, which makes the run exit 1.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The reference is resolved once, before any work (a bad file is a usage error, not N failed slides), and
 travels to dask workers as data. It is either the method's shipped default (models/encoders/stain.py), a saved
-reference (.json, `models.stain.save_reference`), or fitted from tiles: an image, a folder of images, or a
-tile file of `wsi tile` (its tiles read from the --save-tiles cache when complete, else from the slide).
+reference (.json, `models.encoders.stain.save_reference`), or fitted from tiles: an image, a folder of images,
+or a tile file of `wsi tile` (its tiles read from the --save-tiles cache when complete, else from the slide).
 
 Public API:
   resolve_stain_reference(method, path) -> StainReference | None     None: no stain normalisation

@@ -1,21 +1,10 @@
 """The dask side of the embed stage: the run's encoders once per worker, on that worker's own device.
 
-A worker plugin holds the encoders per worker (not per slide); each slide job borrows them. The
-plugin's `setup` only picks the device: dask runs `setup` on the worker's event loop, and building an
-encoder (reading hundreds of MB of weights, moving them to a GPU) there stalls the worker's heartbeats
-("Event loop was unresponsive for 24 s"). The encoders are built by the first slide job instead, in the
-task's own thread, under the plugin's lock. Which GPU a worker takes: `--gpus` gives each LocalCluster
-worker its own (`devices`); on a cluster of your own, one worker per GPU pinned by CUDA_VISIBLE_DEVICES
-(gpus.py).
-
-Public API:
-  PLUGIN_NAME
-  EncoderPlugin(options, *, stain=None, devices=None)   distributed.WorkerPlugin; .device after setup,
-                                  .get_runtimes() builds the encoders once (call it holding .lock),
-                                  .get_runtime() the first of them, .runtimes None until then
-  embed_item(item, *, options)    batch function: one slide on the worker's encoders -> WorkResult
-  EmbedItem(slide_id, path, work) what run_jobs sends to a worker
-  worker_device(requested, worker, devices=None) -> torch.device
+A worker plugin (`EncoderPlugin`) holds the encoders per worker, not per slide; each slide job
+(`embed_item`) borrows them. The plugin's `setup` only picks the device: dask runs `setup` on the
+worker's event loop, and building an encoder there (hundreds of MB of weights to a GPU) stalls the
+worker's heartbeats ("Event loop was unresponsive for 24 s"). The first slide job builds them instead,
+in the task's own thread, under the plugin's lock. Which GPU a worker takes: gpus.py.
 """
 
 from __future__ import annotations

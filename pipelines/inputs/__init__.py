@@ -1,36 +1,10 @@
-"""Input adapters: how a task's items (feature bags, images) reach the training loop and `predict`.
+"""Input adapters: how a task's items (feature bags, images, slide embeddings) reach the loop and `predict`.
 
-A task YAML names its input (`input: bags` or `input: images`) and may pass options to it
-(`input_options: {...}`, validated by the adapter's constructor; unknown keys raise `ConfigError`).
-The loop and `predict` only ever talk to the adapter through this protocol, so a new kind of input is
-one module whose adapter class carries `@INPUTS.register("<name>")` (and that module named in `INPUTS`).
-
-Protocol (`InputAdapter`):
-
-  name                         "bags" | "images" | ...; also the task YAML's `input:` value
-  source_option                the CLI option that gives the source ("--features", "--images")
-  find(sources)                -> {item_id: path}: every usable file under the given files/folders.
-                               Ids are what a label table's slide column is matched against (a file
-                               name also matches: the label code strips known suffixes). Duplicate
-                               ids raise `ConfigError` naming both files.
-  dataset(items, train=...)    -> torch Dataset over `Item`s; sample i is a dict
-                               {"x": Tensor, "label": int (-1 when unlabeled), "id": str,
-                                optional "coords_um": Tensor (N, 2)}. `train=True` turns on the
-                               adapter's augmentation (bag subsampling, image flips...).
-  collate(samples)             -> `Batch` (bags: pad to the longest bag, mask True = real tile;
-                               images: stack).
-  model_kwargs(items)          -> extra `models.build_model` kwargs the data decides (bags: in_dim;
-                               images: in_chans / img_size).
-  provenance(items)            -> JSON-able dict saved in the run's config.json (bags: encoder id,
-                               weights sha256, tile size/MPP/params); `predict` hands it back to
-  check_compatible(prov, items)  which raises `ConfigError` when new inputs were made differently
-                               (e.g. features from another encoder).
-  heatmap(item, sample, values, out_png, title="")   optional: draw per-token values (N,) (the
-                               contribution of each tile/patch to the predicted class) for one item;
-                               `predict` skips heatmaps for adapters without it.
-
-`INPUTS` (a `wsi.core.registry.Registry`) maps a name to its adapter class; the adapter modules are imported
-on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a task asks for them.
+A task YAML names its input (`input: bags`) and may pass options to it (`input_options: {...}`,
+validated by the adapter's constructor; unknown keys raise `ConfigError`). The loop and `predict` only
+talk to the adapter through the `InputAdapter` protocol, so a new kind of input is one module whose
+class carries `@INPUTS.register("<name>")` (and that module named in `INPUTS`). `INPUTS` imports the
+adapter modules on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until asked for.
 """
 
 from __future__ import annotations
@@ -82,7 +56,7 @@ class Batch:
     ids: list[str]
     mask: torch.Tensor | None = None  # (B, N) bool, True on real tiles
     coords_um: torch.Tensor | None = None  # (B, N, 2) float32 tile top-left in micrometres
-    targets: torch.Tensor | None = None  # (B, T) float32 target vectors (pipelines.cases adds them)
+    targets: torch.Tensor | None = None  # (B, T) float32 target vectors (pipelines.study.cases adds them)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The keyword inputs the batch has, for the model's forward."""
@@ -114,20 +88,38 @@ class DataModelKwargs(TypedDict, total=False):
 
 @runtime_checkable
 class InputAdapter(Protocol):
-    name: ClassVar[str]
-    source_option: ClassVar[str]
+    """What the loop and `predict` know of an input. Optional: `heatmap(item, sample, values, out_png,
+    title="")` draws per-token values (N,) for one item; `predict` skips heatmaps without it."""
 
-    def find(self, sources: Sequence[Path]) -> dict[str, Path]: ...
+    name: ClassVar[str]  # "bags" | "images" | ...: the task YAML's `input:` value
+    source_option: ClassVar[str]  # the CLI option that gives the source ("--features", "--images")
 
-    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]: ...
+    def find(self, sources: Sequence[Path]) -> dict[str, Path]:
+        """{item_id: path} of every usable file under the given files/folders; ids are what a label
+        table's slide column is matched against (a file name also matches). Duplicate ids: ConfigError
+        naming both files."""
+        ...
 
-    def collate(self, samples: list[Sample]) -> Batch: ...
+    def dataset(self, items: Sequence[Item], *, train: bool) -> Dataset[Sample]:
+        """Sample i is {"x", "label" (-1 when unlabelled), "id", optional "coords_um" (N, 2)}; `train`
+        turns on the adapter's augmentation (bag subsets, image flips...)."""
+        ...
 
-    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs: ...
+    def collate(self, samples: list[Sample]) -> Batch:
+        """Bags: padded to the longest bag, mask True = real tile; images: stacked."""
+        ...
 
-    def provenance(self, items: Sequence[Item]) -> JsonObject: ...
+    def model_kwargs(self, items: Sequence[Item]) -> DataModelKwargs:
+        """The `models.build_model` arguments the data decides."""
+        ...
 
-    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None: ...
+    def provenance(self, items: Sequence[Item]) -> JsonObject:
+        """Saved in the run's config.json (bags: encoder id, weights sha256, tile settings)."""
+        ...
+
+    def check_compatible(self, provenance: Mapping[str, JsonValue], items: Sequence[Item]) -> None:
+        """ConfigError when new inputs were made differently from `provenance` (another encoder...)."""
+        ...
 
 
 # name -> adapter class, constructed with the task's `input_options` as keywords

@@ -1,16 +1,12 @@
 """Heatmaps of per-tile contributions, over a slide thumbnail or a blank canvas at the tile positions.
 
-Values are signed (towards / against the predicted class), so the colour map is diverging and centred
-on zero: red pushes towards the prediction, blue against it, and the colour scale is symmetric. A model
-explained by its attention (TransMIL) draws weights >= 0 the same way, labelled as attention.
-
-Over a slide the colour goes on the tissue only: glass keeps the thumbnail's pixels, even inside a tile
-(the thumbnail's tissue mask, `wsi.tiling.tissue`). Tissue under no scored tile (a tile the filters left
-out, or one whose value is not finite) is greyed and hatched, so it is never read as a tile near 0, which
-keeps the tissue's colours under a pale tint. The colour is half transparent and the map's darkest ends
-are left out, so the stain stays readable under the strongest tiles. The picture is cropped to the
-tissue and the tiles, and the colour bar says what a value means (`label`: the task kind's sentence,
-e.g. that the values and the model's constant add up to the log-odds, `models.attribution`).
+Values are signed (towards / against the predicted class): a diverging colour map centred on zero, red
+towards the prediction, blue against, the scale symmetric; a model explained by its attention
+(TransMIL) draws weights >= 0 the same way, labelled as attention. Over a slide the colour goes on the
+tissue only (`wsi.tiling.tissue`'s mask); tissue under no scored tile is greyed and hatched, never read
+as a tile near 0. The colour is half transparent and the darkest ends are left out so the stain stays
+readable; the picture is cropped to the tissue and the tiles, and the colour bar says what a value
+means (`label`: the task kind's sentence, e.g. values + the model's constant = the log-odds).
 """
 
 from __future__ import annotations

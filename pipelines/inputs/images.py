@@ -1,18 +1,8 @@
 """The image input adapter: radiographs, dermoscopy, fundus photos and MRI volumes for vit-2d / vit-3d.
 
-Task YAML:
-
-    input: images
-    input_options:
-      size_px: 224            # 2D: an int or [H, W]; 3D: [D, H, W]
-      channels: 3             # 1 or 3 (gray is repeated, colour turned to luma as needed)
-      normalize: imagenet     # imagenet | range | zscore (see wsi.pipelines.inputs.clinical.transforms)
-      spacing_mm: null        # 3D: target voxel spacing [D, H, W] when the file gives its own
-      augment: true           # the paper's augmentation while training (2D rotate + flip, 3D flips)
-      projection: mid         # 3D heatmaps: middle slice (mid) or maximum-intensity projection (max)
-
-Ids are file names without their suffix (for a DICOM series of a 3D task: the folder name), matched
-against the label table's image column.
+`ImageInput`'s keywords are the task's `input_options` (size_px, channels, normalize, spacing_mm,
+augment, projection: docs/training.md "Image tasks"). Ids are file names without their suffix (a DICOM
+series of a 3D task: the folder name), matched against the label table's image column.
 """
 
 from __future__ import annotations
@@ -62,7 +52,7 @@ def image_id(path: Path) -> str:
 
 @INPUTS.register("images")
 class ImageInput:
-    """`input: images`; options as in the module docstring (unknown ones raise ConfigError)."""
+    """`input: images`; options: docs/training.md "Image tasks" (unknown ones raise ConfigError)."""
 
     name: ClassVar[str] = "images"
     source_option: ClassVar[str] = "--images"

@@ -61,6 +61,9 @@ def _area(metrics: Mapping[str, Any] | None, key: str, n_classes: int) -> float 
     return None if value is None else float(value)
 
 
+Curves = list[tuple[str, dict[str, np.ndarray]]]  # (set name, a curve's columns) per set
+
+
 def classification_sections(
     target: str,
     classes: Sequence[str],
@@ -74,54 +77,84 @@ def classification_sections(
 
     sets: (name, labels (n,) int, probs (n, C)); metrics: each set's figures (for the legends)."""
     prefix = f"{target}: " if target else ""
-    out = [Section(f"{prefix}ROC and precision-recall curves")]
+    curves = Section(f"{prefix}ROC and precision-recall curves")
+    calibration: list[Section] = []
     for c in cls_stats.positive_targets(len(classes)):
-        rocs, prs, calib = [], [], []
-        for name, labels, probs in sets:
-            positive = labels == c
-            if len(labels) == 0:
-                continue
-            roc = cls_stats.roc_band(positive, probs[:, c], n_resamples=BAND_RESAMPLES, seed=seed)
-            pr = cls_stats.pr_band(positive, probs[:, c], n_resamples=BAND_RESAMPLES, seed=seed)
-            cal = cls_stats.calibration_bins(positive, probs[:, c])
-            rocs.append((name, roc))
-            prs.append((name, pr))
-            calib.append((name, cal))
-            keys = [name, target, classes[c]]
-            head = ["set", "target", "class"]
-            tables.add("roc.csv", [*head, *ROC_COLUMNS], _rows(keys, roc, ROC_COLUMNS))
-            tables.add("pr.csv", [*head, *PR_COLUMNS], _rows(keys, pr, PR_COLUMNS))
-            tables.add(
-                "calibration.csv", [*head, *CALIBRATION_COLUMNS], _rows(keys, cal, CALIBRATION_COLUMNS)
-            )
+        rocs, prs, calib = _class_curves(target, classes, c, sets, tables, seed)
         if not rocs:
             continue
         label = f"{prefix}{classes[c]}" + ("" if len(classes) == 2 else " vs rest")
-        n_cls = len(classes)
-        roc_png = figures.band_plot(
-            rocs, x="fpr", y="tpr", title=f"ROC: {label}", xlabel="False positive rate",
-            ylabel="True positive rate", diagonal=True,
-            area=[_area(metrics.get(n), "auroc", n_cls) for n, _ in rocs],
-        )  # fmt: skip
-        pr_png = figures.band_plot(
-            prs, x="recall", y="precision", title=f"Precision-recall: {label}", xlabel="Recall",
-            ylabel="Precision", diagonal=False,
-            area=[_area(metrics.get(n), "average_precision", n_cls) for n, _ in prs],
-        )  # fmt: skip
-        out[0].blocks.append(("figure", (roc_png, f"ROC curve of {label} (95% band)")))
-        out[0].blocks.append(("figure", (pr_png, f"Precision-recall curve of {label} (95% band)")))
+        curves.blocks += _curve_figures(label, rocs, prs, metrics, len(classes))
         cal_png = figures.calibration_plot(calib, title=f"Calibration: {label}")
         caption = f"Observed frequency of {label} per bin of predicted probability"
-        out.append(Section(f"{prefix}calibration: {classes[c]}", [("figure", (cal_png, caption))]))
+        calibration.append(Section(f"{prefix}calibration: {classes[c]}", [("figure", (cal_png, caption))]))
+    return [curves, *calibration, _confusion_section(prefix, target, classes, sets, tables)]
+
+
+def _class_curves(
+    target: str,
+    classes: Sequence[str],
+    c: int,
+    sets: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    tables: Tables,
+    seed: int,
+) -> tuple[Curves, Curves, Curves]:
+    """Class `c` against the rest in every non-empty set: (ROC bands, PR bands, calibration bins), each
+    also added to its CSV."""
+    rocs: Curves = []
+    prs: Curves = []
+    calib: Curves = []
+    for name, labels, probs in sets:
+        positive = labels == c
+        if len(labels) == 0:
+            continue
+        roc = cls_stats.roc_band(positive, probs[:, c], n_resamples=BAND_RESAMPLES, seed=seed)
+        pr = cls_stats.pr_band(positive, probs[:, c], n_resamples=BAND_RESAMPLES, seed=seed)
+        cal = cls_stats.calibration_bins(positive, probs[:, c])
+        rocs.append((name, roc))
+        prs.append((name, pr))
+        calib.append((name, cal))
+        keys = [name, target, classes[c]]
+        head = ["set", "target", "class"]
+        tables.add("roc.csv", [*head, *ROC_COLUMNS], _rows(keys, roc, ROC_COLUMNS))
+        tables.add("pr.csv", [*head, *PR_COLUMNS], _rows(keys, pr, PR_COLUMNS))
+        tables.add("calibration.csv", [*head, *CALIBRATION_COLUMNS], _rows(keys, cal, CALIBRATION_COLUMNS))
+    return rocs, prs, calib
+
+
+def _curve_figures(
+    label: str, rocs: Curves, prs: Curves, metrics: Mapping[str, Mapping[str, Any]], n_cls: int
+) -> list[tuple[str, Any]]:
+    """The ROC and precision-recall figures of one class, each set's area in the legend (binary tasks)."""
+    roc_png = figures.band_plot(
+        rocs, x="fpr", y="tpr", title=f"ROC: {label}", xlabel="False positive rate",
+        ylabel="True positive rate", diagonal=True,
+        area=[_area(metrics.get(n), "auroc", n_cls) for n, _ in rocs],
+    )  # fmt: skip
+    pr_png = figures.band_plot(
+        prs, x="recall", y="precision", title=f"Precision-recall: {label}", xlabel="Recall",
+        ylabel="Precision", diagonal=False,
+        area=[_area(metrics.get(n), "average_precision", n_cls) for n, _ in prs],
+    )  # fmt: skip
+    return [
+        ("figure", (roc_png, f"ROC curve of {label} (95% band)")),
+        ("figure", (pr_png, f"Precision-recall curve of {label} (95% band)")),
+    ]
+
+
+def _confusion_section(
+    prefix: str,
+    target: str,
+    classes: Sequence[str],
+    sets: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    tables: Tables,
+) -> Section:
+    """Each non-empty set's confusion matrix (rows: true class), also added to confusion.csv."""
     confusion = Section(f"{prefix}confusion matrices (rows: true class, columns: predicted)")
     for name, labels, probs in sets:
-        cm = (
-            confusion_matrix(labels, probs.argmax(1), labels=list(range(len(classes))))
-            if len(labels)
-            else None
-        )
-        if cm is None:
+        if not len(labels):
             continue
+        cm = confusion_matrix(labels, probs.argmax(1), labels=list(range(len(classes))))
         rows = [[classes[i], *[int(v) for v in cm[i]]] for i in range(len(classes))]
         confusion.blocks.append(("table", ([f"{name}: true \\ predicted", *classes], rows)))
         cells = [(i, j) for i in range(len(classes)) for j in range(len(classes))]
@@ -130,7 +163,7 @@ def classification_sections(
             ["set", "target", "true", "predicted", "count"],
             [[name, target, classes[i], classes[j], int(cm[i, j])] for i, j in cells],
         )
-    return [*out, confusion]
+    return confusion
 
 
 def regression_sections(

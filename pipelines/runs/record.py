@@ -1,20 +1,13 @@
 """The run record: `config.json` of a run folder, written by `wsi train` and read by `wsi predict`.
 
-It says everything needed to use and to repeat a run: the resolved task, the model's architecture
-(what `models.presets.build_model_from_config` rebuilds), the input adapter with the provenance of
-its inputs (encoder, weights sha256, tile settings), the label table and input folder, counts, the
-splits, devices and versions. Prediction reads it through this module alone, so it never imports the
-training code.
-
-Values fitted on a training split that predict needs besides the weights (the standardisation of
-continuous targets, the survival risk cut-off) sit beside it in `fitted.json` (`Fitted`): they are
-known only once a fold's split is made or its training ends, and a cross-validation run has one per
-fold folder.
-
-Format versions: 3 (this one) adds the resolution given to bags in level-0 pixels (`input.mpp`,
-`input.mpp_by_slide`); 2 holds the model once, as `model`. Version 1 (before `format_version` was
-written) also held the build_model keyword arguments as `model_spec`; older versions still load (no
-mpp given), and the architecture in their `model` is what predict rebuilds, as it always was.
+Everything needed to use and to repeat a run: the resolved task, the model's architecture (what
+`models.presets.build_model_from_config` rebuilds), the input adapter with its inputs' provenance, the
+label table and input folder, counts, splits, devices and versions. Prediction reads it through this
+module alone, so it never imports the training code. Values fitted on a training split that predict
+needs besides the weights (target standardisation, the survival risk cut-off) sit beside it in
+`fitted.json` (`Fitted`), one per fold folder. Format 3 holds the model once, as `model`, and the
+resolution given to bags in level-0 pixels (`input.mpp`, `input.mpp_by_slide`); formats 1 (with
+`model_spec`) and 2 load too, without an mpp.
 """
 
 from __future__ import annotations
@@ -162,8 +155,8 @@ def write_fitted(run_dir: str | Path, values: dict[str, Any]) -> Path:
 
 
 def read_fitted(run_dir: str | Path) -> dict[str, Any]:
-    """The fitted values of a run folder as the mapping `pipelines.kinds.build_kind` takes ({} when
-    the run has none: categorical runs, and runs written before fitted.json existed)."""
+    """The fitted values of a run folder as the mapping `pipelines.study.kinds.build_kind` takes ({} when
+    the folder has no fitted.json: categorical runs write none)."""
     path = Path(run_dir) / FITTED_NAME
     if not path.is_file():
         return {}

@@ -1,18 +1,13 @@
 """Which figures of a held-out set cannot be estimated, and why: never a degenerate interval as a result.
 
-A bootstrap interval on two test cases is [1.0, 1.0]; a C-index with two events rests on a handful of
-pairs; an AUROC needs both classes. Each evaluator asks here which figures its cohort supports and
-`mark` blanks the others (None in metrics.json) and records the reason under `not_estimable`
-({figure key: reason}); the console line (`describe`) and report.html print the reason instead of
-a number.
-
-Rules (one place, so that train, predict --labels and the report agree):
-- AUROC and average precision need two classes among the cases; their intervals need at least
-  `MIN_PER_GROUP` cases of each class present.
-- A C-index needs one comparable pair (an event before another case's time); its interval and the
-  time-dependent AUCs' need at least `MIN_PER_GROUP` events.
-- Correlations and R^2 need three cases with differing values; their intervals `MIN_CASES` cases.
-- Any interval whose every resample gave one value (lo == hi) says nothing about uncertainty.
+A bootstrap interval on two test cases is [1.0, 1.0]; an AUROC needs both classes. Each evaluator asks
+here which figures its cohort supports; `mark` blanks the others (None in metrics.json) and records why
+under `not_estimable`, which the console line (`describe`) and report.html print instead of a number.
+The rules, in one place so train, predict --labels and the report agree: AUROC and average precision
+need two classes (their intervals `MIN_PER_GROUP` cases of each); a C-index needs one comparable pair
+(its interval and the time-dependent AUCs' `MIN_PER_GROUP` events); correlations and R^2 three cases
+with differing values (their intervals `MIN_CASES`); an interval whose every resample gave one value
+says nothing about uncertainty.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class CaseDataset(Dataset[Sample]):
     """Sample i = case i's sample from the adapter (joined over slides for a patient) + its target."""
 
     def __init__(self, adapter: InputAdapter, items: Sequence[Item], *, train: bool, n_targets: int) -> None:
-        self.items = list(items)
+        self.adapter, self.items, self.train = adapter, list(items), train
         self.n_targets = n_targets
         flat: list[Item] = []
         self.spans: list[tuple[int, int]] = []
@@ -102,28 +102,26 @@ class CaseCollate:
 
 
 def make_loader(
-    adapter: InputAdapter,
-    items: Sequence[Item],
+    dataset: CaseDataset,
     *,
-    train: bool,
     batch_size: int,
     num_workers: int,
     device: torch.device,
-    n_targets: int,
     generator: torch.Generator | None = None,
     preload_bytes: int = 0,
     balanced: bool = False,
 ) -> DataLoader[Any]:
-    """The loader of `items`. `preload_bytes` > 0: an adapter whose dataset can hold every input in
-    memory (bags: `BagDataset.preload`) does so when their files total at most that many bytes, and the
-    loader then runs in this process (no worker processes spawned per epoch to re-read a tiny cohort).
-    `balanced` (training): an epoch draws len(items) cases with replacement, each with weight N / (cases
-    of its class), so every class is drawn equally often on average (CLAM's weighted sampling:
+    """The loader of the cases of `dataset` (shuffled by `generator` when it is a training set).
+    `preload_bytes` > 0: an adapter whose dataset can hold every input in memory (bags:
+    `BagDataset.preload`) does so when their files total at most that many bytes, and the loader then
+    runs in this process (no worker processes spawned per epoch to re-read a tiny cohort). `balanced`
+    (training): an epoch draws len(items) cases with replacement, each with weight N / (cases of its
+    class), so every class is drawn equally often on average (CLAM's weighted sampling:
     mahmoodlab/CLAM utils/utils.py:59-60,147-155 @ 53e2409d4a81)."""
-    dataset = CaseDataset(adapter, items, train=train, n_targets=n_targets)
+    train = dataset.train
     preload = getattr(dataset.base, "preload", None)
     in_memory = preload_bytes > 0 and callable(preload) and bool(preload(preload_bytes))
-    sampler = _balanced_sampler(items, generator) if train and balanced else None
+    sampler = _balanced_sampler(dataset.items, generator) if train and balanced else None
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -131,7 +129,7 @@ def make_loader(
         sampler=sampler,
         generator=generator if train and sampler is None else None,
         num_workers=0 if in_memory else num_workers,
-        collate_fn=CaseCollate(adapter),
+        collate_fn=CaseCollate(dataset.adapter),
         pin_memory=device.type == "cuda",
         persistent_workers=False,
     )

@@ -1,16 +1,12 @@
 """Label tables: CSV rows (slide, label or targets, patient) checked against the task, matched to inputs.
 
-Mistakes a user can fix are errors naming the file and rows: a missing column, a label outside the
-task's classes, a time that is not a number, the same slide twice, a class with fewer than two
-patients. Slides listed without an input file and inputs without a label are only counted, logged and
-left out: a cohort is rarely complete.
-
-What a row's label is depends on the task's kind (`pipelines.kinds`): a class, continuous targets,
-time and event, or several targets with blanks allowed. A `level: patient` task may also give one row
-per patient and no slide column (a clinical table): every input whose id is the patient id, or starts
-with it followed by a separator (TCGA-05-4244 -> TCGA-05-4244-01Z-00-DX1), is that patient's.
-An optional `mpp` column gives a slide's level-0 um/px (blank = unknown): bags that store level-0 pixel
-coordinates (CLAM, TRIDENT) need it when the model uses tile positions; it wins over `--mpp`.
+Mistakes a user can fix are errors naming the file and rows (a missing column, a label outside the
+task's classes, a time that is not a number, a slide twice, a class with fewer than two patients);
+slides without an input and inputs without a label are counted, logged and left out. A row's label
+depends on the task's kind (`pipelines.study.kinds`). A `level: patient` task may give one row per
+patient without a slide column: every input whose id is the patient id, or starts with it and a
+separator (TCGA-05-4244 -> TCGA-05-4244-01Z-00-DX1), is that patient's. An optional `mpp` column gives a
+slide's level-0 um/px (CLAM and TRIDENT bags need it when the model uses positions; it wins over --mpp).
 Shared by training and `wsi predict --labels`.
 """
 
@@ -147,25 +143,7 @@ def _read_table(
 ) -> list[LabelRow]:
     path = Path(path)
     header, records = _read_rows(path)
-    slide_col = _pick(header, columns.slide, _SLIDE_ALIASES)
-    patient_col = _pick(header, columns.patient, _PATIENT_ALIASES) if columns.patient else None
-    missing = [c for c in required if c not in header]
-    if (slide_col is None and not (patient_table and patient_col)) or missing:
-        what = (
-            f"a label column {columns.label!r}"
-            if classes is not None
-            else f"the columns {', '.join(required)}"
-        )
-        raise LabelError(
-            f"{path}: needs a slide column ({columns.slide!r} or one of {', '.join(_SLIDE_ALIASES)})"
-            + (
-                f" or, for a patient-level task, a patient column ({columns.patient!r})"
-                if patient_table
-                else ""
-            )
-            + f" and {what}; found columns: {', '.join(header) or 'none'}. Rename the columns, or name "
-            "yours under `columns:` in a task YAML (configs/tasks/*.yaml show how)"
-        )
+    slide_col, patient_col = _id_columns(path, header, columns, required, classes, patient_table)
     rows: list[LabelRow] = []
     bad: list[str] = []
     bad_mpp: list[str] = []
@@ -196,6 +174,51 @@ def _read_table(
                 mpp=mpp,
             )
         )
+    _refuse_bad_rows(path, bad, bad_mpp, classes)
+    if unlabelled:
+        log.warning("%s: %d row(s) without any label are left out", path, unlabelled)
+    _refuse_duplicates(path, rows)
+    if not rows:
+        raise LabelError(f"{path}: no labelled rows")
+    return rows
+
+
+def _id_columns(
+    path: Path,
+    header: Sequence[str],
+    columns: LabelColumns,
+    required: Sequence[str],
+    classes: Sequence[str] | None,
+    patient_table: bool,
+) -> tuple[str | None, str | None]:
+    """The table's (slide column, patient column); a LabelError naming the columns found when the table
+    has neither a slide column (nor, for a patient table, a patient column) or lacks a required one."""
+    slide_col = _pick(header, columns.slide, _SLIDE_ALIASES)
+    patient_col = _pick(header, columns.patient, _PATIENT_ALIASES) if columns.patient else None
+    missing = [c for c in required if c not in header]
+    if (slide_col is None and not (patient_table and patient_col)) or missing:
+        what = (
+            f"a label column {columns.label!r}"
+            if classes is not None
+            else f"the columns {', '.join(required)}"
+        )
+        raise LabelError(
+            f"{path}: needs a slide column ({columns.slide!r} or one of {', '.join(_SLIDE_ALIASES)})"
+            + (
+                f" or, for a patient-level task, a patient column ({columns.patient!r})"
+                if patient_table
+                else ""
+            )
+            + f" and {what}; found columns: {', '.join(header) or 'none'}. Rename the columns, or name "
+            "yours under `columns:` in a task YAML (configs/tasks/*.yaml show how)"
+        )
+    return slide_col, patient_col
+
+
+def _refuse_bad_rows(
+    path: Path, bad: Sequence[str], bad_mpp: Sequence[str], classes: Sequence[str] | None
+) -> None:
+    """One LabelError listing the rows whose label (or `mpp` cell) could not be read, if any."""
     if bad:
         listed = ", ".join(bad[:10]) + (", ..." if len(bad) > 10 else "")
         if classes is not None:
@@ -210,12 +233,6 @@ def _read_table(
             f"{path}: {len(bad_mpp)} row(s) whose `{MPP_COLUMN}` is not a positive number of um/px "
             f"(level 0): {listed}; fix them or leave the cell blank"
         )
-    if unlabelled:
-        log.warning("%s: %d row(s) without any label are left out", path, unlabelled)
-    _refuse_duplicates(path, rows)
-    if not rows:
-        raise LabelError(f"{path}: no labelled rows")
-    return rows
 
 
 def _parse_mpp(text: str | None) -> float | None:
@@ -268,6 +285,39 @@ def match_items(
     """Pair label rows with the input files found (by id or file name; rows of a patient table with
     every input of that patient); with `check`, refuse a cohort that cannot be split and trained on
     (a class without two patients, too few events). An external cohort is scored as it is."""
+    matched = _pair(rows, found, classes, kind)
+    items = matched.items
+    if not items and rows:
+        raise LabelError(_none_matched(labels_path, rows, found))
+    if matched.missing_inputs:
+        log.warning(
+            "%d labelled slide(s) have no input file and are left out (e.g. %s)",
+            len(matched.missing_inputs), ", ".join(matched.missing_inputs[:3]),
+        )  # fmt: skip
+    if matched.unlabelled:
+        log.warning(
+            "%d input file(s) have no label row and are left out (e.g. %s)",
+            len(matched.unlabelled), ", ".join(matched.unlabelled[:3]),
+        )  # fmt: skip
+    if kind is not None and kind.name != "categorical":
+        kind.set_strata(items)
+        items = [replace(it, label=kind.stratum(it.target)) for it in items]
+        if check:
+            kind.check_cohort(items, str(labels_path))
+        log.info("%d slides from %d patients", len(items), len({it.group for it in items}))
+        return replace(matched, items=items)
+    if check:
+        _refuse_thin_classes(items, classes, labels_path)
+    counts = Counter(classes[it.label] for it in items)
+    log.info("%d slides from %d patients: %s", len(items), len({it.group for it in items}), dict(counts))
+    return matched
+
+
+def _pair(
+    rows: Sequence[LabelRow], found: Mapping[str, Path], classes: Sequence[str], kind: TaskKind | None
+) -> Matched:
+    """Items of the slide rows (by id or file name), then of a patient table's rows (every input not
+    yet paired whose id is the patient's, `_patient_of`); the rows and inputs left unpaired."""
     items: list[Item] = []
     missing: list[str] = []
     used: set[str] = set()
@@ -296,38 +346,20 @@ def match_items(
                 if patient_mpp is not None:
                     mpp_by_slide[key] = patient_mpp
         missing += [f"patient {p}" for p in by_patient if p not in matched_patients]
-    unlabelled = sorted(set(found) - used)
-    if not items and rows:
-        raise LabelError(_none_matched(labels_path, rows, found))
-    if missing:
-        log.warning(
-            "%d labelled slide(s) have no input file and are left out (e.g. %s)",
-            len(missing), ", ".join(missing[:3]),
-        )  # fmt: skip
-    if unlabelled:
-        log.warning(
-            "%d input file(s) have no label row and are left out (e.g. %s)",
-            len(unlabelled), ", ".join(unlabelled[:3]),
-        )  # fmt: skip
-    if kind is not None and kind.name != "categorical":
-        kind.set_strata(items)
-        items = [replace(it, label=kind.stratum(it.target)) for it in items]
-        if check:
-            kind.check_cohort(items, str(labels_path))
-        log.info("%d slides from %d patients", len(items), len({it.group for it in items}))
-        return Matched(items, missing, unlabelled, mpp_by_slide)
+    return Matched(items, missing, sorted(set(found) - used), mpp_by_slide)
+
+
+def _refuse_thin_classes(items: Sequence[Item], classes: Sequence[str], labels_path: str | Path) -> None:
+    """A LabelError naming each class with fewer than two patients that have an input file."""
     patients: dict[int, set[str]] = defaultdict(set)
     for it in items:
         patients[it.label].add(it.group)
     few = [f"{c} ({len(patients[i])})" for i, c in enumerate(classes) if len(patients[i]) < 2]
-    if few and check:
+    if few:
         raise LabelError(
             f"{labels_path}: class(es) with fewer than two patients that have an input file: "
             f"{', '.join(few)}; a patient-grouped split needs at least two per class"
         )
-    counts = Counter(classes[it.label] for it in items)
-    log.info("%d slides from %d patients: %s", len(items), len({it.group for it in items}), dict(counts))
-    return Matched(items, missing, unlabelled, mpp_by_slide)
 
 
 def _none_matched(labels_path: str | Path, rows: Sequence[LabelRow], found: Mapping[str, Path]) -> str:

@@ -1,20 +1,11 @@
 """Task configs: a YAML per task (packaged in configs/tasks/ or any path), typed and validated.
 
-A task says what is learned (its `kind`, classes or targets, label columns), at which `level` (one bag
-per slide or per patient), from which input, with which model and how it is trained. Kinds:
-
-  categorical   one class per case (`classes`, the label column); the default
-  regression    one or more continuous `targets` (MSE or Huber loss, optionally standardised)
-  survival      time-to-event (`survival.time`, `survival.event` columns), Cox partial likelihood
-  multi-target  several categorical and/or continuous `targets`, one slice of the outputs each
-
-The model is the same for every kind; only the number of its outputs, the loss, the batching and the
-figures change (`pipelines.kinds`). Training follows it; prediction reads it back from the run record
-(`pipelines.run_record`), which is why it lives beside both and not inside `pipelines.train`.
-
-Types and unknown keys are checked by `wsi.core.config.parse_config` (the one validator); the rules that tie
-fields together (split fractions summing to 1, at least two classes) are `check_task`'s. The resolved
-task is saved with every run, so a run can be repeated and checked.
+A task says what is learned (its `kind`: categorical, regression, survival, multi-target; classes or
+targets, label columns), at which `level` (a bag per slide or per patient), from which input, with
+which model and how it is trained (docs/training.md). Training follows it and prediction reads it back
+from the run record (`pipelines.runs.record`), which is why it lives beside both and not in
+`pipelines.train`. Types and unknown keys are checked by `wsi.core.config.parse_config`; the rules
+that tie fields together (split fractions summing to 1, at least two classes) are `check_task`'s.
 """
 
 from __future__ import annotations
@@ -58,8 +49,8 @@ _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 # A model override is a field of the preset's model config (`models.build_model` keyword): a width, a
 # rate, a switch, a name, a patch size, attention options. The model's own config checks each one's
 # type and range when it is built (naming the field); these bounds only keep a task's numbers finite.
-#: a model override's number: far beyond any width (models.transformer.MAX_MODEL_INT) or rate, and exact
-#: as a float, so an int and a float past it are refused alike; an int is never read from a float
+#: a model override's number: far beyond any width (models.layers.transformer.MAX_MODEL_INT) or rate, and
+#: exact as a float, so an int and a float past it are refused alike; an int is never read from a float
 _MODEL_NUMBER = 1e15
 _ModelInt = Annotated[int, Field(strict=True, ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
 _ModelFloat = Annotated[float, Field(ge=-_MODEL_NUMBER, le=_MODEL_NUMBER)]
@@ -100,7 +91,7 @@ class OptimizerConfig:
     betas: tuple[_Beta, _Beta] | None = None  # Adam's moment decays; None: (0.9, 0.999)
     weight_decay: _Decay | None = None  # weight decay; None: the recipe's
     weight_decay_on: Literal["matrices", "all", "not-1d"] | None = None  # which parameters decay:
-    # matrices (models.param_groups: never norms, biases, the class token), all (torch's default), not-1d
+    # matrices (models.base.param_groups: never norms, biases, the class token), all (torch's default), not-1d
     # (timm's add_weight_decay: every parameter but biases and 1-d ones); None: the recipe's
     scheduler: Literal["none", "cosine", "cosine-epochs", "multistep"] | None = None  # cosine: per-step
     # decay to 0 over max `epochs` after the warm-up; cosine-epochs: CosineAnnealingLR over `epochs`,

@@ -13,76 +13,42 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from wsi.core.files import write_json_atomic
-from wsi.pipelines.inputs import InputAdapter, Item
+from wsi.pipelines.inputs import Item
 from wsi.pipelines.report import write_report
 from wsi.pipelines.runs.checkpoints import load_into
 from wsi.pipelines.runs.record import write_fitted
 from wsi.pipelines.stats.classification import json_safe, plot_roc
-from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.cases import CaseDataset, make_loader
 from wsi.pipelines.study.kinds import PredictionSet, TaskKind
 from wsi.pipelines.study.tasks import TaskConfig
-from wsi.pipelines.train.loop import Predicted, predict_loader
+from wsi.pipelines.train.loop import Predicted, Trainer, predict_loader
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
 
-def evaluate_best(
-    *,
-    task: TaskConfig,
-    kind: TaskKind,
-    adapter: InputAdapter,
-    split: Split,
-    model: torch.nn.Module,
-    run_dir: Path,
-    device: torch.device,
-    state: TrainState,
-    label: str = "",
-) -> dict[str, Any]:
-    """Load best.safetensors into `model`, predict the held-out split and write its figures; `label`
-    ("fold k/K") starts the log line of its figures."""
-    load_into(model, run_dir / "best.safetensors")
-
-    def predict(items: list[Item]) -> Predicted:
-        loader = make_loader(
-            adapter, items, train=False, batch_size=task.batch_size, num_workers=task.num_workers,
-            device=device, n_targets=len(kind.target_names),
-        )  # fmt: skip
-        return predict_loader(model, loader, device=device, kind=kind)
-
+def evaluate_best(trainer: Trainer, run_dir: Path, state: TrainState, *, label: str = "") -> dict[str, Any]:
+    """Load best.safetensors into the trainer's model, predict the held-out split and write its figures
+    (predictions CSV, ROC, metrics.json, report); `label` ("fold k/K") starts the log line of its figures."""
+    task, kind, split = trainer.task, trainer.kind, trainer.split
+    load_into(trainer.model, run_dir / "best.safetensors")
     if kind.uses_training_outputs:
-        kind.fit_outputs(predict(split.train).outputs)
+        kind.fit_outputs(_predict(trainer, split.train).outputs)
         write_fitted(run_dir, kind.fitted())
     eval_split, eval_items = ("test", split.test) if split.test else ("val", split.val)
     note = _no_test_note(task, split)
     if note:
         log.warning("%s", note)
-    pred = predict(eval_items)
+    pred = _predict(trainer, eval_items)
     preds = PredictionSet(eval_split, pred.ids, pred.targets, pred.outputs)
     figures = kind.evaluate(preds, n_bootstrap=task.bootstrap, seed=task.seed)
     id_column = "patient" if task.level == "patient" else "slide"
     kind.write_predictions(run_dir / f"{eval_split}_predictions.csv", preds, id_column=id_column)
-    if kind.name == "categorical":  # the ROC figure training has always drawn (other kinds: the report's)
-        labels, title = preds.targets[:, 0].astype(int), f"{task.name}: {eval_split} ROC"
-        if not plot_roc(labels, preds.outputs, task.classes, run_dir / "roc.png", title=title):
-            (run_dir / "roc.png").unlink(missing_ok=True)  # a resumed run's older figure is not this one
-            log.warning(
-                "no ROC curve: the %s split's %d case(s) hold only one class, too few for an AUROC; "
-                "use a larger split or --cv", eval_split, len(preds),
-            )  # fmt: skip
-    best = state.best_row()
-    if kind.name == "categorical":
-        best_val = {"best_val_auroc": best.get("val_auroc")}
-    else:
-        best_val = {f"best_{c}": best.get(c) for c in ("val_loss", *kind.val_columns)}
-    result = json_safe(
-        {"split": eval_split, "kind": kind.name, **figures, "best_epoch": state.best_epoch,
-         "epochs_run": state.epoch, **best_val, **({"note": note} if note else {})}
-    )  # fmt: skip
+    if kind.name == "categorical":  # roc.png beside metrics.json (other kinds' figures: the report's)
+        _draw_roc(task, preds, run_dir / "roc.png")
+    result = _metrics(kind, figures, state, eval_split, note)
     write_json_atomic(run_dir / "metrics.json", result)
     write_report(
         run_dir,
@@ -96,6 +62,39 @@ def evaluate_best(
              len(preds), unit)  # fmt: skip
     return dict(result)
 
+
+def _predict(trainer: Trainer, items: list[Item]) -> Predicted:
+    """The trainer's model's outputs on `items`, in order, without training-time changes."""
+    task, kind, device = trainer.task, trainer.kind, trainer.device
+    cases = CaseDataset(trainer.adapter, items, train=False, n_targets=len(kind.target_names))
+    loader = make_loader(cases, batch_size=task.batch_size, num_workers=task.num_workers, device=device)
+    return predict_loader(trainer.model, loader, device=device, kind=kind)
+
+
+def _draw_roc(task: TaskConfig, preds: PredictionSet, path: Path) -> None:
+    """The ROC curve of a categorical split; none (and an older one removed) when it holds one class."""
+    labels, title = preds.targets[:, 0].astype(int), f"{task.name}: {preds.name} ROC"
+    if not plot_roc(labels, preds.outputs, task.classes, path, title=title):
+        path.unlink(missing_ok=True)  # a resumed run's older figure is not this one
+        log.warning(
+            "no ROC curve: the %s split's %d case(s) hold only one class, too few for an AUROC; "
+            "use a larger split or --cv", preds.name, len(preds),
+        )  # fmt: skip
+
+
+def _metrics(
+    kind: TaskKind, figures: dict[str, Any], state: TrainState, eval_split: str, note: str
+) -> dict[str, Any]:
+    """What metrics.json holds: the split's figures, the best epoch and its validation figures."""
+    best = state.best_row()
+    if kind.name == "categorical":
+        best_val = {"best_val_auroc": best.get("val_auroc")}
+    else:
+        best_val = {f"best_{c}": best.get(c) for c in ("val_loss", *kind.val_columns)}
+    return dict(json_safe(
+        {"split": eval_split, "kind": kind.name, **figures, "best_epoch": state.best_epoch,
+         "epochs_run": state.epoch, **best_val, **({"note": note} if note else {})}
+    ))  # fmt: skip
 
 
 def _no_test_note(task: TaskConfig, split: Split) -> str:

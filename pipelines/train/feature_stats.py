@@ -1,15 +1,12 @@
 """The per-feature mean and sd of a training split's tiles, for `standardize_features: true`.
 
-Fitted on the fold's training cases only (never validation or test), by streaming over their bags one
-at a time and each bag in row blocks: a block's float64 mean and sum of squared deviations are merged
-into the running ones by Chan et al.'s pairwise update (numerically stable where sum(x^2) - n mean^2
-cancels), so a cohort of a million tiles needs memory for one bag and a block, not for its tiles.
-The result goes into the model (`models.standardize`) before training, and so into its weights.
-
-A feature whose sd is ~0 over the training tiles (TINY_SD relative to its size: what float32 features
-cannot tell from rounding) is centred but left unscaled (scale 1), and the log says how many: dividing
-by ~0 would turn rounding noise, or any variation an unseen slide brings, into huge inputs. The sd is
-numpy's default (ddof 0).
+Fitted on the fold's training cases only, streaming over their bags one at a time and each bag in row
+blocks: a block's float64 mean and sum of squared deviations merge into the running ones by Chan et
+al.'s pairwise update (stable where sum(x^2) - n mean^2 cancels), so a million tiles need memory for
+one bag and a block. The result goes into the model (`models.layers.standardize`) before training.
+A feature whose sd is ~0 (TINY_SD relative to its size: float32 rounding) is centred but left unscaled,
+and the log says how many: dividing by ~0 would turn rounding noise, or what an unseen slide brings,
+into huge inputs. The sd is numpy's default (ddof 0).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import torch
 
 from wsi.core.errors import ConfigError
 from wsi.pipelines.inputs import InputAdapter, Item
-from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.cases import CaseDataset, make_loader
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +89,7 @@ class FeatureStats:
         return np.where(self.unscaled, 1.0, self.sd)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, scale) as float32 tensors for `models.standardize.attach_standardizer`."""
+        """(mean, scale) as float32 tensors for `models.layers.standardize.attach_standardizer`."""
         return torch.from_numpy(self.mean).float(), torch.from_numpy(self.scale).float()
 
 
@@ -100,10 +97,8 @@ def fit_feature_stats(
     adapter: InputAdapter, items: Sequence[Item], *, num_workers: int = 0, where: str = "training split"
 ) -> FeatureStats:
     """Mean and sd per feature over every tile (or slide embedding) of `items`' whole inputs."""
-    loader = make_loader(
-        adapter, items, train=False, batch_size=1, num_workers=num_workers, device=torch.device("cpu"),
-        n_targets=0,
-    )  # fmt: skip
+    cases = CaseDataset(adapter, items, train=False, n_targets=0)
+    loader = make_loader(cases, batch_size=1, num_workers=num_workers, device=torch.device("cpu"))
     moments = RunningMoments()
     for batch in loader:
         x = batch.x

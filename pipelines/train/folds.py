@@ -27,7 +27,7 @@ from wsi.pipelines.study.kinds import build_kind
 from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
 from wsi.pipelines.train.feature_stats import fit_feature_stats
-from wsi.pipelines.train.loop import EpochHook, fit
+from wsi.pipelines.train.loop import EpochHook, Trainer, fit
 from wsi.pipelines.train.results import RunMetrics
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import RngState, has_resume, seed_everything
@@ -116,15 +116,11 @@ def run_fold(spec: FoldSpec) -> RunMetrics:
         attach_standardizer(model, *stats.tensors())
     if kind.fitted():
         write_fitted(spec.run_dir, kind.fitted())
+    trainer = Trainer.build(spec.task, kind, spec.adapter, spec.split, model.to(device), device)
     state = fit(
-        task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
-        run_dir=spec.run_dir, device=device, resume=spec.resume, progress=spec.progress,
-        on_epoch_end=spec.on_epoch_end,
-    )  # fmt: skip
-    return RunMetrics.from_json(evaluate_best(
-        task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
-        run_dir=spec.run_dir, device=device, state=state, label=spec.fold,
-    ))  # fmt: skip
+        trainer, spec.run_dir, resume=spec.resume, progress=spec.progress, on_epoch_end=spec.on_epoch_end
+    )
+    return RunMetrics.from_json(evaluate_best(trainer, spec.run_dir, state, label=spec.fold))
 
 
 def init_from(

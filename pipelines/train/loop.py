@@ -1,21 +1,12 @@
 """The generic training loop: one model, one split, one run folder.
 
 It knows nothing about bags or images, nor about what is learned: batches come from an input adapter
-(`pipelines.inputs`, through `pipelines.cases`) as `Batch(x, labels, ids, mask, coords_um, targets)`
-and go to `model(x, **batch.model_inputs())`; the task kind (`pipelines.task_kinds`) turns logits into
-a loss (over `group_bags` bags:
-a Cox loss needs a set of them), into outputs, and into the validation figures that pick the best epoch.
-A model kind with its authors' own training objective (CLAM's instance loss, DSMIL's two streams,
-DTFD-MIL's tiers) gives it through `models.objectives`: the loop asks `training_step` for the logits
-and the objective, and lets the model touch its gradients (`before_optimizer_step`) before the step.
-`fit` reads top to bottom: set up the loaders and optimizer, start (or resume), then per epoch train,
-validate, keep the best weights, write the log, last weights and resume state (when the best epoch
-changes, every STATE_EVERY_S and at the end), and stop early when validation stops improving. Inputs
-of a small cohort are read once and held in memory (PRELOAD_BYTES). Scoring the best weights on the
-test split is `pipelines.train.evaluate`'s job.
-
-CUDA path: bf16 autocast, pinned host memory and non-blocking copies, and no host synchronisation per
-step (the loss is summed on the device and read once per epoch).
+(through `pipelines.study.cases`), each epoch's pass is `pipelines.train.passes.train_epoch`, and the
+task kind (`pipelines.study.kinds`) turns the validation outputs into the figures that pick the best
+epoch. `fit` reads top to bottom: start or resume the `Trainer`, then per epoch train, validate, keep
+the best weights, and save the log, last weights and resume state when due. Small cohorts' inputs are
+read once and held in memory (PRELOAD_BYTES). CUDA: bf16 autocast, pinned memory, non-blocking copies,
+and no host synchronisation per step (the loss is summed on the device and read once per epoch).
 """
 
 from __future__ import annotations
@@ -29,24 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from wsi.core.errors import ConfigError
 from wsi.core.files import write_csv_atomic
 from wsi.core.progress import progress as progress_bar
-from wsi.models.base.objectives import LossInputs, Objective, before_optimizer_step, training_step
 from wsi.models.layers.standardize import input_standardizer
-from wsi.pipelines.inputs import Batch, InputAdapter, Item
+from wsi.pipelines.inputs import InputAdapter, Item
 from wsi.pipelines.runs.checkpoints import save_weights
-from wsi.pipelines.scheduling.devices import autocast_for
-from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.cases import CaseDataset, make_loader
 from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.augment import BagAugment
-from wsi.pipelines.train.finite import FiniteWatch
 from wsi.pipelines.train.optim import make_optimizer, make_scheduler
-from wsi.pipelines.train.passes import Predicted, forward_batch, peak_mem_mb, predict_loader
+from wsi.pipelines.train.passes import Predicted, peak_mem_mb, predict_loader, train_epoch
 from wsi.pipelines.train.recipe import is_resolved
 from wsi.pipelines.train.selection import Selection
 from wsi.pipelines.train.splits import Split
@@ -71,139 +58,15 @@ def log_columns(kind: TaskKind) -> tuple[str, ...]:
     return ("epoch", "train_loss", "val_loss", *kind.val_columns, "lr", "seconds", "peak_mem_mb")
 
 
-# ------------------------------------------------------------------------------------ building blocks
-
-
-_forward = forward_batch  # one name per module: tests replace the training pass's forward
-
-
-def _training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, Objective | None]:
-    """(logits (B, C), the model's own objective or None): `_forward` for models without one."""
-    if not callable(getattr(model, "training_step", None)):
-        return _forward(model, batch), None
-    x = batch.x.float() if batch.x.dtype == torch.float16 else batch.x
-    step = training_step(model, x, **batch.model_inputs())
-    return step.logits, step.objective
-
-
-def train_epoch(
-    model: torch.nn.Module,
-    loader: DataLoader[Any],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    *,
-    device: torch.device,
-    grad_accum: int = 1,
-    grad_clip: float | None = None,
-    class_weights: torch.Tensor | None = None,
-    progress: bool = False,
-    desc: str = "train",
-    kind: TaskKind | None = None,
-    augment: Callable[[Batch], Batch] | None = None,
-) -> float:
-    """One pass over `loader`; returns the mean loss per loss computed (the only host sync of the
-    epoch). Without `kind`: cross-entropy on the batch labels (a categorical task). `augment` changes
-    each batch on the device before the model sees it (tile subsets, feature dropout: training only).
-
-    A kind whose loss needs a set of bags (`group_bags` > 1, survival) keeps each batch's logits until
-    the set is complete, then computes one loss over the set; the optimizer steps every `grad_accum`
-    losses (batches, when each batch is its own loss)."""
-    model.train()
-    autocast = autocast_for(device)
-    total = torch.zeros((), device=device)
-    n_batches = len(loader)
-    group_bags = kind.group_bags if kind is not None else 1
-    pending: list[tuple[torch.Tensor, Batch]] = []
-    objective: Objective | None = None  # the model's own objective for the pending batch, if it has one
-    n_losses = 0
-    watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
-    optimizer.zero_grad(set_to_none=True)
-    steps = progress_bar(loader, desc=desc, unit="step", leave=False, disable=not progress)
-    for step, batch in enumerate(steps):
-        last = step + 1 == n_batches
-        if batch.x.shape[0] == 0 and not (last and pending):  # every item failed to decode (reported)
-            continue
-        if batch.x.shape[0]:
-            batch = batch.to(device)
-            if augment is not None:
-                batch = augment(batch)
-            with autocast():
-                logits, objective = _training_forward(model, batch)
-            pending.append((logits, batch))
-        if sum(b.x.shape[0] for _, b in pending) < group_bags and not last:
-            continue
-        if objective is None:
-            loss = _group_loss(pending, kind, class_weights)
-        else:
-            loss = _objective_loss(pending, objective, kind, class_weights)
-        watch.loss(loss, [i for _, b in pending for i in b.ids])
-        pending = []
-        (loss / grad_accum).backward()
-        total += loss.detach()
-        n_losses += 1
-        counter = step + 1 if group_bags == 1 else n_losses
-        if counter % grad_accum == 0 or last:
-            before_optimizer_step(model)  # a model's own gradient handling (DTFD-MIL's per-tier clipping)
-            if grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            else:
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                norm = torch.nn.utils.get_total_norm(grads)
-            watch.gradient(norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-    watch.check()
-    return float(total.item()) / max(n_batches if group_bags == 1 else n_losses, 1)
-
-
-def _group_loss(
-    pending: list[tuple[torch.Tensor, Batch]], kind: TaskKind | None, class_weights: torch.Tensor | None
-) -> torch.Tensor:
-    """The loss over the batches kept for one loss (one batch, or a set of bags for a Cox loss)."""
-    if len(pending) == 1:
-        logits, batch = pending[0]
-        labels, targets = batch.labels, batch.targets
-    else:
-        logits = torch.cat([lg for lg, _ in pending])
-        labels = torch.cat([b.labels for _, b in pending])
-        targets = torch.cat([b.targets for _, b in pending if b.targets is not None])
-    if kind is None:
-        return F.cross_entropy(logits.float(), labels, weight=class_weights)
-    if targets is None:
-        raise ValueError("batches reach the loss without targets; build loaders with pipelines.cases")
-    return kind.loss(logits.float(), targets, labels)
-
-
-def _objective_loss(
-    pending: list[tuple[torch.Tensor, Batch]],
-    objective: Objective,
-    kind: TaskKind | None,
-    class_weights: torch.Tensor | None,
-) -> torch.Tensor:
-    """A model's own objective over one batch, given the task's loss of any (B, C) logits of its bags
-    (models with an objective train categorical tasks: one batch is one loss)."""
-    if len(pending) != 1:
-        raise ConfigError("a model with its own training objective cannot pool bags into one loss")
-    batch = pending[0][1]
-
-    def task_loss(logits: torch.Tensor) -> torch.Tensor:
-        return _group_loss([(logits, batch)], kind, class_weights)
-
-    weights = class_weights if kind is None else getattr(kind, "class_weights", None)
-    return objective(LossInputs(task_loss=task_loss, labels=batch.labels, class_weights=weights))
-
-
-# ---------------------------------------------------------------------------------------------- fit
-
-
 @dataclass
 class Trainer:
-    """What every epoch of one `fit` uses: the model, its data, optimizer and schedule, and the kind."""
+    """What every epoch of one `fit` uses: the model, its data, optimizer and schedule, and the kind;
+    `evaluate_best` then scores the best weights on the same split."""
 
     task: TaskConfig
     kind: TaskKind  # fitted on the training split (class weights, standardisation)
+    adapter: InputAdapter
+    split: Split
     model: torch.nn.Module
     device: torch.device
     train_loader: DataLoader[Any]
@@ -225,14 +88,17 @@ class Trainer:
         model: torch.nn.Module,
         device: torch.device,
     ) -> Trainer:
+        """The loaders, optimizer and schedule of `model` (on `device`); a ConfigError when the task's
+        recipe was never applied."""
+        require_recipe(task)
         generator = torch.Generator()
         generator.manual_seed(task.seed)
 
         def loader(items: Sequence[Item], train: bool) -> DataLoader[Any]:
+            cases = CaseDataset(adapter, items, train=train, n_targets=len(kind.target_names))
             return make_loader(
-                adapter, items, train=train, batch_size=task.batch_size, num_workers=task.num_workers,
-                device=device, generator=generator, n_targets=len(kind.target_names),
-                preload_bytes=PRELOAD_BYTES, balanced=task.sampling == "balanced",
+                cases, batch_size=task.batch_size, num_workers=task.num_workers, device=device,
+                generator=generator, preload_bytes=PRELOAD_BYTES, balanced=task.sampling == "balanced",
             )  # fmt: skip
 
         train_loader = loader(split.train, train=True)
@@ -241,7 +107,8 @@ class Trainer:
         losses_per_epoch = math.ceil(len(train_loader) / batches_per_loss)
         steps_per_epoch = math.ceil(losses_per_epoch / (task.grad_accum or 1))
         return cls(
-            task=task, kind=kind, model=model, device=device, train_loader=train_loader,
+            task=task, kind=kind, adapter=adapter, split=split, model=model, device=device,
+            train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
             scheduler=make_scheduler(optimizer, task, steps_per_epoch), generator=generator,
             augment=BagAugment.of(task, center=_input_mean(model)), selection=Selection.of(task),
@@ -349,23 +216,18 @@ def _shown(value: float) -> str:
 
 
 def fit(
-    *,
-    task: TaskConfig,
-    kind: TaskKind,
-    adapter: InputAdapter,
-    split: Split,
-    model: torch.nn.Module,
+    trainer: Trainer,
     run_dir: Path,
-    device: torch.device,
+    *,
     resume: bool = False,
     progress: bool = True,
     on_epoch_end: EpochHook | None = None,
 ) -> TrainState:
-    """Train `model` on `split` into `run_dir` (which already holds config.json); returns the final
-    state. `run_dir` then holds best.safetensors (best validation epoch), last.safetensors and log.csv."""
+    """Train the trainer's model on its split into `run_dir` (which already holds config.json); returns
+    the final state. `run_dir` then holds best.safetensors (best validation epoch), last.safetensors and
+    log.csv."""
     run_dir = Path(run_dir)
-    epochs = require_recipe(task)
-    trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
+    epochs, kind = require_recipe(trainer.task), trainer.kind
     state = trainer.start(run_dir, resume=resume)
     bar = progress_bar(
         total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", unit="epoch", disable=not progress

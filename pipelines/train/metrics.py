@@ -1,5 +1,5 @@
 """The figures of a training run: the classification figures (`pipelines.stats.classification`,
-re-exported here where training has always found them) and the cross-validation summary."""
+re-exported here for training) and the cross-validation summary."""
 
 from __future__ import annotations
 

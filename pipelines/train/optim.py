@@ -1,17 +1,10 @@
 """The optimizer and learning-rate schedule a task asks for.
 
-`make_optimizer` is the one place the optimizer is built. Optimizers: `adamw` (decoupled weight decay;
-the project's recipes), `adam` (torch's Adam, weight decay added to the gradient: CLAM's, DSMIL's and
-DTFD-MIL's), `lookahead-radam` (TransMIL's: RAdam inside Lookahead, `LookaheadRAdam`). Which parameters
-decay (`optimizer.weight_decay_on`): `matrices`, `models.base.param_groups`'s rule (weight matrices only:
-never norms, biases, the class token); `all` (every parameter, torch's default, as the three Adam users
-pass model.parameters()); `not-1d` (timm's add_weight_decay, which TransMIL's optimizer factory uses:
-every parameter except biases and 1-d ones, its class token included).
-
-Schedules (`make_scheduler`), stepped once per optimizer step: `cosine` (after a linear warm-up, decay
-to 0 at `epochs`), `cosine-epochs` (DSMIL's CosineAnnealingLR(optimizer, epochs, min_lr) stepped once
-per epoch: constant within an epoch) and `multistep` (DTFD-MIL's MultiStepLR: lr x gamma after each
-milestone epoch), the last two written as the closed forms of torch's schedulers at the epoch index.
+`make_optimizer` is the one place the optimizer is built (`adamw`, `adam`, `lookahead-radam`), with the
+weight decay on the parameters `optimizer.weight_decay_on` picks (`decay_groups`). `make_scheduler`'s
+schedules are stepped once per optimizer step: `cosine` after a linear warm-up; `cosine-epochs`
+(DSMIL's CosineAnnealingLR stepped per epoch) and `multistep` (DTFD-MIL's MultiStepLR) as the closed
+forms of torch's schedulers at the epoch index.
 """
 
 from __future__ import annotations
@@ -65,7 +58,10 @@ class LookaheadRAdam(torch.optim.RAdam):
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str) -> list[dict[str, Any]]:
-    """Parameter groups with `weight_decay` on the parameters `rule` picks (module docstring)."""
+    """Parameter groups with `weight_decay` on the parameters `rule` picks: `matrices` (weight matrices
+    only, never norms, biases or the class token: models.base.param_groups), `all` (torch's default, as
+    the three Adam users pass model.parameters()), `not-1d` (timm's add_weight_decay, TransMIL's: all but
+    biases and 1-d parameters, its class token included)."""
     if rule == "matrices":
         return param_groups(model, weight_decay)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -81,7 +77,9 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, rule: str) -> list
 
 
 def make_optimizer(model: torch.nn.Module, task: TaskConfig) -> torch.optim.Optimizer:
-    """The task's optimizer over the model's parameters (module docstring)."""
+    """The task's optimizer over the model's parameters: `adamw` (decoupled weight decay; our recipes),
+    `adam` (weight decay added to the gradient: CLAM's, DSMIL's, DTFD-MIL's) or `lookahead-radam`
+    (TransMIL's)."""
     opt = task.optimizer
     cuda = next(model.parameters()).device.type == "cuda"
     groups = decay_groups(model, float(opt.weight_decay or 0.0), opt.weight_decay_on or "matrices")

@@ -1,43 +1,13 @@
 """Training recipes: the values a task's unset (None) fields take, and the preset sized to the cohort.
 
-A task names its recipe (`recipe: small-cohort`, the default, `recipe: paper` or `recipe: authors`); every
-field it leaves None (`pipelines.study.tasks`) is filled here when training starts, once the number of
-training cases is known, and the run record keeps the filled task. A value written in the task YAML
-always wins; `wsi train --recipe R` trains with R's values in place of the task's own (TrainOptions).
-
-paper          for TCGA-scale cohorts: whole bags, the preset as named (vit-wsi) and at most 100
-               epochs are the seqnorm paper's (000_980e28d087b08f12.txt, sec. 3.1); AdamW 1e-4 with
-               weight decay 1e-2 and no schedule, the best epoch by the validation figure
-               (categorical: AUROC) and patience 10 are ours: the paper's text names no optimizer.
-small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-parameter transformer
-               memorises the training bags within a few epochs and the AUROC of ~15 validation bags
-               picks an epoch by chance. It regularises what peers' MIL recipes regularise: random
-               tile subsets of each training bag (feature bags only; at least 16 tiles, so small bags
-               stay whole), input feature dropout and model dropout, weight decay on weight matrices
-               only, a warm-up then cosine schedule (peak lr 5e-4 for the MIL transformer, 2e-4 for
-               ABMIL and the image ViTs); it keeps the weights of the lowest validation loss averaged
-               over a window of epochs (and averages the weights over that window), and below
-               `SMALL_BELOW` training cases uses the narrower one-layer `vit-wsi-small` preset,
-               which reads the bag by gated attention pooling over its tile tokens and starts its
-               attention residual small (LayerScale 0.01): with a class token, one telling tile
-               among dozens was not learned from ~100 bags (docs/benchmarks.md).
-
-authors        a baseline preset's authors' own recipe, read from configs/recipes/<preset>.yaml (transmil,
-               clam-sb, clam-mb, dsmil, dtfd): optimizer (Lookahead-RAdam for TransMIL, Adam for the
-               others, with their betas and weight-decay rule), schedule, epochs, sampling, early
-               stopping and the checkpoint rule as their repositories run them, each value with its
-               source file and line, and the model settings the authors' command line sets (CLAM's
-               `inst_loss: svm`, TransMIL's Nystrom 0.0.9). Whole bags, no feature dropout, no warm-up.
-               A preset without a file is refused by name.
-
-The model preset is chosen here and nowhere else (`resolve_preset`): a task trained on slide embeddings
-(`pipelines.train.slide_level`) trains a head, `linear` unless it names one (`linear`, `mlp`); any
-other task keeps the preset it names, else gets one by the sizing rule.
-
-Sizing rule (`preset_for`): a task that names no preset gets `vit-wsi` with the paper recipe; with
-small-cohort it gets `vit-wsi-small` when its training split (the smallest over cross-validation folds)
-holds fewer than `SMALL_BELOW` = 300 cases, else `vit-wsi`. An image task gets `vit-2d`, or `vit-3d`
-when its `input_options.size_px` is [D, H, W] (vit-wsi reads feature bags, not images).
+A task names its recipe; every field it leaves None (`pipelines.study.tasks`) is filled here when
+training starts, once the number of training cases is known, and the run record keeps the filled task.
+A value in the task YAML always wins; `wsi train --recipe R` puts R's values in place of the task's own.
+`paper`: the seqnorm paper's whole bags, vit-wsi and at most 100 epochs (000_980e28d087b08f12.txt,
+sec. 3.1), with our AdamW 1e-4 (the paper names no optimizer). `small-cohort` (the default): what
+peers' MIL recipes regularise, for tens to a few hundred cases. `authors`: a baseline's authors' own,
+read from configs/recipes/<preset>.yaml with each value's source file and line. What each fills, and
+why: docs/training.md. The model preset is chosen here and nowhere else (`resolve_preset`).
 """
 
 from __future__ import annotations
@@ -169,7 +139,9 @@ def recipe_values(recipe: str, preset: str) -> RecipeValues:
 def preset_for(
     recipe: str, n_train: int, input_name: str = "bags", input_options: Mapping[str, Any] | None = None
 ) -> str:
-    """The preset a task that names none trains (the sizing rule in the module docstring)."""
+    """The preset a task that names none trains: an image task `vit-2d`, or `vit-3d` when size_px is
+    [D, H, W]; with small-cohort, bags and fewer than `SMALL_BELOW` training cases (the smallest over
+    cross-validation folds) `vit-wsi-small`; else `vit-wsi`."""
     if input_name == "images":  # vit-wsi reads feature bags: an image task's own ViT, by its dimensions
         size = (input_options or {}).get("size_px")
         return IMAGE_PRESETS[3 if isinstance(size, list | tuple) and len(size) == 3 else 2]
@@ -184,8 +156,9 @@ def preset_for(
 
 
 def resolve_preset(task: TaskConfig, n_train: int) -> tuple[str, ModelOverrides]:
-    """The preset the task trains and the task's model overrides that still apply to it (the rule in
-    the module docstring): a MIL preset's overrides (depth, dim) mean nothing to a head."""
+    """The preset the task trains and the task's model overrides that still apply to it: on slide
+    embeddings a head (`linear` unless the task names `linear` or `mlp`), whose MIL overrides (depth,
+    dim) mean nothing; otherwise the preset the task names, else `preset_for`'s."""
     from wsi.models.presets import preset_kind
 
     preset = task.model.preset

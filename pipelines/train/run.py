@@ -1,27 +1,8 @@
 """`train(...)`: task + inputs + label table -> a run folder with checkpoints, log and test figures.
 
-Run folder (`out_dir`):
-  config.json            the run record (`pipelines.run_record.RunRecord`): resolved task, model
-                         architecture, input adapter + provenance (encoder id, weights sha256, tile
-                         size/params), label/source paths, counts, splits, versions
-  fitted.json            values fitted on the training split that predict needs (regression: target
-                         mean/std; survival: the median training risk); absent for categorical tasks
-  splits.csv             slide, patient, label (other kinds: their target columns), split
-  log.csv                per epoch: train_loss, val_loss, the kind's validation figures (categorical:
-                         val_auroc, val_accuracy), lr, seconds, peak_mem_mb
-  best.safetensors       weights of the best epoch (categorical: validation AUROC, ties by validation
-                         loss; survival: validation C-index; regression and multi-target: validation loss)
-  last.safetensors       weights after the last epoch
-  resume/                optimizer, scheduler, RNG and early-stopping state of the last epoch (for --resume)
-  test_predictions.csv   slide (patient at level: patient), labels, outputs (prob_<class>..., predicted;
-                         pred_<target>; risk, risk_group) for the best weights
-  metrics.json           the kind's test figures with 95% bootstrap intervals (categorical: AUROC,
-                         average precision, accuracy, balanced accuracy, confusion matrix)
-  report.html, report/   the statistics report and the CSVs behind it (pipelines.report)
-  roc.png | scatter.png | km.png   the kind's main test figure
-With `cv=K`: config.json, folds.csv, metrics.json (mean/std per figure, each fold's, and the pooled
-test predictions' figures) and report.html (per-fold and pooled curves) at the top, and a full run
-folder per fold in fold-<k>/.
+The run folder's files (config.json, splits.csv, log.csv, best/last.safetensors, resume/, metrics.json,
+report.html; with `cv=K` a run folder per fold and a summary at the top) are listed in docs/formats.md;
+config.json is the run record (`pipelines.runs.record.RunRecord`).
 
 `train` reads top to bottom: resolve the task, match inputs to labels, split, build the start state
 (the one model every fold copies), write the record, run the folds, summarise.
@@ -93,14 +74,14 @@ def train(
     on_epoch_end: EpochHook | None = None,
     **settings: Any,
 ) -> TrainResult:
-    """Train a task's model on labelled inputs; see the module docstring for what `out_dir` receives.
+    """Train a task's model on labelled inputs; docs/formats.md (RUN_DIR) lists what `out_dir` receives.
 
     `options` (or its fields as keywords, `settings`; `TrainOptions` documents each): where the inputs
     are (`features_dir` or `images_dir`), what of the task to change (preset, attention, epochs, seed,
     bag_size, ..., `model_overrides` for `models.build_model`, `overrides` for any task field by dotted
     key), and how to run (device, cv, scheduler, resume, init_from, mpp, progress).
     `on_epoch_end(row)` is called after every epoch with the log row (sequential runs only).
-    `labels_csv`, `out_dir`, the input folders and `init_from` may be URLs (`pipelines.remote`).
+    `labels_csv`, `out_dir`, the input folders and `init_from` may be URLs (`pipelines.scheduling.remote`).
     Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
     """
     opts = with_settings(TrainOptions, options, settings, source="train options")

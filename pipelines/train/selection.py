@@ -1,20 +1,12 @@
 """Which weights a run keeps: the score that picks the best epoch, and weights averaged over epochs.
 
 `val-figure` ranks epochs by the task kind's validation score (categorical: AUROC, ties by loss), the
-paper's rule. On a small cohort that figure comes from a handful of validation bags and jumps from
-epoch to epoch, so early stopping on it picks an epoch by chance; `smoothed-val-loss` ranks epochs by
-the mean validation loss of the last `window` epochs instead (lower is better; the kind's own score
-breaks ties). With `average_weights`, best.safetensors holds the mean of the weights of those same
-epochs (weight averaging over the window the smoothed loss averaged: a flatter, steadier solution than
-any one epoch), kept as one file per epoch in `window/` until training ends, so a resumed run averages
-exactly what an uninterrupted one would.
-
-Two rules of the baselines' authors' recipes (pipelines.train.recipe): `auroc-plus-accuracy` ranks by
-DSMIL's score, (the sum of each output's validation AUROC + the share of bags whose every output is on
-the right side of that output's Youden threshold) / 2 (binli123/dsmil-wsi train_tcga.py:134-181 @
-80465ed534ac: multi_label_roc, optimal_thresh, get_current_score); `after_share` keeps the epochs up to
-int(after_share * epochs) + 1 from becoming best.safetensors (DTFD-MIL's `ii > int(EPOCH * 0.8)`,
-Main_DTFD_MIL.py:131 @ 10964f4dcc27), the last epoch always eligible.
+paper's rule. On a small cohort that figure comes from a handful of bags and jumps from epoch to epoch,
+so `smoothed-val-loss` ranks by the mean validation loss of the last `window` epochs instead; with
+`average_weights` best.safetensors is the mean of those epochs' weights (kept one file per epoch in
+`window/` until training ends, so a resumed run averages exactly what an uninterrupted one would).
+The baselines' authors' rules: `auroc-plus-accuracy` (DSMIL's score) and `after_share` (DTFD-MIL's
+late-epoch window).
 """
 
 from __future__ import annotations
@@ -62,7 +54,9 @@ class Selection:
         return cls(metric, window, bool(s.average_weights), s.after_share or 0.0)
 
     def eligible(self, epoch: int, epochs: int) -> bool:
-        """Whether 1-based `epoch` of `epochs` may become best.safetensors (`after_share`)."""
+        """Whether 1-based `epoch` of `epochs` may become best.safetensors: only after
+        int(after_share * epochs) + 1 (DTFD-MIL's `ii > int(EPOCH * 0.8)`, Main_DTFD_MIL.py:131
+        @ 10964f4dcc27); the last epoch is always eligible."""
         return epoch >= epochs or epoch - 1 > int(self.after_share * epochs) or not self.after_share
 
     def figure(
@@ -125,7 +119,11 @@ class Selection:
 def auroc_plus_accuracy(labels: np.ndarray, probs: np.ndarray, n_outputs: int) -> float:
     """DSMIL's validation score of class indices (n,) and class probabilities (n, C) from `n_outputs`
     sigmoid outputs: one output for two classes (probs[:, 1], target = the class), else one per class
-    (one-hot targets). A class absent from the set counts AUROC 1 and predicts no bag (the authors')."""
+    (one-hot targets). A class absent from the set counts AUROC 1 and predicts no bag (the authors').
+
+    (the sum of each output's AUROC + the share of bags whose every output is on the right side of its
+    Youden threshold) / 2: binli123/dsmil-wsi train_tcga.py:134-181 @ 80465ed534ac (multi_label_roc,
+    optimal_thresh, get_current_score)."""
     if len(labels) == 0:
         return math.nan
     scores = probs[:, 1:2] if n_outputs == 1 else probs

@@ -35,7 +35,7 @@ class TrainState:
 
     epoch: Count = 0  # epochs finished
     best_score: tuple[float, float] | None = None  # the kind's validation score of the best epoch, e.g.
-    # (val AUROC, -val loss) for a categorical task (pipelines.kinds); larger wins
+    # (val AUROC, -val loss) for a categorical task (pipelines.study.kinds); larger wins
     best_epoch: Count = 0  # 1-based epoch of best.safetensors; 0 = none yet
     bad_epochs: Count = 0  # epochs since the best one (what early stopping counts)
     log: list[dict[str, Any]] = field(default_factory=list)  # the log.csv rows so far

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 
 from wsi.core.errors import ConfigError
 from wsi.core.files import sanitize_slide_id
+
+if TYPE_CHECKING:
+    from wsi.models.text_encoders.base import TextTowerSpec
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 
@@ -175,4 +179,30 @@ def read_embedding_vector(path: Path) -> np.ndarray:
     return np.asarray(read_embedding(path).vector, dtype=np.float32)
 
 
-__all__ = ["NO_TEXT_SIDE", "InputRefused", "Source", "check_source", "find_inputs", "read_embedding_vector"]
+def check_sources(
+    sources: Sequence[Source],
+    *,
+    tower_name: str,
+    spec: TextTowerSpec,
+    tile_encoder_of_slide: str | None = None,
+    tower_sha: str | None = None,
+    image_dim: int = 0,
+) -> None:
+    """`check_source` for every input, against the tower `spec` (a TextTowerSpec) names; without
+    `tower_sha` and `image_dim`, before the weights load, so a wrong input is named first."""
+    for src in sources:
+        check_source(
+            src,
+            tower_name=tower_name,
+            level=spec.level,
+            image_encoders=spec.image_encoders,
+            tower_sha=tower_sha,
+            tile_encoder_of_slide=tile_encoder_of_slide,
+            image_dim=image_dim,
+        )
+
+
+__all__ = [
+    "NO_TEXT_SIDE", "InputRefused", "Source", "check_source", "check_sources", "find_inputs",
+    "read_embedding_vector",
+]  # fmt: skip

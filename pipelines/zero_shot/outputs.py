@@ -25,6 +25,7 @@ from wsi.formats.qupath import (
     tile_features,
 )
 from wsi.formats.qupath import write_geojson as write_collection
+from wsi.pipelines.zero_shot.config import ZeroShotOptions
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 
@@ -39,14 +40,12 @@ def write_slide_maps(
     maps: Mapping[str, np.ndarray],
     predicted: str,
     probs: Mapping[str, float],
-    k: int,
-    heatmaps: bool,
-    geojson: bool,
+    options: ZeroShotOptions,
 ) -> list[str]:
-    """Write the slide's tile-value file, heatmaps and QuPath objects; the paths written (relative to out).
-    A slide that cannot be placed or drawn loses its pictures, not its prediction (logged)."""
+    """Write the slide's tile-value file and, as `options` ask, heatmaps and QuPath objects (each class's
+    `top_k` tiles annotated); the paths written (relative to out). A slide that cannot be placed or drawn
+    loses its pictures, not its prediction (logged)."""
     from wsi.formats.tile_values import write_tile_values
-    from wsi.pipelines.inputs.heatmaps import render_heatmap, slide_heatmap
 
     sid = sanitize_slide_id(slide_id)
     written: list[str] = []
@@ -66,38 +65,51 @@ def write_slide_maps(
         predicted=predicted,
     )
     written.append(f"heatmaps/{sid}.json")
-    if heatmaps:
-        slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
-        for name, values in maps.items():
-            png = out / "heatmaps" / f"{sid}_{sanitize_slide_id(name)}.png"
-            title = f"{slide_id}: {name} (p={probs[name]:.3f})"
-            try:
-                if slide_path and Path(str(slide_path)).is_file():
-                    slide_heatmap(
-                        (Path(str(slide_path)), bag.mpp),
-                        bag.coords_um,
-                        float(bag.tile_size_um),
-                        values,
-                        png,
-                        title,
-                        label=SIMILARITY_LABEL,
-                    )
-                else:
-                    render_heatmap(
-                        coords_um=bag.coords_um,
-                        tile_size_um=float(bag.tile_size_um),
-                        values=values,
-                        out_png=png,
-                        title=title,
-                        label=SIMILARITY_LABEL,
-                    )
-                written.append(str(png.relative_to(out)))
-            except Exception as exc:  # a slide that cannot be read still has its scores
-                log.warning("%s: heatmap %s not drawn (%s: %s)", slide_id, png.name, type(exc).__name__, exc)
-    if geojson:
-        path = _geojson(out, sid, slide_id, bag, maps, predicted, probs, k)
+    if options.heatmaps:
+        written += _heatmaps(out, slide_id, bag, maps, probs)
+    if options.geojson:
+        path = _geojson(out, sid, slide_id, bag, maps, predicted, probs, options.top_k)
         if path:
             written.append(path)
+    return written
+
+
+def _heatmaps(
+    out: Path, slide_id: str, bag: Any, maps: Mapping[str, np.ndarray], probs: Mapping[str, float]
+) -> list[str]:
+    """heatmaps/<slide>_<class>.png per class, over the slide's thumbnail when its file is at hand, else
+    on a blank canvas; the ones drawn (a slide that cannot be read still has its scores)."""
+    from wsi.pipelines.inputs.heatmaps import render_heatmap, slide_heatmap
+
+    sid = sanitize_slide_id(slide_id)
+    slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
+    written: list[str] = []
+    for name, values in maps.items():
+        png = out / "heatmaps" / f"{sid}_{sanitize_slide_id(name)}.png"
+        title = f"{slide_id}: {name} (p={probs[name]:.3f})"
+        try:
+            if slide_path and Path(str(slide_path)).is_file():
+                slide_heatmap(
+                    (Path(str(slide_path)), bag.mpp),
+                    bag.coords_um,
+                    float(bag.tile_size_um),
+                    values,
+                    png,
+                    title,
+                    label=SIMILARITY_LABEL,
+                )
+            else:
+                render_heatmap(
+                    coords_um=bag.coords_um,
+                    tile_size_um=float(bag.tile_size_um),
+                    values=values,
+                    out_png=png,
+                    title=title,
+                    label=SIMILARITY_LABEL,
+                )
+            written.append(str(png.relative_to(out)))
+        except Exception as exc:
+            log.warning("%s: heatmap %s not drawn (%s: %s)", slide_id, png.name, type(exc).__name__, exc)
     return written
 
 

@@ -1,17 +1,11 @@
 """Classes as lists of prompts, their text embeddings (cached per prompt set) and the class scores.
 
-A prompt file (YAML) names each class with one or more names, and optionally templates in which
-`CLASSNAME` is replaced by each name (default: the model's authors' template ensemble):
-
-    classes:
-      LUAD: [adenocarcinoma, lung adenocarcinoma, adenocarcinoma of the lung, LUAD]
-      LUSC: [squamous cell carcinoma, lung squamous cell carcinoma]
-    templates: ["CLASSNAME.", "an H&E image of CLASSNAME."]   # optional
-
-CONCH's own JSON prompt files ({"0": {"classnames": ..., "templates": ...}}) are read too. A class's
-embedding is the normalised mean of its normalised prompt embeddings (CONCH zeroshot_path.py
-zero_shot_classifier; TITAN's the same); PRISM instead softmaxes over every prompt and sums each class's
-probabilities (modeling_prism.py zero_shot).
+A prompt file (YAML: `classes`, each with one or more names, and optional `templates` in which
+`CLASSNAME` is replaced by each name; docs/zero_shot.md) or CONCH's own JSON prompt file names the
+classes; without templates the model's authors' ensemble is used. A class's embedding is the
+normalised mean of its normalised prompt embeddings (CONCH zeroshot_path.py zero_shot_classifier;
+TITAN's the same); PRISM instead softmaxes over every prompt and sums each class's probabilities
+(modeling_prism.py zero_shot).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError
 from wsi.core.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
-from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs
+from wsi.pipelines.zero_shot.inputs import Source, check_sources, find_inputs
+from wsi.pipelines.zero_shot.stage import build_tower
 
 log = logging.getLogger("wsi.pipelines.zero_shot")
 HEADER = [
@@ -68,8 +69,7 @@ def retrieve(
 ) -> RetrievalResult:
     """The `top` tiles most similar to `query` (text) or `query_tile` (slide id, x_um, y_um: the tile of
     that slide's bag at that position) across the bags in `inputs`; tile-level towers only."""
-    from wsi.formats.bags import load_bag
-    from wsi.models.text_encoders import build_text_encoder, get_spec
+    from wsi.models.text_encoders import get_spec
 
     if (query is None) == (query_tile is None):
         raise ConfigError("retrieval needs a text query or a query tile (one of them)")
@@ -83,48 +83,55 @@ def retrieve(
     spec = tower.SPEC if tower is not None else get_spec(opts.model)
     if spec.level != "tile":
         raise ConfigError(f"{name} scores slides, not tiles: retrieve tiles with conch-v1 or plip")
-
-    def check(tower_sha: str | None, image_dim: int = 0) -> None:
-        for src in sources:
-            check_source(
-                src,
-                tower_name=name,
-                level="tile",
-                image_encoders=spec.image_encoders,
-                tower_sha=tower_sha,
-                tile_encoder_of_slide=None,
-                image_dim=image_dim,
-            )
-
-    check(None)  # a wrong bag, slide or position is named before the weights load
+    check_sources(sources, tower_name=name, spec=spec)  # a wrong bag, slide or position before the weights
     by_id = {s.slide_id: s for s in sources}
-    query_feat = None
+    query_feat, label = None, query or ""
     if query_tile is not None:
-        sid, x_um, y_um = query_tile
-        if sid not in by_id:
-            raise ConfigError(
-                f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})"
-            )
-        bag = load_bag(by_id[sid].path, mpp=opts.mpp)
-        i = _tile_at(bag, by_id[sid].path, x_um, y_um)
-        query_feat = torch.from_numpy(np.asarray(bag.feats[i : i + 1]))
-        x0, y0 = np.asarray(bag.coords_um)[i]  # _tile_at refused a bag without positions
-        label = f"tile of {sid} at ({x0:.0f}, {y0:.0f}) um"
-    if tower is None:
-        tower = build_text_encoder(
-            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
-        )
-    check(tower.weights_sha256, tower.image_dim())
+        query_feat, label = _query_tile(by_id, query_tile, opts.mpp)
+    tower = tower if tower is not None else build_tower(opts)
+    sha, width = tower.weights_sha256, tower.image_dim()
+    check_sources(sources, tower_name=name, spec=spec, tower_sha=sha, image_dim=width)
     with torch.no_grad():
-        if query is not None:
-            q = tower.encode_text([query])[0]
-            label = query
-        else:
-            assert query_feat is not None
-            q = tower.image_to_joint(query_feat)[0]
+        q = tower.encode_text([query])[0] if query is not None else tower.image_to_joint(query_feat)[0]
+    ranked = _most_similar(sources, tower, q, top, opts.mpp)
+    result = RetrievalResult(Path(out_dir), label)
+    crops = _rows(result, ranked, by_id, opts.mpp, pictures)
+    write_csv_atomic(result.csv, HEADER, ([r[h] for h in HEADER] for r in result.rows))
+    if crops:
+        from wsi.pipelines.predict.top_tiles import contact_sheet
+
+        sheet = contact_sheet({"most similar": (crops, 1.0)}, title=label[:60],
+                              caption="the tiles most like it, with their cosine similarity")  # fmt: skip
+        write_bytes_atomic(result.out_dir / "top_tiles" / "contact_sheet.png", sheet)
+    log.info("retrieval %r: the %d best of %d slide(s) in %s", label, len(ranked), len(sources), result.csv)
+    return result
+
+
+def _query_tile(
+    by_id: dict[str, Source], query_tile: tuple[str, float, float], mpp: float | None
+) -> tuple[torch.Tensor, str]:
+    """The stored feature (1, D) of the query tile and how the results name it."""
+    from wsi.formats.bags import load_bag
+
+    sid, x_um, y_um = query_tile
+    if sid not in by_id:
+        raise ConfigError(f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})")
+    bag = load_bag(by_id[sid].path, mpp=mpp)
+    i = _tile_at(bag, by_id[sid].path, x_um, y_um)
+    x0, y0 = np.asarray(bag.coords_um)[i]  # _tile_at refused a bag without positions
+    return torch.from_numpy(np.asarray(bag.feats[i : i + 1])), f"tile of {sid} at ({x0:.0f}, {y0:.0f}) um"
+
+
+def _most_similar(
+    sources: list[Source], tower: Any, q: torch.Tensor, top: int, mpp: float | None
+) -> list[tuple[float, str, int]]:
+    """The `top` (similarity, slide, row) over every bag's tiles, best first; tiles with non-finite
+    features are left out (logged)."""
+    from wsi.formats.bags import load_bag
+
     best: list[tuple[float, str, int]] = []  # a min-heap of the best `top` (similarity, slide, row)
     for src in sources:
-        feats = torch.from_numpy(np.asarray(load_bag(src.path, mpp=opts.mpp, require_um=False).feats))
+        feats = torch.from_numpy(np.asarray(load_bag(src.path, mpp=mpp, require_um=False).feats))
         with torch.no_grad():
             sims = (tower.image_to_joint(feats) @ q.float()).numpy()
         bad = ~np.isfinite(sims)
@@ -137,19 +144,29 @@ def retrieve(
                 heapq.heappush(best, item)
             elif item[0] > best[0][0]:
                 heapq.heapreplace(best, item)
-    ranked = sorted(best, key=lambda t: -t[0])
-    out = Path(out_dir)
-    result = RetrievalResult(out, label)
+    return sorted(best, key=lambda t: -t[0])
+
+
+def _rows(
+    result: RetrievalResult,
+    ranked: list[tuple[float, str, int]],
+    by_id: dict[str, Source],
+    mpp: float | None,
+    pictures: bool,
+) -> list[tuple[np.ndarray, float]]:
+    """A top_tiles.csv row per ranked tile into `result` (its picture cut when asked); the crops cut."""
+    from wsi.formats.bags import load_bag
+
     crops: list[tuple[np.ndarray, float]] = []
     for rank, (sim, sid, row) in enumerate(ranked, start=1):
-        bag = load_bag(by_id[sid].path, mpp=opts.mpp, rows=[row], require_um=False)
+        bag = load_bag(by_id[sid].path, mpp=mpp, rows=[row], require_um=False)
         x_um, y_um = (
             (float(v) for v in bag.coords_um[0]) if bag.coords_um is not None else (float("nan"),) * 2
         )
         x_px, y_px = (int(v) for v in bag.coords_px[0]) if bag.coords_px is not None else (-1, -1)
         picture = ""
         if pictures:
-            picture, crop = _picture(out, rank, sid, by_id[sid], bag, x_px, y_px)
+            picture, crop = _picture(result.out_dir, rank, sid, by_id[sid], bag, x_px, y_px)
             if crop is not None:
                 crops.append((crop, sim))
         result.rows.append(
@@ -167,15 +184,7 @@ def retrieve(
                 "picture": picture,
             }
         )
-    write_csv_atomic(result.csv, HEADER, ([r[h] for h in HEADER] for r in result.rows))
-    if crops:
-        from wsi.pipelines.predict.top_tiles import contact_sheet
-
-        sheet = contact_sheet({"most similar": (crops, 1.0)}, title=label[:60],
-                              caption="the tiles most like it, with their cosine similarity")  # fmt: skip
-        write_bytes_atomic(out / "top_tiles" / "contact_sheet.png", sheet)
-    log.info("retrieval %r: the %d best of %d slide(s) in %s", label, len(ranked), len(sources), result.csv)
-    return result
+    return crops
 
 
 def _tile_at(bag: Any, path: Path, x_um: float, y_um: float) -> int:

@@ -27,7 +27,7 @@ from wsi.core.files import write_csv_atomic
 from wsi.core.output_lock import output_lock
 from wsi.pipelines.scheduling.jobs import describe_error, write_manifest
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
-from wsi.pipelines.zero_shot.inputs import Source, check_source, find_inputs, read_embedding_vector
+from wsi.pipelines.zero_shot.inputs import Source, check_sources, find_inputs, read_embedding_vector
 from wsi.pipelines.zero_shot.outputs import write_slide_maps
 from wsi.pipelines.zero_shot.prompts import (
     PromptSet,
@@ -56,7 +56,7 @@ def zero_shot(
     packaged set's name such as "nsclc", or a PromptSet); settings are ZeroShotOptions' fields. `tower`:
     an already built text tower (its name must be `model`'s). Writes predictions.csv, manifest.csv,
     heatmaps/, geojson/ and, with labels_csv, metrics.json + report.html."""
-    from wsi.models.text_encoders import build_text_encoder, get_spec
+    from wsi.models.text_encoders import get_spec
 
     opts = with_settings(ZeroShotOptions, options, settings, source="zero-shot options")
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
@@ -65,55 +65,27 @@ def zero_shot(
     sources = find_inputs(paths)
     name = tower.name if tower is not None else opts.model
     spec = tower.SPEC if tower is not None else get_spec(opts.model)
-    slide_tile_encoder = None
-    if spec.level == "slide":
-        from wsi.models.slide_encoders import get_spec as slide_spec
-
-        slide_tile_encoder = slide_spec(spec.image_encoders[0]).tile_encoders[0]
+    slide_tiles = _slide_tile_encoder(spec)
     prompt_set = (
         prompts
         if isinstance(prompts, PromptSet)
         else load_prompts(Path(prompts) if not isinstance(prompts, str) else prompts, spec.templates)
     )
-
-    def check(tower_sha: str | None, image_dim: int = 0) -> None:
-        for src in sources:
-            check_source(
-                src,
-                tower_name=name,
-                level=spec.level,
-                image_encoders=spec.image_encoders,
-                tower_sha=tower_sha,
-                tile_encoder_of_slide=slide_tile_encoder,
-                image_dim=image_dim,
-            )
-
-    check(None)  # every refusal before any work (exit 2, naming the file) and before the weights load
+    # every refusal before any work (exit 2, naming the file) and before the weights load
+    check_sources(sources, tower_name=name, spec=spec, tile_encoder_of_slide=slide_tiles)
     if opts.labels_csv is not None:  # label values that are no class are refused now, not after scoring
         _task_cohort(prompt_set.names, {s.slide_id: s.path for s in sources}, opts, name)
-    if tower is None:
-        tower = build_text_encoder(
-            opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
-        )
-    check(tower.weights_sha256, tower.image_dim())  # the same checkpoint; the width it maps
+    tower = tower if tower is not None else build_tower(opts)
+    check_sources(  # the same checkpoint; the width it maps
+        sources, tower_name=name, spec=spec, tile_encoder_of_slide=slide_tiles,
+        tower_sha=tower.weights_sha256, image_dim=tower.image_dim(),
+    )  # fmt: skip
     device = _device(opts.device)
     tower.to(device)
     with output_lock(out):
         classifier = text_classifier(tower, prompt_set, out / "text_embeddings")
         slide_encoder = _slide_encoder(tower, sources, opts) if spec.level == "slide" else None
-        rows: list[SlideScore] = []
-        files: list[str] = []
-        for src in sources:
-            t1 = time.perf_counter()
-            try:
-                score, written = _score(src, tower, classifier, slide_encoder, opts, out, device)
-            except Exception as exc:  # one slide's failure never stops the others
-                error = describe_error(exc)
-                log.error("%s: %s", src.slide_id, error)
-                score, written = SlideScore(src.slide_id, str(src.path), "failed", error=error), []
-            score.seconds = time.perf_counter() - t1
-            rows.append(score)
-            files += written
+        rows, files = _score_all(sources, tower, classifier, slide_encoder, opts, out, device)
         scored = [r for r in rows if r.status == "ok"]
         _write_predictions(out, classifier, scored, spec.level)
         write_manifest(out / "manifest.csv", rows)
@@ -125,13 +97,54 @@ def zero_shot(
     )  # fmt: skip
     log.info(
         "zero-shot with %s: %d slide(s) scored, %d failed, in %.1f s; predictions in %s",
-        tower.name,
-        len(scored),
-        len(result.failed),
-        result.seconds,
-        result.predictions_csv,
-    )
+        tower.name, len(scored), len(result.failed), result.seconds, result.predictions_csv,
+    )  # fmt: skip
     return result
+
+
+def build_tower(opts: ZeroShotOptions) -> Any:
+    """The text tower `opts.model` names, with its weights (or random ones) and tokenizer."""
+    from wsi.models.text_encoders import build_text_encoder
+
+    return build_text_encoder(
+        opts.model, weights=opts.weights, random_init=opts.random_init, tokenizer=opts.tokenizer
+    )
+
+
+def _slide_tile_encoder(spec: Any) -> str | None:
+    """A slide-level tower's tile encoder (its slide encoder's), whose bags it embeds here; None for tiles."""
+    if spec.level != "slide":
+        return None
+    from wsi.models.slide_encoders import get_spec as slide_spec
+
+    return str(slide_spec(spec.image_encoders[0]).tile_encoders[0])
+
+
+def _score_all(
+    sources: list[Source],
+    tower: Any,
+    classifier: TextClassifier,
+    slide_encoder: Any,
+    opts: ZeroShotOptions,
+    out: Path,
+    device: torch.device,
+) -> tuple[list[SlideScore], list[str]]:
+    """Every input's row (a failed one records why; one slide's failure never stops the others) and
+    the files written for them."""
+    rows: list[SlideScore] = []
+    files: list[str] = []
+    for src in sources:
+        t1 = time.perf_counter()
+        try:
+            score, written = _score(src, tower, classifier, slide_encoder, opts, out, device)
+        except Exception as exc:
+            error = describe_error(exc)
+            log.error("%s: %s", src.slide_id, error)
+            score, written = SlideScore(src.slide_id, str(src.path), "failed", error=error), []
+        score.seconds = time.perf_counter() - t1
+        rows.append(score)
+        files += written
+    return rows, files
 
 
 def _device(name: str) -> torch.device:
@@ -196,9 +209,7 @@ def _score(
         maps=maps,
         predicted=predicted,
         probs=dict(zip(classifier.classes, probs.tolist(), strict=True)),
-        k=opts.top_k,
-        heatmaps=opts.heatmaps,
-        geojson=opts.geojson,
+        options=opts,
     )
     return _row(src, classifier, probs, pooled.numpy(), len(feats)), written
 

@@ -1,15 +1,8 @@
 """Per-tile values of a slide as JSON: `heatmaps/<slide_id>.json`, beside the heatmap PNGs of `wsi predict`.
 
-The PNGs are pictures at thumbnail size; this file keeps the numbers they were drawn from, so the viewer
-(`wsi view`) draws them at full resolution and a script can read them without HDF5:
-
-  {"format": "wsi-tile-values", "format_version": 1, "slide": id, "tile_size_um": s,
-   "mpp": level-0 um/px the positions were made with (null: the slide's own),
-   "coords_um": [[x, y], ...] top-left corners in micrometres (level 0),
-   "outputs": {name: [value per tile], ...}   each output's per-tile contribution (class, target, risk),
-   "predicted": the output the main heatmap shows, or null}
-
-Values that are not finite are written as null (JSON has no NaN).
+The PNGs are pictures at thumbnail size; this file keeps the numbers they were drawn from (each output's
+value per tile, tile positions in micrometres), so `wsi view` draws them at full resolution and a script
+reads them without HDF5. Its layout: docs/formats.md. Values that are not finite are written as null.
 """
 
 from __future__ import annotations

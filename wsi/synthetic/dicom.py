@@ -5,13 +5,8 @@ TILED_FULL instance (DICOM PS3.3 A.32.8) of JPEG Baseline frames, which openslid
 any of its files. Frames are encoded by Pillow as JFIF YCbCr with the given chroma subsampling, so the
 series is correctly labelled with `photometric="YBR_FULL_422"`; `photometric="RGB"` writes the
 mislabelled series some converters produce (wsi.slides.slide_colour reads it right). `stream="adobe-rgb"`
-writes RGB frames (an Adobe APP14 marker with transform 0, 4:4:4) instead.
-
-Needs pydicom 3 (`pip install 'wsi[images]'`).
-
-Public API:
-  write_dicom_series(folder, levels, *, mpp, photometric, tile_px, jpeg_quality, subsampling, stream)
-      -> list[Path]     one `level<i>.dcm` per level, level 0 first
+writes RGB frames (an Adobe APP14 marker with transform 0, 4:4:4) instead. Needs pydicom 3
+(`pip install 'wsi[images]'`).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
@@ -62,58 +57,75 @@ def write_dicom_series(
     subsampling: Literal["4:4:4", "4:2:2", "4:2:0"] = "4:2:0",
     stream: Literal["jfif", "adobe-rgb"] = "jfif",
 ) -> list[Path]:
-    """Write `levels` ((h, w, 3) uint8 RGB, level 0 first) as one series in `folder`; `mpp`: level 0 um/px."""
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.encaps import encapsulate
-    from pydicom.sequence import Sequence as DicomSequence
-    from pydicom.uid import UID, JPEGBaseline8Bit, generate_uid
+    """Write `levels` ((h, w, 3) uint8 RGB, level 0 first) as one series in `folder`, one `level<i>.dcm`
+    per level; `mpp`: level 0 um/px."""
+    from pydicom.uid import generate_uid
 
     folder = Path(folder)
-    study, series, frame_of_reference = generate_uid(), generate_uid(), generate_uid()
+    uids = (generate_uid(), generate_uid(), generate_uid())  # study, series, frame of reference
     width0 = levels[0].shape[1]
     paths = []
     for i, pixels in enumerate(levels):
         h, w, _ = pixels.shape
-        level_mpp = mpp * width0 / w
         frames = _frames(pixels, tile_px, jpeg_quality, subsampling, stream)
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID = UID(WSI_SOP_CLASS)
-        meta.MediaStorageSOPInstanceUID = uid = generate_uid()
-        meta.TransferSyntaxUID = JPEGBaseline8Bit
-        ds = Dataset()
-        ds.file_meta = meta
-        ds.SOPClassUID, ds.SOPInstanceUID = WSI_SOP_CLASS, uid
-        ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
-        ds.FrameOfReferenceUID = frame_of_reference
-        ds.Modality, ds.InstanceNumber = "SM", i + 1
-        ds.ImageType = [
-            "ORIGINAL" if i == 0 else "DERIVED",
-            "PRIMARY",
-            "VOLUME",
-            "NONE" if i == 0 else "RESAMPLED",
-        ]
-        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, photometric, 0
-        ds.Rows = ds.Columns = tile_px
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-        ds.NumberOfFrames = len(frames)
-        ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows = w, h
-        ds.TotalPixelMatrixFocalPlanes, ds.NumberOfOpticalPaths = 1, 1
-        ds.DimensionOrganizationType = "TILED_FULL"
-        ds.ImagedVolumeWidth, ds.ImagedVolumeHeight = w * level_mpp / 1000, h * level_mpp / 1000
-        measures = Dataset()
-        measures.PixelSpacing = [level_mpp / 1000, level_mpp / 1000]  # mm
-        measures.SliceThickness = 0.0005
-        shared = Dataset()
-        shared.PixelMeasuresSequence = DicomSequence([measures])
-        ds.SharedFunctionalGroupsSequence = DicomSequence([shared])
-        ds.LossyImageCompression, ds.LossyImageCompressionMethod = "01", "ISO_10918_1"
-        ds.PixelData = encapsulate(frames)
-        ds["PixelData"].VR = "OB"
+        ds = _instance(i, uids, photometric)
+        _pixel_matrix(ds, frames, (w, h), mpp * width0 / w, tile_px)
         path = folder / f"level{i}.dcm"
         with atomic_path(path) as tmp:
             ds.save_as(tmp, enforce_file_format=True)
         paths.append(path)
     return paths
+
+
+def _instance(i: int, uids: tuple[str, str, str], photometric: str) -> Any:
+    """Level i's dataset: its file meta (JPEG Baseline), the series' UIDs, image type and colour."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import UID, JPEGBaseline8Bit, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = UID(WSI_SOP_CLASS)
+    meta.MediaStorageSOPInstanceUID = uid = generate_uid()
+    meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = WSI_SOP_CLASS, uid
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = uids
+    ds.Modality, ds.InstanceNumber = "SM", i + 1
+    ds.ImageType = [
+        "ORIGINAL" if i == 0 else "DERIVED",
+        "PRIMARY",
+        "VOLUME",
+        "NONE" if i == 0 else "RESAMPLED",
+    ]
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, photometric, 0
+    return ds
+
+
+def _pixel_matrix(
+    ds: Any, frames: list[bytes], size: tuple[int, int], level_mpp: float, tile_px: int
+) -> None:
+    """The level's TILED_FULL pixel matrix into `ds`: sizes, pixel spacing (mm) and the JPEG frames."""
+    from pydicom.dataset import Dataset
+    from pydicom.encaps import encapsulate
+    from pydicom.sequence import Sequence as DicomSequence
+
+    w, h = size
+    ds.Rows = ds.Columns = tile_px
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.NumberOfFrames = len(frames)
+    ds.TotalPixelMatrixColumns, ds.TotalPixelMatrixRows = w, h
+    ds.TotalPixelMatrixFocalPlanes, ds.NumberOfOpticalPaths = 1, 1
+    ds.DimensionOrganizationType = "TILED_FULL"
+    ds.ImagedVolumeWidth, ds.ImagedVolumeHeight = w * level_mpp / 1000, h * level_mpp / 1000
+    measures = Dataset()
+    measures.PixelSpacing = [level_mpp / 1000, level_mpp / 1000]  # mm
+    measures.SliceThickness = 0.0005
+    shared = Dataset()
+    shared.PixelMeasuresSequence = DicomSequence([measures])
+    ds.SharedFunctionalGroupsSequence = DicomSequence([shared])
+    ds.LossyImageCompression, ds.LossyImageCompressionMethod = "01", "ISO_10918_1"
+    ds.PixelData = encapsulate(frames)
+    ds["PixelData"].VR = "OB"
 
 
 __all__ = ["WSI_SOP_CLASS", "write_dicom_series"]

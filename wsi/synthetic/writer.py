@@ -77,37 +77,43 @@ def write_sample_slide(
         blur_boxes_um = scene_blur if blur_boxes_um is None else blur_boxes_um
     tissue = tuple(as_box(b) for b in tissue_boxes_um)
     blur = tuple(as_box(b) for b in blur_boxes_um or [])
-
-    source = Path(real_source) if real_source is not None else find_real_he_source()
-    if texture == "real" and (source is None or not source.is_file()):
-        raise FileNotFoundError(f"texture='real' needs {REAL_SOURCE_NAME}; not found (give real_source=)")
-    used_texture = "real" if texture == "real" or (texture == "auto" and source is not None) else "procedural"
-    if stain == "fluorescence":
-        used_texture = "procedural"  # the real H&E source has no fluorescence counterpart
+    used_texture, source = _texture(texture, stain, real_source)
     painter = make_painter(
         tissue, blur, texture=used_texture, style=style, source=source, seed=seed, stain=stain
     )
-    if n_levels is None:
-        n_levels = 1
-        while max(w, h) / 2 ** (n_levels - 1) > tile_px:
-            n_levels += 1
-
+    slide = SampleSlide(
+        path=Path(path), mpp=mpp, width_px=w, height_px=h, tissue_boxes_um=tissue, blur_boxes_um=blur,
+        style=style, texture=used_texture, seed=seed, tile_px=tile_px,
+        n_levels=_levels(w, h, tile_px) if n_levels is None else n_levels, mpp_written=write_mpp,
+        corrupt_tiles=tuple((int(c), int(r)) for c, r in corrupt_tiles), stain=stain,
+    )  # fmt: skip
     with atomic_path(Path(path)) as tmp:
         big = w * h * 3 > 2**31 if bigtiff is None else bigtiff
-        _write_pyramid(
-            tmp, painter, (w, h), (width_um, height_um), mpp=mpp, tile_px=tile_px, n_levels=n_levels,
-            jpeg_quality=jpeg_quality, write_mpp=write_mpp, bigtiff=big,
-            channels=("DAPI", "FITC") if stain == "fluorescence" else (),
-        )  # fmt: skip
+        _write_pyramid(tmp, painter, slide, (width_um, height_um), jpeg_quality=jpeg_quality, bigtiff=big)
         if corrupt_tiles:
             _damage_tiles(tmp, corrupt_tiles)
-    log.debug("wrote %s (%dx%d px at %s um/px, %d levels)", path, w, h, mpp, n_levels)
-    return SampleSlide(
-        path=Path(path), mpp=mpp, width_px=w, height_px=h, tissue_boxes_um=tissue, blur_boxes_um=blur,
-        style=style, texture=used_texture, seed=seed, tile_px=tile_px, n_levels=n_levels,
-        mpp_written=write_mpp, corrupt_tiles=tuple((int(c), int(r)) for c, r in corrupt_tiles),
-        stain=stain,
-    )  # fmt: skip
+    log.debug("wrote %s (%dx%d px at %s um/px, %d levels)", path, w, h, mpp, slide.n_levels)
+    return slide
+
+
+def _texture(
+    texture: Texture, stain: Stain, real_source: str | os.PathLike[str] | None
+) -> tuple[str, Path | None]:
+    """(the texture painted: "real" or "procedural", the real H&E source if one is found). Fluorescence
+    is always procedural: the real H&E source has no fluorescence counterpart."""
+    source = Path(real_source) if real_source is not None else find_real_he_source()
+    if texture == "real" and (source is None or not source.is_file()):
+        raise FileNotFoundError(f"texture='real' needs {REAL_SOURCE_NAME}; not found (give real_source=)")
+    used = "real" if texture == "real" or (texture == "auto" and source is not None) else "procedural"
+    return ("procedural" if stain == "fluorescence" else used), source
+
+
+def _levels(w: int, h: int, tile_px: int) -> int:
+    """Pyramid levels, halving each time, until the smallest fits in one tile."""
+    n_levels = 1
+    while max(w, h) / 2 ** (n_levels - 1) > tile_px:
+        n_levels += 1
+    return n_levels
 
 
 def check_sample_size(width_um: float, height_um: float, mpp: float, tile_px: int = 256) -> None:
@@ -138,26 +144,17 @@ def check_prefix(prefix: str) -> None:
 
 
 def _write_pyramid(
-    tmp: Path,
-    painter: Painter,
-    size_px: tuple[int, int],
-    size_um: tuple[float, float],
-    *,
-    mpp: float,
-    tile_px: int,
-    n_levels: int,
-    jpeg_quality: int,
-    write_mpp: bool,
+    tmp: Path, painter: Painter, slide: SampleSlide, size_um: tuple[float, float], *, jpeg_quality: int,
     bigtiff: bool,
-    channels: Sequence[str] = (),
-) -> None:
+) -> None:  # fmt: skip
     """Level 0, the Aperio thumbnail (IFD 1), then the halved levels, each streamed tile by tile."""
-    w, h = size_px
+    w, h, mpp, tile_px = slide.width_px, slide.height_px, slide.mpp, slide.tile_px
     thumb_mpp = mpp * max(w, h) / min(768, max(w, h))
     tw, th = max(1, round(size_um[0] / thumb_mpp)), max(1, round(size_um[1] / thumb_mpp))
-    res = (1e4 / mpp, 1e4 / mpp) if write_mpp else None
+    res = (1e4 / mpp, 1e4 / mpp) if slide.mpp_written else None
+    channels = ("DAPI", "FITC") if slide.stain == "fluorescence" else ()
     with tifffile.TiffWriter(tmp, bigtiff=bigtiff) as tif:
-        for level in range(n_levels):
+        for level in range(slide.n_levels):
             if level == 1:  # Aperio puts a stripped thumbnail in IFD 1; tifffile and openslide expect it
                 tif.write(
                     painter.render(0, 0, tw, th, thumb_mpp), photometric="rgb", compression="jpeg",
@@ -170,7 +167,7 @@ def _write_pyramid(
                 dtype=np.uint8,
                 tile=(tile_px, tile_px),
                 description=_aperio_description(
-                    w, h, tile_px, jpeg_quality, mpp if write_mpp else None, channels
+                    w, h, tile_px, jpeg_quality, mpp if slide.mpp_written else None, channels
                 )
                 if level == 0
                 else None,

@@ -1,21 +1,9 @@
-"""What `wsi view DIR` shows: the slides of a prediction, training or tiling folder and their files.
+"""What `wsi view DIR` shows: the slides of a predict, train, embed or tile folder and their files.
 
 The viewer reads files only (it never imports `pipelines` or `models`), from the places those stages
-write them:
-
-  predict     DIR/manifest.csv (slide, path: the slide, or the bag whose `slide_path` names it, status,
-              error), DIR/predictions.csv (one row per slide), DIR/heatmaps/<id>.json (per-tile
-              contributions, `pipelines.heatmaps.write_tile_values`), DIR/top_tiles/index.csv, and for
-              raw slides DIR/work/tiles/<id>.h5
-  tile        DIR/tiles/manifest.csv, DIR/tiles/<id>.h5 (kept tiles and the slide path), DIR/qc/<id>.png;
-              DIR/qc/<id>.geojson and DIR/geojson/<id>.geojson (QuPath objects: tissue, tile fates)
-              DIR may also be the tiles/ folder itself
-  train       DIR/config.json, whose `source` is the bag folder (each bag records its `slide_path`), and
-              DIR/test_predictions.csv
-  embed       DIR/*.h5 or DIR/features/<encoder>/*.h5 bags
-
-A slide is listed once, by id; its file is the first one these name. Slides whose file is not
-reachable from here are listed with the reason, so a moved folder says why nothing shows.
+write them (`Catalog._scan`). A slide is listed once, by id; its file is the first one these name.
+Slides whose file is not reachable from here are listed with the reason, so a moved folder says why
+nothing shows.
 """
 
 from __future__ import annotations
@@ -165,6 +153,16 @@ class Catalog:
         entry.path, entry.mpp, entry.why_missing = slide, mpp if mpp is not None else recorded, ""
 
     def _scan(self) -> None:
+        """The slides named by what each stage writes in DIR (manifests, then tile files, then bags; a
+        slide's file is the first one offered):
+          predict  DIR/manifest.csv (path: the slide, or the bag whose `slide_path` names it), and for raw
+                   slides DIR/work/tiles/<id>.h5; DIR/predictions.csv, DIR/heatmaps/<id>.json
+                   (`wsi.formats.tile_values`), DIR/top_tiles/index.csv
+          tile     DIR/tiles/manifest.csv, DIR/tiles/<id>.h5 (DIR may be tiles/ itself), DIR/qc/<id>.png,
+                   DIR/qc/<id>.geojson and DIR/geojson/<id>.geojson (QuPath objects)
+          train    DIR/config.json, whose `source` is the bag folder; DIR/test_predictions.csv
+          embed    DIR/*.h5 or DIR/features/<encoder>/*.h5 bags (each records its `slide_path`)
+        """
         root = self.root
         tiles_dir = root / "tiles" if (root / "tiles").is_dir() else root
         for manifest in (root / "manifest.csv", root / "tiles" / "manifest.csv"):

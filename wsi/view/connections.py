@@ -1,15 +1,12 @@
 """Connections of `wsi view` read to the end of their request head before a worker thread sees them.
 
-A thread pool that takes each connection as it is accepted is frozen by whoever opens as many
-connections as it has threads and sends nothing (the default `--server-threads 8`: eight idle sockets,
-or eight clients sending a byte a second, or eight non-HTTP probes, and every tile request waits). Here
-one selector thread (`HeadReader`) holds every new connection, without blocking on any, until its
-request head is complete (the blank line after the headers); only then is it handed to the pool, with
-the bytes read so far. A connection that does not finish its head within HEAD_TIMEOUT_S of being
-accepted is closed (408), one whose head outgrows MAX_HEAD_BYTES is answered 414 (a request line that
-long) or 431 (headers) and closed, and at most MAX_PENDING wait at once (the oldest is dropped), so an
-idle, slow or garbage connection costs a socket and a buffer, never a worker. The workers write with a
-socket timeout (IO_TIMEOUT_S): a client that stops reading its answer holds one for that long at most.
+A pool that takes each connection as accepted is frozen by as many idle sockets, byte-a-second clients
+or non-HTTP probes as it has threads. Here one selector thread (`HeadReader`) holds every new connection,
+never blocking on one, until its request head is complete; only then is it handed to the pool with the
+bytes read so far. A head not finished within HEAD_TIMEOUT_S is closed (408), one outgrowing
+MAX_HEAD_BYTES answered 414 (request line) or 431 (headers), and at most MAX_PENDING wait (the oldest is
+dropped), so a bad connection costs a socket and a buffer, never a worker. Workers write with a socket
+timeout (IO_TIMEOUT_S): a client that stops reading holds one that long at most.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """The HTTP server of `wsi view`: read-only, local by default, serving one folder and its slides.
 
-Why the standard library's `http.server`: the viewer answers a handful of GET routes for one user on
-one machine, so a web framework would add a dependency and nothing the page needs; what it lacks is
-added here with care: a bounded thread pool (`PooledHTTPServer`) instead of a thread per connection,
-fed only with connections whose request head has arrived (`wsi.view.connections`: idle sockets, slow
-senders and non-HTTP bytes never hold a worker, and each socket has a timeout), URLs longer than
-MAX_URL_CHARS answered 414, strict paths, a Host check against DNS rebinding, and no write method.
-
-Routes (everything else is 404; methods other than GET and HEAD are 405):
-
-  /                                          the page (static/index.html)
-  /static/<file>                             the page's files, OpenSeadragon among them (a fixed list)
-  /api/slides                                the slide list with predictions (JSON)
-  /api/slides/<id>/overlays                  one slide's overlays (JSON, `wsi.view.overlays`)
-  /api/slides/<id>/geojson/<layer>           its QuPath GeoJSON objects (layer: qc | geojson)
-  /slides/<id>.dzi                           DeepZoom descriptor
-  /slides/<id>_files/<level>/<col>_<row>.jpeg   DeepZoom tile
-  /<path>                                    a file under DIR (report.html, qc/*.png, top_tiles/...)
-
-Paths are percent-decoded once; a path whose decoding still holds `%` (double encoding), a backslash,
-a NUL, a `.` or `..` segment or a hidden name is refused, and a file is served only when its resolved
-path (symlinks followed) lies inside DIR. Slides are named by id only, so no slide path is ever taken
-from a URL.
+Why the standard library's `http.server`: a handful of GET routes (`ViewHandler._route`) for one user on
+one machine, where a web framework would add a dependency and nothing the page needs. What it lacks is
+added here: a bounded thread pool (`PooledHTTPServer`) fed only with connections whose request head has
+arrived (`wsi.view.connections`), URLs longer than MAX_URL_CHARS answered 414, strict paths
+(`clean_path`), a Host check against DNS rebinding, and no write method (other methods than GET and HEAD
+are 405). A file is served only when its resolved path (symlinks followed) lies inside DIR; slides are
+named by id only, so no slide path is ever taken from a URL.
 """
 
 from __future__ import annotations
@@ -73,7 +58,9 @@ def static_files() -> dict[str, Path]:
 
 
 def clean_path(raw: str) -> str | None:
-    """The decoded URL path, or None when it is not one the server will look up."""
+    """The decoded URL path, or None when it is not one the server will look up: percent-decoded once;
+    refused when the decoding still holds `%` (double encoding), a backslash, a NUL, a `.` or `..`
+    segment or a hidden name."""
     path = raw.split("?", 1)[0].split("#", 1)[0]  # not urlsplit: "//x/y" would lose "x" as a host
     if "\\" in path or "%5c" in path.lower():
         return None
@@ -223,6 +210,15 @@ class ViewHandler(BaseHTTPRequestHandler):
             )
 
     def _route(self, path: str, head: bool) -> None:
+        """The routes; everything else is 404:
+        /                                        the page (static/index.html)
+        /static/<file>                           the page's files, OpenSeadragon among them (a fixed list)
+        /api/slides                              the slide list with predictions (JSON)
+        /api/slides/<id>/overlays                one slide's overlays (JSON, `wsi.view.overlays`)
+        /api/slides/<id>/geojson/<layer>         its QuPath GeoJSON objects (layer: qc | geojson)
+        /slides/<id>.dzi, /slides/<id>_files/<level>/<col>_<row>.jpeg   DeepZoom descriptor and tiles
+        /<path>                                  a file under DIR (report.html, qc/*.png, top_tiles/...)
+        """
         state = self.server.state
         if path == "/":
             path = "/static/index.html"

@@ -3,31 +3,13 @@
     decode(streams: list[(n,) uint8 CPU tensors], on: torch.device) -> list[(3, H, W) uint8 on `on` | None]
     (None: that stream did not decode; the device decoder then reads its tiles with the CPU path)
 
-  torchvision   torchvision.io.decode_jpeg: nvJPEG on CUDA (after waiting for the calling stream, see
-                decoder.decode_jpegs), libjpeg-turbo on the CPU. One broken stream fails the whole call;
-                the device decoder then decodes stream by stream.
-  nvimgcodec    NVIDIA nvImageCodec (nvidia-nvimgcodec-cu13, optional): made for batches of images; on
-                CUDA nvJPEG's hardware engine (A100, H100, H200) with its CUDA decoders as fallback, on the
-                CPU its libjpeg-turbo extension. It returns None for a stream it cannot decode instead of
-                failing the batch, allocates outputs itself (not from torch's caching allocator, so the
-                block reuse behind torchvision's stream-order bug cannot happen) and orders its work on
-                the stream we pass (`cuda_stream`). Fancy upsampling is switched on: nvImageCodec's
-                default is off, libjpeg-turbo's (openslide, torchvision) is on, and 4:2:0 tiles would
-                differ by a few levels at colour edges otherwise.
-
-Why torchvision stays the default: it is the decoder measured end to end on H100 and H200
-(docs/benchmarks.md). nvImageCodec equals it pixel for pixel on the CPU here
-(tests/pipelines/embed/test_jpeg_codecs.py);
-its GPU speed and pixels are measured by the GPU suite's `decoders` section (benchmarks/jpeg_codecs.py)
-and it becomes the default only if that run shows it faster and the same tiles. DALI is left out of the
-device decoder: it is a pipeline framework (its wheel is hundreds of MB, more than a lent GPU machine can
-be sent) whose image decoder is built on the same nvJPEG; the benchmark measures it where it is installed.
-cuCIM replaces the reader of the CPU path, not a JPEG decoder: benchmarks/jpeg_codecs.py measures it too.
-
-Public API:
-  CODECS                       names, default first
-  codec_status() -> {name: "ok <version>" | why not}
-  get_codec(name, device) -> decode function (ImportError when the library is missing)
+`torchvision` (the default: the decoder measured end to end on H100 and H200, docs/benchmarks.md) fails
+a whole call for one broken stream, and the device decoder then decodes stream by stream; `nvimgcodec`
+(optional) returns None per failed stream. It equals torchvision pixel for pixel on the CPU
+(tests/pipelines/embed/test_jpeg_codecs.py) and becomes the default only if the GPU suite's `decoders`
+section (benchmarks/jpeg_codecs.py) shows it faster with the same tiles. DALI (a pipeline framework on
+the same nvJPEG, too large to send to a lent GPU machine) and cuCIM (a reader, not a decoder) are only
+measured there.
 """
 
 from __future__ import annotations
@@ -80,7 +62,13 @@ def _nvimgcodec_decoder(device_type: str, index: int) -> Any:
 
 
 def nvimgcodec_decode(streams: list[torch.Tensor], on: torch.device) -> list[torch.Tensor | None]:
-    """nvImageCodec's batched decode; outputs (3, H, W) uint8 on `on`, None where a stream failed."""
+    """nvImageCodec's batched decode; outputs (3, H, W) uint8 on `on`, None where a stream failed.
+
+    Made for batches: on CUDA nvJPEG's hardware engine (A100, H100, H200) with its CUDA decoders as
+    fallback, on the CPU its libjpeg-turbo extension. It allocates outputs itself (not from torch's
+    caching allocator, so torchvision's stream-order bug cannot happen) and orders its work on the
+    stream we pass (`cuda_stream`). Fancy upsampling is on (nvImageCodec's default is off, libjpeg-turbo's
+    is on): 4:2:0 tiles would otherwise differ by a few levels at colour edges."""
     from nvidia import nvimgcodec
 
     if not streams:

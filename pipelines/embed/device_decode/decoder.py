@@ -1,19 +1,12 @@
 """The device decoder: a RawBatch's JPEG streams decoded, assembled and resized into tiles on the device.
 
-One `torchvision.io.decode_jpeg(list, device=...)` call decodes a whole batch (nvjpeg on CUDA,
-libjpeg-turbo on the CPU: the same code, so it is tested without a GPU). Each tile's window is then
-gathered from the decoded JPEG tiles with one index operation and finished as its region plan says
-(resample.py). Nothing leaves the device.
-
-Fallbacks, so a device decode is never worse than the CPU path: a stream that does not decode sends
-only the tiles that need it to `Slide.read_region_um` (failing there too, they are counted as bad). The
-first batch of every slide is checked against the slide backend's pixels (channel means): a decoder
-that gets the colours wrong makes that slide decode with libjpeg-turbo (resized on the device), or
-failing that, be read by the CPU path.
-
-Public API:
-  DeviceDecoder(device, codec="torchvision").decode(raw) -> (tiles (b,P,P,3) uint8 on device, ok (b,) bool)
-  decode_jpegs(streams, on) -> images      torchvision's decode, stream-ordered on CUDA (codecs.py)
+`DeviceDecoder(device, codec).decode(raw)` -> (tiles (b, P, P, 3) uint8 on the device, ok (b,) bool):
+one batched decode (codecs.py), each tile's window gathered from the decoded JPEG tiles with one index
+operation and finished as its region plan says (resample.py); nothing leaves the device. Fallbacks, so
+a device decode is never worse than the CPU path: a stream that does not decode sends only the tiles
+that need it to `Slide.read_region_um` (failing there too, they are counted as bad), and the first batch
+of every slide is checked against the slide backend's pixels (channel means): a decoder that gets the
+colours wrong makes the slide decode with libjpeg-turbo (resized on the device), or else the CPU path.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Reads into many pieces of memory in one `preadv`, its iovec array built by numpy: no object per piece.
 
-Why: `os.preadv` takes a sequence of buffer objects. For a batch of abbreviated (Aperio) JPEG tiles that
-is one memoryview slice per tile, made, exported and released in Python: about 0.5 us each, more than
-the kernel spends on the segment (benchmarks/embed_feed.py, issue 34). libc's `preadv` takes the iovec
-array itself, (address, length) pairs that numpy fills for a whole batch in a few operations; ctypes
-releases the GIL around the call as os.preadv does. Where libc has no preadv symbol the same segments go
-through os.preadv (memoryviews over the same addresses).
-
-The caller keeps the memory the addresses point into alive and writable for the call.
-
-Public API:
-  IOV_MAX                               segments one call may take (the kernel's limit)
-  address(buf) -> int                   the address of a writable buffer's first byte
-  iovecs(n) -> ndarray (n, 2) uintp     an iovec array to fill: [:, 0] address, [:, 1] length
-  preadv(fd, iov, offset) -> int        bytes read from `offset` into the segments, in order
+Why: `os.preadv` takes a sequence of buffer objects, one memoryview per Aperio JPEG tile made and
+released in Python at about 0.5 us each, more than the kernel spends on the segment
+(benchmarks/embed_feed.py). libc's `preadv` takes the iovec array itself, (address, length) pairs numpy
+fills for a whole batch; ctypes releases the GIL around the call as os.preadv does. Without a libc
+preadv symbol the same segments go through os.preadv. The caller keeps the memory the addresses point
+into alive and writable for the call.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Raw tile reading: the compressed JPEG tiles a batch of regions needs, sliced out of the TIFF.
 
-Runs in the reader workers, which then do no decoding at all: per batch they ask
-`wsi.slides.region.plan_regions` for the windows (the plans `Slide.read_region_um` follows, as arrays), and
-send the few kB of JPEG data under those windows with the plans (`RawBatch`) to the main process. The bytes
-come from tile_bytes.py: each JPEG tile once per batch, in a few large reads, completed in place.
-
-Public API:
-  JpegLevel                                  the TIFF page of one pyramid level, as raw tiles
-  find_jpeg_level(path, level, dims) -> JpegLevel | None       None unless a tiled 8-bit RGB JPEG page
-  RawSlideReader.open(st: SlideTiles) -> RawSlideReader | None  None: not a tiled JPEG TIFF (CPU path)
-  RawSlideReader.read(start, stop) -> RawBatch;  .plans(start, stop) -> RegionPlans
+Runs in the reader workers, which then decode nothing: per batch they ask `wsi.slides.region.plan_regions`
+for the windows (the plans `Slide.read_region_um` follows, as arrays) and send the few kB of JPEG data
+under them with the plans (`RawBatch`) to the main process; the bytes come from tile_bytes.py.
+`RawSlideReader.open(st)` is None for a slide that is not a tiled 8-bit RGB JPEG TIFF (the CPU path).
 """
 
 from __future__ import annotations

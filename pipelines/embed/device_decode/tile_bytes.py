@@ -1,24 +1,14 @@
 """The compressed JPEG tiles of one batch: each touched once, read in a few large reads, completed in place.
 
-Why: a reader worker's whole job on the device path is to move the bytes of the file's JPEG tiles into
-one buffer per batch. Reading them one `os.pread` per tile (a syscall and a bytes object each), completing
-each with bytes concatenation and joining them cost more than the reading itself
-(benchmarks/embed_feed.py). Here the JPEG grid cells a batch touches are found with array operations,
-each cell once however many output tiles lie over it, sorted by file offset and read with one
-`preadv` per run of neighbouring cells (gaps of up to MAX_GAP bytes are read into a scratch buffer and
-dropped) straight into their place in the batch buffer, the iovec array built by numpy (iovec.py: no
-memoryview per tile). Each tile lands HEAD - 2 bytes after its stream's start, so its own SOI marker
-lies where the last two bytes of the stream header go; writing the header over it leaves
-`jpeg.complete_jpeg(tile, tables, rgb)` byte for byte (tests/pipelines/embed/test_embed_feed.py). The headers
-of all tiles are written in one numpy assignment through a view whose rows start at every byte.
-
-Public API:
-  cell_table(win, level) -> (grid0 (B,2), table (B,GH,GW), cells (J,2))    each touched cell once
-  cell_keys(win, level) -> (grid0, keys (B,GH,GW));  table_of_keys(keys, n_cols) -> (table, cells, keys)
-  stream_header(tables, rgb) -> bytes     what complete_jpeg puts before a tile's body
-  batch_buffer(n) -> Tensor               (n,) uint8; in shared memory inside a DataLoader reader process
-  Streams(data, offsets, lengths, missing)
-  read_streams(fd, offsets, counts, header, rgb, scratch) -> Streams
+Why: a reader worker's whole job on the device path is to move the file's JPEG tile bytes into one
+buffer per batch, and one `os.pread`, bytes object and concatenation per tile cost more than the
+reading (benchmarks/embed_feed.py). Here the grid cells a batch touches are found with array
+operations (`cell_table`: each cell once however many tiles lie over it), sorted by file offset and
+read with one `preadv` per run of neighbouring cells (gaps up to MAX_GAP read into a scratch buffer)
+straight into their place in the batch buffer, the iovec array built by numpy (iovec.py). Each tile
+lands HEAD - 2 bytes after its stream's start, so writing the stream header over its SOI leaves
+`jpeg.complete_jpeg(tile, tables, rgb)` byte for byte (tests/pipelines/embed/test_embed_feed.py); all
+headers are written in one numpy assignment through a view whose rows start at every byte.
 """
 
 from __future__ import annotations
@@ -176,6 +166,37 @@ def read_streams(
         return Streams(
             batch_buffer(0), np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64), missing
         )
+    cells, order, whole = _place(off, cnt, order, len(header), header == SOI)
+    data = batch_buffer(cells.total)
+    buf = data.numpy()
+    full = _read(fd, cells, whole, buf, data.data_ptr(), scratch)
+    starts, length = _complete(buf, cells, full, header, rgb)
+    if order is None:
+        return Streams(data, starts, length, missing)
+    out_starts, lengths = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
+    out_starts[order], lengths[order] = starts, length
+    return Streams(data, out_starts, lengths, missing)
+
+
+class _Cells(NamedTuple):
+    """A batch's cells in file order: file bytes off[i]:end[i] (cnt[i] of them) go to buffer byte dst[i];
+    runs: the first cell of each run of neighbours read in one call; gap: the bytes before each cell."""
+
+    off: np.ndarray
+    cnt: np.ndarray
+    end: np.ndarray
+    dst: np.ndarray
+    runs: np.ndarray
+    gap: np.ndarray
+    total: int  # the batch buffer's bytes
+
+
+def _place(
+    off: np.ndarray, cnt: np.ndarray, order: np.ndarray | None, n_head: int, whole: bool
+) -> tuple[_Cells, np.ndarray | None, bool]:
+    """The cells in file order, grouped into runs of neighbours, and where each lands in the buffer:
+    `whole` (the header is SOI alone), the file's layout, each run's bytes back to back with its gaps;
+    else in file order with room for the header before each tile. Returns the order it read them in."""
     end = off + cnt
     gap = off[1:] - end[:-1]  # bytes between a cell and the one before it
     if (gap < 0).any():  # not in file order (row-major cells mostly are): sorted, neighbours read together
@@ -187,8 +208,6 @@ def read_streams(
     runs = np.zeros(1, np.int64)  # first cell of each read: all in one when the tiles are back to back
     if gap.any():
         runs = np.flatnonzero(np.concatenate([[True], (gap < 0) | (gap > MAX_GAP)]))
-    n_head = len(header)
-    whole = header == SOI
     if whole:  # the file's layout: each run's bytes, gaps included, back to back
         run_len = np.maximum.reduceat(end, runs) - off[runs]
         run_dst = np.cumsum(run_len) - run_len
@@ -198,9 +217,15 @@ def read_streams(
         slot_end = np.cumsum(cnt + (n_head - 2))
         dst = slot_end - cnt
         total = int(slot_end[-1])
-    data = batch_buffer(total)
-    buf = data.numpy()
-    full = _read(fd, off, end, dst, runs, gap, whole, buf, data.data_ptr(), scratch)
+    return _Cells(off, cnt, end, dst, runs, gap, total), order, whole
+
+
+def _complete(
+    buf: np.ndarray, cells: _Cells, full: np.ndarray | None, header: bytes, rgb: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each cell's complete stream in buf, (0, 0) where the cell was cut short or does
+    not start with SOI: the header written over each tile's SOI (and a dropped JFIF segment)."""
+    dst, cnt, n_head = cells.dst, cells.cnt, len(header)
     at = dst if full is None else np.where(full, dst, 0)  # None: all read whole; 0: not read, not looked at
     ok = _view(buf, "<u2")[at] == _SOI16
     if full is not None:
@@ -208,15 +233,11 @@ def read_streams(
     every = bool(ok.all())
     skip = _jfif_skip(buf, at, cnt, ok) if rgb else 0
     starts, length = dst - (n_head - 2) + skip, cnt + (n_head - 2) - skip
-    if not whole:  # the header over each tile's SOI (and a dropped JFIF segment)
+    if header != SOI:
         _view(buf, np.uint8, n_head)[starts if every else starts[ok]] = np.frombuffer(header, np.uint8)
     if not every:
         starts, length = np.where(ok, starts, 0), np.where(ok, length, 0)
-    if order is None:
-        return Streams(data, starts, length, missing)
-    out_starts, lengths = np.zeros(len(counts), np.int64), np.zeros(len(counts), np.int64)
-    out_starts[order], lengths[order] = starts, length
-    return Streams(data, out_starts, lengths, missing)
+    return starts, length
 
 
 def _view(buf: np.ndarray, dtype: DTypeLike, width: int = 0) -> np.ndarray:
@@ -255,36 +276,12 @@ def _run_of(runs: np.ndarray, n: int) -> np.ndarray:
 
 
 def _read(
-    fd: int, off: np.ndarray, end: np.ndarray, dst: np.ndarray, runs: np.ndarray, gap: np.ndarray,
-    whole: bool, buf: np.ndarray, base: int, scratch: memoryview,
-) -> np.ndarray | None:  # fmt: skip
-    """Read file bytes off[i]:end[i] (file order) to buf[dst[i]:] (base: buf's address), one preadv per
-    run of neighbours (runs: the first cell of each; whole: the run's bytes, gaps included, in one
-    segment; else a segment per cell and one into scratch for the gap bytes before it, if any).
-    None: every cell read whole; else (J,) bool, False where the file ended first."""
-    n = len(off)
-    if whole:  # one segment per run, from its first cell's start to its furthest end
-        seg_off, seg_end = off[runs], np.maximum.reduceat(end, runs)
-        iov = iovecs(len(runs))
-        iov[:, 0], iov[:, 1] = base + dst[runs], seg_end - seg_off
-        seg_first = np.arange(len(iov))
-    elif not gap.any():  # tiles back to back in the file (Aperio): a segment per cell, no more
-        seg_off, seg_end = off, end
-        iov = iovecs(n)
-        iov[:, 0], iov[:, 1] = base + dst, end - off
-        seg_first = runs
-    else:  # and a segment for the gap bytes (scratch, dropped) before a cell where there are any
-        has_gap = np.concatenate([[False], gap > 0])
-        has_gap[runs] = False
-        seg_of = np.arange(n) + np.cumsum(has_gap)  # each cell's segment
-        gaps = seg_of[has_gap] - 1
-        iov = iovecs(n + len(gaps))
-        iov[seg_of, 0], iov[seg_of, 1] = base + dst, end - off
-        iov[gaps, 0], iov[gaps, 1] = address(scratch), gap[has_gap[1:]]
-        seg_off, seg_end = np.empty(len(iov), np.int64), np.empty(len(iov), np.int64)
-        seg_off[seg_of], seg_off[gaps] = off, off[has_gap] - gap[has_gap[1:]]
-        seg_end[seg_of], seg_end[gaps] = end, off[has_gap]
-        seg_first = seg_of[runs]
+    fd: int, cells: _Cells, whole: bool, buf: np.ndarray, base: int, scratch: memoryview
+) -> np.ndarray | None:
+    """Read each cell's file bytes to buf[dst:] (base: buf's address), one preadv per run of neighbours
+    (split at MAX_SEGMENTS_PER_READ). None: every cell read whole; else (J,) bool, False where the file
+    ended first (those cells are read again one by one)."""
+    iov, seg_off, seg_end, seg_first, seg_of = _segments(cells, whole, base, scratch)
     calls: list[int] = []  # first segment of each read: every run, split at MAX_SEGMENTS_PER_READ
     for a, z in pairwise([*seg_first.tolist(), len(iov)]):
         calls.extend(range(a, z, MAX_SEGMENTS_PER_READ))
@@ -298,10 +295,9 @@ def _read(
     if not short:
         return None
     # the file ended first (a truncated slide): which cells a read covered, and each other one alone
-    if whole:
-        seg_of = _run_of(runs, n)
-    elif not gap.any():
-        seg_of = np.arange(n)
+    off, end, dst = cells.off, cells.end, cells.dst
+    if seg_of is None:
+        seg_of = _run_of(cells.runs, len(off)) if whole else np.arange(len(off))
     call_of = np.searchsorted(calls, seg_of, side="right") - 1
     full = end - seg_off[calls][call_of] <= got[call_of]
     view = buf.data
@@ -309,3 +305,34 @@ def _read(
         t0, count = int(dst[i]), int(end[i] - off[i])
         full[i] = os.preadv(fd, [view[t0 : t0 + count]], int(off[i])) == count
     return full
+
+
+def _segments(
+    cells: _Cells, whole: bool, base: int, scratch: memoryview
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The iovec segments of a batch's reads: (iov, each segment's file start and end, the first segment
+    of each run, each cell's segment or None where it is the run (whole) or the cell itself). `whole`:
+    a segment per run, gaps included; else a segment per cell and one into scratch for the gap bytes
+    before it, if any."""
+    off, end, dst, runs, gap = cells.off, cells.end, cells.dst, cells.runs, cells.gap
+    n = len(off)
+    if whole:  # one segment per run, from its first cell's start to its furthest end
+        seg_off, seg_end = off[runs], np.maximum.reduceat(end, runs)
+        iov = iovecs(len(runs))
+        iov[:, 0], iov[:, 1] = base + dst[runs], seg_end - seg_off
+        return iov, seg_off, seg_end, np.arange(len(iov)), None
+    if not gap.any():  # tiles back to back in the file (Aperio): a segment per cell, no more
+        iov = iovecs(n)
+        iov[:, 0], iov[:, 1] = base + dst, end - off
+        return iov, off, end, runs, None
+    has_gap = np.concatenate([[False], gap > 0])  # and a segment for the gap bytes (scratch, dropped)
+    has_gap[runs] = False
+    seg_of = np.arange(n) + np.cumsum(has_gap)  # each cell's segment
+    gaps = seg_of[has_gap] - 1
+    iov = iovecs(n + len(gaps))
+    iov[seg_of, 0], iov[seg_of, 1] = base + dst, end - off
+    iov[gaps, 0], iov[gaps, 1] = address(scratch), gap[has_gap[1:]]
+    seg_off, seg_end = np.empty(len(iov), np.int64), np.empty(len(iov), np.int64)
+    seg_off[seg_of], seg_off[gaps] = off, off[has_gap] - gap[has_gap[1:]]
+    seg_end[seg_of], seg_end[gaps] = end, off[has_gap]
+    return iov, seg_off, seg_end, seg_of[runs], seg_of

@@ -1,22 +1,13 @@
 """Task kinds: what a task's model outputs mean, how they are learned, and how they are scored.
 
-The attention model is the same for every kind: it returns logits (B, C) with C = `num_outputs`. A
-kind says what those C numbers are (class scores, standardised targets, a Cox risk), which loss
-trains them, how many bags one loss needs (`group_bags`: a Cox loss compares bags, so it needs a set
-of them), which figures pick the best epoch and which ones the test split reports. Training, `wsi
-predict` and the statistics report all ask the kind, so a new kind is one module here.
-
-Every case (a slide, or a patient at `level: patient`) carries its label as a target vector
-`Item.target` of floats (NaN = missing) in the kind's `target_names` order:
-
-  categorical    (class index,)
-  regression     (value of each target,)
-  survival       (time, event)
-  multi-target   (class index or value of each target,)
-
-`KINDS` (a `wsi.core.registry.Registry`) maps the task's `kind:` to its class; `build_kind(task, fitted)`
-builds one, with the values fitted on a training split (`fit`: standardisation, class weights) or
-read back from a run folder (`fitted`: what `fitted()` returned when that run trained).
+The model returns logits (B, C) with C = `num_outputs` for every kind; a kind says what those numbers
+are (class scores, standardised targets, a Cox risk), which loss trains them, how many bags one loss
+needs (`group_bags`: a Cox loss compares bags), which figures pick the best epoch and which the test
+split reports. Training, `wsi predict` and the report all ask the kind, so a new kind is one module here.
+A case's label is a float vector `Item.target` (NaN = missing) in the kind's `target_names` order:
+categorical (class index,), regression (each value,), survival (time, event), multi-target (each).
+`KINDS` maps the task's `kind:` to its class; `build_kind(task, fitted)` builds one, with the values
+fitted on a training split (`fit`) or read back from a run folder (`fitted`).
 """
 
 from __future__ import annotations

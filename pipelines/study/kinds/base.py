@@ -1,5 +1,5 @@
 """The base of every task kind (`TaskKind`), the prediction sets they score (`PredictionSet`,
-`TargetView`) and the small helpers the kinds share. See `pipelines.kinds` for what a kind is."""
+`TargetView`) and the small helpers the kinds share. See `pipelines.study.kinds` for what a kind is."""
 
 from __future__ import annotations
 

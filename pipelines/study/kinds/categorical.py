@@ -1,13 +1,10 @@
 """`kind: categorical`: one class per case, cross-entropy, softmax probabilities, AUROC and friends.
 
-This is what `wsi train` always did, and it does it the same way: the same loss on the same labels,
-validation AUROC (ties broken by validation loss) picks the best epoch, and the same test figures.
-
-The task's resolved `model.scoring` says how outputs become probabilities. `softmax` (every model but
-DSMIL): one output per class, cross-entropy, a softmax across them. `sigmoid` (DSMIL's authors,
-binli123/dsmil-wsi train_tcga.py @ 80465ed534ac: get_bag_feats, test): each output its own sigmoid,
-trained by BCE; two classes have ONE output z, the first class the negative one (all-zero target), so
-p = (1 - sigmoid(z), sigmoid(z)); more classes one output each, p_c = sigmoid(z_c), not normalised
+Validation AUROC (ties broken by validation loss) picks the best epoch. The task's resolved
+`model.scoring` says how outputs become probabilities: `softmax` (every model but DSMIL), one output per
+class; `sigmoid` (DSMIL's authors, binli123/dsmil-wsi train_tcga.py @ 80465ed534ac: get_bag_feats,
+test), each output its own sigmoid trained by BCE: two classes have ONE output z (the first class the
+negative one), p = (1 - sigmoid(z), sigmoid(z)); more classes p_c = sigmoid(z_c), not normalised
 (accuracy is the argmax, the AUROC each class's own ranking). Per-tile contributions of the one output
 are the second class's log-odds share (the first class's is its negative).
 """

@@ -61,10 +61,10 @@ def test_every_non_finite_bag_is_named_and_nothing_is_trained(tmp_path: Path, cv
 
 
 def test_a_nan_loss_stops_training_naming_the_bag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import wsi.pipelines.train.loop as loop
+    import wsi.pipelines.train.passes as train_pass
 
     cohort = make_cohort(tmp_path, n_patients=6)
-    forward = loop._forward
+    forward = train_pass._forward
     hit: list[str] = []  # the one training bag made to give NaN: the first one seen
 
     def nan_for_one_bag(model, batch):
@@ -75,7 +75,7 @@ def test_a_nan_loss_stops_training_naming_the_bag(tmp_path: Path, monkeypatch: p
                 return logits * torch.nan
         return logits
 
-    monkeypatch.setattr(loop, "_forward", nan_for_one_bag)
+    monkeypatch.setattr(train_pass, "_forward", nan_for_one_bag)
     with pytest.raises(NonFiniteTrainingError, match=r"the loss is NaN or infinite on bag\(s\) ") as err:
         train(
             task=write_task(tmp_path / "task.yaml", epochs=2), labels_csv=cohort.labels,
@@ -89,10 +89,10 @@ def test_a_nan_loss_stops_training_naming_the_bag(tmp_path: Path, monkeypatch: p
 def test_a_nan_gradient_stops_training_naming_the_bag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsi.pipelines.train.loop as loop
+    import wsi.pipelines.train.passes as train_pass
 
     cohort = make_cohort(tmp_path, n_patients=6)
-    group_loss = loop._group_loss
+    group_loss = train_pass._group_loss
     hit: list[str] = []
 
     def nan_gradient(pending, kind, class_weights):
@@ -102,7 +102,7 @@ def test_a_nan_gradient_stops_training_naming_the_bag(
             loss = loss + torch.sqrt(pending[0][0].sum() * 0.0)  # adds 0; d sqrt(u)/du at 0 = inf, * 0 = NaN
         return loss
 
-    monkeypatch.setattr(loop, "_group_loss", nan_gradient)
+    monkeypatch.setattr(train_pass, "_group_loss", nan_gradient)
     with pytest.raises(NonFiniteTrainingError, match=r"the gradient is NaN or infinite on bag\(s\) ") as err:
         train(
             task=write_task(tmp_path / "task.yaml", epochs=1), labels_csv=cohort.labels,
@@ -114,11 +114,11 @@ def test_a_nan_gradient_stops_training_naming_the_bag(
 def test_the_cli_reports_a_diverged_run_without_a_traceback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsi.pipelines.train.loop as loop
+    import wsi.pipelines.train.passes as train_pass
 
     cohort = make_cohort(tmp_path, n_patients=6)
-    forward = loop._forward
-    monkeypatch.setattr(loop, "_forward", lambda model, batch: forward(model, batch) * torch.nan)
+    forward = train_pass._forward
+    monkeypatch.setattr(train_pass, "_forward", lambda model, batch: forward(model, batch) * torch.nan)
     res = _train_cli(write_task(tmp_path / "t.yaml", epochs=1), cohort.bags, cohort.labels, tmp_path / "r")
     assert res.exit_code == 2 and "training stopped" in res.output and "Traceback" not in res.output
 

@@ -16,7 +16,7 @@ import wsi.pipelines.train.loop as loop
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bag_dataset import BagDataset
 from wsi.pipelines.inputs.bags import BagInput
-from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.cases import CaseDataset, make_loader
 from wsi.pipelines.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,9 +52,13 @@ def test_a_cohort_over_the_limit_stays_on_disk_and_keeps_its_workers(cohort) -> 
     items = _items(cohort)
     big = BagDataset(items, bag_size=None)
     assert not big.preload(100) and big.cache is None  # nothing read
-    args = {"train": True, "batch_size": 1, "num_workers": 2, "device": torch.device("cpu"), "n_targets": 1}
-    assert make_loader(BagInput(), items, preload_bytes=100, **args).num_workers == 2
-    small = make_loader(BagInput(), items, preload_bytes=10**9, **args)
+    args = {"batch_size": 1, "num_workers": 2, "device": torch.device("cpu")}
+
+    def cases() -> CaseDataset:
+        return CaseDataset(BagInput(), items, train=True, n_targets=1)
+
+    assert make_loader(cases(), preload_bytes=100, **args).num_workers == 2
+    small = make_loader(cases(), preload_bytes=10**9, **args)
     assert small.num_workers == 0  # in memory: no worker process spawned per epoch
 
 

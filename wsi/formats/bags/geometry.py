@@ -1,20 +1,11 @@
 """Where a bag's tiles lie: micrometre coordinates and tile size from each layout's own facts.
 
-Ours and STAMP's bags store micrometres. CLAM's and TRIDENT's store level-0 pixels, so their tiles can be
-placed in micrometres only with the slide's level-0 resolution, taken from the first of:
-
-  1. the caller's `mpp` (a per-slide `mpp` column of a labels CSV, else a run-wide `--mpp`);
-  2. an `mpp` attribute in the bag;
-  3. TRIDENT's `level0_magnification`, as TRIDENT itself converts it: 10 / magnification um/px
-     (mahmoodlab/TRIDENT trident/wsi_objects/WSIPatcher.py:134-142, WSI.py:362). This is nominal:
-     TRIDENT bins the scanner's mpp into magnifications (WSI.py:301-320), so 0.3 um/px reads as 20x.
-
-Without any of them the coordinates stay in pixels: fine for a model that uses no tile positions,
-an error (naming the bag and the options that fix it) for one that does. The tile side comes from an
-attribute (`tile_size_um`; TRIDENT `patch_size_level0`; CLAM `patch_size` x `downsample`) or, when no
-attribute gives it, from the coordinate grid: the most common positive step between tile positions
-(CLAM's feature bags carry no attributes at all: mahmoodlab/CLAM utils/file_utils.py:16-34).
-Each derivation is logged once per bag at INFO, so a run's log says where its micrometres came from.
+Ours and STAMP's bags store micrometres. CLAM's and TRIDENT's store level-0 pixels, placed in
+micrometres only with the slide's level-0 resolution (`_pixel_mpp`: given, a bag attribute, or
+TRIDENT's nominal magnification). Without one the coordinates stay in pixels: fine for a model that
+uses no tile positions, an error naming the bag and the options that fix it for one that does. The
+tile side comes from an attribute or the coordinate grid (`_pixel_tile_px0`). Each derivation is
+logged once per bag at INFO, so a run's log says where its micrometres came from.
 """
 
 from __future__ import annotations
@@ -126,6 +117,9 @@ def place_um_layout(
 
 
 def _trident_mpp(attrs: JsonObject, path: Path) -> tuple[float | None, str]:
+    """10 / `level0_magnification`, as TRIDENT converts it (mahmoodlab/TRIDENT
+    trident/wsi_objects/WSIPatcher.py:134-142, WSI.py:362): nominal, since TRIDENT bins the scanner's mpp
+    into magnifications (WSI.py:301-320), so 0.3 um/px reads as 20x."""
     mag = attrs.get("level0_magnification")
     if not isinstance(mag, int | float) or not mag > 0:
         return None, ""
@@ -140,7 +134,8 @@ def _trident_mpp(attrs: JsonObject, path: Path) -> tuple[float | None, str]:
 
 
 def _pixel_mpp(layout: str, attrs: JsonObject, path: Path, mpp: float | None) -> tuple[float | None, str]:
-    """The level-0 um/px of a pixel layout, in the module's order: given, attribute, TRIDENT magnification."""
+    """The level-0 um/px of a pixel layout, from the first of: the caller's `mpp` (a labels CSV `mpp`
+    column, else --mpp), the bag's `mpp` attribute, TRIDENT's magnification."""
     if mpp is not None:
         return float(mpp), "given"
     given = _positive(attrs.get("mpp"))
@@ -154,7 +149,9 @@ def _pixel_mpp(layout: str, attrs: JsonObject, path: Path, mpp: float | None) ->
 def _pixel_tile_px0(
     layout: str, attrs: JsonObject, path: Path, all_coords: Callable[[], np.ndarray]
 ) -> float | None:
-    """Tile side of a CLAM / TRIDENT bag in level-0 px: from its attributes, else from its grid."""
+    """Tile side of a CLAM / TRIDENT bag in level-0 px: from its attributes (TRIDENT `patch_size_level0`;
+    CLAM `patch_size` x `downsample`), else the most common step of its grid (CLAM's feature bags carry
+    no attributes at all: mahmoodlab/CLAM utils/file_utils.py:16-34)."""
     if layout == "trident" and attrs.get("patch_size_level0") is not None:
         return _need(attrs, "patch_size_level0", path, layout)
     if layout == "clam" and attrs.get("patch_size") is not None:  # a CLAM patches file's attributes

@@ -1,16 +1,12 @@
 """Reading and sniffing bags: ours and the layouts of STAMP, CLAM and TRIDENT, into one `Bag`.
 
-Bags from different tools disagree on names (`feats` vs `features`) and units (micrometres vs level-0
-pixels). Everything downstream (training, prediction, heatmaps, `wsi info`) reads bags only through
-this module, so it sees one shape: features (N, D) and top-left coordinates in micrometres.
-
 Layouts, told apart by `bag_layout`:
   wsi      ours: `format` = "wsi-bag" (see write.py), coords in um, provenance attributes
   stamp    `feats`, coords in um, `tile_size_um` (KatherLab/STAMP >= 2)
   clam     `features`, level-0 px coords with `patch_size` / `patch_level` (/ `downsample`) on `coords`
   trident  `features`, level-0 px coords with `patch_size_level0` on `coords`
-CLAM and TRIDENT coordinates are placed in micrometres with the slide's level-0 mpp (geometry.py says
-where it comes from); without one, and with `require_um=False`, they stay in pixels (`coords_um` None).
+CLAM and TRIDENT coordinates are placed in micrometres with the slide's level-0 mpp (geometry.py);
+without one, and with `require_um=False`, they stay in pixels (`coords_um` None).
 """
 
 from __future__ import annotations

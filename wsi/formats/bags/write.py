@@ -80,9 +80,9 @@ def write_bag(
 
 
 def upgrade_bag(path: str | os.PathLike[str]) -> bool:
-    """Give a bag of ours written before `feat_type` existed that attribute; True when it was added.
+    """Give a bag of ours without `feat_type` that attribute; True when it was added.
 
-    Without it STAMP refuses the whole folder (old bags count as type "None", new ones as "tile"), so a
+    Without it STAMP refuses the whole folder (such bags count as type "None", others as "tile"), so a
     re-run that skips finished bags upgrades them. The arrays are untouched; the file is copied, the
     attribute added to the copy, and the copy renamed over the original (never a half-written bag).
     """

@@ -1,19 +1,13 @@
 """QuPath objects in and out: GeoJSON in level-0 pixels, as QuPath's File > Import objects reads it.
 
-Public API:
-  write (wsi.formats.qupath.write): QuPathClass.of(name, color), feature(geometry, object_type=,
-  classification=,
-      name=, measurements=, metadata=), tile_features(coords_px, size_px, ...), polygon_geometry(polys),
-      feature_collection(features, properties), write_geojson(path, collection) (atomic), class_name,
-      measurement_value, box_ring, palette_color, OBJECT_TYPES
-  read (wsi.formats.qupath.read): read_roi(path) -> Roi (include / exclude polygons, sha256,
-  contains(points)),
-      roi_file_for(roi FILE|DIR, slide_id), is_excluded(classification)
-  review (wsi.formats.qupath.review): read_review(path) -> ReviewFile (tile boxes with the reviewer's classes,
-      Exclude regions), class_of(classification); read.load_geojson also reads QuPath's .zip / .gz exports
-  outline (wsi.formats.qupath.outline): mask_polygons(mask, scale=) -> polygons with holes in level-0 px
-
-Each module's docstring cites the QuPath source it follows (qupath/qupath at e7662d89ec70).
+  write.py    QuPathClass, feature, tile_features, polygon_geometry, feature_collection, write_geojson
+              (atomic), class_name, measurement_value, box_ring, palette_color, OBJECT_TYPES
+  read.py     read_roi -> Roi (include / exclude polygons, contains(points)), roi_file_for, is_excluded,
+              load_geojson (also QuPath's .zip / .gz exports)
+  review.py   read_review -> ReviewFile (tile boxes with the reviewer's classes, Exclude regions), class_of
+  outline.py  mask_polygons(mask, scale=) -> polygons with holes in level-0 px
+Each module cites the QuPath source it follows (qupath/qupath at e7662d89ec70); the rules are tested in
+tests/helpers/qupath_rules.py.
 """
 
 from wsi.formats.qupath.outline import mask_polygons

@@ -1,20 +1,13 @@
 """QuPath GeoJSON in: the annotations of a region-of-interest file, as regions that restrict tiling.
 
-Read the way QuPath reads its own exports (qupath/qupath at e7662d89ec70, qupath-core/src/main/java/
-qupath/lib/io/): a FeatureCollection, one Feature, a list of Features or a bare geometry
+Read as QuPath reads its own exports (qupath/qupath at e7662d89ec70, qupath-core/src/main/java/qupath/
+lib/io/): a FeatureCollection, one Feature, a list of Features or a bare geometry
 (GsonTools.addPathObjects); the object type from properties "objectType" (or "object_type", "type";
-missing = annotation, QuPathTypeAdapters.parseObject); the classification as a string ("A: B" with
-PathClass.DELIMITER ":") or an object with "name" or "names". Only annotations count: detections,
-cells and tiles in the same export are skipped, as are points and lines (no area).
-
-Which regions remove tissue: QuPath's ignored classes (PathClassTools.isIgnoredClass: the class name, the
-last part of a derived class, ends with "*", e.g. "Ignore*" of PathClass.StandardPathClasses) except
-"Region*" (QuPath's class for a region to analyse), and a class named "Exclude" or "Excluded" (any
-case). Every other annotation, unclassified ones included, is a region to tile. A file with only
-excluded regions tiles the whole slide outside them.
-
-A tile is inside when its centre is inside an included region and outside every excluded one (even-odd
-over each polygon's rings: holes are outside; a MultiPolygon is the union of its polygons).
+missing = annotation, QuPathTypeAdapters.parseObject). Only annotations count: detections, cells, tiles,
+points and lines are skipped. Excluded classes (`is_excluded`) remove tissue; every other annotation,
+unclassified ones included, is a region to tile, and a file of excluded regions only tiles the whole
+slide outside them. A tile is inside when its centre is inside an included region and outside every
+excluded one (even-odd over each polygon's rings: holes are outside; a MultiPolygon is the union).
 """
 
 from __future__ import annotations
@@ -129,7 +122,10 @@ def read_roi(path: str | Path) -> Roi:
 
 
 def is_excluded(classification: Any) -> bool:
-    """True for a QuPath class whose region is left out of tiling (see the module docstring)."""
+    """True for a QuPath class whose region is left out of tiling: an ignored class
+    (PathClassTools.isIgnoredClass: the last part of a derived class ends with "*", e.g. "Ignore*")
+    except "Region*" (QuPath's class for a region to analyse), or one named "Exclude" / "Excluded" (any
+    case). The classification is a string ("A: B", PathClass.DELIMITER ":") or {"name"} / {"names"}."""
     if isinstance(classification, str):
         names = [n.strip() for n in classification.split(":")]
     elif isinstance(classification, dict):

@@ -1,26 +1,13 @@
 """QuPath GeoJSON in: a reviewed qc/<slide_id>.geojson (`wsi tile --review`), as tile boxes with the
 reviewer's classes and the regions the reviewer excluded.
 
-What QuPath writes when a user opens our qc/<slide_id>.geojson, re-classes tiles or draws annotations and
-uses File > Export objects as GeoJSON, read in qupath/qupath at e7662d89ec70 (qupath-gui-fx/.../commands/
-ExportObjectsCommand.java, qupath-core/src/main/java/qupath/lib/io/):
-- PathIO.exportObjectsAsGeoJSON: a FeatureCollection (the dialog's default), else a bare Feature (one
-  object) or a JSON array of Features; "All objects" or only "Selected objects", flat (children are not
-  nested: FeatureCollection.wrap without includeChildren); a name ending ".zip" or ".gz" compresses it
-  (`wsi.formats.qupath.read.load_geojson` reads all of these). The collection's other members (our
-  "properties" with the slide id) are not written back.
-- QuPathTypeAdapters.PathObjectTypeAdapter.write: "id" (the object's UUID, since v0.4.0), "geometry",
-  "properties" with "objectType" ("tile" for our tiles, "annotation" for drawn regions), "name",
-  "color", "classification", "isLocked" (only when true), "measurements" (unless excluded), "metadata".
-- GsonTools.PathClassTypeAdapter.write: a classification is {"name": ..., "color": [r, g, b(, a)]}, or
-  {"names": [...], "color": ...} for a derived class ("A: B").
-- ROITypeAdapters.writeGeometry: coordinates with at most 2 decimals (GeneralTools.formatNumber), so an
-  integer corner comes back as 512, never 512.0. A square tile is imported as a rectangle ROI
-  (GeometryTools.geometryToROI) and written back by JTS's GeometricShapeFactory.createRectangle; we take
-  each tile's box from its ring's min and max, whatever corner the ring starts at.
-
-A tile is known by its box (the min and max of its ring), not by its id: the ids are QuPath's own, made
-on import.
+What QuPath writes when a user re-classes our tiles or draws annotations and exports objects as
+GeoJSON (qupath/qupath at e7662d89ec70: ExportObjectsCommand.java, PathIO.exportObjectsAsGeoJSON,
+QuPathTypeAdapters.PathObjectTypeAdapter.write, GsonTools.PathClassTypeAdapter.write): a
+FeatureCollection (else a bare Feature or a JSON array), flat, optionally .zip / .gz (`load_geojson`
+reads all); each object with "id", "geometry" and "properties" ("objectType": "tile" for our tiles,
+"annotation" for drawn regions; "classification" {"name"} or {"names"} for a derived class, "color").
+Our collection's own "properties" (the slide id) are not written back.
 """
 
 from __future__ import annotations
@@ -66,7 +53,11 @@ def class_of(classification: Any) -> str | None:
 
 
 def read_review(path: str | Path) -> ReviewFile:
-    """The tiles and Exclude regions of a QuPath export; ReviewError naming the file and the problem."""
+    """The tiles and Exclude regions of a QuPath export; ReviewError naming the file and the problem.
+
+    A tile is known by its box (the min and max of its ring, whatever corner the ring starts at: QuPath
+    writes a rectangle ROI back through JTS's createRectangle), not by its id (QuPath's own UUID, made
+    on import). Coordinates come back with at most 2 decimals (GeneralTools.formatNumber)."""
     path = Path(path)
     option = "--review"
     data = load_geojson(path, option=option, error=ReviewError)

@@ -1,21 +1,13 @@
 """QuPath GeoJSON out: FeatureCollections of polygons in level-0 pixels that QuPath's "Import objects"
 (File > Import objects, or drag and drop) opens as annotations, detections or tiles.
 
-What QuPath's reader requires, read in qupath/qupath at commit e7662d89ec70 (qupath-core/src/main/java/
-qupath/lib/io/) and checked by `tests/helpers/qupath_rules.py`:
-- GsonTools.parseObjectsFromGeoJSON: a "FeatureCollection" gives the objects of its "features"; other
-  top-level members (our "properties") are ignored.
-- QuPathTypeAdapters.PathObjectTypeAdapter.parseObject: "geometry" read by ROITypeAdapters.parseGeometry
-  (Polygon, MultiPolygon: rings of [x, y] in full-resolution image pixels, closed for JTS's LinearRing);
-  "properties": "objectType" ("annotation", "detection", "tile", ...; missing = annotation), "name",
-  "color" [r, g, b], "classification", "measurements", "metadata" (primitive values, read as strings).
-  An "id" is kept only when it parses as a UUID, so we write none.
-- GsonTools.PathClassTypeAdapter.read: a classification is a string, or an object with "name" (or
-  "names") AND "color"; an object without "color" throws and fails the whole import. PathClass refuses
-  names holding ":" (its delimiter), a line break or nothing but spaces.
-- QuPathTypeAdapters.MeasurementListTypeAdapter: measurements as an object {name: number} (written so
-  since v0.4.0) or the older list of {"name", "value"}; JSON has no NaN, and the reader takes the
-  strings "NaN", "Infinity", "-Infinity" (what its writer emits).
+What QuPath's reader requires (qupath/qupath at e7662d89ec70, qupath-core/src/main/java/qupath/lib/io/;
+checked by tests/helpers/qupath_rules.py): a "FeatureCollection" of features (other top-level members
+ignored); Polygon / MultiPolygon rings of [x, y] full-resolution pixels, closed; "properties" with
+"objectType", "name", "color" [r, g, b], "classification", "measurements", "metadata". An "id" is kept
+only when it parses as a UUID, so we write none. A classification object needs "name" (or "names") AND
+"color": one without a colour fails the whole import (GsonTools.PathClassTypeAdapter.read).
+Measurements are an object {name: number}, the layout QuPath writes since v0.4.0.
 """
 
 from __future__ import annotations
@@ -94,7 +86,8 @@ class QuPathClass:
 
 
 def class_name(text: str) -> str:
-    """`text` as a legal QuPath class name: ":" (PathClass.DELIMITER) becomes "-", line breaks spaces."""
+    """`text` as a legal QuPath class name: ":" (PathClass.DELIMITER) becomes "-", line breaks spaces
+    (PathClass refuses names holding its delimiter, a line break or nothing but spaces)."""
     name = " ".join(str(text).replace(":", "-").split())
     if not name:
         raise ValueError(f"{text!r} cannot be a QuPath class name: it is blank")
@@ -107,7 +100,8 @@ def palette_color(name: str) -> RGB:
 
 
 def measurement_value(value: float) -> float | str:
-    """A measurement as QuPath writes it: a number, or "NaN" / "Infinity" / "-Infinity"."""
+    """A measurement as QuPath writes it: a number, or "NaN" / "Infinity" / "-Infinity" (JSON has no NaN;
+    QuPathTypeAdapters.MeasurementListTypeAdapter reads these strings)."""
     value = float(value)
     if math.isnan(value):
         return "NaN"
