@@ -47,11 +47,12 @@ def test_qc_geojson_holds_tissue_outline_and_every_tile_with_its_fate(scene, ful
     tf = read_tile_file(paths.h5)
     [tissue] = [o for o in objects if o["objectType"] == "annotation"]
     assert tissue["classification"] == "Tissue" and tissue["geometry_type"] == "MultiPolygon"
-    # the outline follows the two tissue boxes (level-0 px = um / 0.5), within one thumbnail pixel (8 um)
+    # the outline follows the two tissue boxes (level-0 px = um / 0.5), within two thumbnail pixels (16 um):
+    # the boxes' pale, soft edge is joined to the tissue mask (wsi.tiling.tissue: pale tissue beside tissue)
     shells = [np.array(r) for r in tissue["rings"]]
     boxes_px = sorted(tuple(v / scene.mpp for v in box) for box in scene.tissue_boxes_um)
     found = sorted((*s.min(0), *s.max(0)) for s in shells)
-    np.testing.assert_allclose(found, boxes_px, atol=8 / scene.mpp + 1)
+    np.testing.assert_allclose(found, boxes_px, atol=16 / scene.mpp + 1)
     tiles = [o for o in objects if o["objectType"] == "tile"]
     m = tf.meta
     c = m.counts
