@@ -24,7 +24,7 @@ from torch import nn
 from wsi.errors import WeightsError
 from wsi.models.encoders.recipe import EncoderRecipe
 from wsi.registry import Registry
-from wsi.storage.hf import hub_weights, is_ref, parse_ref, repo_of
+from wsi.storage.hf import check_inside_cache, hub_weights, is_ref, parse_ref, repo_of
 from wsi.storage.urls import is_url
 from wsi.user_text import load_json_file
 
@@ -145,7 +145,10 @@ def located_weights(
         page=f"https://huggingface.co/{repo}" if repo else "",
     )  # fmt: skip
     whole = weights is None or (is_ref(weights) and not parse_ref(os.fspath(weights)).filename)
-    return found.parent if found is not None and whole else found  # a repository: its snapshot folder
+    if found is not None and whole:  # a repository: its snapshot folder, every file of it inside the cache
+        check_inside_cache(found.parent, repo if weights is None else parse_ref(os.fspath(weights)).repo)
+        return found.parent
+    return found
 
 
 def resolve_weights_path(

@@ -139,7 +139,9 @@ def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType
         from wsi.cli._locations import PathOrUrl
 
         return PathOrUrl(exists=True, file_okay=file_okay, dir_okay=dir_okay)
-    return click.Path(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+    from wsi.cli._locations import LocalPath
+
+    return LocalPath(exists=True, file_okay=file_okay, dir_okay=dir_okay, path_type=None)
 
 
 def _option(model: type, flag: str, path: str) -> Callable[[F], F]:

@@ -34,9 +34,13 @@ from wsi.storage.urls import is_url, parse_url
 
 PREFIX = "hf:"
 _REPO_IN_TEXT = re.compile(r"huggingface\.co/([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)")
-_REF = re.compile(
-    r"^hf:(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<file>[^@]+))?(?:@(?P<rev>[\w./-]+))?$"
-)
+_REF = re.compile(r"^hf:(?P<repo>[^/@]+/[^/@]+)(?:/(?P<file>[^@]+))?(?:@(?P<rev>[^@]+))?$")
+#: one part of ORG/REPO as the Hub allows it (huggingface_hub's validate_repo_id: letters, digits, '-',
+#: '_', '.', no '--' or '..', not starting or ending with '-' or '.', at most 96 characters)
+_REPO_PART = re.compile(r"^[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?$")
+#: one folder or file name of a path inside a repository, or a revision (a branch, tag or commit)
+_FILE_PART = re.compile(r"^[\w][\w.+ -]{0,254}$")
+_REVISION = re.compile(r"^[\w][\w.+/-]{0,254}$")
 
 
 @dataclass(frozen=True)
@@ -71,14 +75,26 @@ def is_ref(weights: object) -> bool:
     return isinstance(weights, str | os.PathLike) and os.fspath(weights).startswith(PREFIX)
 
 
-def parse_ref(text: str) -> HubRef:
+def parse_ref(text: str, *, option: str = "--weights") -> HubRef:
+    """`hf:ORG/REPO[/FILE][@REVISION]`, every part checked before huggingface_hub sees it: a name with
+    `..`, an absolute or empty path part, or characters the Hub does not allow is a WeightsError."""
     m = _REF.match(text.strip())
+    shown = repr(text) if text.isprintable() else ascii(text)
+    usage = (
+        "write hf:ORG/REPO (e.g. hf:MahmoodLab/UNI2-h), optionally hf:ORG/REPO/FILE or @REVISION, with "
+        "letters, digits, '-', '_' and '.' (no '..')"
+    )
     if not m:
-        raise WeightsError(
-            f"--weights {text}: not a Hugging Face reference; write hf:ORG/REPO (e.g. hf:MahmoodLab/UNI2-h), "
-            "optionally hf:ORG/REPO/FILE or @REVISION"
-        )
-    return HubRef(m.group("repo"), m.group("file"), m.group("rev"))
+        raise WeightsError(f"{option} {shown}: not a Hugging Face reference; {usage}")
+    repo, file, rev = m.group("repo"), m.group("file"), m.group("rev")
+    bad = [p for p in repo.split("/") if not _REPO_PART.match(p) or ".." in p or "--" in p]
+    if file is not None:
+        bad += [p for p in file.split("/") if p in ("", ".", "..") or not _FILE_PART.match(p)]
+    if rev is not None and (not _REVISION.match(rev) or ".." in rev.split("/") or "//" in rev):
+        bad.append(rev)
+    if bad:
+        raise WeightsError(f"{option} {shown}: {', '.join(map(repr, dict.fromkeys(bad)))} is not allowed in a Hub name; {usage}")
+    return HubRef(repo, file, rev)
 
 
 def cached_file(repo: str, files: Sequence[str], revision: str | None = None) -> Path | None:
@@ -89,8 +105,29 @@ def cached_file(repo: str, files: Sequence[str], revision: str | None = None) ->
     for name in files:
         found = try_to_load_from_cache(repo, name, cache_dir=cache, revision=revision)
         if isinstance(found, str) and Path(found).is_file():
+            check_inside_cache(Path(found), repo)
             return Path(found)
     return None
+
+
+def repo_folder(repo: str) -> Path:
+    """The cache's folder of a model repository (huggingface_hub's `models--ORG--REPO`)."""
+    return hub_cache() / ("models--" + repo.replace("/", "--"))
+
+
+def check_inside_cache(path: Path, repo: str) -> None:
+    """WeightsError unless `path` (a snapshot file, or a folder's files) resolves inside the repository's
+    cache folder: a snapshot link that points elsewhere (another file of the machine) is never read, and
+    nothing of what it points at is shown."""
+    home = repo_folder(repo).resolve()
+    for item in [*path.iterdir()] if path.is_dir() else [path]:
+        target = item.resolve()
+        if target != home and home not in target.parents:
+            raise WeightsError(
+                f"{item}: this Hugging Face cache file of {repo} links outside the cache folder {home}, so it "
+                "is not read; remove the repository from the cache (hf cache delete, or delete the folder) "
+                f"and download it again ({download_command(repo, item.name)})"
+            )
 
 
 def is_cached(repo: str | None, files: Sequence[str]) -> bool:
@@ -121,6 +158,7 @@ def hub_weights(
     what: str,
     licence: str = "see its page",
     page: str = "",
+    option: str = "--weights",
 ) -> Path | None:
     """The local weights file for `weights`: a path as given, a URL's local copy; `hf:ORG/REPO[/FILE]`
     or, with `weights` None, the model's own repository (`repo`) found in the cache. None when `weights`
@@ -132,7 +170,7 @@ def hub_weights(
         return Path(weights)
     if weights is None and repo is None:
         return None
-    ref = parse_ref(os.fspath(weights)) if weights is not None else HubRef(str(repo))
+    ref = parse_ref(os.fspath(weights), option=option) if weights is not None else HubRef(str(repo))
     wanted = (ref.filename,) if ref.filename else tuple(files)
     found = cached_file(ref.repo, wanted, ref.revision)
     if found is None:
@@ -142,6 +180,6 @@ def hub_weights(
 
 
 __all__ = [
-    "PREFIX", "HubRef", "cached_file", "download_command", "hub_cache", "hub_weights", "is_cached", "is_ref",
+    "PREFIX", "HubRef", "cached_file", "check_inside_cache", "download_command", "repo_folder", "hub_cache", "hub_weights", "is_cached", "is_ref",
     "missing_message", "offline", "parse_ref", "repo_of",
 ]  # fmt: skip
