@@ -23,6 +23,7 @@ from typing import Annotated, Any, Protocol, TypeVar, cast
 
 from pydantic import PlainValidator
 
+from wsi.output_lock import output_lock
 from wsi.pipelines.jobs import JobResult
 from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_output
 
@@ -93,7 +94,7 @@ def remote_edges(
     out:     the output folder: a remote one is pulled (resume), the stage runs in its mirror, and what
              it wrote is uploaded when it returns or fails, and after every epoch through `hook` (the
              stage's per-epoch callback argument, chained with the caller's); folders named in `units`
-             (resume/) go up as wholes.
+             (resume/) go up as wholes. The folder's lock is held from the pull to the last upload.
     """
 
     def wrap(fn: F) -> F:
@@ -111,14 +112,17 @@ def remote_edges(
             mirror = remote_output(kwargs.get(out))
             if mirror is None:
                 return fn(**kwargs)
-            mirror.pull_folder(units=units)
-            kwargs[out] = mirror.local
-            if hook is not None:
-                kwargs[hook] = functools.partial(_after_epoch, mirror, units, kwargs.get(hook))
-            try:
-                return fn(**kwargs)
-            finally:
-                mirror.push_all(units=units)
+            # the folder's lock (this machine's and the remote one every machine honours) from before the
+            # pull to after the last upload: no other writer's files can come between
+            with output_lock(mirror.local):
+                mirror.pull_folder(units=units)
+                kwargs[out] = mirror.local
+                if hook is not None:
+                    kwargs[hook] = functools.partial(_after_epoch, mirror, units, kwargs.get(hook))
+                try:
+                    return fn(**kwargs)
+                finally:
+                    mirror.push_all(units=units)
 
         return cast(F, inner)
 
