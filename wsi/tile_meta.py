@@ -4,8 +4,8 @@ The HDF5 file keeps one flat root attribute per value (the layout in docs/archit
 unchanged): `TileFileMeta.to_attrs()` writes exactly those names and `from_attrs()` reads them back,
 checking every type, so the tile stage, resume checks, `wsi embed` and `wsi info` share one record
 instead of a dict whose keys each reader must know. Sections added by later versions (background
-choice, undecodable parts, ROI, segmentation models, review) are None when a file predates them, and the
-artifact counts are 0: files written by earlier mains still load.
+choice, undecodable parts, ROI, segmentation models, review, the slide's fingerprint) are None when a
+file predates them, and the artifact counts are 0: files written by earlier mains still load.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing_extensions import TypedDict
 from wsi.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.errors import ConfigError
 from wsi.json_types import JsonObject, JsonValue
+from wsi.storage.identity import SlideFingerprint
 from wsi.tiling import TileCounts
 from wsi.user_text import parse_json
 
@@ -136,6 +137,9 @@ class TileFileMeta:
     roi: RoiRecord | None = None
     segmentation: SegmentationRecord | None = None
     review: ReviewRecord | None = None
+    #: the slide file's size, version and header hash when it was tiled (`wsi.storage.identity`):
+    #: a re-run skips the slide only while the file is the same (None: written before it was recorded)
+    fingerprint: SlideFingerprint | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
@@ -170,6 +174,8 @@ class TileFileMeta:
                 review_path=v.path, review_sha256=v.sha256, n_review_tiles=v.n_tiles,
                 n_review_regions=v.n_regions, n_review_restored=v.n_restored, n_review_dropped=v.n_dropped,
             )  # fmt: skip
+        if self.fingerprint is not None:
+            out.update(self.fingerprint.as_attrs())
         if self.segmentation is not None:
             s = self.segmentation
             out["segmentation"] = json.dumps(s.models, sort_keys=True)
@@ -217,6 +223,9 @@ class TileFileMeta:
                 "n_restored": attrs.get("n_review_restored", 0),
                 "n_dropped": attrs.get("n_review_dropped", 0),
             }  # fmt: skip
+        found = SlideFingerprint.from_attrs(dict(attrs))
+        if found is not None:
+            data["fingerprint"] = found
         if attrs.get("segmentation"):
             data["segmentation"] = {
                 "models": _json(attrs["segmentation"], "segmentation", source),
@@ -237,7 +246,7 @@ class TileFileMeta:
         return self.segmentation.models.copy() if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review"}
+_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review", "fingerprint"}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")
