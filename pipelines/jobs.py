@@ -42,6 +42,7 @@ with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio +
 from wsi.errors import WsiError
 from wsi.files import disk_full_error, is_disk_full, write_csv_atomic
 from wsi.pipelines.cluster import close_local_cluster, quiet_distributed, start_local_cluster
+from wsi.storage.masking import shown
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,14 @@ class JobResult:
     seconds: float = 0.0
     error: str = ""
     note: str = ""  # a case that succeeded without everything asked for: what is missing and why
+
+    def __post_init__(self) -> None:
+        # what a row says reaches the manifest, the log and the terminal: no secret, and a remote output
+        # named by its URL rather than by this machine's mirror of it
+        for name in ("error", "note"):
+            text = getattr(self, name)
+            if text and isinstance(text, str):
+                object.__setattr__(self, name, shown(text))
 
 
 class JobsInterrupted(KeyboardInterrupt):

@@ -84,7 +84,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def remote_edges(
     *, out: str, files: Mapping[str, str] = {}, folders: Mapping[str, str] = {}, runs: tuple[str, ...] = (),
-    hook: str | None = None, units: tuple[str, ...] = (),
+    hook: str | None = None, units: tuple[str, ...] = (), guard: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[F], F]:  # fmt: skip
     """Let a whole-run stage (train, predict) take URLs for its keyword arguments, unchanged inside.
 
@@ -95,11 +95,14 @@ def remote_edges(
              it wrote is uploaded when it returns or fails, and after every epoch through `hook` (the
              stage's per-epoch callback argument, chained with the caller's); folders named in `units`
              (resume/) go up as wholes. The folder's lock is held from the pull to the last upload.
+    guard:   called with the arguments as given, before any of them is made local.
     """
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(**kwargs: Any) -> Any:
+            if guard is not None:  # checks on the arguments as given (URLs), before anything is fetched
+                guard(kwargs)
             for name, what in files.items():
                 if kwargs.get(name) is not None:
                     kwargs[name] = local_file(kwargs[name], what=what)

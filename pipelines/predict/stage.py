@@ -66,6 +66,7 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
+from wsi.pipelines.predict.finished import refuse_unfinished
 from wsi.pipelines.remote import remote_edges
 from wsi.pipelines.task_kinds import TaskKind
 
@@ -95,7 +96,16 @@ class PredictResult:
         return list(self.summary.problems)
 
 
-@remote_edges(out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",))
+def _finished_model(kwargs: dict[str, Any]) -> None:
+    """A model whose training still runs or stopped early is refused (unless allow_unfinished)."""
+    options, settings = kwargs.get("options"), kwargs
+    allow = bool(settings.get("allow_unfinished", getattr(options, "allow_unfinished", False)))
+    refuse_unfinished(kwargs["model_dir"], allow=allow)
+
+
+@remote_edges(
+    out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",), guard=_finished_model
+)
 def predict(
     *,
     model_dir: str | Path,
