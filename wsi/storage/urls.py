@@ -29,6 +29,8 @@ _SECRET_PARAM = re.compile(r"(signature|sig|token|credential|secret|password|pas
 #: user[:password]@ after a scheme; a password may hold '/' (AWS secret keys do), so a part with a ':'
 #: runs to the '@' even across slashes
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/@\s]*|[^/@\s:]*:[^@\s]*)@")
+#: the same after a path library folded '//' to '/' (Path("s3://K:S@b/x") prints s3:/K:S@b/x)
+_USERINFO_FOLDED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:/)(?:[^/@\s]*:[^@\s]*)@")
 _QUERY_SECRET = re.compile(
     r"(?P<name>[?&][^=&\s]*(?:signature|sig|token|credential|secret|password|passwd|key|auth)[^=&\s]*=)"
     r"[^&\s]*",
@@ -131,6 +133,7 @@ def redact(text: object) -> str:
     """`text` with user:password parts of URLs, signed query values and the values of credential variables
     in the environment replaced by ***: the one filter for messages that may quote a storage library."""
     out = _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", str(text))
+    out = _USERINFO_FOLDED.sub(lambda m: f"{m.group('scheme')}***@", out)
     out = _QUERY_SECRET.sub(lambda m: f"{m.group('name')}***", out)
     for name in SECRET_VARIABLES:
         value = os.environ.get(name, "")
