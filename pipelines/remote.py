@@ -84,7 +84,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def remote_edges(
     *, out: str, files: Mapping[str, str] = {}, folders: Mapping[str, str] = {}, runs: tuple[str, ...] = (),
-    hook: str | None = None, units: tuple[str, ...] = (), guard: Callable[[dict[str, Any]], None] | None = None,
+    hook: str | None = None, units: tuple[str, ...] = (),
+    guard: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[F], F]:  # fmt: skip
     """Let a whole-run stage (train, predict) take URLs for its keyword arguments, unchanged inside.
 

@@ -146,7 +146,8 @@ def located_weights(
     )  # fmt: skip
     whole = weights is None or (is_ref(weights) and not parse_ref(os.fspath(weights)).filename)
     if found is not None and whole:  # a repository: its snapshot folder, every file of it inside the cache
-        check_inside_cache(found.parent, repo if weights is None else parse_ref(os.fspath(weights)).repo)
+        owner = parse_ref(os.fspath(weights)).repo if weights is not None else str(repo)
+        check_inside_cache(found.parent, owner)
         return found.parent
     return found
 

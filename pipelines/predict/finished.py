@@ -32,15 +32,13 @@ def unfinished(model: str | os.PathLike[str]) -> str:
     training; "" when it is."""
     where = location(model, what="model")
     if isinstance(where, Url):
-        folder = where.parent if where.suffix == ".safetensors" else Url(str(where).rstrip("/"))
-        return _remote(folder)
-    folder = where.parent if where.suffix == ".safetensors" else where
-    return _local(folder)
+        return _remote(where.parent if where.suffix == ".safetensors" else Url(str(where).rstrip("/")))
+    return _local(where.parent if where.suffix == ".safetensors" else where)
 
 
 def _local(folder: Path) -> str:
-    for where in (folder, folder.parent):  # a fold's run is locked at its parent
-        holder = _held_by(where)
+    for place in (folder, folder.parent):  # a fold's run is locked at its parent
+        holder = _held_by(place)
         if holder is not None:
             return f"its training is still running ({describe_holder(dict(holder))})"
     for run in [folder, *sorted(folder.glob("fold-*"))]:  # a cross-validation run: each fold too

@@ -196,7 +196,9 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     if previous is not None and not moved:
         changed = slide_changed(previous.meta, current)
         if changed:  # replaced at the same place: its tiles are never reused
-            log.info("%s: recomputing (the slide file changed since it was tiled: %s)", source.slide_id, changed)
+            log.info(
+                "%s: recomputing (the slide file changed since it was tiled: %s)", source.slide_id, changed
+            )
         else:
             done = _finished(source, job, paths, previous)
             if done is not None:

@@ -74,7 +74,9 @@ def test_log_lines_mask_secrets_and_name_urls_for_mirror_folders(tmp_path: Path,
     local = mirror_dir(url)
     (local / ".wsi-sync").mkdir(parents=True)
     (local / ".wsi-sync" / "url").write_text(str(url))
-    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%s in %s", (f"s3://K:{SECRET}@b/x", local), None)
+    record = logging.LogRecord(
+        "x", logging.INFO, __file__, 1, "%s in %s", (f"s3://K:{SECRET}@b/x", local), None
+    )
     text = MaskingFormatter("%(message)s").format(record)
     assert SECRET not in text and "s3://***@b/x" in text and "s3://bkt/run" in text and str(local) not in text
     assert shown(f"{local}/tiles/a.h5: bad") == "s3://bkt/run/tiles/a.h5: bad"
@@ -146,7 +148,15 @@ def test_predict_refuses_a_model_whose_training_runs_or_stopped(tmp_path: Path) 
     run = _run_folder(tmp_path)
     assert unfinished(run) == ""  # weights and config.json only (an older version's run): as it is
     (tmp_path / "bags").mkdir()
-    args = ["predict", "--model", str(run), "--features", str(tmp_path / "bags"), "--out", str(tmp_path / "p")]
+    args = [
+        "predict",
+        "--model",
+        str(run),
+        "--features",
+        str(tmp_path / "bags"),
+        "--out",
+        str(tmp_path / "p"),
+    ]
     with output_lock(run, "wsi train --out model"):  # training holds its folder
         result = _invoke(args)
         assert result.exit_code == 2, result.output
@@ -170,11 +180,13 @@ def test_predict_refuses_a_model_whose_training_runs_or_stopped(tmp_path: Path) 
 def test_hub_names_are_checked_before_huggingface_hub(ref: str) -> None:
     from wsi.storage.hf import hub_weights
 
-    with pytest.raises(WeightsError, match="not allowed in a Hub name|not a Hugging Face reference"):
+    with pytest.raises(WeightsError, match=r"not allowed in a Hub name|not a Hugging Face reference"):
         hub_weights(ref, repo=None, files=("model.bin",), what="encoder", option="--tissue-weights")
 
 
-def test_a_cache_link_outside_the_cache_is_refused_without_its_content(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_cache_link_outside_the_cache_is_refused_without_its_content(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     from wsi.storage.hf import hub_weights
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -225,7 +237,9 @@ def test_a_pipe_or_device_is_refused_where_a_file_is_read_whole(tmp_path: Path, 
     slide = make_slide(name="r5-a", size_um=800.0, mpp=1.0, seed=3).path
     for given in (fifo, Path("/dev/zero")):
         start = time.perf_counter()
-        result = _invoke(["tile", str(slide), "--out", str(tmp_path / "o"), "--review", str(given), *TILE_ARGS])
+        result = _invoke(
+            ["tile", str(slide), "--out", str(tmp_path / "o"), "--review", str(given), *TILE_ARGS]
+        )
         assert result.exit_code == 2 and "not a regular file" in result.output, result.output
         assert time.perf_counter() - start < 30
 
@@ -262,6 +276,6 @@ def test_a_declared_size_that_cannot_fit_evicts_nothing(tmp_path: Path) -> None:
     kept = tmp_path / "cache" / "files" / ("a" * 24) / "data" / "x.svs"
     kept.parent.mkdir(parents=True)
     kept.write_bytes(b"x" * 1000)
-    with pytest.raises(StorageError, match="declares 1e\\+06 GB.*nothing was evicted"):
+    with pytest.raises(StorageError, match=r"declares 1e\+06 GB.*nothing was evicted"):
         check_fits(Url("s3://b/huge.svs"), 10**15, settings)
     assert kept.is_file()

@@ -25,7 +25,18 @@ from s3_server import s3_server as s3_server  # a fixture
 
 from wsi.cli.main import cli
 
-TILE = ["--backend", "tiffslide", "--tile-um", "128", "--tile-px", "32", "--min-blur-var", "0", "--threads", "1"]
+TILE = [
+    "--backend",
+    "tiffslide",
+    "--tile-um",
+    "128",
+    "--tile-px",
+    "32",
+    "--min-blur-var",
+    "0",
+    "--threads",
+    "1",
+]
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzz"
 
@@ -83,8 +94,8 @@ def test_a_remote_slide_replaced_at_the_same_size_is_redone_and_never_embedded_s
     old = s3.objects(bucket, "run/tiles/s1.h5")["run/tiles/s1.h5"]
     assert "1 already done" in _tile(f"s3://{bucket}/slides/", "--out", run).output
     s3.client().put_object(Bucket=bucket, Key="slides/s1.svs", Body=pair[1])  # same key, same size
-    from wsi.pipelines.embed.plan import _as_they_are, read_tile_files
     from wsi.pipelines.embed.config import EmbedOptions
+    from wsi.pipelines.embed.plan import _as_they_are, read_tile_files
     from wsi.storage import local_folder
 
     tiles = local_folder(f"s3://{bucket}/run/tiles")

@@ -14,7 +14,6 @@ from wsi.cli._common import user_errors
 from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options, field_type
 from wsi.pipelines.tile.config import TileOptions
-
 from wsi.storage.urls import Url
 
 if TYPE_CHECKING:  # h5py and numpy (wsi.folder_info) load only when a folder is summarised

@@ -52,8 +52,9 @@ def load_command(name: str) -> click.Command:
 
 
 class _LazyGroup(click.Group):
-    def main(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+    def main(
+        self, args: Sequence[str] | None = None, prog_name: str | None = None,
+        complete_var: str | None = None,
         standalone_mode: bool = True, **extra: Any,
     ) -> Any:  # fmt: skip
         """click's main, with its usage errors shown through `wsi.storage.masking.shown`: an option's

@@ -98,7 +98,8 @@ def origin(path: str | os.PathLike[str]) -> str:
 
 
 __all__ = [
-    "Mirror", "StorageSettings", "Url", "is_remote_file", "is_url", "join", "local_file", "local_folder", "local_view",
+    "Mirror", "StorageSettings", "Url", "is_remote_file", "is_url", "join", "local_file", "local_folder",
+    "local_view",
     "location", "origin",
     "parse_url", "redact", "remote_output", "storage_settings",
 ]  # fmt: skip

@@ -117,7 +117,8 @@ def _copies(
                     got = tmp.stat().st_size
                     if got != infos[rel].size:  # the server's listing and its bytes disagree
                         raise StorageError(
-                            f"{join(folder, rel)}: the server declared {infos[rel].size} bytes but sent {got}; "
+                            f"{join(folder, rel)}: the server declared {infos[rel].size} bytes but sent "
+                            f"{got}; "
                             "the object changed during the copy, or the server misreports it: try again"
                         )
                     os.replace(tmp, path)

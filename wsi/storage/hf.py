@@ -93,7 +93,10 @@ def parse_ref(text: str, *, option: str = "--weights") -> HubRef:
     if rev is not None and (not _REVISION.match(rev) or ".." in rev.split("/") or "//" in rev):
         bad.append(rev)
     if bad:
-        raise WeightsError(f"{option} {shown}: {', '.join(map(repr, dict.fromkeys(bad)))} is not allowed in a Hub name; {usage}")
+        raise WeightsError(
+            f"{option} {shown}: {', '.join(map(repr, dict.fromkeys(bad)))} is not allowed in a Hub name; "
+            f"{usage}"
+        )
     return HubRef(repo, file, rev)
 
 
@@ -124,9 +127,10 @@ def check_inside_cache(path: Path, repo: str) -> None:
         target = item.resolve()
         if target != home and home not in target.parents:
             raise WeightsError(
-                f"{item}: this Hugging Face cache file of {repo} links outside the cache folder {home}, so it "
-                "is not read; remove the repository from the cache (hf cache delete, or delete the folder) "
-                f"and download it again ({download_command(repo, item.name)})"
+                f"{item}: this Hugging Face cache file of {repo} links outside the cache folder {home}, so "
+                "it is not read; remove the repository from the cache (hf cache delete, or delete the "
+                "folder)"
+                f" and download it again ({download_command(repo, item.name)})"
             )
 
 
@@ -180,6 +184,18 @@ def hub_weights(
 
 
 __all__ = [
-    "PREFIX", "HubRef", "cached_file", "check_inside_cache", "download_command", "repo_folder", "hub_cache", "hub_weights", "is_cached", "is_ref",
-    "missing_message", "offline", "parse_ref", "repo_of",
+    "PREFIX",
+    "HubRef",
+    "cached_file",
+    "check_inside_cache",
+    "download_command",
+    "hub_cache",
+    "hub_weights",
+    "is_cached",
+    "is_ref",
+    "missing_message",
+    "offline",
+    "parse_ref",
+    "repo_folder",
+    "repo_of",
 ]  # fmt: skip

@@ -45,12 +45,16 @@ class SlideFingerprint:
         `moved`, only size and header count (a moved or uploaded copy has a version of its own)."""
         if self.size != other.size:
             return f"its size changed ({self.size} -> {other.size} bytes)"
-        if self.header_sha256 and other.header_sha256 and self.header_bytes == other.header_bytes:
-            if self.header_sha256 != other.header_sha256:
-                return f"its first {self.header_bytes} bytes changed (header sha256 {self.header_sha256[:12]}"\
-                    f" -> {other.header_sha256[:12]})"
+        both = self.header_sha256 and other.header_sha256 and self.header_bytes == other.header_bytes
+        if both and self.header_sha256 != other.header_sha256:
+            return (
+                f"its first {self.header_bytes} bytes changed (header sha256 {self.header_sha256[:12]}"
+                f" -> {other.header_sha256[:12]})"
+            )
         if not moved and self.version != other.version:
-            return f"it was replaced ({_kind(self.version)} {_short(self.version)} -> {_short(other.version)})"
+            return (
+                f"it was replaced ({_kind(self.version)} {_short(self.version)} -> {_short(other.version)})"
+            )
         return ""
 
     def as_attrs(self) -> dict[str, str | int]:
@@ -78,7 +82,9 @@ class SlideFingerprint:
 
 
 def _kind(version: str) -> str:
-    return {"mtime": "modified", "etag": "ETag", "generation": "generation"}.get(version.split(":", 1)[0], "version")
+    return {"mtime": "modified", "etag": "ETag", "generation": "generation"}.get(
+        version.split(":", 1)[0], "version"
+    )
 
 
 def _short(version: str) -> str:

@@ -68,11 +68,12 @@ def _as_url(match: re.Match[str]) -> str:
         return str(join(url, rest)) if url else match.group(0)
     entry = _read(root / "files" / match.group("file") / "entry.json")
     try:
-        url = json.loads(entry).get("url") if entry else None
-    except ValueError:
-        url = None
-    if not isinstance(url, str):
+        found = json.loads(entry).get("url") if entry else None
+    except (ValueError, AttributeError):
+        found = None
+    if not isinstance(found, str):
         return match.group(0)
+    url = found
     parent = url.rstrip("/").rsplit("/", 1)[0]
     return str(join(parent, rest)) if rest else parent
 
@@ -95,7 +96,7 @@ def mask_log_handlers(logger: logging.Logger | None = None) -> None:
     """Give every handler of `logger` (default: the root logger) a masking formatter, keeping its format."""
     for handler in (logger or logging.getLogger()).handlers:
         current = handler.formatter
-        fmt = current._fmt if current is not None else None  # noqa: SLF001 - logging's own attribute
+        fmt = current._fmt if current is not None else None
         datefmt = current.datefmt if current is not None else None
         handler.setFormatter(MaskingFormatter(fmt, datefmt))
 

@@ -285,14 +285,16 @@ def _check_no_file_prefix(base: Url, rels: Sequence[str]) -> None:
             b = folders[a]
             raise StorageError(
                 f"{join(base, a)} is both an object and a folder of objects ({join(base, b)}, ...): a local "
-                "copy of the folder cannot hold both. Give a URL below it, or move one of them (e.g. aws s3 mv)"
+                "copy of the folder cannot hold both. Give a URL below it, or move one of them (e.g. "
+                "aws s3 mv)"
             )
 
 
 def _unmirrorable(url: Url, exc: OSError) -> StorageError:
     return StorageError(
-        f"{url}: cannot be kept in this machine's copy of the folder ({exc.strerror or exc}); an object whose "
-        "key is also a folder of objects cannot be copied locally: give a URL below it, or move one of them"
+        f"{url}: cannot be kept in this machine's copy of the folder ({exc.strerror or exc}); an object "
+        "whose key is also a folder of objects cannot be copied locally: give a URL below it, or move one "
+        "of them"
     )
 
 

@@ -202,7 +202,9 @@ class RemoteLock:
                 break
         else:
             state = self.read()
-            raise OutputLockedError(self._locked_message(state) if state else f"{self.url}: cannot take its lock")
+            raise OutputLockedError(
+                self._locked_message(state) if state else f"{self.url}: cannot take its lock"
+            )
         self._thread = threading.Thread(target=self._renew_loop, name="wsi-remote-lock", daemon=True)
         self._thread.start()
         clean_partial_uploads(self.url)
@@ -220,7 +222,8 @@ class RemoteLock:
         lease = state.holder.get("lease_s")
         left = float(lease) - state.age_s if isinstance(lease, int | float) else None
         return (
-            f"{self.url} is in use by another wsi command ({describe_holder(state.holder, lease_left=left)}): "
+            f"{self.url} is in use by another wsi command "
+            f"({describe_holder(state.holder, lease_left=left)}): "
             "one command at a time writes into an output folder, from any machine. Wait for it to finish or "
             f"choose another --out; a lock left by a killed run is taken over once its lease runs out (or "
             f"remove {lock_url(self.url)} if you are sure that run is gone)"

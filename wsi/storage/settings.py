@@ -104,7 +104,9 @@ def _check_cache_dir(settings: StorageSettings) -> None:
             "create and write (it keeps copies of remote slides and mirrors of remote outputs), or unset it"
         )
     if root.is_dir() and not os.access(root, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}: the folder is not writable; point WSI_CACHE_DIR at a folder you can write")
+        raise ConfigError(
+            f"{name}: the folder is not writable; point WSI_CACHE_DIR at a folder you can write"
+        )
 
 
 def _kind(path: Path) -> str:
