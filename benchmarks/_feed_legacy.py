@@ -3,7 +3,7 @@
 `legacy_read(reader, start, stop)` does what `RawSlideReader.read` did then: one `plan_region` object per
 tile, a Python loop over the JPEG cells each window touches, one `os.pread` and one `complete_jpeg` per
 cell, a join and a copy. benchmarks/embed_feed.py times it beside today's reader and the file-read limit;
-tests/pipelines/test_embed_feed.py checks that today's reader gives the same bytes and plans.
+tests/pipelines/embed/test_embed_feed.py checks that today's reader gives the same bytes and plans.
 
     legacy_read(reader, start, stop) -> LegacyBatch
     as_raw_batch(legacy, reader, start, stop) -> RawBatch     today's batch type, for the decoder
@@ -20,7 +20,7 @@ from PIL import Image
 
 from wsi.pipelines.embed.batches import RawBatch
 from wsi.pipelines.embed.device_decode.jpeg import SOI, complete_jpeg
-from wsi.region import RegionKind
+from wsi.slides.region import RegionKind
 
 
 class LegacyBatch(NamedTuple):

@@ -4,7 +4,7 @@ for comparison.
 `read(reader, start, stop)` is RawSlideReader.read of that commit, with its `table_of_keys` and
 `read_streams`: `os.preadv` with a memoryview slice per tile (and per gap), the stream header written
 over each tile by a map of memoryview assignments, the JFIF check in several gathers.
-benchmarks/embed_feed.py times it beside today's reader; tests/pipelines/test_embed_feed.py checks that
+benchmarks/embed_feed.py times it beside today's reader; tests/pipelines/embed/test_embed_feed.py checks that
 both give the same batches.
 
     read(reader, start, stop) -> RawBatch

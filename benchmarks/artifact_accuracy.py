@@ -8,8 +8,8 @@ are rejected as any artifact (ink, fold, bubble, border, dust), per image and pe
     python benchmarks/artifact_accuracy.py --csv out.csv
 
 Each image is taken as a slide thumbnail at its (estimated) um/px and judged by the tile stage's own
-functions, in memory: `wsi.tiling.find_tissue` (tissue mask, grid, artifact regions on the thumbnail)
-and `wsi.tiling.judge_artifacts` on every candidate's pixels resized to `--tile-px` (the per-tile ink
+functions, in memory: `wsi.tiling.grid.find_tissue` (tissue mask, grid, artifact regions on the thumbnail)
+and `wsi.tiling.grid.judge_artifacts` on every candidate's pixels resized to `--tile-px` (the per-tile ink
 share). Only the slide file is left out: these images are thumbnails, not slides. `--slides` also runs
 the whole stage (`wsi tile`) on the two real slide files of ../shared/data/slides.
 
@@ -45,10 +45,10 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from wsi.artifacts import hsv
-from wsi.thumbnail import Thumbnail
-from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, REASON_NAMES, find_tissue, judge_artifacts, tissue_fractions
+from wsi.slides.thumbnail import Thumbnail
+from wsi.tiling.artifacts import hsv
+from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue, judge_artifacts, tissue_fractions
+from wsi.tiling.params import TileParams
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -211,9 +211,9 @@ def score(case: Case, params: TileParams) -> Score:
 
 def slide_scores(shared: Path, params: TileParams, work: Path) -> Iterator[Score]:
     """The whole tile stage on the real slide files (no ink on either): every tissue tile is a negative."""
+    from wsi.formats.tile_file import read_candidates
     from wsi.pipelines.tile.stage import tile_slides
-    from wsi.sources import SlideSource
-    from wsi.tile_file import read_candidates
+    from wsi.slides.sources import SlideSource
 
     runs = (("CMU-1-Small-Region.svs", None, params.tile_px), ("tcga-cr-7395-01a-01-ts1.svs", 2.0, 128))
     for name, mpp, tile_px in runs:

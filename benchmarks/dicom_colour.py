@@ -2,8 +2,9 @@
 
 Builds two DICOM WSI series of the same real pixels (CMU-1-Small-Region.svs, 2220 x 2967 px at 0.499 um/px,
 plus a 4x smaller level): JFIF (YCbCr 4:2:0) frames labelled `YBR_FULL_422` (right: openslide converts)
-and labelled `RGB` (wrong: `wsi.slide_colour` converts openslide's raw Y'CbCr with libjpeg-turbo's integer
-arithmetic). Then, alternating the two series round by round so that load on the machine hits both alike:
+and labelled `RGB` (wrong: `wsi.slides.slide_colour` converts openslide's raw Y'CbCr with libjpeg-turbo's
+integer arithmetic). Then, alternating the two series round by round so that load on the machine hits both
+alike:
 
   open      open_slide on a fresh copy (the colour check reads every file's header and one frame each),
             beside openslide's own open of it
@@ -28,7 +29,7 @@ import numpy as np
 from PIL import Image
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-from wsi.slide import open_slide
+from wsi.slides.slide import open_slide
 from wsi.synthetic.dicom import write_dicom_series
 
 SERIES = {"labelled": "YBR_FULL_422", "mislabelled": "RGB"}

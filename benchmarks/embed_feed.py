@@ -50,14 +50,14 @@ from _feed_legacy import legacy_read
 from _feed_previous import read as previous_read
 from _machine import cpu_model
 from embed_throughput import SLIDE_MPP, _slide_jobs, random_encoder
-from wsi.bags import BagProvenance, write_bag
-from wsi.pipelines.devices import resolve_device
+from wsi.formats.bags import BagProvenance, write_bag
 from wsi.pipelines.embed.batches import RawBatch, SlideTiles
 from wsi.pipelines.embed.device_decode import DeviceDecoder, RawSlideReader, decode_ahead
 from wsi.pipelines.embed.device_decode.tile_bytes import cell_table
 from wsi.pipelines.embed.engine import EmbedOptions, SlideJob, SlideWork, embed_works, encode, prepare_runtime
 from wsi.pipelines.embed.feed import iter_batches
-from wsi.slide import open_slide
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.slides.slide import open_slide
 
 log = logging.getLogger("embed_feed")
 READS = (

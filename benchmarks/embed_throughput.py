@@ -53,10 +53,9 @@ import numpy as np
 import torch
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-from wsi.files import atomic_path
+from wsi.core.files import atomic_path
 from wsi.models.encoders import ENCODERS, Encoder, build_encoder, get_recipe
 from wsi.models.encoders.encoder import build_backbone
-from wsi.pipelines.devices import resolve_device
 from wsi.pipelines.embed.batches import SlideTiles
 from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead
 from wsi.pipelines.embed.engine import (
@@ -70,9 +69,10 @@ from wsi.pipelines.embed.engine import (
     resolve_decode,
 )
 from wsi.pipelines.embed.feed import iter_batches
-from wsi.slide import open_slide
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.slides.slide import open_slide
 from wsi.synthetic import write_sample_slide
-from wsi.tiling import make_grid
+from wsi.tiling.grid import make_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -64,7 +64,7 @@ def make_plan(smoke: bool) -> Plan:
             embed_seconds=0.5, end2end_seconds=0.5, slide_mm=1.0, readers=1, infer_sizes=(512, 2048),
             infer_variants=("seqnorm",), point_budget_s=30, long_tokens=2048, long_variants=("seqnorm",),
             epoch_bags=2, epoch_max_tiles=300, epoch_variants=("seqnorm",),
-            pytest_files=("tests/pipelines/test_gpu_decode.py",),
+            pytest_files=("tests/pipelines/embed/test_gpu_decode.py",),
         )  # fmt: skip
     return Plan(
         device="cuda", precision="bf16", encoders=(),

@@ -205,7 +205,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, str], total_s: float, c
 def replace_marked(doc: Path, body: str) -> None:
     """Put body between the gpu-suite markers of doc (a section with markers is appended when there are
     none), atomically."""
-    from wsi.files import write_text_atomic
+    from wsi.core.files import write_text_atomic
 
     text = doc.read_text()
     block = f"{START}\n{body}{END}"
@@ -218,7 +218,7 @@ def replace_marked(doc: Path, body: str) -> None:
 
 
 def write_outputs(rows: list[dict[str, Any]], out: Path, md: str) -> tuple[Path, Path]:
-    from wsi.files import write_text_atomic
+    from wsi.core.files import write_text_atomic
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-import wsi.pipelines.heatmaps as heatmaps
+import wsi.pipelines.inputs.heatmaps as heatmaps
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-from wsi.errors import MissingMppError
-from wsi.slide import open_slide
-from wsi.thumbnail import read_thumbnail
+from wsi.core.errors import MissingMppError
+from wsi.slides.slide import open_slide
+from wsi.slides.thumbnail import read_thumbnail
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "slides"
 

@@ -177,7 +177,7 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from wsi.files import atomic_path
+    from wsi.core.files import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / f"image_scaling_{device}.csv", out_dir / f"image_scaling_{device}.png"

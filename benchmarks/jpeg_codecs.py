@@ -36,7 +36,7 @@ from embed_throughput import _slide_jobs
 from wsi.pipelines.embed.batches import SlideTiles
 from wsi.pipelines.embed.device_decode import RawSlideReader
 from wsi.pipelines.embed.device_decode.codecs import codec_status, get_codec, torchvision_decode
-from wsi.slide import open_slide
+from wsi.slides.slide import open_slide
 
 log = logging.getLogger("jpeg_codecs")
 Row = dict[str, Any]

@@ -163,7 +163,7 @@ def _measure(model_name: str, tiles: int, mode: str, queue: Any) -> None:
         with torch.no_grad():
             model(x)
     else:
-        from wsi.models.objectives import LossInputs, training_step
+        from wsi.models.base.objectives import LossInputs, training_step
 
         model.train()
         y = torch.tensor([1])
@@ -197,7 +197,7 @@ def run_cost(
         rows.append({"model": model, "tiles": str(tiles), "mode": mode, "seconds": f"{seconds:.4f}",
                      "peak_mb": f"{peak:.0f}", "note": ""})  # fmt: skip
         log.info("%s %d tiles %s: %.2f s, %.0f MB", model, tiles, mode, seconds, peak)
-        from wsi.files import write_csv_atomic
+        from wsi.core.files import write_csv_atomic
 
         cells = ([r[c] for c in COST_COLUMNS] for r in rows)
         write_csv_atomic(out / "mil_baselines_cost.csv", COST_COLUMNS, cells)

@@ -96,7 +96,7 @@ def run_model(
     changes: dict[str, Any] | None = None,
 ) -> Outcome:  # fmt: skip
     """`folds`-fold cross-validation of one model through `pipelines.train.train`, once per seed."""
-    from wsi.pipelines.tasks import parse_task
+    from wsi.pipelines.study.tasks import parse_task
     from wsi.pipelines.train import train
 
     per_fold: list[dict[str, Any]] = []
@@ -154,7 +154,7 @@ def table(outcomes: list[Outcome]) -> str:
 
 
 def write_rows(outcomes: list[Outcome], path: Path) -> None:
-    from wsi.files import write_csv_atomic
+    from wsi.core.files import write_csv_atomic
 
     rows = (
         [o.cohort, o.model, k + 1, f"{a:.4f}", f"{u:.4f}", e]  # fold k over all repeats

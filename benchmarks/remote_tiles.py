@@ -34,12 +34,12 @@ from typing import Any
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.pipelines.tile.stage import tile_slides
-from wsi.slide import open_slide
-from wsi.sources import find_slides
+from wsi.slides.slide import open_slide
+from wsi.slides.sources import find_slides
 from wsi.storage.slides import RangeFile
 from wsi.synthetic import write_sample_slide
-from wsi.tile_params import TileParams
-from wsi.tiling import find_tissue
+from wsi.tiling.grid import find_tissue
+from wsi.tiling.params import TileParams
 
 KEY, SECRET = "bench-key", "bench-secret"
 

@@ -25,9 +25,9 @@ from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.stage import embed_tiles
 from wsi.pipelines.tile.stage import tile_slides
-from wsi.sources import find_slides
+from wsi.slides.sources import find_slides
 from wsi.synthetic import write_sample_slide
-from wsi.tile_params import TileParams
+from wsi.tiling.params import TileParams
 
 PARAMS = TileParams(tile_um=128.0, tile_px=64, min_blur_variance=0.0)
 EMBED = EmbedOptions(

@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from wsi.files import atomic_path
+from wsi.core.files import atomic_path
 
 VARIANTS = ("seqnorm", "softmax", "sima", "gdla")
 MODELS = ("mil", "vit2d")

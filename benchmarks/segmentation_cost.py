@@ -23,7 +23,7 @@ import torch
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.models.segmentation import SEGMENTERS, load_segmenter
-from wsi.pipelines.devices import resolve_device
+from wsi.pipelines.scheduling.devices import resolve_device
 
 
 def _windows_per_slide(mpp: float, side_mm: float, tissue: float, window_px: int = 512) -> int:

@@ -93,7 +93,7 @@ def task_yaml(model: str, features: str, extra: Sequence[str] = ()) -> str:
 
 def check_standardize_supported() -> None:
     """Standardised runs need the task field `standardize_features`; say so before an hour of training."""
-    from wsi.pipelines.tasks import TaskConfig
+    from wsi.pipelines.study.tasks import TaskConfig
 
     if "standardize_features" not in TaskConfig.__dataclass_fields__:
         raise SystemExit(
@@ -140,7 +140,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
-    from wsi.files import write_csv_atomic
+    from wsi.core.files import write_csv_atomic
 
     write_csv_atomic(path, COLUMNS, ([r[c] for c in COLUMNS] for r in rows))
 

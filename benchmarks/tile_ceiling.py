@@ -38,7 +38,7 @@ VARIANTS = {
 def _reads_only(slide: Any, coords: np.ndarray, params: Any, threads: int, **_: Any) -> Iterator[Any]:
     """`classified_chunks` without the filters: the same reads, every tile KEPT."""
     from wsi.pipelines.tile.read import read_tile_chunks
-    from wsi.tiling import KEPT
+    from wsi.tiling.grid import KEPT
 
     for tiles in read_tile_chunks(slide, coords, params, threads):
         yield tiles, np.full(len(tiles), KEPT, np.int8)
@@ -91,7 +91,7 @@ def measure(
     import functools
 
     from tile_throughput import raw_read  # beside this script
-    from wsi.pipelines.jobs import run_jobs
+    from wsi.pipelines.scheduling.jobs import run_jobs
     from wsi.pipelines.tile.stage import tile_slides
 
     read = functools.partial(raw_read, coords=coords, backend="openslide", threads=threads)

@@ -35,8 +35,8 @@ from typing import Any
 STEPS = (
     ("wsi.pipelines.tile.stage", "open_with_mpp", "open slide"),
     ("wsi.pipelines.tile.stage", "read_thumbnails", "thumbnail + QC picture read"),
-    ("wsi.tiling", "tissue_mask", "tissue mask"),
-    ("wsi.tiling", "find_artifacts", "artifact regions"),
+    ("wsi.tiling.grid", "tissue_mask", "tissue mask"),
+    ("wsi.tiling.grid", "find_artifacts", "artifact regions"),
     ("wsi.pipelines.tile.stage", "find_tissue", "background, grid, cell fractions"),
     ("wsi.pipelines.tile.stage", "filter_tiles", "tile reads + filters"),
     ("wsi.pipelines.tile.stage", "tile_qc_image", "QC picture drawn"),
@@ -89,7 +89,7 @@ def _timers(spent: dict[str, float]) -> Iterator[None]:
 def breakdown(slides: list[Path], *, repeat: int, backend: str = "openslide") -> list[dict[str, Any]]:
     """Median seconds per step of each slide over `repeat` runs (after one untimed), one row each."""
     from wsi.pipelines.tile.stage import tile_slides
-    from wsi.sources import find_slides
+    from wsi.slides.sources import find_slides
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="tile-breakdown-") as tmp:

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from wsi.errors import ConfigError
-from wsi.models.attribution import Method, tile_effects
-from wsi.models.leave_one_out import reforward_leave_one_out
+from wsi.core.errors import ConfigError
+from wsi.models.explain.attribution import Method, tile_effects
+from wsi.models.explain.leave_one_out import reforward_leave_one_out
 from wsi.models.presets import build_model
 
 WIDTHS = {"dim": 32, "attn_dim": 32, "heads": 4, "mlp_dim": 64, "depth": 2, "in_dim": 16, "num_classes": 2}

@@ -7,13 +7,13 @@ names so that slide-level parallelism has work. For each backend and worker coun
   raw    reading every tissue-candidate tile once with Slide.read_region_um (no filtering, no output),
          through the same batch runner and reader threads as the stage;
   raw (painted)  the same through openslide's own read_region (open_slide(direct_jpeg=False): what
-         wsi read with before it decoded Aperio/TIFF JPEG tiles itself, `wsi.stored_tiles`);
+         wsi read with before it decoded Aperio/TIFF JPEG tiles itself, `wsi.slides.stored_tiles`);
   stage  the whole tile stage (thumbnail, tissue mask, artifact regions, grid, reads, background, blur
          and artifact filters, QC image and GeoJSON, tile file) with --overwrite,
 
 and prints tiles per second and the ratios (medians of --repeat alternating runs), so the cost of
 detection and filtering shows.
-With --filters it instead times the stage with the artifact filters (wsi.artifacts) on and off, side
+With --filters it instead times the stage with the artifact filters (wsi.tiling.artifacts) on and off, side
 by side (alternating runs, best of --repeat each), and prints their ratio: what the filters cost.
 
 With --ceiling it times the stage (one worker) as it is and with its filters and/or QC outputs taken
@@ -48,15 +48,15 @@ from pathlib import Path
 import numpy as np
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
-from wsi.artifacts import ArtifactParams
-from wsi.pipelines.cluster import close_local_cluster, start_local_cluster
-from wsi.pipelines.jobs import JobResult, run_jobs
+from wsi.pipelines.scheduling.cluster import close_local_cluster, start_local_cluster
+from wsi.pipelines.scheduling.jobs import JobResult, run_jobs
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
-from wsi.slide import open_slide
-from wsi.sources import SlideSource, find_slides
+from wsi.slides.slide import open_slide
+from wsi.slides.sources import SlideSource, find_slides
 from wsi.synthetic import write_sample_slide
-from wsi.tile_params import TileParams
-from wsi.tiling import find_tissue
+from wsi.tiling.artifacts import ArtifactParams
+from wsi.tiling.grid import find_tissue
+from wsi.tiling.params import TileParams
 
 
 def build_slides(cache: Path, *, size_um: float, mpp: float, n_slides: int) -> list[SlideSource]:

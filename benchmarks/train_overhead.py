@@ -42,7 +42,7 @@ def cohort(n_bags: int) -> MILCohort:
 
 def time_wsi_train(bags: Path, labels: Path, out: Path, *, epochs: int) -> tuple[float, int, Path]:
     """Median seconds per epoch of `wsi train` (train + validation + saving), and the training bag count."""
-    from wsi.pipelines.tasks import parse_task
+    from wsi.pipelines.study.tasks import parse_task
     from wsi.pipelines.train import train
 
     task = parse_task(
@@ -66,7 +66,7 @@ def time_plain(run_dir: Path, cohort: MILCohort, *, epochs: int) -> float:
     import torch.nn.functional as F
 
     from wsi.models.presets import build_model_from_config
-    from wsi.pipelines.run_record import read_run_record
+    from wsi.pipelines.runs.record import read_run_record
 
     record = read_run_record(run_dir)
     by_id = dict(zip(cohort.ids, range(len(cohort.ids)), strict=True))

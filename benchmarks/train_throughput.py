@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wsi.files import write_text_atomic
+from wsi.core.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def _run_variant(cfg: dict[str, Any], out: mp.Queue) -> None:
     import torch
 
     from wsi.models.presets import build_model
-    from wsi.pipelines.inputs.bags import collate_bags
+    from wsi.pipelines.inputs.bag_dataset import collate_bags
     from wsi.pipelines.train.loop import train_epoch
 
     try:

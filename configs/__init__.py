@@ -11,9 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import ConfigError
-from wsi.json_types import JsonObject
-from wsi.user_text import load_yaml_file, parse_yaml
+from wsi.core.errors import ConfigError
+from wsi.core.json_types import JsonObject
+from wsi.core.user_text import load_yaml_file, parse_yaml
 
 
 def available(kind: str) -> list[str]:
@@ -23,7 +23,7 @@ def available(kind: str) -> list[str]:
 
 
 def load_yaml(kind: str, name_or_path: str | Path) -> tuple[JsonObject, str]:
-    """Load a packaged config by name, or any YAML file by path (UTF-8, no aliases: wsi.user_text).
+    """Load a packaged config by name, or any YAML file by path (UTF-8, no aliases: wsi.core.user_text).
     Returns (data, source): the YAML as it is, before any validation (JSON-like: free-form here).
 
     Parsed once per file version: one `wsi train` asks for its preset from the recipe, the input checks

@@ -10,9 +10,9 @@ Public API (see docs/api.md):
 """
 
 from wsi.models.attention import available_attention, build_attention
-from wsi.models.attribution import base_share, tile_effects
+from wsi.models.base.param_groups import param_groups
 from wsi.models.encoders import available_encoders, build_encoder
-from wsi.models.param_groups import param_groups
+from wsi.models.explain.attribution import base_share, tile_effects
 from wsi.models.presets import available_presets, build_model
 
 __all__ = [

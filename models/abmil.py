@@ -23,13 +23,13 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.errors import ConfigError
-from wsi.json_types import JsonObject
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.pooling import GatedAttentionPool
-from wsi.models.standardize import standardize_input
-from wsi.models.transformer import MAX_MODEL_INT
+from wsi.core.config import config_dict, config_model
+from wsi.core.errors import ConfigError
+from wsi.core.json_types import JsonObject
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.layers.pooling import GatedAttentionPool
+from wsi.models.layers.standardize import standardize_input
+from wsi.models.layers.transformer import MAX_MODEL_INT
 
 _Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
@@ -38,7 +38,7 @@ _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]
 @config_model
 @dataclass(frozen=True)
 class ABMILConfig:
-    """Architecture of an ABMIL model; parse with `wsi.config.parse_config(ABMILConfig, mapping)`."""
+    """Architecture of an ABMIL model; parse with `wsi.core.config.parse_config(ABMILConfig, mapping)`."""
 
     kind: Literal["abmil"] = "abmil"  # model kind (the factory's key)
     attention: Literal["gated", "plain"] = "gated"  # gated: tanh * sigmoid gate (Ilse eq. 9); plain: tanh

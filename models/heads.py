@@ -16,11 +16,11 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.json_types import JsonObject
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.standardize import standardize_input
-from wsi.models.transformer import MAX_MODEL_INT
+from wsi.core.config import config_dict, config_model
+from wsi.core.json_types import JsonObject
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.layers.standardize import standardize_input
+from wsi.models.layers.transformer import MAX_MODEL_INT
 
 _Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]
 _Rate = Annotated[float, Field(ge=0.0, lt=1.0)]

@@ -30,15 +30,15 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import MAX_UM, config_model
-from wsi.errors import ConfigError
-from wsi.models.chunked import chunk_slices
-from wsi.models.layout import TileLayout, tile_layout
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.pooling import GatedAttentionPool, present_only
-from wsi.models.posenc import sincos_from_coords_um
-from wsi.models.standardize import standardize_input
-from wsi.models.transformer import (
+from wsi.core.config import MAX_UM, config_model
+from wsi.core.errors import ConfigError
+from wsi.models.attention.layout import TileLayout, tile_layout
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.layers.chunked import chunk_slices
+from wsi.models.layers.pooling import GatedAttentionPool, present_only
+from wsi.models.layers.posenc import sincos_from_coords_um
+from wsi.models.layers.standardize import standardize_input
+from wsi.models.layers.transformer import (
     AUTO_CHUNK_TOKENS,
     PositiveInt,
     Transformer,

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from wsi import configs
-from wsi.config import parse_config
-from wsi.errors import ConfigError, WeightsError
+from wsi.core.config import parse_config
+from wsi.core.errors import ConfigError, WeightsError
 from wsi.models.attention import AttentionBase
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
 
 
 def available_presets() -> list[str]:

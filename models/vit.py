@@ -13,12 +13,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from wsi.config import config_model
-from wsi.errors import ConfigError
-from wsi.models.layout import grid_neighbours
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.posenc import sincos_grid
-from wsi.models.transformer import PositiveInt, Transformer, TransformerConfig, decompose_cls_logits
+from wsi.core.config import config_model
+from wsi.core.errors import ConfigError
+from wsi.models.attention.layout import grid_neighbours
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.layers.posenc import sincos_grid
+from wsi.models.layers.transformer import PositiveInt, Transformer, TransformerConfig, decompose_cls_logits
 
 
 @config_model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState
 from wsi.models.attention._masking import weighted
 

@@ -14,10 +14,10 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
+from wsi.core.registry import Registry
+from wsi.models.attention.layout import grid_neighbours
 from wsi.models.attention.local import LocalRows
-from wsi.models.layout import grid_neighbours
-from wsi.registry import Registry
 
 
 class StreamState(dict[str, Tensor]):

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
 from wsi.models.attention._masking import count_tokens, weighted, zero_padded
+from wsi.models.attention.layout import CENTRE, OFFSETS
 from wsi.models.attention.local import LocalRows, depthwise
 from wsi.models.attention.seqnorm import stats_dtype
-from wsi.models.layout import CENTRE, OFFSETS
 
 
 def _phi(t: Tensor) -> Tensor:

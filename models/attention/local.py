@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 
 
 def _flat_index(index: Tensor, batch: int, rows: int) -> Tensor:

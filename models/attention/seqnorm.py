@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState, add_, no_autocast
 from wsi.models.attention._masking import count_tokens, masked_mean_var, masked_sum, weighted, zero_padded
 from wsi.models.attention.local import LocalRows

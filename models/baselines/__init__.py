@@ -7,7 +7,7 @@
   dtfd       DTFD-MIL (Zhang et al. 2022): pseudo-bags, tier-1 attention, tier-2 on the distilled features
 
 Each module is our own code, written from the authors' repository (file and commit in its docstring);
-tests/models/test_mil_baselines.py loads random weights in the authors' parameter layout into ours
+tests/models/baselines/test_mil_baselines.py loads random weights in the authors' parameter layout into ours
 (`from_authors_state_dict`) and checks the forward against one written in the test from the authors'
 code, the parameter count at the authors' default configuration and the authors' loss on a fixed batch.
 Their training quirks are the models' own objectives (models.objectives). Presets: configs/models/

@@ -36,8 +36,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.errors import ConfigError
+from wsi.core.config import config_dict, config_model
+from wsi.core.errors import ConfigError
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.base.objectives import LossInputs, TrainingStep
 from wsi.models.baselines.layers import (
     AttentionScores,
     Rate,
@@ -48,9 +50,7 @@ from wsi.models.baselines.layers import (
     masked_softmax,
     renamed,
 )
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.objectives import LossInputs, TrainingStep
-from wsi.models.standardize import standardize_input
+from wsi.models.layers.standardize import standardize_input
 
 _Width = Width
 _Rate = Rate

@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.errors import ConfigError
+from wsi.core.config import config_dict, config_model
+from wsi.core.errors import ConfigError
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
+from wsi.models.base.objectives import LossInputs, TrainingStep, weighted_mean
 from wsi.models.baselines.layers import Rate, Width, check_bags, chunk_for, chunks_of, masked_softmax
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.objectives import LossInputs, TrainingStep, weighted_mean
-from wsi.models.standardize import standardize_input
+from wsi.models.layers.standardize import standardize_input
 
 _Width = Width
 _Rate = Rate

@@ -14,8 +14,8 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from wsi.errors import ConfigError
-from wsi.models.transformer import MAX_MODEL_INT
+from wsi.core.errors import ConfigError
+from wsi.models.layers.transformer import MAX_MODEL_INT
 
 #: a width, count or chunk of a baseline's config (strict: a YAML `true` is not 1)
 Width = Annotated[int, Field(gt=0, le=MAX_MODEL_INT, strict=True)]

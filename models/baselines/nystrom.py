@@ -17,7 +17,7 @@ numbers:
 
 Short bags: a bag of n tokens pads to m rows when n < m, so most landmarks are made of padding
 only; `core` runs the pinv on the landmark matrix with those as one index (the same polynomial, the
-same output and gradients to float32 rounding; tests/models/test_mil_baselines.py), which made a CPU
+same output and gradients to float32 rounding; tests/models/baselines/test_mil_baselines.py), which made a CPU
 training step on a 36-tile bag about 10x faster (docs/benchmarks.md).
 
 The core runs in float32 with autocast off (bf16 would break the pinv iterations). `forward_lean`

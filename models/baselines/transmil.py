@@ -10,7 +10,7 @@ attention layer (models.baselines.nystrom: 8 heads of 64, 256 landmarks, 6 pinv 
 convolution of 33, dropout 0.1 after the output projection), PPEG (the tiles as a side x side image:
 x + depthwise conv 7x7 + 5x5 + 3x3, the class token untouched), a second attention layer, LayerNorm of
 the class token and a linear head. 2,672,146 parameters at the authors' configuration (1024-d input,
-two classes), as the authors' model has (tests/models/test_mil_baselines.py).
+two classes), as the authors' model has (tests/models/baselines/test_mil_baselines.py).
 
 Bags are read one at a time (a padded batch is split into its bags): square padding and the
 convolution are per bag, and the authors train with batch size 1. The order of the tiles matters (PPEG
@@ -43,12 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsi.config import config_dict, config_model
-from wsi.errors import ConfigError
+from wsi.core.config import config_dict, config_model
+from wsi.core.errors import ConfigError
+from wsi.models.base.kinds import MODEL_KINDS, KindModel
 from wsi.models.baselines.layers import Rate, Width, bags, check_bags, renamed
 from wsi.models.baselines.nystrom import NystromAttention
-from wsi.models.model_kinds import MODEL_KINDS, KindModel
-from wsi.models.standardize import standardize_input
+from wsi.models.layers.standardize import standardize_input
 
 _Width = Width
 _Rate = Rate

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.errors import ConfigError, WeightsError
-from wsi.files import sha256_file
-from wsi.json_types import JsonObject
+from wsi.core.errors import ConfigError, WeightsError
+from wsi.core.files import sha256_file
+from wsi.core.json_types import JsonObject
 from wsi.models.encoders.layers import POOLINGS
 from wsi.models.encoders.recipe import EncoderRecipe, get_recipe, is_recipe_path, timm_kwargs
 from wsi.models.encoders.weights import (

@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from wsi.registry import Registry
+from wsi.core.registry import Registry
 
 
 class ConvStem(nn.Module):

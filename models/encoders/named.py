@@ -7,12 +7,12 @@ which one we follow and why. `params` is the architecture's exact count (tests b
 device and compare, and compare with the published rounded figure).
 
 To add an encoder: one factory here with `@ENCODERS.register("name")`, a key layout in weights.py if
-the checkpoint does not use timm's names, and a row in tests/models/test_encoders.py's table.
+the checkpoint does not use timm's names, and a row in tests/models/encoders/test_encoders.py's table.
 """
 
 from __future__ import annotations
 
-from wsi.json_types import JsonObject
+from wsi.core.json_types import JsonObject
 from wsi.models.encoders.recipe import ENCODERS, EncoderRecipe
 
 RETCCL_SHA256 = "931956f31d3f1a3f6047f3172b9e59ee3460d29f7c0c2bb219cbc8e9207795ff"

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from wsi.config import MAX_MPP, config_dict, config_model, parse_config
-from wsi.errors import ConfigError
-from wsi.json_types import JsonObject, JsonValue
-from wsi.registry import Registry
-from wsi.user_text import load_yaml_file
+from wsi.core.config import MAX_MPP, config_dict, config_model, parse_config
+from wsi.core.errors import ConfigError
+from wsi.core.json_types import JsonObject, JsonValue
+from wsi.core.registry import Registry
+from wsi.core.user_text import load_yaml_file
 
 if TYPE_CHECKING:
     from torch import nn

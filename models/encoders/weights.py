@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.errors import WeightsError
+from wsi.core.errors import WeightsError
+from wsi.core.registry import Registry
+from wsi.core.user_text import load_json_file
 from wsi.models.encoders.recipe import EncoderRecipe
-from wsi.registry import Registry
 from wsi.storage.hf import check_inside_cache, hub_weights, is_ref, parse_ref, repo_of
 from wsi.storage.urls import is_url
-from wsi.user_text import load_json_file
 
 log = logging.getLogger("wsi.models.encoders")
 

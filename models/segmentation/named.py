@@ -31,10 +31,10 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from wsi.errors import ConfigError
-from wsi.registry import Registry
+from wsi.core.errors import ConfigError
+from wsi.core.registry import Registry
 from wsi.storage.hf import hub_weights
-from wsi.tile_params import ArtifactModel, TissueModel
+from wsi.tiling.params import ArtifactModel, TissueModel
 
 SegKind = Literal["tissue", "artifact"]
 StateDict = dict[str, torch.Tensor]
@@ -185,12 +185,12 @@ def segmenter_names(kind: SegKind) -> list[str]:
 
 
 def _check_declared(kind: SegKind, declared: object) -> None:
-    """The tile stage's options name the networks by type (wsi.tile_params, so that `wsi tile --help`
+    """The tile stage's options name the networks by type (wsi.tiling.params, so that `wsi tile --help`
     lists them without importing torch): a network registered here and not there could not be asked for."""
     names = sorted(str(n) for n in get_args(declared))
     if segmenter_names(kind) != names:
         raise ImportError(
-            f"{kind} networks registered ({segmenter_names(kind)}) differ from wsi.tile_params's "
+            f"{kind} networks registered ({segmenter_names(kind)}) differ from wsi.tiling.params's "
             f"({names}): name a new network in both"
         )
 

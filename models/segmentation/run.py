@@ -20,11 +20,11 @@ import torch
 from PIL import Image
 from torch import nn
 
-from wsi.errors import WeightsError
-from wsi.files import sha256_file
+from wsi.core.errors import WeightsError
+from wsi.core.files import sha256_file
+from wsi.formats.tile_meta import SegmentationModel
 from wsi.models.encoders.weights import load_state_dict_file
 from wsi.models.segmentation.named import IMAGENET_MEAN, IMAGENET_STD, SegKind, SegmenterSpec, segmenter_spec
-from wsi.tile_meta import SegmentationModel
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from wsi.errors import ConfigError, WeightsError
-from wsi.json_types import JsonObject
-from wsi.registry import Registry
+from wsi.core.errors import ConfigError, WeightsError
+from wsi.core.json_types import JsonObject
+from wsi.core.registry import Registry
 from wsi.storage.hf import hub_weights, repo_of
 
 log = logging.getLogger("wsi.models.slide_encoders")
@@ -186,7 +186,7 @@ def build_slide_encoder(
     name: str, *, weights: str | os.PathLike[str] | None = None, random_init: bool = False
 ) -> SlideEncoder:
     """The slide encoder `name` in eval mode, its weights loaded and checked (or random for tests)."""
-    from wsi.files import sha256_file
+    from wsi.core.files import sha256_file
     from wsi.models.encoders import load_state_dict_file
 
     cls = SLIDE_ENCODERS.get(name)

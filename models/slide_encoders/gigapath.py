@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from wsi.errors import BagFormatError
+from wsi.core.errors import BagFormatError
 from wsi.models.slide_encoders.base import SLIDE_ENCODERS, SlideEncoder, SlideEncoderSpec
 from wsi.models.slide_encoders.longnet import ROW_CHUNK, LongNetConfig, LongNetEncoder
 

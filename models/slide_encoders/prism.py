@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsi.errors import WeightsError
+from wsi.core.errors import WeightsError
 from wsi.models.slide_encoders import base
 from wsi.models.slide_encoders.base import SLIDE_ENCODERS, SlideEncoder, SlideEncoderSpec, StateDict
 

@@ -19,8 +19,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
-from wsi.suffixes import TILE_PIXELS_SUFFIX
-from wsi.tile_file import TileFile, pixels_complete
+from wsi.core.suffixes import TILE_PIXELS_SUFFIX
+from wsi.formats.tile_file import TileFile, pixels_complete
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def slide_tiles_from_tile_file(tile_file: TileFile, *, use_cache: bool = True) -
 class RawBatch:
     """One batch of one slide as compressed JPEG streams plus the plan to turn them into tiles.
 
-    Windows are `wsi.region.plan_region`'s, in level px: window b starts at (ix, iy), is (n_w, n_h) px,
+    Windows are `wsi.slides.region.plan_region`'s, in level px: window b starts at (ix, iy), is (n_w, n_h) px,
     and the output tile comes from it by `kind` (a `RegionKind`: copy P x P, reduce k x k blocks, or
     resample box (bx, by, side) with the PIL filter `filt`). `table[b]` maps the JPEG grid cells the
     window touches (from its first cell (gx0, gy0)) to stream slots; -1 is white. Stream j is

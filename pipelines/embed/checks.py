@@ -17,14 +17,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from wsi.bags import read_bag_attrs
-from wsi.errors import WsiError
-from wsi.files import case_collisions, is_temp_name
+from wsi.core.errors import WsiError
+from wsi.core.files import case_collisions, is_temp_name
+from wsi.core.suffixes import BAG_SUFFIX
+from wsi.formats.bags import read_bag_attrs
 from wsi.models.encoders.recipe import is_recipe_path
 from wsi.pipelines.embed.engine import SlideJob
-from wsi.pipelines.jobs import JobResult
+from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.storage.identity import SlideFingerprint, exists, same_file
-from wsi.suffixes import BAG_SUFFIX
 
 log = logging.getLogger(__name__)
 

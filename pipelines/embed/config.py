@@ -1,4 +1,4 @@
-"""Every option of the embed stage, as one typed config validated through `wsi.config`.
+"""Every option of the embed stage, as one typed config validated through `wsi.core.config`.
 
 `wsi embed` parses its command-line options into `EmbedOptions` with `parse_config` (unknown keys
 refused, types checked); library callers may build it directly, which runs the same value checks.
@@ -24,8 +24,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
-from wsi.config import config_model, setting
-from wsi.errors import ConfigError
+from wsi.core.config import config_model, setting
+from wsi.core.errors import ConfigError
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Dtype = Literal["float16", "float32"]

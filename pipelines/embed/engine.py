@@ -35,18 +35,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from wsi.bags import BagProvenance, write_bag
-from wsi.json_types import JsonObject
-from wsi.models.stain import StainNormalizer, StainReference
+from wsi.core.json_types import JsonObject
+from wsi.formats.bags import BagProvenance, write_bag
+from wsi.formats.tile_file import coords_digest
+from wsi.models.encoders.stain import StainNormalizer, StainReference
 from wsi.pipelines.embed.batches import SlideTiles, TileBatch
 from wsi.pipelines.embed.config import CPU_BATCH, EmbedOptions
 from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead
 from wsi.pipelines.embed.feed import iter_batches
 from wsi.pipelines.embed.runtime import Runtime, encode, prepare_runtime, prepare_runtimes, resolve_decode
 from wsi.pipelines.embed.stain import stain_fields
-from wsi.pipelines.jobs import JobResult, describe_error
+from wsi.pipelines.scheduling.jobs import JobResult, describe_error
 from wsi.storage.identity import SlideFingerprint
-from wsi.tile_file import coords_digest
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def bag_provenance(
 
 
 class BagWrite(TypedDict):
-    """`wsi.bags.write_bag`'s arguments besides the path: one finished bag."""
+    """`wsi.formats.bags.write_bag`'s arguments besides the path: one finished bag."""
 
     feats: np.ndarray  # (n_ok, D)
     coords_um: np.ndarray  # (n_ok, 2)
@@ -162,7 +162,7 @@ def replaced_since(work: SlideWork) -> str:
     before = job.fingerprint
     if before is None:
         return ""
-    from wsi.errors import WsiError
+    from wsi.core.errors import WsiError
     from wsi.storage.identity import fingerprint
 
     try:

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from wsi.formats.tile_file import open_tile_pixels
 from wsi.pipelines.embed.batches import SlideTiles, TileBatch
 from wsi.pipelines.embed.device_decode.raw_tiles import RawSlideReader
-from wsi.pipelines.jobs import describe_error
-from wsi.slide import open_slide
-from wsi.tile_file import open_tile_pixels
+from wsi.pipelines.scheduling.jobs import describe_error
+from wsi.slides.slide import open_slide
 
 log = logging.getLogger(__name__)
 

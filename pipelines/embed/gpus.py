@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

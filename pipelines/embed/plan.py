@@ -26,20 +26,20 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
-from wsi.bags.safe import coords_dataset, feature_dataset, open_bag_file
-from wsi.errors import WsiError
+from wsi.core.errors import WsiError
+from wsi.core.suffixes import BAG_SUFFIX
+from wsi.formats.bags import BagProvenance, bag_length, is_complete_bag, read_bag_header, upgrade_bag
+from wsi.formats.bags.safe import coords_dataset, feature_dataset, open_bag_file
+from wsi.formats.tile_file import coords_digest, read_tile_file
 from wsi.models.encoders import Encoder
-from wsi.models.stain import StainReference
+from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.batches import slide_tiles_from_tile_file
 from wsi.pipelines.embed.checks import other_encoder, other_slide, refuse_case_clashes
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
-from wsi.pipelines.jobs import JobResult
+from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.storage.identity import HEADER_BYTES, SlideFingerprint, current_fingerprint
-from wsi.suffixes import BAG_SUFFIX
-from wsi.tile_file import coords_digest, read_tile_file
 
 log = logging.getLogger(__name__)
 

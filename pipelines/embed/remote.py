@@ -18,11 +18,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from wsi.core.suffixes import TILE_FILE_SUFFIX
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.worker import EmbedItem, embed_item
-from wsi.pipelines.jobs import JobResult
+from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.storage import Mirror, Url, location
-from wsi.suffixes import TILE_FILE_SUFFIX
 
 
 def local_tiles(tiles_dir: str | os.PathLike[str]) -> tuple[Path, Url | None]:

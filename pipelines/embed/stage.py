@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from wsi.errors import ConfigError, WsiError
-from wsi.files import is_temp_name
+from wsi.core.errors import ConfigError, WsiError
+from wsi.core.files import is_temp_name
+from wsi.core.output_lock import output_lock
+from wsi.core.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 from wsi.models.encoders import Encoder, encoder_id_for
-from wsi.models.stain import StainReference
-from wsi.output_lock import output_lock
-from wsi.pipelines.devices import resolve_device
+from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import EmbedInterrupted, SlideWork, WorkResult, embed_works
@@ -53,7 +53,8 @@ from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from wsi.pipelines.embed.remote import embed_item_remote, local_tiles, publisher
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference
-from wsi.pipelines.jobs import (
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.pipelines.scheduling.jobs import (
     JobResult,
     JobsInterrupted,
     RunSummary,
@@ -62,7 +63,6 @@ from wsi.pipelines.jobs import (
     write_manifest,
 )
 from wsi.storage import Mirror, origin, remote_output
-from wsi.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 
 log = logging.getLogger(__name__)
 

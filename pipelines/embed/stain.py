@@ -1,7 +1,7 @@
 """`--stain-norm` / `--stain-reference`: the stain reference of a run, and what a bag records about it.
 
 The reference is resolved once, before any work (a bad file is a usage error, not N failed slides), and
-travels to dask workers as data. It is either the method's shipped default (models/stain.py), a saved
+travels to dask workers as data. It is either the method's shipped default (models/encoders/stain.py), a saved
 reference (.json, `models.stain.save_reference`), or fitted from tiles: an image, a folder of images, or a
 tile file of `wsi tile` (its tiles read from the --save-tiles cache when complete, else from the slide).
 
@@ -20,11 +20,11 @@ from typing import TypedDict
 import numpy as np
 import torch
 
-from wsi.config import config_dict
-from wsi.errors import ConfigError, WsiError
-from wsi.json_types import JsonObject
-from wsi.models.stain import StainReference, default_reference, fit_reference, load_reference
-from wsi.suffixes import PHOTO_SUFFIXES
+from wsi.core.config import config_dict
+from wsi.core.errors import ConfigError, WsiError
+from wsi.core.json_types import JsonObject
+from wsi.core.suffixes import PHOTO_SUFFIXES
+from wsi.models.encoders.stain import StainReference, default_reference, fit_reference, load_reference
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _reference_tiles(path: Path) -> np.ndarray:
         return _crops([_read_image(p) for p in files])
     if path.suffix.lower() in PHOTO_SUFFIXES:
         return _crops([_read_image(path)])
-    from wsi.tile_file import is_tile_file
+    from wsi.formats.tile_file import is_tile_file
 
     if is_tile_file(path):
         return _tile_file_tiles(path)
@@ -111,9 +111,9 @@ def _evenly(tiles: np.ndarray) -> np.ndarray:
 
 def _tile_file_tiles(path: Path) -> np.ndarray:
     """Up to MAX_FIT_TILES tiles of a tile file, evenly spaced: from its pixel cache, else from the slide."""
-    from wsi.slide import open_slide
-    from wsi.suffixes import TILE_PIXELS_SUFFIX
-    from wsi.tile_file import open_tile_pixels, pixels_complete, read_tile_file
+    from wsi.core.suffixes import TILE_PIXELS_SUFFIX
+    from wsi.formats.tile_file import open_tile_pixels, pixels_complete, read_tile_file
+    from wsi.slides.slide import open_slide
 
     try:
         tf = read_tile_file(path)

@@ -29,13 +29,13 @@ from typing import Any, TypedDict
 import torch
 from distributed import WorkerPlugin
 
-from wsi.models.stain import StainReference
-from wsi.pipelines.devices import resolve_device
+from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import Runtime, SlideWork, WorkResult, embed_works
 from wsi.pipelines.embed.gpus import worker_gpu
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
-from wsi.pipelines.jobs import JobResult, worker_plugin
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.pipelines.scheduling.jobs import JobResult, worker_plugin
 
 log = logging.getLogger(__name__)
 

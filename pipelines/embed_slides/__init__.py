@@ -7,15 +7,15 @@ check_bag(bag, spec, name)        refuses bags of another tile encoder / weights
 write_embedding, read_embedding, EmbeddingProvenance, embedding_dir   the file format (output.py)
 """
 
-from wsi.pipelines.embed_slides.checks import check_bag, tile_source
-from wsi.pipelines.embed_slides.config import SlideEmbedOptions
-from wsi.pipelines.embed_slides.output import (
+from wsi.formats.slide_embeddings import (
     Embedding,
     EmbeddingProvenance,
     embedding_dir,
     read_embedding,
     write_embedding,
 )
+from wsi.pipelines.embed_slides.checks import check_bag, tile_source
+from wsi.pipelines.embed_slides.config import SlideEmbedOptions
 from wsi.pipelines.embed_slides.run import embed_slides
 
 __all__ = [

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsi.bags import FORMAT, Bag, read_bag_attrs
-from wsi.errors import BagFormatError, ConfigError, WsiError
+from wsi.core.errors import BagFormatError, ConfigError, WsiError
+from wsi.formats.bags import FORMAT, Bag, read_bag_attrs
 from wsi.models.slide_encoders import SlideEncoderSpec
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from wsi.config import config_model, setting
-from wsi.errors import ConfigError
-from wsi.pipelines.remote import Location
+from wsi.core.config import config_model, setting
+from wsi.core.errors import ConfigError
+from wsi.pipelines.scheduling.remote import Location
 
 
 def _slide_encoder_names() -> list[str]:

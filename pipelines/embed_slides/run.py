@@ -21,16 +21,16 @@ import h5py
 import numpy as np
 import torch
 
-from wsi.bags import Bag, load_bag, no_bags_message
-from wsi.config import with_settings
-from wsi.errors import ConfigError, LabelError
-from wsi.files import is_temp_name
+from wsi.core.config import with_settings
+from wsi.core.errors import ConfigError, LabelError
+from wsi.core.files import is_temp_name
+from wsi.formats.bags import Bag, load_bag, no_bags_message
+from wsi.formats.slide_embeddings import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag, check_folder
 from wsi.pipelines.embed_slides.config import SlideEmbedOptions
-from wsi.pipelines.embed_slides.output import EmbeddingProvenance, embedding_dir, write_embedding
-from wsi.pipelines.jobs import JobResult, run_jobs, write_manifest
-from wsi.pipelines.remote import remote_edges
+from wsi.pipelines.scheduling.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.scheduling.remote import remote_edges
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def embed_slides(
 def _embed_slides(
     *, features: str | Path, out: str | Path, slide_table: Any, options: SlideEmbedOptions
 ) -> tuple[Path, list[JobResult]]:
-    from wsi.pipelines.devices import resolve_device
+    from wsi.pipelines.scheduling.devices import resolve_device
 
     opts = options
     model = build_slide_encoder(opts.encoder, weights=opts.weights, random_init=opts.random_init)

@@ -29,7 +29,7 @@ Protocol (`InputAdapter`):
                                contribution of each tile/patch to the predicted class) for one item;
                                `predict` skips heatmaps for adapters without it.
 
-`INPUTS` (a `wsi.registry.Registry`) maps a name to its adapter class; the adapter modules are imported
+`INPUTS` (a `wsi.core.registry.Registry`) maps a name to its adapter class; the adapter modules are imported
 on the first lookup, so their readers (DICOM, NIfTI...) cost nothing until a task asks for them.
 """
 
@@ -44,10 +44,10 @@ from typing import Any, ClassVar, Protocol, TypedDict, runtime_checkable
 import torch
 from torch.utils.data import Dataset
 
-from wsi.errors import ConfigError
-from wsi.json_types import JsonObject, JsonValue
-from wsi.registry import Registry
-from wsi.samples import Sample
+from wsi.core.errors import ConfigError
+from wsi.core.json_types import JsonObject, JsonValue
+from wsi.core.registry import Registry
+from wsi.pipelines.inputs.samples import Sample
 
 log = logging.getLogger(__name__)
 

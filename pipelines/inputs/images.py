@@ -6,7 +6,7 @@ Task YAML:
     input_options:
       size_px: 224            # 2D: an int or [H, W]; 3D: [D, H, W]
       channels: 3             # 1 or 3 (gray is repeated, colour turned to luma as needed)
-      normalize: imagenet     # imagenet | range | zscore (see wsi.clinical_images.transforms)
+      normalize: imagenet     # imagenet | range | zscore (see wsi.pipelines.inputs.clinical.transforms)
       spacing_mm: null        # 3D: target voxel spacing [D, H, W] when the file gives its own
       augment: true           # the paper's augmentation while training (2D rotate + flip, 3D flips)
       projection: mid         # 3D heatmaps: middle slice (mid) or maximum-intensity projection (max)
@@ -28,9 +28,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from wsi.clinical_images.dataset import ImageDataset, collate_images
-from wsi.clinical_images.heatmap import fit_long_side, save_heatmap
-from wsi.clinical_images.readers import (
+from wsi.core.errors import ConfigError, ImageReadError
+from wsi.core.files import is_temp_name, sanitize_slide_id
+from wsi.core.json_types import JsonObject, JsonValue
+from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
+from wsi.pipelines.inputs.clinical.dataset import ImageDataset, collate_images
+from wsi.pipelines.inputs.clinical.heatmap import fit_long_side, save_heatmap
+from wsi.pipelines.inputs.clinical.readers import (
     DICOM_SUFFIXES,
     IMAGE_SUFFIXES,
     NIFTI_SUFFIXES,
@@ -39,12 +43,8 @@ from wsi.clinical_images.readers import (
     probe_image,
     read_image,
 )
-from wsi.clinical_images.transforms import NORMALIZE_MODES, ImageSpec
-from wsi.errors import ConfigError, ImageReadError
-from wsi.files import is_temp_name, sanitize_slide_id
-from wsi.json_types import JsonObject, JsonValue
-from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
-from wsi.samples import Sample
+from wsi.pipelines.inputs.clinical.transforms import NORMALIZE_MODES, ImageSpec
+from wsi.pipelines.inputs.samples import Sample
 
 log = logging.getLogger(__name__)
 

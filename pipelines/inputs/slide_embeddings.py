@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from wsi.errors import ConfigError, WsiError
-from wsi.files import is_temp_name
-from wsi.json_types import JsonObject, JsonValue
-from wsi.pipelines.embed_slides.output import FEAT_TYPES, read_embedding
+from wsi.core.errors import ConfigError, WsiError
+from wsi.core.files import is_temp_name
+from wsi.core.json_types import JsonObject, JsonValue
+from wsi.formats.slide_embeddings import FEAT_TYPES, read_embedding
 from wsi.pipelines.inputs import INPUTS, Batch, DataModelKwargs, Item
-from wsi.pipelines.inputs.bags import collate_bags
-from wsi.samples import Sample
+from wsi.pipelines.inputs.bag_dataset import collate_bags
+from wsi.pipelines.inputs.samples import Sample
 
 log = logging.getLogger(__name__)
 

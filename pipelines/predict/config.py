@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from wsi.config import MAX_COUNT, MAX_MPP, config_model, setting
+from wsi.core.config import MAX_COUNT, MAX_MPP, config_model, setting
 
 #: a bag of more tiles is read chunk by chunk (a million tiles in under 3 GB; the probabilities agree
 #: with the in-memory forward to float rounding, a few 1e-6: its sums run in another order)

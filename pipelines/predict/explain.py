@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from wsi.pipelines.heatmaps import ATTENTION_LABEL, CONTRIBUTION_LABEL, slide_heatmap, tile_values
 from wsi.pipelines.inputs import Batch, Item
-from wsi.pipelines.jobs import describe_error
+from wsi.pipelines.inputs.heatmaps import ATTENTION_LABEL, CONTRIBUTION_LABEL, slide_heatmap, tile_values
 from wsi.pipelines.predict.config import STREAM_ABOVE_TILES
 from wsi.pipelines.predict.geojson import case_slide_geojson
 from wsi.pipelines.predict.run_model import RunModel
 from wsi.pipelines.predict.top_tiles import TopTiles, export_slide, recorded_slide
+from wsi.pipelines.scheduling.jobs import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def _heatmap(
         slide_path, slide_mpp, _ = recorded_slide(item.path)
         thumb = None if slide_path is None else (slide_path, slide_mpp)
     if thumb is not None and "coords_um" in sample:
-        from wsi.bags import read_bag_attrs
+        from wsi.formats.bags import read_bag_attrs
 
         try:
             tile_um = float(sample.get("tile_size_um") or read_bag_attrs(item.path)["tile_size_um"])

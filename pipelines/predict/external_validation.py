@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from wsi.errors import LabelError
-from wsi.files import write_csv_atomic, write_json_atomic
-from wsi.pipelines.cases import group_by_patient
+from wsi.core.errors import LabelError
+from wsi.core.files import write_csv_atomic, write_json_atomic
 from wsi.pipelines.inputs import Item
-from wsi.pipelines.labels import default_patient, match_items, read_label_table
-from wsi.pipelines.task_kinds import PredictionSet, TaskKind
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.study.cases import group_by_patient
+from wsi.pipelines.study.kinds import PredictionSet, TaskKind
+from wsi.pipelines.study.labels import default_patient, match_items, read_label_table
+from wsi.pipelines.study.tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import ConfigError
-from wsi.output_lock import lock_path, read_holder
+from wsi.core.errors import ConfigError
+from wsi.core.output_lock import lock_path, read_holder
 from wsi.storage import Url, location
 from wsi.storage.remote_lock import RemoteLock, describe_holder
 

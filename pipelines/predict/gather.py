@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wsi.errors import ConfigError
-from wsi.pipelines.jobs import JobResult
+from wsi.core.errors import ConfigError
 from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel
+from wsi.pipelines.scheduling.jobs import JobResult
 
 #: input names (pipelines.inputs registry) whose inputs an encoder makes from raw slides
 BAGS, SLIDE_EMBEDDINGS = "bags", "slide-embeddings"

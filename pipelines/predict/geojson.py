@@ -2,7 +2,7 @@
 measurements, the top tiles as annotations, the slide's prediction in the collection's properties.
 
 All in level-0 pixels (the bag's `coords` where it stores them, else its micrometres over the slide's
-mpp), so File > Import objects in QuPath lays them over the slide (`wsi.qupath`). Per tile:
+mpp), so File > Import objects in QuPath lays them over the slide (`wsi.formats.qupath`). Per tile:
   "contribution <output>"  its additive share of each output (class, target or risk: the values the
                            heatmaps draw, `TaskKind.contribution_maps`)
   "pooling weight"         its attention-pooling weight, for models that pool by attention (ABMIL, CLAM,
@@ -23,14 +23,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from wsi.bags import open_bag_stream
-from wsi.errors import WsiError
-from wsi.files import sanitize_slide_id
-from wsi.pipelines.devices import autocast_for
+from wsi.core.errors import WsiError
+from wsi.core.files import sanitize_slide_id
+from wsi.formats.bags import open_bag_stream
+from wsi.formats.qupath import (
+    QuPathClass,
+    box_ring,
+    feature,
+    feature_collection,
+    polygon_geometry,
+    tile_features,
+)
+from wsi.formats.qupath import write_geojson as write_collection
 from wsi.pipelines.predict.run_model import ATTENTION
 from wsi.pipelines.predict.top_tiles import pick
-from wsi.qupath import QuPathClass, box_ring, feature, feature_collection, polygon_geometry, tile_features
-from wsi.qupath import write_geojson as write_collection
+from wsi.pipelines.scheduling.devices import autocast_for
 
 if TYPE_CHECKING:
     from wsi.pipelines.inputs import Batch, Item

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import ConfigError
-from wsi.files import disk_full_error, is_disk_full, sha256_file
+from wsi.core.errors import ConfigError
+from wsi.core.files import disk_full_error, is_disk_full, sha256_file
 from wsi.pipelines.inputs import Item
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import ConfigError
-from wsi.pipelines.jobs import JobResult
+from wsi.core.errors import ConfigError
 from wsi.pipelines.predict.config import PredictOptions
+from wsi.pipelines.scheduling.jobs import JobResult
 
 
 def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) -> None:
@@ -54,7 +54,7 @@ def embed_raw_slides_to_embeddings(
     progress: bool,
 ) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
     """(embedding by slide id, (slide path, mpp) by slide id, the slides that failed)."""
-    from wsi.files import sha256_file
+    from wsi.core.files import sha256_file
     from wsi.pipelines.embed_slides import embed_slides
     from wsi.pipelines.predict.raw_slides import embed_raw_slides
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from wsi.errors import ConfigError
-from wsi.pipelines.jobs import JobResult
+from wsi.core.errors import ConfigError
+from wsi.pipelines.scheduling.jobs import JobResult
 
 _PRECISIONS: dict[str, Literal["bf16", "fp16", "fp32"]] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
@@ -36,12 +36,12 @@ def embed_raw_slides(
 ) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
     """Tile and embed slides with a run's recorded settings (its input `provenance`); returns (bags by
     slide id, (slide path, mpp) by slide id, the slides that failed)."""
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
     from wsi.models.encoders import encoder_id_for
     from wsi.pipelines.embed.engine import EmbedOptions
     from wsi.pipelines.embed.stage import bag_dir, embed_slides
-    from wsi.sources import find_slides
-    from wsi.tile_params import TileParams
+    from wsi.slides.sources import find_slides
+    from wsi.tiling.params import TileParams
 
     prov = provenance
     encoder, sha = prov.get("encoder"), prov.get("weights_sha256")
@@ -103,8 +103,8 @@ def embed_raw_slides(
 def _tiled_mpp(bag: Path, given: float | None) -> float | None:
     """The level-0 um/px the tile stage used for this slide, as its bag records it: a slide's metadata
     wins over --mpp there, so heatmaps and top tiles must not open the slide with --mpp instead."""
-    from wsi.bags import read_bag_attrs
-    from wsi.errors import WsiError
+    from wsi.core.errors import WsiError
+    from wsi.formats.bags import read_bag_attrs
 
     with contextlib.suppress(OSError, ValueError, WsiError):
         recorded = read_bag_attrs(bag).get("mpp")
@@ -116,7 +116,7 @@ def _tiled_mpp(bag: Path, given: float | None) -> float | None:
 def _unreported(sources: Sequence[Any], results: Sequence[JobResult], work: Path) -> list[JobResult]:
     """Rows for the slides the embed stage returned nothing for: an `empty` slide (the tile stage kept
     no tile; its reason from work/tiles/manifest.csv), else a failure saying so."""
-    from wsi.pipelines.jobs import read_manifest
+    from wsi.pipelines.scheduling.jobs import read_manifest
 
     reported = {r.slide_id for r in results}
     missing = [s for s in sources if s.slide_id not in reported]

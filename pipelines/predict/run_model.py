@@ -17,12 +17,12 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from wsi.errors import ConfigError
-from wsi.pipelines.checkpoints import load_into, weights_metadata
-from wsi.pipelines.devices import autocast_for, resolve_device
+from wsi.core.errors import ConfigError
 from wsi.pipelines.inputs import InputAdapter, build_input
-from wsi.pipelines.run_record import RUN_STAMP_KEY, RunRecord, read_fitted, read_run_record, record_path
-from wsi.pipelines.task_kinds import TaskKind, build_kind
+from wsi.pipelines.runs.checkpoints import load_into, weights_metadata
+from wsi.pipelines.runs.record import RUN_STAMP_KEY, RunRecord, read_fitted, read_run_record, record_path
+from wsi.pipelines.scheduling.devices import autocast_for, resolve_device
+from wsi.pipelines.study.kinds import TaskKind, build_kind
 
 #: the one map of a model explained by attention (heatmaps, tile values, GeoJSON, top tiles)
 ATTENTION = "attention"
@@ -167,7 +167,7 @@ def _check_stamp(ckpt: Path, record: RunRecord) -> None:
 def _check_standardization(model: torch.nn.Module, record: RunRecord, ckpt: Path) -> None:
     """The weights hold an input standardisation exactly when the run's task asked for one (a run
     folder whose weights were swapped would otherwise predict on the wrong feature scale)."""
-    from wsi.models.standardize import input_standardizer
+    from wsi.models.layers.standardize import input_standardizer
 
     has = input_standardizer(model) is not None
     if has != record.task.standardize_features:

@@ -44,14 +44,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from wsi.config import with_settings
-from wsi.errors import WsiError
-from wsi.files import write_csv_atomic
-from wsi.output_lock import output_lock
-from wsi.pipelines.cases import CaseCollate, CaseDataset
+from wsi.core.config import with_settings
+from wsi.core.errors import WsiError
+from wsi.core.files import write_csv_atomic
+from wsi.core.output_lock import output_lock
 from wsi.pipelines.inputs import Item, with_resolution
-from wsi.pipelines.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
-from wsi.pipelines.labels import default_patient
 from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.explain import CaseOptions, explain_case
 from wsi.pipelines.predict.external_validation import (
@@ -67,8 +64,11 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
-from wsi.pipelines.remote import remote_edges
-from wsi.pipelines.task_kinds import TaskKind
+from wsi.pipelines.scheduling.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from wsi.pipelines.scheduling.remote import remote_edges
+from wsi.pipelines.study.cases import CaseCollate, CaseDataset
+from wsi.pipelines.study.kinds import TaskKind
+from wsi.pipelines.study.labels import default_patient
 
 log = logging.getLogger(__name__)
 

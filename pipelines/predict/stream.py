@@ -4,7 +4,7 @@ A million-tile bag is 4 GB of float16 features, 8 GB once cast to float32 for th
 whole is what makes a long slide die of memory. Above `STREAM_ABOVE_TILES` tiles, a slide's bag is
 read `READ_TILES` rows at a time into each model's `logits_from_chunks` (models.mil), which keeps only
 the tokens at model width plus one chunk and runs the same exact two-pass scheme as an in-memory
-forward, so the outputs are the in-memory ones (tests/pipelines/test_predict_stream.py).
+forward, so the outputs are the in-memory ones (tests/pipelines/predict/test_predict_stream.py).
 
 Some models read a streamed bag twice (DSMIL finds each class's critical tile before its attention,
 DTFD-MIL scores its pseudo-bags before distilling them): the chunk source is re-iterable, each pass
@@ -24,11 +24,11 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from wsi.bags import BagStream, finite_chunks, fits_in_memory, open_bag_stream, read_bag_header
-from wsi.errors import WsiError
-from wsi.pipelines.devices import autocast_for
+from wsi.core.errors import WsiError
+from wsi.formats.bags import BagStream, finite_chunks, fits_in_memory, open_bag_stream, read_bag_header
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.predict.run_model import RunModel
+from wsi.pipelines.scheduling.devices import autocast_for
 
 #: slide bags with more tiles than this are predicted streamed (heatmaps off for them); at 131,072
 #: tiles the in-memory path holds ~1.6 GB of features (float16 + the float32 copy) besides the model's

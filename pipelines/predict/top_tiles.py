@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from wsi.bags import load_bag, read_bag_attrs
-from wsi.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
+from wsi.core.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
+from wsi.formats.bags import load_bag, read_bag_attrs
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def export_slide(
     collected: TopTiles,
 ) -> None:
     """Crops and a contact sheet of the top and bottom k tiles of each map (values (N,) per bag row)."""
-    from wsi.slide import open_slide
+    from wsi.slides.slide import open_slide
 
     slide_path, mpp, why = _slide_source(bag_path, slide)
     if slide_path is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from wsi.files import write_bytes_atomic, write_csv_atomic, write_text_atomic
+from wsi.core.files import write_bytes_atomic, write_csv_atomic, write_text_atomic
 from wsi.pipelines.report.sections import (
     Section,
     Tables,
@@ -21,7 +21,7 @@ from wsi.pipelines.report.sections import (
     survival_sections,
 )
 from wsi.pipelines.stats.estimable import NOT_ESTIMABLE
-from wsi.pipelines.task_kinds import PredictionSet, TaskKind
+from wsi.pipelines.study.kinds import PredictionSet, TaskKind
 
 REPORT_NAME = "report.html"
 METRIC_HEADER = ["set", "target", "metric", "value", "ci95_low", "ci95_high", "not_estimable"]

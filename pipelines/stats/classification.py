@@ -25,7 +25,7 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from wsi.files import atomic_path
+from wsi.core.files import atomic_path
 from wsi.pipelines.stats.bootstrap import bootstrap_cis, percentile_interval, resamples
 
 #: points of the common axis that bootstrap curves are read at (FPR for ROC, recall for PR)

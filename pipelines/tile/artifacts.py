@@ -1,4 +1,4 @@
-"""How the tile stage reports the artifact filters (`wsi.artifacts`): the count of every reason for the
+"""How the tile stage reports the artifact filters (`wsi.tiling.artifacts`): the count of every reason for the
 tile file, a note for the manifest row, why an all-artifact slide is empty, and the run's summary line."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from wsi.artifacts import CODES, DESCRIPTIONS, FILTERS
-from wsi.errors import TileFileError
-from wsi.pipelines.jobs import JobResult
-from wsi.tile_file import read_tile_file
-from wsi.tiling import BACKGROUND, BLURRY, EXCLUDED, KEPT, UNREADABLE, TileCounts, TissueGrid
+from wsi.core.errors import TileFileError
+from wsi.formats.tile_file import read_tile_file
+from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.tiling.artifacts import CODES, DESCRIPTIONS, FILTERS
+from wsi.tiling.grid import BACKGROUND, BLURRY, EXCLUDED, KEPT, UNREADABLE, TileCounts, TissueGrid
 
 
 def count_reasons(found: TissueGrid | int, reasons: np.ndarray) -> TileCounts:
-    """The tally of one slide's (M,) candidate reason codes (`wsi.tiling.REASON_NAMES`, EXCLUDED);
+    """The tally of one slide's (M,) candidate reason codes (`wsi.tiling.grid.REASON_NAMES`, EXCLUDED);
     `found` may be the grid's number of cells instead (a review re-counts a stored tile file)."""
     return TileCounts(
         n_grid=found if isinstance(found, int) else len(found.grid),

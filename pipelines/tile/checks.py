@@ -13,7 +13,7 @@ that fixes it:
 - `explain_empty(...)`: why a slide kept no tile, naming the filter and the option that controls it.
 - `file_damage(...)`, `check_damage(...)`: how much of the file could not be decoded, counted in the
   file's own tiles; a slide fails only when that is beyond `max_unreadable_fraction`
-  (`wsi.tiff_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
+  (`wsi.slides.tiff_tiles.FileDamage.too_much`). Below it the tiles are counted and the places named in one
   warning and the manifest row (`damage_note`), the tile file (`damage_record`) and the QC picture.
 """
 
@@ -26,14 +26,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.artifacts import FILTERS
-from wsi.background import Background, looks_dark_maybe
-from wsi.errors import SlideError, SlideIdError, WsiError
-from wsi.files import sanitize_slide_id
+from wsi.core.errors import SlideError, SlideIdError, WsiError
+from wsi.core.files import sanitize_slide_id
+from wsi.formats.tile_meta import DamageRecord, TileFileMeta
 from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note, why_artifact
-from wsi.sources import SlideSource
-from wsi.storage.identity import SlideFingerprint, exists, fingerprint, same_file
-from wsi.tiff_tiles import (
+from wsi.slides.sources import SlideSource
+from wsi.slides.tiff_tiles import (
     FileDamage,
     FileTileProbe,
     describe_regions,
@@ -41,15 +39,17 @@ from wsi.tiff_tiles import (
     file_tile_px,
     file_tiles_under,
 )
-from wsi.tile_meta import DamageRecord, TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import TileCounts, TissueGrid
+from wsi.storage.identity import SlideFingerprint, exists, fingerprint, same_file
+from wsi.tiling.artifacts import FILTERS
+from wsi.tiling.background import Background, looks_dark_maybe
+from wsi.tiling.grid import TileCounts, TissueGrid
+from wsi.tiling.params import TileParams
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from wsi.slide import Slide
-    from wsi.tile_file import TileFile
+    from wsi.formats.tile_file import TileFile
+    from wsi.slides.slide import Slide
 
 #: undecodable regions listed in a tile file (`unreadable_regions`); the count says how many in all
 MAX_STORED_REGIONS = 1000

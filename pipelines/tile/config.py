@@ -1,5 +1,5 @@
 """The tiling run's settings (how to read and schedule; which segmentation networks run), beside
-`wsi.tile_params.TileParams` (which tiles to keep, stored in every tile file). `wsi tile` builds its
+`wsi.tiling.params.TileParams` (which tiles to keep, stored in every tile file). `wsi tile` builds its
 options from all three, so each default, range, choice and help text is written once, here or there."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from wsi.config import MAX_MPP, config_model, setting
-from wsi.errors import ConfigError
-from wsi.tile_params import ArtifactModel, TissueModel
-from wsi.work_bounds import MAX_READ_PX
+from wsi.core.config import MAX_MPP, config_model, setting
+from wsi.core.errors import ConfigError
+from wsi.core.work_bounds import MAX_READ_PX
+from wsi.tiling.params import ArtifactModel, TissueModel
 
 Backend = Literal["openslide", "tiffslide"]
 BackgroundChoice = Literal["auto", "light", "dark"]

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.blur import blur_reduction
 from wsi.pipelines.tile.artifacts import count_reasons
 from wsi.pipelines.tile.checks import check_damage, file_damage
 from wsi.pipelines.tile.output import pixel_writer
 from wsi.pipelines.tile.read import classified_chunks
-from wsi.slide import Slide
-from wsi.tiff_tiles import FileDamage, FileTileProbe
-from wsi.tiling import KEPT, TileCounts, TissueGrid
+from wsi.slides.slide import Slide
+from wsi.slides.tiff_tiles import FileDamage, FileTileProbe
+from wsi.tiling.blur import blur_reduction
+from wsi.tiling.grid import KEPT, TileCounts, TissueGrid
 
 if TYPE_CHECKING:
     from wsi.pipelines.tile.job import TileJob

@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wsi.core.work_bounds import MAX_READ_PX
 from wsi.pipelines.tile.segment import SegmentationOptions
-from wsi.tile_params import TileParams
-from wsi.work_bounds import MAX_READ_PX
+from wsi.tiling.params import TileParams
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class TileOutputs:
 
 def remote_files(slide_id: str) -> tuple[list[str], str]:
     """One slide's outputs relative to --out, and its done file (the tile file): what a remote --out
-    pulls and pushes per slide (`wsi.pipelines.remote`)."""
+    pulls and pushes per slide (`wsi.pipelines.scheduling.remote`)."""
     paths = output_paths("", slide_id)
     return [paths.qc.as_posix(), paths.geojson.as_posix()], paths.h5.as_posix()
 
@@ -60,9 +60,10 @@ class TileJob:
     #: tissue / artifact segmentation networks (`wsi.pipelines.tile.segment`); None: none
     segmentation: SegmentationOptions | None = None
     #: the URL of a remote --out (s3://...): each worker writes into its own mirror of it (`out_dir`
-    #: replaced) and uploads each slide's files (`wsi.pipelines.remote`); None: out_dir is the output
+    #: replaced) and uploads each slide's files (`wsi.pipelines.scheduling.remote`); None: out_dir is the
+    #: output
     remote: str | None = None
-    #: the most pixels of one level decoded for the thumbnail (`wsi.thumbnail.check_thumbnails`)
+    #: the most pixels of one level decoded for the thumbnail (`wsi.slides.thumbnail.check_thumbnails`)
     max_read_px: int = MAX_READ_PX
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from wsi.errors import MissingMppError, SlideError
+from wsi.core.errors import MissingMppError, SlideError
 from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
-from wsi.slide import Slide, open_slide
-from wsi.sources import SlideSource
+from wsi.slides.slide import Slide, open_slide
+from wsi.slides.sources import SlideSource
 
 log = logging.getLogger("wsi.pipelines.tile")
 

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import wsi
-from wsi.slide import Slide
-from wsi.sources import SlideSource
-from wsi.tile_file import PixelStoreAttrs, TilePixelWriter
-from wsi.tile_meta import TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import TileCounts
+from wsi.core.version import __version__
+from wsi.formats.tile_file import PixelStoreAttrs, TilePixelWriter
+from wsi.formats.tile_meta import TileFileMeta
+from wsi.slides.slide import Slide
+from wsi.slides.sources import SlideSource
+from wsi.tiling.grid import TileCounts
+from wsi.tiling.params import TileParams
 
 
 def pixel_writer(path: Path, params: TileParams, slide_id: str, n_max: int) -> TilePixelWriter:
@@ -55,7 +55,7 @@ def tile_file_meta(
         vendor=slide.vendor,
         params=params.to_dict(),
         counts=counts,
-        wsi_version=wsi.__version__,
+        wsi_version=__version__,
         **sections,
     )
 

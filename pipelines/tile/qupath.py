@@ -1,14 +1,14 @@
 """The tile stage's QuPath side: `--roi` annotations restrict the cells tiled, and qc/<slide_id>.geojson
-shows the outcome as objects QuPath imports (`wsi.qupath`).
+shows the outcome as objects QuPath imports (`wsi.formats.qupath`).
 
 ROI rule: a candidate cell (enough tissue in the thumbnail mask) is read only when its centre lies inside
-an included region and outside every excluded one (`wsi.qupath.read`); the centre, not the majority of
+an included region and outside every excluded one (`wsi.formats.qupath.read`); the centre, not the majority of
 the tile, because it is one unambiguous point per tile and matches how a tile grid is drawn over a region.
 The cells left out are counted (`n_outside_roi`) and the ROI file's sha256 is stored in the tile file, so
 a changed ROI re-tiles the slide.
 
 The QC GeoJSON holds the tissue outline (an annotation classed "Tissue") and every candidate tile as a
-QuPath tile object classed by its fate (`wsi.tiling.REASON_NAMES`: kept, background, blurry, ... and any
+QuPath tile object classed by its fate (`wsi.tiling.grid.REASON_NAMES`: kept, background, blurry, ... and any
 reason a filter adds), with its tissue fraction as a measurement; all in level-0 pixels.
 """
 
@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.qc import FATE_RGB, OUTLINE_RGB
-from wsi.qupath import (
+from wsi.formats.qupath import (
     QuPathClass,
     Roi,
     feature,
@@ -35,11 +34,12 @@ from wsi.qupath import (
     tile_features,
     write_geojson,
 )
-from wsi.tile_meta import RoiRecord
-from wsi.tiling import REASON_NAMES, TissueGrid, tissue_fractions
+from wsi.formats.tile_meta import RoiRecord
+from wsi.tiling.grid import REASON_NAMES, TissueGrid, tissue_fractions
+from wsi.tiling.qc import FATE_RGB, OUTLINE_RGB
 
 if TYPE_CHECKING:
-    from wsi.slide import Slide
+    from wsi.slides.slide import Slide
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def roi_digest(roi: Path | None, slide_id: str) -> str:
     slide whose stored digest differs is tiled again."""
     if roi is None:
         return ""
-    from wsi.errors import RoiError
-    from wsi.files import sha256_file
+    from wsi.core.errors import RoiError
+    from wsi.core.files import sha256_file
 
     try:
         return sha256_file(roi_file_for(roi, slide_id))

@@ -8,8 +8,8 @@
 Each candidate tile is read once with `Slide.read_region_um`; the same pixels feed the filters and the
 optional zarr cache; each chunk of 16 tiles is read and filtered on a pool thread. A tile that cannot be
 decoded is marked UNREADABLE (left white), never an error for the whole slide here; given a
-`wsi.tiff_tiles.FileTileProbe`, its window is read again stored tile by stored tile to find which of the
-file's tiles are bad (the caller judges the damage from those).
+`wsi.slides.tiff_tiles.FileTileProbe`, its window is read again stored tile by stored tile to find which of
+the file's tiles are bad (the caller judges the damage from those).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from wsi.errors import SlideError
-from wsi.slide import Slide
-from wsi.tiff_tiles import FileTileProbe, describe_regions
-from wsi.tile_params import TileParams
-from wsi.tiling import UNREADABLE, classify_tiles, judge_artifacts
+from wsi.core.errors import SlideError
+from wsi.slides.slide import Slide
+from wsi.slides.tiff_tiles import FileTileProbe, describe_regions
+from wsi.tiling.grid import UNREADABLE, classify_tiles, judge_artifacts
+from wsi.tiling.params import TileParams
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,11 @@ def classified_chunks(
     blur_reduce: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
-    dark-background slide and its signal gain (`wsi.tiling.classify_tiles`); probe: locates the bad
+    dark-background slide and its signal gain (`wsi.tiling.grid.classify_tiles`); probe: locates the bad
     stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
-    code of each tile's thumbnail regions (`wsi.tiling.TissueGrid.region_codes`; None: no artifact
-    filter runs), judged with the tile's own pixels (`wsi.tiling.judge_artifacts`); signal_level: a dim
-    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.blur.blur_reduction`)."""
+    code of each tile's thumbnail regions (`wsi.tiling.grid.TissueGrid.region_codes`; None: no artifact
+    filter runs), judged with the tile's own pixels (`wsi.tiling.grid.judge_artifacts`); signal_level: a dim
+    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur.blur_reduction`)."""
 
     def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(

@@ -2,10 +2,10 @@
 qc/<slide_id>.geojson, applied to the candidates the tile file stores: a new or changed review reads no
 slide pixels (with --save-tiles, only those of the tiles it newly keeps).
 
-Rules, per candidate tile (matched by its box to the file's tile objects, `wsi.qupath.review`):
+Rules, per candidate tile (matched by its box to the file's tile objects, `wsi.formats.qupath.review`):
 - a tile object classed "kept" (any case) keeps the tile; any other class drops it (our fates:
   background, blurry, ink, ...; Ignore*, Exclude, or a class of the user's own);
-- an annotation classed Exclude, Excluded or Ignore* (`wsi.qupath.is_excluded`) drops every tile whose
+- an annotation classed Exclude, Excluded or Ignore* (`wsi.formats.qupath.is_excluded`) drops every tile whose
   centre lies inside it, whatever the tile's class (the --roi rule);
 - a candidate the file does not hold (deleted in QuPath, or an export of selected objects or of drawn
   regions only) and an unclassified tile object keep the filters' verdict; other annotations (the tissue
@@ -14,8 +14,8 @@ Refused for the slide, naming the file (its old output left as it was): tile obj
 candidate of this slide (another slide's file, or other tile settings), one tile with two verdicts
 (objects imported twice), keeping a tile whose pixels could not be decoded, our own file of another id.
 
-The tile file stores every candidate with the filters' verdict (`wsi.tile_file.Candidates`) and the
-review's file, sha256 and counts (`wsi.tile_meta.ReviewRecord`); its counts are the final fates (a
+The tile file stores every candidate with the filters' verdict (`wsi.formats.tile_file.Candidates`) and the
+review's file, sha256 and counts (`wsi.formats.tile_meta.ReviewRecord`); its counts are the final fates (a
 reviewer's drop counts as `n_excluded`). The QC picture and qc/<id>.geojson keep the filters' verdicts,
 so the file a reviewer edits is the same whatever review was applied: a review applied again is a no-op,
 and a run without --review goes back to the filters' verdicts, also without reading the slide.
@@ -34,24 +34,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.errors import ConfigError, ReviewError
-from wsi.files import sha256_file
-from wsi.pipelines.jobs import JobResult
+from wsi.core.errors import ConfigError, ReviewError
+from wsi.core.files import sha256_file
+from wsi.formats.qupath import ReviewFile, read_review
+from wsi.formats.qupath.read import inside_any
+from wsi.formats.tile_file import Candidates, TileFile, open_tile_pixels, read_candidates, write_tile_file
+from wsi.formats.tile_meta import ReviewRecord, TileFileMeta
+from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.pipelines.tile.artifacts import count_reasons
 from wsi.pipelines.tile.output import pixel_writer
 from wsi.pipelines.tile.read import read_tile_chunks
 from wsi.pipelines.tile.yield_notes import low_yield_note, row_note, upsampling_note
-from wsi.qupath import ReviewFile, read_review
-from wsi.qupath.read import inside_any
-from wsi.slide import Slide, open_slide
-from wsi.tile_file import Candidates, TileFile, open_tile_pixels, read_candidates, write_tile_file
-from wsi.tile_meta import ReviewRecord, TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import EXCLUDED, KEPT, UNREADABLE
+from wsi.slides.slide import Slide, open_slide
+from wsi.tiling.grid import EXCLUDED, KEPT, UNREADABLE
+from wsi.tiling.params import TileParams
 
 if TYPE_CHECKING:
     from wsi.pipelines.tile.job import TileJob, TileOutputs
-    from wsi.sources import SlideSource
+    from wsi.slides.sources import SlideSource
 
 log = logging.getLogger(__name__)
 

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
-from wsi.blur import min_rgb
-from wsi.errors import ConfigError, WeightsError
-from wsi.files import sha256_file
+from wsi.core.errors import ConfigError, WeightsError
+from wsi.core.files import sha256_file
+from wsi.formats.tile_meta import SegmentationModels, SegmentationRecord, TileFileMeta
 from wsi.pipelines.tile.config import SegmentationOptions
-from wsi.slide import Slide
-from wsi.thumbnail import Thumbnail
-from wsi.tile_meta import SegmentationModels, SegmentationRecord, TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, TissueGrid
+from wsi.slides.slide import Slide
+from wsi.slides.thumbnail import Thumbnail
+from wsi.tiling.blur import min_rgb
+from wsi.tiling.grid import KEPT, TissueGrid
+from wsi.tiling.params import TileParams
 
 if TYPE_CHECKING:  # torch comes in only when a network is asked for (`_segmenter`)
     from wsi.models.segmentation import Segmenter
@@ -47,7 +47,7 @@ _WINDOWS_PER_BATCH = 4
 def _segmenter(name: str, weights: Path, kind: str, device: str, sha256: str) -> Segmenter:
     """One load per process and weights file content (a worker tiles many slides)."""
     from wsi.models.segmentation import load_segmenter
-    from wsi.pipelines.devices import resolve_device
+    from wsi.pipelines.scheduling.devices import resolve_device
 
     seg = load_segmenter(name, weights, kind=kind, device=resolve_device(device))  # type: ignore[arg-type]
     if seg.sha256 != sha256:

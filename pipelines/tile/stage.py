@@ -13,12 +13,13 @@ Public API:
     (TileJob, TileOutputs, output_paths live in pipelines.tile.job; the read-and-filter step in filters.py)
 
 Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
-(`wsi.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells (`wsi.tiling.find_tissue`,
-which also tells a dark-background fluorescence-like slide from a brightfield one), read and filter every
-candidate (`pipelines.tile.filters`), write the QC image (`wsi.qc`; GeoJSON `.qupath`: the filters' verdicts),
-then the tile file: the kept tiles after any `--review` (`pipelines.tile.review`) and every candidate with the
-filters' verdict, so that a new or changed review is applied from the tile file alone. Every file is
-written atomically and the tile file (.h5) last, so a complete tile file means the slide is done.
+(`wsi.slides.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells
+(`wsi.tiling.grid.find_tissue`, which also tells a dark-background fluorescence-like slide from a brightfield
+one), read and filter every candidate (`pipelines.tile.filters`), write the QC image (`wsi.tiling.qc`; GeoJSON
+`.qupath`: the filters' verdicts), then the tile file: the kept tiles after any `--review`
+(`pipelines.tile.review`) and every candidate with the filters' verdict, so that a new or changed review is
+applied from the tile file alone. Every file is written atomically and the tile file (.h5) last, so a complete
+tile file means the slide is done.
 
 A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
 stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
@@ -42,11 +43,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from wsi.config import with_settings
-from wsi.errors import ConfigError
-from wsi.output_lock import output_lock
-from wsi.pipelines.jobs import JobResult, JobsInterrupted, run_jobs, write_manifest
-from wsi.pipelines.remote import mirrored_job
+from wsi.core.config import with_settings
+from wsi.core.errors import ConfigError
+from wsi.core.output_lock import output_lock
+from wsi.core.suffixes import TILE_FILE_SUFFIX
+from wsi.core.work_bounds import check_grid
+from wsi.formats.qupath import ReviewFile, Roi
+from wsi.formats.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
+from wsi.formats.tile_meta import BackgroundRecord, TileFileMeta
+from wsi.pipelines.scheduling.jobs import JobResult, JobsInterrupted, run_jobs, write_manifest
+from wsi.pipelines.scheduling.remote import mirrored_job
 from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
@@ -76,19 +82,14 @@ from wsi.pipelines.tile.segment import (
     segmenters,
 )
 from wsi.pipelines.tile.yield_notes import artifact_empty, row_note, upsampling_note
-from wsi.qc import qc_picture_mpp, save_png, tile_qc_image
-from wsi.qupath import ReviewFile, Roi
-from wsi.slide import Slide
-from wsi.sources import SlideSource
+from wsi.slides.slide import Slide
+from wsi.slides.sources import SlideSource
+from wsi.slides.thumbnail import read_thumbnails
 from wsi.storage import Mirror, remote_output
 from wsi.storage.identity import SlideFingerprint, current_fingerprint
-from wsi.suffixes import TILE_FILE_SUFFIX
-from wsi.thumbnail import read_thumbnails
-from wsi.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
-from wsi.tile_meta import BackgroundRecord, TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import KEPT, REASON_NAMES, find_tissue
-from wsi.work_bounds import check_grid
+from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue
+from wsi.tiling.params import TileParams
+from wsi.tiling.qc import qc_picture_mpp, save_png, tile_qc_image
 
 log = logging.getLogger(__name__)
 

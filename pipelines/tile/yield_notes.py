@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from wsi.formats.tile_meta import TileFileMeta
 from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note
-from wsi.region import LEVEL_TOLERANCE
-from wsi.tile_meta import TileFileMeta
-from wsi.tile_params import TileParams
-from wsi.tiling import TileCounts
+from wsi.slides.region import LEVEL_TOLERANCE
+from wsi.tiling.grid import TileCounts
+from wsi.tiling.params import TileParams
 
 #: a slide keeping under this share of its tissue tiles gets a note
 LOW_YIELD = 0.10

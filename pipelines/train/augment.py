@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from wsi.pipelines.inputs import Batch
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.study.tasks import TaskConfig
 
 #: a subset keeps at least this many tiles: a bag of a handful of tiles whose label rests on one of
 #: them would lose it to a random share (label noise), so bags of up to this many stay whole

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsi.config import MAX_MPP, config_model, numeric_leaves, setting
-from wsi.errors import ConfigError
-from wsi.pipelines.remote import Location
-from wsi.pipelines.run_record import RunRecord
-from wsi.pipelines.tasks import MAX_BAG_SIZE, ModelOverrides, TaskConfig
+from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, config_model, numeric_leaves, setting
+from wsi.core.errors import ConfigError
+from wsi.pipelines.runs.record import RunRecord
+from wsi.pipelines.scheduling.remote import Location
+from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
 
 
 def _range(model: type, name: str) -> Any:

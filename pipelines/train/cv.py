@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 from wsi.pipelines.train.folds import FoldSpec, run_fold
 from wsi.pipelines.train.results import RunMetrics
 

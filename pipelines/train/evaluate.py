@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from wsi.files import write_json_atomic
-from wsi.pipelines.cases import make_loader
-from wsi.pipelines.checkpoints import load_into
+from wsi.core.files import write_json_atomic
 from wsi.pipelines.inputs import InputAdapter, Item
 from wsi.pipelines.report import write_report
-from wsi.pipelines.run_record import write_fitted
+from wsi.pipelines.runs.checkpoints import load_into
+from wsi.pipelines.runs.record import write_fitted
 from wsi.pipelines.stats.classification import json_safe, plot_roc
-from wsi.pipelines.task_kinds import PredictionSet, TaskKind
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.kinds import PredictionSet, TaskKind
+from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.loop import Predicted, predict_loader
 from wsi.pipelines.train.splits import Split
 from wsi.pipelines.train.state import TrainState

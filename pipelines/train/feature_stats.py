@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wsi.errors import ConfigError
-from wsi.pipelines.cases import make_loader
+from wsi.core.errors import ConfigError
 from wsi.pipelines.inputs import InputAdapter, Item
+from wsi.pipelines.study.cases import make_loader
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from wsi.errors import WsiError
+from wsi.core.errors import WsiError
 
 #: optimizer steps between two reads of the flags on an accelerator
 CUDA_CHECK_EVERY = 32

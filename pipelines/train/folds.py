@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from wsi.errors import ConfigError, WeightsError
-from wsi.models.standardize import STANDARDIZER, attach_standardizer
-from wsi.pipelines.checkpoints import load_state_into, load_weights
-from wsi.pipelines.devices import resolve_device
+from wsi.core.errors import ConfigError, WeightsError
+from wsi.models.layers.standardize import STANDARDIZER, attach_standardizer
 from wsi.pipelines.inputs import InputAdapter
-from wsi.pipelines.run_record import ModelArchitecture, read_run_record, record_path, write_fitted
-from wsi.pipelines.task_kinds import build_kind
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.runs.checkpoints import load_state_into, load_weights
+from wsi.pipelines.runs.record import ModelArchitecture, read_run_record, record_path, write_fitted
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.pipelines.study.kinds import build_kind
+from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.evaluate import evaluate_best
 from wsi.pipelines.train.feature_stats import fit_feature_stats
 from wsi.pipelines.train.loop import EpochHook, fit

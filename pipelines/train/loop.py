@@ -34,16 +34,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from wsi.errors import ConfigError
-from wsi.files import write_csv_atomic
-from wsi.models.objectives import LossInputs, Objective, before_optimizer_step, training_step
-from wsi.models.standardize import input_standardizer
-from wsi.pipelines.cases import make_loader
-from wsi.pipelines.checkpoints import save_weights
-from wsi.pipelines.devices import autocast_for
+from wsi.core.errors import ConfigError
+from wsi.core.files import write_csv_atomic
+from wsi.models.base.objectives import LossInputs, Objective, before_optimizer_step, training_step
+from wsi.models.layers.standardize import input_standardizer
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
-from wsi.pipelines.task_kinds import TaskKind
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.runs.checkpoints import save_weights
+from wsi.pipelines.scheduling.devices import autocast_for
+from wsi.pipelines.study.cases import make_loader
+from wsi.pipelines.study.kinds import TaskKind
+from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.augment import BagAugment
 from wsi.pipelines.train.finite import FiniteWatch
 from wsi.pipelines.train.optim import make_optimizer, make_scheduler

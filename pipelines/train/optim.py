@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from wsi.models import param_groups
-from wsi.pipelines.tasks import TaskConfig
+from wsi.models.base.param_groups import param_groups
+from wsi.pipelines.study.tasks import TaskConfig
 
 
 def make_optimizer(model: torch.nn.Module, task: TaskConfig) -> torch.optim.Optimizer:

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from wsi.pipelines.devices import autocast_for
 from wsi.pipelines.inputs import Batch
-from wsi.pipelines.task_kinds import TaskKind
+from wsi.pipelines.scheduling.devices import autocast_for
+from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.train.finite import check_outputs
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from wsi.errors import BagFormatError, ConfigError
+from wsi.core.errors import BagFormatError, ConfigError
 from wsi.pipelines.inputs import InputAdapter, Item
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.study.tasks import TaskConfig
 
 
 def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[Item, str]]:
@@ -32,7 +32,7 @@ def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[I
     mpp_for = getattr(dataset, "mpp_for", None)
     if mpp_for is None or not getattr(dataset, "uses_positions", False):
         return bad
-    from wsi.bags import load_bag
+    from wsi.formats.bags import load_bag
 
     for item in dataset.items:
         try:  # one tile: what placing needs (the whole grid is read only for a tile size inferred)
@@ -58,7 +58,7 @@ def refuse_unusable(adapter: InputAdapter, items: Sequence[Item]) -> None:
 def refuse_model_for_kind(task: TaskConfig) -> None:
     """ConfigError when the task's model does not train the task's kind (CLAM, DSMIL and DTFD-MIL train
     categorical tasks only: their authors' losses need each bag's class), naming both and why."""
-    from wsi.models.model_kinds import MODEL_KINDS
+    from wsi.models.base.kinds import MODEL_KINDS
     from wsi.models.presets import preset_kind
 
     if task.model.preset is None:

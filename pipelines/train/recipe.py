@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsi.pipelines.tasks import ModelOverrides, TaskConfig
+from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
 from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS
 
 log = logging.getLogger(__name__)

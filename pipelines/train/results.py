@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from wsi.files import write_csv_atomic, write_json_atomic
+from wsi.core.files import write_csv_atomic, write_json_atomic
 from wsi.pipelines.report import write_report
-from wsi.pipelines.run_record import record_path
-from wsi.pipelines.task_kinds import PredictionSet, TaskKind
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.runs.record import record_path
+from wsi.pipelines.study.kinds import PredictionSet, TaskKind
+from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train import metrics
 from wsi.pipelines.train.splits import Split
 

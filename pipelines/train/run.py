@@ -39,16 +39,12 @@ from typing import Any, TypedDict
 
 import torch
 
-from wsi.config import config_dict, with_settings
-from wsi.errors import ConfigError
-from wsi.files import write_csv_atomic
-from wsi.output_lock import output_lock
-from wsi.pipelines.cases import group_by_patient
-from wsi.pipelines.devices import resolve_device
+from wsi.core.config import config_dict, with_settings
+from wsi.core.errors import ConfigError
+from wsi.core.files import write_csv_atomic
+from wsi.core.output_lock import output_lock
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
-from wsi.pipelines.labels import Matched, match_items, read_label_table
-from wsi.pipelines.remote import remote_edges
-from wsi.pipelines.run_record import (
+from wsi.pipelines.runs.record import (
     Counts,
     InputRecord,
     RunRecord,
@@ -58,8 +54,12 @@ from wsi.pipelines.run_record import (
     record_path,
     write_run_record,
 )
-from wsi.pipelines.task_kinds import TaskKind, build_kind
-from wsi.pipelines.tasks import TaskConfig, load_task
+from wsi.pipelines.scheduling.devices import resolve_device
+from wsi.pipelines.scheduling.remote import remote_edges
+from wsi.pipelines.study.cases import group_by_patient
+from wsi.pipelines.study.kinds import TaskKind, build_kind
+from wsi.pipelines.study.labels import Matched, match_items, read_label_table
+from wsi.pipelines.study.tasks import TaskConfig, load_task
 from wsi.pipelines.train.config import TrainOptions
 from wsi.pipelines.train.cv import run_folds_on_cluster
 from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
@@ -245,7 +245,7 @@ class _Machine(TypedDict):
 
 def _machine(device: torch.device) -> _Machine:
     """Where and with what the run trains: device, mixed precision, start time, versions."""
-    from wsi import __version__
+    from wsi.core.version import __version__
 
     return {
         "device": str(device),

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from wsi.files import atomic_path
-from wsi.pipelines.checkpoints import load_weights, save_weights
-from wsi.pipelines.run_record import run_stamp
-from wsi.pipelines.tasks import TaskConfig
+from wsi.core.files import atomic_path
+from wsi.pipelines.runs.checkpoints import load_weights, save_weights
+from wsi.pipelines.runs.record import run_stamp
+from wsi.pipelines.study.tasks import TaskConfig
 
 WINDOW_DIR = "window"
 

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from wsi.pipelines.inputs.slide_embeddings import is_embedding_folder
-from wsi.pipelines.tasks import TaskConfig
+from wsi.pipelines.study.tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.model_selection import StratifiedGroupKFold
 
-from wsi.errors import LabelError
+from wsi.core.errors import LabelError
 from wsi.pipelines.inputs import Item
 
 

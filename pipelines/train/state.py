@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
-from wsi.config import Count, config_model, parse_config
-from wsi.files import atomic_path
-from wsi.pipelines.checkpoints import load_into, load_weights
-from wsi.user_text import load_json_file
+from wsi.core.config import Count, config_model, parse_config
+from wsi.core.files import atomic_path
+from wsi.core.user_text import load_json_file
+from wsi.pipelines.runs.checkpoints import load_into, load_weights
 
 RESUME_DIR = "resume"
 

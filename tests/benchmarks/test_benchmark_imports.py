@@ -49,7 +49,7 @@ def test_the_rule_catches_an_insertion() -> None:
 @pytest.mark.parametrize(
     "argv",
     [["gpu_suite.py", "--help"],  # its sections, then their feed sections: siblings importing siblings
-     ["scaling_report.py"]],  # imports wsi.files at module level, runs nothing
+     ["scaling_report.py"]],  # imports wsi.core.files at module level, runs nothing
     ids=["siblings", "installed-wsi"],
 )  # fmt: skip
 def test_a_benchmark_runs_as_a_script_from_anywhere(argv: list[str], tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import tile_ceiling
 import wsi.pipelines.tile.filters as filters
 import wsi.pipelines.tile.stage as stage
 from wsi.pipelines.tile.stage import output_paths, tile_slides
-from wsi.sources import find_slides
+from wsi.slides.sources import find_slides
 
 
 def _run(slide: Path, out: Path) -> tuple[np.ndarray, Path, Path]:

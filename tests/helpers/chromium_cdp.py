@@ -1,7 +1,7 @@
 """Headless Chromium driven over the Chrome DevTools Protocol on a pipe (`--remote-debugging-pipe`).
 
 The pipe needs no port and no websocket library: Chromium reads NUL-terminated JSON commands on fd 3
-and writes replies and events on fd 4. Used by tests/wsi/test_view_browser.py to load `wsi view`'s page,
+and writes replies and events on fd 4. Used by tests/wsi/view/test_view_browser.py to load `wsi view`'s page,
 wait until the page says its tiles and overlays are drawn, and take a screenshot.
 """
 

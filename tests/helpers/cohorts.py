@@ -1,5 +1,5 @@
-"""A separable synthetic cohort of feature bags (written with wsi.bags) for the training,
-predict and input tests; tests/pipelines/test_train_synthetic.py checks it is what they assume."""
+"""A separable synthetic cohort of feature bags (written with wsi.formats.bags) for the training,
+predict and input tests; tests/pipelines/train/test_train_synthetic.py checks it is what they assume."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.bags import BagProvenance, write_bag
+from wsi.formats.bags import BagProvenance, write_bag
 
 IN_DIM = 16
 

@@ -1,5 +1,6 @@
 """The published recipe of every named tile encoder, as its authors' code and model cards give it:
-the reference tests/models/test_encoder_recipes.py checks `build_encoder` against (kept apart: it is data)."""
+the reference tests/models/encoders/test_encoder_recipes.py checks `build_encoder` against (kept apart: it is
+data)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 from hypothesis import strategies as st
 
-IN_DIM = 16  # the feature width of the synthetic cohorts (tests/pipelines/test_train_synthetic.py)
+IN_DIM = 16  # the feature width of the synthetic cohorts (tests/pipelines/train/test_train_synthetic.py)
 SECRET = 4242.0  # the value other files hold: it must never reach a model
 
 KINDS = (

@@ -1,6 +1,6 @@
 """Generated cohorts whose truth is known by construction, for the task-kind tests.
 
-Every slide is a bag of tiles of two textures, A and B (features written with `wsi.bags.write_bag`,
+Every slide is a bag of tiles of two textures, A and B (features written with `wsi.formats.bags.write_bag`,
 positions on a grid): a B tile has features 0-3 raised, an A tile lowered, plus noise. The fraction of
 B tiles in a slide (or over all of a patient's slides) is what every label is a function of:
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from wsi.bags import BagProvenance, write_bag
+from wsi.formats.bags import BagProvenance, write_bag
 
 IN_DIM = 16
 TINY = {"dim": 32, "attn_dim": 32, "depth": 1, "heads": 4, "mlp_dim": 32}

@@ -1,5 +1,5 @@
 """The authors' MIL models and losses, written here from their repositories for
-tests/models/test_mil_baselines.py.
+tests/models/baselines/test_mil_baselines.py.
 
 Independent of wsi.models.baselines: the parameter names and shapes are the authors' (so their state
 dicts are what `from_authors_state_dict` reads), and each forward follows the authors' code step by

@@ -1,8 +1,8 @@
 """Feature bags written the way STAMP, CLAM and TRIDENT write them, and STAMP's bag checks restated.
 
 Our own h5py code, following each peer's writer as read in its public source (commits below); nothing
-here imports or copies a peer. Used by tests/wsi/test_peer_bags.py, and runnable as a script to write one
-cohort of each layout for a manual check with the peers' own readers:
+here imports or copies a peer. Used by tests/wsi/formats/test_peer_bags.py, and runnable as a script to write
+one cohort of each layout for a manual check with the peers' own readers:
 
     python tests/helpers/peer_bags.py OUT_DIR       # OUT_DIR/{stamp,clam,trident}/... + labels.csv
 

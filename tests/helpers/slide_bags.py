@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, load_bag, write_bag
 from wsi.pipelines.embed_slides import EmbeddingProvenance, write_embedding
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.tile_file import write_tile_file
-from wsi.tile_meta import REQUIRED_ATTRS, TileFileMeta
-from wsi.tile_values import write_tile_values
+from wsi.formats.tile_file import write_tile_file
+from wsi.formats.tile_meta import REQUIRED_ATTRS, TileFileMeta
+from wsi.formats.tile_values import write_tile_values
 
 SIDE_UM = 600.0
 MPP = 0.5

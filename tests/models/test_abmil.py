@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from wsi import configs
-from wsi.config import parse_config
-from wsi.errors import ConfigError
+from wsi.core.config import parse_config
+from wsi.core.errors import ConfigError
 from wsi.models.abmil import ABMIL, ABMILConfig
 from wsi.pipelines.train.metrics import auroc
 

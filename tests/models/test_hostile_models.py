@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from cohorts import TINY, make_cohort, write_task
 
 from wsi.cli.main import cli
-from wsi.errors import WeightsError
+from wsi.core.errors import WeightsError
 from wsi.models.presets import build_model_from_config
-from wsi.pipelines.checkpoints import load_into, save_weights, weights_metadata
-from wsi.pipelines.run_record import RUN_STAMP_KEY, read_run_record
+from wsi.pipelines.runs.checkpoints import load_into, save_weights, weights_metadata
+from wsi.pipelines.runs.record import RUN_STAMP_KEY, read_run_record
 from wsi.pipelines.train import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

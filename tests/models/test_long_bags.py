@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wsi.errors import ConfigError
+from wsi.core.errors import ConfigError
 from wsi.models.presets import build_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,4 +142,5 @@ def test_100k_token_bag_fits_in_2_gib_by_default() -> None:
     torch.testing.assert_close(torch.tensor(auto["logits"]), torch.tensor(plain["logits"]), rtol=0, atol=1e-4)
 
 
-# A million tiles streamed from a real HDF5 bag through `wsi predict`: tests/pipelines/test_predict_stream.py.
+# A million tiles streamed from a real HDF5 bag through `wsi predict`:
+# tests/pipelines/predict/test_predict_stream.py.

@@ -10,8 +10,8 @@ import torch
 from tiny_mil import READOUTS, TINY, VARIANTS
 from tiny_mil import tiny_mil as _mil
 
-from wsi.errors import WeightsError
-from wsi.models.param_groups import param_groups
+from wsi.core.errors import WeightsError
+from wsi.models.base.param_groups import param_groups
 from wsi.models.presets import (
     build_model,
     transfer_softmax_to_seqnorm,
@@ -79,7 +79,7 @@ def test_seqnorm_checkpoints_with_the_dead_qkv_bias_still_load(tmp_path: Path) -
     """Runs trained before the bias was dropped: their safetensors load strictly and predict the same."""
     from safetensors.torch import save_file
 
-    from wsi.pipelines.checkpoints import load_into
+    from wsi.pipelines.runs.checkpoints import load_into
 
     m = _mil("seqnorm")
     old = {k: v.clone() for k, v in m.state_dict().items()}

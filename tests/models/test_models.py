@@ -10,8 +10,8 @@ import torch
 from tiny_mil import READOUTS, TINY, VARIANTS
 from tiny_mil import tiny_mil as _mil
 
-from wsi.errors import ConfigError
-from wsi.models.param_groups import param_groups
+from wsi.core.errors import ConfigError
+from wsi.models.base.param_groups import param_groups
 from wsi.models.presets import (
     available_presets,
     build_model,

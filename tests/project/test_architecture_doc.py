@@ -52,7 +52,7 @@ def _versions_on_page() -> dict[str, int]:
 
 
 def _module_of(owner: str) -> str:
-    """`pipelines/run_record.py` -> `wsi.pipelines.run_record`, by the package-folder table."""
+    """`pipelines/runs/record.py` -> `wsi.pipelines.runs.record`, by the package-folder table."""
     folder, _, rest = owner.partition("/")
     package = next(p for p, f in FOLDERS.items() if f == folder)
     return ".".join([package, *Path(rest).with_suffix("").parts])
@@ -85,6 +85,6 @@ def test_no_file_over_400_lines() -> None:
 
 
 def test_the_checks_can_fail() -> None:
-    assert "wsi/tile_params.py" not in _section(_tree(), "models")
+    assert "wsi/tiling/params.py" not in _section(_tree(), "models")
     with pytest.raises(StopIteration):
         _section(_tree(), "nonexistent")

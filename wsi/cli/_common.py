@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from wsi.errors import WsiError
+from wsi.core.errors import WsiError
 
 if TYPE_CHECKING:
     from wsi.storage import Url
@@ -106,7 +106,7 @@ def scheduler_option(
 
 def mpp_option(help_text: str) -> Callable[[F], F]:
     from wsi.cli._options import FiniteFloatRange
-    from wsi.config import MAX_MPP
+    from wsi.core.config import MAX_MPP
 
     mpp = FiniteFloatRange(min=0, max=MAX_MPP, min_open=True)
     return click.option("--mpp", type=mpp, default=None, help=help_text)

@@ -5,7 +5,7 @@ checked `wsi.storage.Url` (refusing one that holds credentials, without echoing 
 path to click.Path's own checks (exists, file or folder), so a missing local file is the same usage
 error as before. `LocalPath` is click.Path for options that take a local file or folder only: a URL is
 told to be one (not "does not exist", which would quote it back), and a pipe, device or socket is refused
-where a file is read whole (`wsi.files.special_file_kind`). Every value quoted in an error is masked
+where a file is read whole (`wsi.core.files.special_file_kind`). Every value quoted in an error is masked
 (`wsi.storage.masking.shown`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from wsi.errors import WsiError
+from wsi.core.errors import WsiError
 from wsi.storage import Url, location
 
 
@@ -29,7 +29,7 @@ class LocalPath(click.Path):
         super().__init__(exists=exists, file_okay=file_okay, dir_okay=dir_okay, path_type=path_type)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from wsi.files import special_file_kind, special_file_message
+        from wsi.core.files import special_file_kind, special_file_message
         from wsi.storage import is_url
         from wsi.storage.masking import shown
 

@@ -2,14 +2,14 @@
 
 `config_options(Model, {"--tile-um": "tile_um", "--thumb-mpp": "tissue.thumb_mpp"}, into="tiling")`
 adds one option per field path, typed, ranged, defaulted and described from the field's `setting`
-(`wsi.config.setting`), and hands the command one nested mapping (`tiling=...`) ready for
+(`wsi.core.config.setting`), and hands the command one nested mapping (`tiling=...`) ready for
 `parse_config(Model, ...)`. A field with a computed default (`default_factory`) gets no click default:
 left out, the model computes it.
 
 Every number an option takes has a range on both sides and is finite: `FiniteFloatRange` refuses
 `nan` and `inf` (click's FloatRange lets NaN through: every comparison with it is false), and
 `field_type(Model, "path")` gives an option that no config model owns the range of the field it sets
-(`wsi train --seed` takes TaskConfig.seed's). tests/wsi/test_hostile_numbers.py checks every command.
+(`wsi train --seed` takes TaskConfig.seed's). tests/wsi/core/test_hostile_numbers.py checks every command.
 
 A `Literal` field is a choice of its values; a `tuple[X, ...]` field a repeatable option; a bool field a
 switch, `--x` (or `--x/--no-x` when on by default), or the flags given as `"--on/--off"`.
@@ -79,7 +79,7 @@ def number_type(kind: type, meta: Mapping[str, Any]) -> click.ParamType:
 
 def field_type(model: type, path: str) -> click.ParamType:
     """The click type of the number the field at `path` holds, with the field's own range."""
-    from wsi.config import numeric_leaves
+    from wsi.core.config import numeric_leaves
 
     *parents, leaf = path.split(".")
     cls = field_of(model, ".".join(parents))[1] if parents else model
@@ -148,7 +148,7 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     f, hint = field_of(model, path)
     meta = f.metadata
     if "description" not in meta:
-        raise TypeError(f"{model.__name__}.{path} has no help text: declare it with wsi.config.setting")
+        raise TypeError(f"{model.__name__}.{path} has no help text: declare it with wsi.core.config.setting")
     kind, is_flag, multiple = _click_type(hint, meta)
     extra = meta.get("json_schema_extra", {})
     if extra.get("choices") is not None:

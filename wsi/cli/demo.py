@@ -8,9 +8,9 @@ import click
 
 from wsi.cli._common import ensure_writable_dir, user_errors
 from wsi.cli._options import config_options
-from wsi.pipelines.demo import DemoOptions
+from wsi.pipelines.demo.run import DemoOptions
 
-# option -> DemoOptions field: defaults, ranges and help come from the fields (pipelines/demo.py)
+# option -> DemoOptions field: defaults, ranges and help come from the fields (pipelines/demo/run.py)
 DEMO_FLAGS = {
     "--out": "out_dir", "--weights": "weights", "--encoder": "encoder",
     "--slides-per-class": "slides_per_class", "--epochs": "epochs", "--workers": "workers", "--seed": "seed",
@@ -30,8 +30,8 @@ Examples:
 @user_errors
 def command(settings: dict[str, Any]) -> None:
     """Run tile -> embed -> train -> predict on a generated two-class cohort and say where it all went."""
-    from wsi.config import parse_config
-    from wsi.pipelines.demo import run_demo
+    from wsi.core.config import parse_config
+    from wsi.pipelines.demo.run import run_demo
 
     options = parse_config(DemoOptions, settings, source="wsi demo options")
     ensure_writable_dir(options.out_dir)  # exit 2 with the folder named, before any slide is generated

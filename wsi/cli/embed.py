@@ -13,7 +13,7 @@ from wsi.cli._options import config_options, field_of, model_default
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.tile.config import TileOptions
 from wsi.storage import Url
-from wsi.tile_params import TileParams
+from wsi.tiling.params import TileParams
 
 # option -> EmbedOptions field: defaults, ranges and help come from the fields (pipelines/embed/config.py)
 EMBED_FLAGS = {
@@ -126,7 +126,7 @@ def command(
     are tiled first into --out. A slide with unreadable tiles is embedded without them unless more than
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
     from wsi.pipelines.embed import embed_slides, embed_tiles
     from wsi.pipelines.embed.gpus import parse_gpus
 
@@ -145,7 +145,7 @@ def command(
             gpus=n_gpus,
         )  # fmt: skip
     else:
-        from wsi.sources import find_slides
+        from wsi.slides.sources import find_slides
 
         sources = find_slides(paths)
         if not sources:
@@ -165,7 +165,7 @@ def _encoder_fields(
     encoders: tuple[str, ...], weights: tuple[Path, ...], sha256: tuple[str, ...], input_px: int | None
 ) -> dict[str, Any]:
     """EmbedOptions fields: one encoder as always; several paired with --weights / --sha256 by order."""
-    from wsi.errors import ConfigError
+    from wsi.core.errors import ConfigError
 
     n = len(encoders)
     for option, values in (("--weights", weights), ("--sha256", sha256)):
@@ -188,7 +188,7 @@ def _report(results: list[Any], out_dir: Path | Url, names: list[str]) -> bool:
     """The summary per encoder on stderr; True when some slide failed or kept no tile (exit 1)."""
     from wsi.models.encoders import encoder_id_for
     from wsi.pipelines.embed import bad_tile_report, results_by_encoder
-    from wsi.pipelines.jobs import RunSummary
+    from wsi.pipelines.scheduling.jobs import RunSummary
     from wsi.storage import local_view
 
     by_encoder = results_by_encoder(results)

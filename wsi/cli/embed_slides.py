@@ -54,12 +54,12 @@ another tile encoder (or weights), tile size or resolution are refused, naming b
 @user_errors
 def command(features: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Embed each slide (or patient) with a slide-level foundation encoder."""
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
 
     options = parse_config(SlideEmbedOptions, settings, source="wsi embed-slides options")
     ensure_writable_dir(out_dir)
     from wsi.pipelines.embed_slides import embed_slides
-    from wsi.pipelines.jobs import RunSummary
+    from wsi.pipelines.scheduling.jobs import RunSummary
     from wsi.storage import origin
 
     folder, results = embed_slides(features=features, out=out_dir, options=options)

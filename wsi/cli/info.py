@@ -1,5 +1,5 @@
 """`wsi info`: summarise a slide, a tile file or a feature bag (ours, STAMP, CLAM, TRIDENT), or a folder
-of them (`wsi.folder_info`: this module only formats its summary)."""
+of them (`wsi.formats.folder_info`: this module only formats its summary)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from wsi.cli._options import config_options, field_type
 from wsi.pipelines.tile.config import TileOptions
 from wsi.storage.urls import Url
 
-if TYPE_CHECKING:  # h5py and numpy (wsi.folder_info) load only when a folder is summarised
-    from wsi.folder_info import FolderSummary, Manifest, RunSummary, Spread
+if TYPE_CHECKING:  # h5py and numpy (wsi.formats.folder_info) load only when a folder is summarised
+    from wsi.formats.folder_info import FolderSummary, Manifest, RunSummary, Spread
 
 #: unusable files and failed manifest rows listed by name in the text output (--json lists all)
 MAX_LISTED = 10
@@ -65,12 +65,12 @@ def command(
     of a folder of them (what it holds, tiles per slide, unusable files, its manifest)."""
     import h5py
 
-    from wsi.bags import bag_info
-    from wsi.errors import BagFormatError
-    from wsi.folder_info import RunSummary, folder_info
-    from wsi.slide_info import slide_info
+    from wsi.core.errors import BagFormatError
+    from wsi.formats.bags import bag_info
+    from wsi.formats.folder_info import RunSummary, folder_info
+    from wsi.formats.tile_file import is_tile_file, tile_file_info
+    from wsi.slides.slide_info import slide_info
     from wsi.storage.masking import shown
-    from wsi.tile_file import is_tile_file, tile_file_info
 
     refused = 0
     checked: Counter[str] = Counter()  # files that could be refused, by kind: "bag", "tile file"
@@ -132,14 +132,14 @@ def _series_or_folder(path: Path) -> list[Path]:
     dcm = sorted(p for p in path.iterdir() if p.suffix.lower() == ".dcm")
     if not dcm:
         return [path]
-    from wsi.dicom_series import find_series
+    from wsi.slides.dicom_series import find_series
 
     return [series.path for series in find_series(dcm)] or [path]
 
 
 def _folder_lines(summary: FolderSummary | RunSummary) -> list[str]:
     """A folder summary as `key  value` lines; a run folder's parts one after another."""
-    from wsi.folder_info import RunSummary
+    from wsi.formats.folder_info import RunSummary
 
     if isinstance(summary, RunSummary):
         names = ", ".join(p.folder for p in summary.parts)

@@ -18,9 +18,9 @@ class _Entry(NamedTuple):
     summary: str  # one line for `wsi --help`, kept here so listing commands imports none of them
 
 
-# The command table. Not a wsi.registry.Registry on purpose: a Registry learns its members by importing
+# The command table. Not a wsi.core.registry.Registry on purpose: a Registry learns its members by importing
 # the modules that register them, so `wsi --help` would import every command module (measured 0.39 s
-# instead of 0.16 s) and `wsi tile` would import all seven. tests/wsi/test_cli_tile.py checks every entry
+# instead of 0.16 s) and `wsi tile` would import all seven. tests/wsi/cli/test_cli_tile.py checks every entry
 # resolves to a click command of that name, so the table cannot drift from the modules.
 COMMANDS: dict[str, _Entry] = {
     "tile": _Entry("wsi.cli.tile:command", "Find tissue and cut physical-size tiles from slides."),
@@ -115,7 +115,7 @@ def cli(verbose: int, quiet: bool) -> None:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     for noisy in ("fsspec", "s3fs", "aiobotocore", "botocore", "urllib3"):  # every block read, every request
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-    from wsi.errors import WsiError
+    from wsi.core.errors import WsiError
     from wsi.storage.masking import mask_log_handlers, shown
     from wsi.storage.settings import check_environment
 

@@ -36,8 +36,8 @@ Examples:
 def command(out_dir: Path, cohort: dict[str, Any]) -> None:
     """Write generated pyramidal, JPEG-compressed Aperio-style TIFF slides with tissue, blank
     background and a blurred region at known places (listed in OUT/slides.json, in micrometres)."""
-    from wsi.config import parse_config
-    from wsi.errors import ConfigError
+    from wsi.core.config import parse_config
+    from wsi.core.errors import ConfigError
     from wsi.synthetic import write_sample_cohort
 
     settings = parse_config(CohortSettings, cohort, source="wsi make-slides options")  # ConfigError: exit 2

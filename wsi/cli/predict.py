@@ -103,7 +103,7 @@ def command(
     if bool(paths) == (features_dir is not None):
         raise click.UsageError("give slide PATHS or --features DIR (one of the two)")
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
     from wsi.pipelines.predict.stage import predict
     from wsi.storage import local_view, origin
 
@@ -120,8 +120,8 @@ def command(
     counts = f"{len(result.rows) - n_skipped} {noun} predicted{again}, {len(failed) - n_empty} failed{empty}"
     click.echo(f"{counts}: {origin(result.predictions_csv)}")
     if result.metrics is not None:
-        from wsi.pipelines.run_record import read_run_record
-        from wsi.pipelines.task_kinds import build_kind
+        from wsi.pipelines.runs.record import read_run_record
+        from wsi.pipelines.study.kinds import build_kind
 
         kind = build_kind(read_run_record(local_view(model_dir)).task)
         line = kind.summary_line(result.metrics)

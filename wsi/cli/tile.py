@@ -12,9 +12,9 @@ from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import SegmentationOptions, TileOptions
 from wsi.storage import Url
-from wsi.tile_params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
+from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
 
-# option -> field; defaults, ranges and help come from the fields (wsi.tiling, pipelines/tile/config.py)
+# option -> field; defaults, ranges and help come from the fields (wsi.tiling.grid, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
     "--tile-um": "tile_um", "--tile-px": "tile_px", "--min-tissue": "min_tissue_fraction",
     "--max-background": "max_background_fraction", "--white-level": "white_level",
@@ -74,7 +74,7 @@ Output (under --out):
 \b
 Artifact filters (no weights; brightfield slides; each on by default, --no-filter NAME turns it off):
 """ + "".join(f"  {name:<8} {ARTIFACT_DESCRIPTIONS[name]}\n" for name in ARTIFACT_FILTERS) + """\
-Thresholds: TileParams.artifacts (wsi.artifacts.ArtifactParams), saved in each tile file.
+Thresholds: TileParams.artifacts (wsi.tiling.artifacts.ArtifactParams), saved in each tile file.
 A filter (or blur) that removes over 5% of a slide's tissue tiles is named with its share in
 the note and the summary: look at qc/<slide_id>.png before trusting the slide's bag.
 
@@ -139,9 +139,9 @@ def command(
     the others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
     from wsi.pipelines.tile.stage import tile_slides
-    from wsi.sources import find_slides
+    from wsi.slides.sources import find_slides
 
     sources = find_slides(paths)
     if not sources:
@@ -162,7 +162,7 @@ def command(
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
-    from wsi.pipelines.jobs import RunSummary
+    from wsi.pipelines.scheduling.jobs import RunSummary
 
     summary = RunSummary.of(results)
     click.echo(

@@ -84,7 +84,7 @@ of each figure and the pooled figures, and report.html with per-fold and pooled 
 @user_errors
 def command(task: str, labels_csv: Path | Url, out_dir: Path | Url, settings: dict[str, Any]) -> None:
     """Train a model for TASK on labelled feature bags (or images) and test it."""
-    from wsi.config import parse_config
+    from wsi.core.config import parse_config
 
     options = parse_config(TrainOptions, settings, source="wsi train options")  # exit 2 when refused
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is exit 2, not a late traceback
@@ -96,7 +96,7 @@ def command(task: str, labels_csv: Path | Url, out_dir: Path | Url, settings: di
 
 def _report(result: Any) -> None:
     """The run's headline figure and where its files are."""
-    from wsi.pipelines.run_record import read_run_record
+    from wsi.pipelines.runs.record import read_run_record
     from wsi.pipelines.train import CvMetrics
     from wsi.storage import origin
 

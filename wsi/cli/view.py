@@ -39,8 +39,8 @@ Then open the printed address (http://127.0.0.1:PORT/) in a browser; report.html
 @user_errors
 def command(folder: Path | Url, serving: dict[str, Any], reading: dict[str, str]) -> None:
     """Serve FOLDER's slides as DeepZoom with their overlays, read-only, until Ctrl-C."""
-    from wsi.config import parse_config
-    from wsi.errors import ConfigError
+    from wsi.core.config import parse_config
+    from wsi.core.errors import ConfigError
     from wsi.storage import local_folder
     from wsi.view import make_server
 

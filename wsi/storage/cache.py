@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from wsi.errors import StorageError
-from wsi.files import temp_sibling, write_text_atomic
+from wsi.core.errors import StorageError
+from wsi.core.files import temp_sibling, write_text_atomic
 from wsi.storage.fs import filesystem, remote_info, translated
 from wsi.storage.settings import StorageSettings, storage_settings
 from wsi.storage.urls import Url, join

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from wsi.errors import StorageError
+from wsi.core.errors import StorageError
 from wsi.storage.urls import Url, credential_hint, redact
 
 #: scheme -> the package fsspec needs for it (named in the error when it is missing)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.errors import WeightsError
+from wsi.core.errors import WeightsError
 from wsi.storage.cache import local_copy
 from wsi.storage.urls import is_url, parse_url
 

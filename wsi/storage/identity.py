@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.config import Count, config_model
+from wsi.core.config import Count, config_model
 from wsi.storage.urls import is_url, parse_url
 
 #: bytes of the slide's start hashed into its fingerprint (a TIFF's header and first IFDs)
@@ -172,7 +172,7 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 def current_fingerprint(location: str | os.PathLike[str]) -> SlideFingerprint | None:
     """`fingerprint(location)`, or None when it cannot be taken (gone, unreadable): the caller's open of
     the slide then says why, naming it."""
-    from wsi.errors import WsiError
+    from wsi.core.errors import WsiError
 
     try:
         return fingerprint(location)

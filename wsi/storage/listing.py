@@ -1,6 +1,6 @@
-"""Slides in a remote folder: what `wsi.sources.find_slides` does for a local folder, from one listing.
+"""Slides in a remote folder: what `wsi.slides.sources.find_slides` does for a local folder, from one listing.
 
-Slide files are found by suffix (`wsi.suffixes.FOLDER_SLIDE_SUFFIXES`) in the folder and below it; names
+Slide files are found by suffix (`wsi.core.suffixes.FOLDER_SLIDE_SUFFIXES`) in the folder and below it; names
 starting with '.' (and temporary uploads) are left out. DICOM instances (.dcm) are one slide per folder
 (the series a scanner exports into it), named after the folder: reading every instance's header to group
 them by SeriesInstanceUID, as the local search does, would download them all before any work.
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import posixpath
 
-from wsi.files import slide_name_from_path
+from wsi.core.files import slide_name_from_path
+from wsi.core.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
 from wsi.storage.fs import list_files
 from wsi.storage.urls import Url, join
-from wsi.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES
 
 
 def remote_slides(folder: Url) -> list[tuple[str, Url]]:

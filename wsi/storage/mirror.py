@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import StorageError
-from wsi.files import temp_sibling, write_text_atomic
+from wsi.core.errors import StorageError
+from wsi.core.files import temp_sibling, write_text_atomic
 from wsi.storage.fs import RemoteInfo, filesystem, list_files, remote_info, storage_error, translated
 from wsi.storage.settings import StorageSettings, storage_settings
 from wsi.storage.urls import Url, join

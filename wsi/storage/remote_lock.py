@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsi.errors import OutputLockedError, StorageError
+from wsi.core.errors import OutputLockedError, StorageError
 from wsi.storage.fs import filesystem, storage_error, translated
 from wsi.storage.settings import storage_settings
 from wsi.storage.urls import Url, join

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from wsi.config import config_model, parse_config, setting
-from wsi.errors import ConfigError
+from wsi.core.config import config_model, parse_config, setting
+from wsi.core.errors import ConfigError
 
 #: environment variable -> StorageSettings field
 VARIABLES = {

@@ -9,7 +9,7 @@ local file name only, and so do DICOM series (one slide is a folder of files), M
 folder of data files) and VMS; those are copied to the local cache (`wsi.storage.cache`) first, which the
 log says with the size and the reason.
 
-    remote_slide(url, backend) -> (RangeFile | Path, hold)  what `wsi.slide.open_slide` reads
+    remote_slide(url, backend) -> (RangeFile | Path, hold)  what `wsi.slides.slide.open_slide` reads
     RangeFile(url, size, version).open()                 a fresh read handle with its own block cache
     open_binary(source)                                  a binary handle on a Path or a RangeFile
     check_complete(source, size, url)                    SlideError if the TIFF's data runs past its end
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
-from wsi.errors import SlideError
+from wsi.core.errors import SlideError
 from wsi.storage.cache import held_local_copies
 from wsi.storage.fs import filesystem, list_files, remote_info, translated
 from wsi.storage.settings import storage_settings
@@ -123,7 +123,7 @@ def open_binary(source: Path | RangeFile) -> BinaryIO:
 def check_complete(source: Path | RangeFile, size: int, url: Url) -> None:
     """A remote TIFF (read by ranges, or its local copy) whose IFDs or tile data run past the end of the
     file is truncated: say so at open time, naming the URL. (A local slide's check is
-    `wsi.stored_tiles.jpeg_levels`, which parses the file once for both.)"""
+    `wsi.slides.stored_tiles.jpeg_levels`, which parses the file once for both.)"""
     import tifffile
 
     try:

@@ -21,7 +21,7 @@ import posixpath
 import re
 from urllib.parse import parse_qsl, urlsplit
 
-from wsi.errors import StorageError
+from wsi.core.errors import StorageError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: query parameters that hold a secret (presigned S3 / GCS URLs, Azure SAS, tokens)

@@ -4,7 +4,7 @@ Why: tests and benchmarks need DICOM WSI series of known pixels, labelled right 
 TILED_FULL instance (DICOM PS3.3 A.32.8) of JPEG Baseline frames, which openslide 4 (libdicom) opens from
 any of its files. Frames are encoded by Pillow as JFIF YCbCr with the given chroma subsampling, so the
 series is correctly labelled with `photometric="YBR_FULL_422"`; `photometric="RGB"` writes the
-mislabelled series some converters produce (wsi.slide_colour reads it right). `stream="adobe-rgb"`
+mislabelled series some converters produce (wsi.slides.slide_colour reads it right). `stream="adobe-rgb"`
 writes RGB frames (an Adobe APP14 marker with transform 0, 4:4:4) instead.
 
 Needs pydicom 3 (`pip install 'wsi[images]'`).
@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from wsi.files import atomic_path
+from wsi.core.files import atomic_path
 
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
 _SUBSAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2}

@@ -14,8 +14,8 @@ from typing import Literal
 
 import numpy as np
 
-from wsi.config import MAX_SEED, config_model, setting
-from wsi.errors import ConfigError
+from wsi.core.config import MAX_SEED, config_model, setting
+from wsi.core.errors import ConfigError
 
 Box = tuple[float, float, float, float]  # (x0_um, y0_um, x1_um, y1_um), half-open
 Style = Literal["a", "b"]  # two tissue classes (see wsi.synthetic.texture)

@@ -20,8 +20,8 @@ from PIL import Image
 from scipy import fft as sfft
 from scipy import ndimage
 
+from wsi.slides.thumbnail import read_thumbnail
 from wsi.synthetic.scene import Box
-from wsi.thumbnail import read_thumbnail
 
 #: resolution at which the procedural texture atlas is built before resampling to each level
 _REF_MPP = 0.25
@@ -182,7 +182,7 @@ def _real_atlas(source: Path, style: str, crop_um: float = 400.0) -> np.ndarray:
     At _REAL_MPP. Style b zooms the texture (larger nuclei) and shifts the stain towards blue-violet, so
     the two classes differ in texture also when painted with real pixels.
     """
-    from wsi.slide import open_slide
+    from wsi.slides.slide import open_slide
 
     zoom = 1.5 if style == "b" else 1.0
     side_um = crop_um / zoom

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
-from wsi.errors import ConfigError
-from wsi.files import atomic_path, write_text_atomic
+from wsi.core.errors import ConfigError
+from wsi.core.files import atomic_path, write_text_atomic
 from wsi.synthetic.scene import Box, CohortSettings, SampleSlide, Stain, Style, Texture, as_box, default_scene
 from wsi.synthetic.texture import REAL_SOURCE_NAME, STYLE_NAMES, Painter, find_real_he_source, make_painter
 

@@ -29,11 +29,11 @@ from typing import TypedDict
 
 import h5py
 
-from wsi.hdf5 import attrs_of
-from wsi.json_types import JsonObject
+from wsi.core.json_types import JsonObject
+from wsi.core.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
+from wsi.formats.hdf5 import attrs_of
+from wsi.formats.tile_file import FORMAT as TILE_FORMAT
 from wsi.storage import Url, location
-from wsi.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
-from wsi.tile_file import FORMAT as TILE_FORMAT
 
 log = logging.getLogger(__name__)
 

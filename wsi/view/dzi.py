@@ -4,9 +4,9 @@ openslide-python's `DeepZoomGenerator` does the tile arithmetic (levels, overlap
 object with OpenSlide's reading interface; tiffslide's `TiffSlide` has it, except that its
 `read_region` returns RGB where the generator composites an RGBA image over the background, so the
 tiffslide handle is wrapped to return RGBA. A slide whose JPEG tiles the backend decodes in the wrong
-colour space (`wsi.slide_colour`) is wrapped once more to convert them, as `Slide` does. One generator
+colour space (`wsi.slides.slide_colour`) is wrapped once more to convert them, as `Slide` does. One generator
 per slide is made on first use and kept (`DeepZoomCache`); both backends read thread-safely (see
-`wsi.slide.open_slide`), so parallel tile requests share it.
+`wsi.slides.slide.open_slide`), so parallel tile requests share it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import IO, Any, cast
 import numpy as np
 from PIL import Image
 
-from wsi.errors import SlideError
-from wsi.slide_colour import ColourFix, check_colours
+from wsi.core.errors import SlideError
+from wsi.slides.slide_colour import ColourFix, check_colours
 from wsi.storage.slides import RangeFile, remote_slide
 from wsi.storage.urls import is_url, parse_url
 

@@ -14,9 +14,9 @@ from typing import TypedDict
 
 import numpy as np
 
-from wsi.errors import WsiError
-from wsi.tile_file import read_tile_file
-from wsi.tile_values import read_tile_values
+from wsi.core.errors import WsiError
+from wsi.formats.tile_file import read_tile_file
+from wsi.formats.tile_values import read_tile_values
 from wsi.view.catalog import SlideEntry
 
 
@@ -74,7 +74,7 @@ def kept_tiles(tile_file: Path) -> KeptTiles:
 
 
 def tile_values(path: Path, mpp: float) -> TileValuesJson:
-    """The per-tile contributions of `path` (`wsi.tile_values`) in level-0 px; `mpp`: the slide's
+    """The per-tile contributions of `path` (`wsi.formats.tile_values`) in level-0 px; `mpp`: the slide's
     level-0 um/px, used when the file records none."""
     data = read_tile_values(path)
     mpp = data.mpp or mpp

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from wsi.config import config_model, setting
-from wsi.errors import WsiError
+from wsi.core.config import config_model, setting
+from wsi.core.errors import WsiError
 from wsi.view.catalog import Catalog, SlideEntry
 from wsi.view.connections import HEAD_TIMEOUT_S, IO_TIMEOUT_S, HeadReader
 from wsi.view.dzi import DeepZoomCache
@@ -106,7 +106,7 @@ class ViewState:
             cached = self._overlays.get(entry.slide_id)
         if cached is not None:
             return cached
-        from wsi.slide import open_slide
+        from wsi.slides.slide import open_slide
 
         assert entry.path is not None
         with open_slide(entry.path, backend=self.backend, mpp=entry.mpp) as slide:

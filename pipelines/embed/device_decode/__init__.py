@@ -7,7 +7,7 @@ tiles out of the file (a few kB each); the main process decodes a whole batch of
 code, so it is tested here), assembles each tile's level region with one gather and resizes it with the
 same filters PIL uses in `Slide.read_region_um` (as batched weight matrices), without leaving the device.
 
-Level, window and filter come from `wsi.region.plan_region`, the plan `Slide.read_region_um` follows,
+Level, window and filter come from `wsi.slides.region.plan_region`, the plan `Slide.read_region_um` follows,
 so tiles equal the CPU path within JPEG/resampling rounding. Parts outside the level are white. A slide
 that is not a tiled 8-bit JPEG TIFF is read by the CPU path (the reader returns pixels).
 

@@ -17,7 +17,7 @@
 
 Why torchvision stays the default: it is the decoder measured end to end on H100 and H200
 (docs/benchmarks.md). nvImageCodec equals it pixel for pixel on the CPU here
-(tests/pipelines/test_jpeg_codecs.py);
+(tests/pipelines/embed/test_jpeg_codecs.py);
 its GPU speed and pixels are measured by the GPU suite's `decoders` section (benchmarks/jpeg_codecs.py)
 and it becomes the default only if that run shows it faster and the same tiles. DALI is left out of the
 device decoder: it is a pipeline framework (its wheel is hundreds of MB, more than a lent GPU machine can

@@ -29,9 +29,9 @@ from wsi.pipelines.embed.batches import RawBatch
 from wsi.pipelines.embed.device_decode.codecs import CODECS, get_codec
 from wsi.pipelines.embed.device_decode.codecs import torchvision_decode as decode_jpegs
 from wsi.pipelines.embed.device_decode.resample import finish_tiles, to_device
-from wsi.pipelines.jobs import describe_error
-from wsi.region import RegionKind
-from wsi.slide import Slide, open_slide
+from wsi.pipelines.scheduling.jobs import describe_error
+from wsi.slides.region import RegionKind
+from wsi.slides.slide import Slide, open_slide
 
 log = logging.getLogger(__name__)
 

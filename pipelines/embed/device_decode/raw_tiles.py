@@ -1,8 +1,8 @@
 """Raw tile reading: the compressed JPEG tiles a batch of regions needs, sliced out of the TIFF.
 
 Runs in the reader workers, which then do no decoding at all: per batch they ask
-`wsi.region.plan_regions` for the windows (the plans `Slide.read_region_um` follows, as arrays), and send
-the few kB of JPEG data under those windows with the plans (`RawBatch`) to the main process. The bytes
+`wsi.slides.region.plan_regions` for the windows (the plans `Slide.read_region_um` follows, as arrays), and
+send the few kB of JPEG data under those windows with the plans (`RawBatch`) to the main process. The bytes
 come from tile_bytes.py: each JPEG tile once per batch, in a few large reads, completed in place.
 
 Public API:
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.jpeg_colour import Colour, colour_to_decode
 from wsi.pipelines.embed.batches import RawBatch, SlideTiles
 from wsi.pipelines.embed.device_decode.tile_bytes import (
     MAX_GAP,
@@ -31,10 +30,11 @@ from wsi.pipelines.embed.device_decode.tile_bytes import (
     stream_header,
     table_of_keys,
 )
-from wsi.region import RegionPlan, RegionPlans, plan_region, plan_regions
-from wsi.slide import open_slide
-from wsi.slide_colour import first_tile
-from wsi.tiff_header import is_tiff
+from wsi.slides.jpeg_colour import Colour, colour_to_decode
+from wsi.slides.region import RegionPlan, RegionPlans, plan_region, plan_regions
+from wsi.slides.slide import open_slide
+from wsi.slides.slide_colour import first_tile
+from wsi.slides.tiff_header import is_tiff
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def find_jpeg_level(path: str, level: int, dims: tuple[int, int]) -> JpegLevel |
                 if not ok:
                     return None
                 # a JFIF (YCbCr) tile under an RGB photometric tag is decoded as YCbCr, as read_region_um
-                # decodes it (wsi.slide_colour); an Aperio tile (no marker, 4:4:4) as the tag says
+                # decodes it (wsi.slides.slide_colour); an Aperio tile (no marker, 4:4:4) as the tag says
                 photometric: Colour = "rgb" if int(page.photometric) == _PHOTOMETRIC_RGB else "ycbcr"
                 rgb = colour_to_decode(first_tile(tif.filehandle, page), photometric) == "rgb"
                 return JpegLevel(

@@ -3,7 +3,7 @@
 `Slide.read_region_um` resizes with PIL (`Image.reduce`, `Image.resize(box=..., resample=filter)`); the
 device decoder must give the same pixels, so PIL's resampling coefficients (precompute_coeffs in
 Pillow's Resample.c) are rebuilt here as batched weight matrices and applied with two matmuls,
-horizontal first like PIL. Which of the three a tile gets is its `wsi.region.RegionPlan`'s kind.
+horizontal first like PIL. Which of the three a tile gets is its `wsi.slides.region.RegionPlan`'s kind.
 
 Public API:
   finish_tiles(canvas (G,R,S,3) uint8, kind, k, filt, p, box (G,3), win (G,4)) -> (G,P,P,3) uint8
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wsi.region import RegionKind
+from wsi.slides.region import RegionKind
 
 #: PIL resampling filters by name: support in input px at scale 1
 _SUPPORT = {"BOX": 0.5, "BILINEAR": 1.0, "BICUBIC": 2.0}

@@ -9,7 +9,7 @@ each cell once however many output tiles lie over it, sorted by file offset and 
 dropped) straight into their place in the batch buffer, the iovec array built by numpy (iovec.py: no
 memoryview per tile). Each tile lands HEAD - 2 bytes after its stream's start, so its own SOI marker
 lies where the last two bytes of the stream header go; writing the header over it leaves
-`jpeg.complete_jpeg(tile, tables, rgb)` byte for byte (tests/pipelines/test_embed_feed.py). The headers
+`jpeg.complete_jpeg(tile, tables, rgb)` byte for byte (tests/pipelines/embed/test_embed_feed.py). The headers
 of all tiles are written in one numpy assignment through a view whose rows start at every byte.
 
 Public API:

@@ -6,7 +6,7 @@
 const el = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const state = { slides: [], sortKey: "id", sortDir: 1, current: null, overlays: null, geo: {}, geoOn: {} };
-// matplotlib's RdBu_r, the colour map of the heatmap PNGs (pipelines/heatmaps.py): blue against, red towards
+// matplotlib's RdBu_r, the colour map of the heatmap PNGs (pipelines/inputs/heatmaps.py): blue against, red towards
 const RDBU_R = [[5, 48, 97], [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [247, 247, 247],
   [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43], [103, 0, 31]];
 const PALETTE = [[230, 159, 0], [86, 180, 233], [0, 158, 115], [240, 228, 66], [0, 114, 178], [213, 94, 0],

@@ -1,0 +1,2 @@
+"""The end-to-end demo on generated slides: classification (tile, embed, train, predict) and a survival study
+on the same bags."""

@@ -1,0 +1,66 @@
+"""A small version of `make demo`: generated cohort -> tile -> embed -> train -> predict, end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import h5py
+import pytest
+from click.testing import CliRunner
+
+from wsi.cli.main import cli
+from wsi.pipelines.demo.run import DemoOptions, run_demo
+
+TINY_MODEL = (("dim", 32), ("attn_dim", 32), ("depth", 1), ("heads", 2), ("mlp_dim", 32))
+
+
+@pytest.mark.slow
+def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
+    opts = DemoOptions(
+        out_dir=tmp_path / "demo", slides_per_class=4, new_slides=2, slide_um=1024.0,
+        encoder="timm:resnet18", epochs=2, model_overrides=dict(TINY_MODEL),
+    )  # fmt: skip
+    result = run_demo(opts)
+    out = result.outputs
+    for key in ("labels", "metrics", "predictions"):
+        assert out[key].is_file(), key
+    assert len(list(out["QC images"].glob("*.png"))) == 8
+    bags = sorted(out["feature bags"].glob("*.h5"))
+    assert len(bags) == 8
+    with h5py.File(bags[0]) as f:
+        assert f["feats"].shape[1] == 512 and f.attrs["weights_sha256"] == "random"
+
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["classes"] == ["LUAD", "LUSC"] and metrics["n"] >= 2
+    with open(out["predictions"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["slide"] for r in rows] == ["NEW-00", "NEW-01"]
+    for r in rows:
+        assert abs(float(r["prob_LUAD"]) + float(r["prob_LUSC"]) - 1.0) < 1e-5
+        assert r["predicted"] in ("LUAD", "LUSC")
+        assert (out["heatmaps"] / f"{r['slide']}.png").is_file()
+
+    survival = json.loads(out["survival metrics"].read_text())
+    assert survival["kind"] == "survival"
+    assert out["Kaplan-Meier curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["survival report"].is_file()
+
+    # a second run re-uses the finished slides, tiles and bags
+    stamps = {p: p.stat().st_mtime_ns for p in bags}
+    run_demo(opts)
+    assert {p: p.stat().st_mtime_ns for p in bags} == stamps
+
+
+def test_demo_help_has_examples() -> None:
+    result = CliRunner().invoke(cli, ["demo", "--help"])
+    assert result.exit_code == 0 and "Examples:" in result.output and "--weights" in result.output
+
+
+def test_demo_refuses_an_unwritable_out_before_generating_anything(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(cli, ["demo", "--out", str(blocker / "demo")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(blocker / "demo") in result.output and "a-file is a file" in result.output

@@ -1,0 +1,105 @@
+"""Scans coarser than the tiles and --mpp against metadata (issue 20, item 4)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from wsi.cli.main import cli
+from wsi.formats.tile_file import read_tile_file
+from wsi.pipelines.tile.stage import output_paths, tile_slides
+from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX, low_yield_note, upsampling_note
+from wsi.slides.sources import SlideSource
+from wsi.tiling.blur import blur_reduction
+from wsi.tiling.grid import TileCounts
+from wsi.tiling.params import TileParams
+
+
+@pytest.fixture(scope="module")
+def coarse(make_slide):
+    """4 x 4 mm scanned at 4 um/px (1024 px): tiles of 256 um at 1 um/px are upsampled 4x."""
+    return make_slide(name="coarse", size_um=4096.0, mpp=4.0, seed=3)
+
+
+def _grid(slide, n: int = 16):
+    cells = [(i * 256.0, j * 256.0) for j in range(n) for i in range(n)]
+    sharp = [c for c in cells if slide.tissue_fraction(*c, 256) == 1 and slide.blur_fraction(*c, 256) == 0]
+    blurred = [c for c in cells if slide.blur_fraction(*c, 256) >= 0.9]
+    return sharp, blurred
+
+
+def test_coarse_scan_judged_for_blur_at_its_own_resolution(coarse, tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="wsi.pipelines.tile"):
+        [r] = tile_slides([SlideSource("coarse", coarse.path)], out_dir=tmp_path)
+    assert r.status == "ok" and LOW_YIELD_PREFIX not in r.note
+    assert r.note.startswith("check filter: blurry removed")  # its out-of-focus region: over 5%, named
+    tf = read_tile_file(output_paths(tmp_path, "coarse").h5)
+    assert tf.meta.upsampling == pytest.approx(4.0)
+    assert "upsampled 4x" in caplog.text and "blur is judged at the scan's own resolution" in caplog.text
+    kept = {tuple(c) for c in tf.coords_um.tolist()}
+    sharp, blurred = _grid(coarse)
+    assert len(sharp) > 50 and len(blurred) > 10
+    assert set(sharp) <= kept  # every sharp tissue tile kept (upsampled, they all failed the blur test)
+    assert not kept & set(blurred)  # the out-of-focus region still rejected
+
+
+def test_blur_reduction_and_upsampling_factor() -> None:
+    assert blur_reduction(0.25, 1.0, 256) == 1 and blur_reduction(1.0, 1.0, 256) == 1
+    assert blur_reduction(4.0, 1.0, 256) == 4 and blur_reduction(2.0, 0.5, 224) == 4
+    assert blur_reduction(40.0, 1.0, 64) == 4  # keeps 16 px a side for the blur test
+    assert upsampling_note(0.5, 1.0) == (1.0, "") and upsampling_note(1.005, 1.0)[0] == 1.0
+    factor, note = upsampling_note(4.0, 1.0)
+    assert factor == 4.0 and "upsampled 4x" in note
+
+
+def test_low_yield_note_names_the_filter_and_its_option() -> None:
+    params = TileParams()
+    few = TileCounts(n_grid=2000, n_tissue=1815, n_blurry=1800, n_background=12, n_kept=3)
+    note = low_yield_note(few, params)
+    assert note.startswith("low yield: kept 3 of 1815 tissue tiles (0.2%, under 10%)")
+    assert "most removed as blurry (1800)" in note and "--min-blur-var 50" in note
+    art = TileCounts(n_grid=100, n_tissue=100, n_blurry=2, n_kept=5)
+    note = low_yield_note(art, params, {"artifact: pen": 90, "artifact: fold": 3}, 0.25)
+    assert "most removed as artifact: pen (90)" in note and "--max-artifact 0.25" in note
+    assert low_yield_note(TileCounts(n_tissue=100, n_kept=10, n_blurry=90), params) == ""  # 10%: fine
+    assert low_yield_note(TileCounts(n_tissue=100, n_kept=0, n_blurry=100), params) == ""  # empty: own reason
+
+
+def test_low_yield_slide_is_noted_in_manifest_and_summary(coarse, tmp_path: Path, monkeypatch) -> None:
+    """The issue's case, reproduced by judging blur on the upsampled tiles (as before the fix)."""
+    monkeypatch.setattr("wsi.pipelines.tile.filters.blur_reduction", lambda *args: 1)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["tile", str(coarse.path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "tiles" / "manifest.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows[0]["status"] == "ok" and rows[0]["note"].startswith("low yield: kept ")
+    assert "most removed as blurry" in rows[0]["note"] and "upsampled 4x" in rows[0]["note"]
+    assert "coarse: low yield: kept" in result.stderr and "--min-blur-var" in result.stderr
+
+
+def test_mpp_against_metadata_says_which_wins_and_override_forces_it(
+    sample_slide, tmp_path: Path, caplog
+) -> None:
+    src = [SlideSource("s", sample_slide.path)]
+    with caplog.at_level(logging.INFO, logger="wsi.pipelines.tile"):
+        [r] = tile_slides(src, out_dir=tmp_path, mpp=0.4)
+    assert r.status == "ok"
+    assert "the metadata's 0.5 um/px wins over --mpp 0.4" in caplog.text and "--mpp-override" in caplog.text
+    tf = read_tile_file(output_paths(tmp_path, "s").h5)
+    assert tf.mpp == pytest.approx(0.5) and tf.meta.mpp_source == "metadata"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="wsi.pipelines.tile"):
+        [forced] = tile_slides(src, out_dir=tmp_path, mpp=0.4, mpp_override=True)
+    assert forced.status == "ok"  # recomputed, not skipped: the override changes the mpp
+    assert "--mpp 0.4 wins over the metadata's 0.5 um/px (--mpp-override)" in caplog.text
+    tf = read_tile_file(output_paths(tmp_path, "s").h5)
+    assert tf.mpp == pytest.approx(0.4) and tf.meta.mpp_source == "--mpp-override"
+    [again] = tile_slides(src, out_dir=tmp_path, mpp=0.4, mpp_override=True)
+    assert again.status == "skipped"
+    bad = CliRunner().invoke(cli, ["tile", str(sample_slide.path), "--out", str(tmp_path), "--mpp-override"])
+    assert bad.exit_code == 2 and "--mpp-override needs --mpp" in bad.stderr

@@ -1,0 +1,185 @@
+"""Per-pixel colour rules for marker ink, in HSV, and the optical-density ratio that tells red marker
+from blood and eosin: cheap enough to run on every tile.
+
+Hue finds the candidates; it cannot decide alone. Rules of our own, after reading three detectors:
+- histolab (histolab/histolab @202a8bca, src/histolab/filters/image_filters_functional.py:
+  green_pen_filter, blue_pen_filter, red_pen_filter) ORs a dozen RGB boxes per colour
+  (e.g. red: R > 150, G < 80, B < 90), which blood and eosin-rich muscle fall into as well.
+- HistoQC (choosehappy/HistoQC @b7956129, histoqc/ClassificationModule.py byExampleWithFeatures with
+  config pen_markings) trains a per-pixel classifier on example masks (those in ../shared/data/artifacts),
+  i.e. needs its training images at run time; we use those masks only to choose and test thresholds.
+- PenAnnotationExtractor (MSKCC-Computational-Pathology/PenAnnotationExtractor @83a91207,
+  penAnnotationExtractor.py) takes black as HSV value <= 125/255 and blue/green as saturated hue bands,
+  and has no red rule at all: its slides (and many labs') use black, blue and green markers.
+Hue separates green and blue ink from both H&E stains: eosin is pink-magenta (300-345 degrees),
+haematoxylin purple (260-330), DAB brown (10-40). Red and black ink share their hue with tissue:
+blood, eosin-rich stroma and muscle are as red as a red marker; dense nuclei, folds and pigment as dark
+as a black one. What separates them is how they absorb (Beer-Lambert: optical density OD = -log10 of
+the transmitted light, per channel, adds up over what the light passes through):
+- every H&E pixel is a non-negative mix of haematoxylin and eosin, and both absorb some red light, so
+  its red OD is a sizeable share of its green OD: OD_R / OD_G >= the eosin vector's own (0.27 in
+  Macenko et al.'s reference H&E vectors, 0.21-0.33 measured on blood, muscle and eosin-rich stroma in
+  ../shared/data/artifacts and 40 MSKCC slides). A red marker's dye passes red light almost untouched:
+  0.09-0.18 over glass (HistoQC's and histolab's red-pen slides). `red_od_ratio` is that ratio.
+Black marker is told from dense nuclei, folds and pigment by darkness and stroke width in
+`wsi.tiling.artifacts.ink`, not by colour: a neutral-density test (smallest channel OD over largest) was
+measured and dropped, because markers sold as black are often purple-black (0.40-0.70 on histolab's
+diagnostic-slide thumbnail, against 0.55-0.80 on dark tissue).
+Single pixels are noisy (and a pale pixel's ratio is mostly noise), so the ratio is judged as the median
+over a region's or a tile's red pixels dense enough to measure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wsi.tiling.params import ArtifactParams
+
+#: ink colours, in the order they are reported
+INK_COLOURS = ("green", "blue", "red", "black")
+#: (hue degrees, saturation, value) planes of an image, float32
+HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
+#: a red candidate's signature is measured where its green OD is at least this (transmission <= 32%):
+#: paler pixels' red OD is a few grey levels, as much JPEG noise as absorption
+RED_DENSE_OD = 0.5
+#: spread (sd) of the ratio over the pixels of one region, blood or marker alike (measured 0.04-0.06)
+SIGNATURE_SD = 0.05
+
+
+def median_margin(n: np.ndarray | int) -> np.ndarray:
+    """Margin of the median of `n` pixels' signature toward tissue: half its standard error (1.2533 sd /
+    sqrt(n) for a normal spread; a one-sided 69% bound). A speck of 6 pixels of blood at 0.18 is 0.193,
+    no marker; a stroke of hundreds of pixels is judged on its median. (Chosen on CAMELYON16's Tumor_004,
+    whose 6-pixel vessel at 0.183 was the one blood region under 0.19; a full 95% bound, 1.645 standard
+    errors, also dropped a tenth of the small streaks of HistoQC's red strokes.)
+    """
+    return np.asarray(0.5 * 1.2533 * SIGNATURE_SD / np.sqrt(np.maximum(n, 1)))
+
+
+def hsv(rgb: np.ndarray) -> HSV:
+    """Hue (degrees, 0-360), saturation and value (0-1) of (..., 3) uint8 pixels, float32.
+
+    Our own float32 version: skimage's rgb2hsv works in float64 and costs ~4x more per tile."""
+    px = rgb[..., :3].astype(np.float32)
+    r, g, b = px[..., 0], px[..., 1], px[..., 2]
+    high = np.maximum(np.maximum(r, g), b)
+    low = np.minimum(np.minimum(r, g), b)
+    span = high - low
+    safe = np.where(span > 0, span, 1.0)
+    hue = np.where(high == r, (g - b) / safe, np.where(high == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    hue *= np.float32(60.0)  # in [-60, 300]: `% 360` only adds 360 to the negative ones (10x its cost)
+    hue = np.where(hue < 0, hue + np.float32(360.0), hue)
+    hue = np.where(span > 0, hue, 0.0)
+    sat = np.where(high > 0, span / np.maximum(high, 1.0), 0.0)
+    return hue.astype(np.float32), sat.astype(np.float32), (high / 255.0).astype(np.float32)
+
+
+def optical_density(rgb: np.ndarray) -> np.ndarray:
+    """(..., 3) float32 OD = -log10(I / 255) of (..., 3) pixels (0-255; 0 taken as 1: OD <= 2.4)."""
+    px = np.maximum(rgb[..., :3].astype(np.float32), 1.0)
+    return (np.log10(np.float32(255.0)) - np.log10(px)).astype(np.float32)
+
+
+def red_od_ratio(od: np.ndarray) -> np.ndarray:
+    """(...) OD_R / OD_G: ~0.1 for a red marker, >= ~0.21 for anything stained with H&E (blood included)."""
+    return od[..., 0] / np.maximum(od[..., 1], 1e-3)
+
+
+def ink_pixels(rgb: np.ndarray, params: ArtifactParams) -> dict[str, np.ndarray]:
+    """Colour -> (...) bool mask of pixels of (..., 3) uint8 `rgb` whose colour could be that ink (red:
+    candidates, see `ink_rules`)."""
+    return ink_rules(hsv(rgb), params)
+
+
+def ink_rules(planes: HSV, params: ArtifactParams) -> dict[str, np.ndarray]:
+    """Colour -> bool mask of the pixels of an image's HSV `planes` whose colour could be that ink.
+
+    Green, blue and black are ink by colour here (black strokes must also be wide:
+    `wsi.tiling.artifacts.ink`). Red are candidates: blood and eosin take that colour too, and a red pixel is
+    ink only when its region's (or tile's) optical density says marker."""
+    hue, sat, val = planes
+    p = params
+    lit = val >= 0.15  # hue of near-black pixels is noise
+    green = lit & (hue >= p.green_hue[0]) & (hue <= p.green_hue[1]) & (sat >= p.green_min_saturation)
+    blue = lit & (hue > p.blue_hue[0]) & (hue <= p.blue_hue[1]) & (sat >= p.blue_min_saturation)
+    red = lit & ((hue >= p.red_hue_min) | (hue <= p.red_hue_max)) & (sat >= p.red_min_saturation)
+    black = val <= p.black_max_value
+    return {"green": green, "blue": blue, "red": red, "black": black}
+
+
+#: a tile's ink share is measured on every `TILE_STRIDE`-th pixel in each direction (1/64 of them):
+#: 1,024 samples of a 256 px tile give its share to about 1% (binomial sd near the 10% threshold), at a
+#: fifth of the cost of 1/16 (measured 0.1 vs 0.48 ms per tile, against ~1.4 ms for the background
+#: and blur filters)
+TILE_STRIDE = 8
+
+
+def tile_ink_share(tiles: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(B,) share of ink pixels of (B, P, P, 3) uint8 tiles (sampled every TILE_STRIDE pixels).
+
+    Green, blue and black pixels count as they are; a tile's red pixels count only when their median
+    optical-density ratio over the dense ones says marker (`is_red_ink`), as for a thumbnail region."""
+    return sample_ink_share(ink_sample(tiles), params)
+
+
+def ink_sample(tiles: np.ndarray) -> np.ndarray:
+    """(B, n, 3): the pixels of (B, P, P, 3) tiles that `tile_ink_share` looks at (every TILE_STRIDE-th
+    of every TILE_STRIDE-th row; the rows first: one strided copy of whole rows, then a small one)."""
+    rows = np.ascontiguousarray(tiles[:, ::TILE_STRIDE])
+    return rows[:, :, ::TILE_STRIDE].reshape(len(tiles), -1, tiles.shape[-1])
+
+
+def sample_ink_share(sample: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """`tile_ink_share` of tiles' (B, n, 3) `ink_sample`."""
+    colours = ink_pixels(sample, params)
+    ink = colours["green"] | colours["blue"] | colours["black"]
+    red = colours["red"]
+    rows = np.flatnonzero(red.any(axis=1))  # only tiles with red pixels need their optical density
+    if len(rows):
+        ink[rows] |= red[rows] & _red_marker_rows(sample[rows], red[rows], params)[:, None]
+    return np.count_nonzero(ink, axis=1) / max(1, ink.shape[1])
+
+
+def is_red_ink(od: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(B,) bool per row of (B, n, 3) `od`: its (B, n) red `candidates` are marker (the median OD_R / OD_G
+    of the dense ones, moved up by `median_margin`, at most params.red_max_od_ratio)."""
+    dense = candidates & (od[..., 1] >= RED_DENSE_OD)
+    bound = _row_median(red_od_ratio(od), dense) + median_margin(dense.sum(axis=1))
+    return np.asarray(bound <= params.red_max_od_ratio)
+
+
+def _red_marker_rows(sample: np.ndarray, candidates: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """`is_red_ink(optical_density(sample), candidates, params)`, with the optical density taken of the
+    candidates alone (a few of a tile's pixels; the logarithm of all of them was 40% of the ink share's
+    cost) and each row's median as np.nanmedian gives it (float32, the mean of the two middle values)."""
+    row, col = np.nonzero(candidates)
+    od = optical_density(sample[row, col])  # (c, 3)
+    dense = od[:, 1] >= RED_DENSE_OD
+    row, ratio = row[dense], red_od_ratio(od[dense])
+    counts = np.bincount(row, minlength=len(sample))
+    median = np.full(len(sample), np.nan, np.float32)
+    has = np.flatnonzero(counts)
+    if len(has):
+        ranked = ratio[np.lexsort((ratio, row))]  # by row, then by value
+        start = np.cumsum(counts) - counts
+        lo = start[has] + (counts[has] - 1) // 2
+        hi = start[has] + counts[has] // 2
+        median[has] = (ranked[lo] + ranked[hi]) / np.float32(2.0)
+    bound = median + median_margin(counts)
+    return np.asarray(bound <= params.red_max_od_ratio)
+
+
+def _row_median(values: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """(B,) median of each row's (B, n) `values` where `use`; NaN for a row with none (compares False)."""
+    masked = np.where(use, values, np.nan)
+    out = np.full(len(values), np.nan, np.float32)
+    rows = use.any(axis=1)
+    if rows.any():
+        out[rows] = np.nanmedian(masked[rows], axis=1)
+    return out
+
+
+def ink_mask(rgb: np.ndarray, params: ArtifactParams) -> np.ndarray:
+    """(...) bool: pixels whose colour could be any ink (red candidates before their density test)."""
+    masks = ink_pixels(rgb, params)
+    return masks["green"] | masks["blue"] | masks["red"] | masks["black"]
