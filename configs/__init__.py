@@ -29,10 +29,6 @@ def load_yaml(kind: str, name_or_path: str | Path) -> tuple[JsonObject, str]:
     Parsed once per file version: one `wsi train` asks for its preset from the recipe, the input checks
     and every model build. A file is keyed by its size and modification time, so an edit is seen; each
     caller gets its own copy to change."""
-    from wsi.storage import is_url, local_file
-
-    if is_url(str(name_or_path)):  # a task or preset in object storage: its local copy (checked URL)
-        name_or_path = local_file(str(name_or_path), what=f"{kind[:-1]} file")
     candidate = Path(name_or_path)
     stamp: tuple[int, int] | None = None
     if candidate.is_file():

@@ -94,7 +94,9 @@ def plan(
             if path in refused:
                 continue
             if path in changed:  # tiles of another file than the one there now: never embedded
-                rows[k].append(refused_row(base.tiles.slide_id, base.tiles.slide_path, changed[path]))
+                job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
+                why = other_slide(job, overwrite=options.overwrite) or changed[path]  # a clash says more
+                rows[k].append(refused_row(base.tiles.slide_id, base.tiles.slide_path, why))
                 continue
             job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
             row = _decide(job, enc, options, stain, empty_reason)
@@ -114,7 +116,10 @@ def _as_they_are(slides: Sequence[Slide]) -> tuple[list[Slide], dict[Path, str]]
             out.append((path, job, empty_reason))
             continue
         current = current_fingerprint(job.tiles.slide_path)
-        why = job.fingerprint.differs(current) if job.fingerprint is not None and current is not None else ""
+        # size and header: a copy or an upload of the same file has a version of its own (the tile stage,
+        # which re-tiles a slide whose version changed at the same place, compares that too)
+        known = job.fingerprint is not None and current is not None
+        why = job.fingerprint.differs(current, moved=True) if known else ""  # type: ignore[union-attr,arg-type]
         if why:
             changed[path] = (
                 f"the slide file {job.tiles.slide_path} changed since its tiles were made ({why}): its tiles "

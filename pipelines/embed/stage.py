@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 
 from wsi.core.errors import ConfigError, WsiError
 from wsi.core.files import is_temp_name
-from wsi.core.output_lock import output_lock
 from wsi.core.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 from wsi.models.encoders import Encoder, encoder_id_for
 from wsi.models.encoders.stain import StainReference
@@ -63,6 +62,7 @@ from wsi.pipelines.scheduling.jobs import (
     write_manifest,
 )
 from wsi.storage import Mirror, origin, remote_output
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,6 @@ from tqdm.auto import tqdm
 from wsi.core.config import with_settings
 from wsi.core.errors import WsiError
 from wsi.core.files import write_csv_atomic
-from wsi.core.output_lock import output_lock
 from wsi.pipelines.inputs import Item, with_resolution
 from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.explain import CaseOptions, explain_case
@@ -69,6 +68,7 @@ from wsi.pipelines.scheduling.remote import remote_edges
 from wsi.pipelines.study.cases import CaseCollate, CaseDataset
 from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.labels import default_patient
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from typing import Annotated, Any, Protocol, TypeVar, cast
 
 from pydantic import PlainValidator
 
-from wsi.core.output_lock import output_lock
 from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_output
+from wsi.storage.folder_lock import output_lock
 
 
 def _location(value: Any) -> Path | Url | None:

@@ -45,7 +45,6 @@ from typing import Any
 
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError
-from wsi.core.output_lock import output_lock
 from wsi.core.suffixes import TILE_FILE_SUFFIX
 from wsi.core.work_bounds import check_grid
 from wsi.formats.qupath import ReviewFile, Roi
@@ -86,6 +85,7 @@ from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import read_thumbnails
 from wsi.storage import Mirror, remote_output
+from wsi.storage.folder_lock import output_lock
 from wsi.storage.identity import SlideFingerprint, current_fingerprint
 from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue
 from wsi.tiling.params import TileParams

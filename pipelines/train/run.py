@@ -42,7 +42,6 @@ import torch
 from wsi.core.config import config_dict, with_settings
 from wsi.core.errors import ConfigError
 from wsi.core.files import write_csv_atomic
-from wsi.core.output_lock import output_lock
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
 from wsi.pipelines.runs.record import (
     Counts,
@@ -70,6 +69,7 @@ from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 from wsi.storage import origin
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 

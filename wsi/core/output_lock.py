@@ -12,9 +12,6 @@ each rewrite the manifest from their own view, and the manifest no longer agrees
   pid is checked instead, on this host.
 - The same process may take the lock of a folder it already holds (embed_slides runs the tile stage
   into its own folder): nested `with` blocks count, the outermost releases.
-- A folder that is this machine's mirror of a remote output folder (`wsi.storage.mirror`) also takes
-  that folder's remote lock (`wsi.storage.remote_lock`: a lock object with an owner and a lease, taken by
-  a conditional write), which every machine honours; messages name the URL, not the local mirror.
 - The file is removed on release, so a finished command leaves nothing behind. Removing a flocked
   file is safe because a taker checks, after locking, that the path still names the file it locked.
 """
@@ -34,18 +31,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from wsi.core.errors import OutputLockedError, WsiError
-from wsi.storage.remote_lock import RemoteLock
-from wsi.storage.urls import Url
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".wsi-lock"
 
-#: folder -> [fd, depth, remote lock or None] of the locks this process holds
-_held: dict[Path, list[Any]] = {}
+_held: dict[Path, list[int]] = {}  # folder -> [fd, depth] of the locks this process holds
 _guard = threading.Lock()
 
 
@@ -104,28 +98,11 @@ def _describe(holder: Holder) -> str:
 
 
 def _locked_message(folder: Path, holder: Holder) -> str:
-    url = _remote_of(folder)
-    if url is not None:  # this machine's mirror of a remote folder: name what the user gave
-        return (
-            f"{url} is in use by another wsi command on this machine ({_describe(holder)}): one command at "
-            "a time writes into an output folder. Wait for it to finish or choose another --out"
-        )
     return (
         f"{folder} is in use by another wsi command ({_describe(holder)}): one command at a time writes "
         f"into an output folder. Wait for it to finish or choose another --out (if that process is gone "
         f"from a machine that shares this folder, remove {lock_path(folder)})"
     )
-
-
-def _remote_of(folder: Path) -> Url | None:
-    """The URL a local folder stands for when it is this machine's mirror of a remote output folder."""
-    from wsi.storage.mirror import origin_of_output
-
-    try:
-        url = origin_of_output(folder)
-    except WsiError:  # invalid storage settings: not a mirror we can name
-        return None
-    return Url(url) if url else None
 
 
 def _default_command() -> str:
@@ -230,39 +207,16 @@ def output_lock(folder: str | os.PathLike[str], command: str | None = None) -> I
                 target.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise WsiError(f"{target}: cannot create the output folder ({exc.strerror or exc})") from None
-            text = command or _default_command()
-            fd = _acquire(target, text)
-            try:
-                remote = _take_remote(target, text)
-            except BaseException:
-                _release(target, fd)
-                raise
-            _held[target] = [fd, 1, remote]
+            _held[target] = [_acquire(target, command or _default_command()), 1]
     try:
         yield target
     finally:
-        lost = ""
         with _guard:
             entry = _held[target]
             entry[1] -= 1
             if entry[1] == 0:
                 del _held[target]
-                if entry[2] is not None:
-                    entry[2].release()
-                    lost = entry[2].lost
                 _release(target, entry[0])
-        if lost and sys.exc_info()[0] is None:
-            raise OutputLockedError(f"{lost}: the outputs may mix both runs' files; check them, or run again")
-
-
-def _take_remote(folder: Path, command: str) -> RemoteLock | None:
-    """For this machine's mirror of a remote folder: the lock every machine honours (`RemoteLock`)."""
-    url = _remote_of(folder)
-    if url is None:
-        return None
-    lock = RemoteLock(url, command)
-    lock.acquire()
-    return lock
 
 
 __all__ = ["LOCK_NAME", "Holder", "OutputLockedError", "lock_path", "output_lock", "read_holder"]

@@ -111,7 +111,7 @@ def test_a_remote_slide_replaced_at_the_same_size_is_redone_and_never_embedded_s
 HOLD = textwrap.dedent(
     """
     import sys, time
-    from wsi.core.output_lock import output_lock
+    from wsi.storage.folder_lock import output_lock
     from wsi.storage import remote_output
     mirror = remote_output(sys.argv[1])
     with output_lock(mirror.local, "wsi tile --out " + sys.argv[1]):
