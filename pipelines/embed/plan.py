@@ -93,7 +93,7 @@ def plan(
         for path, base, empty_reason in slides:
             if path in refused:
                 continue
-            if path in changed:  # tiles of another file than the one there now: never embedded
+            if path in changed and not options.overwrite:  # tiles of another file than the one there now
                 job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
                 why = other_slide(job, overwrite=options.overwrite) or changed[path]  # a clash says more
                 rows[k].append(refused_row(base.tiles.slide_id, base.tiles.slide_path, why))
