@@ -49,7 +49,8 @@ import numpy as np
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
 from wsi.pipelines.scheduling.cluster import close_local_cluster, start_local_cluster
-from wsi.pipelines.scheduling.jobs import JobResult, run_jobs
+from wsi.pipelines.scheduling.jobs import run_jobs
+from wsi.pipelines.scheduling.results import JobResult
 from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
 from wsi.slides.slide import open_slide
 from wsi.slides.sources import SlideSource, find_slides

@@ -1,9 +1,9 @@
 """Draw the house: docs/architecture.png (or another checkout's picture) from the code's own imports.
 
-A room is a package of the first level under `wsi/`, `models/` or `pipelines/` (wsi.slides, wsi.models.encoders,
-wsi.pipelines.tile), or a module loose at the top of one of those folders; its area is its lines. A room
-stands on a floor above every room it imports, so arrows point down; rooms that import each other (a
-circle between packages, even without a circle between modules) are drawn red on one floor.
+A room is a package of the first level under `wsi/`, `models/` or `pipelines/` (wsi.slides,
+wsi.models.encoders, wsi.pipelines.tile), or a module loose at the top of one of those folders; its area is
+its lines. A room stands on a floor above every room it imports, so arrows point down; rooms that import
+each other (a circle between packages, even without a circle between modules) are drawn red on one floor.
 
     .venv/bin/python docs/architecture_picture.py                       # docs/architecture.png
     .venv/bin/python docs/architecture_picture.py --repo OLD --out docs/architecture_before.png
@@ -123,7 +123,9 @@ def draw(repo: Path, out: Path, title: str) -> str:
     x_of: dict[str, float] = {}
     width = 100.0
     for f in range(n_floors):
-        names = sorted(by_floor[f], key=lambda r: (sum(x_of.get(t, 50) for t in links[r]) / max(len(links[r]), 1), r))
+        names = sorted(
+            by_floor[f], key=lambda r: (sum(x_of.get(t, 50) for t in links[r]) / max(len(links[r]), 1), r)
+        )
         total = sum(max(lines[r], 150) ** 0.5 for r in names) or 1.0
         x = 0.0
         for r in names:
@@ -136,7 +138,7 @@ def draw(repo: Path, out: Path, title: str) -> str:
     ax.axis("off")
     box_h = 0.62
     sizes: dict[str, float] = {}
-    for f, names in by_floor.items():
+    for names in by_floor.values():
         total = sum(max(lines[r], 150) ** 0.5 for r in names) or 1.0
         for r in names:
             sizes[r] = width * max(lines[r], 150) ** 0.5 / total
@@ -152,22 +154,46 @@ def draw(repo: Path, out: Path, title: str) -> str:
     for r, f in level.items():
         top = max((t for t in COLOURS if ig.within(r, t)), key=len)
         w = sizes[r] * 0.94
-        ax.add_patch(Rectangle((x_of[r] - w / 2, f - box_h / 2), w, box_h, facecolor=COLOURS[top],
-                               edgecolor="#c0392b" if r in circled else "#555555", lw=1.2 if r in circled else 0.6))
+        ax.add_patch(
+            Rectangle(
+                (x_of[r] - w / 2, f - box_h / 2),
+                w,
+                box_h,
+                facecolor=COLOURS[top],
+                edgecolor="#c0392b" if r in circled else "#555555",
+                lw=1.2 if r in circled else 0.6,
+            )
+        )
         short = r.removeprefix("wsi.models.").removeprefix("wsi.pipelines.").removeprefix("wsi.")
-        folder = "models/" if r.startswith("wsi.models") else "pipelines/" if r.startswith("wsi.pipelines") else ""
-        ax.text(x_of[r], f + 0.08, f"{folder}{short}", ha="center", va="center", fontsize=6.5 if w > 3 else 5,
-                rotation=0 if w > 3 else 90)
+        folder = (
+            "models/" if r.startswith("wsi.models") else "pipelines/" if r.startswith("wsi.pipelines") else ""
+        )
+        ax.text(
+            x_of[r],
+            f + 0.08,
+            f"{folder}{short}",
+            ha="center",
+            va="center",
+            fontsize=6.5 if w > 3 else 5,
+            rotation=0 if w > 3 else 90,
+        )
         if w > 3:
-            ax.text(x_of[r], f - 0.16, f"{count[r]} mod, {lines[r] / 1000:.1f}k", ha="center", va="center",
-                    fontsize=5.5, color="#333333")
-    loose = sum(1 for r in links if r.count(".") == 1 + r.startswith(("wsi.models.", "wsi.pipelines.")) and count[r] == 1
-                and not r.startswith("wsi.configs"))  # fmt: skip
+            ax.text(
+                x_of[r],
+                f - 0.16,
+                f"{count[r]} mod, {lines[r] / 1000:.1f}k",
+                ha="center",
+                va="center",
+                fontsize=5.5,
+                color="#333333",
+            )
+    depth = {r: r.count(".") - r.startswith(("wsi.models.", "wsi.pipelines.")) for r in links}
+    loose = sum(1 for r in links if depth[r] == 1 and count[r] == 1 and not r.startswith("wsi.configs"))
     arrows = sum(len(t) for t in links.values())
     summary = (f"{len(links)} rooms on {n_floors} floors, {arrows} arrows between rooms, "
                f"{len(circled)} rooms in circles between packages")  # fmt: skip
-    ax.set_title(f"{title}\n{summary}   (pink: wsi/, green: models/, blue: pipelines/; arrows point down to "
-                 "what a room imports; red: rooms that import each other)", fontsize=9, loc="left")  # fmt: skip
+    legend = "pink: wsi/, green: models/, blue: pipelines/; arrows point down to what a room imports"
+    ax.set_title(f"{title}\n{summary}   ({legend}; red: rooms importing each other)", fontsize=9, loc="left")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -176,8 +202,12 @@ def draw(repo: Path, out: Path, title: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", type=Path, default=HERE.parent, help="the checkout to draw (default: this one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=HERE.parent, help="the checkout to draw (default: this one)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "architecture.png")
     parser.add_argument("--title", default="wsi: rooms by job")
     args = parser.parse_args()

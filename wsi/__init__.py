@@ -1,10 +1,36 @@
-"""wsi: whole-slide images to tiles, feature bags and slide-level predictions."""
+"""wsi: whole-slide images to tiles, feature bags and slide-level predictions.
 
-from importlib.metadata import PackageNotFoundError, version
+The front door (`wsi/api.py`): `wsi.tile`, `wsi.embed`, `wsi.train`, `wsi.predict`, `wsi.open_slide`,
+`wsi.read_bag`, and `wsi.list_encoders` / `list_models` / `list_attention` / `list_slide_encoders` /
+`list_tasks`. Importing wsi loads none of the heavy libraries; a call loads what it needs.
+"""
 
-try:
-    __version__ = version("wsi")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+from wsi.api import (
+    embed,
+    list_attention,
+    list_encoders,
+    list_models,
+    list_slide_encoders,
+    list_tasks,
+    open_slide,
+    predict,
+    read_bag,
+    tile,
+    train,
+)
+from wsi.core.version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "embed",
+    "list_attention",
+    "list_encoders",
+    "list_models",
+    "list_slide_encoders",
+    "list_tasks",
+    "open_slide",
+    "predict",
+    "read_bag",
+    "tile",
+    "train",
+]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from wsi.models.encoders import encoder_id_for
 from wsi.pipelines.demo.survival import run_survival_demo
 from wsi.pipelines.embed import EmbedOptions, bag_dir, embed_tiles
 from wsi.pipelines.predict.stage import predict
-from wsi.pipelines.scheduling.jobs import JobResult, RunSummary
+from wsi.pipelines.scheduling.results import JobResult, RunSummary
 from wsi.pipelines.study.tasks import ModelOverrides
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.pipelines.train import train
@@ -102,7 +103,7 @@ def _make_cohort(opts: DemoOptions) -> tuple[Path, Path, Path]:
     return labelled, new, labels
 
 
-def _failed(stage: str, results: list[JobResult]) -> None:
+def _failed(stage: str, results: Sequence[JobResult]) -> None:
     """Stop the demo when a stage failed a slide or left one empty (no silent success)."""
     bad = RunSummary.of(results).problems
     for r in bad:
@@ -126,7 +127,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
              opts.weights if opts.weights else "random initialisation: no weights given")
     options = EmbedOptions(encoder=opts.encoder, weights=str(opts.weights) if opts.weights else None,
                            random_init=opts.weights is None, batch_size=32)
-    _failed("embed", embed_tiles(tiles_dir=out, out_dir=out, options=options, workers=opts.workers))
+    _failed("embed", embed_tiles(out, out_dir=out, options=options, workers=opts.workers))
     features = bag_dir(out, encoder_id_for(opts.encoder))
 
     run_dir = out / "model"

@@ -15,14 +15,15 @@ Modules, in the order a tile meets them:
   worker.py          the dask side: the run's encoders once per worker
 
 Public API:
-  embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None,
-              progress=True, gpus=None) -> list[JobResult]     one BagResult per slide and encoder
-  embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, ..., gpus=None)   tile, then
-              embed; slides the tiling failed or left empty are failed / empty rows
+  embed_tiles(tiles_dir, *, out_dir, options=None, slide_ids=None, **settings) -> EmbedResult
+              one BagResult per slide and encoder
+  tile_and_embed(sources, *, out_dir, options=None, tile_params=None, tile_options=None, **settings)
+              tile, then embed; slides the tiling failed or left empty are failed / empty rows
   EmbedOptions        encoder, weights, random_init, expected_sha256, input_px, encoders (several), device,
                       precision, compile, threads, batch_size (int | "auto"), readers, reader_mode, decode
                       ("cpu" | "device" | "auto"), dtype, max_bad_tiles, use_cache, overwrite,
-                      stain_norm ("macenko" | "reinhard" | None), stain_reference
+                      stain_norm ("macenko" | "reinhard" | None), stain_reference; how the batch runs:
+                      workers, scheduler, gpus (N | "all"), progress
   EncoderChoice(name, weights=None, expected_sha256=None, input_px=None)
   BagResult           JobResult + encoder_id;  results_by_encoder(results) -> {encoder_id: [rows]}
   bag_dir(out_dir, encoder_id) -> Path
@@ -32,20 +33,22 @@ Public API:
 from wsi.pipelines.embed.config import EmbedOptions, EncoderChoice
 from wsi.pipelines.embed.stage import (
     BagResult,
+    EmbedResult,
     bad_tile_report,
     bag_dir,
-    embed_slides,
     embed_tiles,
     results_by_encoder,
+    tile_and_embed,
 )
 
 __all__ = [
     "BagResult",
     "EmbedOptions",
+    "EmbedResult",
     "EncoderChoice",
     "bad_tile_report",
     "bag_dir",
-    "embed_slides",
     "embed_tiles",
     "results_by_encoder",
+    "tile_and_embed",
 ]

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from wsi.core.config import config_model, setting
 from wsi.core.errors import ConfigError
@@ -52,6 +52,22 @@ class EncoderChoice:
     weights: str | None = None  # weights file, or the model folder as the authors' hub repository lays it out
     expected_sha256: str | None = None  # refuse weights whose sha256 differs
     input_px: _InputPx | None = None  # timm:<name> encoders only; named encoders fix their input size
+
+
+#: `--gpus`: a number of GPUs on this machine, or all of them
+Gpus = int | Literal["all"]
+
+
+def parse_gpus(text: str | int) -> Gpus:
+    """`--gpus` as given: a positive count, or "all"."""
+    if isinstance(text, int) or str(text).strip().isdigit():
+        n = int(text)
+        if n < 1:
+            raise ConfigError(f"--gpus {n}: give a number of GPUs >= 1, or all")
+        return n
+    if str(text).strip().lower() == "all":
+        return "all"
+    raise ConfigError(f"--gpus {text!r}: give a number of GPUs (e.g. --gpus 4) or all")
 
 
 def default_readers() -> int:
@@ -135,6 +151,18 @@ class EmbedOptions:
         help="What --stain-norm maps onto: a saved reference (.json), an image or a folder of images, or a "
         "tile file (tiles/<slide_id>.h5) to fit it from.",
     )  # fmt: skip
+
+    # how the batch runs: none of these changes a feature, so none is recorded in a bag
+    workers: int = setting(
+        1, ge=1, le=1024, help="Slides embedded in parallel (local dask workers, each with its encoders)."
+    )
+    scheduler: str | None = setting(
+        None, help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786)."
+    )
+    gpus: Annotated[Gpus, BeforeValidator(parse_gpus)] | None = setting(
+        None, help="One worker per GPU on this machine (N GPUs, or all); exit 2 when there are not that many."
+    )
+    progress: bool = setting(True, help="Progress bars (--no-progress: none).")
 
     def choices(self) -> tuple[EncoderChoice, ...]:
         """The encoders of this run, in order (without `encoders`: the one of the single-encoder fields)."""

@@ -45,7 +45,8 @@ from wsi.pipelines.embed.device_decode import DeviceDecoder, decode_ahead
 from wsi.pipelines.embed.feed import iter_batches
 from wsi.pipelines.embed.runtime import Runtime, encode, prepare_runtime, prepare_runtimes, resolve_decode
 from wsi.pipelines.embed.stain import stain_fields
-from wsi.pipelines.scheduling.jobs import JobResult, describe_error
+from wsi.pipelines.scheduling.jobs import describe_error
+from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage.identity import SlideFingerprint
 
 log = logging.getLogger(__name__)

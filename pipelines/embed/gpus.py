@@ -10,7 +10,6 @@ A worker that sees several GPUs and has no number for a name gets one by a hash 
 put two workers on one GPU: it says so in the log.
 
 Public API:
-  parse_gpus(text) -> int | "all"                         the --gpus value (a count, or all)
   assign_gpus(gpus, available) -> list[torch.device]      cuda:0..N-1; ConfigError without enough GPUs
   worker_gpu(worker_name, devices, visible) -> torch.device    the device of one worker
 """
@@ -21,28 +20,13 @@ import logging
 import os
 import zlib
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 
 from wsi.core.errors import ConfigError
+from wsi.pipelines.embed.config import Gpus
 
 log = logging.getLogger(__name__)
-
-Gpus = int | Literal["all"]
-
-
-def parse_gpus(text: str | int) -> Gpus:
-    """`--gpus` as given: a positive count, or "all"."""
-    if isinstance(text, int) or str(text).strip().isdigit():
-        n = int(text)
-        if n < 1:
-            raise ConfigError(f"--gpus {n}: give a number of GPUs >= 1, or all")
-        return n
-    if str(text).strip().lower() == "all":
-        return "all"
-    raise ConfigError(f"--gpus {text!r}: give a number of GPUs (e.g. --gpus 4) or all")
-
 
 def assign_gpus(gpus: Gpus, available: int) -> list[torch.device]:
     """The devices of a `--gpus` run: cuda:0 .. cuda:N-1 of the `available` GPUs torch sees here."""
@@ -83,4 +67,4 @@ def worker_gpu(worker_name: object, devices: Sequence[str] | None, visible: int)
     return torch.device("cuda", index % visible)
 
 
-__all__ = ["Gpus", "assign_gpus", "parse_gpus", "worker_gpu"]
+__all__ = ["assign_gpus", "worker_gpu"]

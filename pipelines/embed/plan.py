@@ -38,7 +38,7 @@ from wsi.pipelines.embed.checks import other_encoder, other_slide, refuse_case_c
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage.identity import HEADER_BYTES, SlideFingerprint, current_fingerprint
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from pathlib import Path
 from wsi.core.suffixes import TILE_FILE_SUFFIX
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.worker import EmbedItem, embed_item
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage import Mirror, Url, location
 
 

@@ -8,16 +8,16 @@ dask job on a worker that holds its own encoders (see worker.py). Either way a f
 manifest row per encoder, never an abort.
 
 Public API:
-  embed_tiles(*, tiles_dir, out_dir, options=EmbedOptions(), slide_ids=None, workers=1, scheduler=None,
-              progress=True, gpus=None) -> list[JobResult]   (each a BagResult)
-  embed_slides(sources, *, out_dir, options=EmbedOptions(), tile_params=None, backend="openslide",
-               mpp=None, workers=1, scheduler=None, save_tiles=False, progress=True, gpus=None)
-      -> list[JobResult]          one BagResult per slide and encoder, encoder by encoder, in order
+  embed_tiles(tiles_dir, *, out_dir, options=None, slide_ids=None, **settings) -> EmbedResult
+  tile_and_embed(sources, *, out_dir, options=None, tile_params=None, tile_options=None, **settings)
+      -> EmbedResult              slides tiled first (the tile stage), then embedded
+  EmbedResult: one BagResult per slide and encoder, encoder by encoder, slides in order
   BagResult(JobResult)            + encoder_id: the bag folder features/<encoder_id>/ the row is about
-  results_by_encoder(results) -> dict[encoder_id, list[JobResult]]
+  results_by_encoder(results) -> dict[encoder_id, list[BagResult]]
   bag_dir(out_dir, encoder_id) -> Path        out_dir/features/<encoder_id> (from plan.py)
   find_tile_files(tiles_dir) -> list[Path]    accepts the run folder or its tiles/ folder
   bad_tile_report(results, *, out_dir, encoder) -> list[str]   "slide: 3 of 120 tiles unreadable, ..."
+`settings` are EmbedOptions fields (workers, scheduler, gpus, progress and the encoders' settings).
 
 What each slide needs from each encoder is decided first (plan.py): a bag is redone when its encoder
 (name, weights, recipe digest, input size), stain normalisation (method and reference), tiles or dtype
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError, WsiError
 from wsi.core.files import is_temp_name
 from wsi.core.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
@@ -47,20 +48,14 @@ from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
 from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import EmbedInterrupted, SlideWork, WorkResult, embed_works
-from wsi.pipelines.embed.gpus import Gpus, assign_gpus
+from wsi.pipelines.embed.gpus import assign_gpus
 from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from wsi.pipelines.embed.remote import embed_item_remote, local_tiles, publisher
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference
 from wsi.pipelines.scheduling.devices import resolve_device
-from wsi.pipelines.scheduling.jobs import (
-    JobResult,
-    JobsInterrupted,
-    RunSummary,
-    describe_error,
-    run_jobs,
-    write_manifest,
-)
+from wsi.pipelines.scheduling.jobs import JobsInterrupted, describe_error, run_jobs, write_manifest
+from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult
 from wsi.storage import Mirror, origin, remote_output
 from wsi.storage.folder_lock import output_lock
 
@@ -75,6 +70,8 @@ class BagResult(JobResult):
 
 
 R = TypeVar("R", bound=JobResult)
+#: what the embed stage returns: one BagResult per slide and encoder
+EmbedResult = StageResult[BagResult]
 
 
 def results_by_encoder(results: Sequence[R]) -> dict[str, list[R]]:
@@ -96,11 +93,12 @@ def find_tile_files(tiles_dir: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def check_gpus(gpus: Gpus | None, options: EmbedOptions, workers: int, scheduler: str | None) -> list[Any]:
+def check_gpus(options: EmbedOptions) -> list[Any]:
     """The devices of a `--gpus` run ([] without it); ConfigError for a combination that cannot work."""
+    gpus, workers = options.gpus, options.workers
     if gpus is None:
         return []
-    if scheduler is not None:
+    if options.scheduler is not None:
         raise ConfigError(
             "--gpus starts local workers; with --scheduler, start one dask worker per GPU yourself, each "
             "pinned with CUDA_VISIBLE_DEVICES=k (see `wsi embed --help`)"
@@ -122,25 +120,25 @@ def _check_mpp(encoders: Sequence[Encoder], slides: Sequence[Slide]) -> None:
 
 
 def embed_tiles(
-    *,
     tiles_dir: str | os.PathLike[str],
+    *,
     out_dir: str | os.PathLike[str],
-    options: EmbedOptions = EmbedOptions(),
+    options: EmbedOptions | None = None,
     slide_ids: Sequence[str] | None = None,
-    workers: int = 1,
-    scheduler: str | None = None,
-    progress: bool = True,
-    gpus: Gpus | None = None,
-) -> list[JobResult]:
-    """Embed every tile file under `tiles_dir` with every encoder of `options`; write the bags and one
-    `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder, slides in file order.
-    Either folder may be a URL (s3://...): the tile files are pulled, each bag uploaded once written."""
+    **settings: Any,
+) -> EmbedResult:
+    """Embed every tile file under `tiles_dir` (or those of `slide_ids`) with every encoder of `options`;
+    write the bags and one `features/<encoder_id>/manifest.csv` per encoder. Rows come encoder by encoder,
+    slides in file order. Either folder may be a URL (s3://...): the tile files are pulled, each bag
+    uploaded once written. `settings`: EmbedOptions fields, applied over `options`."""
+    opts = with_settings(EmbedOptions, options, settings, source="embed_tiles options")
+    start = time.perf_counter()
     remote = remote_output(out_dir)
     out = remote.local if remote is not None else out_dir
     with output_lock(out):
-        return _embed_tiles_locked(
-            tiles_dir, out, options, slide_ids, workers, scheduler, progress, gpus, remote
-        )
+        rows = _embed_tiles_locked(tiles_dir, out, opts, slide_ids, remote)
+    where = str(remote.url) if remote is not None else Path(out)
+    return EmbedResult("embed", where, tuple(rows), time.perf_counter() - start)
 
 
 def _embed_tiles_locked(
@@ -148,14 +146,10 @@ def _embed_tiles_locked(
     out_dir: str | os.PathLike[str],
     options: EmbedOptions,
     slide_ids: Sequence[str] | None,
-    workers: int,
-    scheduler: str | None,
-    progress: bool,
-    gpus: Gpus | None,
     remote: Mirror | None = None,
-) -> list[JobResult]:
+) -> list[BagResult]:
     start = time.perf_counter()
-    devices = check_gpus(gpus, options, workers, scheduler)
+    devices = check_gpus(options)
     tiles_local, tiles_url = local_tiles(tiles_dir)
     try:
         files = find_tile_files(tiles_local)
@@ -183,7 +177,7 @@ def _embed_tiles_locked(
         enc_rows += unreadable  # a tile file that cannot be read fails for every encoder
     if works:
         try:
-            done = _run(works, encoders, options, stain, devices, workers, scheduler, progress, remote)
+            done = _run(works, encoders, options, stain, devices, remote)
         except EmbedInterrupted as stop:  # Ctrl-C: the manifests record the bags that were finished
             _add(rows, stop.finished)
             _record(rows, ids, files, out_dir, remote, seconds=None)
@@ -202,10 +196,10 @@ def _add(rows: list[list[JobResult]], done: list[list[JobResult | None]]) -> Non
 def _record(
     rows: list[list[JobResult]], ids: list[str], files: Sequence[Path], out_dir: str | os.PathLike[str],
     remote: Mirror | None, *, seconds: float | None,
-) -> list[JobResult]:  # fmt: skip
+) -> list[BagResult]:  # fmt: skip
     """One manifest per encoder (and its summary line, unless interrupted); the rows, encoder by encoder."""
     order = {f.stem: i for i, f in enumerate(files)}
-    results: list[JobResult] = []
+    results: list[BagResult] = []
     for encoder_id, enc_rows in zip(ids, rows, strict=True):
         enc_rows.sort(key=lambda r: order.get(r.slide_id, len(order)))
         tagged = [BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in enc_rows]
@@ -225,23 +219,20 @@ def _run(
     options: EmbedOptions,
     stain: StainReference | None,
     devices: list[Any],
-    workers: int,
-    scheduler: str | None,
-    progress: bool,
     remote: Mirror | None = None,
 ) -> list[list[JobResult | None]]:
     """Embed the works: one local stream, or one dask job per slide (workers, --gpus, a scheduler)."""
-    if scheduler is None and workers == 1 and len(devices) <= 1:
+    if options.scheduler is None and options.workers == 1 and len(devices) <= 1:
         device = devices[0] if devices else resolve_device(options.device)
         tile_px = max(work.tiles.tile_px for work in works)
         runtimes, batch = prepare_runtimes(encoders, device=device, options=options, tile_px=tile_px)
         return embed_works(
             runtimes, works, options=options, readers=options.readers, mode=options.reader_mode,
-            progress=progress, stain=stain, batch_size=batch, publish=publisher(remote),
+            progress=options.progress, stain=stain, batch_size=batch, publish=publisher(remote),
         )  # fmt: skip
     encoders.clear()  # each worker builds its own: free the main process's copies
     names = [str(d) for d in devices]
-    return _embed_dask(works, options, stain, names, max(workers, len(devices)), scheduler, remote)
+    return _embed_dask(works, options, stain, names, max(options.workers, len(devices)), remote)
 
 
 def _embed_dask(
@@ -250,7 +241,6 @@ def _embed_dask(
     stain: StainReference | None,
     devices: list[str],
     workers: int,
-    scheduler: str | None,
     remote: Mirror | None = None,
 ) -> list[list[JobResult | None]]:
     from wsi.pipelines.embed.worker import EmbedItem, EncoderPlugin, embed_item
@@ -266,8 +256,9 @@ def _embed_dask(
             items,
             fn,
             workers=workers,
-            scheduler=scheduler,
+            scheduler=options.scheduler,
             desc="embed",
+            progress=options.progress,
             worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
         )
     except JobsInterrupted as stop:
@@ -296,79 +287,61 @@ def _summary(results: list[BagResult], seconds: float, out: Path, label: str) ->
         log.warning("%s", line)
 
 
-def embed_slides(
+def tile_and_embed(
     sources: Sequence[Any],
     *,
     out_dir: str | os.PathLike[str],
-    options: EmbedOptions = EmbedOptions(),
+    options: EmbedOptions | None = None,
     tile_params: Any = None,
-    backend: str = "openslide",
-    mpp: float | None = None,
-    workers: int = 1,
-    scheduler: str | None = None,
-    save_tiles: bool = False,
-    progress: bool = True,
-    gpus: Gpus | None = None,
-) -> list[JobResult]:
+    tile_options: Any = None,
+    **settings: Any,
+) -> EmbedResult:
     """Tile slides with the tile stage (into out_dir/tiles), then embed them; one row per slide and encoder.
 
-    A slide the tile stage refused or failed (an unusable or clashing id, a broken file) is a failed row
-    here too, with the tile stage's reason, and one whose tiling kept no tile an `empty` row ("tiling kept
-    no tile: <why>"); `options.overwrite` redoes the tiles as well. `workers` is the tile stage's too."""
-    check_gpus(gpus, options, workers, scheduler)  # before the tiling: a usage error costs nothing
+    `tile_params` (TileParams) say which tiles to keep, `tile_options` (TileOptions) how to read the
+    slides (backend, mpp, save_tiles); the batch runs with the embed options' workers, scheduler and
+    progress, and their `overwrite` redoes the tiles too. A slide the tile stage refused or failed (an
+    unusable or clashing id, a broken file) is a failed row here too, with the tile stage's reason, and
+    one whose tiling kept no tile an `empty` row ("tiling kept no tile: <why>")."""
+    from wsi.pipelines.tile.config import TileOptions
+
+    opts = with_settings(EmbedOptions, options, settings, source="tile_and_embed options")
+    check_gpus(opts)  # before the tiling: a usage error costs nothing
+    batch = {"workers": opts.workers, "scheduler": opts.scheduler, "progress": opts.progress}
+    tiling = with_settings(
+        TileOptions, tile_options, {**batch, "overwrite": opts.overwrite}, source="tile_and_embed options"
+    )
+    start = time.perf_counter()
     remote = remote_output(out_dir)
     with output_lock(remote.local if remote is not None else out_dir):  # across both stages (theirs nest)
-        return _embed_slides_locked(
-            sources,
-            out_dir,
-            options,
-            tile_params,
-            backend,
-            mpp,
-            workers,
-            scheduler,
-            save_tiles,
-            progress,
-            gpus,
-            remote,
-        )
+        rows = _tile_and_embed_locked(sources, out_dir, opts, tile_params, tiling, remote)
+    where = str(remote.url) if remote is not None else Path(out_dir)
+    return EmbedResult("embed", where, tuple(rows), time.perf_counter() - start)
 
 
-def _embed_slides_locked(
+def _tile_and_embed_locked(
     sources: Sequence[Any],
     out_dir: str | os.PathLike[str],
     options: EmbedOptions,
     tile_params: Any,
-    backend: str,
-    mpp: float | None,
-    workers: int,
-    scheduler: str | None,
-    save_tiles: bool,
-    progress: bool,
-    gpus: Gpus | None,
+    tile_options: Any,
     remote: Mirror | None = None,
-) -> list[JobResult]:
+) -> list[BagResult]:
     from wsi.pipelines.tile.stage import tile_slides
 
-    tiled = tile_slides(
-        sources, out_dir=out_dir, params=tile_params, backend=backend, mpp=mpp, workers=workers,
-        scheduler=scheduler, save_tiles=save_tiles, overwrite=options.overwrite, progress=progress,
-    )  # fmt: skip
+    tiled = tile_slides(sources, out_dir=out_dir, params=tile_params, options=tile_options)
     ready = [r.slide_id for r in tiled if r.status in ("ok", "skipped")]
     carried = [_carried(r) for r in tiled if r.status in ("failed", "empty")]
-    results: list[JobResult] = []
+    results: list[BagResult] = []
     if ready:
-        results = embed_tiles(
-            tiles_dir=out_dir, out_dir=out_dir, options=options, slide_ids=ready, workers=workers,
-            scheduler=scheduler, progress=progress, gpus=gpus,
-        )  # fmt: skip
+        results = list(embed_tiles(out_dir, out_dir=out_dir, options=options, slide_ids=ready))
     if not carried:
         return results
     by_encoder = results_by_encoder(results)
-    merged: list[JobResult] = []
+    merged: list[BagResult] = []
     for choice in options.choices():
         encoder_id = encoder_id_for(choice.name)
-        rows: list[JobResult] = [
+        rows: list[BagResult] = [
             *by_encoder.get(encoder_id, []),
             *(BagResult(**dataclasses.asdict(r), encoder_id=encoder_id) for r in carried),
         ]

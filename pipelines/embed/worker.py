@@ -35,7 +35,8 @@ from wsi.pipelines.embed.engine import Runtime, SlideWork, WorkResult, embed_wor
 from wsi.pipelines.embed.gpus import worker_gpu
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.scheduling.devices import resolve_device
-from wsi.pipelines.scheduling.jobs import JobResult, worker_plugin
+from wsi.pipelines.scheduling.jobs import worker_plugin
+from wsi.pipelines.scheduling.results import JobResult
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import csv
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ from wsi.formats.slide_embeddings import EmbeddingProvenance, embedding_dir, wri
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag, check_folder
 from wsi.pipelines.embed_slides.config import SlideEmbedOptions
-from wsi.pipelines.scheduling.jobs import JobResult, run_jobs, write_manifest
+from wsi.pipelines.scheduling.jobs import run_jobs, write_manifest
 from wsi.pipelines.scheduling.remote import remote_edges
+from wsi.pipelines.scheduling.results import JobResult, StageResult
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +172,33 @@ def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class SlideEmbedResult(StageResult[JobResult]):
+    """One row per slide (or patient), and `folder`: OUT/<encoder>-slide (or -pat), the embeddings."""
+
+    folder: Path = field(default=Path(), kw_only=True)
+
+
 def embed_slides(
-    *, features: str | Path, out: str | Path, options: SlideEmbedOptions | None = None, **settings: Any
-) -> tuple[Path, list[JobResult]]:
-    """Embed every bag under `features` (or every patient of `options.slide_table`); returns the folder
-    written and one JobResult per slide/patient (failed ones carry the reason). The manifest is
-    manifest.csv. `options` (or its fields as keywords, `settings`): `SlideEmbedOptions`. `features`,
-    `out` and the slide table may be URLs (`pipelines.remote`)."""
+    features_dir: str | Path,
+    *,
+    out_dir: str | Path,
+    options: SlideEmbedOptions | None = None,
+    **settings: Any,
+) -> SlideEmbedResult:
+    """Embed every bag under `features_dir` (or every patient of `options.slide_table`) into
+    `out_dir/<encoder>-slide/` (`-pat/`), with manifest.csv; one row per slide or patient (failed ones
+    carry the reason). `options` (or its fields as keywords, `settings`): `SlideEmbedOptions`. Both
+    folders and the slide table may be URLs (`pipelines.scheduling.remote`)."""
     opts = with_settings(SlideEmbedOptions, options, settings, source="embed-slides options")
-    return _embed_slides(features=features, out=out, slide_table=opts.slide_table, options=opts)
+    start = time.perf_counter()
+    folder, rows = _embed_slides(
+        features=features_dir, out=out_dir, slide_table=opts.slide_table, options=opts
+    )
+    seconds = time.perf_counter() - start
+    return SlideEmbedResult(
+        "embed-slides", out_dir, tuple(rows), seconds, folder=folder, manifest=folder / "manifest.csv"
+    )
 
 
 @remote_edges(out="out", folders={"features": "--features folder"}, files={"slide_table": "slide table"})

@@ -18,7 +18,7 @@ from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 
 #: input names (pipelines.inputs registry) whose inputs an encoder makes from raw slides
 BAGS, SLIDE_EMBEDDINGS = "bags", "slide-embeddings"

@@ -15,7 +15,7 @@ from typing import Any
 
 from wsi.core.errors import ConfigError
 from wsi.pipelines.predict.config import PredictOptions
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 
 
 def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) -> None:
@@ -92,13 +92,13 @@ def embed_raw_slides_to_embeddings(
         link = folder / f"{slide_id}.h5"
         link.unlink(missing_ok=True)
         link.symlink_to(bag.resolve())
-    out_dir, results = embed_slides(
-        features=folder, encoder=name, out=work, weights=slide_weights, random_init=sha == "random",
+    embedded = embed_slides(
+        folder, out_dir=work, encoder=name, weights=slide_weights, random_init=sha == "random",
         device="cpu" if device == "auto" else device,
     )  # fmt: skip
     found: dict[str, Path] = {}
-    for r in results:
-        path = out_dir / f"{r.slide_id}.h5"
+    for r in embedded:
+        path = embedded.folder / f"{r.slide_id}.h5"
         if r.status in ("ok", "skipped") and path.is_file():
             found[r.slide_id] = path
         else:

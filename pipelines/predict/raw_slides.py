@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from wsi.core.errors import ConfigError
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 
 _PRECISIONS: dict[str, Literal["bf16", "fp16", "fp32"]] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
@@ -39,7 +39,8 @@ def embed_raw_slides(
     from wsi.core.config import parse_config
     from wsi.models.encoders import encoder_id_for
     from wsi.pipelines.embed.engine import EmbedOptions
-    from wsi.pipelines.embed.stage import bag_dir, embed_slides
+    from wsi.pipelines.embed.stage import bag_dir, tile_and_embed
+    from wsi.pipelines.tile.config import TileOptions
     from wsi.slides.sources import find_slides
     from wsi.tiling.params import TileParams
 
@@ -76,9 +77,10 @@ def embed_raw_slides(
     )  # fmt: skip
     sources = find_slides(inputs)
     params = parse_config(TileParams, tile_params, source="the run's recorded tile_params")
-    results = embed_slides(
-        sources, out_dir=work, options=options, tile_params=params,
-        backend=backend, mpp=mpp, workers=workers, scheduler=scheduler, progress=progress,
+    reading = parse_config(TileOptions, {"backend": backend, "mpp": mpp}, source="the run's slide reading")
+    results = tile_and_embed(
+        sources, out_dir=work, options=options, tile_params=params, tile_options=reading, workers=workers,
+        scheduler=scheduler, progress=progress,
     )  # fmt: skip
     folder = bag_dir(work, encoder_id_for(encoder))
     by_id = {s.slide_id: s for s in sources}

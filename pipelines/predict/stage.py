@@ -63,8 +63,9 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
-from wsi.pipelines.scheduling.jobs import JobResult, RunSummary, Status, describe_error, write_manifest
+from wsi.pipelines.scheduling.jobs import describe_error, write_manifest
 from wsi.pipelines.scheduling.remote import remote_edges
+from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult, Status
 from wsi.pipelines.study.cases import CaseCollate, CaseDataset
 from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.labels import default_patient
@@ -73,27 +74,15 @@ from wsi.storage.folder_lock import output_lock
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class PredictResult:
-    out_dir: Path
-    predictions_csv: Path
-    rows: list[dict[str, Any]]  # slide (or patient, slides), the output columns, derived columns
-    results: list[JobResult] = field(default_factory=list)  # one per case, failures included
-    metrics: dict[str, Any] | None = None  # with labels_csv: what metrics.json holds
-    level: str = "slide"  # what a row is: "slide" ("image" for image tasks), or "patient" (patient-level)
+@dataclass(frozen=True)
+class PredictResult(StageResult[JobResult]):
+    """One row per case in `results` (failures included); the prediction table as written to
+    predictions.csv in `rows`; with labels, what metrics.json holds in `metrics`."""
 
-    @property
-    def summary(self) -> RunSummary:
-        return RunSummary.of(self.results)
-
-    @property
-    def failed(self) -> list[JobResult]:
-        return list(self.summary.failed)
-
-    @property
-    def problems(self) -> list[JobResult]:
-        """Cases that make `wsi predict` exit non-zero: failed ones and empty slides."""
-        return list(self.summary.problems)
+    predictions_csv: Path = field(default=Path(), kw_only=True)
+    rows: list[dict[str, Any]] = field(default_factory=list, kw_only=True)  # slide (or patient), outputs
+    metrics: dict[str, Any] | None = field(default=None, kw_only=True)
+    level: str = field(default="slide", kw_only=True)  # a row: "slide", "image" or "patient"
 
 
 def _finished_model(kwargs: dict[str, Any]) -> None:
@@ -181,13 +170,15 @@ def _finish(
         figures = evaluate_cohort(
             task=task, kind=run.kind, cohort=cohort, ids=ids, outputs=outputs, out_dir=out
         )
-    summary = RunSummary.of(results, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
     noun, unit = ("slides", "tiles") if run.adapter.name == BAGS else ("images", "images")
     labels = {"ok": "predicted", "skipped": "already predicted"}
     csv_path = out / "predictions.csv"
-    log.info("%s; %s", summary.line("predict", noun=noun, unit=unit, labels=labels), csv_path)
+    line = RunSummary.of(results, seconds).line("predict", noun=noun, unit=unit, labels=labels)
+    log.info("%s; %s", line, csv_path)
     level = "image" if task.level == "slide" and run.adapter.name != BAGS else task.level
-    return PredictResult(out, csv_path, rows, results, figures, level=level)
+    return PredictResult("predict", out, tuple(results), seconds, manifest=out / "manifest.csv",
+                         predictions_csv=csv_path, rows=rows, metrics=figures, level=level)  # fmt: skip
 
 
 def _patient_means(

@@ -29,9 +29,8 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tqdm.std import TqdmExperimentalWarning
 
@@ -42,39 +41,14 @@ with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio +
 from wsi.core.errors import WsiError
 from wsi.core.files import disk_full_error, is_disk_full, write_csv_atomic
 from wsi.pipelines.scheduling.cluster import close_local_cluster, quiet_distributed, start_local_cluster
-from wsi.storage.masking import shown
+from wsi.pipelines.scheduling.results import STATUSES, JobResult, RunSummary, Status
 
 log = logging.getLogger(__name__)
 
-# ok: done now; skipped: already done by an earlier run; empty: ran, but produced nothing usable (a slide
-# that kept no tile); failed: an error. `empty` and `failed` both make a command exit non-zero.
-Status = Literal["ok", "skipped", "empty", "failed"]
-STATUSES: tuple[Status, ...] = ("ok", "skipped", "empty", "failed")
 MANIFEST_COLUMNS = ("slide", "path", "status", "tiles", "seconds", "error", "note")
 
 # Plugins of the inline batch now running, by name (scoped to run_jobs; a dask worker keeps its own).
 _INLINE_PLUGINS: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("inline_plugins")
-
-
-@dataclass
-class JobResult:
-    """The outcome of one item: `n` is what it produced (tiles kept, tiles embedded, ...)."""
-
-    slide_id: str
-    path: str
-    status: Status
-    n: int = 0
-    seconds: float = 0.0
-    error: str = ""
-    note: str = ""  # a case that succeeded without everything asked for: what is missing and why
-
-    def __post_init__(self) -> None:
-        # what a row says reaches the manifest, the log and the terminal: no secret, and a remote output
-        # named by its URL rather than by this machine's mirror of it
-        for name in ("error", "note"):
-            text = getattr(self, name)
-            if text and isinstance(text, str):
-                object.__setattr__(self, name, shown(text))
 
 
 class JobsInterrupted(KeyboardInterrupt):
@@ -85,53 +59,6 @@ class JobsInterrupted(KeyboardInterrupt):
     def __init__(self, finished: Sequence[JobResult | None]) -> None:
         super().__init__()
         self.finished = list(finished)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """The one tally of a batch: every stage's log line and exit decision come from here."""
-
-    counts: dict[str, int]  # status -> number of items
-    produced: int  # sum of `n` over items that did not fail (tiles kept, tiles embedded, ...)
-    seconds: float
-    failed: tuple[JobResult, ...]
-    empty: tuple[JobResult, ...] = ()
-
-    @classmethod
-    def of(cls, results: Sequence[JobResult], seconds: float = 0.0) -> RunSummary:
-        counts: dict[str, int] = {status: 0 for status in STATUSES}
-        for r in results:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        produced = sum(r.n for r in results if r.status != "failed")
-        failed = tuple(r for r in results if r.status == "failed")
-        return cls(counts, produced, seconds, failed, tuple(r for r in results if r.status == "empty"))
-
-    @property
-    def problems(self) -> tuple[JobResult, ...]:
-        """Items that make the command exit non-zero: failed, and empty (no silent success)."""
-        return self.failed + self.empty
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def line(
-        self, stage: str, *, noun: str = "slides", unit: str = "items", labels: dict[str, str] | None = None
-    ) -> str:
-        """`stage: N slides: a ok, b skipped, c failed; P <unit>[ in S s (R <unit>/s)]`.
-
-        `labels` renames statuses for the reader (e.g. ok -> "tiled", skipped -> "already done").
-        """
-        names = labels or {}
-        shown = [(status, n) for status, n in self.counts.items() if n or status != "empty"]
-        parts = ", ".join(f"{n} {names.get(status, status)}" for status, n in shown)
-        timing = ""
-        if self.seconds > 0:
-            rate = self.produced / self.seconds  # slow items (images on a CPU) show 0.24/s, not 0/s
-            per_s = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
-            timing = f" in {self.seconds:.1f} s ({per_s} {unit}/s)"
-        noun = noun.removesuffix("s") if self.total == 1 else noun  # "1 slide", not "1 slides"
-        return f"{stage}: {self.total} {noun}: {parts}; {self.produced} {unit}{timing}"
 
 
 def describe_error(exc: BaseException) -> str:

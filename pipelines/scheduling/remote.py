@@ -23,7 +23,7 @@ from typing import Annotated, Any, Protocol, TypeVar, cast
 
 from pydantic import PlainValidator
 
-from wsi.pipelines.scheduling.jobs import JobResult
+from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_output
 from wsi.storage.folder_lock import output_lock
 

@@ -4,14 +4,10 @@ tile file, a note for the manifest row, why an all-artifact slide is empty, and 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from wsi.core.errors import TileFileError
-from wsi.formats.tile_file import read_tile_file
-from wsi.pipelines.scheduling.jobs import JobResult
 from wsi.tiling.artifacts import CODES, DESCRIPTIONS, FILTERS
 from wsi.tiling.grid import BACKGROUND, BLURRY, EXCLUDED, KEPT, UNREADABLE, TileCounts, TissueGrid
 
@@ -62,18 +58,13 @@ def why_artifact(name: str, head: str) -> str:
     )
 
 
-def artifact_summary(results: Sequence[JobResult], out_dir: Path) -> str:
-    """One line over a run's slides: tiles rejected per artifact and in how many slides ("" if none)."""
+def artifact_summary(counts: Sequence[TileCounts]) -> str:
+    """One line over a run's slides (their tile counts): tiles rejected per artifact and in how many
+    slides ("" if none)."""
     tiles = dict.fromkeys(FILTERS, 0)
     slides = dict.fromkeys(FILTERS, 0)
-    for r in results:
-        if r.status not in ("ok", "skipped", "empty"):
-            continue
-        try:
-            meta = read_tile_file(out_dir / "tiles" / f"{r.slide_id}.h5").meta
-        except (TileFileError, OSError):
-            continue
-        for name, n in _tally(meta.counts.to_dict()):
+    for c in counts:
+        for name, n in _tally(c.to_dict()):
             tiles[name] += n
             slides[name] += 1
     parts = [

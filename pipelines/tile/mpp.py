@@ -1,6 +1,7 @@
 """Which mpp a slide is tiled at: a slide list's `mpp` column, the metadata, or --mpp, and saying which.
 
     open_with_mpp(source, backend, fallback_mpp, override) -> (Slide, mpp_source, note)
+    refuse_images_without_mpp(sources, fallback_mpp, done)   before any slide: plain images need an mpp
 
 Order: a slide list's `mpp` column (per slide, always); then `--mpp` with `--mpp-override` (the user's
 value over the metadata, for a scanner known to write a wrong one); then the metadata; then `--mpp` for a
@@ -11,10 +12,12 @@ says so, naming both values and the option that forces --mpp.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from wsi.core.errors import MissingMppError, SlideError
 from wsi.pipelines.tile.checks import ignored_fallback_mpp, mpp_disagreement
+from wsi.slides.plain_images import MPP_FIX, image_mpp_hint, is_image_slide, read_image_header
 from wsi.slides.slide import Slide, open_slide
 from wsi.slides.sources import SlideSource
 
@@ -63,6 +66,36 @@ def open_with_mpp(
     return slide, "metadata", ""
 
 
+def refuse_images_without_mpp(
+    sources: Sequence[SlideSource], fallback_mpp: float | None, done: Callable[[SlideSource], bool]
+) -> None:
+    """MissingMppError (the command exits 2, before any slide is read) naming the plain images (PNG,
+    JPEG, TIFF in strips) that have no mpp from a slide list, --mpp or a trusted resolution in their
+    header: a forgotten --mpp, not one bad slide. Images whose tiles are `done` are left to resume."""
+    if fallback_mpp is not None:
+        return
+    missing: list[tuple[Path, str]] = []
+    for src in sources:
+        if src.mpp is not None or src.error or not isinstance(src.path, Path) or not src.path.is_file():
+            continue
+        if not is_image_slide(src.path) or done(src):
+            continue
+        try:
+            header = read_image_header(src.path)
+        except SlideError:  # unreadable: fails on its own in the batch, with its reason
+            continue
+        if header.mpp is None:
+            missing.append((src.path, image_mpp_hint(src.path, header)))
+    if len(missing) == 1:
+        raise MissingMppError(missing[0][1])
+    if missing:
+        named = ", ".join(str(path) for path, _ in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise MissingMppError(
+            f"{len(missing)} plain images have no trustworthy resolution in their metadata: {named}; "
+            f"{MPP_FIX}"
+        )
+
+
 def _warn(source: SlideSource, note: str) -> None:
     if note:
         log.warning("%s: %s", source.slide_id, note)
@@ -78,4 +111,4 @@ def metadata_mpp(path: Path | str, backend: str) -> float | None:
         return None
 
 
-__all__ = ["OVERRIDE_SOURCE", "metadata_mpp", "open_with_mpp"]
+__all__ = ["OVERRIDE_SOURCE", "metadata_mpp", "open_with_mpp", "refuse_images_without_mpp"]

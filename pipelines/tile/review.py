@@ -40,11 +40,10 @@ from wsi.formats.qupath import ReviewFile, read_review
 from wsi.formats.qupath.read import inside_any
 from wsi.formats.tile_file import Candidates, TileFile, open_tile_pixels, read_candidates, write_tile_file
 from wsi.formats.tile_meta import ReviewRecord, TileFileMeta
-from wsi.pipelines.scheduling.jobs import JobResult
-from wsi.pipelines.tile.artifacts import count_reasons
+from wsi.pipelines.tile.artifacts import artifact_counts_by_name, count_reasons
+from wsi.pipelines.tile.findings import TileSlideResult, low_yield, upsampling_note
 from wsi.pipelines.tile.output import pixel_writer
 from wsi.pipelines.tile.read import read_tile_chunks
-from wsi.pipelines.tile.yield_notes import low_yield_note, row_note, upsampling_note
 from wsi.slides.slide import Slide, open_slide
 from wsi.tiling.grid import EXCLUDED, KEPT, UNREADABLE
 from wsi.tiling.params import TileParams
@@ -244,9 +243,13 @@ def write_tiles(
     if seg is not None and seg.artifact_counts is not None:
         seg = replace(seg, artifact_counts=model, n_artifact=sum(model.values()))
         max_artifact = (seg.models.get("artifact") or {}).get("max_artifact_fraction")
-    few = low_yield_note(counts, params, model, max_artifact)
+    weight_free = {k: v for k, v in artifact_counts_by_name(counts.to_dict()).items() if v}
+    finding = low_yield(
+        counts, min_blur_variance=params.min_blur_variance, max_background=params.max_background_fraction,
+        artifact_counts={**weight_free, **model}, max_artifact=max_artifact,
+    )  # fmt: skip
     coarse = upsampling_note(meta.mpp, meta.target_mpp)[1]
-    few = "; ".join(part for part in (few, coarse if few else "") if part)
+    few = "; ".join(part for part in (finding.text(), coarse) if part) if finding else ""
     empty = ""
     if counts.n_kept == 0:
         empty = candidates.empty_reason
@@ -308,7 +311,9 @@ def _rebuild_pixels(
         raise
 
 
-def rereview(source: SlideSource, job: TileJob, paths: TileOutputs, previous: TileFile) -> JobResult | None:
+def rereview(
+    source: SlideSource, job: TileJob, paths: TileOutputs, previous: TileFile
+) -> TileSlideResult | None:
     """Apply the slide's (new, changed or removed) review to its finished tile file, without reading the
     slide; None when the file predates stored candidates (the caller tiles the slide again)."""
     candidates = read_candidates(paths.h5)
@@ -327,8 +332,8 @@ def rereview(source: SlideSource, job: TileJob, paths: TileOutputs, previous: Ti
     if meta.n_kept == 0:
         why = str(meta.empty_reason)
         log.warning("%s: %s", source.slide_id, why)
-        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why, note=row_note(meta))
-    return JobResult(source.slide_id, str(source.path), "ok", n=meta.n_kept, note=row_note(meta))
+        return TileSlideResult.of(source.slide_id, str(source.path), "empty", meta, n=0, error=why)
+    return TileSlideResult.of(source.slide_id, str(source.path), "ok", meta, n=meta.n_kept)
 
 
 def _rows_in(coords: np.ndarray, subset: np.ndarray) -> np.ndarray:

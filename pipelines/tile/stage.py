@@ -1,35 +1,14 @@
-"""The tile stage: slides -> tissue mask -> physical grid -> filtered tiles -> tile files + QC images.
+"""The tile stage: slides -> tissue mask -> physical grid -> filtered tiles -> tile files + QC pictures.
 
-Public API:
+    tile_slides(sources, *, out_dir, options=None, params=None, segmentation=None, **settings) -> TileResult
+    tile_slide(source, job) -> TileSlideResult     # one slide: what each batch job runs
 
-    TileJob(out_dir, params, backend="openslide", fallback_mpp=None, save_tiles=False,
-            overwrite=False, threads=1, background="auto")   # picklable per-slide settings
-    tile_slides(sources, *, out_dir, params=None, backend="openslide", mpp=None, workers=1,
-                scheduler=None, overwrite=False, save_tiles=False, threads=None,
-                background="auto") -> list[JobResult]
-    tile_slide(source, job) -> JobResult                # one slide (what each batch job runs)
-    output_paths(out_dir, slide_id) -> TileOutputs      # .h5, .zarr, qc .png and .geojson of one slide
-    read_tile_chunks, default_threads                  # re-exported from pipelines.tile.read
-    (TileJob, TileOutputs, output_paths live in pipelines.tile.job; the read-and-filter step in filters.py)
-
-Per slide (`_tile_open_slide`): read the tissue thumbnail and the QC picture in one go
-(`wsi.slides.thumbnail.read_thumbnails`), find the tissue and the candidate grid cells
-(`wsi.tiling.grid.find_tissue`, which also tells a dark-background fluorescence-like slide from a brightfield
-one), read and filter every candidate (`pipelines.tile.filters`), write the QC image (`wsi.tiling.qc`; GeoJSON
-`.qupath`: the filters' verdicts), then the tile file: the kept tiles after any `--review`
-(`pipelines.tile.review`) and every candidate with the filters' verdict, so that a new or changed review is
-applied from the tile file alone. Every file is written atomically and the tile file (.h5) last, so a complete
-tile file means the slide is done.
-
-A corrupt tile in the file costs the tiles that touch it: they are counted unreadable and the bad
-stored tiles named (level-0 px) in one warning, the manifest row, the tile file (`unreadable_regions`)
-and the QC picture. The slide fails only when the file is damaged beyond `max_unreadable_fraction` of
-its own tiles under the tissue (`pipelines.tile_checks.check_damage`).
-
-Statuses: ok (tiles kept), skipped (done by an earlier run), empty (ran, kept no tile: the row says which
-filter rejected most and which option controls it), failed. Before any slide runs, ids that are unusable,
-repeated, or equal but for case are refused per slide (`pipelines.tile_checks`); an id whose finished
-tile file in --out came from another slide file is refused without --overwrite, naming both files.
+Per slide: read the tissue thumbnail and the QC picture in one go, find the tissue and the candidate cells
+(`wsi.tiling.grid.find_tissue`), read and filter every candidate (`filters.py`), write the QC picture
+and its GeoJSON, then the tile file: the kept tiles after any `--review` and every candidate with its
+verdict, so a new review is applied from the tile file alone. Every file is written atomically and the
+tile file (.h5) last: a complete tile file means the slide is done. Statuses: ok, skipped (done by an
+earlier run with the same settings), empty (kept no tile: the row says why), failed.
 """
 
 from __future__ import annotations
@@ -39,6 +18,7 @@ import functools
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +30,7 @@ from wsi.core.work_bounds import check_grid
 from wsi.formats.qupath import ReviewFile, Roi
 from wsi.formats.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
 from wsi.formats.tile_meta import BackgroundRecord, TileFileMeta
-from wsi.pipelines.scheduling.jobs import JobResult, JobsInterrupted, run_jobs, write_manifest
+from wsi.pipelines.scheduling.jobs import JobsInterrupted, run_jobs, write_manifest
 from wsi.pipelines.scheduling.remote import mirrored_job
 from wsi.pipelines.tile.checks import (
     check_moved,
@@ -65,8 +45,9 @@ from wsi.pipelines.tile.checks import (
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.filters import filter_tiles
+from wsi.pipelines.tile.findings import TileResult, TileSlideResult, artifact_empty, upsampling_note
 from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths, remote_files
-from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp
+from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp, refuse_images_without_mpp
 from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
 from wsi.pipelines.tile.read import default_threads, read_tile_chunks
@@ -80,7 +61,6 @@ from wsi.pipelines.tile.segment import (
     segmentation_record,
     segmenters,
 )
-from wsi.pipelines.tile.yield_notes import artifact_empty, row_note, upsampling_note
 from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import read_thumbnails
@@ -107,8 +87,8 @@ def tile_slides(
     options: TileOptions | None = None,
     segmentation: SegmentationOptions | None = None,
     **settings: Any,
-) -> list[JobResult]:
-    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one JobResult per slide, in order.
+) -> TileResult:
+    """Tile every slide; write `out_dir/tiles/manifest.csv`; return one row per slide, in order.
 
     `options` (or its fields as keywords, `settings`: backend, mpp, workers, threads, ...) say how to
     read and schedule (`TileOptions`); `params` which tiles to keep. A slide whose id is unusable,
@@ -116,6 +96,7 @@ def tile_slides(
     the others run.
     """
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
+    start = time.perf_counter()
     remote = remote_output(out_dir)  # a URL: this machine's mirror of it (checked writable)
     if remote is not None and opts.save_tiles:
         raise ConfigError(
@@ -146,6 +127,10 @@ def tile_slides(
         if remote is not None:  # the finished tile files and the manifest, for the id checks and resume
             remote.pull_folder("tiles", suffixes=(TILE_FILE_SUFFIX, ".csv"))
         refused = refuse_id_clashes(sources, job.out_dir)
+        refuse_images_without_mpp(  # MissingMppError: no slide has been read
+            [s for i, s in enumerate(sources) if i not in refused], job.fallback_mpp,
+            done=lambda src: is_complete(output_paths(job.out_dir, src.slide_id).h5),
+        )  # fmt: skip
         for i, reason in refused.items():
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]
@@ -161,26 +146,31 @@ def tile_slides(
                 )
             )  # fmt: skip
         except JobsInterrupted as stop:  # Ctrl-C: the manifest records the slides that were finished
-            done = iter(stop.finished)
+            done = iter(None if r is None else TileSlideResult.row(r) for r in stop.finished)
             rows = [_refused(s, refused[i]) if i in refused else next(done) for i, s in enumerate(sources)]
             _record([r for r in rows if r is not None], job, remote)
             raise
-        results = [_refused(src, refused[i]) if i in refused else next(ran) for i, src in enumerate(sources)]
+        results = [
+            _refused(src, refused[i]) if i in refused else TileSlideResult.row(next(ran))
+            for i, src in enumerate(sources)
+        ]
         _record(results, job, remote)
-    return results
+    where = str(remote.url) if remote is not None else job.out_dir
+    seconds = time.perf_counter() - start
+    return TileResult("tile", where, tuple(results), seconds, manifest=f"{where}/tiles/manifest.csv")
 
 
-def _refused(source: SlideSource, why: str) -> JobResult:
-    return JobResult(source.slide_id, str(source.path), "failed", error=why)
+def _refused(source: SlideSource, why: str) -> TileSlideResult:
+    return TileSlideResult(source.slide_id, str(source.path), "failed", error=why)
 
 
-def _record(results: list[JobResult], job: TileJob, remote: Mirror | None) -> None:
+def _record(results: list[TileSlideResult], job: TileJob, remote: Mirror | None) -> None:
     write_manifest(job.out_dir / "tiles" / "manifest.csv", results)
     if remote is not None:
         remote.push(["tiles/manifest.csv"])
 
 
-def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
+def tile_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
     """Tile one slide, or skip it when its complete output was made with the same settings.
 
     Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok". An ok
@@ -222,13 +212,15 @@ def tile_slide(source: SlideSource, job: TileJob) -> JobResult:
     if meta.empty_reason:
         log.warning("%s: %s", source.slide_id, meta.empty_reason)
         why = meta.empty_reason
-        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why, note=row_note(meta))
+        return TileSlideResult.of(source.slide_id, str(source.path), "empty", meta, n=0, error=why)
     if meta.low_yield:
         log.warning("%s: %s", source.slide_id, meta.low_yield)
-    return JobResult(source.slide_id, str(source.path), "ok", n=meta.n_kept, error=note, note=row_note(meta))
+    return TileSlideResult.of(source.slide_id, str(source.path), "ok", meta, n=meta.n_kept, error=note)
 
 
-def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile) -> JobResult | None:
+def _finished(
+    source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileFile
+) -> TileSlideResult | None:
     """The result of a complete, valid output made with these settings (skipped, or empty again with its
     reason); None to (re)compute."""
     if job.overwrite:
@@ -266,8 +258,8 @@ def _finished(source: SlideSource, job: TileJob, paths: TileOutputs, meta: TileF
     if len(meta) == 0:
         why = str(meta.meta.empty_reason)
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
-        return JobResult(source.slide_id, str(source.path), "empty", n=0, error=why, note=row_note(meta.meta))
-    return JobResult(source.slide_id, str(source.path), "skipped", n=len(meta), note=row_note(meta.meta))
+        return TileSlideResult.of(source.slide_id, str(source.path), "empty", meta.meta, n=0, error=why)
+    return TileSlideResult.of(source.slide_id, str(source.path), "skipped", meta.meta, n=len(meta))
 
 
 def _tile_open_slide(

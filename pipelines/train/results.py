@@ -20,6 +20,7 @@ from typing import Any, Literal
 from wsi.core.files import write_csv_atomic, write_json_atomic
 from wsi.pipelines.report import write_report
 from wsi.pipelines.runs.record import record_path
+from wsi.pipelines.scheduling.results import JobResult, StageResult
 from wsi.pipelines.study.kinds import PredictionSet, TaskKind
 from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train import metrics
@@ -101,14 +102,27 @@ class CvMetrics(_JsonView):
         return {"folds": self.folds, "kind": self.kind, **means, "pooled": self.pooled, "per_fold": per_fold}
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    metrics: RunMetrics | CvMetrics  # what metrics.json holds (CvMetrics at the top of --cv runs)
-    config_path: Path
-    best_checkpoint: Path | None  # None at the top of a cross-validation run
-    kind: TaskKind  # the run's task kind (summary keys and lines; unfitted: each fold fits its own)
-    folds: list[TrainResult] = field(default_factory=list)
+@dataclass(frozen=True)
+class TrainResult(StageResult[JobResult]):
+    """A trained run: `out_dir` is the run folder; no per-item rows (an unusable input refuses the whole
+    run before training); with --cv, each fold's TrainResult in `folds`."""
+
+    metrics: RunMetrics | CvMetrics = field(kw_only=True)  # metrics.json (CvMetrics atop --cv runs)
+    config_path: Path = field(kw_only=True)
+    best_checkpoint: Path | None = field(kw_only=True)  # None at the top of a cross-validation run
+    kind: TaskKind = field(kw_only=True)  # the task kind (summary keys and lines; each fold fits its own)
+    folds: list[TrainResult] = field(default_factory=list, kw_only=True)
+
+    @classmethod
+    def of(cls, run_dir: Path, metrics: RunMetrics | CvMetrics, best: Path | None, kind: TaskKind,
+           folds: list[TrainResult] | None = None, seconds: float = 0.0) -> TrainResult:  # fmt: skip
+        return cls("train", run_dir, (), seconds, metrics=metrics, config_path=record_path(run_dir),
+                   best_checkpoint=best, kind=kind, folds=folds or [])  # fmt: skip
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder (`out_dir`), as the other stages call it (`--model RUN_DIR`)."""
+        return Path(self.out_dir)
 
 
 def summarise_folds(
@@ -152,11 +166,9 @@ def summarise_folds(
         "cross-validation %s %s +- %s over %d folds (pooled: %s)",
         kind.summary_keys[0], head.mean, head.std, len(splits), kind.summary_line(pooled_metrics),
     )  # fmt: skip
-    folds = [
-        TrainResult(d, m, record_path(d), d / "best.safetensors", kind)
-        for d, m in zip(fold_dirs, fold_metrics, strict=True)
-    ]
-    return TrainResult(run_dir, cv, record_path(run_dir), None, kind, folds)
+    pairs = zip(fold_dirs, fold_metrics, strict=True)
+    folds = [TrainResult.of(d, m, d / "best.safetensors", kind) for d, m in pairs]
+    return TrainResult.of(run_dir, cv, None, kind, folds)
 
 
 __all__ = ["CvMetrics", "FigureSummary", "RunMetrics", "TrainResult", "summarise_folds"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import platform
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,10 +104,12 @@ def train(
     Every input is checked first: unusable bags are all listed in one BagFormatError, nothing trained.
     """
     opts = with_settings(TrainOptions, options, settings, source="train options")
-    return _train(
+    start = time.perf_counter()
+    result = _train(
         task=task, labels_csv=labels_csv, out_dir=out_dir, features_dir=opts.features_dir,
         images_dir=opts.images_dir, init_from=opts.init_from, on_epoch_end=on_epoch_end, options=opts,
     )  # fmt: skip
+    return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
 
 @remote_edges(
@@ -163,7 +166,7 @@ def _train(
         fold_metrics = run_folds_on_cluster(specs, scheduler) if scheduler else [run_fold(s) for s in specs]
         if not opts.cv:
             best = run_dir / "best.safetensors"
-            return TrainResult(run_dir, fold_metrics[0], record_path(run_dir), best, kind)
+            return TrainResult.of(run_dir, fold_metrics[0], best, kind)
         return summarise_folds(run_dir, cfg, kind, splits, fold_metrics)
 
 

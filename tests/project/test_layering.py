@@ -64,7 +64,7 @@ LAYERS: dict[str, int] = {
     "wsi.pipelines": 29,
     "wsi.cli": 30,
     "wsi.api": 31,
-    "wsi": 31,
+    "wsi": 32,
 }
 MAX_TOP_MODULES = 12
 MAX_PACKAGE_MODULES = 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ EMBED_FLAGS = {
     "--precision": "precision", "--compile": "compile", "--threads": "threads",
     "--batch-size": "batch_size", "--stain-norm": "stain_norm", "--stain-reference": "stain_reference",
     "--readers": "readers", "--reader-mode": "reader_mode", "--decode": "decode", "--dtype": "dtype",
-    "--max-bad-tiles": "max_bad_tiles", "--cache": "use_cache", "--overwrite": "overwrite",
+    "--max-bad-tiles": "max_bad_tiles", "--cache": "use_cache", "--overwrite": "overwrite", "--gpus": "gpus",
 }  # fmt: skip
 
 
@@ -97,13 +98,7 @@ Several GPUs: --gpus N (or all) runs one worker per GPU on this machine. On a da
     help=field_of(EmbedOptions, "expected_sha256")[0].metadata["description"],
 )  # fmt: skip
 @config_options(EmbedOptions, EMBED_FLAGS, into="settings")
-@click.option(
-    "--gpus",
-    default=None,
-    metavar="N|all",
-    help="One worker per GPU on this machine (N GPUs, or all); exit 2 when there are not that many.",
-)
-@config_options(TileOptions, {"--workers": "workers", "--scheduler": "scheduler"}, into="run")
+@config_options(EmbedOptions, {"--workers": "workers", "--scheduler": "scheduler"}, into="run")
 @config_options(TileParams, {"--tile-um": "tile_um", "--tile-px": "tile_px"}, into="tiling")
 @config_options(TileOptions, {"--mpp": "mpp"}, into="slide_run")
 @user_errors
@@ -115,7 +110,6 @@ def command(
     weights: tuple[Path, ...],
     expected_sha256: tuple[str, ...],
     settings: dict[str, Any],
-    gpus: str | None,
     run: dict[str, Any],
     tiling: dict[str, Any],
     slide_run: dict[str, Any],
@@ -127,23 +121,19 @@ def command(
     --max-bad-tiles fail; a failing slide is recorded in the manifest and never stops the others.
     """
     from wsi.core.config import parse_config
-    from wsi.pipelines.embed import embed_slides, embed_tiles
-    from wsi.pipelines.embed.gpus import parse_gpus
+    from wsi.pipelines.embed import embed_tiles, tile_and_embed
 
     if bool(paths) == (tiles_dir is not None):
         click.echo("Error: give either --tiles DIR or slide PATHS (not both, not neither)", err=True)
         raise SystemExit(EXIT_USAGE)
     ensure_writable_dir(out_dir)  # before any work: a read-only --out is a usage error (exit 2)
     input_px = settings.pop("input_px", None)  # per encoder when there are several
-    given: dict[str, Any] = {**settings, **_encoder_fields(encoders, weights, expected_sha256, input_px)}
+    given: dict[str, Any] = {
+        **settings, **run, **_encoder_fields(encoders, weights, expected_sha256, input_px)
+    }
     options = parse_config(EmbedOptions, given, source="wsi embed options")
-    workers, scheduler = run["workers"], run["scheduler"]  # each worker builds its own encoders
-    n_gpus = parse_gpus(gpus) if gpus is not None else None
     if tiles_dir is not None:
-        results = embed_tiles(
-            tiles_dir=tiles_dir, out_dir=out_dir, options=options, workers=workers, scheduler=scheduler,
-            gpus=n_gpus,
-        )  # fmt: skip
+        results = embed_tiles(tiles_dir, out_dir=out_dir, options=options)
     else:
         from wsi.slides.sources import find_slides
 
@@ -152,11 +142,9 @@ def command(
             click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
             raise SystemExit(EXIT_USAGE)
         params = parse_config(TileParams, tiling, source="wsi embed options")
-        mpp = parse_config(TileOptions, slide_run, source="wsi embed options").mpp
-        results = embed_slides(
-            sources, out_dir=out_dir, options=options, tile_params=params, mpp=mpp, workers=workers,
-            scheduler=scheduler, gpus=n_gpus,
-        )  # fmt: skip
+        tile_options = parse_config(TileOptions, slide_run, source="wsi embed options")  # --mpp
+        results = tile_and_embed(sources, out_dir=out_dir, options=options, tile_params=params,
+                                 tile_options=tile_options)  # fmt: skip
     if _report(results, out_dir, [c.name for c in options.choices()]):
         raise SystemExit(EXIT_PARTIAL_FAILURE)
 
@@ -184,11 +172,11 @@ def _encoder_fields(
     return {"encoders": choices}
 
 
-def _report(results: list[Any], out_dir: Path | Url, names: list[str]) -> bool:
+def _report(results: Sequence[Any], out_dir: Path | Url, names: list[str]) -> bool:
     """The summary per encoder on stderr; True when some slide failed or kept no tile (exit 1)."""
     from wsi.models.encoders import encoder_id_for
     from wsi.pipelines.embed import bad_tile_report, results_by_encoder
-    from wsi.pipelines.scheduling.jobs import RunSummary
+    from wsi.pipelines.scheduling.results import RunSummary
     from wsi.storage import local_view
 
     by_encoder = results_by_encoder(results)

@@ -59,13 +59,12 @@ def command(features: Path | Url, out_dir: Path | Url, settings: dict[str, Any])
     options = parse_config(SlideEmbedOptions, settings, source="wsi embed-slides options")
     ensure_writable_dir(out_dir)
     from wsi.pipelines.embed_slides import embed_slides
-    from wsi.pipelines.scheduling.jobs import RunSummary
     from wsi.storage import origin
 
-    folder, results = embed_slides(features=features, out=out_dir, options=options)
-    summary = RunSummary.of(results)
+    result = embed_slides(features, out_dir=out_dir, options=options)
+    summary = result.summary
     line = summary.line("embed-slides", unit="tiles", noun=f"{options.level}s")
-    click.echo(f"wsi {line} -> {origin(folder)}", err=True)
+    click.echo(f"wsi {line} -> {origin(result.folder)}", err=True)
     for r in summary.problems[:10]:
         click.echo(f"  {r.slide_id}: {r.error}", err=True)
     if summary.problems:

@@ -113,6 +113,7 @@ def cli(verbose: int, quiet: bool) -> None:
     logging.getLogger("distributed").setLevel(max(level, logging.WARNING))
     logging.getLogger("PIL").setLevel(logging.WARNING)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    logging.getLogger("pyvips").setLevel(logging.WARNING)  # libvips logs every thread pool at info
     for noisy in ("fsspec", "s3fs", "aiobotocore", "botocore", "urllib3"):  # every block read, every request
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     from wsi.core.errors import WsiError

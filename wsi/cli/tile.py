@@ -44,6 +44,7 @@ Examples:
   wsi tile a.svs b.ndpi --out run/ --tile-um 224 --tile-px 224
   wsi tile slides.csv --out run/ --workers 4       # CSV: path[,slide_id][,mpp]
   wsi tile old-scan.svs --out run/ --mpp 0.25      # a slide without resolution metadata
+  wsi tile thumb.png photo.jpg --out run/ --mpp 8  # plain images as one-level slides
   wsi tile slides/ --out run/ --scheduler tcp://10.0.0.5:8786 --save-tiles
   wsi tile a.svs --out run/ --roi a.geojson        # only inside QuPath annotations
   wsi tile slides/ --out run/ --roi annotations/   # annotations/<slide_id>.geojson per slide
@@ -135,8 +136,10 @@ def command(
     .ndpi .vms .vmu .scn .mrxs .svslide .bif .czi and for DICOM WSI series: one slide per series, its
     id the folder's name) or CSV slide lists with a `path` column (optional `slide_id`, `mpp`; relative
     paths are taken from the CSV's folder). Each may be a URL (s3://, gs://, https://): see README
-    "Slides and outputs in object storage". A failing slide is recorded in the manifest and never stops
-    the others.
+    "Slides and outputs in object storage". A plain image (.png .jpg .jpeg, a TIFF in strips) named as a
+    PATH or in a CSV is a one-level slide at --mpp (or a resolution its metadata can be trusted for);
+    folders are not searched for them. A failing slide is recorded in the manifest and never stops the
+    others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
     from wsi.core.config import parse_config
@@ -161,34 +164,28 @@ def command(
     # ConfigError (a model without weights): exit 2
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
-    results = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
-    from wsi.pipelines.scheduling.jobs import RunSummary
-
-    summary = RunSummary.of(results)
-    click.echo(
-        f"wsi {summary.line('tile', unit='tiles kept', labels={'ok': 'tiled', 'skipped': 'already done'})}; "
-        f"manifest {out_dir / 'tiles' / 'manifest.csv'}",
-        err=True,
-    )
+    result = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
+    labels = {"ok": "tiled", "skipped": "already done"}
+    line = result.summary.line("tile", unit="tiles kept", labels=labels)
+    click.echo(f"wsi {line}; manifest {out_dir / 'tiles' / 'manifest.csv'}", err=True)
     from wsi.pipelines.tile.artifacts import artifact_summary
-    from wsi.storage import local_view
 
-    artifacts = artifact_summary(results, local_view(out_dir))
+    found = [r.findings for r in result if r.findings is not None]
+    artifacts = artifact_summary([f.counts for f in found])
     if artifacts:
         click.echo(f"  {artifacts}", err=True)
-    for r in summary.problems:
+    for r in result.problems:
         click.echo(f"  {r.status} {r.slide_id}: {r.error}", err=True)
-    from wsi.pipelines.tile.yield_notes import HEAVY_FILTER_PREFIX, LOW_YIELD_PREFIX, note_part
-
-    for r in results:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
-        if r.status in ("ok", "skipped") and LOW_YIELD_PREFIX in r.note:
-            click.echo(f"  {r.slide_id}: {note_part(r.note, LOW_YIELD_PREFIX)}", err=True)
-    heavy = [r for r in results if r.status in ("ok", "skipped") and HEAVY_FILTER_PREFIX in r.note]
-    for r in heavy[:_MAX_LISTED]:  # one filter took over 5% of the tissue tiles: look before trusting it
-        click.echo(f"  {r.slide_id}: {note_part(r.note, HEAVY_FILTER_PREFIX)}", err=True)
+    done = [r for r in result if r.status in ("ok", "skipped") and r.findings is not None]
+    for r in done:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
+        if r.findings is not None and r.findings.low_yield is not None:
+            click.echo(f"  {r.slide_id}: {r.findings.low_yield.text()}", err=True)
+    heavy = [(r.slide_id, r.findings.heavy) for r in done if r.findings is not None and r.findings.heavy]
+    for slide_id, filters in heavy[:_MAX_LISTED]:  # one filter took over 5% of the tissue: look first
+        click.echo(f"  {slide_id}: {filters.text()}", err=True)
     if len(heavy) > _MAX_LISTED:
         click.echo(f"  ... and {len(heavy) - _MAX_LISTED} more slides (manifest note column)", err=True)
-    if summary.problems:
+    if result.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
 
 

@@ -19,6 +19,12 @@ Whole-slide images (`SLIDE_SUFFIXES`), the formats openslide 4 reads (tiffslide 
   .dcm              DICOM WSI: one slide is a series of .dcm files, one per level, so folder search
                     groups them by series (`wsi.slides.dicom_series`: one slide per series, id from its
                     folder) instead of taking each file (`FOLDER_SLIDE_SUFFIXES` leaves them out)
+Plain images read as one-level slides (`IMAGE_SLIDE_SUFFIXES`, by `wsi.slides.plain_images`): .png .jpg .jpeg,
+and a .tif/.tiff that no scanner format claims (strips, not tiles). They are slides only where a slide
+is named (`NAMED_SLIDE_SUFFIXES`): a PATH or a slide list's row given to `wsi tile`, `wsi embed` or
+`wsi predict`.
+Folder search never takes them (`FOLDER_SLIDE_SUFFIXES`), so QC pictures and thumbnails lying beside
+slides are not tiled, and a folder of dermoscopy or fundus JPEGs given to an image task stays images.
 Clinical images (`IMAGE_SUFFIXES`), read by `wsi.pipelines.inputs.clinical`:
   .png .jpg .jpeg .tif .tiff .bmp    photographs (dermoscopy, fundus) and plain TIFFs
   .dcm .dicom                         DICOM images and series (radiology)
@@ -42,6 +48,10 @@ SLIDE_SUFFIXES: tuple[str, ...] = (
 DICOM_SLIDE_SUFFIX = ".dcm"
 #: slide formats found file by file when a folder is searched: DICOM is left out (many files per slide)
 FOLDER_SLIDE_SUFFIXES: tuple[str, ...] = tuple(s for s in SLIDE_SUFFIXES if s != ".dcm")
+#: plain images that open as one-level slides when named (never found by folder search)
+IMAGE_SLIDE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg")
+#: every suffix a slide given by name may carry: the whole-slide formats and the plain images
+NAMED_SLIDE_SUFFIXES: tuple[str, ...] = SLIDE_SUFFIXES + IMAGE_SLIDE_SUFFIXES
 
 PHOTO_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 DICOM_SUFFIXES: tuple[str, ...] = (".dcm", ".dicom")

@@ -8,6 +8,9 @@ limits without loading the imaging stack.
   fractions are computed. A tiny --tile-um on a large slide (1 um tiles on 75 x 25 mm: 1.9 billion
   cells) used to end in numpy's "Unable to allocate 7.28 TiB"; here it is a SlideError naming the
   slide, the grid, the memory it would need and the option to change.
+- A plain image read as a slide (`wsi.slides.plain_images`): streamed row by row into a tiled pyramid, so its
+  size is not bounded; but a format that can only be decoded whole (an interlaced PNG, a progressive
+  JPEG, a TIFF stored as one big strip) is refused above MAX_WHOLE_DECODE_PX pixels.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MAX_THUMB_PX = 1 << 28
 #: the most pixels of one level decoded to make a thumbnail (4 gigapixels: a 63,000 px square slide
 #: without a pyramid, about a minute); a slide with a pyramid reads a small level
 MAX_READ_PX = 4 * 10**9
+#: the most pixels of a plain image decoded at once (268 million: 0.8 GB of RGB, about as much again
+#: of a progressive JPEG's coefficients); larger images are read in rows, or refused when they cannot be
+MAX_WHOLE_DECODE_PX = 1 << 28
 
 
 def grid_shape(width_px: int, height_px: int, *, mpp: float, tile_um: float) -> tuple[int, int]:
@@ -50,4 +56,6 @@ def check_grid(name: object, width_px: int, height_px: int, *, mpp: float, tile_
         )
 
 
-__all__ = ["MAX_GRID_TILES", "MAX_READ_PX", "MAX_THUMB_PX", "check_grid", "grid_shape"]
+__all__ = [
+    "MAX_GRID_TILES", "MAX_READ_PX", "MAX_THUMB_PX", "MAX_WHOLE_DECODE_PX", "check_grid", "grid_shape",
+]  # fmt: skip

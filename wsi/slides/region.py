@@ -11,6 +11,7 @@ Public API:
   LEVEL_TOLERANCE, SNAP_TOLERANCE         how close a level must be to count as "fine enough" / "exact"
   best_level(mpp, downsamples, target_mpp) -> int     cheapest level at least as fine as the target
   tile_px_for(size_um, target_mpp) -> int             P, the output side in pixels (ValueError if < 1)
+  check_tile_out(out, tile_px)     ValueError unless `out` can take a (P, P, 3) tile as a read writes it
   plan_region(x0_px, y0_px, *, size_um, target_mpp, mpp, downsamples, shifts_fractional_levels=False)
       -> RegionPlan
   RegionPlan      level, window (x, y, w, h in level px), kind (COPY | REDUCE | RESAMPLE), factor,
@@ -251,3 +252,17 @@ def resample_filter(reduction: float, off_grid: float = 0.0) -> Image.Resampling
     if reduction >= 1.0:
         return Image.Resampling.BILINEAR
     return Image.Resampling.BICUBIC
+
+
+def check_tile_out(out: np.ndarray, tile_px: int) -> None:
+    """ValueError unless `out` can take a (P, P, 3) tile as `Slide.read_region_um` writes it."""
+    shape = (tile_px, tile_px, 3)
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:
+        got = f"{out.dtype} array of shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out must be a uint8 array of shape {shape} for this tile, not a {got}")
+    if not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be C-contiguous (as a row of a (k, P, P, 3) array), not {out.strides} strides"
+        )
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")

@@ -9,6 +9,7 @@ come back white (glass), never an error.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -20,8 +21,9 @@ import numpy as np
 from PIL import Image
 
 from wsi.core.errors import ConfigError, MissingMppError, SlideError
-from wsi.core.suffixes import SLIDE_SUFFIXES
-from wsi.slides.region import RegionKind, RegionPlan, best_level, plan_region, tiffslide_loc
+from wsi.core.suffixes import NAMED_SLIDE_SUFFIXES
+from wsi.slides.plain_images import ImageHeader, is_image_slide, open_image
+from wsi.slides.region import RegionKind, RegionPlan, best_level, check_tile_out, plan_region, tiffslide_loc
 from wsi.slides.slide_colour import ColourFix, check_colours
 from wsi.slides.stored_tiles import JpegTiles, jpeg_levels
 from wsi.slides.tiff_header import is_tiff, mpp_from_tiff_tags
@@ -60,6 +62,8 @@ class Slide:
     level_downsamples: tuple[float, ...]
     properties: dict[str, str]
     colour_fix: ColourFix  # levels whose JPEG tiles the backend decodes in the wrong colour space
+    #: a plain image (PNG, JPEG, TIFF in strips) read from its pyramid in the cache (`file`); else None
+    image: ImageHeader | None
 
     def __init__(
         self,
@@ -70,8 +74,10 @@ class Slide:
         *,
         file: Path | RangeFile | None = None,
         hold: IO[str] | None = None,
+        image: ImageHeader | None = None,
     ) -> None:
         self.path = path
+        self.image = image
         self.file = file if file is not None else Path(path)
         # a remote slide's local copy stays in the cache while this slide is open (openslide re-opens it);
         # released by close()
@@ -82,6 +88,8 @@ class Slide:
         self._handle: Any = h
         self.properties = {str(k): str(v) for k, v in dict(h.properties).items() if v is not None}
         self.vendor = str(self.properties.get(f"{backend}.vendor") or "generic")
+        if image is not None:
+            self.vendor = f"plain-{image.format.lower()}"
         width, height = h.dimensions
         self.dimensions = (int(width), int(height))
         self.level_dimensions = tuple((int(w), int(hh)) for w, hh in h.level_dimensions)
@@ -132,11 +140,14 @@ class Slide:
         except Exception as exc:  # each backend raises its own types; the user needs file + reason
             raise SlideError(
                 f"{self.path}: not a slide {self.backend} can read ({type(exc).__name__}: {exc}); "
-                f"check that the file is a complete whole-slide image ({' '.join(SLIDE_SUFFIXES)})"
+                f"check that the file is a complete slide or image ({' '.join(NAMED_SLIDE_SUFFIXES)})"
             ) from exc
 
     def _mpp_from_metadata(self) -> tuple[float | None, str]:
-        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units); and which."""
+        """Backend mpp property, else the TIFF resolution tags of level 0 (cm or inch units); and which.
+        A plain image's: what its own header says (`wsi.slides.plain_images.header`), never its pyramid's."""
+        if self.image is not None:
+            return self.image.mpp, self.image.mpp_source
         props = self.properties
         for key in (f"{self.backend}.mpp-x", "openslide.mpp-x", "tiffslide.mpp-x"):
             value = _positive_float(props.get(key))
@@ -256,7 +267,7 @@ class Slide:
         """
         plan = self.region_plan(x0_px, y0_px, size_um, target_mpp)
         if out is not None:
-            _check_out(out, plan.tile_px)
+            check_tile_out(out, plan.tile_px)
         where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
         if plan.kind == RegionKind.COPY:
             return self._read(plan.level, *plan.window, where, out)[0]
@@ -331,6 +342,8 @@ def open_slide(
         raise SlideError(f"{path}: is a folder, not a slide file (MIRAX .mrxs: give the .mrxs file)")
     if path.stat().st_size == 0:
         raise SlideError(f"{path}: the file is empty (0 bytes); copy or download it again")
+    if is_image_slide(path):  # its pixels from its pyramid in the cache (`wsi.slides.plain_images`)
+        return open_image(path, path, mpp, functools.partial(Slide, path, backend, mpp))
     # parsing the TIFF once says whether it is truncated and where its JPEG tiles lie
     jpeg = jpeg_levels(path) if is_tiff(path) else None
     return Slide(path, backend, mpp, jpeg if direct_jpeg else None)
@@ -344,6 +357,11 @@ def _open_remote(url: Url, backend: str, mpp: float | None, direct_jpeg: bool) -
         size = file.size if isinstance(file, RangeFile) else file.stat().st_size
         if size == 0:
             raise SlideError(f"{url}: the file is empty (0 bytes); upload it again")
+        if isinstance(file, Path) and is_image_slide(file):  # read from the pyramid made from the copy
+            image = open_image(url, file, mpp, functools.partial(Slide, url, backend, mpp))
+            if hold is not None:
+                hold.close()
+            return image
         if is_tiff(file):
             check_complete(file, size, url)  # names the URL, not the cache copy
         jpeg = jpeg_levels(file) if direct_jpeg and isinstance(file, Path) and is_tiff(file) else None
@@ -363,20 +381,6 @@ def _positive_float(value: str | float | None) -> float | None:
     except ValueError:
         return None
     return f if math.isfinite(f) and f > 0 else None
-
-
-def _check_out(out: np.ndarray, tile_px: int) -> None:
-    """ValueError unless `out` can take a (P, P, 3) tile as `read_region_um` writes it."""
-    shape = (tile_px, tile_px, 3)
-    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.uint8:
-        got = f"{out.dtype} array of shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise ValueError(f"out must be a uint8 array of shape {shape} for this tile, not a {got}")
-    if not out.flags.c_contiguous:
-        raise ValueError(
-            f"out must be C-contiguous (as a row of a (k, P, P, 3) array), not {out.strides} strides"
-        )
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
 
 
 def _white(out: np.ndarray | None, w_px: int, h_px: int) -> np.ndarray:

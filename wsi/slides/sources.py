@@ -22,7 +22,7 @@ from pathlib import Path
 from wsi.core.config import MAX_MPP
 from wsi.core.errors import SlideIdError, WsiError
 from wsi.core.files import is_temp_name, sanitize_slide_id, slide_name_from_path
-from wsi.core.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES, SLIDE_SUFFIXES
+from wsi.core.suffixes import DICOM_SLIDE_SUFFIX, FOLDER_SLIDE_SUFFIXES, NAMED_SLIDE_SUFFIXES
 from wsi.core.user_text import check_header, read_utf8
 from wsi.slides.dicom_series import find_series
 from wsi.storage import Url, local_file, location
@@ -54,8 +54,9 @@ def _source(name: str, path: Path | Url, mpp: float | None = None, where: str = 
 def find_slides(paths: Iterable[str | os.PathLike[str]]) -> list[SlideSource]:
     """Slide records for PATHs: slide files, folders (searched recursively for the suffixes in
     `wsi.core.suffixes.FOLDER_SLIDE_SUFFIXES`, and for DICOM whole-slide series: one slide per series, named
-    after its folder) and CSV slide lists. Each may be a URL (s3://bucket/slides/, a slide's URL, a CSV's
-    URL: `_from_remote`)."""
+    after its folder) and CSV slide lists. A plain image (PNG, JPEG) is a slide when named, as a PATH or
+    a CSV row, never when found in a folder (`wsi.core.suffixes`). Each may be a URL (s3://bucket/slides/, a
+    slide's URL, a CSV's URL: `_from_remote`)."""
     sources: list[SlideSource] = []
     for raw in paths:
         where = location(raw, what="slides")
@@ -96,7 +97,7 @@ def _from_remote(url: Url) -> list[SlideSource]:
     suffix = url.suffix.lower()
     if suffix == ".csv":
         return _from_csv(local_file(url, what="slide list"), base=url.parent)
-    if suffix in SLIDE_SUFFIXES:
+    if suffix in NAMED_SLIDE_SUFFIXES:  # a slide, or a plain image named as one
         return [_source(slide_name_from_path(url.name), url)]
     return [_source(name, found) for name, found in remote_slides(url)]
 

@@ -20,7 +20,15 @@ def is_tiff(path: Path | RangeFile) -> bool:
 
 
 def mpp_from_tiff_tags(path: Path | RangeFile) -> float | None:
-    """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only)."""
+    """um/px from level-0 XResolution/YResolution + ResolutionUnit (centimetre or inch only), when it is
+    within PLAUSIBLE_MPP."""
+    mpp = tiff_resolution_um(path)
+    lo, hi = PLAUSIBLE_MPP
+    return mpp if mpp is not None and lo <= mpp <= hi else None
+
+
+def tiff_resolution_um(path: Path | RangeFile) -> float | None:
+    """um/px that level 0's XResolution + ResolutionUnit (centimetre or inch) say, plausible or not."""
     if not is_tiff(path):
         return None
     import tifffile
@@ -38,9 +46,7 @@ def mpp_from_tiff_tags(path: Path | RangeFile) -> float | None:
         return None
     if unit_um is None or not num or not den:
         return None
-    mpp = unit_um * den / num
-    lo, hi = PLAUSIBLE_MPP
-    return mpp if lo <= mpp <= hi else None
+    return float(unit_um * den / num)
 
 
-__all__ = ["PLAUSIBLE_MPP", "is_tiff", "mpp_from_tiff_tags"]
+__all__ = ["PLAUSIBLE_MPP", "is_tiff", "mpp_from_tiff_tags", "tiff_resolution_um"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, BinaryIO, cast
 
 from wsi.core.errors import SlideError
+from wsi.core.suffixes import IMAGE_SLIDE_SUFFIXES
 from wsi.storage.cache import held_local_copies
 from wsi.storage.fs import filesystem, list_files, remote_info, translated
 from wsi.storage.settings import storage_settings
@@ -84,7 +85,7 @@ def remote_slide(url: Url, backend: str) -> tuple[RangeFile | Path, IO[str] | No
     the path of a local copy (openslide, and formats made of several files), with the copy's hold in the
     cache (close it when the slide is closed; None for a RangeFile)."""
     suffix = url.suffix.lower()
-    if backend == "tiffslide" and suffix not in _MULTI_FILE:
+    if backend == "tiffslide" and suffix not in _MULTI_FILE + IMAGE_SLIDE_SUFFIXES:
         settings = storage_settings()
         fs, path = filesystem(url)
         with translated(url, "opening the slide"):
@@ -103,6 +104,9 @@ def remote_slide(url: Url, backend: str) -> tuple[RangeFile | Path, IO[str] | No
         why = "Hamamatsu VMS/VMU (an index beside image files) is read from local files (openslide)"
         names = sorted(rel for rel in list_files(folder, doing="listing the VMS files") if "/" not in rel)
         rels = [url.name, *(n for n in names if n.startswith(url.stem) and n != url.name)]
+    elif suffix in IMAGE_SLIDE_SUFFIXES:
+        why = "a plain image is made into a tiled pyramid from a local copy (wsi.slides.plain_images)"
+        rels = [url.name]
     else:
         why = "openslide reads local files only; --backend tiffslide reads TIFF-based slides in place"
         rels = [url.name]

@@ -30,7 +30,7 @@ from typing import TypedDict
 import h5py
 
 from wsi.core.json_types import JsonObject
-from wsi.core.suffixes import BAG_SUFFIX, SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
+from wsi.core.suffixes import BAG_SUFFIX, NAMED_SLIDE_SUFFIXES, TILE_FILE_SUFFIX, name_suffix
 from wsi.formats.hdf5 import attrs_of
 from wsi.formats.tile_file import FORMAT as TILE_FORMAT
 from wsi.storage import Url, location
@@ -116,9 +116,9 @@ def _slide_of(path: Path | Url) -> tuple[Path | Url | None, float | None, str]:
     """(slide file, recorded mpp, why not) for a path a manifest names: a slide, or a bag / tile file
     that records its slide. A slide's URL is taken as reachable (opening it says otherwise)."""
     if isinstance(path, Url):
-        found = name_suffix(path.name) in SLIDE_SUFFIXES
+        found = name_suffix(path.name) in NAMED_SLIDE_SUFFIXES
         return (path, None, "") if found else (None, None, f"{path} is not a slide file")
-    if name_suffix(path) in SLIDE_SUFFIXES:
+    if name_suffix(path) in NAMED_SLIDE_SUFFIXES:
         return (path, None, "") if path.is_file() else (None, None, f"slide file {path} not found")
     if name_suffix(path) == BAG_SUFFIX and path.is_file():
         attrs = _h5_attrs(path)
@@ -150,9 +150,13 @@ class Catalog:
         return self.slides.setdefault(slide_id, SlideEntry(slide_id))
 
     def _offer(self, slide_id: str, path: Path | Url, mpp: float | None = None) -> None:
-        """Record where a slide's file may be; the first reachable one wins."""
+        """Record where a slide's file may be; the first reachable one wins. A later offer of the same
+        file with the mpp it was read at (a tile file's) supplies the mpp the first one lacked (a
+        manifest's row): a slide or plain image tiled at --mpp cannot be opened without it."""
         entry = self._entry(slide_id)
         if entry.path is not None:
+            if entry.mpp is None and mpp is not None and str(path) == str(entry.path):
+                entry.mpp = mpp
             return
         slide, recorded, why = _slide_of(path)
         if slide is None:

@@ -6,7 +6,8 @@ object with OpenSlide's reading interface; tiffslide's `TiffSlide` has it, excep
 tiffslide handle is wrapped to return RGBA. A slide whose JPEG tiles the backend decodes in the wrong
 colour space (`wsi.slides.slide_colour`) is wrapped once more to convert them, as `Slide` does. One generator
 per slide is made on first use and kept (`DeepZoomCache`); both backends read thread-safely (see
-`wsi.slides.slide.open_slide`), so parallel tile requests share it.
+`wsi.slides.slide.open_slide`), so parallel tile requests share it. A plain image (PNG, JPEG) is shown from
+its tiled pyramid in the cache (`wsi.slides.plain_images`), as the tile stage reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from wsi.core.errors import SlideError
+from wsi.slides.plain_images import image_pyramid, is_image_slide, read_image_header
 from wsi.slides.slide_colour import ColourFix, check_colours
 from wsi.storage.slides import RangeFile, remote_slide
 from wsi.storage.urls import is_url, parse_url
@@ -98,6 +100,13 @@ def open_deepzoom(path: Path | str, backend: str) -> DeepZoomSlide:
     file, hold = (
         remote_slide(parse_url(str(path), what="slide"), backend) if is_url(path) else (Path(path), None)
     )
+    if isinstance(file, Path) and is_image_slide(file):  # its pyramid (a remote image's: from the copy)
+        copy = hold
+        try:
+            file, hold = image_pyramid(file, read_image_header(file, name=path), name=path)
+        finally:
+            if copy is not None:
+                copy.close()
     try:
         if backend == "openslide":
             import openslide

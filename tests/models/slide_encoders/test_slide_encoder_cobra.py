@@ -267,8 +267,9 @@ def test_embed_slides_refuses_another_tile_encoder_and_pools_patients(tmp_path: 
     a = _bag(tmp_path / "bags" / "a.h5", "uni", 1024)
     b = _bag(tmp_path / "bags" / "bb.h5", "uni", 1024)
     _bag(tmp_path / "bags" / "ccc.h5", "virchow2", 2560)
-    out, results = embed_slides(features=tmp_path / "bags", encoder="cobra-uni", random_init=True,
-                                out=tmp_path / "out")  # fmt: skip
+    embedded = embed_slides(tmp_path / "bags", encoder="cobra-uni", random_init=True,
+                                out_dir=tmp_path / "out")
+    out, results = embedded.folder, list(embedded)  # fmt: skip
     by_id = {r.slide_id: r for r in results}
     assert by_id["a"].status == by_id["bb"].status == "ok"
     error = str(by_id["ccc"].error)
@@ -280,8 +281,9 @@ def test_embed_slides_refuses_another_tile_encoder_and_pools_patients(tmp_path: 
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     table = tmp_path / "slides.csv"
     table.write_text("patient,slide\nP1,a\nP1,bb\n")
-    out_p, results = embed_slides(features=tmp_path / "bags", encoder="cobra-uni", random_init=True,
-                                  out=tmp_path / "out", level="patient", slide_table=table)  # fmt: skip
+    embedded = embed_slides(tmp_path / "bags", encoder="cobra-uni", random_init=True,
+                                  out_dir=tmp_path / "out", level="patient", slide_table=table)
+    out_p, results = embedded.folder, list(embedded)  # fmt: skip
     assert [r.status for r in results] == ["ok"]
     assert read_embedding(out_p / "P1.h5").vector.shape == (1024,)
     del b

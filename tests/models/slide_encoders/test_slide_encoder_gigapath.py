@@ -346,7 +346,8 @@ def test_other_tile_encoders_are_refused_naming_both(tmp_path: Path) -> None:
 def test_embed_slides_end_to_end(tmp_path: Path) -> None:
     _bag(tmp_path / "bags" / "good.h5", "prov-gigapath", 1536)
     _bag(tmp_path / "bags" / "uni.h5", "uni", 1024)
-    _, results = embed_slides(features=tmp_path / "bags", encoder="gigapath", random_init=True, out=tmp_path)
+    embedded = embed_slides(tmp_path / "bags", encoder="gigapath", random_init=True, out_dir=tmp_path)
+    _, results = embedded.folder, list(embedded)
     by_id = {r.slide_id: r for r in results}
     assert by_id["good"].status == "ok" and by_id["uni"].status == "failed"  # a bad bag fails alone
     assert "'gigapath' reads prov-gigapath features" in by_id["uni"].error

@@ -151,8 +151,9 @@ def test_wrong_tile_encoder_is_refused_naming_both(tmp_path: Path) -> None:
     feats = make_bag(tmp_path / "bags" / "good.h5", encoder="conch-v1", dim=512, mpp=1.0)
     make_bag(tmp_path / "bags" / "v15.h5", encoder="conch-v1.5", dim=768, tile_um=256.0, mpp=0.5)
     make_bag(tmp_path / "bags" / "at20x.h5", encoder="conch-v1", dim=512, tile_um=128.0, mpp=0.5)
-    out, results = embed_slides(features=tmp_path / "bags", encoder="madeleine", random_init=True,
-                                out=tmp_path / "out")  # fmt: skip
+    embedded = embed_slides(tmp_path / "bags", encoder="madeleine", random_init=True,
+                                out_dir=tmp_path / "out")
+    out, results = embedded.folder, list(embedded)  # fmt: skip
     by_id = {r.slide_id: r for r in results}
     assert by_id["good"].status == "ok"  # a bad slide fails alone
     assert "holds conch-v1.5 features, but slide encoder 'madeleine' reads conch-v1 features" in str(

@@ -291,7 +291,8 @@ def test_bags_of_another_tile_encoder_are_refused(tmp_path: Path, tiny_prism: No
     make_bag(tmp_path / "bags" / "v2.h5", encoder="virchow2", dim=2560, tile_um=112.0)
     make_bag(tmp_path / "bags" / "big.h5", encoder="virchow", dim=2560, tile_um=256.0)
     make_bag(tmp_path / "bags" / "ok.h5", encoder="virchow", dim=2560, tile_um=112.0)
-    _, results = embed_slides(features=tmp_path / "bags", encoder="prism", random_init=True, out=tmp_path)
+    embedded = embed_slides(tmp_path / "bags", encoder="prism", random_init=True, out_dir=tmp_path)
+    _, results = embedded.folder, list(embedded)
     by_id = {r.slide_id: r for r in results}
     assert "holds virchow2 features, but slide encoder 'prism' reads virchow features" in by_id["v2"].error
     assert "holds tiles of 256 um, but slide encoder 'prism' was trained on 112 um" in by_id["big"].error
@@ -309,7 +310,8 @@ def test_stamp_virchow_full_bags_are_virchow(tmp_path: Path, tiny_prism: None) -
             h5["feats"] = np.random.default_rng(0).normal(size=(12, dim)).astype(np.float32)
             h5["coords"] = np.arange(24, dtype=np.float32).reshape(12, 2) * 112
             h5.attrs["tile_size_um"], h5.attrs["extractor"], h5.attrs["unit"] = 112.0, extractor, "um"
-    _, results = embed_slides(features=tmp_path, encoder="prism", random_init=True, out=tmp_path / "o")
+    embedded = embed_slides(tmp_path, encoder="prism", random_init=True, out_dir=tmp_path / "o")
+    _, results = embedded.folder, list(embedded)
     by_id = {r.slide_id: r for r in results}
     assert by_id["full"].status == "ok", by_id["full"].error
     assert "class token only" in by_id["cls"].error and "reads virchow features" in by_id["cls"].error

@@ -173,8 +173,8 @@ def test_a_slide_that_kept_no_tile_is_an_empty_row_that_fails_the_run(
 ) -> None:
     """embed_slides carries the tile stage's `empty` row (it used to vanish from embed's and predict's
     results and the exit code was 0); `embed --tiles` says the same of an empty tile file."""
-    from wsi.pipelines.embed import embed_slides
-    from wsi.pipelines.scheduling.jobs import RunSummary
+    from wsi.pipelines.embed import tile_and_embed
+    from wsi.pipelines.scheduling.results import RunSummary
 
     tiny = make_slide(name="chk-tiny", size_um=100.0, mpp=1.0, seed=5)  # smaller than one 128 um tile
     out = tmp_path / "out"
@@ -188,7 +188,7 @@ def test_a_slide_that_kept_no_tile_is_an_empty_row_that_fails_the_run(
     assert "smaller than one tile" in rows["chk-tiny"]["error"]
     assert "1 empty" in res.output and "chk-tiny: tiling kept no tile" in res.output
 
-    results = embed_slides(find_slides([slides[0], tiny.path]), out_dir=tmp_path / "lib", options=OPTIONS,
+    results = tile_and_embed(find_slides([slides[0], tiny.path]), out_dir=tmp_path / "lib", options=OPTIONS,
                            tile_params=PARAMS, progress=False)  # fmt: skip
     assert [(r.slide_id, r.status) for r in results] == [("chk-a", "ok"), ("chk-tiny", "empty")]
     assert [r.slide_id for r in RunSummary.of(results).problems] == ["chk-tiny"]

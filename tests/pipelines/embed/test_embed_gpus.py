@@ -20,7 +20,8 @@ from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
 from wsi.formats.bags import load_bag
 from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
-from wsi.pipelines.embed.gpus import assign_gpus, parse_gpus, worker_gpu
+from wsi.pipelines.embed.config import parse_gpus
+from wsi.pipelines.embed.gpus import assign_gpus, worker_gpu
 from wsi.pipelines.embed.worker import EncoderPlugin, worker_device
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.slides.sources import find_slides

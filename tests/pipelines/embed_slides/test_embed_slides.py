@@ -66,15 +66,18 @@ def test_wrong_tile_encoder_is_refused_alone(tmp_path: Path) -> None:
 def test_chief_needs_chiefs_own_ctranspath_weights(tmp_path: Path) -> None:
     orig = "7c998680060c8743551a412583fac689db43cec07053b72dfec6dcd810113539"
     make_bag(tmp_path / "a" / "x.h5", encoder="ctranspath", sha=orig, mpp=1.0)
-    _, results = embed_slides(features=tmp_path / "a", encoder="chief", random_init=True, out=tmp_path)
+    embedded = embed_slides(tmp_path / "a", encoder="chief", random_init=True, out_dir=tmp_path)
+    _, results = embedded.folder, list(embedded)
     assert results[0].status == "failed"
     assert "weights sha256 7c998680060c" in results[0].error and "1646f2300121" in results[0].error
     make_bag(tmp_path / "b" / "x.h5", encoder="ctranspath", sha=CHIEF_TILE_SHA, mpp=1.0)
-    _, results = embed_slides(features=tmp_path / "b", encoder="chief", random_init=True, out=tmp_path)
+    embedded = embed_slides(tmp_path / "b", encoder="chief", random_init=True, out_dir=tmp_path)
+    _, results = embedded.folder, list(embedded)
     assert results[0].status == "ok"
     make_bag(tmp_path / "c" / "x.h5", encoder="ctranspath", sha=CHIEF_TILE_SHA, mpp=0.5, tile_um=128.0)
-    _, results = embed_slides(features=tmp_path / "c", encoder="chief", random_init=True, out=tmp_path,
-                              overwrite=True)  # fmt: skip
+    embedded = embed_slides(tmp_path / "c", encoder="chief", random_init=True, out_dir=tmp_path,
+                              overwrite=True)
+    _, results = embedded.folder, list(embedded)  # fmt: skip
     assert results[0].status == "failed" and "128 um" in results[0].error
 
 
@@ -87,10 +90,11 @@ def test_stamp_bag_names_its_extractor(tmp_path: Path) -> None:
         h5.attrs["tile_size_um"] = 256.0
         h5.attrs["extractor"] = "chief-ctranspath"
         h5.attrs["unit"] = "um"
-    _, ok = embed_slides(features=path, encoder="chief", random_init=True, out=tmp_path / "o")
+    embedded = embed_slides(path, encoder="chief", random_init=True, out_dir=tmp_path / "o")
+    _, ok = embedded.folder, list(embedded)
     assert ok[0].status == "ok", ok[0].error
     with pytest.raises(ConfigError, match="hold ctranspath features, but slide encoder 'feather' reads"):
-        embed_slides(features=path, encoder="feather", random_init=True, out=tmp_path / "o")
+        embed_slides(path, encoder="feather", random_init=True, out_dir=tmp_path / "o")
 
 
 def test_a_folder_of_another_tile_encoders_bags_is_refused_in_one_line(tmp_path: Path) -> None:

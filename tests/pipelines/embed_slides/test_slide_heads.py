@@ -127,7 +127,8 @@ def test_embed_train_cv_and_predict_through_the_cli(tmp_path: Path) -> None:
     # embeddings of another slide encoder are refused, naming both
     make_bag(tmp_path / "ct" / "S00.h5", encoder="ctranspath", mpp=1.0,
              sha="1646f23001214f74cf432ef0e80b808ee6605143802ae6ed53a87564ddc4924a")  # fmt: skip
-    other, _ = embed_slides(features=tmp_path / "ct", encoder="chief", random_init=True, out=tmp_path / "o")
+    embedded = embed_slides(tmp_path / "ct", encoder="chief", random_init=True, out_dir=tmp_path / "o")
+    other, _ = embedded.folder, list(embedded)
     r = runner.invoke(cli, ["predict", "--model", str(run), "--features", str(other), "--out",
                             str(tmp_path / "pred2"), "--device", "cpu"])  # fmt: skip
     assert r.exit_code == 2, r.output
@@ -141,7 +142,7 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
     from wsi.models.slide_encoders import SLIDE_ENCODERS, SlideEncoderSpec
     from wsi.models.slide_encoders.feather import FeatherConch15
     from wsi.pipelines.embed.engine import EmbedOptions
-    from wsi.pipelines.embed.stage import embed_slides as embed_tiles
+    from wsi.pipelines.embed.stage import tile_and_embed as embed_tiles
     from wsi.pipelines.predict.stage import predict
     from wsi.slides.sources import find_slides
     from wsi.synthetic import write_sample_cohort
@@ -164,7 +165,8 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
     embed_tiles(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
                 tile_params=params, progress=False)  # fmt: skip
     bags = tmp_path / "emb" / "features" / "timm-resnet18"
-    folder, _ = embed_slides(features=bags, encoder="test-feather", random_init=True, out=tmp_path / "emb")
+    embedded = embed_slides(bags, encoder="test-feather", random_init=True, out_dir=tmp_path / "emb")
+    folder, _ = embedded.folder, list(embedded)
     labels = tmp_path / "labels.csv"
     labels.write_text("slide,label\n" + "".join(f"{s.path.stem},{('LUAD', 'LUSC')[i % 2]}\n"
                                                 for i, s in enumerate(slides)))  # fmt: skip

@@ -133,14 +133,14 @@ def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> Non
     """Train on bags made by tile + embed; predicting the raw slides gives the same probabilities as
     predicting their bags (so tile size, MPP, tiling parameters and encoder were all reproduced)."""
     from wsi.pipelines.embed.engine import EmbedOptions
-    from wsi.pipelines.embed.stage import embed_slides
+    from wsi.pipelines.embed.stage import tile_and_embed
     from wsi.slides.sources import find_slides
     from wsi.synthetic import write_sample_cohort
     from wsi.tiling.params import TileParams
 
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
-    embed_slides(
+    tile_and_embed(
         find_slides([tmp_path / "slides"]),
         out_dir=tmp_path / "emb",
         options=options,

@@ -15,14 +15,13 @@ from distributed import WorkerPlugin
 from wsi.core.errors import SlideError
 from wsi.pipelines.scheduling.cluster import close_local_cluster, start_local_cluster
 from wsi.pipelines.scheduling.jobs import (
-    JobResult,
     JobsInterrupted,
-    RunSummary,
     read_manifest,
     run_jobs,
     worker_plugin,
     write_manifest,
 )
+from wsi.pipelines.scheduling.results import JobResult, RunSummary
 
 
 @dataclass(frozen=True)
@@ -197,7 +196,8 @@ def test_manifest_columns_and_merge(tmp_path: Path) -> None:
 
 def test_a_refused_duplicate_keeps_the_first_slides_manifest_row(tmp_path: Path) -> None:
     """Refusing a second slide whose id is taken must not erase the first slide's record."""
-    from wsi.pipelines.scheduling.jobs import JobResult, read_manifest, write_manifest
+    from wsi.pipelines.scheduling.jobs import read_manifest, write_manifest
+    from wsi.pipelines.scheduling.results import JobResult
 
     manifest = tmp_path / "manifest.csv"
     write_manifest(manifest, [JobResult("s1", "/a/s1.svs", "ok", n=5)])

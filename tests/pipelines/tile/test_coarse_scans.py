@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.formats.tile_file import read_tile_file
+from wsi.pipelines.tile.findings import low_yield, upsampling_note
 from wsi.pipelines.tile.stage import output_paths, tile_slides
-from wsi.pipelines.tile.yield_notes import LOW_YIELD_PREFIX, low_yield_note, upsampling_note
 from wsi.slides.sources import SlideSource
 from wsi.tiling.blur import blur_reduction
 from wsi.tiling.grid import TileCounts
@@ -35,7 +35,7 @@ def _grid(slide, n: int = 16):
 def test_coarse_scan_judged_for_blur_at_its_own_resolution(coarse, tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="wsi.pipelines.tile"):
         [r] = tile_slides([SlideSource("coarse", coarse.path)], out_dir=tmp_path)
-    assert r.status == "ok" and LOW_YIELD_PREFIX not in r.note
+    assert r.status == "ok" and r.findings is not None and r.findings.low_yield is None
     assert r.note.startswith("check filter: blurry removed")  # its out-of-focus region: over 5%, named
     tf = read_tile_file(output_paths(tmp_path, "coarse").h5)
     assert tf.meta.upsampling == pytest.approx(4.0)
@@ -56,17 +56,28 @@ def test_blur_reduction_and_upsampling_factor() -> None:
     assert factor == 4.0 and "upsampled 4x" in note
 
 
-def test_low_yield_note_names_the_filter_and_its_option() -> None:
+def _low_yield(counts: TileCounts, artifacts: dict | None = None, max_artifact: float | None = None):
     params = TileParams()
-    few = TileCounts(n_grid=2000, n_tissue=1815, n_blurry=1800, n_background=12, n_kept=3)
-    note = low_yield_note(few, params)
+    return low_yield(counts, min_blur_variance=params.min_blur_variance,
+                     max_background=params.max_background_fraction, artifact_counts=artifacts,
+                     max_artifact=max_artifact)  # fmt: skip
+
+
+def test_low_yield_names_the_filter_and_its_option() -> None:
+    few = _low_yield(TileCounts(n_grid=2000, n_tissue=1815, n_blurry=1800, n_background=12, n_kept=3))
+    assert few is not None
+    assert (few.kept, few.tissue, few.worst.name, few.worst.removed) == (3, 1815, "blurry", 1800)
+    note = few.text()
     assert note.startswith("low yield: kept 3 of 1815 tissue tiles (0.2%, under 10%)")
     assert "most removed as blurry (1800)" in note and "--min-blur-var 50" in note
-    art = TileCounts(n_grid=100, n_tissue=100, n_blurry=2, n_kept=5)
-    note = low_yield_note(art, params, {"artifact: pen": 90, "artifact: fold": 3}, 0.25)
-    assert "most removed as artifact: pen (90)" in note and "--max-artifact 0.25" in note
-    assert low_yield_note(TileCounts(n_tissue=100, n_kept=10, n_blurry=90), params) == ""  # 10%: fine
-    assert low_yield_note(TileCounts(n_tissue=100, n_kept=0, n_blurry=100), params) == ""  # empty: own reason
+    art = _low_yield(TileCounts(n_grid=100, n_tissue=100, n_blurry=2, n_kept=5),
+                     {"artifact: pen": 90, "artifact: fold": 3}, 0.25)  # fmt: skip
+    assert art is not None and "most removed as artifact: pen (90)" in art.text()
+    assert "--max-artifact 0.25" in art.worst.option
+    ink = _low_yield(TileCounts(n_grid=100, n_tissue=100, n_blurry=2, n_kept=5, n_ink=93), {"ink": 93})
+    assert ink is not None and ink.worst.name == "ink" and ink.worst.option == "--no-filter ink"
+    assert _low_yield(TileCounts(n_tissue=100, n_kept=10, n_blurry=90)) is None  # 10%: fine
+    assert _low_yield(TileCounts(n_tissue=100, n_kept=0, n_blurry=100)) is None  # empty: its own reason
 
 
 def test_low_yield_slide_is_noted_in_manifest_and_summary(coarse, tmp_path: Path, monkeypatch) -> None:

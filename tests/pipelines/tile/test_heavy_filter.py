@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.formats.tile_file import read_tile_file
+from wsi.pipelines.tile.findings import HEAVY_FILTER, heavy_filters
 from wsi.pipelines.tile.stage import output_paths
-from wsi.pipelines.tile.yield_notes import HEAVY_FILTER, HEAVY_FILTER_PREFIX, heavy_filter_note
 from wsi.tiling.grid import TileCounts
 
 MPP = 2.0  # 2048 um slide at 2 um/px: 1024 px, an 8 x 8 grid of 256 um tiles
@@ -70,27 +70,30 @@ def test_a_filter_over_the_threshold_is_named_with_its_share(inked: dict[str, Pa
     share = f"ink removed {many.n_ink / many.n_tissue:.1%} ({many.n_ink} of {many.n_tissue})"
     rows = _manifest(out)
     note = rows["many"]["note"]
-    assert f"{HEAVY_FILTER_PREFIX}: {share} of the tissue tiles" in note
+    assert f"check filter: {share} of the tissue tiles" in note
     assert "qc/many.png" in note and "--no-filter ink" in note
-    assert f"many: {HEAVY_FILTER_PREFIX}: {share}" in res.stderr  # the summary at the end of the run
+    assert f"many: check filter: {share}" in res.stderr  # the summary at the end of the run
     assert rows["few"]["note"] == f"rejected as artifacts: {few.n_ink} ink"  # counted, not flagged
-    assert "few:" not in res.stderr and res.stderr.count(HEAVY_FILTER_PREFIX) == 1
+    assert "few:" not in res.stderr and res.stderr.count("check filter") == 1
 
     again = CliRunner().invoke(cli, args, catch_exceptions=False)  # already tiled: skipped, still said
     assert again.exit_code == 0 and "2 already done" in again.stderr, again.stderr
-    assert f"many: {HEAVY_FILTER_PREFIX}: {share}" in again.stderr and "few:" not in again.stderr
+    assert f"many: check filter: {share}" in again.stderr and "few:" not in again.stderr
     rows = _manifest(out)
     assert rows["many"]["status"] == "skipped" and rows["many"]["note"] == note
 
 
 def test_the_threshold_and_each_filters_option() -> None:
     counts = TileCounts(n_grid=200, n_tissue=100, n_kept=80, n_blurry=6, n_ink=5, n_dust=9)
-    note = heavy_filter_note(counts, {"ink": 5, "dust": 9, "artifact: pen": 6}, "s1", 50.0, 0.25)
-    assert note.startswith(f"{HEAVY_FILTER_PREFIX}: blurry removed 6.0% (6 of 100), dust removed 9.0% (9 of")
+    found = heavy_filters(counts, {"ink": 5, "dust": 9, "artifact: pen": 6}, "s1", min_blur_variance=50.0,
+                          max_artifact=0.25)  # fmt: skip
+    assert found is not None and [f.name for f in found.filters] == ["blurry", "dust", "artifact: pen"]
+    note = found.text()
+    assert note.startswith("check filter: blurry removed 6.0% (6 of 100), dust removed 9.0% (9 of")
     assert "ink removed" not in note  # exactly 5% is not over it
     assert "--min-blur-var 50 (lower it" in note and "--no-filter dust" in note
     assert "artifact: pen removed 6.0%" in note and "--max-artifact 0.25 (raise it)" in note
     assert "qc/s1.png" in note and "qc/s1.geojson" in note and "--review" in note
     quiet = TileCounts(n_grid=200, n_tissue=100, n_kept=85, n_background=15, n_ink=5)
-    assert heavy_filter_note(quiet, {"ink": 5}, "s1", 50.0) == ""  # background never counts
-    assert heavy_filter_note(TileCounts(), {}, "s1", 50.0) == ""
+    assert heavy_filters(quiet, {"ink": 5}, "s1", min_blur_variance=50.0) is None  # background never counts
+    assert heavy_filters(TileCounts(), {}, "s1", min_blur_variance=50.0) is None

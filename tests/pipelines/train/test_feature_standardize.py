@@ -264,7 +264,7 @@ def test_raw_slides_predict_as_their_bags_with_standardisation(tmp_path: Path) -
     """Predicting raw slides (tile + embed at predict time) with a standardised run gives the
     probabilities of predicting their bags, which are the evaluation's."""
     from wsi.pipelines.embed.engine import EmbedOptions
-    from wsi.pipelines.embed.stage import embed_slides
+    from wsi.pipelines.embed.stage import tile_and_embed
     from wsi.slides.sources import find_slides
     from wsi.synthetic import write_sample_cohort
     from wsi.tiling.params import TileParams
@@ -272,7 +272,7 @@ def test_raw_slides_predict_as_their_bags_with_standardisation(tmp_path: Path) -
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
     params = TileParams(tile_um=96, tile_px=32, min_blur_variance=0)
-    embed_slides(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
+    tile_and_embed(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
                  tile_params=params, progress=False)  # fmt: skip
     labels = tmp_path / "labels.csv"
     labels.write_text(

@@ -171,7 +171,7 @@ def test_raw_slides_predict_like_their_bags(tmp_path: Path) -> None:
     """Bags made by tile + embed; each baseline trained on them predicts the raw slides (tile -> embed ->
     model) with the probabilities it gives their bags, and draws a heatmap over each slide."""
     from wsi.pipelines.embed.engine import EmbedOptions
-    from wsi.pipelines.embed.stage import embed_slides
+    from wsi.pipelines.embed.stage import tile_and_embed
     from wsi.pipelines.train import train
     from wsi.slides.sources import find_slides
     from wsi.synthetic import write_sample_cohort
@@ -180,7 +180,7 @@ def test_raw_slides_predict_like_their_bags(tmp_path: Path) -> None:
     slides = write_sample_cohort(tmp_path / "slides", n=4, size_um=800, mpp=1.0, styles=("a", "b"))
     options = EmbedOptions(encoder="timm:resnet18", random_init=True, input_px=32, device="cpu", readers=0)
     params = TileParams(tile_um=96, tile_px=32, min_blur_variance=0)
-    embed_slides(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
+    tile_and_embed(find_slides([tmp_path / "slides"]), out_dir=tmp_path / "emb", options=options,
                  tile_params=params, progress=False)  # fmt: skip
     labels = tmp_path / "labels.csv"
     labels.write_text(
