@@ -41,7 +41,12 @@ class Preset:
 
 
 def load_preset(preset: str | Path) -> Preset:
-    """A packaged preset by name or a YAML path (parsed once per file version: `wsi.configs`)."""
+    """A packaged preset by name, a YAML path or URL (its local copy), parsed once per file version
+    (`wsi.configs`)."""
+    from wsi.storage import is_url, local_file
+
+    if is_url(str(preset)):
+        preset = local_file(str(preset), what="preset file")
     data, source = configs.load_yaml("models", preset)
     return Preset(dict(data), source)
 

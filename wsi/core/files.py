@@ -292,6 +292,14 @@ def check_regular_file(path: str | os.PathLike[str], what: str = "file") -> None
         raise InputFileError(special_file_message(path, what, kind))
 
 
+def is_regular_file(path: str | os.PathLike[str], what: str = "file") -> bool:
+    """Whether a regular file is at `path` (links followed): False when nothing (or a folder) is there,
+    InputFileError when a pipe, device or socket is, so a per-slide lookup in a folder (`<id>.geojson`)
+    names such an entry instead of taking it for absent (`Path.is_file()` is False for it)."""
+    check_regular_file(path, what)
+    return Path(path).is_file()
+
+
 def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:
     check_regular_file(path)
     digest = hashlib.sha256()
