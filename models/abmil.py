@@ -17,7 +17,7 @@ class scores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -64,6 +64,7 @@ class ABMIL(KindModel):
 
     A task names it with `model: {preset: abmil}`; training, checkpoints, cross-validation, prediction
     and heatmaps are the transformers' own (the heatmap of a tile is its exact contribution)."""
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
 
     config_class = ABMILConfig
     config: ABMILConfig

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -76,6 +76,7 @@ class MILConfig(TransformerConfig):
 
 @MODEL_KINDS.register("mil")
 class MILTransformer(KindModel):
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
     config_class = MILConfig
     config: MILConfig
     no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)

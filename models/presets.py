@@ -108,10 +108,12 @@ def build_model_from_config(
     """Rebuild a model from `model.to_dict()` (or a preset mapping).
 
     `saved`: the mapping was written by an earlier wsi (a run record): a gdla model saved before
-    `gdla_block` existed had the legacy block, and is rebuilt with it so its weights load.
+    `gdla_block` existed had the legacy block, and is rebuilt with it so its weights load; CLAM's
+    `subtyping: auto | on | off` becomes the flag it trained with; a DSMIL saved before `scoring`
+    existed was scored by a softmax.
     """
-    if saved and config.get("attention") == "gdla" and "gdla_block" not in config:
-        config = {**config, "gdla_block": "legacy"}
+    if saved:
+        config = _saved_defaults(config)
     kind = config.get("kind", "mil")
     try:
         model_cls = MODEL_KINDS.get(kind)
@@ -121,6 +123,20 @@ def build_model_from_config(
         raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
     _check_size(model_cls, cfg, source)
     return model_cls(cfg)
+
+
+def _saved_defaults(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run record's model config with the values its fields had before they existed (or changed)."""
+    from wsi.models.baselines.clam import legacy_config
+
+    kind = config.get("kind", "mil")
+    if config.get("attention") == "gdla" and "gdla_block" not in config:
+        config = {**config, "gdla_block": "legacy"}
+    if kind in ("clam_sb", "clam_mb"):
+        config = legacy_config(dict(config))
+    if kind == "dsmil" and "scoring" not in config:
+        config = {**config, "scoring": "softmax"}
+    return config
 
 
 #: the largest model built: 2^31 parameters, 8.6 GB in float32 before gradients and optimizer state (the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -47,6 +47,7 @@ class ViTConfig(TransformerConfig):
 
 
 class _ViT(KindModel):
+    inputs: ClassVar[tuple[str, ...] | None] = ("images",)
     config_class = ViTConfig
     config: ViTConfig
     no_weight_decay = frozenset({"cls_token"})  # parameters AdamW must not decay (models.param_groups)

@@ -32,7 +32,8 @@ class KindModel(nn.Module):
     others by name, giving `task_kinds_reason`. `explains_by` says what `wsi predict` draws per tile:
     "contributions" (`tile_contributions`, each tile's additive share of the logits) or "attention"
     (`attention_weights`, for a model whose logits have no additive per-tile decomposition: its
-    `tile_contributions` refuses, naming why).
+    `tile_contributions` refuses, naming why). `inputs` names the task inputs it reads (None: any); `wsi
+    train` refuses another by name (`pipelines.train.preflight.refuse_model_for_input`).
     """
 
     config_class: ClassVar[type[Any]]  # the @config_model dataclass `models.presets` parses a preset into
@@ -40,6 +41,7 @@ class KindModel(nn.Module):
     task_kinds: ClassVar[tuple[str, ...] | None] = None
     task_kinds_reason: ClassVar[str] = ""
     explains_by: ClassVar[str] = "contributions"
+    inputs: ClassVar[tuple[str, ...] | None] = None
 
     def to_dict(self) -> JsonObject:
         """The resolved config as plain JSON-ready data (`kind` included); rebuilds the architecture."""

@@ -66,6 +66,15 @@ def before_optimizer_step(model: nn.Module) -> None:
         hook()
 
 
+def sigmoid_targets(labels: Tensor, outputs: int) -> Tensor:
+    """The per-output BCE targets (B, outputs) of class indices (B,) under DSMIL's authors' convention
+    (binli123/dsmil-wsi train_tcga.py get_bag_feats): one output for two classes holds the class index
+    (the first class, the negative one, is an all-zero target); more outputs are one-hot."""
+    if outputs == 1:
+        return labels[:, None].to(torch.float32)
+    return torch.nn.functional.one_hot(labels, outputs).to(torch.float32)
+
+
 def weighted_mean(losses: Tensor, labels: Tensor, class_weights: Tensor | None) -> Tensor:
     """Per-bag losses (B,) -> their mean, weighted by each bag's class weight as cross-entropy weighs
     (sum w_y l / sum w_y) when the task gives class weights."""
@@ -80,6 +89,7 @@ __all__ = [
     "Objective",
     "TrainingStep",
     "before_optimizer_step",
+    "sigmoid_targets",
     "training_step",
     "weighted_mean",
 ]

@@ -2,8 +2,9 @@
 pathology on whole-slide images", Nature Biomedical Engineering 2021. Our own code, read from the
 authors' mahmoodlab/CLAM models/model_clam.py @ 53e2409d4a81 (CLAM_SB, CLAM_MB, Attn_Net(_Gated)) and
 utils/core_utils.py (train_loop_clam: total = bag_weight * bag loss + (1 - bag_weight) * instance loss),
-main.py for the defaults (dropout 0.25, k_sample B = 8, bag_weight 0.7, size "small", CE instance loss);
-mahmoodlab/MIL-Lab src/models/clam.py @ dfc3c17ca687 re-uses it the same way.
+main.py for the defaults (dropout 0.25, k_sample B = 8, bag_weight 0.7, size "small", `--subtyping` off,
+`--inst_loss` None: cross-entropy); mahmoodlab/MIL-Lab src/models/clam.py @ dfc3c17ca687 re-uses it the
+same way.
 
 Per bag: h = ReLU(W x) (in_dim -> 512, dropout), K gated-attention scores per tile (K = 1 for SB, one
 per class for MB), a = softmax over the bag. SB: logits = W_cls (sum_k a_k h_k) + b. MB: class c's
@@ -14,8 +15,13 @@ The instance loss (the model's objective, models.objectives), per bag of class y
 learns the k most attended tiles as positive and the k least as negative (for MB, by branch y's
 attention); with `subtyping` each other class's classifier also learns its branch's k most attended
 tiles as negative and the classifiers' losses are averaged. k = min(k_sample, tiles) (the authors'
-topk fails below k tiles). `subtyping: auto` is on for more than two classes, as the authors' subtyping
-task sets it. The bag loss is the task's (cross-entropy, with its class weights when asked).
+topk fails below k tiles). `subtyping` is the authors' `--subtyping` flag, set by hand: "a subtyping
+problem", every class a tumour type (LUAD vs LUSC), so a bag's attended tiles are evidence against the
+other classes; off (the flag's default) for a detection task whose negative class has no tiles of its
+own (tumour vs normal). The packaged subtyping task `nsclc-subtype` sets it (its model.overrides).
+`inst_loss`: `ce` (main.py's default) or `svm`, the smooth top-1 SVM the authors' README trains with
+(models.baselines.smooth_svm). The bag loss is the task's (cross-entropy, with its class weights when
+asked).
 
 Explanations are exact: the classifier is linear after a convex pooling, so tile k's contribution to
 class c is a_ck (w_c . h_k) and logits = bias + the contributions. Long bags: without gradients, a
@@ -50,6 +56,7 @@ from wsi.models.baselines.layers import (
     masked_softmax,
     renamed,
 )
+from wsi.models.baselines.smooth_svm import smooth_top1_svm
 from wsi.models.layers.standardize import standardize_input
 
 _Width = Width
@@ -70,7 +77,8 @@ class CLAMConfig:
     num_classes: _Width = 2
     k_sample: _Width = 8  # tiles per side for the instance loss (authors' B)
     bag_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.7  # total = w * bag + (1 - w) * instance
-    subtyping: Literal["auto", "on", "off"] = "auto"  # auto: on for more than two classes
+    subtyping: bool = False  # the authors' --subtyping: out-of-class instance loss (every class a subtype)
+    inst_loss: Literal["ce", "svm"] = "ce"  # instance classifiers' loss: cross-entropy | smooth top-1 SVM
     max_tokens_per_chunk: _Width | None = None  # no-grad passes over chunks of this many tiles (exact)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,11 +90,26 @@ class CLAMConfig:
 
     @property
     def is_subtyping(self) -> bool:
-        return self.subtyping == "on" or (self.subtyping == "auto" and self.num_classes > 2)
+        return self.subtyping
+
+
+#: `subtyping` as wsi wrote it before it was the authors' plain flag (run records keep the old value)
+LEGACY_SUBTYPING = {"on": True, "off": False}
+
+
+def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A saved CLAM config with `subtyping: auto | on | off` as the flag those runs trained with (auto:
+    on for more than two classes)."""
+    value = config.get("subtyping")
+    if not isinstance(value, str):
+        return config
+    flag = LEGACY_SUBTYPING.get(value, int(config.get("num_classes", 2)) > 2)
+    return {**config, "subtyping": flag}
 
 
 class CLAM(KindModel):
     """CLAM-SB (kind clam_sb) and CLAM-MB (clam_mb): the same code with 1 or C attention branches."""
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
 
     config_class = CLAMConfig
     config: CLAMConfig
@@ -242,7 +265,11 @@ class CLAM(KindModel):
             else:
                 continue
             tiles = tiles.to(self._dtype())  # the objective runs outside autocast: h may be bf16
-            total = total + F.cross_entropy(classifier(tiles).float(), targets)
+            scores = classifier(tiles).float()
+            if self.config.inst_loss == "svm":
+                total = total + smooth_top1_svm(scores, targets)
+            else:
+                total = total + F.cross_entropy(scores, targets)
         return total / len(self.instance_heads) if self.config.is_subtyping else total
 
     # --- explanations --------------------------------------------------------------------------------
@@ -303,4 +330,4 @@ def from_authors_state_dict(
     return out
 
 
-__all__ = ["CLAM", "CLAMMB", "CLAMSB", "CLAMConfig", "from_authors_state_dict"]
+__all__ = ["CLAM", "CLAMMB", "CLAMSB", "CLAMConfig", "from_authors_state_dict", "legacy_config"]

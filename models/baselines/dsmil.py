@@ -12,11 +12,21 @@ Per bag of n tiles x (no embedding: the instance classifier reads the features):
                    A_kj = softmax_k(Q_k . q_j / sqrt(128)), B_j = sum_k A_kj v_k (v = x, or
                    ReLU(W_v x) with `passing_v`), bag logit_i = sum_{j,d} W_b[i, j, d] B_jd + b_i
 (the authors' fcc is Conv1d(C, C, kernel = feature width), held here as a Linear on the flattened B).
-85,252 parameters at the authors' configuration (512-d input, two classes).
+85,252 parameters at the authors' configuration (512-d input, two outputs; 83,202 with the one output
+of their binary convention).
+
+Outputs and scoring. `scoring: sigmoid` is the authors' convention (train_tcga.py get_bag_feats and
+test; README "Labels"): each output is its own class's sigmoid, trained by BCE, and a two-class task
+has ONE output (`--num_classes=1`): the task's first class is the negative one, whose bags have no
+critical instance and an all-zero target, and p(second class) = sigmoid(z). More classes have one
+output each (one-hot targets) and p_c = sigmoid(z_c), not normalised across classes. The task kind
+scores the outputs so (pipelines.study.kinds.categorical, from the task's resolved `model.scoring`)
+and the training loop builds the model with `num_classes` = its outputs (1 for two classes).
+`scoring: softmax` is one output per class scored by a softmax across them (what wsi did before).
 
 `readout` picks the logits the task scores: `bag` (the authors' default prediction) or `mean`
 (0.5 (bag + max-instance), MIL-Lab's). `stream_loss`: `bce` (the authors': BCE with logits of each
-stream against the one-hot class, 0.5 each; the task's class weights weigh the bags) or `task` (the
+stream against the bag's target, 0.5 each; the task's class weights weigh the bags) or `task` (the
 task's loss on each stream, 0.5 each). Categorical tasks only: both need each bag's class.
 
 Explanations are exact: the bag stream is linear in B, so tile k's contribution to class i is
@@ -40,7 +50,7 @@ from torch import Tensor, nn
 from wsi.core.config import config_dict, config_model
 from wsi.core.errors import ConfigError
 from wsi.models.base.kinds import MODEL_KINDS, KindModel
-from wsi.models.base.objectives import LossInputs, TrainingStep, weighted_mean
+from wsi.models.base.objectives import LossInputs, TrainingStep, sigmoid_targets, weighted_mean
 from wsi.models.baselines.layers import Rate, Width, check_bags, chunk_for, chunks_of, masked_softmax
 from wsi.models.layers.standardize import standardize_input
 
@@ -62,7 +72,13 @@ class DSMILConfig:
     num_classes: _Width = 2
     readout: Literal["bag", "mean"] = "bag"
     stream_loss: Literal["bce", "task"] = "bce"
+    scoring: Literal["sigmoid", "softmax"] = "sigmoid"  # the authors': per-class sigmoid, one output
+    # for two classes (num_classes then 1: set by the task); softmax: one output per class, softmax
     max_tokens_per_chunk: _Width | None = None  # no-grad passes over chunks of this many tiles (exact)
+
+    def __post_init__(self) -> None:
+        if self.scoring == "softmax" and self.num_classes < 2:
+            raise ConfigError("dsmil: scoring softmax needs an output per class (num_classes >= 2)")
 
     def to_dict(self) -> dict[str, Any]:
         return config_dict(self)
@@ -79,6 +95,7 @@ def orthogonal_init(module: nn.Module) -> None:
 
 @MODEL_KINDS.register("dsmil")
 class DSMIL(KindModel):
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
     config_class = DSMILConfig
     config: DSMILConfig
     task_kinds: ClassVar[tuple[str, ...] | None] = ("categorical",)
@@ -221,11 +238,12 @@ class DSMIL(KindModel):
         return TrainingStep(self._readout(top, bag), objective)
 
     def stream_loss(self, logits: Tensor, inputs: LossInputs) -> Tensor:
-        """One stream's loss: BCE with logits against the one-hot class (mean over classes, the bags
-        weighted by their class weight when the task balances classes), or the task's own loss."""
+        """One stream's loss: BCE with logits against the bag's target (one output: the class index,
+        the first class all-zero; else one-hot), mean over outputs, the bags weighted by their class
+        weight when the task balances classes; or the task's own loss."""
         if self.config.stream_loss == "task":
             return inputs.task_loss(logits)
-        target = F.one_hot(inputs.labels, self.config.num_classes).to(torch.float32)
+        target = sigmoid_targets(inputs.labels, self.config.num_classes)
         per_bag = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none").mean(1)
         return weighted_mean(per_bag, inputs.labels, inputs.class_weights)
 

@@ -123,6 +123,7 @@ class _Mix:
 
 @MODEL_KINDS.register("dtfd")
 class DTFD(KindModel):
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
     config_class = DTFDConfig
     config: DTFDConfig
     task_kinds: ClassVar[tuple[str, ...] | None] = ("categorical",)

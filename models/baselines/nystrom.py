@@ -1,12 +1,16 @@
-"""Nystrom attention as TransMIL uses it: lucidrains/nystrom-attention 0.0.14, our own code.
+"""Nystrom attention as TransMIL uses it: lucidrains/nystrom-attention 0.0.9 and 0.0.14, our own code.
 
-Read from lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py @ fbe9ebad6bae (the
-`NystromAttention` TransMIL imports; KatherLab/STAMP src/stamp/modeling/models/trans_mil.py
-@ c54ce0673962 vendors the same computation). What it computes, including the details that change the
-numbers:
+Read from lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py at tag 0.0.14
+(fbe9ebad6bae) and tag 0.0.9 (e3c4aa5c988f), the `NystromAttention` TransMIL imports
+(szc19990412/TransMIL requirements.txt @ 9d6aee57c7c7 pins nystrom-attention==0.0.9; KatherLab/STAMP
+src/stamp/modeling/models/trans_mil.py @ c54ce0673962 vendors 0.0.14's computation). What it computes,
+including the details that change the numbers:
 
 - the sequence (n tokens) is zero-padded at the FRONT to a multiple of m landmarks; the padding rows stay
-  in every sum below (no mask: TransMIL passes none), and the output keeps the last n rows;
+  in every sum below (no mask: TransMIL passes none); 0.0.14 returns the last n rows (`out[:, -n:]`, the
+  tokens' own), 0.0.9 the FIRST n (`out[:, :n]`, changed in d7eb229 "fix padding bug", 0.0.10): with p
+  padding rows, token i then receives padded row i's output, a padding row's for i < p and token i - p's
+  otherwise (`rows`: "last" | "first");
 - q, k, v = x W (no bias), q scaled by d^-1/2; landmarks are the means of m contiguous segments of
   l = ceil(n/m) rows of q and of k;
 - out = (softmax(q k_l^T) pinv(softmax(q_l k_l^T))) (softmax(q_l k^T) v) + conv_33(v), the last a
@@ -23,9 +27,15 @@ training step on a 36-tile bag about 10x faster (docs/benchmarks.md).
 The core runs in float32 with autocast off (bf16 would break the pinv iterations). `forward_lean`
 computes the same output for one bag without gradients in O(n dim) memory: one head and one chunk of
 queries at a time, never the (heads, n, m) similarity matrices (TransMIL's inference on long bags).
+
+Dropout (training only) follows `to_out` as in the authors' `nn.Sequential(nn.Linear, nn.Dropout)`,
+which runs on the whole padded sequence before the rows are selected: the mask is drawn over the padded
+length here too, so one seed draws the authors' mask (tests/models/test_mil_baselines_training.py).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +76,10 @@ class NystromAttention(nn.Module):
         pinv_iterations: int = 6,
         conv_kernel: int = 33,
         dropout: float = 0.0,
+        rows: Literal["last", "first"] = "last",
     ) -> None:
         super().__init__()
+        self.rows = rows  # which n rows of the padded output are the tokens': 0.0.14 last, 0.0.9 first
         inner = heads * dim_head
         self.heads, self.dim_head, self.landmarks, self.iters = heads, dim_head, landmarks, pinv_iterations
         self.scale = dim_head**-0.5
@@ -84,7 +96,21 @@ class NystromAttention(nn.Module):
         )
         out = self.core(q, k, v)  # (B, H, n, d) float32
         out = out.transpose(1, 2).flatten(2).to(x.dtype)  # (B, n, H d)
-        return self.drop(self.to_out(out))
+        return self._dropout(self.to_out(out))
+
+    def _offset(self, n: int) -> int:
+        """Where the n output rows start in the front-padded sequence: after the padding (0.0.14's
+        `out[:, -n:]`) or at its start (0.0.9's `out[:, :n]`)."""
+        return (-n) % self.landmarks if self.rows == "last" else 0
+
+    def _dropout(self, out: Tensor) -> Tensor:
+        """Dropout with its mask drawn over the padded sequence, as the authors' to_out draws it."""
+        if not (self.training and self.drop.p > 0):
+            return out
+        n = out.shape[1]
+        pad, start = (-n) % self.landmarks, self._offset(n)
+        full = F.pad(out, (0, 0, start, pad - start))
+        return self.drop(full)[:, start : start + n]
 
     def core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The bag's rows (B, H, n, d) each -> the heads' outputs at those rows (B, H, n, d), float32.
@@ -110,11 +136,14 @@ class NystromAttention(nn.Module):
             attn2 = torch.softmax(ql @ kl.transpose(-1, -2), -1)[..., first:]  # rows of softmax over all m
             attn2_inv = iterative_pinv(attn2, self.iters, float(weight))
             values = torch.softmax(ql @ k.transpose(-1, -2), -1) @ v  # (B, H, m - first, d)
-            attn1 = torch.softmax(q @ kl.transpose(-1, -2), -1)[..., first:]
+            start = self._offset(n)  # the output rows of the padded sequence: pad (0.0.14) or 0 (0.0.9)
+            q_rows = q if start == pad else F.pad(q, (0, 0, pad, 0))[:, :, start : start + n]
+            attn1 = torch.softmax(q_rows @ kl.transpose(-1, -2), -1)[..., first:]
             attn1 = torch.cat([attn1[..., :1] * weight, attn1[..., 1:]], -1)
             out = (attn1 @ attn2_inv) @ values
             conv = self.res_conv.weight.float()
-            return out + F.conv2d(v, conv, padding=self.res_conv.padding, groups=self.heads)[:, :, pad:]
+            res = F.conv2d(v, conv, padding=self.res_conv.padding, groups=self.heads)
+            return out + res[:, :, start : start + n]
 
     # --- one bag, no gradients, O(n dim) memory ------------------------------------------------------
     def _head_qkv(self, x: Tensor, head: int, pad: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -137,6 +166,7 @@ class NystromAttention(nn.Module):
         pad = (-n) % m
         big_n = n + pad
         seg = big_n // m
+        start = self._offset(n)
         rows = x[0]
         with torch.autocast(x.device.type, enabled=False):
             ql = torch.empty(self.heads, m, self.dim_head, device=x.device)
@@ -154,17 +184,18 @@ class NystromAttention(nn.Module):
                 conv = self.res_conv.weight[h : h + 1].float()  # (1, 1, K, 1)
                 res = F.conv2d(v[None, None], conv, padding=self.res_conv.padding)[0, 0]  # (N, d)
                 w_h = w_out[:, h * self.dim_head : (h + 1) * self.dim_head]  # (dim, d)
-                for start in range(pad, big_n, chunk):
-                    sl = slice(start, min(start + chunk, big_n))
+                for first in range(start, start + n, chunk):
+                    sl = slice(first, min(first + chunk, start + n))
                     att = (torch.softmax(q[sl] @ kl[h].T, -1) @ attn2_inv[h]) @ values
-                    out[sl.start - pad : sl.stop - pad] += (att + res[sl]) @ w_h.T
+                    out[sl.start - start : sl.stop - start] += (att + res[sl]) @ w_h.T
             out += self.to_out.bias.float()
         return out[None].to(x.dtype)
 
     @torch.no_grad()
     def query_attention(self, x: Tensor, query: int) -> Tensor:
         """The Nystrom attention row of token `query` over the bag (B, H, n): softmax(q k_l^T) pinv
-        softmax(q_l k^T), as the authors' `return_attn` gives it, without the value convolution."""
+        softmax(q_l k^T), as the authors' `return_attn` gives it (the padded row whose output token
+        `query` receives: `rows`), without the value convolution."""
         b, n, _ = x.shape
         pad = (-n) % self.landmarks
         q, k, _ = (
@@ -177,7 +208,8 @@ class NystromAttention(nn.Module):
             ql = q.reshape(b, self.heads, m, seg, -1).sum(3) / seg
             kl = k.reshape(b, self.heads, m, seg, -1).sum(3) / seg
             attn2_inv = iterative_pinv(torch.softmax(ql @ kl.transpose(-1, -2), -1), self.iters)
-            row = torch.softmax(q[:, :, pad + query : pad + query + 1] @ kl.transpose(-1, -2), -1)
+            at = self._offset(n) + query  # the padded row whose output is token `query`'s
+            row = torch.softmax(q[:, :, at : at + 1] @ kl.transpose(-1, -2), -1)
             attn = (row @ attn2_inv) @ torch.softmax(ql @ k.transpose(-1, -2), -1)  # (B, H, 1, N)
         return attn[:, :, 0, pad:]
 

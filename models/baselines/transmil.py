@@ -12,6 +12,17 @@ x + depthwise conv 7x7 + 5x5 + 3x3, the class token untouched), a second attenti
 the class token and a linear head. 2,672,146 parameters at the authors' configuration (1024-d input,
 two classes), as the authors' model has (tests/models/baselines/test_mil_baselines.py).
 
+Nystrom version (`nystrom_version`). The authors pin nystrom-attention 0.0.9, whose attention returns
+the FIRST n rows of its front-padded sequence (models.baselines.nystrom): whenever 1 + side^2 is not a
+multiple of 256 every token's residual gets another row's output, the class token a padding row's,
+and below 256 tokens every token gets a padding row's (the same global mean for all, plus the value
+convolution's reach into the tokens). 0.0.10 fixed it as a padding bug ("fix padding bug"); 0.0.14,
+what pip installs today and STAMP vendors, returns the tokens' own rows. Default 0.0.14: attention as
+the paper describes it, and the model every TransMIL run here so far trained; "0.0.9" is the
+authors' released behaviour, which `--recipe authors` sets (configs/recipes/transmil.yaml) to run
+TransMIL as they ran it. On random weights (1024-d, 10-1,000 tiles, 3 seeds) their logits differ by
+0.03-0.22.
+
 Bags are read one at a time (a padded batch is split into its bags): square padding and the
 convolution are per bag, and the authors train with batch size 1. The order of the tiles matters (PPEG
 reads the bag order as an image; our bags are in raster order), so TransMIL is not order-invariant.
@@ -71,6 +82,8 @@ class TransMILConfig:
     pinv_iterations: _Width = 6
     conv_kernel: _Width = 33  # the value convolution along the sequence (odd)
     dropout: _Rate = 0.1  # after each attention's output projection (authors: 0.1)
+    nystrom_version: Literal["0.0.14", "0.0.9"] = "0.0.14"  # which rows Nystrom attention returns:
+    # 0.0.14 the tokens' own (out[:, -n:]); 0.0.9, the authors' pin, the first n of the padded sequence
     num_classes: _Width = 2
     max_tokens_per_chunk: _Width | None = None  # no-grad: lean attention, this many queries at a time
 
@@ -93,6 +106,7 @@ class TransLayer(nn.Module):
         self.attn = NystromAttention(
             c.dim, heads=c.heads, dim_head=c.dim // c.heads, landmarks=c.landmarks,
             pinv_iterations=c.pinv_iterations, conv_kernel=c.conv_kernel, dropout=c.dropout,
+            rows="first" if c.nystrom_version == "0.0.9" else "last",
         )  # fmt: skip
 
     def forward(self, t: Tensor) -> Tensor:
@@ -141,6 +155,7 @@ class PPEG(nn.Module):
 
 @MODEL_KINDS.register("transmil")
 class TransMIL(KindModel):
+    inputs: ClassVar[tuple[str, ...] | None] = ("bags",)
     config_class = TransMILConfig
     config: TransMILConfig
     explains_by: ClassVar[str] = "attention"

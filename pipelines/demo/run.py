@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wsi.core.config import MAX_MPP, MAX_SEED, MAX_UM, config_model, setting
+from wsi.core.config import MAX_MPP, MAX_SEED, bounds_of, config_model, setting
 from wsi.core.files import write_text_atomic
 from wsi.models.encoders import encoder_id_for
 from wsi.pipelines.demo.survival import run_survival_demo
@@ -52,8 +52,12 @@ class DemoOptions:
     )
     slide_um: float = setting(1536.0, ge=256.0, le=100_000.0, help="Side of each sample slide in um.")
     slide_mpp: float = setting(0.5, gt=0, le=MAX_MPP, help="Level-0 um/px of the sample slides (20x: 0.5).")
-    tile_um: float = setting(256.0, gt=0, le=MAX_UM, help="Tile side in um (the tile stage's default).")
-    tile_px: int = setting(256, ge=16, le=4096, help="Tile side in pixels as embedded.")
+    tile_um: float = setting(
+        TileParams.tile_um, **bounds_of(TileParams, "tile_um"), help="Tile side in um (`wsi tile --tile-um`)."
+    )
+    tile_px: int = setting(
+        TileParams.tile_px, **bounds_of(TileParams, "tile_px"), help="Tile side in pixels (`--tile-px`)."
+    )
     encoder: str = setting("retccl", help="Encoder name (retccl or timm:<name>).")
     weights: Path | None = setting(
         None, existing="file",

@@ -55,19 +55,19 @@ class EncoderChoice:
 
 
 #: `--gpus`: a number of GPUs on this machine, or all of them
-Gpus = int | Literal["all"]
+Gpus = Annotated[int, Field(ge=1, le=1024)] | Literal["all"]
 
 
-def parse_gpus(text: str | int) -> Gpus:
-    """`--gpus` as given: a positive count, or "all"."""
-    if isinstance(text, int) or str(text).strip().isdigit():
-        n = int(text)
-        if n < 1:
-            raise ConfigError(f"--gpus {n}: give a number of GPUs >= 1, or all")
-        return n
-    if str(text).strip().lower() == "all":
-        return "all"
-    raise ConfigError(f"--gpus {text!r}: give a number of GPUs (e.g. --gpus 4) or all")
+def _gpus_text(value: object) -> object:
+    """`--gpus` as typed: a count or "all" (the count's range is the field's)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.isdigit():
+            return int(text)
+        if text == "all":
+            return "all"
+        raise ValueError(f"give a number of GPUs (e.g. --gpus 4) or all, not {value!r}")
+    return value
 
 
 def default_readers() -> int:
@@ -159,7 +159,7 @@ class EmbedOptions:
     scheduler: str | None = setting(
         None, help="Run on an existing dask.distributed cluster (e.g. tcp://host:8786)."
     )
-    gpus: Annotated[Gpus, BeforeValidator(parse_gpus)] | None = setting(
+    gpus: Annotated[Gpus, BeforeValidator(_gpus_text)] | None = setting(
         None, help="One worker per GPU on this machine (N GPUs, or all); exit 2 when there are not that many."
     )
     progress: bool = setting(True, help="Progress bars (--no-progress: none).")

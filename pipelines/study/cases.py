@@ -13,11 +13,12 @@ Training and prediction build their loaders here (`make_loader`), so both see ca
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from wsi.core.errors import ConfigError, LabelError
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
@@ -111,23 +112,36 @@ def make_loader(
     n_targets: int,
     generator: torch.Generator | None = None,
     preload_bytes: int = 0,
+    balanced: bool = False,
 ) -> DataLoader[Any]:
     """The loader of `items`. `preload_bytes` > 0: an adapter whose dataset can hold every input in
     memory (bags: `BagDataset.preload`) does so when their files total at most that many bytes, and the
-    loader then runs in this process (no worker processes spawned per epoch to re-read a tiny cohort)."""
+    loader then runs in this process (no worker processes spawned per epoch to re-read a tiny cohort).
+    `balanced` (training): an epoch draws len(items) cases with replacement, each with weight N / (cases
+    of its class), so every class is drawn equally often on average (CLAM's weighted sampling:
+    mahmoodlab/CLAM utils/utils.py:59-60,147-155 @ 53e2409d4a81)."""
     dataset = CaseDataset(adapter, items, train=train, n_targets=n_targets)
     preload = getattr(dataset.base, "preload", None)
     in_memory = preload_bytes > 0 and callable(preload) and bool(preload(preload_bytes))
+    sampler = _balanced_sampler(items, generator) if train and balanced else None
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=train,
-        generator=generator if train else None,
+        shuffle=train and sampler is None,
+        sampler=sampler,
+        generator=generator if train and sampler is None else None,
         num_workers=0 if in_memory else num_workers,
         collate_fn=CaseCollate(adapter),
         pin_memory=device.type == "cuda",
         persistent_workers=False,
     )
+
+
+def _balanced_sampler(items: Sequence[Item], generator: torch.Generator | None) -> WeightedRandomSampler:
+    """Draws len(items) cases with replacement, each weighted N / (cases of its class)."""
+    counts = Counter(it.label for it in items)
+    weights = [len(items) / counts[it.label] for it in items]
+    return WeightedRandomSampler(weights, num_samples=len(items), replacement=True, generator=generator)
 
 
 def _target_key(target: tuple[float, ...]) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from wsi.core.config import MAX_SEED, Fraction, config_model, parse_config, repl
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject
 
-Recipe = Literal["small-cohort", "paper"]
+Recipe = Literal["small-cohort", "paper", "authors"]
 
 # The ranges of a task's numbers (tests/wsi/core/test_hostile_numbers.py checks every one is bounded): wide
 # enough for any real run, narrow enough that a typo fails when the YAML is read, not hours into training.
@@ -49,6 +49,9 @@ _Weight = Annotated[float, Field(ge=0, le=1e6)]
 _Horizon = Annotated[float, Field(gt=0, le=1e9)]  # a time in the label table's unit
 _Batch = Annotated[int, Field(ge=1, le=65_536)]
 _Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+_Beta = Annotated[float, Field(ge=0, lt=1)]  # an Adam moment decay
+_MinLr = Annotated[float, Field(ge=0, le=10)]  # a learning rate's floor (0 allowed)
+_Milestone = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
 _Workers = Annotated[int, Field(ge=0, le=256)]
 _Resamples = Annotated[int, Field(ge=1, le=MAX_BOOTSTRAP)]
 
@@ -75,21 +78,37 @@ class ModelConfig:
     preset: str | None = None  # models.build_model preset (configs/models/<preset>.yaml or a path);
     # None: the recipe's (small-cohort: sized to the number of training cases; paper: vit-wsi)
     attention: str | None = None  # seqnorm | softmax | sima | gdla (transformers), gated | plain
-    # (abmil); None: the preset's own
+    # (abmil); None: the preset's own; a preset without an attention setting (the baselines) ignores
+    # the task's (pipelines.train.recipe)
+    scoring: Literal["softmax", "sigmoid"] | None = None  # categorical: how outputs become class
+    # probabilities: softmax across one output per class, or each output its own sigmoid (DSMIL's
+    # authors: one output for two classes, the first class the all-zero negative). None: the preset's
+    # (`scoring` of dsmil; softmax for every other model); the run record keeps the resolved value
     overrides: ModelOverrides = field(default_factory=dict)  # extra build_model kwargs (dim, depth...);
-    # the small-cohort recipe adds its dropout here unless the key is given. Their keys are the preset
-    # kind's config fields, checked when the model is built (models.build_model_from_config)
+    # the recipes add theirs here unless the key is given. Keys the preset's model kind has no field
+    # for are left out for that preset (so `subtyping: true` reaches CLAM only); the rest are checked
+    # when the model is built (models.build_model_from_config)
 
 
 @config_model
 @dataclass(frozen=True)
 class OptimizerConfig:
-    name: Literal["adamw"] = "adamw"  # the only optimizer: what the reference recipes use
+    name: Literal["adamw", "adam", "lookahead-radam"] | None = None  # adamw (decoupled weight decay),
+    # adam (torch's Adam: weight decay added to the gradient, as CLAM, DSMIL and DTFD-MIL train),
+    # lookahead-radam (RAdam in Lookahead, k 6, alpha 0.5: TransMIL's); None: the recipe's
     lr: _Lr | None = None  # peak learning rate; None: the recipe's
-    weight_decay: _Decay | None = None  # AdamW's decoupled weight decay, on weight matrices only
-    # (models.param_groups: never on norms, biases, the class token); None: the recipe's
-    scheduler: Literal["none", "cosine"] | None = None  # cosine: per-step decay to 0 over max `epochs`
-    # after the warm-up; None: the recipe's
+    betas: tuple[_Beta, _Beta] | None = None  # Adam's moment decays; None: (0.9, 0.999)
+    weight_decay: _Decay | None = None  # weight decay; None: the recipe's
+    weight_decay_on: Literal["matrices", "all", "not-1d"] | None = None  # which parameters decay:
+    # matrices (models.param_groups: never norms, biases, the class token), all (torch's default), not-1d
+    # (timm's add_weight_decay: every parameter but biases and 1-d ones); None: the recipe's
+    scheduler: Literal["none", "cosine", "cosine-epochs", "multistep"] | None = None  # cosine: per-step
+    # decay to 0 over max `epochs` after the warm-up; cosine-epochs: CosineAnnealingLR over `epochs`,
+    # stepped per epoch, to min_lr; multistep: lr x gamma at each of `milestones` (epochs); None: the
+    # recipe's
+    min_lr: _MinLr | None = None  # cosine-epochs' floor; None: the recipe's (0)
+    milestones: tuple[_Milestone, ...] | None = None  # multistep: epochs after which lr is multiplied
+    gamma: Annotated[float, Field(gt=0, le=1)] | None = None  # multistep's factor; None: the recipe's
     warmup_epochs: _EpochCount | None = None  # linear warm-up of the learning rate from 0 over this many
     # epochs; None: the recipe's
     grad_clip: _Positive | None = None  # max gradient norm (a negative one trained backwards); None = off
@@ -111,15 +130,18 @@ class AugmentConfig:
 class SelectionConfig:
     """Which epoch's weights become best.safetensors, and what early stopping watches."""
 
-    metric: Literal["val-figure", "smoothed-val-loss"] | None = None  # val-figure: the kind's figure
-    # (categorical: validation AUROC, ties by loss; survival: C-index); smoothed-val-loss: the mean
-    # validation loss of the last `window` epochs (steadier than the AUROC of a handful of bags);
-    # None: the recipe's
+    metric: Literal["val-figure", "smoothed-val-loss", "auroc-plus-accuracy"] | None = None  # val-figure:
+    # the kind's figure (categorical: validation AUROC, ties by loss; survival: C-index);
+    # smoothed-val-loss: the mean validation loss of the last `window` epochs (steadier than the AUROC
+    # of a handful of bags); auroc-plus-accuracy (categorical): (the sum of each output's AUROC + the
+    # accuracy at each output's Youden threshold) / 2, DSMIL's; None: the recipe's
     window: _Window | None = None  # epochs averaged by smoothed-val-loss and by average_weights; None: the
     # recipe's
     average_weights: bool | None = None  # best.safetensors holds the mean of the weights of the `window`
     # epochs ending at the chosen one (weight averaging over the epochs the smoothed loss averaged);
     # None: the recipe's
+    after_share: Fraction | None = None  # only epochs after int(after_share * epochs) + 1 (and the last)
+    # may become best.safetensors (DTFD-MIL's `ii > int(EPOCH * 0.8)`); None: the recipe's (0: any)
 
 
 @config_model
@@ -195,8 +217,9 @@ class TaskConfig:
     # training split's tiles (each fold its own), stored with the model and applied identically in
     # validation, test and `wsi predict`; features with sd ~0 are left unscaled (ours)
     recipe: Recipe = "small-cohort"  # what the fields left None below default to: small-cohort (any
-    # cohort below a few hundred cases; regularised, sized to the data) or paper (whole bags, the
-    # preset as named, best epoch by the validation figure); see docs/training.md "Which training recipe"
+    # cohort below a few hundred cases; regularised, sized to the data), paper (whole bags, the
+    # preset as named, best epoch by the validation figure) or authors (a baseline preset's authors'
+    # own: configs/recipes/<preset>.yaml); see docs/training.md "Which training recipe"
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -205,8 +228,13 @@ class TaskConfig:
     epochs: Epochs | None = None  # upper bound; early stopping usually ends sooner; None: the recipe's
     patience: _EpochCount | None = None  # epochs without a better selection score (`selection.metric`) before
     # stopping; 0 = never stop early; None: the recipe's
+    min_epochs: _EpochCount | None = None  # early stopping never ends a run before this many epochs
+    # (CLAM's stop_epoch); None: the recipe's (0)
     batch_size: _Batch = 1  # bags per step (padded + masked when > 1)
-    grad_accum: _Batch = 1  # optimizer step every this many batches
+    grad_accum: _Batch | None = None  # optimizer step every this many batches; None: the recipe's (1)
+    sampling: Literal["shuffle", "balanced"] | None = None  # training bags per epoch: each once in a
+    # random order, or (categorical) drawn with replacement, each class equally often (CLAM's
+    # --weighted_sample); None: the recipe's
     class_weighting: Literal["none", "balanced"] = "none"  # categorical: loss weights inverse to frequency
     seed: _Seed = 1337  # seeds weights, splits, shuffling and augmentation: same seed, same run
     num_workers: _Workers = 0  # DataLoader worker processes (0: read in the training process)
@@ -275,6 +303,14 @@ def _check_kind(task: TaskConfig, source: str) -> None:
         raise ConfigError(f"{source}: survival needs distinct time and event columns, not {surv.time!r}")
     if task.class_weighting != "none" and kind != "categorical":
         raise ConfigError(f"{source}: class_weighting is for categorical tasks, not {kind}")
+    categorical_only = {
+        "sampling: balanced": task.sampling == "balanced",
+        "model.scoring: sigmoid": task.model.scoring == "sigmoid",
+        "selection.metric: auroc-plus-accuracy": task.selection.metric == "auroc-plus-accuracy",
+    }
+    for what, given in categorical_only.items():
+        if given and kind != "categorical":
+            raise ConfigError(f"{source}: {what} is for categorical tasks (one class per case), not {kind}")
     if task.level == "patient" and task.input not in ("bags", "slide-embeddings"):
         raise ConfigError(
             f"{source}: level: patient joins a patient's slides into one bag; it needs input: bags "

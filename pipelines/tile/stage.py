@@ -134,7 +134,7 @@ def tile_slides(
         for i, reason in refused.items():
             log.warning("%s: refused: %s", sources[i].slide_id, reason)
         todo = [src for i, src in enumerate(sources) if i not in refused]
-        work = functools.partial(mirrored_job, fn=tile_slide, job=job, files=remote_files)
+        work = functools.partial(mirrored_job, fn=_tile_checked_slide, job=job, files=remote_files)
         # one process: two slides at a time, so one slide's single-threaded steps (mask, QC picture,
         # files) overlap the other's reads and filters and both cores stay busy
         at_once = min(2, os.cpu_count() or 1)
@@ -176,7 +176,12 @@ def tile_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
     Status "empty" (with the reason in `error`) when the slide kept no tile: never a silent "ok". An ok
     slide of which some part could not be decoded says where in `error`.
     """
-    check_usable_id(source.slide_id)  # a batch checked this already; a direct caller may not have
+    check_usable_id(source.slide_id)
+    return _tile_checked_slide(source, job)
+
+
+def _tile_checked_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
+    """`tile_slide` for a slide whose id `tile_slides` checked with the whole batch."""
     paths = output_paths(job.out_dir, source.slide_id)
     previous = read_tile_file(paths.h5) if is_complete(paths.h5) else None
     # another slide file made these tiles: refused while it exists; gone, it was probably moved

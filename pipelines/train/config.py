@@ -10,19 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, config_model, numeric_leaves, setting
+from wsi.core.config import MAX_BAG_SIZE, MAX_MPP, bounds_of, config_model, setting
 from wsi.core.errors import ConfigError
 from wsi.pipelines.runs.record import RunRecord
 from wsi.pipelines.scheduling.remote import Location
 from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
-
-
-def _range(model: type, name: str) -> Any:
-    """The bounds (ge/gt/le/lt) of the field that owns a setting's value: written there once."""
-    [leaf] = [n for n in numeric_leaves(model) if n.where == name]
-    return leaf.bounds
 
 
 def _attention_names() -> list[str]:
@@ -60,18 +54,24 @@ class TrainOptions:
     attention: str | None = setting(
         None, choices=_attention_names, default_text="the task's", help="Attention variant."
     )
+    recipe: Literal["small-cohort", "paper", "authors"] | None = setting(
+        None, default_text="the task's",
+        help="Training recipe: small-cohort, paper, or authors (a baseline preset's authors' own: "
+        "configs/recipes/<preset>.yaml). Given here, its values replace the task's own training settings "
+        "(optimizer, schedule, epochs, stopping, sampling); other options still win.",
+    )  # fmt: skip
     device: str = setting("auto", help="Device: auto (CUDA, MPS, CPU), cpu, cuda, cuda:N, mps.")
     epochs: int | None = setting(
-        None, **_range(TaskConfig, "epochs"), default_text="the task's", help="Maximum epochs."
+        None, **bounds_of(TaskConfig, "epochs"), default_text="the task's", help="Maximum epochs."
     )
     seed: int | None = setting(
-        None, **_range(TaskConfig, "seed"), default_text="the task's", help="Random seed."
+        None, **bounds_of(TaskConfig, "seed"), default_text="the task's", help="Random seed."
     )
     batch_size: int | None = setting(
-        None, **_range(TaskConfig, "batch_size"), default_text="the task's", help="Bags per step."
+        None, **bounds_of(TaskConfig, "batch_size"), default_text="the task's", help="Bags per step."
     )
     grad_accum: int | None = setting(
-        None, **_range(TaskConfig, "grad_accum"), default_text="the task's",
+        None, **bounds_of(TaskConfig, "grad_accum"), default_text="the task's",
         help="Batches per optimizer step.",
     )
     bag_size: int | None = setting(
@@ -79,7 +79,7 @@ class TrainOptions:
         help="Train on random subsets of at most this many tiles per bag (augmentation).",
     )  # fmt: skip
     num_workers: int | None = setting(
-        None, **_range(TaskConfig, "num_workers"), default_text="the task's",
+        None, **bounds_of(TaskConfig, "num_workers"), default_text="the task's",
         help="Background processes reading bags (GPU training: 2-8).",
     )  # fmt: skip
     standardize_features: bool | None = setting(
@@ -88,7 +88,7 @@ class TrainOptions:
         "model, applied in validation, test and predict).",
     )  # fmt: skip
     cv: int | None = setting(
-        None, **_range(RunRecord, "cv"), help="K-fold cross-validation (patient-grouped)."
+        None, **bounds_of(RunRecord, "cv"), help="K-fold cross-validation (patient-grouped)."
     )
     scheduler: str | None = setting(
         None, help="Run the --cv folds in parallel on a dask.distributed cluster (e.g. tcp://host:8786)."
@@ -120,7 +120,12 @@ class TrainOptions:
     def task_changes(self, task_overrides: Mapping[str, Any]) -> dict[str, Any]:
         """The dotted task changes these settings make (`TaskConfig.replace`); `task_overrides` is the
         task's own model.overrides, which `model_overrides` are merged over."""
-        changes: dict[str, Any] = dict(self.overrides)
+        changes: dict[str, Any] = {}
+        if self.recipe is not None:  # the recipe's values, not the task's: reset what it fills
+            from wsi.pipelines.train.recipe import RECIPE_FIELDS
+
+            changes = {"recipe": self.recipe, **dict.fromkeys(RECIPE_FIELDS)}
+        changes.update(self.overrides)
         for key, value in (
             ("model.preset", self.preset), ("model.attention", self.attention), ("epochs", self.epochs),
             ("seed", self.seed), ("batch_size", self.batch_size), ("grad_accum", self.grad_accum),
@@ -132,6 +137,13 @@ class TrainOptions:
         if self.model_overrides:
             changes["model.overrides"] = {**task_overrides, **self.model_overrides}
         return changes
+
+    def given_model_settings(self) -> dict[str, Any]:
+        """The model settings these options give, named as given (refused when the preset cannot
+        take them: pipelines.train.model_settings)."""
+        from wsi.pipelines.train.model_settings import given_model_settings
+
+        return given_model_settings(self.attention, self.model_overrides)
 
 
 __all__ = ["TrainOptions"]

@@ -76,7 +76,7 @@ def model_kwargs(task: TaskConfig, num_outputs: int, adapter_kwargs: Mapping[str
         "attention": task.model.attention,
         "num_classes": num_outputs,
         **dict(adapter_kwargs),
-        **task.model.overrides,
+        **task.model.overrides,  # settled for the preset (pipelines.train.model_settings)
     }
 
 

@@ -232,14 +232,14 @@ class Trainer:
             return make_loader(
                 adapter, items, train=train, batch_size=task.batch_size, num_workers=task.num_workers,
                 device=device, generator=generator, n_targets=len(kind.target_names),
-                preload_bytes=PRELOAD_BYTES,
+                preload_bytes=PRELOAD_BYTES, balanced=task.sampling == "balanced",
             )  # fmt: skip
 
         train_loader = loader(split.train, train=True)
         optimizer = make_optimizer(model, task)
         batches_per_loss = math.ceil(kind.group_bags / task.batch_size)
         losses_per_epoch = math.ceil(len(train_loader) / batches_per_loss)
-        steps_per_epoch = math.ceil(losses_per_epoch / task.grad_accum)
+        steps_per_epoch = math.ceil(losses_per_epoch / (task.grad_accum or 1))
         return cls(
             task=task, kind=kind, model=model, device=device, train_loader=train_loader,
             val_loader=loader(split.val, train=False), optimizer=optimizer,
@@ -266,11 +266,12 @@ class Trainer:
         t0 = time.perf_counter()
         train_loss = train_epoch(
             self.model, self.train_loader, self.optimizer, self.scheduler, device=device,
-            grad_accum=task.grad_accum, grad_clip=task.optimizer.grad_clip, progress=progress,
+            grad_accum=task.grad_accum or 1, grad_clip=task.optimizer.grad_clip, progress=progress,
             desc=f"epoch {epoch}", kind=self.kind, augment=self.augment,
         )  # fmt: skip
         val = predict_loader(self.model, self.val_loader, device=device, kind=self.kind)
         val_loss, figures, score = self.kind.validation(val.targets, val.outputs, val.logits)
+        score = self.selection.figure(score, val.labels, val.outputs, self.kind.num_outputs)
         row = {
             "epoch": epoch,
             "train_loss": round(train_loss, 6),
@@ -298,15 +299,17 @@ class Trainer:
         epoch = row["epoch"]
         score = self.selection.score(state.log, row, score)
         self.selection.remember(self.model, run_dir, epoch)
-        improved = state.best_score is None or score > state.best_score
+        eligible = self.selection.eligible(epoch, int(self.task.epochs or epoch))
+        improved = eligible and (state.best_score is None or score > state.best_score)
         if improved:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
             self.selection.save_best(self.model, run_dir / "best.safetensors", epoch)
-        else:
+        elif eligible:
             state.bad_epochs += 1
         state.epoch = epoch
         state.log.append(row)
-        if self.task.patience and state.bad_epochs >= self.task.patience:  # 0 / None: never
+        patience, at_least = self.task.patience, self.task.min_epochs or 0
+        if patience and state.bad_epochs >= patience and epoch >= at_least:  # patience 0 / None: never
             state.done = True
             log.info("early stop after epoch %d (best %d)", epoch, state.best_epoch)
         if improved or final or state.done or time.monotonic() - self.saved_at >= STATE_EVERY_S:

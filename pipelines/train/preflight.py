@@ -74,4 +74,24 @@ def refuse_model_for_kind(task: TaskConfig) -> None:
     )
 
 
-__all__ = ["refuse_model_for_kind", "refuse_unusable", "unusable_items"]
+def refuse_model_for_input(task: TaskConfig) -> None:
+    """ConfigError when the task's model does not read the task's input (a ViT for images given feature
+    bags, a bag model given images), naming the preset, the input and presets that read it."""
+    from wsi.models.base.kinds import MODEL_KINDS
+    from wsi.models.presets import available_presets, preset_kind
+
+    if task.model.preset is None:
+        return
+    model = MODEL_KINDS.get(preset_kind(task.model.preset))
+    if model.inputs is None or task.input in model.inputs:
+        return
+    readers = [
+        p for p in available_presets() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
+    ]
+    raise ConfigError(
+        f"model {task.model.preset} reads {' or '.join(model.inputs)}; task {task.name!r} gives "
+        f"{task.input}. Choose a preset that reads {task.input}: {', '.join(readers)} (--preset)"
+    )
+
+
+__all__ = ["refuse_model_for_input", "refuse_model_for_kind", "refuse_unusable", "unusable_items"]

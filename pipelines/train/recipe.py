@@ -1,8 +1,9 @@
 """Training recipes: the values a task's unset (None) fields take, and the preset sized to the cohort.
 
-A task names its recipe (`recipe: small-cohort`, the default, or `recipe: paper`); every field it leaves
-None (`pipelines.tasks`) is filled here when training starts, once the number of training cases is
-known, and the run record keeps the filled task. A value written in the task YAML always wins.
+A task names its recipe (`recipe: small-cohort`, the default, `recipe: paper` or `recipe: authors`); every
+field it leaves None (`pipelines.study.tasks`) is filled here when training starts, once the number of
+training cases is known, and the run record keeps the filled task. A value written in the task YAML
+always wins; `wsi train --recipe R` trains with R's values in place of the task's own (TrainOptions).
 
 paper          for TCGA-scale cohorts: whole bags, the preset as named (vit-wsi) and at most 100
                epochs are the seqnorm paper's (000_980e28d087b08f12.txt, sec. 3.1); AdamW 1e-4 with
@@ -21,6 +22,14 @@ small-cohort   for cohorts of tens to a few hundred cases, where a 3.4M-paramete
                attention residual small (LayerScale 0.01): with a class token, one telling tile
                among dozens was not learned from ~100 bags (docs/benchmarks.md).
 
+authors        a baseline preset's authors' own recipe, read from configs/recipes/<preset>.yaml (transmil,
+               clam-sb, clam-mb, dsmil, dtfd): optimizer (Lookahead-RAdam for TransMIL, Adam for the
+               others, with their betas and weight-decay rule), schedule, epochs, sampling, early
+               stopping and the checkpoint rule as their repositories run them, each value with its
+               source file and line, and the model settings the authors' command line sets (CLAM's
+               `inst_loss: svm`, TransMIL's Nystrom 0.0.9). Whole bags, no feature dropout, no warm-up.
+               A preset without a file is refused by name.
+
 The model preset is chosen here and nowhere else (`resolve_preset`): a task trained on slide embeddings
 (`pipelines.train.slide_level`) trains a head, `linear` unless it names one (`linear`, `mlp`); any
 other task keeps the preset it names, else gets one by the sizing rule.
@@ -35,10 +44,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, Literal
 
-from wsi.pipelines.study.tasks import ModelOverrides, TaskConfig
+from pydantic import Field
+
+from wsi import configs
+from wsi.core.config import Fraction, config_model, parse_config
+from wsi.core.errors import ConfigError
+from wsi.pipelines.study.tasks import MAX_EPOCHS, Epochs, ModelOverrides, TaskConfig
+from wsi.pipelines.train.model_settings import refuse_untaken, resolve_model_settings
 from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS
 
 log = logging.getLogger(__name__)
@@ -49,26 +64,62 @@ SMALL_PRESET = "vit-wsi-small"
 FULL_PRESET = "vit-wsi"
 IMAGE_PRESETS = {2: "vit-2d", 3: "vit-3d"}  # image tasks naming no preset: by input_options.size_px
 
+_Count = Annotated[int, Field(ge=0, le=MAX_EPOCHS)]
+_Lr = Annotated[float, Field(gt=0, le=10)]
+_Decay = Annotated[float, Field(ge=0, le=10)]
+_Beta = Annotated[float, Field(ge=0, lt=1)]
+_Share = Annotated[float, Field(gt=0, le=1)]
 
+
+@config_model
 @dataclass(frozen=True)
 class RecipeValues:
-    """What one recipe fills in; each field names the task field it fills."""
+    """What one recipe fills in (`TASK_FIELDS` names the task field of each); an authors' recipe file
+    (configs/recipes/<preset>.yaml) holds these keys."""
 
-    epochs: int  # epochs
-    patience: int  # patience
-    lr: float  # optimizer.lr
-    weight_decay: float  # optimizer.weight_decay (weight matrices only, models.param_groups)
-    scheduler: str  # optimizer.scheduler
-    warmup_epochs: int  # optimizer.warmup_epochs
-    tile_fraction: tuple[float, float]  # augment.tile_fraction ((1, 1) = whole bags)
-    feature_dropout: float  # augment.feature_dropout
-    metric: str  # selection.metric
-    window: int  # selection.window
-    average_weights: bool  # selection.average_weights
+    epochs: Epochs
+    patience: _Count
+    lr: _Lr
+    weight_decay: _Decay
+    scheduler: Literal["none", "cosine", "cosine-epochs", "multistep"]
+    optimizer: Literal["adamw", "adam", "lookahead-radam"] = "adamw"
+    betas: tuple[_Beta, _Beta] | None = None  # None: the optimizer's (0.9, 0.999)
+    weight_decay_on: Literal["matrices", "all", "not-1d"] = "matrices"
+    min_lr: Annotated[float, Field(ge=0, le=10)] = 0.0
+    milestones: tuple[Annotated[int, Field(ge=1, le=MAX_EPOCHS)], ...] = ()
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
+    warmup_epochs: _Count = 0
+    tile_fraction: tuple[_Share, _Share] = (1.0, 1.0)  # (1, 1) = whole bags
+    feature_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    metric: Literal["val-figure", "smoothed-val-loss", "auroc-plus-accuracy"] = "val-figure"
+    window: Annotated[int, Field(ge=1, le=1000)] = 1
+    average_weights: bool = False
+    after_share: Fraction = 0.0
+    min_epochs: _Count = 0
+    grad_accum: Annotated[int, Field(ge=1, le=65_536)] = 1
+    sampling: Literal["shuffle", "balanced"] = "shuffle"
+    model: ModelOverrides = field(default_factory=dict)  # an authors' file: the preset's model settings
     # model.overrides added per model kind unless the task gives the key (empty: the preset's values)
-    model_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    lr_by_kind: Mapping[str, float] = field(default_factory=dict)  # optimizer.lr per model kind (else lr)
+    model_overrides: dict[str, ModelOverrides] = field(default_factory=dict)
+    lr_by_kind: dict[str, _Lr] = field(default_factory=dict)  # optimizer.lr per model kind (else lr)
+    source: str = ""  # an authors' file: the repository and commit its values were read from
 
+
+#: RecipeValues field -> the task field it fills (when the task leaves it None)
+TASK_FIELDS = {
+    "epochs": "epochs", "patience": "patience", "min_epochs": "min_epochs", "grad_accum": "grad_accum",
+    "sampling": "sampling", "optimizer": "optimizer.name", "lr": "optimizer.lr",
+    "betas": "optimizer.betas", "weight_decay": "optimizer.weight_decay",
+    "weight_decay_on": "optimizer.weight_decay_on", "scheduler": "optimizer.scheduler",
+    "min_lr": "optimizer.min_lr", "milestones": "optimizer.milestones", "gamma": "optimizer.gamma",
+    "warmup_epochs": "optimizer.warmup_epochs", "tile_fraction": "augment.tile_fraction",
+    "feature_dropout": "augment.feature_dropout", "metric": "selection.metric",
+    "window": "selection.window", "average_weights": "selection.average_weights",
+    "after_share": "selection.after_share",
+}  # fmt: skip
+#: the task fields a recipe fills (`wsi train --recipe R` resets them to R's)
+RECIPE_FIELDS = tuple(TASK_FIELDS.values())
+_MAY_STAY_NONE = {"optimizer.betas"}  # None is a resolved value: the optimizer's own
 
 RECIPES: dict[str, RecipeValues] = {
     "paper": RecipeValues(
@@ -93,6 +144,28 @@ RECIPES: dict[str, RecipeValues] = {
 }  # fmt: skip
 
 
+def authors_presets() -> list[str]:
+    """The presets with an authors' recipe file (configs/recipes/)."""
+    return configs.available("recipes")
+
+
+def authors_recipe(preset: str) -> RecipeValues:
+    """The authors' recipe of a packaged baseline preset (configs/recipes/<preset>.yaml)."""
+    names = authors_presets()
+    if preset not in names:
+        raise ConfigError(
+            f"recipe authors: preset {preset} has no authors' recipe (configs/recipes/); those with one: "
+            f"{', '.join(names)}. Choose one of them (--preset), or recipe small-cohort or paper"
+        )
+    data, source = configs.load_yaml("recipes", preset)
+    return parse_config(RecipeValues, data, source=source)
+
+
+def recipe_values(recipe: str, preset: str) -> RecipeValues:
+    """The values `recipe` fills for `preset`."""
+    return authors_recipe(preset) if recipe == "authors" else RECIPES[recipe]
+
+
 def preset_for(
     recipe: str, n_train: int, input_name: str = "bags", input_options: Mapping[str, Any] | None = None
 ) -> str:
@@ -100,6 +173,11 @@ def preset_for(
     if input_name == "images":  # vit-wsi reads feature bags: an image task's own ViT, by its dimensions
         size = (input_options or {}).get("size_px")
         return IMAGE_PRESETS[3 if isinstance(size, list | tuple) and len(size) == 3 else 2]
+    if recipe == "authors":
+        raise ConfigError(
+            "recipe authors is a baseline's authors' own: name its preset (--preset "
+            f"{' | '.join(authors_presets())})"
+        )
     if recipe == "small-cohort" and input_name == "bags" and n_train < SMALL_BELOW:
         return SMALL_PRESET
     return FULL_PRESET
@@ -120,39 +198,37 @@ def resolve_preset(task: TaskConfig, n_train: int) -> tuple[str, ModelOverrides]
     return DEFAULT_HEAD, {}
 
 
-def apply_recipe(task: TaskConfig, *, n_train: int) -> TaskConfig:
-    """`task` with its preset chosen and every None field filled from its recipe; `n_train` = training
-    cases (per fold)."""
-    from wsi.models.presets import preset_attention, preset_kind
+def apply_recipe(
+    task: TaskConfig, *, n_train: int, given: Mapping[str, Any] | None = None
+) -> TaskConfig:
+    """`task` with its preset chosen, every None field filled from its recipe and its model settings
+    settled for the preset (pipelines.train.model_settings); `n_train` = training cases (per fold).
+    `given`: the model settings this run's options gave ({"--attention": "gdla"}), refused by name when
+    the preset cannot take them."""
+    from wsi.models.presets import preset_kind
 
-    values = RECIPES[task.recipe]
     preset, task_overrides = resolve_preset(task, n_train)
-    overrides = {**values.model_overrides.get(preset_kind(preset), {}), **task_overrides}
-    defaults: dict[str, Any] = {
-        "epochs": values.epochs,
-        "patience": values.patience,
-        "optimizer.lr": values.lr_by_kind.get(preset_kind(preset), values.lr),
-        "optimizer.weight_decay": values.weight_decay,
-        "optimizer.scheduler": values.scheduler,
-        "optimizer.warmup_epochs": values.warmup_epochs,
-        "augment.tile_fraction": list(values.tile_fraction),
-        "augment.feature_dropout": values.feature_dropout,
-        "selection.metric": values.metric,
-        "selection.window": values.window,
-        "selection.average_weights": values.average_weights,
+    if given:
+        refuse_untaken(preset, given)
+    values = recipe_values(task.recipe, preset)
+    kind = preset_kind(preset)
+    defaults = {TASK_FIELDS[f.name]: getattr(values, f.name) for f in fields(values) if f.name in TASK_FIELDS}
+    defaults["optimizer.lr"] = values.lr_by_kind.get(kind, values.lr)
+    changes = {
+        key: list(value) if isinstance(value, tuple) else value
+        for key, value in defaults.items()
+        if _get(task, key) is None
     }
-    changes = {key: value for key, value in defaults.items() if _get(task, key) is None}
     changes["model.preset"] = str(preset)
-    changes["model.attention"] = task.model.attention or preset_attention(preset)
-    changes["model.overrides"] = overrides
+    recipe_overrides = {**values.model_overrides.get(kind, {}), **values.model}
+    own = task.replace(**{"model.overrides": task_overrides})
+    changes.update(resolve_model_settings(own, str(preset), recipe_overrides))
     return task.replace(**changes)
 
 
 def is_resolved(task: TaskConfig) -> bool:
     """Whether every field a recipe fills has a value (what the training loop needs)."""
-    keys = ("epochs", "patience", "optimizer.lr", "optimizer.weight_decay", "optimizer.scheduler",
-            "optimizer.warmup_epochs", "augment.tile_fraction", "augment.feature_dropout",
-            "selection.metric", "selection.window", "selection.average_weights", "model.preset")  # fmt: skip
+    keys = [k for k in RECIPE_FIELDS if k not in _MAY_STAY_NONE] + ["model.preset"]
     return all(_get(task, key) is not None for key in keys)
 
 
@@ -163,5 +239,6 @@ def _get(task: TaskConfig, dotted: str) -> Any:
     return node
 
 
-__all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "SMALL_BELOW", "SMALL_PRESET", "RecipeValues",
-           "apply_recipe", "is_resolved", "preset_for", "resolve_preset"]  # fmt: skip
+__all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "RECIPE_FIELDS", "SMALL_BELOW", "SMALL_PRESET",
+           "TASK_FIELDS", "RecipeValues", "apply_recipe", "authors_presets", "authors_recipe",
+           "is_resolved", "preset_for", "recipe_values", "resolve_preset"]  # fmt: skip

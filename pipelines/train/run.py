@@ -64,7 +64,7 @@ from wsi.pipelines.train.config import TrainOptions
 from wsi.pipelines.train.cv import run_folds_on_cluster
 from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from wsi.pipelines.train.loop import EpochHook
-from wsi.pipelines.train.preflight import refuse_model_for_kind, refuse_unusable
+from wsi.pipelines.train.preflight import refuse_model_for_input, refuse_model_for_kind, refuse_unusable
 from wsi.pipelines.train.recipe import apply_recipe
 from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
@@ -133,8 +133,10 @@ def _train(
     matched = match_items(rows, found, classes=cfg.classes, labels_path=labels_csv, kind=kind)
     cases = group_by_patient(matched.items, str(labels_csv)) if cfg.level == "patient" else matched.items
     splits = _make_splits(cfg, cases, opts.cv)
-    cfg = _with_recipe(cfg, splits)  # the model preset may depend on the cohort size: before the checks
+    cfg = _with_recipe(cfg, splits, opts)  # the model preset may depend on the cohort size: before the checks
+    kind = build_kind(cfg)  # the resolved task: its outputs follow the model's scoring (DSMIL: sigmoid)
     refuse_model_for_kind(cfg)  # CLAM, DSMIL, DTFD-MIL: categorical tasks only
+    refuse_model_for_input(cfg)  # a ViT for images does not read bags, nor a bag model images
     adapter = with_resolution(
         adapter, mpp=opts.mpp, mpp_by_slide=matched.mpp_by_slide, uses_positions=_uses_positions(cfg)
     )
@@ -198,14 +200,16 @@ def _uses_positions(task: TaskConfig) -> bool:
     return model_uses_positions({**load_preset(task.model.preset).data, **task.model.overrides})
 
 
-def _with_recipe(task: TaskConfig, splits: Sequence[Split]) -> TaskConfig:
-    """The task with its recipe's values in every unset field, sized to the smallest training split."""
+def _with_recipe(task: TaskConfig, splits: Sequence[Split], options: TrainOptions) -> TaskConfig:
+    """The task with its recipe's values in every unset field, sized to the smallest training split;
+    a model setting the options give that the preset cannot take is refused by name."""
     n_train = min(len(s.train) for s in splits)
-    resolved = apply_recipe(task, n_train=n_train)
+    resolved = apply_recipe(task, n_train=n_train, given=options.given_model_settings())
+    opt = resolved.optimizer
     log.info(
-        "recipe %s: preset %s (%d training cases), tile share %s, selection %s",
-        task.recipe, resolved.model.preset, n_train, list(resolved.augment.tile_fraction or ()),
-        resolved.selection.metric,
+        "recipe %s: preset %s (%d training cases), %s lr %g, tile share %s, selection %s, sampling %s",
+        task.recipe, resolved.model.preset, n_train, opt.name, opt.lr,
+        list(resolved.augment.tile_fraction or ()), resolved.selection.metric, resolved.sampling,
     )  # fmt: skip
     return resolved
 

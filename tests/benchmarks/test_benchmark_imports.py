@@ -60,3 +60,18 @@ def test_a_benchmark_runs_as_a_script_from_anywhere(argv: list[str], tmp_path: P
         text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_no_two_benchmarks_import_each_other() -> None:
+    """Sibling imports point one way (shared helpers live in `_x.py` modules beside the scripts)."""
+    from import_graph import cycles
+
+    names = {p.stem for p in SCRIPTS}
+    links: dict[str, set[str]] = {}
+    for script in SCRIPTS:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        found |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        links[script.stem] = found & names - {script.stem}
+    assert cycles(links) == []
+    assert cycles({"tile_ceiling": {"tile_throughput"}, "tile_throughput": {"tile_ceiling"}})  # it can fail

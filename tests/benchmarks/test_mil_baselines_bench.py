@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mil_baselines import cost_table, main, summarise, table, task_yaml
+from mil_baselines import cost_table, main, seqnorm_table, summarise, table, task_yaml
 from small_cohort import COLUMNS
 
 
@@ -20,6 +20,23 @@ def test_task_yaml_names_the_preset_and_nothing_else() -> None:
     )
     with pytest.raises(ValueError, match="unknown model"):
         task_yaml("clam")
+
+
+def test_the_authors_recipe_rows_name_it_and_are_paired_with_abmil_and_seqnorm() -> None:
+    want = "classes: [negative, positive]\nmodel: {preset: dsmil}\nrecipe: authors\n"
+    assert task_yaml("dsmil:authors") == want
+
+    def row(model: str, fold: int, auroc: float) -> dict[str, str]:
+        values = ["musk2", "unseen", "raw", model, "0", str(fold), f"{auroc}", f"{auroc}", "10", "3.0"]
+        return dict(zip(COLUMNS, values, strict=True))
+
+    rows = [row(m, k, a + 0.01 * k) for m, a in (("abmil", 0.8), ("seqnorm", 0.7), ("dtfd:authors", 0.75))
+            for k in (1, 2, 3)]  # fmt: skip
+    rows += [row("abmil", 1, 0.1)]  # a second copy of a fold (another CSV): the first is kept
+    (entry,) = [e for e in summarise(rows, folds=3) if e["model"] == "dtfd:authors"]
+    assert entry["corrected_auroc"].mean == pytest.approx(-0.05)
+    assert entry["seqnorm_corrected_auroc"].mean == pytest.approx(0.05)
+    assert "| musk2 | dtfd:authors | 1 | +0.050 [" in seqnorm_table(summarise(rows, folds=3))
 
 
 def test_summary_pairs_every_model_with_abmil() -> None:

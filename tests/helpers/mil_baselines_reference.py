@@ -7,15 +7,19 @@ step (front padding and landmark sums of lucidrains' Nystrom attention, CLAM's t
 DSMIL's sort for critical instances, DTFD's np.array_split pseudo-bags and get_cam_1d).
 
   TransMIL  szc19990412/TransMIL models/TransMIL.py @ 9d6aee57c7c7, with NystromAttention from
-            lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py @ fbe9ebad6bae
+            lucidrains/nystrom-attention nystrom_attention/nystrom_attention.py at tag 0.0.14 @ fbe9ebad6bae
+            (`out[:, -n:]`) or tag 0.0.9 @ e3c4aa5c988f (`out[:, :n]`: `version`)
   CLAM      mahmoodlab/CLAM models/model_clam.py, utils/core_utils.py (train_loop_clam) @ 53e2409d4a81
   DSMIL     binli123/dsmil-wsi dsmil.py, train_tcga.py (train) @ 80465ed534ac
   DTFD-MIL  hrzhang1123/DTFD-MIL Model/*.py, utils.py, Main_DTFD_MIL.py @ 10964f4dcc27
+
+Dropout sits where each authors' module has it (the training-mode tests compare under one seed).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +41,12 @@ def _pinv(x: torch.Tensor, iters: int = 6) -> torch.Tensor:
 
 
 class RefNystrom(nn.Module):
-    def __init__(self, dim: int = 512, dim_head: int = 64, heads: int = 8, num_landmarks: int = 256) -> None:
+    def __init__(
+        self, dim: int = 512, dim_head: int = 64, heads: int = 8, num_landmarks: int = 256,
+        version: str = "0.0.14",
+    ) -> None:  # fmt: skip
         super().__init__()
+        self.version = version
         inner = heads * dim_head
         self.heads, self.m, self.scale = heads, num_landmarks, dim_head**-0.5
         self.keep_attn = False  # tests set it: `last_attn` then holds the authors' return_attn matrix
@@ -62,14 +70,15 @@ class RefNystrom(nn.Module):
         if self.keep_attn:
             self.last_attn = attn1 @ _pinv(attn2) @ attn3  # the authors' return_attn (B, H, N, N)
         out = (attn1 @ _pinv(attn2)) @ (attn3 @ v) + self.res_conv(v)
-        return self.to_out(rearrange(out, "b h n d -> b n (h d)", h=h))[:, -n:]
+        out = self.to_out(rearrange(out, "b h n d -> b n (h d)", h=h))
+        return out[:, :n] if self.version == "0.0.9" else out[:, -n:]  # the one line 0.0.10 changed
 
 
 class RefTransLayer(nn.Module):
-    def __init__(self, dim: int = 512) -> None:
+    def __init__(self, dim: int = 512, version: str = "0.0.14") -> None:
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.attn = RefNystrom(dim, dim // 8, 8, dim // 2)
+        self.attn = RefNystrom(dim, dim // 8, 8, dim // 2, version=version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.attn(self.norm(x))
@@ -91,12 +100,12 @@ class RefPPEG(nn.Module):
 
 
 class RefTransMIL(nn.Module):
-    def __init__(self, n_classes: int = 2, in_dim: int = 1024) -> None:
+    def __init__(self, n_classes: int = 2, in_dim: int = 1024, version: str = "0.0.14") -> None:
         super().__init__()
         self.pos_layer = RefPPEG(512)
         self._fc1 = nn.Sequential(nn.Linear(in_dim, 512), nn.ReLU())
         self.cls_token = nn.Parameter(torch.randn(1, 1, 512))
-        self.layer1, self.layer2 = RefTransLayer(512), RefTransLayer(512)
+        self.layer1, self.layer2 = RefTransLayer(512, version), RefTransLayer(512, version)
         self.norm = nn.LayerNorm(512)
         self._fc2 = nn.Linear(512, n_classes)
 
@@ -122,11 +131,13 @@ class RefAttnNetGated(nn.Module):
 
 
 class RefCLAM(nn.Module):
-    """CLAM_SB (multi_branch False) or CLAM_MB at size "small", gated, dropout 0.25."""
+    """CLAM_SB (multi_branch False) or CLAM_MB at size "small", gated, dropout 0.25; `instance_loss_fn`
+    as core_utils.train builds it (nn.CrossEntropyLoss(), or SmoothTop1SVM(n_classes = 2))."""
 
     def __init__(
-        self, n_classes: int = 2, embed_dim: int = 1024, *, multi_branch: bool, subtyping: bool
-    ) -> None:
+        self, n_classes: int = 2, embed_dim: int = 1024, *, multi_branch: bool, subtyping: bool,
+        instance_loss_fn: Any = F.cross_entropy,
+    ) -> None:  # fmt: skip
         super().__init__()
         branches = n_classes if multi_branch else 1
         self.attention_net = nn.Sequential(
@@ -138,6 +149,7 @@ class RefCLAM(nn.Module):
             self.classifiers = nn.Linear(512, n_classes)
         self.instance_classifiers = nn.ModuleList([nn.Linear(512, 2) for _ in range(n_classes)])
         self.k_sample, self.n_classes, self.subtyping, self.mb = 8, n_classes, subtyping, multi_branch
+        self.instance_loss_fn = instance_loss_fn
 
     def forward(
         self, h: torch.Tensor, label: torch.Tensor
@@ -155,9 +167,9 @@ class RefCLAM(nn.Module):
             if inst_labels[i].item() == 1:
                 top_n = torch.index_select(h, 0, torch.topk(-branch, self.k_sample, dim=1)[1][-1])
                 targets = torch.cat([torch.ones(self.k_sample), torch.zeros(self.k_sample)]).long()
-                total += F.cross_entropy(classifier(torch.cat([top_p, top_n])), targets)
+                total += self.instance_loss_fn(classifier(torch.cat([top_p, top_n])), targets)
             elif self.subtyping:
-                total += F.cross_entropy(classifier(top_p), torch.zeros(self.k_sample).long())
+                total += self.instance_loss_fn(classifier(top_p), torch.zeros(self.k_sample).long())
         if self.subtyping:
             total /= len(self.instance_classifiers)
         m = torch.mm(a, h)
@@ -181,10 +193,15 @@ class RefFCLayer(nn.Module):
 
 
 class RefBClassifier(nn.Module):
-    def __init__(self, input_size: int, output_class: int) -> None:
+    def __init__(
+        self, input_size: int, output_class: int, dropout_v: float = 0.0, passing_v: bool = False
+    ) -> None:
         super().__init__()
         self.q = nn.Sequential(nn.Linear(input_size, 128), nn.ReLU(), nn.Linear(128, 128), nn.Tanh())
-        self.v = nn.Identity()
+        self.v: nn.Module = (
+            nn.Sequential(nn.Dropout(dropout_v), nn.Linear(input_size, input_size), nn.ReLU())
+            if passing_v else nn.Identity()
+        )  # fmt: skip
         self.fcc = nn.Conv1d(output_class, output_class, kernel_size=input_size)
 
     def forward(self, feats: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,10 +216,12 @@ class RefBClassifier(nn.Module):
 
 
 class RefMILNet(nn.Module):
-    def __init__(self, feats_size: int = 512, num_classes: int = 2) -> None:
+    def __init__(
+        self, feats_size: int = 512, num_classes: int = 2, dropout_v: float = 0.0, passing_v: bool = False
+    ) -> None:
         super().__init__()
         self.i_classifier = RefFCLayer(feats_size, num_classes)
-        self.b_classifier = RefBClassifier(feats_size, num_classes)
+        self.b_classifier = RefBClassifier(feats_size, num_classes, dropout_v, passing_v)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         feats, classes = self.i_classifier(x)
@@ -221,11 +240,16 @@ class RefMILNet(nn.Module):
 
 # ------------------------------------------------------------------------------------------- DTFD-MIL
 class RefClassifier1fc(nn.Module):
-    def __init__(self, n_channels: int, n_classes: int) -> None:
+    def __init__(self, n_channels: int, n_classes: int, droprate: float = 0.0) -> None:
         super().__init__()
         self.fc = nn.Linear(n_channels, n_classes)
+        self.droprate = droprate
+        if droprate != 0.0:
+            self.dropout = nn.Dropout(p=droprate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.droprate != 0.0:
+            x = self.dropout(x)
         return self.fc(x)
 
 
@@ -242,10 +266,10 @@ class RefAttentionGated(nn.Module):
 
 
 class RefAttentionWithClassifier(nn.Module):
-    def __init__(self, L: int = 512, num_cls: int = 2) -> None:
+    def __init__(self, L: int = 512, num_cls: int = 2, droprate: float = 0.0) -> None:
         super().__init__()
         self.attention = RefAttentionGated(L, 128, 1)
-        self.classifier = RefClassifier1fc(L, num_cls)
+        self.classifier = RefClassifier1fc(L, num_cls, droprate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.mm(self.attention(x), x))
@@ -263,12 +287,15 @@ class RefDimReduction(nn.Module):
 class RefDTFD(nn.Module):
     """The four modules of Main_DTFD_MIL.main under the names its checkpoint uses."""
 
-    def __init__(self, in_chn: int = 1024, m_dim: int = 512, num_cls: int = 2) -> None:
+    def __init__(
+        self, in_chn: int = 1024, m_dim: int = 512, num_cls: int = 2, droprate: float = 0.0,
+        droprate_2: float = 0.0,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.classifier = RefClassifier1fc(m_dim, num_cls)
+        self.classifier = RefClassifier1fc(m_dim, num_cls, droprate)
         self.attention = RefAttentionGated(m_dim)
         self.dim_reduction = RefDimReduction(in_chn, m_dim)
-        self.att_classifier = RefAttentionWithClassifier(m_dim, num_cls)
+        self.att_classifier = RefAttentionWithClassifier(m_dim, num_cls, droprate_2)
 
     def tiers(self, tfeat: torch.Tensor, chunks: list[list[int]], distill: str, per_group: int = 1):
         """One bag's (sub-predictions (G, C), distilled features) for a given split (training path)."""

@@ -17,6 +17,7 @@ from wsi.storage import Url
 # (pipelines/train/config.py)
 TRAIN_FLAGS = {
     "--features": "features_dir", "--images": "images_dir", "--attention": "attention", "--preset": "preset",
+    "--recipe": "recipe",
     "--device": "device", "--epochs": "epochs", "--seed": "seed", "--batch-size": "batch_size",
     "--grad-accum": "grad_accum", "--bag-size": "bag_size", "--num-workers": "num_workers",
     "--standardize-features": "standardize_features", "--cv": "cv", "--scheduler": "scheduler",
@@ -44,6 +45,7 @@ Examples:
   wsi train --task nsclc-subtype --features run/feather-slide --labels labels.csv --out probe/ --cv 5
   wsi train --task nsclc-subtype --features run/chief-slide --labels l.csv --out m/ --preset mlp
   wsi train --task my-task.yaml --features bags/ --labels labels.csv --out clam/ --cv 5 --preset clam-sb
+  wsi train --task nsclc-subtype --features bags/ --labels l.csv --out t/ --preset transmil --recipe authors
 
 \b
 Labels CSV: a slide column (slide id or file name), the task's label column(s) (categorical: the

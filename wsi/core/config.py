@@ -183,6 +183,13 @@ def numeric_leaves(cls: Any) -> tuple[NumericLeaf, ...]:
     return tuple(out)
 
 
+def bounds_of(model: type, name: str) -> Any:  # a dict of ge/gt/le/lt, spread into `setting(...)`
+    """The bounds (ge/gt/le/lt) of `model`'s number `name`: a setting that restates another config's
+    value (the demo's tile size, train's --epochs) takes its range from the owner, written once there."""
+    [leaf] = [n for n in numeric_leaves(model) if n.where == name]
+    return dict(leaf.bounds)
+
+
 def _out_of_range(value: Any, bounds: Mapping[str, float], finite: bool) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

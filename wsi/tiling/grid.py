@@ -57,10 +57,11 @@ class Grid:
 
 
 def make_grid(width_px: int, height_px: int, *, mpp: float, tile_um: float) -> Grid:
-    """Every whole tile of `tile_um` that fits in a level-0 image of width_px x height_px at `mpp`."""
+    """Every whole tile of `tile_um` that fits in a level-0 image of width_px x height_px at `mpp`.
+    Its arrays grow with the grid: bound it with `check_grid` first (`find_tissue` and the tile stage
+    do, once per slide, before anything is read)."""
     if not mpp > 0:
         raise ValueError(f"mpp must be positive, got {mpp}")
-    check_grid("the slide", width_px, height_px, mpp=mpp, tile_um=tile_um)  # before any array of it
     step_px = tile_um / mpp
     n_cols, n_rows = grid_shape(width_px, height_px, mpp=mpp, tile_um=tile_um)
     rows, cols = np.meshgrid(np.arange(n_rows), np.arange(n_cols), indexing="ij")
@@ -126,14 +127,16 @@ def find_tissue(
     min_tissue_fraction tissue. background: "auto" (detect, `wsi.tiling.background`), "light" or "dark".
 
     thumbnail: the slide at about params.tissue.thumb_mpp, when the caller read it already (the tile
-    stage reads it with its QC picture, `wsi.slides.thumbnail.read_thumbnails`). What of it could not be
+    stage reads it with its QC picture, `wsi.slides.thumbnail.read_thumbnails`, after bounding the grid
+    with `check_grid`). What of it could not be
     decoded is unknown, not background: it takes no part in telling light from dark nor in the mask's
     threshold (it is painted the background's colour), and counts as tissue for the cells' fractions, so a
     cell with a hole at the tissue edge is still tried (and its tiles counted unreadable when they fail).
     mask: a tissue mask at the thumbnail's size found otherwise (a segmentation network), used as it is.
     """
     w0, h0 = slide.dimensions
-    check_grid(slide.path, w0, h0, mpp=slide.mpp, tile_um=params.tile_um)  # before the thumbnail is read
+    if thumbnail is None:  # a caller that read the thumbnail bounded the grid before it did
+        check_grid(slide.path, w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
     thumb = thumbnail if thumbnail is not None else read_thumbnail(slide, params.tissue.thumb_mpp)
     image, unknown = thumb.image, thumb.unknown
     known = image[~unknown][None] if unknown.any() else image  # (1, n, 3): only pixels that were read

@@ -2,6 +2,14 @@
 
 This is what `wsi train` always did, and it does it the same way: the same loss on the same labels,
 validation AUROC (ties broken by validation loss) picks the best epoch, and the same test figures.
+
+The task's resolved `model.scoring` says how outputs become probabilities. `softmax` (every model but
+DSMIL): one output per class, cross-entropy, a softmax across them. `sigmoid` (DSMIL's authors,
+binli123/dsmil-wsi train_tcga.py @ 80465ed534ac: get_bag_feats, test): each output its own sigmoid,
+trained by BCE; two classes have ONE output z, the first class the negative one (all-zero target), so
+p = (1 - sigmoid(z), sigmoid(z)); more classes one output each, p_c = sigmoid(z_c), not normalised
+(accuracy is the argmax, the AUROC each class's own ranking). Per-tile contributions of the one output
+are the second class's log-odds share (the first class's is its negative).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from wsi.core.errors import LabelError
+from wsi.models.base.objectives import sigmoid_targets, weighted_mean
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.heatmaps import contribution_to_class
 from wsi.pipelines.stats import classification as cls_stats
@@ -30,6 +39,16 @@ def cross_entropy_of_probs(labels: np.ndarray, probs: np.ndarray) -> float:
     return float(-np.log(p).mean())
 
 
+def bce_of_probs(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean over cases and classes of the binary cross-entropy of each class's probability against the
+    one-hot class (sigmoid scoring's validation loss; for two classes it is the one output's BCE)."""
+    if len(labels) == 0:
+        return math.nan
+    p = np.clip(probs.astype(np.float64), 1e-12, 1 - 1e-12)  # float32 rounds 1 - 1e-12 up to 1
+    onehot = np.eye(probs.shape[1])[labels]
+    return float(-(onehot * np.log(p) + (1 - onehot) * np.log(1 - p)).mean())
+
+
 @KINDS.register("categorical")
 class CategoricalKind(TaskKind):
     name: ClassVar[str] = "categorical"
@@ -41,6 +60,7 @@ class CategoricalKind(TaskKind):
         super().__init__(task, fitted)
         self.classes: tuple[str, ...] = tuple(task.classes)
         self.class_weights: torch.Tensor | None = None
+        self.sigmoid = task.model.scoring == "sigmoid"  # None (a run before scoring existed): softmax
 
     @property
     def target_names(self) -> tuple[str, ...]:
@@ -49,6 +69,11 @@ class CategoricalKind(TaskKind):
     @property
     def output_names(self) -> tuple[str, ...]:
         return self.classes
+
+    @property
+    def num_outputs(self) -> int:
+        """One per class; one for two classes scored by a sigmoid (the authors' DSMIL convention)."""
+        return 1 if self.sigmoid and len(self.classes) == 2 else len(self.classes)
 
     @property
     def output_columns(self) -> tuple[str, ...]:
@@ -89,17 +114,31 @@ class CategoricalKind(TaskKind):
         self.class_weights = torch.tensor(weights, dtype=torch.float32, device=device)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), labels, weight=self.class_weights)
+        if not self.sigmoid:
+            return F.cross_entropy(logits.float(), labels, weight=self.class_weights)
+        target = sigmoid_targets(labels, logits.shape[-1])
+        per_bag = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none").mean(1)
+        return weighted_mean(per_bag, labels, self.class_weights)
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits.float(), dim=-1)
+        if not self.sigmoid:
+            return torch.softmax(logits.float(), dim=-1)
+        p = torch.sigmoid(logits.float())
+        return torch.cat([1 - p, p], dim=-1) if p.shape[-1] == 1 else p
+
+    def class_scores(self, values: np.ndarray) -> np.ndarray:
+        """(..., outputs) logits or per-tile contributions in class space (..., classes): one output
+        for two classes is the second class's log-odds, (0, z)."""
+        if values.shape[-1] == len(self.classes):
+            return values
+        return np.concatenate([np.zeros_like(values), values], axis=-1)
 
     def validation(
         self, targets: np.ndarray, outputs: np.ndarray, logits: np.ndarray
     ) -> tuple[float, dict[str, float], tuple[float, float]]:
         labels = targets[:, 0].astype(np.int64) if len(targets) else np.zeros(0, dtype=np.int64)
         val_auroc = cls_stats.auroc(labels, outputs) if len(labels) else math.nan
-        val_loss = cross_entropy_of_probs(labels, outputs)
+        val_loss = (bce_of_probs if self.sigmoid else cross_entropy_of_probs)(labels, outputs)
         val_acc = float((outputs.argmax(1) == labels).mean()) if len(labels) else math.nan
         score = (worst_if_nan(val_auroc), -val_loss if not math.isnan(val_loss) else -math.inf)
         return val_loss, {"val_auroc": val_auroc, "val_accuracy": val_acc}, score
@@ -122,6 +161,7 @@ class CategoricalKind(TaskKind):
         return [TargetView("", "categorical", self.classes, labels, preds.outputs, list(preds.ids))]
 
     def contribution_maps(self, contributions: np.ndarray) -> dict[str, np.ndarray]:
+        contributions = self.class_scores(contributions)
         return {c: contribution_to_class(contributions, i) for i, c in enumerate(self.classes)}
 
     def heatmap_maps(
@@ -129,7 +169,7 @@ class CategoricalKind(TaskKind):
     ) -> list[tuple[str, np.ndarray, str]]:
         pred = int(output.argmax())
         title = f"{self.classes[pred]} (p={output[pred]:.3f})"
-        return [("", contribution_to_class(contributions, pred), title)]
+        return [("", contribution_to_class(self.class_scores(contributions), pred), title)]
 
     def derived_columns(self) -> tuple[str, ...]:
         return ("predicted",)
@@ -139,4 +179,4 @@ class CategoricalKind(TaskKind):
         return [self.classes[int(output.argmax())] if np.isfinite(output).all() else ""]
 
 
-__all__ = ["CategoricalKind", "cross_entropy_of_probs"]
+__all__ = ["CategoricalKind", "bce_of_probs", "cross_entropy_of_probs"]

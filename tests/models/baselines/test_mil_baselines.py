@@ -129,13 +129,16 @@ def test_nystrom_on_the_reduced_landmarks_gives_the_authors_output_and_gradients
 
 
 @pytest.mark.parametrize(
-    ("preset", "n_classes"), [("clam-sb", 2), ("clam-mb", 2), ("clam-sb", 3), ("clam-mb", 3)]
+    ("preset", "n_classes", "subtyping"),
+    [("clam-sb", 2, False), ("clam-mb", 2, True), ("clam-sb", 3, True), ("clam-mb", 3, False)],
 )
-def test_clam_equals_the_authors_forward_parameters_and_loss(preset: str, n_classes: int) -> None:
+def test_clam_equals_the_authors_forward_parameters_and_loss(
+    preset: str, n_classes: int, subtyping: bool
+) -> None:
     torch.manual_seed(0)
-    mb, subtyping = preset == "clam-mb", n_classes > 2  # subtyping: auto (the authors' subtyping task)
+    mb = preset == "clam-mb"
     ref = RefCLAM(n_classes, multi_branch=mb, subtyping=subtyping).eval()
-    ours = build_model(preset, num_classes=n_classes).eval()
+    ours = build_model(preset, num_classes=n_classes, subtyping=subtyping).eval()
     ours.load_state_dict(clam.from_authors_state_dict(ref.state_dict()))
     assert _n_params(ours) == _n_params(ref)
     if n_classes == 2:

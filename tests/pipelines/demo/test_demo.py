@@ -64,3 +64,14 @@ def test_demo_refuses_an_unwritable_out_before_generating_anything(tmp_path: Pat
     result = CliRunner().invoke(cli, ["demo", "--out", str(blocker / "demo")])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert str(blocker / "demo") in result.output and "a-file is a file" in result.output
+
+
+def test_the_demos_tile_size_has_the_tile_stages_default_and_range() -> None:
+    """The demo restates --tile-um and --tile-px: their defaults and bounds are the tile stage's own."""
+    from wsi.core.config import bounds_of
+    from wsi.pipelines.demo.run import DemoOptions
+    from wsi.tiling.params import TileParams
+
+    for name in ("tile_um", "tile_px"):
+        assert bounds_of(DemoOptions, name) == bounds_of(TileParams, name)
+        assert getattr(DemoOptions(), name) == getattr(TileParams(), name)

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 
 import wsi.pipelines.embed.stage as stage
 from wsi.cli.main import cli
+from wsi.core.config import parse_config
 from wsi.core.errors import ConfigError
 from wsi.formats.bags import load_bag
 from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
-from wsi.pipelines.embed.config import parse_gpus
 from wsi.pipelines.embed.gpus import assign_gpus, worker_gpu
 from wsi.pipelines.embed.worker import EncoderPlugin, worker_device
 from wsi.pipelines.tile.stage import tile_slides
@@ -32,10 +32,13 @@ TWO = EmbedOptions(encoders=CHOICES, random_init=True, batch_size=8, readers=0, 
 
 
 def test_gpus_value_and_assignment() -> None:
-    assert parse_gpus("2") == 2 and parse_gpus(" all ") == "all" and parse_gpus(3) == 3
-    for bad in ("0", "two", "-1"):
-        with pytest.raises(ConfigError, match="--gpus"):
-            parse_gpus(bad)
+    def gpus(value: object) -> object:
+        return parse_config(EmbedOptions, {"gpus": value}, source="wsi embed options").gpus
+
+    assert gpus("2") == 2 and gpus(" all ") == "all" and gpus(3) == 3
+    for bad in ("0", "two", "-1", 1e9):
+        with pytest.raises(ConfigError, match="wsi embed options: field 'gpus"):
+            gpus(bad)
     assert assign_gpus(2, 4) == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert assign_gpus("all", 3) == [torch.device("cuda", i) for i in range(3)]
     with pytest.raises(ConfigError, match="only 2 CUDA GPUs"):

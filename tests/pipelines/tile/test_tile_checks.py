@@ -171,3 +171,28 @@ def test_a_file_name_without_letters_fails_that_slide_only(good, tmp_path: Path)
     rows = _rows(tmp_path / "run")
     assert rows["good"]["status"] == "ok"
     assert [r["status"] for r in rows.values() if r["path"].endswith("!!!.svs")] == ["failed"]
+
+
+def test_each_check_runs_once_per_slide(good, blurred, tmp_path: Path, monkeypatch) -> None:
+    """The grid bound and the id check run once per slide: where the work starts (the batch, before the
+    thumbnail is read), not again in every function the slide passes through."""
+    import wsi.pipelines.tile.stage as stage
+    import wsi.tiling.grid as grid
+
+    calls: dict[str, list[object]] = {"grid": [], "id": []}
+
+    def counting(name: str, fn):
+        def wrapped(*args, **kwargs):
+            calls[name].append(args[0])
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(stage, "check_grid", counting("grid", stage.check_grid))
+    monkeypatch.setattr(grid, "check_grid", counting("grid", grid.check_grid))
+    monkeypatch.setattr(stage, "check_usable_id", counting("id", stage.check_usable_id))
+    sources = [SlideSource("good", good.path, None), SlideSource("all-blurred", blurred.path, None)]
+    results = tile_slides(sources, out_dir=tmp_path / "run", progress=False)
+    assert [r.status for r in results] == ["ok", "empty"]
+    assert sorted(map(str, calls["grid"])) == sorted(str(s.path) for s in sources)
+    assert calls["id"] == []  # the batch checked every id together (refuse_id_clashes), once

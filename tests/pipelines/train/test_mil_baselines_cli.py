@@ -100,12 +100,14 @@ def test_predict_draws_heatmaps_tile_values_and_geojson(runs, preset: str, tmp_p
     bag = load_bag(cohort.bags / f"{slide}.h5")
     x = torch.from_numpy(bag.feats).float()[None]
     with torch.no_grad():
-        probs = torch.stack([torch.softmax(m(x), -1) for m in run.models]).mean(0)[0].numpy()
+        probs = torch.stack([k.outputs(m(x)) for m, k in zip(run.models, run.kinds, strict=True)])
+        probs = probs.mean(0)[0].numpy()  # DSMIL: its one output's sigmoid (the authors' scoring)
         if preset == "transmil":
             want = torch.stack([m.attention_weights(x)[0] for m in run.models]).mean(0).numpy()
         else:
             pred = int(probs.argmax())
             c = torch.stack([m.tile_contributions(x)[0] for m in run.models]).mean(0).numpy()
+            c = run.kind.class_scores(c)  # one output for two classes: (0, its contribution)
             want = c[:, pred] - c[:, 1 - pred]  # two classes: the predicted one against the other
     np.testing.assert_allclose([float(rows[slide][f"prob_{c}"]) for c in CLASSES], probs, atol=1e-5)
     heatmaps, _ = run.explain(x, {}, probs)

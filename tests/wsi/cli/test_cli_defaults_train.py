@@ -142,7 +142,9 @@ def test_the_task_changes_go_through_the_task_checks() -> None:
     from wsi.pipelines.train.run import resolve_task
 
     task = resolve_task("nsclc-subtype", TrainOptions(epochs=2, model_overrides={"depth": 1}, bag_size=16))
-    assert task.epochs == 2 and task.model.overrides == {"depth": 1} and task.input_options["bag_size"] == 16
+    overrides = task.model.overrides  # merged over the task's own (nsclc-subtype: CLAM's subtyping flag)
+    assert task.epochs == 2 and overrides == {"subtyping": True, "depth": 1}
+    assert task.input_options["bag_size"] == 16
     kept = load_task("nsclc-subtype").replace(**{"model.overrides": {"dim": 8}})
     merged = resolve_task(kept, TrainOptions(model_overrides={"depth": 1}))
     assert merged.model.overrides == {"dim": 8, "depth": 1}
