@@ -312,7 +312,9 @@ def embed_works(
                 bar.update(b)
                 if acc.done < work.tiles.n:
                     continue
-                acc.error = acc.error or replaced_since(work)  # the file read is the file planned
+                # the file read is the file planned; a replaced file is named as the cause first (its
+                # tiles then fail to decode, which alone would not say why)
+                acc.error = replaced_since(work) or acc.error
                 for k, job in enumerate(work.jobs):
                     if job is None:
                         continue

@@ -130,6 +130,7 @@ def _remote(text: str, *, header: bool) -> SlideFingerprint:
     url = parse_url(text, what="slide")
     fs, path = filesystem(url)
     with translated(url, "looking at the slide"):
+        fs.invalidate_cache(path)  # the object as it is now, never a listing remembered from before
         data = fs.info(path)
         info = remote_info(fs, path, data)
         digest = ""
