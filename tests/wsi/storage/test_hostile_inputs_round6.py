@@ -1,0 +1,118 @@
+"""Other members of the fifth round's classes (tests/wsi/storage/test_hostile_inputs_round5.py has the
+reproductions): a URL given to any option that takes a file (--task, --preset, a task YAML's preset, the
+segmentation networks' weights, a slide encoder's weights) is used as a URL or refused as one, never
+folded into the path `s3:/...` and never echoed with its secret; a pipe or device inside a --review or
+--roi folder is refused naming it, never taken for a missing file (which dropped a review with exit 0)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from wsi.cli.main import cli
+
+TILE_ARGS = ["--tile-um", "128", "--tile-px", "32", "--min-blur-var", "0", "--threads", "1"]
+SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzz"
+#: a URL with credentials, and a signed one: both refused before any use, their secret never shown
+URLS = {
+    "credentials": (f"s3://AKIAXX:{SECRET}@bkt/f.pth", "holds credentials", "s3://***@bkt/f.pth"),
+    "signed": (f"https://h.invalid/f.pth?X-Amz-Signature={SECRET}", "is signed", "X-Amz-Signature=***"),
+}
+
+
+def _invoke(args: list[str]) -> Any:
+    return CliRunner().invoke(cli, args)
+
+
+# ------------------------------------------------------- 1. a URL in any option that takes a file
+@pytest.mark.parametrize("url", sorted(URLS))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tile", "x.svs", "--out", "o", "--tissue-model", "grandqc-tissue", "--tissue-weights", "{url}"],
+        ["tile", "x.svs", "--out", "o", "--artifact-model", "grandqc-artifact", "--artifact-weights",
+         "{url}"],
+        ["embed-slides", "--features", "f", "--encoder", "chief", "--weights", "{url}", "--out", "o"],
+        ["train", "--task", "{url}", "--features", "f", "--labels", "l.csv", "--out", "o"],
+    ],
+    ids=["tissue-weights", "artifact-weights", "slide-encoder-weights", "task"],
+)  # fmt: skip
+def test_a_url_given_for_a_file_is_refused_as_a_url_without_its_secret(
+    args: list[str], url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_slide: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    shutil.copyfile(make_slide(name="r6-a", size_um=800.0, mpp=1.0, seed=3).path, "x.svs")
+    Path("f").mkdir()
+    Path("l.csv").write_text("slide,label\n")
+    given, why, masked = URLS[url]
+    result = _invoke([a.replace("{url}", given) for a in args])
+    assert result.exit_code == 2, result.output
+    assert SECRET not in result.output and "K7MDENG" not in result.output
+    assert why in result.output and masked in result.output, result.output  # named as the URL it is
+    assert ":/***" not in result.output.replace("://***", "") and "https:/h" not in result.output  # no fold
+    assert "does not exist" not in result.output
+
+
+def test_a_preset_url_and_a_task_yamls_preset_url_are_refused_without_their_secret(tmp_path: Path) -> None:
+    from wsi.core.errors import WsiError
+    from wsi.models.presets import load_preset
+    from wsi.pipelines.study.tasks import load_task
+
+    given, why, masked = URLS["credentials"]
+    with pytest.raises(WsiError) as err:
+        load_preset(given)
+    assert SECRET not in str(err.value) and why in str(err.value) and masked in str(err.value)
+    task = tmp_path / "t.yaml"
+    task.write_text(f"name: t\nclasses: [a, b]\ninput: bags\nmodel:\n  preset: '{given}'\n")
+    from wsi.models.presets import preset_kind
+
+    with pytest.raises(WsiError) as err:  # the preset a task names is read as the --preset option is
+        preset_kind(load_task(task).model.preset)
+    assert SECRET not in str(err.value) and why in str(err.value)
+
+
+# ----------------------------------------------- 9. pipes and devices inside a --review or --roi folder
+def _special(path: Path, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")  # a device that never ends: reading it whole would hang
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_in_a_review_folder_is_refused_not_taken_for_no_review(
+    kind: str, tmp_path: Path, make_slide: Any
+) -> None:
+    slide = tmp_path / "s1.svs"
+    shutil.copyfile(make_slide(name="r6-b", size_um=800.0, mpp=1.0, seed=4).path, slide)
+    out = tmp_path / "run"
+    assert _invoke(["-q", "tile", str(slide), "--out", str(out), *TILE_ARGS]).exit_code == 0
+    reviews = tmp_path / "reviewed"
+    reviews.mkdir()
+    _special(reviews / "s1.geojson", kind)
+    result = _invoke(["tile", str(slide), "--out", str(out), *TILE_ARGS, "--review", str(reviews)])
+    assert result.exit_code == 2, result.output  # before: exit 0, the review silently not applied
+    assert str(reviews / "s1.geojson") in result.output
+    assert ("a pipe" if kind == "fifo" else "a device") in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_in_a_roi_folder_fails_its_slide_naming_it(
+    kind: str, tmp_path: Path, make_slide: Any
+) -> None:
+    slide = tmp_path / "s1.svs"
+    shutil.copyfile(make_slide(name="r6-c", size_um=800.0, mpp=1.0, seed=5).path, slide)
+    rois = tmp_path / "rois"
+    rois.mkdir()
+    _special(rois / "s1.geojson", kind)
+    result = _invoke(["tile", str(slide), "--out", str(tmp_path / "run"), *TILE_ARGS, "--roi", str(rois)])
+    assert result.exit_code == 1, result.output  # the slide fails, as for a missing ROI file
+    assert (
+        f"--roi file {rois / 's1.geojson'} is {'a pipe' if kind == 'fifo' else 'a device'}" in result.output
+    )
+    assert "no s1.geojson" not in result.output  # it is there: not "missing"
