@@ -57,12 +57,12 @@ from wsi.pipelines.predict.external_validation import (
     evaluate_cohort,
     write_patient_predictions,
 )
-from wsi.pipelines.predict.finished import refuse_unfinished
 from wsi.pipelines.predict.gather import BAGS, InputRoute, check_request, check_route, gather
 from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key, model_digest
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
+from wsi.pipelines.runs.finished import refuse_unfinished
 from wsi.pipelines.scheduling.jobs import describe_error, write_manifest
 from wsi.pipelines.scheduling.remote import remote_edges
 from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult, Status

@@ -143,7 +143,7 @@ def _run_folder(tmp_path: Path) -> Path:
 
 
 def test_predict_refuses_a_model_whose_training_runs_or_stopped(tmp_path: Path) -> None:
-    from wsi.pipelines.predict.finished import refuse_unfinished, unfinished
+    from wsi.pipelines.runs.finished import refuse_unfinished, unfinished
 
     run = _run_folder(tmp_path)
     assert unfinished(run) == ""  # weights and config.json only (an older version's run): as it is

@@ -116,3 +116,28 @@ def test_a_pipe_or_device_in_a_roi_folder_fails_its_slide_naming_it(
         f"--roi file {rois / 's1.geojson'} is {'a pipe' if kind == 'fifo' else 'a device'}" in result.output
     )
     assert "no s1.geojson" not in result.output  # it is there: not "missing"
+
+
+# ------------------------------------------------------ 5. a run still training, as --init-from
+def test_init_from_a_run_whose_training_runs_or_stopped_is_refused(tmp_path: Path) -> None:
+    from wsi.storage.folder_lock import output_lock
+
+    run = tmp_path / "model"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "run-v1" / "single", run)
+    (tmp_path / "f").mkdir()
+    (tmp_path / "l.csv").write_text("slide,label\n")
+    args = ["train", "--task", "nsclc-subtype", "--features", str(tmp_path / "f"), "--labels",
+            str(tmp_path / "l.csv"), "--out", str(tmp_path / "o"), "--init-from", str(run)]  # fmt: skip
+    with output_lock(run, "wsi train --out model"):  # its training holds the folder
+        result = _invoke(args)
+    assert result.exit_code == 2, result.output
+    assert f"--init-from {run}: its training is still running" in result.output
+    assert "wsi train --out model" in result.output and "--allow-unfinished" in result.output
+    (run / "last.safetensors").write_bytes(b"")
+    (run / "log.csv").write_text("epoch\n1\n")
+    result = _invoke(args)  # stopped at an epoch: no metrics.json
+    assert result.exit_code == 2 and "stopped before the end" in result.output, result.output
+    allowed = _invoke([*args, "--allow-unfinished"])  # the user's call: it goes on (to the empty labels)
+    assert "stopped before the end" not in allowed.output and "still running" not in allowed.output
+    (run / "metrics.json").write_text("{}")
+    assert "stopped before the end" not in _invoke(args).output  # finished: read as it is

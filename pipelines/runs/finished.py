@@ -1,11 +1,13 @@
-"""Is a model folder's training finished? `wsi predict` reads a run only when it is.
+"""Is a model folder's training finished? `wsi predict --model` and `wsi train --init-from` read a run
+only when it is.
 
 A run folder whose training is still running (its output lock, or its parent's for a fold, held: this
 machine's flock, or the lock object of a remote folder, `wsi.storage.remote_lock`) or that stopped
 before the end (epochs written, `last.safetensors` or `log.csv`, but no `metrics.json`, which training
 writes last) holds an early checkpoint: predictions from it are not the model's. Both are refused,
-naming the folder, the holder and the way on (wait, or `--allow-unfinished`). A folder with neither
-(weights and config.json only, as older versions and hand-made folders hold them) is taken as it is.
+naming the option, the folder, the holder and the way on (wait, or `--allow-unfinished`). A folder
+with neither (weights and config.json only, as older versions and hand-made folders hold them) is taken
+as it is.
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ def _remote(folder: Url) -> str:
     return ""
 
 
-def refuse_unfinished(model: str | os.PathLike[str], *, allow: bool) -> None:
-    """ConfigError (exit 2) for a model whose training is not finished, unless `allow`."""
+def refuse_unfinished(model: str | os.PathLike[str], *, allow: bool, option: str = "--model") -> None:
+    """ConfigError (exit 2) for a model whose training is not finished, unless `allow`; `option` is the
+    one that named it (--model, --init-from)."""
     why = unfinished(model)
     if why and not allow:
         raise ConfigError(
-            f"--model {model}: {why}; its weights are an early checkpoint, not the trained model. Wait for "
+            f"{option} {model}: {why}; its weights are an early checkpoint, not the trained model. Wait for "
             "the training to finish (wsi train ... --resume goes on with a stopped one), or give "
             "--allow-unfinished to predict from the checkpoint as it is"
         )
