@@ -13,6 +13,7 @@ are the same as for a file given by path. Absent weights give the exact download
 the page where it is accepted.
 
     hub_cache() -> Path
+    cache_problem() -> str                       the cache placed on a file: the variable named ("" when fine)
     repo_of(text) -> "ORG/REPO" | None          from a recipe's source or a weights page
     parse_ref("hf:ORG/REPO[/FILE][@REV]") -> HubRef
     cached_file(repo, files, revision=None) -> Path | None
@@ -63,6 +64,23 @@ def hub_cache() -> Path:
         return Path(os.path.expandvars(given)).expanduser()
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def cache_problem() -> str:
+    """Why the Hugging Face cache cannot hold anything ("" when it can): its folder, or one above it, is
+    a file (or a pipe, a device), naming the variable that placed it there; a missing folder is fine."""
+    env = os.environ
+    cache = hub_cache()
+    blocker = next((p for p in (cache, *cache.parents) if p.exists() or p.is_symlink()), None)
+    if blocker is None or blocker.is_dir():
+        return ""
+    names = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
+    variable = next((f"{n}={env[n]!r}" for n in names if env.get(n)), "HOME")
+    where = "is" if blocker == cache else f"lies below {blocker}, which is"
+    return (
+        f"the Hugging Face cache {cache} (from {variable}) {where} not a folder; point that variable at "
+        "the folder `hf download` filled, or unset it"
+    )
 
 
 def repo_of(text: str | None) -> str | None:
@@ -176,6 +194,9 @@ def hub_weights(
         return None
     ref = parse_ref(os.fspath(weights), option=option) if weights is not None else HubRef(str(repo))
     wanted = (ref.filename,) if ref.filename else tuple(files)
+    problem = cache_problem()
+    if problem:  # not "not in the cache": the cache itself is misplaced
+        raise WeightsError(f"{what}: {problem}")
     found = cached_file(ref.repo, wanted, ref.revision)
     if found is None:
         shown = page if page and repo == ref.repo else f"https://huggingface.co/{ref.repo}"
@@ -186,6 +207,7 @@ def hub_weights(
 __all__ = [
     "PREFIX",
     "HubRef",
+    "cache_problem",
     "cached_file",
     "check_inside_cache",
     "download_command",

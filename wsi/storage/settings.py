@@ -94,14 +94,20 @@ def check_environment() -> StorageSettings:
 def _check_cache_dir(settings: StorageSettings) -> None:
     """The cache root must be a folder, or creatable as one (it is created when first needed)."""
     root = settings.root
-    given = os.environ.get("WSI_CACHE_DIR")
-    name = f"WSI_CACHE_DIR={given!r}" if given else f"the cache folder {root} (WSI_CACHE_DIR unset)"
+    given, xdg = os.environ.get("WSI_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME")
+    if given:
+        name, fix = f"WSI_CACHE_DIR={given!r}", "or unset it"
+    elif xdg:  # the variable that placed the cache is the one to name
+        name = f"the cache folder {root} (from XDG_CACHE_HOME={xdg!r}; WSI_CACHE_DIR unset)"
+        fix = "or point XDG_CACHE_HOME at a folder"
+    else:
+        name, fix = f"the cache folder {root} (WSI_CACHE_DIR unset)", "or make that folder creatable"
     blocker = next((p for p in (root, *root.parents) if p.exists() or p.is_symlink()), None)
     if blocker is not None and not blocker.is_dir():
         what = "is" if blocker == root else f"lies below {blocker}, which is"
         raise ConfigError(
             f"{name}: {what} not a folder ({_kind(blocker)}); point WSI_CACHE_DIR at a folder wsi may "
-            "create and write (it keeps copies of remote slides and mirrors of remote outputs), or unset it"
+            f"create and write (it keeps copies of remote slides and mirrors of remote outputs), {fix}"
         )
     if root.is_dir() and not os.access(root, os.W_OK | os.X_OK):
         raise ConfigError(

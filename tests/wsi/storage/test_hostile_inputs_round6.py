@@ -141,3 +141,17 @@ def test_init_from_a_run_whose_training_runs_or_stopped_is_refused(tmp_path: Pat
     assert "stopped before the end" not in allowed.output and "still running" not in allowed.output
     (run / "metrics.json").write_text("{}")
     assert "stopped before the end" not in _invoke(args).output  # finished: read as it is
+
+
+# ------------------------------------------- 7. a cache placed on a file names the variable that did it
+def test_a_cache_placed_on_a_file_names_the_variable(tmp_path: Path, make_slide: Any) -> None:
+    slide = tmp_path / "s1.svs"
+    shutil.copyfile(make_slide(name="r6-d", size_um=800.0, mpp=1.0, seed=6).path, slide)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    args = ["tile", str(slide), "--out", str(tmp_path / "o"), *TILE_ARGS]
+    xdg = CliRunner().invoke(cli, args, env={"WSI_CACHE_DIR": None, "XDG_CACHE_HOME": str(afile / "x")})
+    assert xdg.exit_code == 2 and f"XDG_CACHE_HOME={str(afile / 'x')!r}" in xdg.output, xdg.output
+    hub = CliRunner().invoke(cli, [*args, "--tissue-model", "grandqc-tissue"], env={"HF_HOME": str(afile)})
+    assert hub.exit_code == 2 and f"HF_HOME={str(afile)!r}" in hub.output, hub.output
+    assert "not a folder" in hub.output and "not in the Hugging Face cache" not in hub.output
