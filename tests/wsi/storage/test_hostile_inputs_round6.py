@@ -155,3 +155,28 @@ def test_a_cache_placed_on_a_file_names_the_variable(tmp_path: Path, make_slide:
     hub = CliRunner().invoke(cli, [*args, "--tissue-model", "grandqc-tissue"], env={"HF_HOME": str(afile)})
     assert hub.exit_code == 2 and f"HF_HOME={str(afile)!r}" in hub.output, hub.output
     assert "not a folder" in hub.output and "not in the Hugging Face cache" not in hub.output
+
+
+# ----------------------------------------- 4. a plain image replaced by one of the same size and mtime
+def test_a_plain_image_replaced_with_its_size_and_mtime_kept_is_read_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+    import tifffile
+
+    from wsi.slides.slide import open_slide
+
+    monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    first, second = (rng.integers(0, 255, (300, 400, 3), dtype=np.uint8) for _ in range(2))
+    path, other = tmp_path / "img.tif", tmp_path / "other.tif"
+    for where, img in ((path, first), (other, second)):  # uncompressed strips: one size for both
+        tifffile.imwrite(where, img, rowsperstrip=16, resolution=(20000, 20000), resolutionunit="CENTIMETER")
+    assert path.stat().st_size == other.stat().st_size
+    with open_slide(path) as slide:  # its pyramid made in the cache
+        np.testing.assert_array_equal(slide.read_region_um(0, 0, 64, 0.5), first[:128, :128])
+    kept = path.stat().st_mtime_ns
+    shutil.copyfile(other, path)  # `cp` over it, then its time put back (cp -p, rsync -t, touch -r)
+    os.utime(path, ns=(kept, kept))
+    with open_slide(path) as slide:  # the new image's pixels, never the old pyramid's
+        np.testing.assert_array_equal(slide.read_region_um(0, 0, 64, 0.5), second[:128, :128])
