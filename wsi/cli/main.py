@@ -57,24 +57,30 @@ class _LazyGroup(click.Group):
         complete_var: str | None = None,
         standalone_mode: bool = True, **extra: Any,
     ) -> Any:  # fmt: skip
-        """click's main, with its usage errors shown through `wsi.storage.masking.shown`: an option's
-        value quoted back (a URL with credentials, a signed URL) never prints a secret."""
+        """click's main, with everything it writes shown through `wsi.storage.masking.shown`: usage errors
+        quoting an option's value, and every line a command prints (a recipe's source, a table, a
+        summary), so no output names a secret or this machine's cache folder for a URL."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.ClickException as exc:
-            from wsi.storage.masking import shown
+        from wsi.storage.masking import MaskedStream, shown
 
-            text = io.StringIO()
-            exc.show(file=text)
-            sys.stderr.write(shown(text.getvalue()))
-            sys.stderr.flush()
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = MaskedStream(sys.stdout), MaskedStream(sys.stderr)
+        try:
+            try:
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except click.ClickException as exc:
+                text = io.StringIO()
+                exc.show(file=text)
+                sys.stderr.write(shown(text.getvalue()))
+                sys.stderr.flush()
+                sys.exit(exc.exit_code)
+            except click.Abort:
+                click.echo("Aborted!", err=True)
+                sys.exit(1)
+            sys.exit(code if isinstance(code, int) else 0)
+        finally:
+            sys.stdout, sys.stderr = streams
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)

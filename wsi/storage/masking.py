@@ -8,7 +8,8 @@ local copy of a remote file (`<cache>/files/<hash>/data/...`) becomes the URL it
 is what the user gave and what another machine can open.
 
 `MaskingFormatter` is a logging formatter that applies it to every formatted record (the message and any
-traceback text), installed by the command line on the root logger's handlers.
+traceback text), installed by the command line on the root logger's handlers; `MaskedStream` applies it
+to every write of a text stream (the command line's stdout and stderr: tables, summaries, recipes).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import IO, Any
 
 from wsi.storage.urls import join, redact
 
@@ -101,9 +104,28 @@ def mask_log_handlers(logger: logging.Logger | None = None) -> None:
         handler.setFormatter(MaskingFormatter(fmt, datefmt))
 
 
+class MaskedStream:
+    """A text stream whose writes pass through `shown` (the command line wraps stdout and stderr in it);
+    everything else (encoding, isatty, buffer, flush) is the wrapped stream's."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(shown(text) if isinstance(text, str) and text else text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def display_path(path: str | os.PathLike[str]) -> str:
     """A path or URL as a message names it (`shown`)."""
     return shown(os.fspath(path))
 
 
-__all__ = ["MaskingFormatter", "display_path", "mask_log_handlers", "shown"]
+__all__ = ["MaskedStream", "MaskingFormatter", "display_path", "mask_log_handlers", "shown"]

@@ -180,3 +180,25 @@ def test_a_plain_image_replaced_with_its_size_and_mtime_kept_is_read_anew(
     os.utime(path, ns=(kept, kept))
     with open_slide(path) as slide:  # the new image's pixels, never the old pyramid's
         np.testing.assert_array_equal(slide.read_region_um(0, 0, 64, 0.5), second[:128, :128])
+
+
+# ---------------------------------------------- 1. secrets in a file's content, and in anything printed
+def test_a_recipe_holding_a_secret_is_refused_and_no_printed_line_shows_one(tmp_path: Path) -> None:
+    import io
+
+    from wsi.core.errors import WsiError
+    from wsi.models.encoders.recipe import load_recipe_yaml
+    from wsi.storage.masking import MaskedStream
+
+    recipe = tmp_path / "enc.yaml"
+    for line in (f"source: s3://AKIAXX:{SECRET}@bkt/w.pth", f"kwargs:\n  note: https://h/x?sig={SECRET}"):
+        recipe.write_text(f"arch: test_resnet.r160_in1k\ndim: 0\ninput_px: 64\n{line}\n")
+        result = _invoke(["encoders", str(recipe)])
+        assert result.exit_code == 2, result.output  # stored in every bag: refused, not masked there
+        assert SECRET not in result.output and "K7MDENG" not in result.output
+        assert "holds a secret" in result.output and str(recipe) in result.output
+        with pytest.raises(WsiError, match="holds a secret"):  # what `wsi embed --encoder` loads
+            load_recipe_yaml(recipe)
+    out = io.StringIO()
+    MaskedStream(out).write(f"table row  s3://K:{SECRET}@b/x  https://h/y?X-Amz-Signature={SECRET}\n")
+    assert SECRET not in out.getvalue() and "s3://***@b/x" in out.getvalue()
