@@ -7,8 +7,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-heavy lint clean-demo gpu-check gpu-smoke
 
+# TORCH=cpu: torch and torchvision from PyTorch's CPU-only wheel index first (on Linux, PyPI's torch brings
+# NVIDIA's CUDA libraries, several GB, also to a machine without a GPU; docs/benchmarks.md "Install size").
+# TORCH_INDEX names another index (e.g. https://download.pytorch.org/whl/cu126 for an older driver).
+TORCH ?=
+TORCH_INDEX ?= $(if $(filter cpu,$(TORCH)),https://download.pytorch.org/whl/cpu,)
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q torch torchvision --index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -1,8 +1,8 @@
 """Make docs/artifacts.png: the tile stage's QC picture of real artifact images, reasons coloured.
 
 Three real thumbnails of ../shared/data/artifacts are written as one-level slides and tiled with 256 um
-tiles, as tests/pipelines/tile/test_artifacts_pipeline.py does: HistoQC's green-pen slide (ink, orange) and
-H&E coverslip-edge slide (edge, cyan), both at 8 um/px (The Clear BSD License), and an MSKCC blood clot with
+tiles, as tests/pipelines/tile/test_artifacts_pipeline.py does: HistoQC's green-pen slide (ink, blue) and
+H&E coverslip-edge slide (edge, yellow), both at 8 um/px (The Clear BSD License), and an MSKCC blood clot with
 two black marker circles (lookalikes/ink01, PenAnnotationExtractor, MIT; about 20 um/px): the clot is
 kept, the circles are ink. The QC pictures are put side by side and scaled to 1200 px wide.
 

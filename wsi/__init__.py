@@ -1,8 +1,9 @@
 """wsi: whole-slide images to tiles, feature bags and slide-level predictions.
 
-The front door (`wsi/api.py`): `wsi.tile`, `wsi.embed`, `wsi.train`, `wsi.predict`, `wsi.open_slide`,
-`wsi.read_bag`, and `wsi.list_encoders` / `list_models` / `list_attention` / `list_slide_encoders` /
-`list_tasks`. Importing wsi loads none of the heavy libraries; a call loads what it needs.
+The front door (`wsi/api.py`): `wsi.tile`, `wsi.embed`, `wsi.train`, `wsi.predict`, `wsi.zero_shot`,
+`wsi.retrieve`, `wsi.open_slide`, `wsi.read_bag`, and `wsi.list_encoders` / `list_models` /
+`list_attention` / `list_slide_encoders` / `list_text_encoders` / `list_tasks`. Importing wsi loads none
+of the heavy libraries; a call loads what it needs.
 """
 
 from wsi.api import (
@@ -12,11 +13,14 @@ from wsi.api import (
     list_models,
     list_slide_encoders,
     list_tasks,
+    list_text_encoders,
     open_slide,
     predict,
     read_bag,
+    retrieve,
     tile,
     train,
+    zero_shot,
 )
 from wsi.core.version import __version__
 
@@ -28,9 +32,12 @@ __all__ = [
     "list_models",
     "list_slide_encoders",
     "list_tasks",
+    "list_text_encoders",
     "open_slide",
     "predict",
     "read_bag",
+    "retrieve",
     "tile",
     "train",
+    "zero_shot",
 ]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from wsi.pipelines.predict.stage import PredictResult
     from wsi.pipelines.tile.findings import TileResult
     from wsi.pipelines.train.results import TrainResult
+    from wsi.pipelines.zero_shot import PromptSet, RetrievalResult, ZeroShotResult
     from wsi.slides.slide import Slide
     from wsi.slides.sources import SlideSource
 
@@ -107,6 +108,29 @@ def predict(
     return predict_run(inputs=given, model_dir=os.fspath(model_dir), out_dir=os.fspath(out_dir), **settings)
 
 
+def zero_shot(
+    inputs: PathLike | Sequence[PathLike],
+    *,
+    out_dir: PathLike,
+    prompts: PathLike | PromptSet,
+    **settings: Any,
+) -> ZeroShotResult:
+    """Classes named in words (`prompts`: a YAML of classes and their prompts, or a packaged set such as
+    "nsclc") score every bag or slide embedding in `inputs`, without training; `settings`: ZeroShotOptions
+    fields (model, weights, top_k, labels_csv, ...). Writes predictions.csv, heatmaps/ and geojson/."""
+    from wsi.pipelines.zero_shot import zero_shot as run
+
+    return run(inputs, out_dir=out_dir, prompts=prompts, **settings)
+
+
+def retrieve(inputs: PathLike | Sequence[PathLike], *, out_dir: PathLike, **settings: Any) -> RetrievalResult:
+    """The tiles of a cohort's bags most like a text (`query="tumour-infiltrating lymphocytes"`) or a
+    tile (`query_tile=(slide_id, x_um, y_um)`): top_tiles.csv and pictures in `out_dir`."""
+    from wsi.pipelines.zero_shot import retrieve as run
+
+    return run(inputs, out_dir=out_dir, **settings)
+
+
 def open_slide(path: PathLike, **settings: Any) -> Slide:
     """A slide (openslide or tiffslide; DICOM series, plain images with `mpp=`), addressed in micrometres:
     `with wsi.open_slide("a.svs") as s: s.read_region_um(x0_px, y0_px, size_um, target_mpp)`."""
@@ -128,6 +152,13 @@ def list_encoders() -> list[str]:
     from wsi.models.encoders import available_encoders
 
     return available_encoders()
+
+
+def list_text_encoders() -> list[str]:
+    """Text towers `wsi.zero_shot(model=...)` takes by name."""
+    from wsi.models.text_encoders import TEXT_ENCODERS
+
+    return TEXT_ENCODERS.names()
 
 
 def list_slide_encoders() -> list[str]:
@@ -165,9 +196,12 @@ __all__ = [
     "list_models",
     "list_slide_encoders",
     "list_tasks",
+    "list_text_encoders",
     "open_slide",
     "predict",
     "read_bag",
+    "retrieve",
     "tile",
     "train",
+    "zero_shot",
 ]

@@ -111,6 +111,20 @@ class ClassAndPatchMean(nn.Module):
         return torch.cat([tokens[:, 0], tokens[:, self.skip :].mean(dim=1)], dim=-1)  # (B, 2D)
 
 
+@POOLINGS.register("cls-proj")
+class ClassTokenProjection(nn.Module):
+    """The class token after the final norm, times the checkpoint's image projection (no bias): a CLIP
+    image tower's output in the joint image-text space (PLIP: transformers CLIPModel.get_image_features =
+    visual_projection(post_layernorm(class token)))."""
+
+    def __init__(self, backbone: nn.Module, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(int(cast(Any, backbone).num_features), dim, bias=False)
+
+    def forward(self, backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(_tokens(backbone, x)[:, 0])  # (B, N, D) -> (B, dim)
+
+
 class _QueryPool(nn.Module):
     """The frame both CONCH poolers share: one learned query (LayerNorm ln_q) attends over the backbone's
     tokens (LayerNorm ln_k), and the pooled vector is LayerNorm'd (norm); subclasses add the attention."""
@@ -201,6 +215,7 @@ __all__ = [
     "AttentionPool",
     "ClassAndPatchMean",
     "ClassToken",
+    "ClassTokenProjection",
     "ConvStem",
     "MhaAttentionPool",
     "ModelHead",

@@ -332,6 +332,47 @@ def conch_v1() -> EncoderRecipe:
     )
 
 
+@ENCODERS.register("plip")
+def plip() -> EncoderRecipe:
+    # PLIP (Huang et al. 2023, Nature Medicine): CLIP ViT-B/32 fine-tuned on OpenPath, published as a
+    # transformers CLIPModel (huggingface.co/vinid/plip). The authors' encode_images (PathologyFoundation/plip
+    # f010f3d plip.py) returns CLIPModel.get_image_features = visual_projection(post_layernorm(class token)),
+    # 512-d, unnormalised; lazyslide-models multimodal/plip.py takes the same. That is the bag feature: it
+    # lies in the joint space the text tower (wsi.models.text_encoders "plip") scores. CLIPProcessor:
+    # shortest side to 224 (bicubic), CenterCrop(224), OpenAI mean/std; the authors' reproducibility
+    # transform (embedders/transform.py _transform) is the same. The key layout "hf-clip" maps the
+    # checkpoint's names (models/encoders/clip_vision.py). No stated training resolution: OpenPath's images
+    # are at assorted magnifications; 0.5 um/px is that of its zero-shot benchmark Kather colon (224 px at
+    # 0.5 um/px) and of LazySlide's PLIP example (tile_tissues(256, mpp=0.5)).
+    return EncoderRecipe(
+        arch="vit_base_patch32_clip_quickgelu_224",
+        dim=512,
+        input_px=224,
+        mean=(0.48145466, 0.4578275, 0.40821073),
+        std=(0.26862954, 0.26130258, 0.27577711),
+        kwargs={"img_size": 224},
+        interpolation="bicubic",
+        pooling="cls-proj",
+        key_layout="hf-clip",
+        ignore_keys=(  # the text tower and the temperature (wsi.models.text_encoders reads them)
+            r"^text_model\.",
+            r"^text_projection\.",
+            r"^logit_scale$",
+            r"^vision_model\.embeddings\.position_ids$",  # a buffer older transformers saved
+        ),
+        weights_files=("pytorch_model.bin", "model.safetensors"),
+        params=PLIP_VISION_PARAMS,
+        training_mpp=0.5,
+        licence="research use (see the PLIP terms on huggingface.co/vinid/plip)",
+        source="huggingface.co/vinid/plip: pytorch_model.bin",
+        reference="PathologyFoundation/plip f010f3d plip.py (CLIPModel.get_image_features); huggingface/"
+        "transformers 000f1ff src/transformers/models/clip/modeling_clip.py (CLIPVisionTransformer)",
+    )
+
+
+#: CLIP ViT-B/32 vision tower 87,456,000 + visual_projection 768 x 512 (lazyslide-models: "87.8M")
+PLIP_VISION_PARAMS = 87_849_216
+
 #: timm ViT-B/16 at 448 px (784 + 1 positions) 86,250,240 + the contrastive pooler and ln_contrast 1,316,864
 CONCH_V1_PARAMS = 87_567_104
 

@@ -38,7 +38,7 @@ _Spread = Annotated[float, Field(gt=0, le=10)]  # a std of [0, 1] RGB
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-Pooling = Literal["model", "cls", "cls+mean", "attn-pool", "mha-pool"]
+Pooling = Literal["model", "cls", "cls+mean", "cls-proj", "attn-pool", "mha-pool"]
 #: recipe fields that change no feature value (facts for people, where to find files, how to run fast):
 #: left out of `EncoderRecipe.digest`, so a licence note edited in a recipe does not re-embed a cohort
 DESCRIPTIVE_FIELDS = (
@@ -68,7 +68,8 @@ class EncoderRecipe:
     # how tokens become one vector: "model" (the timm model's own head: global average for CNN/Swin),
     # "cls" (class token), "cls+mean" (class token concatenated with the mean of the patch tokens, registers
     # excluded), "attn-pool" (CONCH v1.5's attentional pooler + LayerNorm, weights in the checkpoint),
-    # "mha-pool" (CONCH v1's: the same with nn.MultiheadAttention's biases)
+    # "mha-pool" (CONCH v1's: the same with nn.MultiheadAttention's biases), "cls-proj" (class token times
+    # the checkpoint's image projection: a CLIP tower's joint-space embedding, PLIP)
     pooling: Pooling = "model"
     key_layout: str = "timm"  # how the authors' checkpoint names tensors (models/encoders/weights.py)
     # regexes of checkpoint tensors that are not part of the encoder: classifier heads, training-only

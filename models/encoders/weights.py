@@ -211,7 +211,9 @@ def _check_folder_config(folder: Path, recipe: EncoderRecipe, name: str, facts: 
 
 # ------------------------------------------------------------------------------------- key layouts
 # Each layout maps the authors' tensor names to ours: backbone.* (the timm model) and pool.* (pooling head).
-KEY_LAYOUTS: Registry[Callable[[StateDict, nn.Module], StateDict]] = Registry("weights key layout")
+KEY_LAYOUTS: Registry[Callable[[StateDict, nn.Module], StateDict]] = Registry(
+    "weights key layout", modules=("wsi.models.encoders.clip_vision",)
+)
 
 
 @KEY_LAYOUTS.register("timm")

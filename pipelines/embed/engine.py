@@ -33,9 +33,9 @@ from typing import Literal, TypedDict
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from wsi.core.json_types import JsonObject
+from wsi.core.progress import progress as progress_bar
 from wsi.formats.bags import BagProvenance, write_bag
 from wsi.formats.tile_file import coords_digest
 from wsi.models.encoders.stain import StainNormalizer, StainReference
@@ -292,7 +292,7 @@ def embed_works(
     total = sum(work.tiles.n for work in works)
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsi-embed-writer") as writer,
-        tqdm(total=total, desc="embed", unit="tile", dynamic_ncols=True, disable=not progress) as bar,
+        progress_bar(total=total, desc="embed", unit="tile", disable=not progress) as bar,
         contextlib.closing(decoder) if decoder is not None else contextlib.nullcontext(),
     ):
         if decoder is not None:  # raw JPEG tiles -> (b, P, P, 3) uint8 on the device, a batch ahead

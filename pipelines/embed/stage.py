@@ -260,6 +260,7 @@ def _embed_dask(
             desc="embed",
             progress=options.progress,
             worker_plugin=EncoderPlugin(options, stain=stain, devices=devices or None),
+            unit="tiles",
         )
     except JobsInterrupted as stop:
         raise EmbedInterrupted(_bag_rows(works, stop.finished)) from None

@@ -220,6 +220,6 @@ def _embed_slides(
     out_dir = embedding_dir(out, opts.encoder, opts.level)
     out_dir.mkdir(parents=True, exist_ok=True)
     embedder = _Embedder(model, out_dir, opts.level, opts.overwrite, dev)
-    results = run_jobs(jobs, embedder, desc=f"{opts.level}s")
+    results = run_jobs(jobs, embedder, desc=f"{opts.level}s", unit="tiles")
     write_manifest(out_dir / "manifest.csv", results)
     return out_dir, results

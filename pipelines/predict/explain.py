@@ -67,7 +67,9 @@ def explain_case(
         if options.heatmaps:
             for suffix, values, title in heatmaps:
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
-                _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options)
+                attention = run.explains_by == "attention"
+                scale = ATTENTION_LABEL if attention else run.kind.heatmap_scale(suffix, output)
+                _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options, scale)
                 files.append(str(png.relative_to(out)))
             tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
         if options.geojson:
@@ -94,10 +96,11 @@ def _heatmap(
     title: str,
     thumb: tuple[Path, float | None] | None,
     options: CaseOptions,
+    label: str = CONTRIBUTION_LABEL,
 ) -> None:
     """Values (N,) over the slide when it is reachable (the raw slide predicted, or the `slide_path` a
-    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image)."""
-    label = ATTENTION_LABEL if run.explains_by == "attention" else CONTRIBUTION_LABEL
+    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image);
+    `label`: what a value means, under the colour bar."""
     if thumb is None and run.adapter.name == "bags" and "coords_um" in sample:
         slide_path, slide_mpp, _ = recorded_slide(item.path)
         thumb = None if slide_path is None else (slide_path, slide_mpp)
@@ -114,7 +117,7 @@ def _heatmap(
     if hasattr(run.adapter, "heatmap"):
         grid = getattr(run.models[0], "grid_shape", None)
         extra: dict[str, Any] = {"grid_shape": grid(batch.x.shape)} if grid is not None else {}
-        if label != CONTRIBUTION_LABEL:  # bags only: the models explained by attention read tile bags
+        if run.adapter.name == "bags":  # what a value means (the image adapter draws its own)
             extra["label"] = label
         run.adapter.heatmap(item, sample, torch.from_numpy(values), png, title=title, **extra)
 

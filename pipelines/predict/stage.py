@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from wsi.core.config import with_settings
 from wsi.core.errors import WsiError
 from wsi.core.files import write_csv_atomic
+from wsi.core.progress import progress as progress_bar
 from wsi.pipelines.inputs import Item, with_resolution
 from wsi.pipelines.predict.config import PredictOptions
 from wsi.pipelines.predict.explain import CaseOptions, explain_case
@@ -231,7 +231,7 @@ def _predict_cases(
 
     flusher = Flusher(write)
     try:
-        for i, case in enumerate(tqdm(cases, desc="predict", disable=not progress)):
+        for i, case in enumerate(progress_bar(cases, desc="predict", unit="case", disable=not progress)):
             streamed = stream_length(run, case, options.stream_above) is not None
             key = case_key(digest, case, _settings(run, case, options, streamed=streamed))
             finished = done.get(key)

@@ -6,7 +6,8 @@ same function embedding used), so a crop shows exactly what the encoder saw. Wri
 
   top_tiles/<slide>/<output>-most-<rank>.png   the K tiles with the largest contribution to <output>
   top_tiles/<slide>/<output>-least-<rank>.png  the K with the smallest (the strongest push against it)
-  top_tiles/<slide>/contact_sheet.png          all of them on one sheet, one row per output and side
+  top_tiles/<slide>/contact_sheet.png          all of them on one sheet, one row per direction (two
+                                               classes: "towards A" and "towards B", no tile twice)
   top_tiles/index.csv                          slide, output, side, rank, tile, x_um, y_um, x0_px,
                                                y0_px, contribution, file
   top_tiles/skipped.csv                        slide, reason: slides whose pixels could not be read
@@ -149,7 +150,7 @@ def export_slide(
                             f"{folder.name}/{file}",
                         ]
                     )
-    write_bytes_atomic(folder / "contact_sheet.png", contact_sheet(crops, title=slide_id))
+    write_bytes_atomic(folder / "contact_sheet.png", contact_sheet(sheet_rows(maps, crops), title=slide_id))
 
 
 def _png(pixels: np.ndarray) -> bytes:
@@ -160,8 +161,46 @@ def _png(pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def contact_sheet(crops: Mapping[tuple[str, str], list[tuple[np.ndarray, float]]], *, title: str) -> bytes:
-    """One row per (output, side), the tiles in rank order, each titled with its contribution."""
+def mirrored(maps: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """{name: earlier name} for each map that is another's exact negative: two classes' maps, where the
+    tiles pushing most towards one are those pushing most towards the other, signs flipped."""
+    out: dict[str, str] = {}
+    names = list(maps)
+    for j, b in enumerate(names):
+        for a in names[:j]:
+            if a not in out and np.shape(maps[a]) == np.shape(maps[b]) and np.allclose(maps[b], -maps[a]):
+                out[b] = a
+                break
+    return out
+
+
+def sheet_rows(
+    maps: Mapping[str, np.ndarray], crops: Mapping[tuple[str, str], list[tuple[np.ndarray, float]]]
+) -> dict[str, tuple[list[tuple[np.ndarray, float]], float]]:
+    """The contact sheet's rows, {label: (tiles, sign)}, without repeats: for two classes (maps that are
+    each other's negative) "towards A" and "towards B", each tile once, each row's values in its own
+    direction; otherwise "towards X" and "against X" per output. `sign` +1 for a row of pushes towards,
+    -1 against: a tile whose value has the other sign is marked as such under it."""
+    pairs = mirrored(maps)
+    rows: dict[str, tuple[list[tuple[np.ndarray, float]], float]] = {}
+    for name in maps:
+        if name in pairs:  # its "most" row is the partner's "least" row: shown once, as "towards <name>"
+            rows[f"towards {name}"] = (crops.get((name, "most"), []), 1.0)
+            continue
+        rows[f"towards {name}"] = (crops.get((name, "most"), []), 1.0)
+        if name not in pairs.values():
+            rows[f"against {name}"] = (crops.get((name, "least"), []), -1.0)
+    return {label: row for label, row in rows.items() if row[0]}
+
+
+def contact_sheet(
+    rows: Mapping[str, tuple[list[tuple[np.ndarray, float]], float]],
+    *,
+    title: str,
+    caption: str = "the tiles that push each way most, with their contributions",
+) -> bytes:
+    """One row per `sheet_rows` row, the tiles in rank order, each titled with its value (and "(other
+    way)" where it points against the row's direction, the row's sign: no tile pushed that way)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,20 +208,25 @@ def contact_sheet(crops: Mapping[tuple[str, str], list[tuple[np.ndarray, float]]
 
     from wsi.pipelines.report.figures import png_bytes
 
-    n_rows = max(1, len(crops))
-    n_cols = max([len(v) for v in crops.values()] or [1])
+    n_rows = max(1, len(rows))
+    n_cols = max([len(tiles) for tiles, _ in rows.values()] or [1])
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.7 * n_cols + 1.2, 1.9 * n_rows + 0.4), squeeze=False)
     for ax in axes.flat:
         ax.set_axis_off()
-    for r, ((name, side), tiles) in enumerate(crops.items()):
-        axes[r, 0].text(-0.15, 0.5, f"{name}\n{side}", transform=axes[r, 0].transAxes, ha="right",
+    for r, (label, (tiles, sign)) in enumerate(rows.items()):
+        axes[r, 0].text(-0.15, 0.5, label.replace(" ", "\n", 1), transform=axes[r, 0].transAxes, ha="right",
                         va="center", fontsize=8)  # fmt: skip
         for c, (crop, value) in enumerate(tiles):
             axes[r, c].imshow(crop)
-            axes[r, c].set_title(f"{value:+.3g}", fontsize=7)
-    fig.suptitle(f"{title}: tiles pushing each output most and least", fontsize=9)
+            other = value * sign < 0
+            axes[r, c].set_title(f"{value:+.3g}" + (" (other way)" if other else ""), fontsize=7,
+                                 color="0.45" if other else "black")  # fmt: skip
+    fig.suptitle(f"{title}: {caption}", fontsize=9)
     fig.tight_layout()
     return png_bytes(fig)
 
 
-__all__ = ["INDEX_HEADER", "TopTiles", "contact_sheet", "export_slide", "pick", "recorded_slide"]
+__all__ = [
+    "INDEX_HEADER", "TopTiles", "contact_sheet", "export_slide", "mirrored", "pick", "recorded_slide",
+    "sheet_rows",
+]  # fmt: skip

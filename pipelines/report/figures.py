@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from wsi.pipelines.stats.classification import UNIT_LIMITS
 from wsi.pipelines.stats.survival import KaplanMeier, TdAucPoint
 
 _DPI = 110
@@ -62,11 +63,12 @@ def band_plot(
     for i, ((name, c), a) in enumerate(zip(curves, area, strict=True)):
         style = _style(i, name)
         label = name if a is None else f"{name} ({a:.3f})"
-        ax.plot(c[x], c[y], label=label, **style)
+        ax.plot(c[x], c[y], label=label, zorder=3, **style)
         ax.fill_between(c[x], c[f"{y}_low"], c[f"{y}_high"], color=style["color"], alpha=0.12, lw=0)
     if diagonal:
         ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=0.8)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, xlim=(0, 1), ylim=(0, 1.02))
+    # a margin inside the frame: a perfect curve (AUROC 1) runs along x = 0 and y = 1, which it would hide
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, xlim=UNIT_LIMITS, ylim=UNIT_LIMITS)
     ax.legend(loc="lower right" if diagonal else "lower left", fontsize=7)
     fig.tight_layout()
     return png_bytes(fig)
@@ -80,8 +82,8 @@ def calibration_plot(tables: Sequence[tuple[str, dict[str, np.ndarray]]], *, tit
         style = _style(i, name)
         ax.plot(t["mean_predicted"], t["observed"], marker="o", ms=3, label=name, **style)
     ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=0.8)
-    ax.set(xlabel="Mean predicted probability", ylabel="Observed frequency", title=title, xlim=(0, 1),
-           ylim=(0, 1.02))  # fmt: skip
+    ax.set(xlabel="Mean predicted probability", ylabel="Observed frequency", title=title, xlim=UNIT_LIMITS,
+           ylim=UNIT_LIMITS)  # fmt: skip
     ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     return png_bytes(fig)

@@ -118,9 +118,10 @@ def write_report(
     sections = kind_sections(kind, sets, metrics, tables, seed=seed)
     for name, (header, csv_rows) in tables.csvs.items():
         write_csv_atomic(out / "report" / name, header, ([_cell(v) for v in r] for r in csv_rows))
-    main, title = MAIN_FIGURE.get(kind.name, ("", ""))
+    main, section = MAIN_FIGURE.get(kind.name, ("", ""))
     figure = next(
-        (b[1][0] for s in sections if title and title in s.title for b in s.blocks if b[0] == "figure"), None
+        (b[1][0] for s in sections if section and section in s.title for b in s.blocks if b[0] == "figure"),
+        None,
     )
     if figure is not None:
         write_bytes_atomic(out / main, figure)

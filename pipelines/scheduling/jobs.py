@@ -3,8 +3,8 @@
 Public API:
 
     JobResult(slide_id, path, status "ok"|"skipped"|"empty"|"failed", n=0, seconds=0.0, error="")
-    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None, at_once=1)
-        -> list[JobResult]          # one per item, in the order of `items`
+    run_jobs(items, fn, *, workers=1, scheduler=None, desc="slides", worker_plugin=None, at_once=1,
+             unit="items", labels=None) -> list[JobResult]          # one per item, in the order of `items`
     worker_plugin(name) -> object    # inside `fn`: the plugin registered for this batch
     write_manifest(path, results, *, keep_others=True)   # CSV: slide,path,status,tiles,seconds,error
     read_manifest(path) -> list[JobResult]
@@ -23,24 +23,24 @@ through `worker_plugin(name)`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import csv
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.std import TqdmExperimentalWarning
-
-with warnings.catch_warnings():  # tqdm.auto without its asyncio half (asyncio + ssl: ~0.1 s of import)
-    warnings.simplefilter("ignore", category=TqdmExperimentalWarning)
-    from tqdm.autonotebook import tqdm
-
 from wsi.core.errors import WsiError
 from wsi.core.files import disk_full_error, is_disk_full, write_csv_atomic
-from wsi.pipelines.scheduling.cluster import close_local_cluster, quiet_distributed, start_local_cluster
+from wsi.core.progress import Bar, progress
+from wsi.pipelines.scheduling.cluster import (
+    close_local_cluster,
+    main_script_hidden,
+    quiet_distributed,
+    start_local_cluster,
+)
 from wsi.pipelines.scheduling.results import STATUSES, JobResult, RunSummary, Status
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,12 @@ def run_jobs(
     worker_plugin: Any = None,
     at_once: int = 1,
     progress: bool = True,
+    unit: str = "items",
+    labels: dict[str, str] | None = None,
 ) -> list[JobResult]:
     """Run `fn` on every item; return one JobResult per item in the order of `items`; `progress`: a bar.
+    `unit` names what an item's `n` counts and `labels` its statuses in the closing line, in the words
+    of the command's own summary ("tiles kept", ok -> "tiled"), so a log never says "items" for tiles.
 
     at_once: inline, run this many items at a time on threads (for work that releases the GIL, such as
     the tile stage's decoding and numpy: one item's single-threaded steps then overlap another's)."""
@@ -140,12 +144,31 @@ def run_jobs(
         results = _run_inline(items, fn, desc, worker_plugin, at_once, progress=progress)
     else:
         results = _run_dask(items, fn, workers, scheduler, desc, worker_plugin, progress=progress)
-    log.info("%s", RunSummary.of(results, time.perf_counter() - start).line(desc))
+    summary = RunSummary.of(results, time.perf_counter() - start)
+    log.info("%s", summary.line(desc, unit=unit, labels=labels))
+    _log_problems(summary, desc)
     return results
 
 
-def _progress(total: int, desc: str, *, show: bool = True) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, leave=False, disable=not show)
+def _log_problems(summary: RunSummary, desc: str) -> None:
+    """Each failed or empty item with its reason, as warnings, which Python shows even where no logging
+    is set up: a library call (a script's `tile_slides(...)`) is told what went wrong, as the CLI is,
+    and a call in which every item failed says so in one more line."""
+    for r in summary.problems:
+        log.warning("%s: %s %s: %s", desc, r.slide_id, r.status, r.error or "no reason recorded")
+    if summary.problems and len(summary.problems) == summary.total:
+        log.error("%s: none of the %d %s(s) succeeded (reasons above, and in the rows and the manifest)",
+                  desc, summary.total, _noun(desc))  # fmt: skip
+
+
+def _noun(desc: str) -> str:
+    """What run_jobs' items are: slides, or patients for `wsi embed-slides --level patient`."""
+    return "patient" if desc == "patients" else "slide"
+
+
+def _progress(total: int, desc: str, *, show: bool = True) -> Bar:
+    bar: Bar = progress(total=total, desc=desc, unit=_noun(desc), leave=False, disable=not show)
+    return bar
 
 
 def _run_inline(
@@ -173,7 +196,7 @@ def _run_inline(
         _INLINE_PLUGINS.reset(token)
 
 
-def _run_threads(items: list[Any], fn: Callable, bar: tqdm, at_once: int) -> list[JobResult]:
+def _run_threads(items: list[Any], fn: Callable, bar: Bar, at_once: int) -> list[JobResult]:
     """`_call(fn, item)` for every item on `at_once` threads (each with this batch's context: its
     plugins), at most `at_once` running; results in the order of `items`."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -211,7 +234,9 @@ def _run_dask(
     items: list[Any], fn: Callable, workers: int, scheduler: str | None, desc: str, plugin: Any,
     *, progress: bool = True,
 ) -> list[JobResult]:  # fmt: skip
-    with quiet_distributed():
+    # a local cluster's workers, restarted too, never re-run the caller's script (pipelines.cluster)
+    hidden = main_script_hidden() if scheduler is None else contextlib.nullcontext()
+    with quiet_distributed(), hidden:
         return _run_dask_quietly(items, fn, workers, scheduler, desc, plugin, progress=progress)
 
 

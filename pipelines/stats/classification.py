@@ -118,6 +118,10 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+#: axis limits of a curve on the unit square, with a margin so that a curve on its edges shows
+UNIT_LIMITS = (-0.03, 1.03)
+
+
 def plot_roc(
     labels: np.ndarray, probs: np.ndarray, classes: Sequence[str], out_png: Path, title: str
 ) -> bool:
@@ -137,9 +141,11 @@ def plot_roc(
     for c in drawable:
         y = np.asarray(labels) == c
         fpr, tpr, _ = roc_curve(y, probs[:, c])
-        ax.plot(fpr, tpr, label=f"{classes[c]} (AUROC {binary_auroc(y, probs[:, c]):.3f})")
+        ax.plot(fpr, tpr, lw=2, zorder=3, label=f"{classes[c]} (AUROC {binary_auroc(y, probs[:, c]):.3f})")
     ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=0.8)
-    ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1))
+    # a margin inside the frame: a perfect curve runs along x = 0 and y = 1, which the frame would hide
+    ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=UNIT_LIMITS,
+           ylim=UNIT_LIMITS)  # fmt: skip
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:

@@ -25,6 +25,9 @@ import numpy as np
 
 #: cases of each class (classification) or events (survival) below which an interval is not estimated
 MIN_PER_GROUP = 5
+#: comparable pairs below which a validation C-index does not pick the best epoch: with k pairs it moves
+#: in steps of 1/(2k), and the demo's two validation cases (one pair) gave 0.000 at every epoch
+MIN_VAL_PAIRS = 10
 #: cases below which a regression figure's interval is not estimated
 MIN_CASES = 10
 NOT_ESTIMABLE = "not_estimable"
@@ -62,6 +65,17 @@ def survival_reasons(time: np.ndarray, event: np.ndarray, c_index: float) -> dic
         why = f"only {events} event(s) among {n} case(s): a 95% interval needs at least {MIN_PER_GROUP}"
         reasons.update({"c_index_ci95": why, "td_auc": why})
     return reasons
+
+
+def val_cindex_reason(n_cases: int, pairs: int) -> str:
+    """Why a validation split's C-index is not used to choose epochs ("" when it is)."""
+    if pairs >= MIN_VAL_PAIRS:
+        return ""
+    return (
+        f"validation C-index not estimable: the validation split's {n_cases} case(s) hold {pairs} comparable "
+        f"pair(s) (an event before another case's time; at least {MIN_VAL_PAIRS} needed), so it would only "
+        "jump between 0, 0.5 and 1; the best epoch is chosen by the validation Cox loss"
+    )
 
 
 def regression_reasons(y: np.ndarray, figures: Mapping[str, Any], keys: Sequence[str]) -> dict[str, str]:
@@ -122,5 +136,5 @@ def describe(figures: Mapping[str, Any], key: str, value_text: str, ci_text: str
 
 __all__ = [
     "MIN_CASES", "MIN_PER_GROUP", "NOT_ESTIMABLE", "classification_reasons", "describe", "mark",
-    "regression_reasons", "survival_reasons",
+    "regression_reasons", "survival_reasons", "val_cindex_reason",
 ]  # fmt: skip

@@ -27,6 +27,17 @@ _BLOCK = 2048
 
 def concordance_index(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> float:
     """Harrell's C: the share of comparable pairs whose higher risk had the earlier event."""
+    return concordance(time, event, risk)[0]
+
+
+def comparable_pairs(time: np.ndarray, event: np.ndarray) -> int:
+    """How many pairs Harrell's C compares (an event before another case's time): its resolution is
+    1 / (2 pairs), so a handful of pairs gives a C-index that only jumps between 0, 0.5 and 1."""
+    return concordance(time, event, np.zeros(len(np.asarray(time))))[1]
+
+
+def concordance(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> tuple[float, int]:
+    """(Harrell's C, the number of comparable pairs it rests on); C is NaN without a pair."""
     time, risk = np.asarray(time, dtype=np.float64), np.asarray(risk, dtype=np.float64)
     event = np.asarray(event).astype(bool)
     num = den = 0.0
@@ -38,7 +49,7 @@ def concordance_index(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> 
         den += float(comparable.sum())
         num += float((comparable & (r_i > risk[None, :])).sum())
         num += 0.5 * float((comparable & (r_i == risk[None, :])).sum())
-    return num / den if den else math.nan
+    return (num / den if den else math.nan), int(den)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,11 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: the tile stage's closing line: what its count is and what its statuses mean (the CLI's line too)
+TILE_UNIT = "tiles kept"
+TILE_LABELS = {"ok": "tiled", "skipped": "already done"}
+
+
 def tile_slides(
     sources: Sequence[SlideSource],
     *,
@@ -142,7 +147,7 @@ def tile_slides(
             ran = iter(
                 run_jobs(
                     todo, work, workers=opts.workers, scheduler=opts.scheduler, desc="tile",
-                    at_once=at_once, progress=opts.progress,
+                    at_once=at_once, progress=opts.progress, unit=TILE_UNIT, labels=TILE_LABELS,
                 )
             )  # fmt: skip
         except JobsInterrupted as stop:  # Ctrl-C: the manifest records the slides that were finished

@@ -41,8 +41,10 @@ def evaluate_best(
     run_dir: Path,
     device: torch.device,
     state: TrainState,
+    label: str = "",
 ) -> dict[str, Any]:
-    """Load best.safetensors into `model`, predict the held-out split and write its figures."""
+    """Load best.safetensors into `model`, predict the held-out split and write its figures; `label`
+    ("fold k/K") starts the log line of its figures."""
     load_into(model, run_dir / "best.safetensors")
 
     def predict(items: list[Item]) -> Predicted:
@@ -90,7 +92,8 @@ def evaluate_best(
         title=f"{task.name}: {eval_split} split",
     )
     unit = "patients" if task.level == "patient" else "slides"
-    log.info("%s %s on %d %s", eval_split, kind.summary_line(result), len(preds), unit)
+    log.info("%s%s %s on %d %s", f"{label}: " if label else "", eval_split, kind.summary_line(result),
+             len(preds), unit)  # fmt: skip
     return dict(result)
 
 

@@ -94,11 +94,18 @@ class FoldSpec:
     init_from: Path | None  # a run folder or .safetensors to start from (not when resuming)
     progress: bool  # progress bars
     on_epoch_end: EpochHook | None = None  # called with each epoch's log row (not on dask workers)
+    fold: str = ""  # "fold k/K" in a cross-validation (its log lines start with it), "" for a plain run
 
 
 def run_fold(spec: FoldSpec) -> RunMetrics:
     """Train one split into one folder and score its best weights; returns what metrics.json holds."""
     device = resolve_device(spec.device)
+    if spec.fold:
+        parts = spec.split
+        log.info(
+            "%s: training on %d cases (validation %d, test %d) into %s",
+            spec.fold, len(parts.train), len(parts.val), len(parts.test), spec.run_dir,
+        )  # fmt: skip
     model = spec.start.begin()
     if spec.init_from is not None and not has_resume(spec.run_dir):
         init_from(model, spec.init_from, spec.task.model.attention, task=spec.task)
@@ -116,7 +123,7 @@ def run_fold(spec: FoldSpec) -> RunMetrics:
     )  # fmt: skip
     return RunMetrics.from_json(evaluate_best(
         task=spec.task, kind=kind, adapter=spec.adapter, split=spec.split, model=model,
-        run_dir=spec.run_dir, device=device, state=state,
+        run_dir=spec.run_dir, device=device, state=state, label=spec.fold,
     ))  # fmt: skip
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from wsi.core.errors import ConfigError
 from wsi.core.files import write_csv_atomic
+from wsi.core.progress import progress as progress_bar
 from wsi.models.base.objectives import LossInputs, Objective, before_optimizer_step, training_step
 from wsi.models.layers.standardize import input_standardizer
 from wsi.pipelines.inputs import Batch, InputAdapter, Item
@@ -119,7 +118,8 @@ def train_epoch(
     n_losses = 0
     watch = FiniteWatch(device, epoch_desc=desc)  # a NaN loss or gradient stops the run, naming the bags
     optimizer.zero_grad(set_to_none=True)
-    for step, batch in enumerate(tqdm(loader, desc=desc, leave=False, disable=not progress, file=sys.stderr)):
+    steps = progress_bar(loader, desc=desc, unit="step", leave=False, disable=not progress)
+    for step, batch in enumerate(steps):
         last = step + 1 == n_batches
         if batch.x.shape[0] == 0 and not (last and pending):  # every item failed to decode (reported)
             continue
@@ -343,6 +343,11 @@ def require_recipe(task: TaskConfig) -> int:
     return task.epochs
 
 
+def _shown(value: float) -> str:
+    """An epoch figure for the progress line: 3 decimals, "n/a" where it was not estimable (NaN)."""
+    return "n/a" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
+
+
 def fit(
     *,
     task: TaskConfig,
@@ -362,16 +367,15 @@ def fit(
     epochs = require_recipe(task)
     trainer = Trainer.build(task, kind, adapter, split, model.to(device), device)
     state = trainer.start(run_dir, resume=resume)
-    bar = tqdm(
-        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", disable=not progress,
-        file=sys.stderr,
-    )  # fmt: skip
+    bar = progress_bar(
+        total=epochs, initial=state.epoch, desc=f"epochs ({run_dir.name})", unit="epoch", disable=not progress
+    )
     while not state.finished(epochs):
         row, score = trainer.run_epoch(state.epoch + 1, progress=progress)
         trainer.end_epoch(state, row, score, run_dir, final=row["epoch"] >= epochs)
         bar.update(1)
         figure = kind.val_columns[0] if kind.val_columns else "val_loss"
-        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: f"{row[figure]:.3f}"})
+        bar.set_postfix({"loss": f"{row['train_loss']:.3f}", figure: _shown(row[figure])})
         if on_epoch_end is not None:
             on_epoch_end(row)
     bar.close()

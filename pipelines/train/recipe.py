@@ -226,6 +226,42 @@ def apply_recipe(
     return task.replace(**changes)
 
 
+#: what each kind's validation figure is called in a sentence (`selection.metric: val-figure`)
+_VAL_FIGURE = {"categorical": "AUROC", "survival": "C-index", "regression": "Pearson r",
+               "multi-target": "mean score over the targets"}  # fmt: skip
+
+
+def describe_recipe(task: TaskConfig, n_train: int) -> str:
+    """One sentence on what a resolved task trains and how, in a reader's words: the recipe, the cohort it
+    was sized for, the model, how much of each bag a step sees, and which weights are kept."""
+    model = task.model.preset or "?"
+    attention = task.model.attention
+    lo, hi = task.augment.tile_fraction or (1.0, 1.0)
+    bags = ("whole bags at every step" if lo >= 1.0
+            else f"a random {lo:.0%}-{hi:.0%} of each bag's tiles at every step")  # fmt: skip
+    patience = task.patience
+    epochs = (f"up to {task.epochs} epochs (stopping after {patience} without improvement)"
+              if patience and patience < (task.epochs or 0) else f"{task.epochs} epochs")  # fmt: skip
+    window = int(task.selection.window or 1)
+    if task.selection.metric == "smoothed-val-loss":
+        kept = f"the epoch of lowest validation loss averaged over {window} epochs"
+        if task.selection.average_weights:
+            kept = f"the weights averaged over the {window} epochs of lowest mean validation loss"
+    else:
+        kept = f"the epoch of best validation {_VAL_FIGURE.get(task.kind, 'figure')}"
+    cases = "case" if n_train == 1 else "cases"
+    opt = task.optimizer
+    optimizer = f"{opt.name or 'adamw'} at learning rate {opt.lr:g}" if opt.lr is not None else ""
+    order = ("each class equally often (bags drawn with replacement)" if task.sampling == "balanced"
+             else "each training bag once per epoch")  # fmt: skip
+    return (
+        f"training recipe {task.recipe!r} for {n_train} training {cases}: model {model}"
+        + (f" ({attention} attention)" if attention else "")
+        + (f", {optimizer}" if optimizer else "")
+        + f", {bags}, {order}, {epochs}; keeps {kept}"
+    )
+
+
 def is_resolved(task: TaskConfig) -> bool:
     """Whether every field a recipe fills has a value (what the training loop needs)."""
     keys = [k for k in RECIPE_FIELDS if k not in _MAY_STAY_NONE] + ["model.preset"]
@@ -241,4 +277,4 @@ def _get(task: TaskConfig, dotted: str) -> Any:
 
 __all__ = ["FULL_PRESET", "IMAGE_PRESETS", "RECIPES", "RECIPE_FIELDS", "SMALL_BELOW", "SMALL_PRESET",
            "TASK_FIELDS", "RecipeValues", "apply_recipe", "authors_presets", "authors_recipe",
-           "is_resolved", "preset_for", "recipe_values", "resolve_preset"]  # fmt: skip
+           "describe_recipe", "is_resolved", "preset_for", "recipe_values", "resolve_preset"]  # fmt: skip

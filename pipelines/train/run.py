@@ -66,7 +66,7 @@ from wsi.pipelines.train.cv import run_folds_on_cluster
 from wsi.pipelines.train.folds import FoldSpec, StartState, model_kwargs, run_fold
 from wsi.pipelines.train.loop import EpochHook
 from wsi.pipelines.train.preflight import refuse_model_for_input, refuse_model_for_kind, refuse_unusable
-from wsi.pipelines.train.recipe import apply_recipe
+from wsi.pipelines.train.recipe import apply_recipe, describe_recipe
 from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
@@ -171,6 +171,7 @@ def _train(
                 task=cfg, adapter=adapter, split=split, run_dir=_fold_dir(run_dir, record, kind, k, split),
                 start=start, device=opts.device, resume=opts.resume, init_from=_local(opts.init_from),
                 progress=opts.progress and sequential, on_epoch_end=on_epoch_end if sequential else None,
+                fold=f"fold {k + 1}/{len(splits)}" if opts.cv else "",
             )
             for k, split in enumerate(splits)
         ]  # fmt: skip
@@ -215,12 +216,7 @@ def _with_recipe(task: TaskConfig, splits: Sequence[Split], options: TrainOption
     a model setting the options give that the preset cannot take is refused by name."""
     n_train = min(len(s.train) for s in splits)
     resolved = apply_recipe(task, n_train=n_train, given=options.given_model_settings())
-    opt = resolved.optimizer
-    log.info(
-        "recipe %s: preset %s (%d training cases), %s lr %g, tile share %s, selection %s, sampling %s",
-        task.recipe, resolved.model.preset, n_train, opt.name, opt.lr,
-        list(resolved.augment.tile_fraction or ()), resolved.selection.metric, resolved.sampling,
-    )  # fmt: skip
+    log.info("%s", describe_recipe(resolved, n_train))
     return resolved
 
 

@@ -20,7 +20,7 @@ def test_import_wsi_offers_the_stages_without_heavy_imports() -> None:
         "import sys, wsi\n"
         "fns = [wsi.tile, wsi.embed, wsi.train, wsi.predict, wsi.open_slide, wsi.read_bag,\n"
         "       wsi.list_encoders, wsi.list_models, wsi.list_attention, wsi.list_slide_encoders,\n"
-        "       wsi.list_tasks]\n"
+        "       wsi.list_tasks, wsi.zero_shot, wsi.retrieve, wsi.list_text_encoders]\n"
         "assert all(callable(f) for f in fns), fns\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
@@ -34,6 +34,7 @@ def test_the_listing_functions_read_the_registries() -> None:
     assert {"seqnorm", "softmax", "sima", "gdla"} <= set(wsi.list_attention())
     assert "retccl" in wsi.list_encoders()
     assert "titan" in wsi.list_slide_encoders()
+    assert {"conch-v1", "plip", "titan", "prism"} <= set(wsi.list_text_encoders())
 
 
 def test_tile_open_slide_and_read_bag_through_the_front_door(tmp_path: Path) -> None:

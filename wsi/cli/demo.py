@@ -46,5 +46,7 @@ def command(settings: dict[str, Any]) -> None:
     click.echo(f"\nDemo finished in {result.seconds:.0f} s. Test AUROC: {auroc}")
     c = "n/a (too few events)" if result.survival_c_index is None else f"{result.survival_c_index:.3f}"
     click.echo(f"Survival study (Cox, task nsclc-os, same bags): test C-index {c}")
+    if result.planted:
+        click.echo(f"Planted on purpose: {result.planted}")
     for name, path in result.outputs.items():
         click.echo(f"  {name:<18} {path}")

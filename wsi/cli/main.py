@@ -33,6 +33,9 @@ COMMANDS: dict[str, _Entry] = {
     ),
     "train": _Entry("wsi.cli.train:command", "Train an attention MIL model (or image ViT) for a task."),
     "predict": _Entry("wsi.cli.predict:command", "Batch inference from raw slides, bags or images."),
+    "zero-shot": _Entry(
+        "wsi.cli.zero_shot:command", "Classify slides from classes named in words; retrieve tiles by text."
+    ),
     "info": _Entry(
         "wsi.cli.info:command", "Summarise a tile file or feature bag (ours, STAMP, CLAM, TRIDENT)."
     ),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +14,9 @@ from wsi.cli._options import config_options
 from wsi.pipelines.tile.config import SegmentationOptions, TileOptions
 from wsi.storage import Url
 from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, TileParams
+
+if TYPE_CHECKING:
+    from wsi.pipelines.tile.findings import FilterShare, HeavyFilters
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling.grid, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -34,8 +38,8 @@ SEGMENTATION_FLAGS = {
 }  # fmt: skip
 
 _DEFAULTS_NOTE = "Defaults suit H&E; every setting is saved as JSON in each tile file."
-#: slides named one per line in the summary for a filter that removed much tissue (the rest: manifest)
-_MAX_LISTED = 20
+#: up to this many slides a filter removed much tissue of are named one per line; more, one line per filter
+_MAX_EACH = 3
 
 
 _EPILOG = """\b
@@ -165,8 +169,9 @@ def command(
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
     ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
     result = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
-    labels = {"ok": "tiled", "skipped": "already done"}
-    line = result.summary.line("tile", unit="tiles kept", labels=labels)
+    from wsi.pipelines.tile.stage import TILE_LABELS, TILE_UNIT
+
+    line = result.summary.line("tile", unit=TILE_UNIT, labels=TILE_LABELS)
     click.echo(f"wsi {line}; manifest {out_dir / 'tiles' / 'manifest.csv'}", err=True)
     from wsi.pipelines.tile.artifacts import artifact_summary
 
@@ -180,13 +185,38 @@ def command(
     for r in done:  # ok, but kept under 10% of its tissue tiles: named with the filter to loosen
         if r.findings is not None and r.findings.low_yield is not None:
             click.echo(f"  {r.slide_id}: {r.findings.low_yield.text()}", err=True)
-    heavy = [(r.slide_id, r.findings.heavy) for r in done if r.findings is not None and r.findings.heavy]
-    for slide_id, filters in heavy[:_MAX_LISTED]:  # one filter took over 5% of the tissue: look first
-        click.echo(f"  {slide_id}: {filters.text()}", err=True)
-    if len(heavy) > _MAX_LISTED:
-        click.echo(f"  ... and {len(heavy) - _MAX_LISTED} more slides (manifest note column)", err=True)
+    heavy = [r.findings.heavy for r in done if r.findings is not None and r.findings.heavy]
+    for line in heavy_filter_lines(heavy):  # one filter took over 5% of the tissue tiles: look first
+        click.echo(f"  {line}", err=True)
     if result.problems:
         raise SystemExit(EXIT_PARTIAL_FAILURE)
+
+
+def heavy_filter_lines(heavy: Sequence[HeavyFilters]) -> list[str]:
+    """The summary's lines for slides of which one filter removed over 5% of the tissue tiles: each
+    slide's finding when a few are, else one line per filter with its slides, their range and the option
+    (20 slides with one planted blur, as the demo's, are one line, not 20)."""
+    from wsi.pipelines.tile.findings import HEAVY_FILTER
+
+    if len(heavy) <= _MAX_EACH:
+        return [f"{h.slide_id}: {h.text()}" for h in heavy]
+    by_filter: dict[str, list[tuple[str, FilterShare]]] = {}
+    for h in heavy:
+        for f in h.filters:
+            by_filter.setdefault(f.name, []).append((h.slide_id, f))
+    lines = []
+    for name, hits in by_filter.items():
+        lo, hi = min(f.share for _, f in hits), max(f.share for _, f in hits)
+        span = f"{lo:.1%}" if lo == hi else f"{lo:.1%}-{hi:.1%}"
+        named = ", ".join(slide for slide, _ in hits[:_MAX_EACH])
+        more = f" and {len(hits) - _MAX_EACH} more" if len(hits) > _MAX_EACH else ""
+        slides, each = ("slides", " each") if len(hits) > 1 else ("slide", "")
+        lines.append(
+            f"check filter: {name} removed over {HEAVY_FILTER:.0%} of the tissue tiles of {len(hits)} "
+            f"{slides} ({span}{each}: {named}{more}); look at their qc/<slide>.png; if it took tissue: "
+            f"{hits[0][1].option}"
+        )
+    return lines
 
 
 def _located(model: str | None, weights: str | None, kind: str) -> str | None:

@@ -257,10 +257,9 @@ def is_tile_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-#: tile-file attributes `wsi info` shows, in this order
+#: tile-file attributes `wsi info` shows first, in this order; every count the file stores follows
 _INFO_KEYS = ("slide_id", "slide_path", "tile_size_um", "tile_size_px", "mpp", "target_mpp", "backend",
-              "vendor", "n_grid", "n_tissue", "n_background", "n_blurry", "n_unreadable", "n_kept",
-              "review_path", "n_review_restored", "n_review_dropped", "wsi_version")  # fmt: skip
+              "vendor", "n_grid", "n_tissue", "n_kept")  # fmt: skip
 
 
 def tile_file_info(path: str | os.PathLike[str]) -> JsonObject:
@@ -270,6 +269,12 @@ def tile_file_info(path: str | os.PathLike[str]) -> JsonObject:
     m = tf.meta.to_attrs()
     out: JsonObject = {"file": str(path), "kind": f"tile file ({FORMAT})", "tiles": len(tf)}
     for key in _INFO_KEYS:
+        if key in m:
+            out[key] = m[key]
+    # every other count, as stored (the fates of TileCounts, then ROI, review, damage, segmentation):
+    # what a user asks first is where the tiles that were not kept went
+    out.update({k: v for k, v in m.items() if k.startswith("n_") and k not in out})
+    for key in ("artifact_counts", "review_path", "roi_path", "wsi_version"):
         if key in m:
             out[key] = m[key]
     out["level0_size_px"] = f"{m.get('level0_width')} x {m.get('level0_height')}"

@@ -258,7 +258,7 @@ def write_sample_cohort(
     Also writes `slides.json` (one `SampleSlide.to_dict()` per slide) so the scene of every slide is
     known later without Python, e.g. which style (class) each slide is.
     """
-    from tqdm import tqdm
+    from wsi.core.progress import progress as progress_bar
 
     check_prefix(prefix)
     out = Path(out_dir)
@@ -268,7 +268,7 @@ def write_sample_cohort(
             out / f"{prefix}-{i:03d}.svs", size_um=size_um, mpp=mpp, style=styles[i % len(styles)],
             texture=texture, seed=seed + i, tile_px=tile_px, write_mpp=write_mpp,
         )
-        for i in tqdm(range(n), desc="sample slides", unit="slide", disable=not progress)
+        for i in progress_bar(range(n), desc="sample slides", unit="slide", disable=not progress)
     ]  # fmt: skip
     records = [s.to_dict() for s in slides]
     write_text_atomic(out / "slides.json", json.dumps(records, indent=1) + "\n")

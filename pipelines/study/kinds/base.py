@@ -198,6 +198,13 @@ class TaskKind:
         """The maps drawn for one case: (file suffix, (N,) values, title part); suffix "" = the main one."""
         raise NotImplementedError
 
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        """What a value of the map `suffix` (of `heatmap_maps`) means, for its colour bar: the unit, the
+        direction of each colour, and what the values add up to."""
+        from wsi.pipelines.inputs.heatmaps import CONTRIBUTION_LABEL
+
+        return CONTRIBUTION_LABEL
+
     # -- prediction files -----------------------------------------------------------------------------
     def derived_columns(self) -> tuple[str, ...]:
         """Columns after the outputs (predicted class, risk group)."""

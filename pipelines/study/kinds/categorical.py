@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from wsi.core.errors import LabelError
 from wsi.models.base.objectives import sigmoid_targets, weighted_mean
 from wsi.pipelines.inputs import Item
-from wsi.pipelines.inputs.heatmaps import contribution_to_class
+from wsi.pipelines.inputs.heatmaps import class_scale, contribution_to_class, probability_text
 from wsi.pipelines.stats import classification as cls_stats
 from wsi.pipelines.stats import estimable
 from wsi.pipelines.study.kinds import KINDS, PredictionSet, TargetView, TaskKind, fmt3, worst_if_nan
@@ -168,8 +168,11 @@ class CategoricalKind(TaskKind):
         self, contributions: np.ndarray, output: np.ndarray
     ) -> list[tuple[str, np.ndarray, str]]:
         pred = int(output.argmax())
-        title = f"{self.classes[pred]} (p={output[pred]:.3f})"
+        title = f"{self.classes[pred]} ({probability_text(float(output[pred]))})"
         return [("", contribution_to_class(self.class_scores(contributions), pred), title)]
+
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        return class_scale(self.classes[int(output.argmax())], self.classes)
 
     def derived_columns(self) -> tuple[str, ...]:
         return ("predicted",)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from wsi.core.errors import LabelError
 from wsi.pipelines.inputs import Item
-from wsi.pipelines.inputs.heatmaps import contribution_to_class
+from wsi.pipelines.inputs.heatmaps import contribution_to_class, probability_text
 from wsi.pipelines.stats import classification as cls_stats
 from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats import regression as reg_stats
@@ -263,12 +263,20 @@ class MultiTargetKind(TaskKind):
                 pred = int(out.argmax())
                 key, title = (
                     f"{t.column}={t.classes[pred]}",
-                    f"{t.column}: {t.classes[pred]} (p={out[pred]:.3f})",
+                    f"{t.column}: {t.classes[pred]} ({probability_text(float(out[pred]))})",
                 )
             else:
                 key, title = t.column, f"{t.column} = {out[0]:.3g}"
             drawn.append((f".{t.column}", maps[key], title))
         return drawn
+
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        from wsi.pipelines.inputs.heatmaps import class_scale, value_scale
+
+        for i, t in enumerate(self.targets):
+            if f".{t.column}" == suffix and t.type == "categorical":
+                return class_scale(t.classes[int(output[self.slices[i]].argmax())], t.classes)
+        return value_scale(suffix.removeprefix("."))
 
     def derived_columns(self) -> tuple[str, ...]:
         return tuple(f"predicted_{self.targets[i].column}" for i in self.categorical)

@@ -198,6 +198,11 @@ class RegressionKind(TaskKind):
             ("" if one else f".{c}", maps[c], f"{c} = {output[t]:.3g}") for t, c in enumerate(self.columns)
         ]
 
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        from wsi.pipelines.inputs.heatmaps import value_scale
+
+        return value_scale(suffix.removeprefix(".") or self.columns[0])
+
 
 def _nan_inf(value: float) -> float:
     return math.inf if math.isnan(value) else value

@@ -10,6 +10,7 @@ median risk (`risk_cutoff`, saved with the run, so an external cohort is split t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ import torch
 
 from wsi.core.errors import LabelError
 from wsi.pipelines.inputs import Item
+from wsi.pipelines.stats import estimable
 from wsi.pipelines.stats import survival as surv_stats
 from wsi.pipelines.study.kinds import (
     KINDS,
@@ -30,6 +32,8 @@ from wsi.pipelines.study.kinds import (
     worst_if_nan,
 )
 from wsi.pipelines.study.kinds.losses import cox_partial_nll
+
+log = logging.getLogger(__name__)
 
 _EVENT_WORDS = {
     **dict.fromkeys(("1", "1.0", "true", "yes", "y", "dead", "deceased", "died", "event", "progressed"), 1.0),
@@ -61,6 +65,7 @@ class SurvivalKind(TaskKind):
         super().__init__(task, fitted)
         self.options = task.survival_options
         self.group_bags = self.options.bags_per_step
+        self._said_val_cindex = False  # the validation C-index's "not estimable" is said once per fold
 
     @property
     def target_names(self) -> tuple[str, ...]:
@@ -123,11 +128,17 @@ class SurvivalKind(TaskKind):
     ) -> tuple[float, dict[str, float], tuple[float, float]]:
         val_loss = loss_over_set(self, targets, logits)
         keep = np.isfinite(targets[:, 0]) if len(targets) else np.zeros(0, dtype=bool)
-        c = (
-            surv_stats.concordance_index(targets[keep, 0], targets[keep, 1], outputs[keep, 0])
+        c, pairs = (
+            surv_stats.concordance(targets[keep, 0], targets[keep, 1], outputs[keep, 0])
             if keep.any()
-            else math.nan
+            else (math.nan, 0)
         )
+        why = estimable.val_cindex_reason(int(keep.sum()), pairs)
+        if why:  # a C-index of one or two pairs reads 0.000 or 1.000 and picks an epoch by chance
+            c = math.nan
+            if not self._said_val_cindex:
+                log.warning("%s", why)
+                self._said_val_cindex = True
         return (
             val_loss,
             {"val_cindex": c},
@@ -164,6 +175,11 @@ class SurvivalKind(TaskKind):
         self, contributions: np.ndarray, output: np.ndarray
     ) -> list[tuple[str, np.ndarray, str]]:
         return [("", contributions[:, 0], f"risk {output[0]:.3f}")]
+
+    def heatmap_scale(self, suffix: str, output: np.ndarray) -> str:
+        from wsi.pipelines.inputs.heatmaps import RISK_SCALE
+
+        return RISK_SCALE
 
     def derived_columns(self) -> tuple[str, ...]:
         return ("risk_group",) if self.risk_cutoff is not None else ()

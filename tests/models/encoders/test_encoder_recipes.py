@@ -261,8 +261,9 @@ def test_parameter_counts_match_the_published_ones(name: str) -> None:
         PUBLISHED[name].params
         if name in PUBLISHED
         # conch-v1: its vision tower as coca_model builds it, counted in
-        # tests/models/encoders/test_encoder_conch_v1.py
-        else {"retccl": 23.5e6, "ctranspath": 27.5e6, "conch-v1": 87_567_104}[name]
+        # tests/models/encoders/test_encoder_conch_v1.py; plip: transformers' CLIP ViT-B/32 + projection,
+        # counted in tests/models/encoders/test_encoder_plip.py
+        else {"retccl": 23.5e6, "ctranspath": 27.5e6, "conch-v1": 87_567_104, "plip": 87_849_216}[name]
     )
     assert abs(count - published) / published < 0.005, (name, count)
 

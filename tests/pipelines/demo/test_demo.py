@@ -42,6 +42,7 @@ def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
         assert r["predicted"] in ("LUAD", "LUSC")
         assert (out["heatmaps"] / f"{r['slide']}.png").is_file()
 
+    assert "blurred patch planted" in result.planted and "check filter: blurry" in result.planted
     survival = json.loads(out["survival metrics"].read_text())
     assert survival["kind"] == "survival"
     assert out["Kaplan-Meier curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -51,6 +52,23 @@ def test_small_demo_writes_every_output_and_resumes(tmp_path: Path) -> None:
     stamps = {p: p.stat().st_mtime_ns for p in bags}
     run_demo(opts)
     assert {p: p.stat().st_mtime_ns for p in bags} == stamps
+
+
+def test_the_demo_says_what_it_planted(sample_slide, tmp_path: Path) -> None:
+    """The sample slides carry a blurred patch on purpose; the demo says so with what the blur filter
+    removed (from the tile files), so the manifest's "check filter: blurry" notes read as intended."""
+    from wsi.formats.tile_file import read_tile_file
+    from wsi.pipelines.demo.run import planted_note
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.slides.sources import find_slides
+
+    results = tile_slides(find_slides([sample_slide.path]), out_dir=tmp_path, progress=False)
+    counts = read_tile_file(tmp_path / "tiles" / f"{results[0].slide_id}.h5").meta.counts
+    assert counts.n_blurry > 0  # the generated slide's planted patch
+    note = planted_note(tmp_path, results)
+    share = f"{counts.n_blurry / counts.n_tissue:.1%}"
+    assert f"removed {counts.n_blurry} of {counts.n_tissue} tissue tiles ({share}) over 1 slide(s)" in note
+    assert "planted" in note and "as intended" in note and str(tmp_path / "qc") in note
 
 
 def test_demo_help_has_examples() -> None:

@@ -91,3 +91,30 @@ def test_top_tiles_are_the_strongest_tiles_read_from_the_slide(sample_slide, tmp
     with (out / "top_tiles" / "skipped.csv").open(newline="") as fh:
         skipped = list(csv.DictReader(fh))
     assert [r["slide"] for r in skipped] == ["moved"] and "not reachable" in skipped[0]["reason"]
+
+
+def test_a_two_class_contact_sheet_shows_each_tile_once() -> None:
+    """Two classes' maps are each other's negative: "LUAD most" were "LUSC least" with signs flipped, and
+    the sheet showed both pairs twice. Rows are now "towards LUAD" and "towards LUSC", each tile once,
+    values in the row's direction; a tile pushing the other way (no tile pushed this way) says so."""
+    from wsi.pipelines.predict.top_tiles import contact_sheet, mirrored, sheet_rows
+
+    values = np.array([1.34, 0.547, -0.0912, 0.0326, -0.4])
+    maps = {"LUAD": values, "LUSC": -values}
+    picks = {name: pick(v, 2) for name, v in maps.items()}
+    crops = {
+        (name, side): [(np.full((8, 8, 3), 100 + int(i), np.uint8), float(maps[name][i])) for i in idx]
+        for name, sides in picks.items() for side, idx in sides.items()
+    }  # fmt: skip
+    assert mirrored(maps) == {"LUSC": "LUAD"}
+    rows = sheet_rows(maps, crops)
+    assert list(rows) == ["towards LUAD", "towards LUSC"]
+    (luad, s1), (lusc, s2) = rows["towards LUAD"], rows["towards LUSC"]
+    assert [v for _, v in luad] == [1.34, 0.547] and [v for _, v in lusc] == [0.4, 0.0912] and s1 == s2 == 1
+    shown = [int(c[0, 0, 0]) - 100 for c, _ in luad + lusc]
+    assert len(shown) == len(set(shown))  # no tile twice
+    three = {"a": values, "b": values * 0.5, "c": -values * 0.2}  # three classes: not mirrored
+    assert mirrored(three) == {}
+    rows3 = sheet_rows({"risk": values}, {("risk", "most"): luad, ("risk", "least"): [(luad[0][0], 0.2)]})
+    assert list(rows3) == ["towards risk", "against risk"] and rows3["against risk"][1] == -1
+    assert contact_sheet(rows3, title="s")[:8] == PNG  # a tile of the wrong sign is drawn, marked

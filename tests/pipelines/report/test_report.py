@@ -35,6 +35,8 @@ class _Page(HTMLParser):
         self.rows: list[list[str]] = []
         self.external: list[str] = []
         self.scripts = 0
+        self.heads: dict[str, str] = {}  # <title> and <h1> text
+        self._head: str | None = None
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
 
@@ -47,12 +49,17 @@ class _Page(HTMLParser):
         for key in ("href", "src"):
             if (a.get(key) or "").startswith(("http:", "https:", "//", "file:")):
                 self.external.append(a[key] or "")
+        if tag in ("title", "h1"):
+            self._head = tag
+            self.heads[tag] = ""
         if tag == "tr":
             self._row = []
         if tag in ("td", "th"):
             self._cell = []
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == self._head:
+            self._head = None
         if tag in ("td", "th") and self._row is not None and self._cell is not None:
             self._row.append("".join(self._cell).strip())
             self._cell = None
@@ -61,6 +68,8 @@ class _Page(HTMLParser):
             self._row = None
 
     def handle_data(self, data: str) -> None:
+        if self._head is not None:
+            self.heads[self._head] += data
         if self._cell is not None:
             self._cell.append(data)
 
@@ -75,6 +84,9 @@ def _check_report(folder: Path, by_set: dict[str, dict], csvs: set[str]) -> _Pag
     """Every image a decodable PNG, nothing fetched from elsewhere, every figure of metrics.json in the
     metrics table (as the report prints it) and in report/metrics.csv, and the curve CSVs present."""
     page = _parse(folder / "report.html")
+    # a real title: the browser tab and the page's heading name the task and the set
+    assert page.heads.get("title", "").strip() and page.heads["title"] == page.heads.get("h1")
+    assert page.heads["title"].split(":")[0].strip(), page.heads
     assert page.images and not page.external and page.scripts == 0
     for src in page.images:
         assert src.startswith("data:image/png;base64,")
@@ -119,6 +131,7 @@ def test_categorical_cross_validation_report(categorical_cv: Path) -> None:
     summary = json.loads((categorical_cv / "metrics.json").read_text())
     by_set = {f"fold-{k + 1}": m for k, m in enumerate(summary["per_fold"])} | {"pooled": summary["pooled"]}
     page = _check_report(categorical_cv, by_set, {"roc.csv", "pr.csv", "calibration.csv", "confusion.csv"})
+    assert page.heads["title"].endswith(": 2-fold cross-validation"), page.heads
     assert len(page.images) == 3  # ROC, PR and calibration of the positive class, each fold + pooled
     with (categorical_cv / "report" / "roc.csv").open(newline="") as fh:
         roc = list(csv.DictReader(fh))
@@ -183,3 +196,25 @@ def test_report_renders_in_headless_chromium(categorical_cv: Path, tmp_path: Pat
         pixels = np.asarray(img.convert("L"), dtype=np.float32)
     assert pixels.shape == (1600, 1200)
     assert (pixels < 128).mean() > 0.005  # text, tables and plots were drawn, not a blank page
+
+
+def test_a_perfect_roc_curve_shows_inside_its_frame(tmp_path: Path) -> None:
+    """At AUROC 1.0 the curve runs along x = 0 and y = 1: drawn on limits (0, 1) it lay under the frame
+    and the plot looked empty. Both ROC figures (roc.png and the report's) keep a margin inside the
+    frame, so the curve's own colour shows along both edges."""
+    from wsi.pipelines.report import figures
+    from wsi.pipelines.stats.classification import plot_roc
+
+    labels = np.array([0, 0, 0, 1, 1, 1])
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.2, 0.8], [0.1, 0.9], [0.05, 0.95]])
+    assert plot_roc(labels, probs, ["LUAD", "LUSC"], tmp_path / "roc.png", title="t")
+    curve = {"fpr": np.array([0.0, 0.0, 1.0]), "tpr": np.array([0.0, 1.0, 1.0])}
+    curve |= {"tpr_low": curve["tpr"], "tpr_high": curve["tpr"]}
+    band = figures.band_plot([("fold-1", curve)], x="fpr", y="tpr", title="ROC", xlabel="x", ylabel="y",
+                             diagonal=True, area=[1.0])  # fmt: skip
+    blue = np.asarray((31, 119, 180))  # matplotlib's C0: the curve of roc.png and of a fold
+    for png in (Image.open(tmp_path / "roc.png"), Image.open(io.BytesIO(band))):
+        pixels = np.asarray(png.convert("RGB")).astype(int)
+        line = np.abs(pixels - blue).sum(axis=-1) < 40
+        cols, rows = line.sum(axis=0), line.sum(axis=1)  # a vertical and a horizontal run of the curve
+        assert (cols > 0.3 * pixels.shape[0]).any() and (rows > 0.3 * pixels.shape[1]).any()

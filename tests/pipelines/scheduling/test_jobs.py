@@ -223,8 +223,13 @@ def test_a_manifest_written_before_the_note_column_still_reads(tmp_path: Path) -
     assert rows["s1"]["note"] == "" and rows["s2"]["note"] == "no heatmap" and rows["s1"]["tiles"] == "12"
 
 
-def test_no_progress_draws_no_bar(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_progress_draws_no_bar(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`wsi predict --no-progress` on raw slides still drew the tile stage's bar: it reaches run_jobs."""
+    from wsi.core import progress as bars
+
+    monkeypatch.setattr(bars, "is_terminal", lambda: True)  # a live bar (off a terminal: plain lines)
     items = [Item(str(i), str(i)) for i in range(3)]
     run_jobs(items, square, desc="tile", progress=False)
     assert "tile:" not in capsys.readouterr().err
@@ -252,3 +257,72 @@ def test_summary_counts_one_slide_in_the_singular() -> None:
     assert one.line("tile", unit="tiles").startswith("tile: 1 slide: 1 ok, 0 skipped, 0 failed; 3 tiles")
     two = RunSummary.of([JobResult("a", "a.svs", "ok"), JobResult("b", "b.svs", "skipped")], 0.0)
     assert two.line("tile", noun="images").startswith("tile: 2 images: 1 ok")
+
+
+def test_the_tile_stage_log_line_counts_tiles_kept_not_items(
+    sample_slide, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A library call's closing line names what it counted in the command's words: "N tiles kept"
+    (then "N tiles" from embed), never "N items"."""
+    import logging
+
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.slides.sources import find_slides
+
+    with caplog.at_level(logging.INFO, logger="wsi"):
+        results = tile_slides(find_slides([sample_slide.path]), out_dir=tmp_path / "o", progress=False)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("tile: 1 slide"))
+    assert "1 tiled, 0 already done, 0 failed" in line, line
+    assert f"; {results[0].n} tiles kept" in line and "items" not in line, line
+
+
+def test_a_library_call_whose_every_slide_fails_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script's `tile_slides(...)` whose slides all fail used to return rows with status 'failed' and
+    say nothing; each failure is now a warning with its reason (Python shows warnings even where no
+    logging is set up), and one error line says none succeeded, as the CLI's summary does."""
+    import logging
+
+    from wsi.pipelines.tile.stage import tile_slides
+    from wsi.slides.sources import SlideSource
+
+    bad = []
+    for name in ("junk-a", "junk-b"):
+        path = tmp_path / f"{name}.svs"
+        path.write_bytes(b"not a slide at all")
+        bad.append(SlideSource(slide_id=name, path=path, mpp=None))
+    with caplog.at_level(logging.WARNING, logger="wsi"):
+        results = tile_slides(bad, out_dir=tmp_path / "run", progress=False)
+    assert [r.status for r in results] == ["failed", "failed"]
+    said = {r.getMessage(): r.levelno for r in caplog.records}
+    for r in results:
+        assert r.error and said.get(f"tile: {r.slide_id} failed: {r.error}") == logging.WARNING, said
+    none = "tile: none of the 2 slide(s) succeeded (reasons above, and in the rows and the manifest)"
+    assert said.get(none) == logging.ERROR, said
+
+
+@pytest.mark.slow  # a local dask cluster in a fresh Python
+def test_a_plain_script_without_a_main_guard_runs_workers(sample_slide, tmp_path: Path) -> None:
+    """`workers=2` at a script's top level, no `if __name__ == "__main__":`: dask's spawn re-ran the
+    script in each worker, which started a cluster of its own ("Nanny failed to start"); the workers now
+    start without the caller's script and the call tiles the slides."""
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("one", "two"):
+        shutil.copy(sample_slide.path, tmp_path / f"{name}.svs")
+    script = tmp_path / "walk.py"
+    script.write_text(
+        "from wsi.pipelines.tile.stage import tile_slides\n"
+        "from wsi.slides.sources import find_slides\n"
+        f"rows = tile_slides(find_slides([{str(tmp_path)!r}]), out_dir={str(tmp_path / 'run')!r},\n"
+        "                   workers=2, progress=False)\n"
+        "print('STATUS', sorted((r.slide_id, r.status) for r in rows))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "STATUS [('one', 'ok'), ('two', 'ok')]" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "Nanny failed" not in done.stderr

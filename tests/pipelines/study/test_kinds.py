@@ -184,3 +184,32 @@ def test_categorical_kind_is_the_old_loss_and_probabilities() -> None:
     )
     assert torch.equal(kind.outputs(logits), torch.softmax(logits, dim=-1))
     assert math.isnan(kind.validation(np.zeros((0, 1)), np.zeros((0, 2)), np.zeros((0, 2)))[0])
+
+
+def test_a_validation_c_index_of_a_few_pairs_is_not_estimable(caplog: pytest.LogCaptureFixture) -> None:
+    """The survival demo's two validation patients hold one comparable pair: their C-index is 0 or 1
+    at every epoch (it read 0.000 for all 15). Below MIN_VAL_PAIRS pairs the validation C-index is NaN
+    (the epoch is chosen by the Cox loss), said once in words; with enough pairs it is the C-index."""
+    import logging
+
+    from wsi.pipelines.stats.estimable import MIN_VAL_PAIRS
+    from wsi.pipelines.stats.survival import comparable_pairs, concordance_index
+
+    kind = build_kind(load_task("nsclc-os"))
+    two = np.array([[23.32, 0.0], [1.54, 1.0]])  # the demo's validation split: one pair
+    wrong = np.array([[0.4], [0.1]])  # the event has the lower risk: C = 0
+    assert comparable_pairs(two[:, 0], two[:, 1]) == 1 and concordance_index(*two.T, wrong[:, 0]) == 0.0
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):  # three epochs
+            loss, figures, score = kind.validation(two, wrong, wrong)
+    assert math.isnan(figures["val_cindex"]) and math.isfinite(loss) and score[1] == -loss
+    said = [r.getMessage() for r in caplog.records if "validation C-index not estimable" in r.getMessage()]
+    assert len(said) == 1 and "2 case(s) hold 1 comparable pair(s)" in said[0], said
+    assert "chosen by the validation Cox loss" in said[0]
+
+    rng = np.random.default_rng(0)
+    time, event = rng.uniform(1, 60, 12), np.array([1, 0] * 6, dtype=float)
+    assert comparable_pairs(time, event) >= MIN_VAL_PAIRS
+    risk = -time[:, None]  # earlier time, higher risk: C = 1
+    _, figures, _ = kind.validation(np.stack([time, event], 1), risk, risk)
+    assert figures["val_cindex"] == pytest.approx(1.0)

@@ -66,7 +66,7 @@ def test_inked_slide_loses_its_ink_tiles_and_says_so(inked, tmp_path: Path) -> N
         [row] = list(csv.DictReader(fh))
     assert row["note"].startswith(f"rejected as artifacts: {c.n_ink} ink")
     qc = np.asarray(Image.open(output_paths(tmp_path, "inked").qc))
-    assert (qc.reshape(-1, 3) == ARTIFACT_RGB["ink"]).all(axis=1).sum() > 100  # ink tiles outlined orange
+    assert (qc.reshape(-1, 3) == ARTIFACT_RGB["ink"]).all(axis=1).sum() > 100  # ink tiles, bordered blue
 
 
 def test_cli_no_filter_keeps_the_ink_and_the_summary_names_each_filter(inked, tmp_path: Path) -> None:

@@ -97,3 +97,23 @@ def test_the_threshold_and_each_filters_option() -> None:
     quiet = TileCounts(n_grid=200, n_tissue=100, n_kept=85, n_background=15, n_ink=5)
     assert heavy_filters(quiet, {"ink": 5}, "s1", min_blur_variance=50.0) is None  # background never counts
     assert heavy_filters(TileCounts(), {}, "s1", min_blur_variance=50.0) is None
+
+
+def test_many_slides_with_one_heavy_filter_are_one_line() -> None:
+    """The demo's 20 slides, each with a planted blurred patch, made 20 "check filter" lines in the walk's
+    `wsi tile`; past a few slides the summary gives one line per filter, its slides, range and option."""
+    from wsi.cli.tile import heavy_filter_lines
+
+    def found(slide: str, k: int, n: int, **extra: int):
+        return heavy_filters(TileCounts(n_tissue=n, n_blurry=k), extra, slide, min_blur_variance=50.0)
+
+    few = [found("a", 3, 29), found("b", 2, 20)]
+    assert heavy_filter_lines(few) == [f"{h.slide_id}: {h.text()}" for h in few]
+    many = [found(f"DEMO-{i:02d}", 2 + i % 3, 29) for i in range(20)] + [found("inked", 1, 29, ink=9)]
+    lines = heavy_filter_lines(many)
+    assert len(lines) == 2, lines
+    blur, ink = lines
+    assert blur.startswith("check filter: blurry removed over 5% of the tissue tiles of 20 slides")
+    assert "(6.9%-13.8% each: DEMO-00, DEMO-01, DEMO-02 and 17 more)" in blur
+    assert blur.endswith("if it took tissue: --min-blur-var 50 (lower it; 0 turns the blur filter off)")
+    assert ink.startswith("check filter: ink removed over 5% of the tissue tiles of 1 slide (31.0%: inked)")

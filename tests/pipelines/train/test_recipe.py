@@ -329,3 +329,24 @@ def test_abmil_trains_with_cross_validation_and_predicts_heatmaps_of_its_attenti
         expected.append(a * (scores[:, predicted] - scores[:, 1 - predicted]))  # (N,) two classes
     want = torch.stack(expected).mean(0).numpy()  # mean over the folds' models
     np.testing.assert_allclose(heatmaps[0][1], want, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------- the line a run starts with
+def test_the_recipe_line_says_what_trains_in_words(tmp_path: Path) -> None:
+    """The run's first line names the model, how much of each bag a step sees and which weights are
+    kept, in words (not "tile share [1.0, 1.0], selection val-figure")."""
+    from wsi.pipelines.train.recipe import describe_recipe
+
+    task = load_task(_task_yaml(tmp_path / "t.yaml"))
+    small = describe_recipe(apply_recipe(task, n_train=12), 12)
+    assert small.startswith("training recipe 'small-cohort' for 12 training cases: model vit-wsi-small")
+    assert "a random 50%-100% of each bag's tiles at every step" in small
+    assert "weights averaged over the 5 epochs of lowest mean validation loss" in small
+    paper = apply_recipe(task.replace(recipe="paper"), n_train=1)
+    line = describe_recipe(paper, 1)
+    assert "for 1 training case:" in line and "whole bags at every step" in line
+    assert "adamw at learning rate 0.0001" in line and "each training bag once per epoch" in line
+    assert "up to 100 epochs (stopping after 10 without improvement)" in line
+    assert line.endswith("keeps the epoch of best validation AUROC")
+    for jargon in ("tile share", "val-figure", "selection", "[1.0, 1.0]"):
+        assert jargon not in small + line

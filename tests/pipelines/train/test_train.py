@@ -157,6 +157,21 @@ def test_cross_validation_folds_are_patient_disjoint(cohort, tmp_path: Path) -> 
         assert row["prob_LUSC"] == pytest.approx(np.mean([f[i]["prob_LUSC"] for f in folds]), abs=1e-6)
 
 
+def test_cv_logs_each_fold_as_k_of_k(cohort, tmp_path: Path) -> None:
+    """`wsi train --cv 5` says which fold it is on ("fold 1/5" ... "fold 5/5") before each fold's
+    training and on each fold's test line, so five test lines are told apart."""
+    task = write_task(tmp_path / "task.yaml", epochs=1, patience=0)
+    args = ["train", "--task", str(task), "--features", str(cohort.bags), "--labels", str(cohort.labels),
+            "--out", str(tmp_path / "cv"), "--cv", "5", "--no-progress"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    for k in range(1, 6):
+        assert any(f"fold {k}/5: training on " in line for line in lines), (k, res.output)
+        assert any(f"fold {k}/5: test AUROC" in line for line in lines), (k, res.output)
+    assert "fold 6/5" not in res.output and "fold 0/5" not in res.output
+
+
 @pytest.mark.slow
 def test_cross_validation_on_dask_equals_sequential(cohort, tmp_path: Path) -> None:
     from distributed import Client

@@ -229,7 +229,7 @@ def test_ctrl_c_keeps_the_finished_slides_in_the_manifest(
     rerun skips it and tiles case-1."""
     import wsi.pipelines.tile.stage as stage
 
-    real = stage.tile_slide
+    real = stage._tile_checked_slide  # what each batch job runs
 
     def ctrl_c_at_case_1(source, job):  # type: ignore[no-untyped-def]
         if source.slide_id == "case-1":
@@ -238,13 +238,13 @@ def test_ctrl_c_keeps_the_finished_slides_in_the_manifest(
 
     out = tmp_path / "run"
     args = [str(slides), "--out", str(out), "--tile-um", "128", "--tile-px", "64", "--no-progress"]
-    monkeypatch.setattr(stage, "tile_slide", ctrl_c_at_case_1)
+    monkeypatch.setattr(stage, "_tile_checked_slide", ctrl_c_at_case_1)
     result = _run(*args)
     assert result.exit_code == 130 and "interrupted" in result.stderr, result.output
     assert [(r["slide"], r["status"]) for r in _manifest(out)] == [("case-0", "ok")]
     assert int(_manifest(out)[0]["tiles"]) > 0
 
-    monkeypatch.setattr(stage, "tile_slide", real)
+    monkeypatch.setattr(stage, "_tile_checked_slide", real)
     result = _run(*args)
     assert result.exit_code == 0, result.output
     assert [(r["slide"], r["status"]) for r in _manifest(out)] == [("case-0", "skipped"), ("case-1", "ok")]

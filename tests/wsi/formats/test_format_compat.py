@@ -188,3 +188,24 @@ def test_an_old_bag_gains_stamps_feat_type_and_nothing_else(tmp_path: Path) -> N
     np.testing.assert_array_equal(after.coords_um, before.coords_um)
     assert after.provenance == before.provenance
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_info_shows_every_count_a_tile_file_stores_and_names_a_bags_two_precisions(tmp_path: Path) -> None:
+    """`wsi info` on a tile file lists where every tissue tile went, the artifact filters' counts among
+    them (ink), not only kept / background / blurry; on a bag it says what the file stores the features
+    as and what the encoder computed in, under names that do not look like two answers to one question."""
+    tiles, bag = tmp_path / "tiles.h5", tmp_path / "bag.h5"
+    _write_old_tile_file(tiles)
+    with h5py.File(tiles, "a") as h5:  # a newer file: two tissue tiles rejected as marker ink
+        h5.attrs["n_ink"] = 2
+        h5.attrs["n_tissue"] = int(h5.attrs["n_tissue"]) + 2
+        h5.attrs["n_grid"] = int(h5.attrs["n_grid"]) + 2
+    _write_old_bag(bag)
+    result = CliRunner().invoke(cli, ["info", str(tiles), str(bag)])
+    assert result.exit_code == 0, result.output
+    shown = dict(line.split(None, 1) for line in result.output.splitlines() if line.strip())
+    assert shown["n_ink"] == "2" and shown["n_kept"] == str(N)
+    for name in ("n_background", "n_blurry", "n_unreadable", "n_fold", "n_bubble", "n_border", "n_dust"):
+        assert name in shown, name
+    assert shown["stored_as"] == "float16" and shown["computed_in"] == "bf16"
+    assert "dtype" not in shown and "precision" not in shown

@@ -13,7 +13,7 @@ from wsi.formats.bags.check import count_nonfinite_rows, scan_bag
 from wsi.formats.bags.read import load_bag, read_bag_header
 
 #: attributes shown when present (ours, and STAMP's `extractor` / `stamp_version`)
-_SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles", "precision",
+_SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles",
           "created", "wsi_version", "extractor", "stamp_version")  # fmt: skip
 
 
@@ -43,10 +43,13 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonO
         out.update({k: v for k, v in header.attrs.items() if isinstance(v, str | int | float)})
         return out
     out["dim"] = bag.dim
-    out["dtype"] = str(bag.feats.dtype)
+    # two different facts, named apart: the file's number type, and the arithmetic the encoder ran in
+    out["stored_as"] = str(bag.feats.dtype)
+    if bag.meta.get("precision"):
+        out["computed_in"] = bag.meta["precision"]
     out["tile_size_um"] = bag.tile_size_um
     for key in _SHOWN:
-        if key in bag.meta:
+        if key in bag.meta and key not in out:
             out[key] = bag.meta[key]
     if bag.mpp_source and bag.mpp_source != "bag attribute mpp":
         out["mpp"], out["mpp_source"] = bag.mpp, bag.mpp_source

@@ -190,9 +190,9 @@ function draw() {
   document.body.dataset.heatDrawn = String(heatDrawn);
   if (ov.tiles && el("show-tiles").checked) {
     const size = ov.tiles.size;
-    ctx.strokeStyle = "rgb(0,170,0)"; ctx.lineWidth = 1;
+    ctx.strokeStyle = "rgb(0,158,115)"; ctx.lineWidth = 1; // the QC picture's kept outline (Okabe-Ito bluish green)
     for (const [x, y] of ov.tiles.xy) if (visible(x, y, size)) ctx.strokeRect(X(x), Y(y), size * s, size * s);
-    legend.push(`<div><span class="swatch" style="background:rgb(0,170,0)"></span>kept tiles (${ov.tiles.xy.length})</div>`);
+    legend.push(`<div><span class="swatch" style="border:2px solid rgb(0,158,115)"></span>kept tiles (${ov.tiles.xy.length})</div>`);
   }
   const classes = new Map(), counts = new Map();
   for (const [name, features] of Object.entries(state.geo)) {
@@ -201,12 +201,17 @@ function draw() {
       const props = f.properties || {}, cls = (props.classification && props.classification.name) || props.objectType || name;
       const [r, g, b] = qupathColor(props, cls, classes);
       counts.set(cls, [(counts.get(cls) || [0])[0] + 1, [r, g, b]]);
-      ctx.strokeStyle = `rgb(${r},${g},${b})`; ctx.lineWidth = props.objectType === "annotation" ? 2.5 : 1;
+      // the QC layer as the QC picture draws it (qc_style.js); other layers' objects as outlines
+      const style = name === "qc" ? qcStyle(props, cls, [r, g, b])
+        : { stroke: `rgb(${r},${g},${b})`, width: props.objectType === "annotation" ? 2.5 : 1, dash: [], dashStroke: null, fill: null };
       const geom = f.geometry || {};
       const polys = geom.type === "Polygon" ? [geom.coordinates] : geom.type === "MultiPolygon" ? geom.coordinates : [];
       ctx.beginPath();
       for (const poly of polys) for (const ring of poly) ring.forEach(([x, y], i) => i ? ctx.lineTo(X(x), Y(y)) : ctx.moveTo(X(x), Y(y)));
-      ctx.stroke();
+      if (style.fill) { ctx.fillStyle = style.fill; ctx.fill("evenodd"); }
+      ctx.lineWidth = style.width;
+      if (style.dashStroke) { ctx.setLineDash([]); ctx.strokeStyle = style.dashStroke; ctx.stroke(); }
+      ctx.setLineDash(style.dash); ctx.strokeStyle = style.stroke; ctx.stroke(); ctx.setLineDash([]);
     }
   }
   for (const [cls, [n, [r, g, b]]] of counts) legend.push(`<div><span class="swatch" style="background:rgb(${r},${g},${b})"></span>${escapeHtml(cls)} (${n})</div>`);
