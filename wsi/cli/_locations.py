@@ -33,11 +33,9 @@ class LocalPath(click.Path):
         from wsi.storage import is_url
         from wsi.storage.masking import shown
 
-        if is_url(str(value)):
-            self.fail(
-                f"{shown(value)} is a URL; this option takes a local file or folder: copy it here first",
-                param, ctx,
-            )  # fmt: skip
+        if is_url(str(value)):  # never Path(url): s3://b/x would become the local folder s3:/b/x
+            fix = "copy it here first" if self.exists else "give a local folder, then copy it there"
+            self.fail(f"{shown(value)} is a URL; this option takes a local file or folder: {fix}", param, ctx)
         kind = special_file_kind(str(value))
         if kind:
             self.fail(special_file_message(value, "", kind).strip(), param, ctx)

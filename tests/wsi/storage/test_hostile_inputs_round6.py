@@ -202,3 +202,42 @@ def test_a_recipe_holding_a_secret_is_refused_and_no_printed_line_shows_one(tmp_
     out = io.StringIO()
     MaskedStream(out).write(f"table row  s3://K:{SECRET}@b/x  https://h/y?X-Amz-Signature={SECRET}\n")
     assert SECRET not in out.getvalue() and "s3://***@b/x" in out.getvalue()
+
+
+# ------------------------------- 1, 8, 9. zero-shot's prompt file, and outputs that can only be local
+@pytest.mark.parametrize("kind", ["fifo", "device", "credentials"])
+def test_a_prompt_file_that_is_a_pipe_a_device_or_a_secret_url_is_refused_as_such(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+    from cohorts import make_bag
+
+    monkeypatch.chdir(tmp_path)
+    Path("bags").mkdir()
+    make_bag(Path("bags/a.h5"), label=0, rng=np.random.default_rng(0), n=4)  # any bag: prompts come first
+    prompts = URLS["credentials"][0] if kind == "credentials" else "p.yaml"
+    if kind != "credentials":
+        _special(Path(prompts), kind)
+    result = _invoke(["zero-shot", "bags", "--out", "zs", "--random-init", "--prompts", prompts])
+    assert result.exit_code == 2, result.output
+    want = {"fifo": "prompt file p.yaml is a pipe", "device": "prompt file p.yaml is a device",
+            "credentials": "the prompt file URL holds credentials"}[kind]  # fmt: skip
+    assert want in result.output and "no such file" not in result.output and SECRET not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["zero-shot", "bags", "--random-init", "--prompts", "nsclc", "--out"], ["demo", "--out"],
+     ["make-slides", "--n", "1", "--out"]],
+    ids=["zero-shot", "demo", "make-slides"],
+)  # fmt: skip
+def test_a_url_as_the_out_of_a_local_only_command_is_refused_not_made_a_local_folder(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("bags").mkdir()
+    result = _invoke([*args, URLS["credentials"][0]])
+    assert result.exit_code == 2, result.output
+    assert "is a URL" in result.output and "give a local folder" in result.output
+    assert SECRET not in result.output
+    assert not Path("s3:").exists()  # before: the folder s3:/AKIAXX:<secret>@bkt/... was made here
