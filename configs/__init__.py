@@ -46,7 +46,7 @@ def _load_yaml_once(
     candidate = Path(name_or_path)
     if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
         if not candidate.is_file():
-            raise ConfigError(f"{kind[:-1]} file {candidate} does not exist")
+            raise ConfigError(f"{kind[:-1]} file {name_or_path} does not exist")  # as given: no s3:/ fold
         return _mapping(load_yaml_file(candidate, what=f"{kind[:-1]} file"), str(candidate))
     res = resources.files(__name__).joinpath(kind, f"{name_or_path}.yaml")
     if not res.is_file():

@@ -41,7 +41,12 @@ class Preset:
 
 
 def load_preset(preset: str | Path) -> Preset:
-    """A packaged preset by name or a YAML path (parsed once per file version: `wsi.configs`)."""
+    """A packaged preset by name, a YAML path or URL (its local copy), parsed once per file version
+    (`wsi.configs`)."""
+    from wsi.storage import is_url, local_file
+
+    if is_url(str(preset)):
+        preset = local_file(str(preset), what="preset file")
     data, source = configs.load_yaml("models", preset)
     return Preset(dict(data), source)
 
@@ -68,7 +73,16 @@ def build_model(
     if in_dim is not None:
         data[input_width_field(str(data.get("kind", "mil")))] = in_dim
     data.update(overrides)
-    return build_model_from_config(data, source=source)
+    try:
+        return build_model_from_config(data, source=source)
+    except ConfigError as exc:
+        if attention is None or "unknown field 'attention'" not in str(exc):
+            raise
+        raise ConfigError(  # the option asked for it, not the preset file: name the option and the preset
+            f"--attention {attention}: the preset {Path(str(preset)).stem!r} (model kind "
+            f"{data.get('kind', 'mil')!r}) has no attention to choose; leave --attention out, or choose a "
+            "preset whose model takes one (vit-wsi, vit-wsi-small)"
+        ) from None
 
 
 def preset_kind(preset: str | Path) -> str:

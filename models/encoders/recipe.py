@@ -166,10 +166,36 @@ def load_recipe_yaml(path: str | Path) -> EncoderRecipe:
     data = load_yaml_file(path, what="encoder recipe")  # UTF-8, no aliases, size-capped
     recipe = parse_config(EncoderRecipe, data or {}, source=str(path))
     _refuse_self_loading(recipe, path)
+    _refuse_secrets(data or {}, path)
     for key, value in recipe.kwargs.items():
         if key.endswith("_layer") and value not in LAYER_NAMES:
             raise ConfigError(f"{path}: kwargs.{key}: unknown layer {value!r}; choose one of {LAYER_NAMES}")
     return dataclasses.replace(recipe, source=recipe.source or str(path))
+
+
+def _refuse_secrets(data: Mapping[str, Any], path: Path) -> None:
+    """A recipe is stored in every bag it makes (and printed by `wsi encoders`): a value holding a secret
+    (a URL's user:password, a signed URL's signature) is refused, named without it."""
+    from wsi.storage.urls import redact
+
+    for key, value in _strings(data):
+        if redact(value) != value:
+            raise ConfigError(
+                f"{path}: {key} {redact(value)} holds a secret (a URL's user:password or a signed URL's "
+                "signature), which would be stored in every bag made with this recipe; remove it (give "
+                "credentials the standard way: environment variables or your tool's credential file)"
+            )
+
+
+def _strings(value: object, where: str = "") -> list[tuple[str, str]]:
+    """(dotted place, text) of every string in a YAML value (mappings and lists, at any depth)."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, Mapping):
+        return [s for k, v in value.items() for s in _strings(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, list | tuple):
+        return [s for i, v in enumerate(value) for s in _strings(v, f"{where}.{i}")]
+    return []
 
 
 #: timm.create_model arguments that fetch or read weights by themselves (timm/_builder.py, load_checkpoint):

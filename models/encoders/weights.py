@@ -25,7 +25,7 @@ from wsi.core.errors import WeightsError
 from wsi.core.registry import Registry
 from wsi.core.user_text import load_json_file
 from wsi.models.encoders.recipe import EncoderRecipe
-from wsi.storage.hf import hub_weights, is_ref, parse_ref, repo_of
+from wsi.storage.hf import check_inside_cache, hub_weights, is_ref, parse_ref, repo_of
 from wsi.storage.urls import is_url
 
 log = logging.getLogger("wsi.models.encoders")
@@ -145,7 +145,11 @@ def located_weights(
         page=f"https://huggingface.co/{repo}" if repo else "",
     )  # fmt: skip
     whole = weights is None or (is_ref(weights) and not parse_ref(os.fspath(weights)).filename)
-    return found.parent if found is not None and whole else found  # a repository: its snapshot folder
+    if found is not None and whole:  # a repository: its snapshot folder, every file of it inside the cache
+        owner = parse_ref(os.fspath(weights)).repo if weights is not None else str(repo)
+        check_inside_cache(found.parent, owner)
+        return found.parent
+    return found
 
 
 def resolve_weights_path(

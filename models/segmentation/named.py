@@ -204,6 +204,7 @@ def segmenter_weights(name: str, kind: SegKind, weights: str | os.PathLike[str] 
     found = hub_weights(
         weights, repo=spec.hf_repo or None, files=(spec.hf_file,) if spec.hf_file else (),
         what=f"{kind} model {name!r}", page=f"https://huggingface.co/{spec.hf_repo}" if spec.hf_repo else "",
+        option=f"--{kind}-weights",
     )  # fmt: skip
     if found is None:
         raise ConfigError(

@@ -3,8 +3,9 @@
 - `refuse_case_clashes(files, bag_folder)`: tile files whose ids differ only by case (Slide1, slide1) would
   write one bag on macOS and Windows: the first keeps its id, the later ones fail naming both files. So
   does a tile file whose id differs only by case from a bag already in the folder.
-- `other_slide(job, overwrite=)`: a bag of this id made from another slide file than the one now being
-  embedded is refused without --overwrite (naming both files), never silently replaced or skipped.
+- `other_slide(job, overwrite=)`: a bag of this id made from another slide file (a local path or a URL)
+  than the one now being embedded is refused without --overwrite (naming both files), never silently
+  replaced or skipped.
 - `other_encoder(bag, name, encoder_id, overwrite=)`: a bag made by another encoder under the same id (a
   recipe YAML named like a packaged encoder) is refused without --overwrite, never silently replaced.
 - `bad_tiles(results, bag_folder)`: per slide, the tiles left out of its bag because they could not be read.
@@ -13,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from wsi.formats.bags import read_bag_attrs
 from wsi.models.encoders.recipe import is_recipe_path
 from wsi.pipelines.embed.engine import SlideJob
 from wsi.pipelines.scheduling.results import JobResult
+from wsi.storage.identity import SlideFingerprint, exists, same_file
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +98,13 @@ def other_slide(job: SlideJob, *, overwrite: bool) -> str:
     except WsiError:
         return ""  # unreadable: it is redone, nothing of value is replaced
     old, new = str(attrs.get("slide_path") or ""), job.tiles.slide_path
-    if not old or old == new:
+    if not old or same_file(old, new):  # also one file reached by two paths
         return ""
-    if Path(old).exists():
-        try:
-            if os.path.samefile(old, new):
-                return ""  # one file reached by two paths
-        except OSError:
-            pass
-    elif (attrs.get("level0_width"), attrs.get("level0_height")) == tuple(job.level0_size):
-        log.info("%s: %s is gone; taking %s as the same slide, moved", job.tiles.slide_id, old, new)
-        return ""
+    if not exists(old) and (attrs.get("level0_width"), attrs.get("level0_height")) == tuple(job.level0_size):
+        recorded = SlideFingerprint.from_attrs(dict(attrs))
+        if recorded is None or job.fingerprint is None or not recorded.differs(job.fingerprint, moved=True):
+            log.info("%s: %s is gone; taking %s as the same slide, moved", job.tiles.slide_id, old, new)
+            return ""
     return (
         f"slide id {job.tiles.slide_id!r} is already taken in {job.bag_path.parent}: {job.bag_path.name} was "
         f"made from {old}, but the tiles now being embedded ({job.tile_file}) come from {new}. Nothing "

@@ -37,6 +37,7 @@ from wsi.pipelines.embed.runtime import Runtime, encode, prepare_runtime, prepar
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.scheduling.jobs import describe_error
 from wsi.pipelines.scheduling.results import JobResult
+from wsi.storage.identity import SlideFingerprint
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class SlideJob:
     tile_params: JsonObject  # the tile stage's parameters, which made these coordinates
     level0_size: tuple[int, int] = (0, 0)  # the slide's (width, height) at level 0, px
     tile_file: str | None = None  # the tile file the coordinates came from
+    #: the slide file as the tile file recorded it, checked against the file now before the plan
+    fingerprint: SlideFingerprint | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ def bag_provenance(
         encoder_recipe=enc["recipe"],
         recipe_sha256=enc["recipe_sha256"],
         **stain_fields(stain, stain_fallback),
+        **(job.fingerprint.as_attrs() if job.fingerprint is not None else {}),  # type: ignore[arg-type]
     )
 
 
@@ -154,6 +158,29 @@ def _take_batch(
     b = int(batch.tiles.shape[0])
     acc.done += b
     return b
+
+
+def replaced_since(work: SlideWork) -> str:
+    """Why the slide's file is no longer the one planned (its size or version changed while its tiles
+    were read: the bag would mix two files), "" when it is the same. One stat or HEAD per slide."""
+    job = next(j for j in work.jobs if j is not None)
+    before = job.fingerprint
+    if before is None:
+        return ""
+    from wsi.core.errors import WsiError
+    from wsi.storage.identity import fingerprint
+
+    try:
+        now = fingerprint(job.tiles.slide_path, header=False)
+    except (OSError, WsiError):
+        return f"the slide file {job.tiles.slide_path} disappeared while its tiles were read; no bag written"
+    if (now.size, now.version) == (before.size, before.version):
+        return ""
+    return (
+        f"the slide file {job.tiles.slide_path} was replaced while its tiles were read ({before.size} bytes, "
+        f"{before.version} -> {now.size} bytes, {now.version}); no bag written: run `wsi tile` again (it "
+        "re-tiles a changed slide), then `wsi embed`"
+    )
 
 
 def _encode_batch(
@@ -281,6 +308,9 @@ def embed_works(
                 bar.update(_take_batch(acc, work, runtimes, batch, norm))
                 if acc.done < work.tiles.n:
                     continue
+                # the file read is the file planned; a replaced file is named as the cause first (its
+                # tiles then fail to decode, which alone would not say why)
+                acc.error = replaced_since(work) or acc.error
                 failed, queued = _close_slide(work, accs.pop(i), runtimes, options, stain, submit)
                 for k, row in failed.items():
                     results[i][k] = row

@@ -32,6 +32,7 @@ from wsi.pipelines.embed.config import EmbedOptions
 from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
 from wsi.pipelines.scheduling.results import JobResult
+from wsi.storage.identity import HEADER_BYTES, SlideFingerprint, current_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def read_tile_files(files: Sequence[Path], options: EmbedOptions) -> tuple[list[
             tile_params=tf.params,
             level0_size=(tf.meta.level0_width, tf.meta.level0_height),
             tile_file=str(path),
+            fingerprint=tf.meta.fingerprint,
         )
         slides.append((path, job, tf.meta.empty_reason or "the tile file holds no tile"))
     return slides, failed
@@ -76,12 +78,18 @@ def plan(
     the encoders that need it (a finished bag of one encoder is not recomputed for another)."""
     rows: list[list[JobResult]] = [[] for _ in encoders]
     needed: dict[Path, list[SlideJob | None]] = {}
+    slides, changed = _as_they_are(slides)
     for k, enc in enumerate(encoders):
         out = bag_dir(out_dir, enc.encoder_id)
         refused = refuse_case_clashes(files, out)
         rows[k] += [refused_row(f.stem, str(f), why) for f, why in refused.items()]
         for path, base, empty_reason in slides:
             if path in refused:
+                continue
+            if path in changed and not options.overwrite:  # tiles of another file than the one there now
+                job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
+                why = other_slide(job, overwrite=options.overwrite) or changed[path]  # a clash says more
+                rows[k].append(refused_row(base.tiles.slide_id, base.tiles.slide_path, why))
                 continue
             job = dataclasses.replace(base, bag_path=out / f"{base.tiles.slide_id}{BAG_SUFFIX}")
             row = _decide(job, enc, options, stain, empty_reason)
@@ -90,6 +98,29 @@ def plan(
             else:
                 rows[k].append(row)
     return rows, [SlideWork(tuple(jobs)) for jobs in needed.values()]
+
+
+def _as_they_are(slides: Sequence[Slide]) -> tuple[list[Slide], dict[Path, str]]:
+    """Each slide's job with the fingerprint of its file as it is now (a stat and its header: no full
+    read); and the tile files whose slide file changed since they were made -> why."""
+    out, changed = [], {}
+    for path, job, empty_reason in slides:
+        if job.tiles.n == 0:
+            out.append((path, job, empty_reason))
+            continue
+        current = current_fingerprint(job.tiles.slide_path)
+        # size and header: a copy or an upload of the same file has a version of its own (the tile stage,
+        # which re-tiles a slide whose version changed at the same place, compares that too)
+        known = job.fingerprint is not None and current is not None
+        why = job.fingerprint.differs(current, moved=True) if known else ""  # type: ignore[union-attr,arg-type]
+        if why:
+            changed[path] = (
+                f"the slide file {job.tiles.slide_path} changed since its tiles were made ({why}): its tiles "
+                f"({path.name}) would be cut from another image. Run `wsi tile` again (it re-tiles a changed "
+                "slide), then `wsi embed`"
+            )
+        out.append((path, dataclasses.replace(job, fingerprint=current or job.fingerprint), empty_reason))
+    return out, changed
 
 
 def _decide(
@@ -126,6 +157,15 @@ def stale(job: SlideJob, encoder: Encoder, dtype: str, stain: StainReference | N
     except WsiError:  # unreadable, or not all of its provenance (ConfigError): redo it
         return "incomplete provenance"
     want = stain_fields(stain, None)
+    if made.slide_size is not None and made.slide_version is not None and job.fingerprint is not None:
+        recorded = SlideFingerprint(
+            made.slide_size, made.slide_version, made.slide_header_sha256 or "",
+            made.slide_header_bytes or HEADER_BYTES,
+        )  # fmt: skip
+        moved = made.slide_path != job.tiles.slide_path  # a moved file has a version of its own
+        why = recorded.differs(job.fingerprint, moved=moved)
+        if why:
+            return f"the slide file changed since the bag was made: {why}"
     same = made.tile_params == job.tile_params and made.n_tiles_requested == job.tiles.n
     checks = (
         (same and _same_tiles(made, job), "the tiles changed"),

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError, WsiError
 from wsi.core.files import is_temp_name
-from wsi.core.output_lock import output_lock
 from wsi.core.suffixes import BAG_SUFFIX, TILE_FILE_SUFFIX
 from wsi.models.encoders import Encoder, encoder_id_for
 from wsi.models.encoders.stain import StainReference
@@ -41,6 +40,7 @@ from wsi.pipelines.scheduling.devices import resolve_device
 from wsi.pipelines.scheduling.jobs import JobsInterrupted, describe_error, run_jobs, write_manifest
 from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult
 from wsi.storage import Mirror, origin, remote_output
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 

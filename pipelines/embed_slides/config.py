@@ -26,7 +26,8 @@ class SlideEmbedOptions:
     encoder: str = setting(
         choices=_slide_encoder_names, help="Slide encoder name (see `wsi encoders --slide`)."
     )
-    weights: Path | None = setting(
+    #: a path, a URL or hf:ORG/REPO, kept as given (a Path would fold s3:// to s3:/)
+    weights: str | Path | None = setting(
         None, help="The authors' checkpoint file, their model folder, or hf:ORG/REPO [default: a Hub model's "
         "file in the Hugging Face cache].",
     )  # fmt: skip

@@ -52,6 +52,11 @@ class PredictOptions:
     overwrite: bool = setting(
         False, help="Predict every slide again, also those finished by a run into --out."
     )
+    allow_unfinished: bool = setting(
+        False,
+        help="Predict with a model folder whose training is still running or did not finish (its current "
+        "best checkpoint); refused without it.",
+    )
     stream_above_tiles: int | None = setting(
         STREAM_ABOVE_TILES, ge=1, le=MAX_COUNT,
         help="Read a slide's bag of more tiles from its file chunk by chunk, in bounded memory: the same "

@@ -46,7 +46,6 @@ import numpy as np
 from wsi.core.config import with_settings
 from wsi.core.errors import WsiError
 from wsi.core.files import write_csv_atomic
-from wsi.core.output_lock import output_lock
 from wsi.core.progress import progress as progress_bar
 from wsi.pipelines.inputs import Item, with_resolution
 from wsi.pipelines.predict.config import PredictOptions
@@ -63,12 +62,14 @@ from wsi.pipelines.predict.progress import Finished, Flusher, Progress, case_key
 from wsi.pipelines.predict.run_model import RunModel, load_run
 from wsi.pipelines.predict.stream import stream_length, streamed_outputs
 from wsi.pipelines.predict.top_tiles import TopTiles
+from wsi.pipelines.runs.finished import refuse_unfinished
 from wsi.pipelines.scheduling.jobs import describe_error, write_manifest
 from wsi.pipelines.scheduling.remote import remote_edges
 from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult, Status
 from wsi.pipelines.study.cases import CaseCollate, CaseDataset
 from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.labels import default_patient
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,16 @@ class PredictResult(StageResult[JobResult]):
     level: str = field(default="slide", kw_only=True)  # a row: "slide", "image" or "patient"
 
 
-@remote_edges(out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",))
+def _finished_model(kwargs: dict[str, Any]) -> None:
+    """A model whose training still runs or stopped early is refused (unless allow_unfinished)."""
+    options, settings = kwargs.get("options"), kwargs
+    allow = bool(settings.get("allow_unfinished", getattr(options, "allow_unfinished", False)))
+    refuse_unfinished(kwargs["model_dir"], allow=allow)
+
+
+@remote_edges(
+    out="out_dir", folders={"features_dir": "--features folder"}, runs=("model_dir",), guard=_finished_model
+)
 def predict(
     *,
     model_dir: str | Path,

@@ -25,6 +25,7 @@ from pydantic import PlainValidator
 
 from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage import Mirror, Url, local_file, local_folder, location, remote_output
+from wsi.storage.folder_lock import output_lock
 
 
 def _location(value: Any) -> Path | Url | None:
@@ -84,6 +85,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def remote_edges(
     *, out: str, files: Mapping[str, str] = {}, folders: Mapping[str, str] = {}, runs: tuple[str, ...] = (),
     hook: str | None = None, units: tuple[str, ...] = (),
+    guard: Callable[[dict[str, Any]], None] | None = None,
 ) -> Callable[[F], F]:  # fmt: skip
     """Let a whole-run stage (train, predict) take URLs for its keyword arguments, unchanged inside.
 
@@ -93,12 +95,15 @@ def remote_edges(
     out:     the output folder: a remote one is pulled (resume), the stage runs in its mirror, and what
              it wrote is uploaded when it returns or fails, and after every epoch through `hook` (the
              stage's per-epoch callback argument, chained with the caller's); folders named in `units`
-             (resume/) go up as wholes.
+             (resume/) go up as wholes. The folder's lock is held from the pull to the last upload.
+    guard:   called with the arguments as given, before any of them is made local.
     """
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(**kwargs: Any) -> Any:
+            if guard is not None:  # checks on the arguments as given (URLs), before anything is fetched
+                guard(kwargs)
             for name, what in files.items():
                 if kwargs.get(name) is not None:
                     kwargs[name] = local_file(kwargs[name], what=what)
@@ -111,14 +116,17 @@ def remote_edges(
             mirror = remote_output(kwargs.get(out))
             if mirror is None:
                 return fn(**kwargs)
-            mirror.pull_folder(units=units)
-            kwargs[out] = mirror.local
-            if hook is not None:
-                kwargs[hook] = functools.partial(_after_epoch, mirror, units, kwargs.get(hook))
-            try:
-                return fn(**kwargs)
-            finally:
-                mirror.push_all(units=units)
+            # the folder's lock (this machine's and the remote one every machine honours) from before the
+            # pull to after the last upload: no other writer's files can come between
+            with output_lock(mirror.local):
+                mirror.pull_folder(units=units)
+                kwargs[out] = mirror.local
+                if hook is not None:
+                    kwargs[hook] = functools.partial(_after_epoch, mirror, units, kwargs.get(hook))
+                try:
+                    return fn(**kwargs)
+                finally:
+                    mirror.push_all(units=units)
 
         return cast(F, inner)
 

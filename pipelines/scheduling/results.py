@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Literal, TypeVar, overload
 
+from wsi.storage.masking import shown
+
 # ok: done now; skipped: already done by an earlier run; empty: ran, but produced nothing usable (a slide
 # that kept no tile); failed: an error. `empty` and `failed` both make a command exit non-zero.
 Status = Literal["ok", "skipped", "empty", "failed"]
@@ -30,6 +32,14 @@ class JobResult:
     seconds: float = 0.0
     error: str = ""
     note: str = ""  # a case that succeeded without everything asked for: what is missing and why
+
+    def __post_init__(self) -> None:
+        # what a row says reaches the manifest, the log and the terminal: no secret, and a remote output
+        # named by its URL rather than by this machine's mirror of it
+        for name in ("error", "note"):
+            text = getattr(self, name)
+            if text and isinstance(text, str):
+                object.__setattr__(self, name, shown(text))
 
 
 @dataclass(frozen=True)

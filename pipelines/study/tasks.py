@@ -347,7 +347,12 @@ def parse_task(data: Mapping[str, object], *, source: str) -> TaskConfig:
 
 
 def load_task(name_or_path: str | Path) -> TaskConfig:
-    """A packaged task by name (`nsclc-subtype`) or a user's YAML file by path."""
+    """A packaged task by name (`nsclc-subtype`) or a user's YAML file by path or URL (its local copy;
+    a URL with credentials is refused without being shown)."""
+    from wsi.storage import is_url, local_file
+
+    if is_url(str(name_or_path)):
+        name_or_path = local_file(str(name_or_path), what="task file")
     data, source = load_yaml("tasks", name_or_path)
     data.setdefault("name", Path(str(name_or_path)).stem)
     return parse_task(data, source=source)

@@ -6,7 +6,9 @@ that fixes it:
 - `refuse_id_clashes(sources, out_dir)`: ids that are not safe file names, and ids equal, or equal but for
   case, to an earlier slide's in the same batch or to another slide's already in `out_dir` (macOS and
   Windows keep one file for `Slide1.h5` and `slide1.h5`): the later slide is refused, the batch goes on.
-- `check_same_slide(...)`: an id whose tile file in `out_dir` was made from another slide file.
+- `check_same_slide(...)`: an id whose tile file in `out_dir` was made from another slide file (a local
+  path or a URL); `slide_changed(...)`: the slide file at the same place replaced (its fingerprint, size,
+  version and header, differs from the one recorded); `check_unchanged(...)`: replaced while tiled.
 - `mpp_disagreement(...)`: a given mpp more than 2x from the slide's metadata.
 - `explain_empty(...)`: why a slide kept no tile, naming the filter and the option that controls it.
 - `file_damage(...)`, `check_damage(...)`: how much of the file could not be decoded, counted in the
@@ -18,14 +20,13 @@ that fixes it:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wsi.core.errors import SlideError, SlideIdError
+from wsi.core.errors import SlideError, SlideIdError, WsiError
 from wsi.core.files import sanitize_slide_id
 from wsi.formats.tile_meta import DamageRecord, TileFileMeta
 from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note, why_artifact
@@ -38,6 +39,7 @@ from wsi.slides.tiff_tiles import (
     file_tile_px,
     file_tiles_under,
 )
+from wsi.storage.identity import SlideFingerprint, exists, fingerprint, same_file
 from wsi.tiling.artifacts import FILTERS
 from wsi.tiling.background import Background, looks_dark_maybe
 from wsi.tiling.grid import TileCounts, TissueGrid
@@ -119,16 +121,41 @@ def check_same_slide(source: SlideSource, meta: TileFileMeta, tile_file: Path, *
     moved; the caller compares its size before replacing the tiles), False when nothing is in the way.
     """
     old = meta.slide_path
-    if overwrite or not old or old == str(source.path):
+    if overwrite or not old or same_file(old, source.path):  # also one file reached by two paths
         return False
-    if Path(old).exists():
-        try:
-            if os.path.samefile(old, source.path):
-                return False  # one file reached by two paths (a link, another mount)
-        except OSError:
-            pass
+    if exists(old):  # a local path or a URL (`wsi.storage.identity`)
         raise SlideIdError(same_id_message(source, meta, tile_file))
     return True
+
+
+def slide_changed(meta: TileFileMeta, current: SlideFingerprint | None) -> str:
+    """Why the slide file at the recorded place is not the one these tiles were cut from ("" when it is,
+    or when either fingerprint is unknown: a tile file from before they were recorded, a slide that
+    cannot be looked at, which opening it will report)."""
+    if meta.fingerprint is None or current is None:
+        return ""
+    return meta.fingerprint.differs(current)
+
+
+def check_unchanged(source: SlideSource, before: SlideFingerprint | None, tile_file: Path) -> None:
+    """SlideError (its new tile file removed) when the slide file was replaced while it was being tiled:
+    the tiles would mix two files."""
+    if before is None:
+        return
+    try:
+        after = fingerprint(source.path, header=False)
+    except (OSError, WsiError):
+        after = None
+    why = "it is gone" if after is None else (
+        "" if (after.size, after.version) == (before.size, before.version) else
+        f"{before.size} bytes, {before.version} -> {after.size} bytes, {after.version}"
+    )  # fmt: skip
+    if why:
+        tile_file.unlink(missing_ok=True)
+        raise SlideError(
+            f"{source.path}: the slide file was replaced while it was being tiled ({why}); nothing was kept. "
+            "Run the command again once the file stays as it is"
+        )
 
 
 def same_id_message(source: SlideSource, meta: TileFileMeta, tile_file: Path) -> str:
@@ -293,9 +320,14 @@ def damage_record(found: TissueGrid, damage: FileDamage | None) -> DamageRecord:
     )
 
 
-def check_moved(slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path) -> None:
-    """The old slide file is gone: replace its tiles only when this slide has its size (it moved)."""
+def check_moved(
+    slide: Slide, source: SlideSource, previous: TileFile, tile_file: Path, current: SlideFingerprint | None
+) -> None:
+    """The old slide file is gone: replace its tiles only when this slide has its dimensions and, where
+    recorded, its file size and header (it moved)."""
     meta = previous.meta
     if (meta.level0_width, meta.level0_height) != tuple(slide.dimensions):
+        raise SlideIdError(same_id_message(source, meta, tile_file))
+    if meta.fingerprint is not None and current is not None and meta.fingerprint.differs(current, moved=True):
         raise SlideIdError(same_id_message(source, meta, tile_file))
     log.info("%s: recomputing (slide moved from %s, which is gone)", source.slide_id, meta.slide_path)

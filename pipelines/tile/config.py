@@ -96,7 +96,7 @@ class SegmentationOptions:
     )
     #: the CLI turns hf:ORG/REPO, a URL or nothing into the local file before building these options
     #: (`wsi.models.segmentation.named.segmenter_weights`)
-    tissue_weights: Path | None = setting(
+    tissue_weights: str | Path | None = setting(
         None, default_text="the file `hf download MahmoodLab/hest-tissue-seg FILE` put in the cache",
         help="Its weights: GrandQC's Tissue_Detection_MPP10.pth or HEST's deeplabv3_seg_v4.ckpt, or "
         "hf:ORG/REPO.",
@@ -107,7 +107,7 @@ class SegmentationOptions:
         "focus), run at 1 um/px (-mpp15: 1.5, -mpp2: 2); needs --artifact-weights but at 1 um/px (then the "
         "Hugging Face cache).",
     )
-    artifact_weights: Path | None = setting(
+    artifact_weights: str | Path | None = setting(
         None,
         help="Its weights as a state dict (TRIDENT's GrandQC_MPP1_state_dict.pth); GrandQC's own .pth files "
         "are pickled models and are refused.",

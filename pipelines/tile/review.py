@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wsi.core.errors import ConfigError, ReviewError
-from wsi.core.files import sha256_file
+from wsi.core.files import check_regular_file, is_regular_file, sha256_file
 from wsi.formats.qupath import ReviewFile, read_review
 from wsi.formats.qupath.read import inside_any
 from wsi.formats.tile_file import Candidates, TileFile, open_tile_pixels, read_candidates, write_tile_file
@@ -72,7 +72,9 @@ def review_file_for(review: Path | None, slide_id: str) -> Path | None:
         return None
     if not review.is_dir():
         return review
-    return next((f for s in _SUFFIXES if (f := review / f"{slide_id}{s}").is_file()), None)
+    return next(
+        (f for s in _SUFFIXES if is_regular_file(f := review / f"{slide_id}{s}", "--review file")), None
+    )
 
 
 def review_digest(review: Path | None, slide_id: str) -> str:
@@ -106,9 +108,12 @@ def check_review_option(review: Path | None, out_dir: Path, slide_ids: Sequence[
         raise ConfigError(
             f"--review {review} is one file for {len(slide_ids)} slides: give a folder of <slide_id>.geojson"
         )
+    if not review.is_dir():
+        check_regular_file(review, "--review")  # a pipe would be read twice (digest, then content)
     if review.is_dir():
         ids = set(slide_ids)
-        files = [f for f in review.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES)]
+        named = [f for f in review.iterdir() if f.name.endswith(_SUFFIXES)]
+        files = [f for f in named if is_regular_file(f, "--review file")]  # a pipe or device: refused
         stray = sorted(f.name for f in files if _stem(f) not in ids)
         if stray:
             log.warning(

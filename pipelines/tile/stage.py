@@ -25,7 +25,6 @@ from typing import Any
 
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError
-from wsi.core.output_lock import output_lock
 from wsi.core.suffixes import TILE_FILE_SUFFIX
 from wsi.core.work_bounds import check_grid
 from wsi.formats.qupath import ReviewFile, Roi
@@ -37,11 +36,13 @@ from wsi.pipelines.tile.artifacts import COLOUR_NAMES, ink_colour_counts
 from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
+    check_unchanged,
     check_usable_id,
     damage_note,
     damage_record,
     explain_empty,
     refuse_id_clashes,
+    slide_changed,
 )
 from wsi.pipelines.tile.config import TileOptions
 from wsi.pipelines.tile.filters import filter_tiles
@@ -65,6 +66,8 @@ from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import read_thumbnails
 from wsi.storage import Mirror, remote_output
+from wsi.storage.folder_lock import output_lock
+from wsi.storage.identity import SlideFingerprint, current_fingerprint
 from wsi.tiling.artifacts import INK
 from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue
 from wsi.tiling.params import TileParams
@@ -192,22 +195,32 @@ def _tile_checked_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
     moved = previous is not None and check_same_slide(
         source, previous.meta, paths.h5, overwrite=job.overwrite
     )
+    current = current_fingerprint(source.path)  # a stat and the header: the slide as it is now
     if previous is not None and not moved:
-        done = _finished(source, job, paths, previous)
-        if done is not None:
-            return done
+        changed = slide_changed(previous.meta, current)
+        if changed:  # replaced at the same place: its tiles are never reused
+            log.info(
+                "%s: recomputing (the slide file changed since it was tiled: %s)", source.slide_id, changed
+            )
+        else:
+            done = _finished(source, job, paths, previous)
+            if done is not None:
+                return done
     roi = load_roi(job.roi, source.slide_id)  # an unusable ROI or review leaves old output alone, too
     review = load_review(job.review, source.slide_id)
     # a slide that cannot be opened leaves old output alone
     slide, mpp_source, mpp_note = open_with_mpp(source, job.backend, job.fallback_mpp, job.mpp_override)
     with slide:
         if moved and previous is not None:
-            check_moved(slide, source, previous, paths.h5)
+            check_moved(slide, source, previous, paths.h5, current)
         # Drop the old tile file first: from here on only a new, complete one may say "done".
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        meta, note = _tile_open_slide(slide, source, job, paths, mpp_source, mpp_note, roi=roi, review=review)
+        meta, note = _tile_open_slide(
+            slide, source, job, paths, mpp_source, mpp_note, roi=roi, review=review, fingerprint=current
+        )
+    check_unchanged(source, current, paths.h5)  # replaced while it was read: its tile file goes
     if meta.empty_reason:
         log.warning("%s: %s", source.slide_id, meta.empty_reason)
         why = meta.empty_reason
@@ -263,7 +276,7 @@ def _finished(
 
 def _tile_open_slide(
     slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
-    roi: Roi | None = None, review: ReviewFile | None = None,
+    roi: Roi | None = None, review: ReviewFile | None = None, fingerprint: SlideFingerprint | None = None,
 ) -> tuple[TileFileMeta, str]:  # fmt: skip
     """The four steps of one slide: tissue, filters (+ pixels), QC image (the filters' verdicts), tile
     file (last: "done"; the review applied). Returns the tile file's record and what could not be decoded.
@@ -338,6 +351,7 @@ def _tile_open_slide(
         upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
         segmentation=None if job.segmentation is None
         else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
+        fingerprint=fingerprint,
     )  # fmt: skip
     cells = found.candidates
     candidates = Candidates(

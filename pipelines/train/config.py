@@ -98,6 +98,11 @@ class TrainOptions:
         None, existing="any",
         help="Start from a run folder or .safetensors (softmax weights are transferred to --attention).",
     )  # fmt: skip
+    allow_unfinished: bool = setting(
+        False,
+        help="Start --init-from a run whose training is still running or did not finish (its current best "
+        "checkpoint); refused without it.",
+    )
     mpp: float | None = setting(
         None, gt=0, le=MAX_MPP,
         help="Level-0 um/px of the slides behind bags that store pixel coordinates (CLAM, TRIDENT); needed "

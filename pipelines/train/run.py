@@ -24,8 +24,8 @@ import torch
 from wsi.core.config import config_dict, with_settings
 from wsi.core.errors import ConfigError
 from wsi.core.files import write_csv_atomic
-from wsi.core.output_lock import output_lock
 from wsi.pipelines.inputs import InputAdapter, Item, build_input, with_resolution
+from wsi.pipelines.runs.finished import refuse_unfinished
 from wsi.pipelines.runs.record import (
     Counts,
     InputRecord,
@@ -52,6 +52,7 @@ from wsi.pipelines.train.results import TrainResult, summarise_folds
 from wsi.pipelines.train.slide_level import for_features
 from wsi.pipelines.train.splits import Split, kfold_items, split_items
 from wsi.storage import origin
+from wsi.storage.folder_lock import output_lock
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,18 @@ def train(
     return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
 
+def _finished_init(kwargs: dict[str, Any]) -> None:
+    """--init-from a run whose training still runs or stopped early is refused (unless allow_unfinished),
+    as `wsi predict --model` refuses it: its weights are a checkpoint, not the model."""
+    options: TrainOptions = kwargs["options"]
+    if kwargs.get("init_from") is not None and not options.resume:
+        refuse_unfinished(kwargs["init_from"], allow=options.allow_unfinished, option="--init-from")
+
+
 @remote_edges(
     out="out_dir", files={"labels_csv": "label table"}, runs=("init_from",), hook="on_epoch_end",
     folders={"features_dir": "--features folder", "images_dir": "--images folder"}, units=("resume",),
+    guard=_finished_init,
 )  # fmt: skip
 def _train(
     *, task: str | Path | TaskConfig, labels_csv: str | Path, out_dir: str | Path, features_dir: Any,

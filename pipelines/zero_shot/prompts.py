@@ -91,8 +91,15 @@ def packaged_prompts() -> list[str]:
 
 
 def load_prompts(source: str | Path, default_templates: tuple[str, ...]) -> PromptSet:
-    """A prompt file (YAML or CONCH's JSON) or a packaged prompt set's name (`nsclc`)."""
+    """A prompt file (YAML or CONCH's JSON; a URL: its local copy) or a packaged prompt set's name
+    (`nsclc`). A pipe or device is refused naming it, not taken for a missing file."""
+    from wsi.core.files import check_regular_file
+    from wsi.storage import is_url, local_file
+
+    if is_url(str(source)):  # never Path(url), which folds s3:// to s3:/; credentials are refused
+        source = local_file(str(source), what="prompt file")
     path = Path(source)
+    check_regular_file(path, "prompt file")
     if not path.is_file():
         packaged = resources.files("wsi.configs").joinpath("prompts", f"{source}.yaml")
         if not packaged.is_file():

@@ -45,7 +45,9 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except WsiError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            from wsi.storage.masking import shown
+
+            click.echo(f"Error: {shown(exc)}", err=True)
             raise SystemExit(EXIT_USAGE) from None
         except KeyboardInterrupt:
             ctx = click.get_current_context(silent=True)

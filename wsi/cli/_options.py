@@ -23,6 +23,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 import click
@@ -131,6 +132,14 @@ def _click_type(hint: Any, meta: Mapping[str, Any]) -> tuple[Any, bool, bool]:
     return str, False, False
 
 
+def _local_path_only(hint: Any) -> bool:
+    """A field that takes a local path only (Path, not also str or a URL type)."""
+    from wsi.storage import Url
+
+    args = set(typing.get_args(hint)) or {hint}
+    return Path in args and not args & {str, Url}
+
+
 def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType:
     """An existing path; also a URL where the field takes one (`wsi.storage.Url` in its type)."""
     from wsi.storage import Url
@@ -139,7 +148,9 @@ def _path_type(hint: Any, *, file_okay: bool, dir_okay: bool) -> click.ParamType
         from wsi.cli._locations import PathOrUrl
 
         return PathOrUrl(exists=True, file_okay=file_okay, dir_okay=dir_okay)
-    return click.Path(exists=True, file_okay=file_okay, dir_okay=dir_okay)
+    from wsi.cli._locations import LocalPath
+
+    return LocalPath(exists=True, file_okay=file_okay, dir_okay=dir_okay, path_type=None)
 
 
 def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
@@ -154,6 +165,10 @@ def _option(model: type, flag: str, path: str) -> Callable[[F], F]:
     existing = extra.get("existing")
     if existing is not None:  # refused before any work, as click does for its own paths
         kind = _path_type(hint, file_okay=existing != "dir", dir_okay=existing != "file")
+    elif _local_path_only(hint):  # a URL named as one, never made the local path s3:/b/x
+        from wsi.cli._locations import LocalPath
+
+        kind = LocalPath(path_type=None)
     computed = f.default is dataclasses.MISSING
     default = None if computed else f.default
     default_text = extra.get("default_text")

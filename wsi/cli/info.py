@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._locations import PathOrUrl
 from wsi.cli._options import config_options, field_type
 from wsi.pipelines.tile.config import TileOptions
+from wsi.storage.urls import Url
 
 if TYPE_CHECKING:  # h5py and numpy (wsi.formats.folder_info) load only when a folder is summarised
     from wsi.formats.folder_info import FolderSummary, Manifest, RunSummary, Spread
@@ -41,7 +43,7 @@ Exit status 1 when a bag is one wsi train and predict refuse (its `usable` line 
 file of a folder cannot be read.
 """,
 )
-@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=PathOrUrl())
 @click.option(
     "--mpp",
     type=field_type(TileOptions, "mpp"),  # the range of a slide's mpp
@@ -68,10 +70,11 @@ def command(
     from wsi.formats.folder_info import RunSummary, folder_info
     from wsi.formats.tile_file import is_tile_file, tile_file_info
     from wsi.slides.slide_info import slide_info
+    from wsi.storage.masking import shown
 
     refused = 0
     checked: Counter[str] = Counter()  # files that could be refused, by kind: "bag", "tile file"
-    paths = [part for given in files for part in _series_or_folder(given)]
+    paths = [part for given in files for part in _series_or_folder(_local(given))]
     for i, path in enumerate(paths):
         if path.is_dir():
             found = folder_info(path, features=read_features)
@@ -100,7 +103,7 @@ def command(
             click.echo("")
         width = max(len(k) for k in summary)
         for key, value in summary.items():
-            click.echo(f"{key:<{width}}  {value}")
+            click.echo(shown(f"{key:<{width}}  {value}"))  # a remote file by its URL, not its local copy
     if refused:  # not exit 0 for a bag that the next command refuses
         kinds = [kind for kind, n in checked.items() if n]
         noun = f"{kinds[0]}(s)" if len(kinds) == 1 else "file(s)"
@@ -110,6 +113,15 @@ def command(
             err=True,
         )
         raise SystemExit(1)
+
+
+def _local(given: Path | Url) -> Path:
+    """A URL's file copied to the local cache, or its folder pulled into this machine's mirror."""
+    from wsi.storage import is_remote_file, local_file, local_folder
+
+    if not isinstance(given, Url):
+        return given
+    return local_file(given, what="file") if is_remote_file(given) else local_folder(given)
 
 
 def _series_or_folder(path: Path) -> list[Path]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import io
 import logging
 import os
-from typing import NamedTuple
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import click
 
@@ -52,6 +55,36 @@ def load_command(name: str) -> click.Command:
 
 
 class _LazyGroup(click.Group):
+    def main(
+        self, args: Sequence[str] | None = None, prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True, **extra: Any,
+    ) -> Any:  # fmt: skip
+        """click's main, with everything it writes shown through `wsi.storage.masking.shown`: usage errors
+        quoting an option's value, and every line a command prints (a recipe's source, a table, a
+        summary), so no output names a secret or this machine's cache folder for a URL."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        from wsi.storage.masking import MaskedStream, shown
+
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = MaskedStream(sys.stdout), MaskedStream(sys.stderr)
+        try:
+            try:
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except click.ClickException as exc:
+                text = io.StringIO()
+                exc.show(file=text)
+                sys.stderr.write(shown(text.getvalue()))
+                sys.stderr.flush()
+                sys.exit(exc.exit_code)
+            except click.Abort:
+                click.echo("Aborted!", err=True)
+                sys.exit(1)
+            sys.exit(code if isinstance(code, int) else 0)
+        finally:
+            sys.stdout, sys.stderr = streams
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -92,3 +125,13 @@ def cli(verbose: int, quiet: bool) -> None:
     logging.getLogger("pyvips").setLevel(logging.WARNING)  # libvips logs every thread pool at info
     for noisy in ("fsspec", "s3fs", "aiobotocore", "botocore", "urllib3"):  # every block read, every request
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    from wsi.core.errors import WsiError
+    from wsi.storage.masking import mask_log_handlers, shown
+    from wsi.storage.settings import check_environment
+
+    mask_log_handlers()  # no log line prints a secret, or a local cache folder for a URL
+    try:  # a bad WSI_* variable is one usage error now, not a failure per slide later
+        check_environment()
+    except WsiError as exc:
+        click.echo(f"Error: {shown(exc)}", err=True)
+        raise SystemExit(2) from None

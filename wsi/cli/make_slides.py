@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from wsi.cli._common import user_errors
+from wsi.cli._locations import LocalPath
 from wsi.cli._options import config_options
 from wsi.synthetic.scene import CohortSettings
 
@@ -29,7 +30,7 @@ Examples:
   wsi make-slides --out nompp/ --n 1 --no-mpp            # a slide that needs --mpp downstream
 """,
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", required=True, type=LocalPath(file_okay=False),
               help="Folder for the slides (created); also gets slides.json describing each one.")  # fmt: skip
 @config_options(CohortSettings, COHORT_FLAGS, into="cohort")
 @user_errors

@@ -19,7 +19,7 @@ PREDICT_FLAGS = {
     "--device": "device",
     "--workers": "workers", "--scheduler": "scheduler", "--labels": "labels_csv", "--top-tiles": "top_tiles",
     "--heatmaps": "heatmaps", "--geojson": "geojson", "--stream-above-tiles": "stream_above_tiles",
-    "--overwrite": "overwrite", "--progress": "progress",
+    "--overwrite": "overwrite", "--progress": "progress", "--allow-unfinished": "allow_unfinished",
 }  # fmt: skip
 
 

@@ -237,9 +237,11 @@ def heavy_filter_lines(heavy: Sequence[HeavyFilters]) -> list[str]:
 
 
 def _located(model: str | None, weights: str | None, kind: str) -> str | None:
-    """--*-weights as given; left out (or hf:ORG/REPO) for a model: its file in the Hugging Face cache
-    (offline; `segmenter_weights`)."""
-    if model is None or (weights is not None and not weights.startswith("hf:")):
+    """--*-weights as given; a URL: its local copy; left out (or hf:ORG/REPO) for a model: its file in the
+    Hugging Face cache (offline; `segmenter_weights`). Never Path(url), which would fold s3:// to s3:/."""
+    from wsi.storage import is_url
+
+    if model is None or (weights is not None and not weights.startswith("hf:") and not is_url(weights)):
         return str(Path(weights).absolute()) if weights else weights
     from wsi.models.segmentation.named import segmenter_weights
 

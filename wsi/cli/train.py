@@ -21,7 +21,8 @@ TRAIN_FLAGS = {
     "--device": "device", "--epochs": "epochs", "--seed": "seed", "--batch-size": "batch_size",
     "--grad-accum": "grad_accum", "--bag-size": "bag_size", "--num-workers": "num_workers",
     "--standardize-features": "standardize_features", "--cv": "cv", "--scheduler": "scheduler",
-    "--resume": "resume", "--init-from": "init_from", "--mpp": "mpp", "--progress": "progress",
+    "--resume": "resume", "--init-from": "init_from", "--allow-unfinished": "allow_unfinished",
+    "--mpp": "mpp", "--progress": "progress",
 }  # fmt: skip
 
 

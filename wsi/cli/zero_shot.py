@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from wsi.cli._common import EXIT_PARTIAL_FAILURE, ensure_writable_dir, user_errors
+from wsi.cli._locations import LocalPath
 from wsi.cli._options import config_options
 from wsi.pipelines.zero_shot.config import ZeroShotOptions
 
@@ -61,9 +62,9 @@ set's embeddings. Retrieval: top_tiles.csv (slide, similarity, position) and top
 Weights and tokenizer files are never downloaded: docs/zero_shot.md says which files each model needs.
 """,
 )
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=LocalPath(exists=True))  # URLs named as such
 @click.option(
-    "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder."
+    "--out", "out_dir", required=True, type=LocalPath(file_okay=False), help="Output folder (local)."
 )
 @click.option(
     "--prompts", default=None, help="Prompt file (YAML, or CONCH's JSON) or a packaged set (nsclc)."

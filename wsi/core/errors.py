@@ -48,6 +48,15 @@ class StorageError(WsiError):
     credentials refused or absent, no storage library for the scheme. The message never holds a secret."""
 
 
+class OutputLockedError(WsiError):
+    """Another running command writes into the same output folder (on this machine or, for a remote
+    folder, on any)."""
+
+
+class InputFileError(WsiError):
+    """A user's file that cannot be read as one: a pipe, a device or a socket where a file is read whole."""
+
+
 class SlideIdError(WsiError, ValueError):
     """A slide id cannot be made into a usable file name, or collides with another slide's."""
 

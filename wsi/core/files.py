@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import unicodedata
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from wsi.core.errors import DiskFullError, SlideIdError
+from wsi.core.errors import DiskFullError, InputFileError, SlideIdError
 from wsi.core.suffixes import NAMED_ONLY_SUFFIXES
 
 _TMP_MARK = ".tmp-"
@@ -257,7 +258,50 @@ def slide_id_from_path(path: str | os.PathLike[str]) -> str:
     return sanitize_slide_id(slide_name_from_path(path))
 
 
+def special_file_kind(path: str | os.PathLike[str]) -> str:
+    """What `path` is when it exists but is no regular file or folder ("a pipe (FIFO or <(...))", "a
+    device", "a socket"); "" otherwise (a file, a folder, or nothing there). Links are followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return ""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return ""
+    if stat.S_ISFIFO(mode):
+        return "a pipe (a FIFO, or process substitution <(...))"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def special_file_message(path: str | os.PathLike[str], what: str, kind: str) -> str:
+    return (
+        f"{what} {os.fspath(path)} is {kind}, not a regular file: wsi reads such a file whole and more than "
+        "once (its sha256 is recorded beside its content), which a stream cannot give. Save it to a file "
+        "first (e.g. cat ... > file) and give that"
+    )
+
+
+def check_regular_file(path: str | os.PathLike[str], what: str = "file") -> None:
+    """InputFileError naming `path` when it is a pipe, device or socket: read whole, it would hang
+    (/dev/zero, a FIFO nobody writes) or give its bytes once (<(...)), so the second read sees nothing."""
+    kind = special_file_kind(path)
+    if kind:
+        raise InputFileError(special_file_message(path, what, kind))
+
+
+def is_regular_file(path: str | os.PathLike[str], what: str = "file") -> bool:
+    """Whether a regular file is at `path` (links followed): False when nothing (or a folder) is there,
+    InputFileError when a pipe, device or socket is, so a per-slide lookup in a folder (`<id>.geojson`)
+    names such an entry instead of taking it for absent (`Path.is_file()` is False for it)."""
+    check_regular_file(path, what)
+    return Path(path).is_file()
+
+
 def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:
+    check_regular_file(path)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(chunk_bytes):

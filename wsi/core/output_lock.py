@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypedDict
 
-from wsi.core.errors import WsiError
+from wsi.core.errors import OutputLockedError, WsiError
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ LOCK_NAME = ".wsi-lock"
 
 _held: dict[Path, list[int]] = {}  # folder -> [fd, depth] of the locks this process holds
 _guard = threading.Lock()
-
-
-class OutputLockedError(WsiError):
-    """Another running command writes into the same output folder."""
 
 
 def lock_path(folder: str | os.PathLike[str]) -> Path:

@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 import yaml
 
 from wsi.core.errors import ConfigError, WsiError
+from wsi.core.files import special_file_kind, special_file_message
 
 #: config files are a few KB; a larger "config" is a mistake (or an attack on the parser)
 MAX_YAML_BYTES = 1 << 20
@@ -65,6 +66,9 @@ def read_utf8(
     """The text of a user's file, UTF-8 only (see `decode_utf8`), at most `max_bytes` long; unreadable
     files name the reason."""
     path = Path(path)
+    kind = special_file_kind(path)
+    if kind:
+        raise error(special_file_message(path, what, kind))
     try:
         if path.stat().st_size > max_bytes:
             raise error(f"{what} {path} is {path.stat().st_size} bytes; at most {max_bytes} are read")
@@ -117,6 +121,9 @@ def parse_yaml(text: str, source: str) -> Any:
 def load_yaml_file(path: str | os.PathLike[str], *, what: str = "YAML file") -> Any:
     """A user's YAML file: UTF-8, size-capped, without aliases (see the module docstring)."""
     path = Path(path)
+    kind = special_file_kind(path)
+    if kind:
+        raise ConfigError(special_file_message(path, what, kind))
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -167,6 +174,9 @@ def load_json_file(
 ) -> Any:
     """A user's JSON file (UTF-8, at most `max_bytes`), or `error` naming it and the reason."""
     path = Path(path)
+    kind = special_file_kind(path)
+    if kind:
+        raise error(special_file_message(path, what, kind))
     try:
         size = path.stat().st_size
     except OSError as exc:

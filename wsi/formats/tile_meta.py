@@ -4,8 +4,8 @@ The HDF5 file keeps one flat root attribute per value (the layout in docs/archit
 unchanged): `TileFileMeta.to_attrs()` writes exactly those names and `from_attrs()` reads them back,
 checking every type, so the tile stage, resume checks, `wsi embed` and `wsi info` share one record
 instead of a dict whose keys each reader must know. Sections added by later versions (background
-choice, undecodable parts, ROI, segmentation models, review) are None when a file predates them, and the
-artifact counts are 0: files written by earlier mains still load.
+choice, undecodable parts, ROI, segmentation models, review, the slide's fingerprint) are None when a
+file predates them, and the artifact counts are 0: files written by earlier mains still load.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from wsi.core.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, con
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject, JsonValue
 from wsi.core.user_text import parse_json
+from wsi.storage.identity import SlideFingerprint
 from wsi.tiling.grid import TileCounts
 
 
@@ -155,6 +156,9 @@ class TileFileMeta:
     #: tiles the filters rejected as ink, by the marker colour of most of their ink (attribute
     #: `ink_colours`, JSON; "unknown": too little of a colour to name); None: not recorded
     ink_colours: dict[str, Count] | None = None
+    #: the slide file's size, version and header hash when it was tiled (`wsi.storage.identity`):
+    #: a re-run skips the slide only while the file is the same (None: written before it was recorded)
+    fingerprint: SlideFingerprint | None = None
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
@@ -195,6 +199,8 @@ class TileFileMeta:
             )  # fmt: skip
         if self.ink_colours is not None:
             out["ink_colours"] = json.dumps(self.ink_colours, sort_keys=True)
+        if self.fingerprint is not None:
+            out.update(self.fingerprint.as_attrs())
         if self.segmentation is not None:
             s = self.segmentation
             out["segmentation"] = json.dumps(s.models, sort_keys=True)
@@ -250,6 +256,9 @@ class TileFileMeta:
             }  # fmt: skip
         if "ink_colours" in attrs:
             data["ink_colours"] = _json(attrs["ink_colours"], "ink_colours", source)
+        found = SlideFingerprint.from_attrs(dict(attrs))
+        if found is not None:
+            data["fingerprint"] = found
         if attrs.get("segmentation"):
             data["segmentation"] = {
                 "models": _json(attrs["segmentation"], "segmentation", source),
@@ -270,7 +279,9 @@ class TileFileMeta:
         return self.segmentation.models.copy() if self.segmentation is not None else {}
 
 
-_SECTIONS = {"counts", "background", "damage", "roi", "segmentation", "review", "mask", "ink_colours"}
+_SECTIONS = {
+    "counts", "background", "damage", "roi", "segmentation", "review", "mask", "ink_colours", "fingerprint"
+}
 _COUNT_NAMES = tuple(f.name for f in fields(TileCounts))
 #: counts every version wrote (the artifact and unreadable counts came later: 0 when absent)
 _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")

@@ -50,8 +50,17 @@ def remote_output(out: str | os.PathLike[str] | None) -> Mirror | None:
     if not isinstance(where, Url):
         return None
     mirror = Mirror(where)
-    mirror.check_writable()
+    mirror.check_writable()  # also: an object at the folder's own key is refused, as a local file is
     return mirror
+
+
+def is_remote_file(url: Url) -> bool:
+    """Whether `url` names an object (a file), not a folder prefix (StorageError when it cannot be asked)."""
+    from wsi.storage.fs import filesystem, translated
+
+    fs, path = filesystem(url)
+    with translated(url, "looking it up"):
+        return bool(fs.isfile(path.rstrip("/")))
 
 
 def local_view(folder: str | os.PathLike[str]) -> Path:
@@ -89,7 +98,8 @@ def origin(path: str | os.PathLike[str]) -> str:
 
 
 __all__ = [
-    "Mirror", "StorageSettings", "Url", "is_url", "join", "local_file", "local_folder", "local_view",
+    "Mirror", "StorageSettings", "Url", "is_remote_file", "is_url", "join", "local_file", "local_folder",
+    "local_view",
     "location", "origin",
     "parse_url", "redact", "remote_output", "storage_settings",
 ]  # fmt: skip

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from wsi.core.errors import StorageError
 from wsi.core.files import temp_sibling, write_text_atomic
 from wsi.storage.fs import filesystem, remote_info, translated
 from wsi.storage.settings import StorageSettings, storage_settings
@@ -99,6 +100,7 @@ def _copies(
             _touch(where)
             return paths, _hold_entry(where) if hold else None
         need = sum(i.size for i in infos.values())
+        check_fits(key, need, settings)  # a declared size is a claim: never evict for more than fits
         _make_room(settings, need, keep=where)
         log.info(
             "%s: copying %s (%.1f MB) to the local cache %s: %s", key, "it" if len(rels) == 1 else
@@ -112,6 +114,13 @@ def _copies(
                 tmp = temp_sibling(path)
                 try:
                     fs.get_file(f"{root}/{rel}", str(tmp))
+                    got = tmp.stat().st_size
+                    if got != infos[rel].size:  # the server's listing and its bytes disagree
+                        raise StorageError(
+                            f"{join(folder, rel)}: the server declared {infos[rel].size} bytes but sent "
+                            f"{got}; "
+                            "the object changed during the copy, or the server misreports it: try again"
+                        )
                     os.replace(tmp, path)
                 finally:
                     tmp.unlink(missing_ok=True)
@@ -149,16 +158,33 @@ def _entries(settings: StorageSettings) -> list[tuple[float, int, Path]]:
     return sorted(out)
 
 
+def check_fits(url: Url, need: int, settings: StorageSettings) -> None:
+    """StorageError, before anything is evicted, when a copy of `need` bytes (as the server declares it)
+    cannot fit: larger than the cache limit, or than the free disk plus what eviction could give back."""
+    limit = int(settings.cache_gb * 1e9)
+    if need > limit:
+        raise StorageError(
+            f"{url}: the server declares {need / 1e9:.3g} GB, more than the whole local cache may hold "
+            f"(WSI_CACHE_GB={settings.cache_gb:g}); nothing was evicted. Raise WSI_CACHE_GB if the size is "
+            "real, or read the slide in place (--backend tiffslide)"
+        )
+    root = settings.root
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    cached = sum(size for _, size, _ in _entries(settings))
+    if need > free + cached:
+        raise StorageError(
+            f"{url}: the server declares {need / 1e9:.3g} GB, more than the disk of {root} can hold "
+            f"({free / 1e9:.3g} GB free, {cached / 1e9:.3g} GB in the cache); nothing was evicted. Free "
+            "space, point WSI_CACHE_DIR at a larger disk, or read the slide in place (--backend tiffslide)"
+        )
+
+
 def _make_room(settings: StorageSettings, need: int, *, keep: Path) -> None:
     """Remove least recently used entries until `need` more bytes fit under WSI_CACHE_GB."""
     limit = int(settings.cache_gb * 1e9)
     entries = _entries(settings)
     total = sum(size for _, size, folder in entries if folder != keep)
-    if need > limit:
-        log.warning(
-            "a %.1f GB copy is larger than the cache limit WSI_CACHE_GB=%g; copying it anyway",
-            need / 1e9, settings.cache_gb,
-        )  # fmt: skip
     for _, size, folder in entries:
         if total + need <= limit:
             break

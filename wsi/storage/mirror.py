@@ -112,6 +112,12 @@ class Mirror:
         any work (as `ensure_writable_dir` does for a local --out)."""
         probe = self._remote(f".wsi-write-test-{uuid.uuid4().hex[:12]}")
         with translated(self.url, "writing into the output folder"):
+            if self.fs.isfile(self.root):
+                raise StorageError(
+                    f"{self.url}: exists and is an object (a file), not a folder; give a folder URL for the "
+                    "output (a key under which wsi may write), e.g. "
+                    f"{self.url.parent}/{self.url.stem or 'run'}-out/"
+                )
             self.fs.pipe_file(probe, b"")
             self.fs.rm_file(probe)
 
@@ -138,12 +144,17 @@ class Mirror:
                 continue
             if state is not None and state.get("version") == info.version and self._unchanged(rel, state):
                 continue
-            local.parent.mkdir(parents=True, exist_ok=True)
-            tmp = temp_sibling(local)
+            try:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                tmp = temp_sibling(local)
+            except OSError as exc:  # a key that is also a folder prefix (x and x/y), a name too long here
+                raise _unmirrorable(join(self.url, rel), exc) from None
             try:
                 with translated(join(self.url, rel), "downloading an earlier output"):
                     self.fs.get_file(self._remote(rel), str(tmp))
                 os.replace(tmp, local)
+            except (IsADirectoryError, NotADirectoryError) as exc:
+                raise _unmirrorable(join(self.url, rel), exc) from None
             finally:
                 tmp.unlink(missing_ok=True)
             self._remember(rel, info.version)
@@ -159,6 +170,7 @@ class Mirror:
         found = list_files(base, suffixes=suffixes, doing="listing the output folder")
         infos = {f"{sub.strip('/')}/{rel}" if sub else rel: info for rel, info in found.items()}
         infos = {rel: i for rel, i in infos.items() if not set(rel.split("/")[:-1]) & set(skip)}
+        _check_no_file_prefix(base, sorted(infos))
         for folder in sorted({u for rel in infos if (u := _unit_of(rel, units)) is not None}):
             inside = {rel: i for rel, i in infos.items() if _unit_of(rel, units) == folder}
             if not self._whole(folder, inside):
@@ -262,6 +274,28 @@ class Mirror:
         except Exception as exc:
             raise storage_error(exc, join(self.url, rel), "removing an outdated output") from None
         self._forget(rel)
+
+
+def _check_no_file_prefix(base: Url, rels: Sequence[str]) -> None:
+    """StorageError when one key of the listing is also the folder of others (`x.bin` and `x.bin/...`):
+    object storage allows it, a local folder cannot hold both."""
+    folders = {"/".join(rel.split("/")[:i]): rel for rel in rels for i in range(1, rel.count("/") + 1)}
+    for a in rels:
+        if a in folders:
+            b = folders[a]
+            raise StorageError(
+                f"{join(base, a)} is both an object and a folder of objects ({join(base, b)}, ...): a local "
+                "copy of the folder cannot hold both. Give a URL below it, or move one of them (e.g. "
+                "aws s3 mv)"
+            )
+
+
+def _unmirrorable(url: Url, exc: OSError) -> StorageError:
+    return StorageError(
+        f"{url}: cannot be kept in this machine's copy of the folder ({exc.strerror or exc}); an object "
+        "whose key is also a folder of objects cannot be copied locally: give a URL below it, or move one "
+        "of them"
+    )
 
 
 def _unit_of(rel: str, units: tuple[str, ...]) -> str | None:

@@ -26,7 +26,11 @@ from wsi.core.errors import StorageError
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: query parameters that hold a secret (presigned S3 / GCS URLs, Azure SAS, tokens)
 _SECRET_PARAM = re.compile(r"(signature|sig|token|credential|secret|password|passwd|key|auth)", re.I)
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+#: user[:password]@ after a scheme; a password may hold '/' (AWS secret keys do), so a part with a ':'
+#: runs to the '@' even across slashes
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/@\s]*|[^/@\s:]*:[^@\s]*)@")
+#: the same after a path library folded '//' to '/' (Path("s3://K:S@b/x") prints s3:/K:S@b/x)
+_USERINFO_FOLDED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:/)(?:[^/@\s]*:[^@\s]*)@")
 _QUERY_SECRET = re.compile(
     r"(?P<name>[?&][^=&\s]*(?:signature|sig|token|credential|secret|password|passwd|key|auth)[^=&\s]*=)"
     r"[^&\s]*",
@@ -97,7 +101,7 @@ def parse_url(text: str, *, what: str = "location") -> Url:
     if isinstance(text, Url):
         return text
     parts = urlsplit(text)
-    if "@" in parts.netloc:
+    if "@" in parts.netloc or _USERINFO.match(text):
         raise StorageError(
             f"{redact(text)}: the {what} URL holds credentials (user:password@), which would be written "
             f"into every output that names it; remove them and {credential_hint(parts.scheme)}"
@@ -129,6 +133,7 @@ def redact(text: object) -> str:
     """`text` with user:password parts of URLs, signed query values and the values of credential variables
     in the environment replaced by ***: the one filter for messages that may quote a storage library."""
     out = _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", str(text))
+    out = _USERINFO_FOLDED.sub(lambda m: f"{m.group('scheme')}***@", out)
     out = _QUERY_SECRET.sub(lambda m: f"{m.group('name')}***", out)
     for name in SECRET_VARIABLES:
         value = os.environ.get(name, "")

@@ -42,7 +42,9 @@ EMBED_ARGS = ["--encoder", ENCODER, "--random-init", "--input-px", "64", "--batc
               "--readers", "0", "--dtype", "float32", "--threads", "1"]  # fmt: skip
 BAGS = "features/timm-test_resnet"
 #: attributes that name where the slide or tile file was (a path here, its URL there) or when a bag was made
-WHERE = {"slide_path", "tile_file", "created"}
+WHERE = {"slide_path", "tile_file", "created", "slide_version"}  # a local mtime vs an ETag
+#: the same for a tile file: where its slide was and the slide file's version
+SLIDE_WHERE = {"slide_path", "slide_version"}
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,9 @@ def _same_h5(remote: bytes, local: Path, *, differ: set[str]) -> None:
     assert set(got) == set(want)
     for key, value in want.items():
         if key.lstrip("@") in differ:
-            if key.lstrip("@") != "created":
+            if key.lstrip("@") == "slide_version":  # the slide's version: an ETag, not a local mtime
+                assert str(got[key]).startswith("etag:"), (key, got[key])
+            elif key.lstrip("@") != "created":
                 assert str(got[key]).startswith("s3://"), (key, got[key])
             continue
         if isinstance(value, np.ndarray):
@@ -137,7 +141,7 @@ def test_tile_and_embed_from_and_to_the_bucket_equal_a_local_run(
         f"run/{BAGS}/s3-b.h5", f"run/{BAGS}/manifest.csv",
     }  # fmt: skip
     for slide in ("s3-a", "s3-b"):
-        _same_h5(stored[f"run/tiles/{slide}.h5"], local_run / "tiles" / f"{slide}.h5", differ={"slide_path"})
+        _same_h5(stored[f"run/tiles/{slide}.h5"], local_run / "tiles" / f"{slide}.h5", differ=SLIDE_WHERE)
         _same_h5(stored[f"run/{BAGS}/{slide}.h5"], local_run / BAGS / f"{slide}.h5", differ=WHERE)
         assert _h5(stored[f"run/tiles/{slide}.h5"])["@slide_path"] == f"s3://{bucket}/slides/{slide}.svs"
         assert _h5(stored[f"run/{BAGS}/{slide}.h5"])["@tile_file"] == f"s3://{bucket}/run/tiles/{slide}.h5"
@@ -279,7 +283,7 @@ def test_a_dask_cluster_of_separate_processes_tiles_from_the_bucket(
     stored = s3.objects(bucket, "cluster/")
     for slide in ("s3-a", "s3-b"):
         _same_h5(
-            stored[f"cluster/tiles/{slide}.h5"], local_run / "tiles" / f"{slide}.h5", differ={"slide_path"}
+            stored[f"cluster/tiles/{slide}.h5"], local_run / "tiles" / f"{slide}.h5", differ=SLIDE_WHERE
         )
     workers = tmp_path / "workers" / "outputs"
     assert len(list(workers.rglob("tiles/*.h5"))) == 2  # written where the workers run, then uploaded

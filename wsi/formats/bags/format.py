@@ -27,7 +27,7 @@ FILE_ATTRS = ("unit", "n_tiles", "format", "format_version", "feat_type")
 #: numeric fields stored as float64 / int64 attributes whatever number type the caller gave
 _FLOATS = ("tile_size_um", "mpp", "target_mpp")
 _INTS = ("tile_size_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles",
-         "stain_fallback_tiles")  # fmt: skip
+         "stain_fallback_tiles", "slide_size", "slide_header_bytes")  # fmt: skip
 #: mapping fields, stored as JSON text attributes
 _JSON = ("tile_params", "encoder_recipe", "stain_reference")
 
@@ -79,6 +79,12 @@ class BagProvenance:
     stain_reference: JsonObject | None = None  # the stain reference tiles were mapped onto, as JSON
     stain_reference_sha256: str | None = None  # digest of that reference's numbers
     stain_fallback_tiles: Count | None = None  # tiles left as they were (no stable fit: background, pen)
+    #: the slide file when its tiles were read (`wsi.storage.identity.SlideFingerprint`): its size, version
+    #: (mtime or ETag) and header sha256; a re-run skips the bag only while the slide is that file
+    slide_size: Count | None = None
+    slide_version: str | None = None
+    slide_header_sha256: str | None = None
+    slide_header_bytes: Count | None = None
     wsi_version: str = field(default_factory=_wsi_version)  # the wsi that wrote the bag
     created: str = field(default_factory=_now)  # UTC time of writing, ISO 8601 to the second
 

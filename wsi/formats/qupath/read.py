@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from wsi.core.errors import RoiError, WsiError
-from wsi.core.files import sha256_file
+from wsi.core.files import is_regular_file, sha256_file
 from wsi.core.user_text import MAX_JSON_BYTES, parse_json
 
 Polygon = list[np.ndarray]  # [shell, hole, ...], each (K, 2) float64 level-0 (x, y), closed
@@ -84,11 +84,11 @@ def roi_file_for(roi: Path, slide_id: str) -> Path:
     A folder without the slide's file is an error for that slide (RoiError): tiling the whole slide
     instead would silently ignore an annotation that was meant for it (a misspelt name, say)."""
     if not roi.is_dir():
-        if not roi.is_file():
+        if not is_regular_file(roi, "--roi"):  # a pipe or device: InputFileError naming it
             raise RoiError(f"--roi {roi} does not exist; give a QuPath GeoJSON file or a folder of them")
         return roi
     found = roi / f"{slide_id}.geojson"
-    if not found.is_file():
+    if not is_regular_file(found, "--roi file"):
         raise RoiError(
             f"--roi {roi}: no {found.name} for slide {slide_id}; add it ({_HOW}), or tile this slide "
             "in a run without --roi"

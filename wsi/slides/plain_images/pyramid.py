@@ -10,7 +10,7 @@ be decoded whole (an interlaced PNG, a progressive JPEG) is refused above MAX_WH
 the memory it would take. Alpha is composited over white glass, grey and 16-bit images become 8-bit RGB;
 colour profiles and EXIF orientation are not applied (the pixels as stored).
 
-Cache: `<WSI_CACHE_DIR>/pyramids/<sha of the image's path, size and mtime>/pyramid.tif` with
+Cache: `<WSI_CACHE_DIR>/pyramids/<sha of the image's path, size, mtime, header>/pyramid.tif` with
 `entry.json`. An entry is made under an exclusive lock (two processes opening one image wait for one
 conversion), written to a temporary name and renamed, and held by a shared lock while a slide reads it;
 when the pyramids pass WSI_CACHE_GB the least recently used go first, never one being made or read.
@@ -33,6 +33,7 @@ from wsi.core.errors import SlideError
 from wsi.core.files import temp_sibling, write_text_atomic
 from wsi.core.work_bounds import MAX_WHOLE_DECODE_PX
 from wsi.slides.plain_images.header import ImageHeader
+from wsi.storage.identity import fingerprint
 from wsi.storage.settings import StorageSettings, storage_settings
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,11 @@ _IN_USE = ".in-use"
 
 
 def pyramid_dir(path: Path, settings: StorageSettings) -> Path:
-    """The cache entry of the image at `path` as it is now (another size or mtime: another entry)."""
-    st = path.stat()
-    key = f"{path.absolute()}|{st.st_size}|{st.st_mtime_ns}|{PYRAMID_VERSION}"
+    """The cache entry of the image at `path` as it is now: another size, mtime or header (its first
+    bytes, `wsi.storage.identity`: an image copied over another of the same size with its mtime kept) is
+    another entry, so a replaced image is never read from the old one's pyramid."""
+    found = fingerprint(path)
+    key = f"{path.absolute()}|{found.size}|{found.version}|{found.header_sha256}|{PYRAMID_VERSION}"
     return settings.root / "pyramids" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
