@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wsi.formats.bags import Bag
+    from wsi.formats.bags import Bag, Rows
     from wsi.pipelines.embed import EmbedResult
     from wsi.pipelines.predict.stage import PredictResult
     from wsi.pipelines.tile.findings import TileResult
@@ -139,12 +139,12 @@ def open_slide(path: PathLike, **settings: Any) -> Slide:
     return open_any(path, **settings)
 
 
-def read_bag(path: PathLike, **settings: Any) -> Bag:
+def read_bag(path: PathLike, *, mpp: float | None = None, rows: Rows = None, require_um: bool = True) -> Bag:
     """A feature bag (ours, STAMP's, CLAM's or TRIDENT's): `.feats` (N, D), `.coords_um` (N, 2), and
-    the provenance it records."""
-    from wsi.formats.bags import load_bag
+    the provenance it records (`wsi.formats.bags.read_bag`, loaded when called)."""
+    from wsi.formats.bags import read_bag as read
 
-    return load_bag(path, **settings)
+    return read(path, mpp=mpp, rows=rows, require_um=require_um)
 
 
 def list_encoders() -> list[str]:

@@ -24,7 +24,7 @@ import torch
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError, LabelError
 from wsi.core.files import is_temp_name
-from wsi.formats.bags import Bag, load_bag, no_bags_message
+from wsi.formats.bags import Bag, read_bag, no_bags_message
 from wsi.formats.slide_embeddings import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag, check_folder
@@ -109,7 +109,7 @@ class _Embedder:
 
     def _one(self, bag_path: Path) -> tuple[torch.Tensor, int, dict[str, object]]:
         spec = self.model.SPEC
-        bag = load_bag(bag_path, require_um=spec.uses_positions)
+        bag = read_bag(bag_path, require_um=spec.uses_positions)
         source = check_bag(bag, spec, self.model.name)
         if len(bag) == 0:
             raise ConfigError(f"{bag_path} holds no tiles: nothing to embed")
@@ -150,7 +150,7 @@ class _Embedder:
     def _pooled(self, bags: Sequence[Path]) -> tuple[torch.Tensor, int, dict[str, object]]:
         """Early fusion: the patient's tiles as one bag (only for encoders without positions)."""
         spec = self.model.SPEC
-        loaded = [load_bag(p, require_um=False) for p in bags]
+        loaded = [read_bag(p, require_um=False) for p in bags]
         sources = [check_bag(b, spec, self.model.name) for b in loaded]
         feats = torch.from_numpy(np.concatenate([b.feats for b in loaded])).to(self.device)
         with torch.inference_mode():

@@ -1,6 +1,6 @@
 """The torch Dataset of feature bags and their collation: one bag a sample, padded batches with a mask.
 
-Bags are read through `wsi.formats.bags.load_bag` (ours, STAMP, CLAM, TRIDENT look the same here); a
+Bags are read through `wsi.formats.bags.read_bag` (ours, STAMP, CLAM, TRIDENT look the same here); a
 training bag may be subsampled to `bag_size` tiles (validation, test and prediction see every tile).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from wsi.formats.bags import bag_length, check_finite, load_bag
+from wsi.formats.bags import bag_length, check_finite, read_bag
 from wsi.pipelines.inputs import Batch, Item
 from wsi.pipelines.inputs.samples import Sample
 
@@ -77,7 +77,7 @@ class BagDataset(Dataset[Sample]):
         return self._read(item, rows)
 
     def _read(self, item: Item, rows: Any) -> Sample:
-        bag = load_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
+        bag = read_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
         check_finite(bag)  # NonFiniteFeaturesError naming the bag: never train or predict on NaN
         sample: Sample = {
             "x": torch.from_numpy(bag.feats),  # (N, D) float16|float32 as stored; cast on the device

@@ -1,6 +1,6 @@
 """The bag input stage: feature bags (ours, STAMP, CLAM, TRIDENT) -> padded batches for vit-wsi.
 
-Bags are read only through `wsi.formats.bags.load_bag`, so every layout looks the same here. Whole bags are
+Bags are read only through `wsi.formats.bags.read_bag`, so every layout looks the same here. Whole bags are
 the default; `bag_size` turns on random subsampling of at most that many tiles per training bag
 (STAMP-style augmentation; validation, test and prediction always see every tile).
 

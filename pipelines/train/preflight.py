@@ -32,11 +32,11 @@ def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[I
     mpp_for = getattr(dataset, "mpp_for", None)
     if mpp_for is None or not getattr(dataset, "uses_positions", False):
         return bad
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     for item in dataset.items:
         try:  # one tile: what placing needs (the whole grid is read only for a tile size inferred)
-            load_bag(item.path, mpp=mpp_for(item), rows=slice(0, 1), require_um=True)
+            read_bag(item.path, mpp=mpp_for(item), rows=slice(0, 1), require_um=True)
         except BagFormatError as exc:
             bad.append((item, str(exc)))
     order = {item.path: k for k, item in enumerate(items)}

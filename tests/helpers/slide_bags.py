@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.pipelines.embed_slides import EmbeddingProvenance, write_embedding
 
 
@@ -33,7 +33,7 @@ def embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str = 
     """Slide embeddings as files of `wsi embed-slides` (the mean tile feature stands in for a model)."""
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(bags.glob("*.h5")):
-        bag = load_bag(path)
+        bag = read_bag(path)
         prov = EmbeddingProvenance(
             id=path.stem, feat_type="slide", slide_encoder=encoder, slide_encoder_weights_sha256=sha,
             tile_encoder="test-encoder", tile_encoder_weights_sha256="0" * 64, tile_size_um=256.0,

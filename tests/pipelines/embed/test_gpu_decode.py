@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_file import read_tile_file, write_tile_file
 from wsi.pipelines.embed import EmbedOptions, embed_tiles
 from wsi.pipelines.embed.batches import SlideTiles
@@ -197,7 +197,7 @@ def test_broken_jpeg_tile_is_counted_and_the_rest_embeds_like_the_cpu_path(
         options = dataclasses.replace(OPTIONS, decode=decode, readers=readers, reader_mode="process")
         results = embed_tiles(tiles_dir=tmp_path, out_dir=out, options=options, progress=False)
         assert results[0].status == "ok", results
-        bags[decode] = load_bag(out / BAGS / "emb-clean.h5")
+        bags[decode] = read_bag(out / BAGS / "emb-clean.h5")
     dev, cpu = bags["device"], bags["cpu"]
     assert dev.meta["n_bad_tiles"] == 1 and len(dev) == len(tf) - 1
     assert (768, 256) not in {tuple(c) for c in dev.coords_px.tolist()}
@@ -268,6 +268,6 @@ def test_cuda_embedding_with_device_decode_matches_cpu_decode(make_slide, tmp_pa
         options = dataclasses.replace(OPTIONS, device="cuda", precision="fp32", decode=decode, readers=1)
         results = embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path / decode, options=options, progress=False)
         assert results[0].status == "ok", results
-        bags[decode] = load_bag(tmp_path / decode / BAGS / f"{slide.path.stem}.h5")
+        bags[decode] = read_bag(tmp_path / decode / BAGS / f"{slide.path.stem}.h5")
     assert bags["device"].meta["n_bad_tiles"] == 0
     np.testing.assert_allclose(bags["device"].feats, bags["cpu"].feats, rtol=0.02, atol=0.02)

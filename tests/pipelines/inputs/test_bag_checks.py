@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from wsi.core.errors import BagFormatError, ConfigError
-from wsi.formats.bags import NonFiniteFeaturesError, check_finite, find_bad_bags, load_bag, scan_bag
+from wsi.formats.bags import NonFiniteFeaturesError, check_finite, find_bad_bags, read_bag, scan_bag
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bag_dataset import collate_bags
 from wsi.pipelines.inputs.bags import BagInput
@@ -46,11 +46,11 @@ def _nan_feats(n: int = 6, bad_rows: tuple[int, ...] = (4,), value: float = np.n
 
 def test_check_finite_names_the_bag_and_the_count(tmp_path: Path) -> None:
     path = _clam(tmp_path / "s1.h5", _nan_feats(bad_rows=(1, 4)))
-    bag = load_bag(path, mpp=0.5)
+    bag = read_bag(path, mpp=0.5)
     with pytest.raises(NonFiniteFeaturesError, match=r"2 of 6 tiles") as err:
         check_finite(bag)
     assert str(path) in str(err.value) and isinstance(err.value, BagFormatError)
-    check_finite(load_bag(_clam(tmp_path / "ok.h5"), mpp=0.5))  # a clean bag passes
+    check_finite(read_bag(_clam(tmp_path / "ok.h5"), mpp=0.5))  # a clean bag passes
 
 
 def test_find_bad_bags_lists_every_bad_bag_reading_in_small_blocks(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from cohorts import CLASSES, IN_DIM, make_bag, make_cohort
 from safetensors.torch import load_file
 
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.models.presets import build_model
 from wsi.pipelines.inputs import Batch
 from wsi.pipelines.predict.stage import load_run, predict
@@ -233,7 +233,7 @@ def test_augmentation_is_off_at_validation_and_test(tmp_path: Path, monkeypatch:
     cohort = make_cohort(tmp_path / "c", n_patients=16)
     stored = {}
     for slide in cohort.slides:
-        feats = load_bag(cohort.bags / f"{slide}.h5").feats
+        feats = read_bag(cohort.bags / f"{slide}.h5").feats
         stored[(feats.shape[0], round(float(feats.astype(np.float64).sum()), 3))] = slide
     seen: list[tuple[bool, int, tuple[int, float] | None]] = []
 
@@ -313,7 +313,7 @@ def test_abmil_trains_with_cross_validation_and_predicts_heatmaps_of_its_attenti
         assert (out / "heatmaps" / f"{slide}.png").is_file()
     # the heatmap values predict draws, against the attention weights computed here
     run = load_run(result.run_dir, device="cpu")
-    bag = load_bag(cohort.bags / f"{cohort.slides[0]}.h5")
+    bag = read_bag(cohort.bags / f"{cohort.slides[0]}.h5")
     x = torch.from_numpy(bag.feats).float()[None]  # stored as float16
     extra = {"coords_um": torch.from_numpy(bag.coords_um)[None]}
     output = run.outputs(x, extra)[0].numpy()

@@ -18,7 +18,7 @@ from wsi.formats.bags import (
     BagProvenance,
     bag_info,
     is_complete_bag,
-    load_bag,
+    read_bag,
     read_bag_header,
     write_bag,
 )
@@ -81,7 +81,7 @@ def test_an_old_bag_loads_with_the_same_arrays_and_provenance(tmp_path: Path) ->
     path = tmp_path / "old-1.h5"
     _write_old_bag(path)
     feats, coords_um, coords_px = _arrays()
-    bag = load_bag(path)
+    bag = read_bag(path)
     assert bag.meta["layout"] == "wsi" and bag.slide_id == "old-1" and bag.tile_size_um == 256.0
     np.testing.assert_array_equal(bag.feats, feats)
     np.testing.assert_array_equal(bag.coords_um, coords_um)
@@ -107,7 +107,7 @@ def test_the_new_writer_writes_the_old_layout(tmp_path: Path) -> None:
     _write_old_bag(old)
     feats, coords_um, coords_px = _arrays()
     write_bag(new, feats=feats, coords_um=coords_um, coords_px=coords_px,
-              provenance=load_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
+              provenance=read_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
     with h5py.File(old) as a, h5py.File(new) as b:
         # the old layout, plus STAMP's `feat_type` (issue 10: STAMP refuses bags without it)
         assert set(a.attrs) | {"feat_type"} == set(b.attrs) and b.attrs["feat_type"] == "tile"
@@ -178,12 +178,12 @@ def test_an_old_bag_gains_stamps_feat_type_and_nothing_else(tmp_path: Path) -> N
 
     path = tmp_path / "old-1.h5"
     _write_old_bag(path)
-    before = load_bag(path)
+    before = read_bag(path)
     assert upgrade_bag(path) and not upgrade_bag(path)  # once
     with h5py.File(path) as h5:
         assert h5.attrs["feat_type"] == "tile" and type(h5.attrs["feat_type"]) is str
         assert {k: h5.attrs[k] for k in OLD_ATTRS} == OLD_ATTRS  # every old attribute as it was
-    after = load_bag(path)
+    after = read_bag(path)
     np.testing.assert_array_equal(after.feats, before.feats)
     np.testing.assert_array_equal(after.coords_um, before.coords_um)
     assert after.provenance == before.provenance

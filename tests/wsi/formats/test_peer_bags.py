@@ -34,7 +34,7 @@ from peer_bags import (
 
 from wsi.cli.main import cli
 from wsi.core.errors import BagFormatError
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bags import BagInput
 
@@ -137,7 +137,7 @@ def test_a_stamp_bag_loads_in_micrometres(tmp_path: Path) -> None:
     sample = BagInput().dataset([Item("s", path, 0)], train=False)[0]
     np.testing.assert_allclose(sample["x"].float().numpy(), feats, atol=1e-2)
     np.testing.assert_array_equal(sample["coords_um"].numpy(), coords_um)
-    assert sample["tile_size_um"] == 256.0 and load_bag(path).meta["layout"] == "stamp"
+    assert sample["tile_size_um"] == 256.0 and read_bag(path).meta["layout"] == "stamp"
 
 
 def test_a_clam_bag_loads_with_the_grid_as_tile_size(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_peer_bag_attribute_that_is_no_number_is_named(tmp_path: Path) -> None
     with h5py.File(path, "a") as h5:
         h5["coords"].attrs["patch_size_level0"] = "five hundred"
     with pytest.raises(BagFormatError, match=r"t\.h5 \(trident layout\): attribute `patch_size_level0` is "):
-        load_bag(path, mpp=0.25)
+        read_bag(path, mpp=0.25)
 
 
 # ------------------------------------------------------------------------ wsi train / wsi predict

@@ -2,7 +2,7 @@
 
 `BagProvenance` is the one typed record of how a bag's features were made. The embed stage fills it in
 one place (pipelines/embed/engine.py), `write_bag` stores it as the file's root attributes, and
-`load_bag` reads it back (`Bag.provenance`), so writer and readers cannot disagree on a name.
+`read_bag` reads it back (`Bag.provenance`), so writer and readers cannot disagree on a name.
 The attribute names are the file format (docs/architecture.md "Bags"): they never change meaning.
 """
 
@@ -18,7 +18,7 @@ from wsi.core.json_types import JsonObject
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
-#: the bag layouts `load_bag` reads: ours, then STAMP's, CLAM's and TRIDENT's
+#: the bag layouts `read_bag` reads: ours, then STAMP's, CLAM's and TRIDENT's
 LAYOUTS = ("wsi", "stamp", "clam", "trident")
 #: STAMP's name for per-tile features; STAMP's readers need it as the root attribute `feat_type`
 FEAT_TYPE = "tile"

@@ -195,7 +195,7 @@ def place_pixel_layout(
                 f"{path} ({layout} layout) stores tile coordinates in level-0 pixels, with no `mpp` "
                 f"attribute{what}; the model uses tile positions, so give the slide's level-0 um/px: "
                 "--mpp (every slide) or an `mpp` column in the labels CSV (per slide); in code, "
-                "load_bag(path, mpp=...)"
+                "read_bag(path, mpp=...)"
             )
         return Placement(None, None, None, "", size_px0)
     coords_um = (np.asarray(coords, dtype=np.float64) * level0_mpp).astype(np.float32)

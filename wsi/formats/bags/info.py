@@ -10,7 +10,7 @@ import numpy as np
 from wsi.core.errors import BagFormatError
 from wsi.core.json_types import JsonObject
 from wsi.formats.bags.check import count_nonfinite_rows, scan_bag
-from wsi.formats.bags.read import load_bag, read_bag_header
+from wsi.formats.bags.read import read_bag, read_bag_header
 
 #: attributes shown when present (ours, and STAMP's `extractor` / `stamp_version`)
 _SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles",
@@ -37,7 +37,7 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonO
     if bad is not None:
         out["usable"] = f"no, wsi train and predict refuse it: {bad.reason}"
     try:
-        bag = load_bag(path, mpp=mpp, require_um=False)
+        bag = read_bag(path, mpp=mpp, require_um=False)
     except BagFormatError as exc:  # e.g. an empty bag: still say what is there
         out["note"] = str(exc)
         out.update({k: v for k, v in header.attrs.items() if isinstance(v, str | int | float)})

@@ -23,6 +23,7 @@ import numpy as np
 
 from wsi.core.errors import BagFormatError, ConfigError, WsiError
 from wsi.core.json_types import JsonObject
+from wsi.core.renamed import renamed
 from wsi.formats.bags.format import FORMAT, BagProvenance
 from wsi.formats.bags.geometry import Placement, place_pixel_layout, place_um_layout
 from wsi.formats.bags.safe import check_fits, coords_dataset, feature_dataset, native, open_bag_file
@@ -124,7 +125,7 @@ def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python.
 
     Untyped on purpose, for now: predict's top tiles and heatmaps read our bags' `tile_size_um`, `mpp`
-    and `slide_path` from it by key. Typed readers: `load_bag(...).provenance`, `read_bag_header`."""
+    and `slide_path` from it by key. Typed readers: `read_bag(...).provenance`, `read_bag_header`."""
     path = Path(path)
     with open_bag_file(path) as h5:
         return attrs_of(h5)
@@ -170,7 +171,7 @@ def _provenance(root: JsonObject, path: Path) -> BagProvenance | None:
         return None
 
 
-def load_bag(
+def read_bag(
     path: str | os.PathLike[str], *, mpp: float | None = None, rows: Rows = None, require_um: bool = True
 ) -> Bag:
     """Read a bag of any supported layout into features and top-left coordinates in micrometres.
@@ -181,6 +182,9 @@ def load_bag(
     is unknown loads with `coords_um` None instead of raising (for models that use no tile positions).
     """
     return _load(Path(path), mpp=mpp, rows=rows, require_um=require_um, with_feats=True)
+
+
+load_bag = renamed(read_bag, "wsi.formats.bags.load_bag")  # the old name, for callers' code
 
 
 @dataclass
@@ -220,7 +224,7 @@ def open_bag_stream(
     path: str | os.PathLike[str], *, mpp: float | None = None, require_um: bool = True
 ) -> BagStream:
     """A bag's positions now and its features later, chunk by chunk (see `BagStream`); the same
-    layouts, units and errors as `load_bag`."""
+    layouts, units and errors as `read_bag`."""
     bag = _load(Path(path), mpp=mpp, rows=None, require_um=require_um, with_feats=False)
     header = read_bag_header(path)
     return BagStream(bag=bag, n_tiles=header.n_tiles, dim=header.dim)
