@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import nn
 
 from wsi.core.errors import BagFormatError, WeightsError
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.models.encoders import load_state_dict_file
 from wsi.models.slide_encoders import build_slide_encoder, count_parameters, get_spec
 from wsi.models.slide_encoders import longnet as ln
@@ -339,7 +339,7 @@ def test_other_tile_encoders_are_refused_naming_both(tmp_path: Path) -> None:
     _bag(tmp_path / "uni.h5", "uni", 1024)
     with pytest.raises(BagFormatError, match="holds uni features, but slide encoder 'gigapath' reads "
                                              "prov-gigapath features"):  # fmt: skip
-        check_bag(load_bag(tmp_path / "uni.h5"), get_spec("gigapath"), "gigapath")
+        check_bag(read_bag(tmp_path / "uni.h5"), get_spec("gigapath"), "gigapath")
 
 
 @pytest.mark.slow
