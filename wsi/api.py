@@ -149,9 +149,9 @@ def read_bag(path: PathLike, *, mpp: float | None = None, rows: Rows = None, req
 
 def list_encoders() -> list[str]:
     """Tile encoders `wsi.embed(encoder=...)` takes by name (weights are never downloaded)."""
-    from wsi.models.encoders import available_encoders
+    from wsi.models.encoders import list_encoders
 
-    return available_encoders()
+    return list_encoders()
 
 
 def list_text_encoders() -> list[str]:
@@ -170,16 +170,16 @@ def list_slide_encoders() -> list[str]:
 
 def list_models() -> list[str]:
     """Model presets `wsi.train(preset=...)` takes (configs/models/)."""
-    from wsi.models.presets import available_presets
+    from wsi.models.presets import list_models
 
-    return available_presets()
+    return list_models()
 
 
 def list_attention() -> list[str]:
     """Attention variants the transformer presets take (`attention=`)."""
-    from wsi.models.attention import available_attention
+    from wsi.models.attention import list_attention
 
-    return available_attention()
+    return list_attention()
 
 
 def list_tasks() -> list[str]:

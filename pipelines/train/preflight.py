@@ -78,7 +78,7 @@ def refuse_model_for_input(task: TaskConfig) -> None:
     """ConfigError when the task's model does not read the task's input (a ViT for images given feature
     bags, a bag model given images), naming the preset, the input and presets that read it."""
     from wsi.models.base.kinds import MODEL_KINDS
-    from wsi.models.presets import available_presets, preset_kind
+    from wsi.models.presets import list_models, preset_kind
 
     if task.model.preset is None:
         return
@@ -86,7 +86,7 @@ def refuse_model_for_input(task: TaskConfig) -> None:
     if model.inputs is None or task.input in model.inputs:
         return
     readers = [
-        p for p in available_presets() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
+        p for p in list_models() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
     ]
     raise ConfigError(
         f"model {task.model.preset} reads {' or '.join(model.inputs)}; task {task.name!r} gives "

@@ -16,6 +16,13 @@ from wsi.core.renamed import renamed
 RENAMES = [
     ("wsi.formats.bags", "load_bag", "read_bag"),
     ("wsi.formats.bags.read", "load_bag", "read_bag"),
+    ("wsi.models", "available_encoders", "list_encoders"),
+    ("wsi.models.encoders", "available_encoders", "list_encoders"),
+    ("wsi.models", "available_presets", "list_models"),
+    ("wsi.models.presets", "available_presets", "list_models"),
+    ("wsi.models", "available_attention", "list_attention"),
+    ("wsi.models.attention", "available_attention", "list_attention"),
+    ("wsi.pipelines.inputs", "available_inputs", "list_inputs"),
 ]
 
 
@@ -30,6 +37,14 @@ def test_an_old_name_warns_and_hands_on_the_call() -> None:
     assert old.__name__ == "old"
 
 
+@pytest.mark.parametrize(("module", "old", "new"), [r for r in RENAMES if r[2] != "read_bag"])
+def test_old_listers_give_the_new_lists(module: str, old: str, new: str) -> None:
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated: use \S*\.{new}$"):
+        names = getattr(mod, old)()
+    assert names == getattr(mod, new)() and names
+
+
 @pytest.mark.parametrize("module", ["wsi.formats.bags", "wsi.formats.bags.read"])
 def test_load_bag_reads_what_read_bag_reads(tmp_path: Path, module: str) -> None:
     feats = np.arange(12, dtype=np.float16).reshape(3, 4)
@@ -41,3 +56,15 @@ def test_load_bag_reads_what_read_bag_reads(tmp_path: Path, module: str) -> None
         bag = old(tmp_path / "a.h5", rows=[2, 0])
     np.testing.assert_array_equal(bag.feats, feats[[2, 0]])
     np.testing.assert_array_equal(bag.coords_um, coords[[2, 0]])
+
+
+def test_new_names_do_not_warn() -> None:
+    import warnings
+
+    import wsi
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert "retccl" in wsi.list_encoders()
+        assert "abmil" in wsi.list_models()
+        assert "seqnorm" in wsi.list_attention()
