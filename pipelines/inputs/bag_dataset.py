@@ -19,10 +19,10 @@ from wsi.pipelines.inputs.samples import Sample
 
 
 class BagDataset(Dataset[Sample]):
-    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_size_um"}.
+    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_um"}.
 
     A pixel-layout bag of unknown resolution (allowed only when `uses_positions` is False) gives
-    "coords_px" (N, 2) and "tile_size_px0" instead of "coords_um" and "tile_size_um".
+    "coords_px" (N, 2) and "tile_px0" instead of "coords_um" and "tile_um".
     """
 
     def __init__(
@@ -86,10 +86,10 @@ class BagDataset(Dataset[Sample]):
         }
         if bag.coords_um is not None:
             sample["coords_um"] = torch.from_numpy(bag.coords_um)  # (N, 2)
-            sample["tile_size_um"] = bag.tile_size_um
+            sample["tile_um"] = bag.tile_um
         elif bag.coords_px is not None:  # positions unused by the model: only heatmaps draw them
             sample["coords_px"] = torch.from_numpy(bag.coords_px)  # (N, 2) level-0 px
-            sample["tile_size_px0"] = bag.tile_size_px0
+            sample["tile_px0"] = bag.tile_px0
         return sample
 
 

@@ -178,7 +178,7 @@ def _rows(
                 "y_um": f"{y_um:.1f}",
                 "x_px": x_px,
                 "y_px": y_px,
-                "tile_size_um": bag.tile_size_um,
+                "tile_size_um": bag.tile_um,
                 "row": row,
                 "bag": str(by_id[sid].path),
                 "picture": picture,
@@ -189,11 +189,11 @@ def _rows(
 
 def _tile_at(bag: Any, path: Path, x_um: float, y_um: float) -> int:
     """The row of the bag's tile that contains the point (x, y) in micrometres (tiles are top-left +
-    tile_size_um); ConfigError naming the tiles' extent when none does."""
+    tile_um); ConfigError naming the tiles' extent when none does."""
     coords = bag.coords_um
-    if coords is None or not bag.tile_size_um:
+    if coords is None or not bag.tile_um:
         raise ConfigError(f"{path} records no tile positions in micrometres: give --mpp, or query by text")
-    size = float(bag.tile_size_um)
+    size = float(bag.tile_um)
     inside = np.flatnonzero(
         (coords[:, 0] <= x_um)
         & (x_um < coords[:, 0] + size)
@@ -218,13 +218,13 @@ def _picture(out: Path, rank: int, sid: str, src: Source, bag: Any, x_px: int, y
     from wsi.slides.slide import open_slide
 
     slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
-    if not slide_path or not Path(str(slide_path)).is_file() or x_px < 0 or not bag.tile_size_um:
+    if not slide_path or not Path(str(slide_path)).is_file() or x_px < 0 or not bag.tile_um:
         log.warning("%s: no picture for rank %d (slide %s not found)", sid, rank, slide_path or "unrecorded")
         return "", None
     try:
         with open_slide(Path(str(slide_path)), mpp=bag.mpp) as slide:
-            target = float(bag.meta.get("target_mpp") or bag.tile_size_um / 256)
-            crop = slide.read_region_um(x_px, y_px, float(bag.tile_size_um), target)
+            target = float(bag.meta.get("target_mpp") or bag.tile_um / 256)
+            crop = slide.read_region_um(x_px, y_px, float(bag.tile_um), target)
     except Exception as exc:  # the CSV row stands without its picture
         log.warning("%s: no picture for rank %d (%s)", sid, rank, exc)
         return "", None

@@ -189,7 +189,7 @@ def _score(
         coords = (
             None if bag.coords_um is None else torch.from_numpy(np.asarray(bag.coords_um, dtype=np.float32))
         )
-        vec = slide_encoder.encode(feats, coords, float(bag.tile_size_um or 0))[None]
+        vec = slide_encoder.encode(feats, coords, float(bag.tile_um or 0))[None]
         return _score_slide(src, tower, classifier, vec, len(feats), device), []
     with torch.no_grad():
         sims = torch.cat(

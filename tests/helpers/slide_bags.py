@@ -19,8 +19,8 @@ def make_bag(
     feats = rng.normal(size=(n, dim)).astype(np.float32)
     coords_um = np.stack([np.arange(n) % 8, np.arange(n) // 8], axis=1).astype(np.float32) * tile_um
     prov = BagProvenance(
-        slide_id=path.stem, encoder=encoder, weights_sha256=sha, tile_size_um=tile_um,
-        tile_size_px=round(tile_um / mpp), mpp=0.25, level0_width=9000, level0_height=9000,
+        slide_id=path.stem, encoder=encoder, weights_sha256=sha, tile_um=tile_um,
+        tile_px=round(tile_um / mpp), mpp=0.25, level0_width=9000, level0_height=9000,
         tile_params={"tile_um": tile_um}, target_mpp=mpp,
     )  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,7 +36,7 @@ def embed_by_mean(bags: Path, out: Path, encoder: str = "toy-slide", sha: str = 
         bag = read_bag(path)
         prov = EmbeddingProvenance(
             id=path.stem, feat_type="slide", slide_encoder=encoder, slide_encoder_weights_sha256=sha,
-            tile_encoder="test-encoder", tile_encoder_weights_sha256="0" * 64, tile_size_um=256.0,
+            tile_encoder="test-encoder", tile_encoder_weights_sha256="0" * 64, tile_um=256.0,
             target_mpp=1.0, n_tiles=len(bag), source_bags=(str(path),),
         )  # fmt: skip
         write_embedding(out / f"{path.stem}.h5", bag.feats.mean(0), prov)

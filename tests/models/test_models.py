@@ -13,9 +13,9 @@ from tiny_mil import tiny_mil as _mil
 from wsi.core.errors import ConfigError
 from wsi.models.base.param_groups import param_groups
 from wsi.models.presets import (
-    list_models,
     build_model,
     build_model_from_config,
+    list_models,
 )
 
 

@@ -9,7 +9,7 @@ import torch
 from gdla_reference import ref_gdla
 
 from wsi.core.errors import ConfigError
-from wsi.models.attention import LINEAR_VARIANTS, list_attention, build_attention
+from wsi.models.attention import LINEAR_VARIANTS, build_attention, list_attention
 from wsi.models.attention._masking import count_tokens, masked_mean_var
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]

@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 from wsi.core.errors import ConfigError, WeightsError
 from wsi.models.encoders import (
     RETCCL_SHA256,
-    list_encoders,
     build_encoder,
     encoder_id_for,
+    list_encoders,
     load_state_dict_file,
 )
 

@@ -70,7 +70,7 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
         assert len(bag) == len(tf) > 5 and bag.dim == enc.dim
         np.testing.assert_array_equal(bag.coords_um, tf.coords_um)
         np.testing.assert_array_equal(bag.coords_px, tf.coords)
-        assert bag.tile_size_um == 128.0 and bag.meta["tile_size_px"] == 32 and bag.meta["mpp"] == 1.0
+        assert bag.tile_um == 128.0 and bag.meta["tile_size_px"] == 32 and bag.meta["mpp"] == 1.0
         assert bag.meta["encoder"] == ENCODER and bag.meta["weights_sha256"] == "random"
         assert bag.meta["n_bad_tiles"] == 0 and bag.meta["pixel_source"] == "tile-cache"
         assert '"tile_um": 128.0' in bag.meta["tile_params"]

@@ -70,7 +70,7 @@ def test_plan_regions_equal_plan_region_row_for_row(mpp, downsamples, size_um, t
 # ------------------------------------------------------------------------ today's reader vs the legacy one
 def _tiles(path: Path, mpp: float, coords: list[tuple[int, int]], tile_um: float, tile_px: int) -> SlideTiles:
     return SlideTiles(
-        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_size_um=tile_um,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_um=tile_um,
         target_mpp=tile_um / tile_px, tile_px=tile_px, coords_px=np.asarray(coords, np.int64).reshape(-1, 2),
         decode="device",
     )  # fmt: skip

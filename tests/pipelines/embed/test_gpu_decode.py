@@ -39,7 +39,7 @@ def _tiles(path: Path, mpp: float, coords: list[tuple[int, int]], tile_um: float
            *, slide_mpp: float | None = None) -> SlideTiles:  # fmt: skip
     return SlideTiles(
         slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=slide_mpp or mpp,
-        tile_size_um=tile_um, target_mpp=tile_um / tile_px, tile_px=tile_px,
+        tile_um=tile_um, target_mpp=tile_um / tile_px, tile_px=tile_px,
         coords_px=np.asarray(coords, np.int64).reshape(-1, 2), decode="device",
     )  # fmt: skip
 
@@ -61,7 +61,7 @@ def _device_tiles(st: SlideTiles) -> tuple[np.ndarray, np.ndarray, object]:
 def _cpu_tiles(st: SlideTiles, mpp: float | None = None) -> np.ndarray:
     with open_slide(st.slide_path, mpp=mpp) as slide:
         return np.stack(
-            [slide.read_region_um(int(x), int(y), st.tile_size_um, st.target_mpp) for x, y in st.coords_px]
+            [slide.read_region_um(int(x), int(y), st.tile_um, st.target_mpp) for x, y in st.coords_px]
         )
 
 

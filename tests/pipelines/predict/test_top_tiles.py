@@ -32,8 +32,8 @@ def _bag_on_slide(path: Path, slide_path: str, mpp: float, rng: np.random.Genera
     feats = rng.normal(size=(25, IN_DIM)).astype(np.float32)
     feats[:, :4] += np.linspace(-2, 2, 25)[:, None]  # some tiles look like each class
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=TILE_UM,
-        tile_size_px=256, mpp=mpp, level0_width=3000, level0_height=3000,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_um=TILE_UM,
+        tile_px=256, mpp=mpp, level0_width=3000, level0_height=3000,
         tile_params={"tile_um": TILE_UM, "tile_px": 256}, target_mpp=TARGET_MPP, slide_path=slide_path,
     )  # fmt: skip
     coords_px = np.round(grid / mpp).astype(np.int64)

@@ -43,7 +43,7 @@ def _bags(folder: Path, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]
         grid = rng.permutation(64)[:size]
         coords = np.stack([grid % 8, grid // 8], 1).astype(np.float32) * 256.0
         prov = BagProvenance(slide_id=f"b{i:03d}", encoder="planted", weights_sha256="0" * 64,
-                             tile_size_um=256.0, tile_size_px=256, mpp=0.5, level0_width=4096,
+                             tile_um=256.0, tile_px=256, mpp=0.5, level0_width=4096,
                              level0_height=4096, tile_params={"tile_um": 256.0, "tile_px": 256})  # fmt: skip
         write_bag(folder / f"b{i:03d}.h5", feats=x, coords_um=coords,
                   coords_px=(coords / 0.5).astype(np.int64), provenance=prov)  # fmt: skip

@@ -35,7 +35,7 @@ def _data(n: int = 7, d: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _write_ours(path: Path, dtype: str = "float32") -> BagProvenance:
     feats, coords_um, coords_px = _data()
     provenance = BagProvenance(
-        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_size_um=TILE_UM, tile_size_px=256,
+        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_um=TILE_UM, tile_px=256,
         mpp=MPP, level0_width=5000, level0_height=3000,
         tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, n_bad_tiles=0,
     )  # fmt: skip
@@ -98,7 +98,7 @@ def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
     np.testing.assert_allclose(bag.feats, feats, atol=1e-2)  # float16 storage
     np.testing.assert_array_equal(bag.coords_um, coords_um)
     np.testing.assert_array_equal(bag.coords_px, coords_px)
-    assert bag.tile_size_um == TILE_UM and bag.meta["encoder"] == "retccl"
+    assert bag.tile_um == TILE_UM and bag.meta["encoder"] == "retccl"
     assert bag_length(path) == 7 and bag_layout(path) == "wsi"
     assert read_bag_attrs(path)["n_bad_tiles"] == 0
     assert bag.provenance == provenance  # written whole, read back whole
@@ -135,7 +135,7 @@ def test_foreign_layouts_load_to_the_same_bag(tmp_path: Path, layout: str) -> No
     np.testing.assert_array_equal(bag.feats, ref.feats)
     np.testing.assert_allclose(bag.coords_um, ref.coords_um)
     assert bag.coords_um.dtype == np.float32
-    assert bag.tile_size_um == pytest.approx(TILE_UM)
+    assert bag.tile_um == pytest.approx(TILE_UM)
     assert bag.slide_id == layout
 
 
@@ -184,7 +184,7 @@ def test_float16_overflow_is_refused(tmp_path: Path) -> None:
     feats[0, 0] = 1e6
     with pytest.raises(BagFormatError, match="float32"):
         provenance = BagProvenance(
-            slide_id="b", encoder="e", weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1,
+            slide_id="b", encoder="e", weights_sha256="w", tile_um=1, tile_px=1, mpp=1,
             level0_width=1, level0_height=1, tile_params={},
         )  # fmt: skip
         write_bag(
@@ -201,11 +201,11 @@ def test_trident_mpp_comes_from_its_magnification_and_a_given_mpp_wins(
     with caplog.at_level("INFO", logger="wsi.formats.bags"):
         bag = read_bag(path)
     assert bag.mpp == 0.5 and "level0_magnification=20" in bag.mpp_source
-    assert bag.tile_size_um == pytest.approx(TILE_UM) and bag.tile_size_px0 == TILE_PX0
+    assert bag.tile_um == pytest.approx(TILE_UM) and bag.tile_px0 == TILE_PX0
     np.testing.assert_allclose(bag.coords_um, bag.coords_px * 0.5)
     assert "derived from TRIDENT's level0_magnification=20" in caplog.text  # the log says so
     given = read_bag(path, mpp=0.25)  # a real scanner mpp beats the nominal one
-    assert given.mpp == 0.25 and given.mpp_source == "given" and given.tile_size_um == TILE_PX0 * 0.25
+    assert given.mpp == 0.25 and given.mpp_source == "given" and given.tile_um == TILE_PX0 * 0.25
     np.testing.assert_allclose(given.coords_um, given.coords_px * 0.25)
 
 
@@ -216,7 +216,7 @@ def test_clam_feature_bag_without_attributes_gets_its_tile_size_from_the_grid(
     _write_clam(path, with_attrs=False)  # as CLAM's extract_features_fp.py writes it: no attributes
     with caplog.at_level("INFO", logger="wsi.formats.bags"):
         bag = read_bag(path, mpp=MPP)
-    assert bag.tile_size_px0 == TILE_PX0 and bag.tile_size_um == pytest.approx(TILE_UM)
+    assert bag.tile_px0 == TILE_PX0 and bag.tile_um == pytest.approx(TILE_UM)
     assert f"inferred {TILE_PX0} level-0 px from the coordinate grid" in caplog.text
     np.testing.assert_allclose(bag.coords_um, _data()[1])
 
@@ -225,9 +225,9 @@ def test_pixel_bag_without_mpp_loads_in_pixels_when_positions_are_not_needed(tmp
     path = tmp_path / "clam.h5"
     _write_clam(path, with_attrs=False)
     bag = read_bag(path, require_um=False)
-    assert bag.coords_um is None and bag.tile_size_um is None and bag.mpp is None
+    assert bag.coords_um is None and bag.tile_um is None and bag.mpp is None
     np.testing.assert_array_equal(bag.coords_px, _data()[2])
-    assert bag.tile_size_px0 == TILE_PX0 and len(bag) == 7
+    assert bag.tile_px0 == TILE_PX0 and len(bag) == 7
 
 
 def test_grid_step_is_the_most_common_step() -> None:
@@ -246,12 +246,12 @@ def test_older_stamp_layouts_load(tmp_path: Path) -> None:
     with h5py.File(v20, "w") as h5:
         h5["feats"], h5["coords"] = feats, coords_um
         h5.attrs["tile_size"], h5.attrs["unit"] = TILE_UM, "um"
-    assert read_bag(v20).tile_size_um == TILE_UM
+    assert read_bag(v20).tile_um == TILE_UM
     no_size = tmp_path / "unit_only.h5"  # micrometres, but no size: inferred from the grid
     with h5py.File(no_size, "w") as h5:
         h5["feats"], h5["coords"] = feats, coords_um
         h5.attrs["unit"] = "um"
-    assert read_bag(no_size).tile_size_um == TILE_UM
+    assert read_bag(no_size).tile_um == TILE_UM
 
 
 def test_an_empty_trident_bag_is_refused_by_name(tmp_path: Path) -> None:

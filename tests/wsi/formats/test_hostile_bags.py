@@ -32,8 +32,8 @@ from wsi.formats.bags import (
     check_finite,
     finite_chunks,
     is_complete_bag,
-    read_bag,
     open_bag_stream,
+    read_bag,
     scan_bag,
 )
 from wsi.pipelines.inputs import Item

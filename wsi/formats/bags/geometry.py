@@ -33,10 +33,10 @@ class Placement:
     """A bag's tile positions in micrometres (None when they cannot be known) and how they were found."""
 
     coords_um: np.ndarray | None  # (N, 2) float32 top-left in micrometres
-    tile_size_um: float | None  # tile side in micrometres
+    tile_um: float | None  # tile side in micrometres
     mpp: float | None  # the slide's level-0 um/px, when known
     mpp_source: str  # "given", "bag attribute mpp", "TRIDENT level0_magnification=40 (nominal)", ""
-    tile_size_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
+    tile_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
 
 
 def say_once(path: Path, message: str) -> None:

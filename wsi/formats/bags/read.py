@@ -39,12 +39,12 @@ class Bag:
     """One slide's features with top-left tile coordinates in micrometres.
 
     `coords_um` is None only for a pixel-layout bag (CLAM, TRIDENT) whose resolution is unknown, loaded
-    with `require_um=False`; its positions are then `coords_px` with tiles `tile_size_px0` px wide.
+    with `require_um=False`; its positions are then `coords_px` with tiles `tile_px0` px wide.
     """
 
     feats: np.ndarray  # (N, D)
     coords_um: np.ndarray | None  # (N, 2) float32, top-left x, y in micrometres
-    tile_size_um: float | None
+    tile_um: float | None
     meta: JsonObject  # every attribute of the file (and of `coords`), plus "layout"
     path: Path
     slide_id: str
@@ -52,7 +52,7 @@ class Bag:
     provenance: BagProvenance | None = None  # ours: how the features were made; other layouts: None
     mpp: float | None = None  # the slide's level-0 um/px, when known
     mpp_source: str = ""  # where `mpp` came from: "given", "bag attribute mpp", "TRIDENT ... (nominal)"
-    tile_size_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
+    tile_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
 
     def __len__(self) -> int:
         return int(self.feats.shape[0])
@@ -278,7 +278,7 @@ def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_f
     return Bag(
         feats=np.asarray(feats),
         coords_um=place.coords_um,
-        tile_size_um=place.tile_size_um,
+        tile_um=place.tile_um,
         meta={**attrs, "layout": layout},
         path=path,
         slide_id=str(root.get("slide_id") or path.stem),
@@ -286,5 +286,5 @@ def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_f
         provenance=_provenance(root, path) if layout == "wsi" else None,
         mpp=place.mpp,
         mpp_source=place.mpp_source,
-        tile_size_px0=place.tile_size_px0,
+        tile_px0=place.tile_px0,
     )
