@@ -133,7 +133,7 @@ def retrieve(inputs: PathLike | Sequence[PathLike], *, out_dir: PathLike, **sett
 
 def open_slide(path: PathLike, **settings: Any) -> Slide:
     """A slide (openslide or tiffslide; DICOM series, plain images with `mpp=`), addressed in micrometres:
-    `with wsi.open_slide("a.svs") as s: s.read_region_um(x0_px, y0_px, size_um, target_mpp)`."""
+    `with wsi.open_slide("a.svs") as s: s.read_region_um(x0_px, y0_px, side_um, target_mpp)`."""
     from wsi.slides.slide import open_slide as open_any
 
     return open_any(path, **settings)

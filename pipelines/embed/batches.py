@@ -75,7 +75,7 @@ class RawBatch:
     slide_path: str
     backend: str
     mpp: float
-    size_um: float
+    side_um: float
     target_mpp: float
     tile_px: int
     coords_px: np.ndarray  # (B, 2) level-0 top-left (for the CPU fallback)

@@ -1,5 +1,5 @@
-"""Old names of renamed functions: each still works for code written against an earlier release, and
-says once per call site (a DeprecationWarning) which name to use instead."""
+"""Old names of renamed functions and keywords: each still works for code written against an earlier
+release, and says once per call site (a DeprecationWarning) which name to use instead."""
 
 from __future__ import annotations
 
@@ -26,4 +26,25 @@ def renamed(func: Callable[P, R], old_name: str) -> Callable[P, R]:
     return old
 
 
-__all__ = ["renamed"]
+def renamed_keywords(**old_to_new: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A function that also takes its keywords' old names (`@renamed_keywords(size_um="side_um")`),
+    each with a DeprecationWarning; passing both names is a TypeError, as any doubled argument is."""
+
+    def wrap(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{func.__qualname__}() got both {old}= and its new name {new}=")
+                    message = f"{func.__qualname__}({old}=...) is deprecated: use {new}="
+                    warnings.warn(message, DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+__all__ = ["renamed", "renamed_keywords"]

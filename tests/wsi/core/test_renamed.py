@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.helpers.peer_bags import write_stamp_bag
-from wsi.core.renamed import renamed
+from wsi.core.renamed import renamed, renamed_keywords
 
 #: (module, old name, new name): the renames callers may have imported by the old name
 RENAMES = [
@@ -68,3 +69,33 @@ def test_new_names_do_not_warn() -> None:
         assert "retccl" in wsi.list_encoders()
         assert "abmil" in wsi.list_models()
         assert "seqnorm" in wsi.list_attention()
+
+
+def test_an_old_keyword_warns_and_is_handed_on_under_its_new_name() -> None:
+    @renamed_keywords(size_um="side_um")
+    def area(*, side_um: float) -> float:
+        return side_um**2
+
+    with pytest.warns(DeprecationWarning, match=r"area\(size_um=\.\.\.\) is deprecated: use side_um="):
+        assert area(size_um=3.0) == 9.0  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="both size_um= and its new name side_um="):
+        area(size_um=3.0, side_um=3.0)  # type: ignore[call-arg]
+
+
+def test_read_region_um_takes_side_um_and_still_its_old_size_um(sample_slide: Any) -> None:
+    from wsi.slides.region import plan_region
+    from wsi.slides.slide import open_slide
+
+    with open_slide(sample_slide.path) as slide:
+        new = slide.read_region_um(512, 256, side_um=128.0, target_mpp=1.0)
+        with pytest.warns(DeprecationWarning, match=r"read_region_um\(size_um=\.\.\.\) is deprecated"):
+            old = slide.read_region_um(512, 256, size_um=128.0, target_mpp=1.0)
+        with pytest.warns(DeprecationWarning, match=r"region_plan\(size_um=\.\.\.\) is deprecated"):
+            assert slide.region_plan(512, 256, size_um=128.0, target_mpp=1.0) == slide.region_plan(
+                512, 256, side_um=128.0, target_mpp=1.0
+            )
+    assert new.shape == (128, 128, 3)
+    np.testing.assert_array_equal(old, new)
+    kw = {"target_mpp": 1.0, "mpp": 0.5, "downsamples": (1.0, 4.0)}
+    with pytest.warns(DeprecationWarning, match=r"plan_region\(size_um=\.\.\.\) is deprecated"):
+        assert plan_region(0, 0, size_um=64.0, **kw) == plan_region(0, 0, side_um=64.0, **kw)
