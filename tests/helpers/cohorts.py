@@ -102,7 +102,7 @@ def write_task(path: Path, **changes: object) -> Path:
         "input": "bags",
         "recipe": "paper",  # the recipe these tests were written for (issue 14 made small-cohort the default)
         "model": {"preset": "vit-wsi", "attention": "seqnorm", "overrides": dict(TINY)},
-        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "scheduler": "cosine"},
+        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "schedule": "cosine"},
         "epochs": 12,
         "patience": 6,
         "seed": 7,

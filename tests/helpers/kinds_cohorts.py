@@ -137,7 +137,7 @@ def write_kind_task(path: Path, kind: str, **changes: object) -> Path:
         "input": "bags",
         "recipe": "paper",  # the recipe these tests were written for (issue 14 made small-cohort the default)
         "model": {"preset": "vit-wsi", "attention": "seqnorm", "overrides": dict(TINY)},
-        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "scheduler": "cosine"},
+        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "schedule": "cosine"},
         "epochs": 12,
         "patience": 0,
         "seed": 7,

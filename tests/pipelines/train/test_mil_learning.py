@@ -60,7 +60,7 @@ def test_each_preset_finds_a_planted_signal_above_chance(preset: str, tmp_path: 
     labels.write_text("slide,label,patient\n" + rows)
     task = write_task(
         tmp_path / "task.yaml", model={"preset": preset, "overrides": TINY[preset]}, epochs=6, patience=0,
-        optimizer={"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "none"},
+        optimizer={"lr": 2e-3, "weight_decay": 1e-4, "schedule": "none"},
         split={"train": 0.75, "val": 0.25, "test": 0.0}, bootstrap=20,
     )  # fmt: skip
     train(task=task, labels_csv=labels, features_dir=tmp_path / "train", out_dir=tmp_path / "run",
