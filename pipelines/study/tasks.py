@@ -18,9 +18,10 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from wsi.configs import load_yaml
-from wsi.core.config import MAX_SEED, Fraction, config_model, new_names, parse_config, replace_config
+from wsi.core.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject
+from wsi.core.renamed import new_names
 
 Recipe = Literal["small-cohort", "paper", "authors"]
 

@@ -20,8 +20,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from wsi import configs
-from wsi.core.config import Fraction, config_model, new_names, parse_config
+from wsi.core.config import Fraction, config_model, parse_config
 from wsi.core.errors import ConfigError
+from wsi.core.renamed import new_names
 from wsi.pipelines.study.tasks import MAX_EPOCHS, Epochs, ModelOverrides, TaskConfig
 from wsi.pipelines.train.model_settings import refuse_untaken, resolve_model_settings
 from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS

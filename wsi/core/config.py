@@ -318,22 +318,6 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def new_names(cls: Any, data: Any) -> Any:
-    """`data` with the old names of `cls`'s renamed fields (its class attribute `OLD_NAMES`, old -> new)
-    turned into the new ones, for a config's `model_validator(mode="before")`: task files and run records
-    written before a rename still load. Both names at once is an error."""
-    old_names: Mapping[str, str] = getattr(cls, "OLD_NAMES", {})
-    if not isinstance(data, Mapping) or not old_names.keys() & data.keys():
-        return data
-    out = dict(data)
-    for old, new in old_names.items():
-        if old in out:
-            if new in out:
-                raise ValueError(f"{old!r} is the old name of {new!r}: give only {new!r}")
-            out[new] = out.pop(old)
-    return out
-
-
 def replace_config(config: T, changes: Mapping[str, Any], *, source: str) -> T:
     """A copy of `config` with dotted-key changes ({"model.attention": "sima", "epochs": 5}): each value
     validated against its own field's type, the groups above it rebuilt with `dataclasses.replace` (so
@@ -354,7 +338,7 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
     if not dataclasses.is_dataclass(node) or isinstance(node, type):
         raise ConfigError(f"{source}: cannot set {key!r}: it is not inside a group of fields")
     hints = _field_types(cast(Hashable, type(node)))
-    name = getattr(type(node), "OLD_NAMES", {}).get(name, name)  # a renamed field's old dotted key
+    name = getattr(type(node), "OLD_NAMES", {}).get(name, name)  # a renamed field's old name (new_names)
     if name not in hints:
         valid = ", ".join(hints)
         raise ConfigError(f"{source}: cannot set {key!r}: no field {name!r} (valid fields: {valid})")
@@ -408,7 +392,6 @@ __all__ = [
     "check_bounds",
     "config_dict",
     "config_model",
-    "new_names",
     "numeric_leaves",
     "parse_config",
     "replace_config",

@@ -1,12 +1,12 @@
-"""Old names of renamed functions and keywords: each still works for code written against an earlier
-release, and says once per call site (a DeprecationWarning) which name to use instead."""
+"""Old names of renamed functions, keywords and config fields: each still works for code and files written
+against an earlier release; code is told once per call site (a DeprecationWarning) which name to use."""
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,4 +47,20 @@ def renamed_keywords(**old_to_new: str) -> Callable[[Callable[P, R]], Callable[P
     return wrap
 
 
-__all__ = ["renamed", "renamed_keywords"]
+def new_names(cls: Any, data: Any) -> Any:
+    """`data` with the old names of `cls`'s renamed fields (its class attribute `OLD_NAMES`, old -> new)
+    turned into the new ones, for a config's `model_validator(mode="before")`: task files and run records
+    written before a rename still load. Both names at once is an error."""
+    old_names: Mapping[str, str] = getattr(cls, "OLD_NAMES", {})
+    if not isinstance(data, Mapping) or not old_names.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in old_names.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{old!r} is the old name of {new!r}: give only {new!r}")
+            out[new] = out.pop(old)
+    return out
+
+
+__all__ = ["new_names", "renamed", "renamed_keywords"]

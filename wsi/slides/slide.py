@@ -2,9 +2,8 @@
 
 `Slide.read_region_um` is the ONE function that turns slide pixels into tiles: tiling, embedding and
 prediction all call it, so a tile of `side_um` at `target_mpp` looks the same in every stage whatever
-pyramid the scanner wrote. What it reads and how it resizes (level, window, filter) is planned by
-`wsi.slides.region.plan_region`, which the embed stage's device decoder follows too; parts outside the slide
-come back white (glass), never an error.
+pyramid the scanner wrote. Its level, window and filter are planned by `wsi.slides.region.plan_region`,
+which the embed stage's device decoder follows too; parts outside the slide come back white, never an error.
 """
 
 from __future__ import annotations
@@ -261,9 +260,8 @@ class Slide:
     ) -> np.ndarray:
         """(P, P, 3) uint8 RGB of the square of `side_um` whose top-left is (x0_px, y0_px) at level 0.
 
-        P = round(side_um / target_mpp). Read from `best_level_for_mpp(target_mpp)`, then copied, reduced
-        by whole blocks or resized with an antialiasing filter, as `wsi.slides.region.plan_region` plans it;
-        regions partly outside the slide are padded white.
+        P = round(side_um / target_mpp), read from `best_level_for_mpp(target_mpp)` and copied, reduced by
+        whole blocks or resized with an antialiasing filter as `plan_region` plans it; white beyond the slide.
         out: a C-contiguous (P, P, 3) uint8 array (a row of a chunk of tiles) to write the tile into,
         and return; a window that is one whole stored JPEG tile is decoded straight into it (ValueError
         for any other array). Its content is undefined after a SlideError.
