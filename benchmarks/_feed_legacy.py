@@ -71,8 +71,8 @@ def as_raw_batch(legacy: LegacyBatch, reader: Any, start: int, stop: int) -> Raw
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     filt = np.asarray([int(Image.Resampling[f]) if f else -1 for f in legacy.filt], np.int64)
     return RawBatch(
-        slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, size_um=st.tile_size_um,
-        target_mpp=st.target_mpp, tile_px=round(st.tile_size_um / st.target_mpp),
+        slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, side_um=st.tile_um,
+        target_mpp=st.target_mpp, tile_px=round(st.tile_um / st.target_mpp),
         coords_px=np.asarray(st.coords_px[start:stop], np.int64), level=lv.level,
         level_wh=(lv.width, lv.height), tile_wh=(lv.tile_w, lv.tile_h), data=legacy.data, offsets=offsets,
         lengths=lengths, cells=legacy.cells, win=legacy.win, box=legacy.box, kind=legacy.kind,

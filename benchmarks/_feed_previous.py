@@ -45,7 +45,7 @@ def read(self: Any, start: int, stop: int) -> RawBatch:
     if streams.missing.any():  # tiles the file does not hold (sparse TIFF): white, like openslide
         table[np.isin(table, np.flatnonzero(streams.missing))] = -1
     return RawBatch(
-        slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, size_um=st.tile_size_um,
+        slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, side_um=st.tile_um,
         target_mpp=st.target_mpp, tile_px=sp.tile_px,
         coords_px=np.asarray(st.coords_px[start:stop], np.int64), level=lv.level,
         level_wh=(lv.width, lv.height), tile_wh=(lv.tile_w, lv.tile_h), data=streams.data,

@@ -211,8 +211,8 @@ def time_encoder(name: str, device: torch.device, batch: int, n_batches: int, ti
 def time_write(folder: Path, n: int, dim: int) -> float:
     feats = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
     coords = np.zeros((n, 2), np.float32)
-    prov = BagProvenance(slide_id="bench", encoder="bench", weights_sha256="-", tile_size_um=256.0,
-                         tile_size_px=256, mpp=SLIDE_MPP, level0_width=1, level0_height=1,
+    prov = BagProvenance(slide_id="bench", encoder="bench", weights_sha256="-", tile_um=256.0,
+                         tile_px=256, mpp=SLIDE_MPP, level0_width=1, level0_height=1,
                          tile_params={"benchmark": True})  # fmt: skip
     t0 = time.perf_counter()
     write_bag(folder / "bench.h5", feats=feats, coords_um=coords, coords_px=coords.astype(np.int64),

@@ -108,7 +108,7 @@ def _slide_jobs(folder: Path, side_mm: float, n_tiles: int) -> tuple[list[SlideT
             slide_path=str(slide.path),
             backend="openslide",
             mpp=SLIDE_MPP,
-            tile_size_um=TILE_UM,
+            tile_um=TILE_UM,
             target_mpp=TARGET_MPP,
             tile_px=round(TILE_UM / TARGET_MPP),
             coords_px=grid.coords,

@@ -209,13 +209,13 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, device: str) -> tup
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import torch
 
-    from wsi.models import available_attention
+    from wsi.models import list_attention
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
     )
-    p.add_argument("--attention", nargs="+", default=available_attention(), help="variants (default: all)")
+    p.add_argument("--attention", nargs="+", default=list_attention(), help="variants (default: all)")
     p.add_argument("--sizes", nargs="+", type=int, default=list(SIZES_PX), help="image sizes in px")
     p.add_argument("--repeats", type=int, default=3, help="timed steps after one warm-up (median)")
     p.add_argument(

@@ -228,8 +228,8 @@ def write_cohort(
         side = int(np.ceil(np.sqrt(n)))
         grid = np.stack([np.arange(n) % side, np.arange(n) // side], axis=1)  # (N, 2) x, y
         provenance = BagProvenance(
-            slide_id=bag_id, encoder=f"mil-data:{cohort.name}", weights_sha256="none", tile_size_um=1.0,
-            tile_size_px=1, mpp=1.0, level0_width=side, level0_height=side, tile_params={},
+            slide_id=bag_id, encoder=f"mil-data:{cohort.name}", weights_sha256="none", tile_um=1.0,
+            tile_px=1, mpp=1.0, level0_width=side, level0_height=side, tile_params={},
         )  # fmt: skip
         write_bag(
             bag_dir / f"{bag_id}.h5", feats=feats, coords_um=grid.astype(np.float32), coords_px=grid,

@@ -66,18 +66,18 @@ def _point(
     # tiles on a grid of their own size, 2/3 of the cells of a square filled (a tissue mask)
     side = int((n * 1.5) ** 0.5) + 1
     cells = torch.randperm(side * side, generator=g)[:n]
-    coords = (torch.stack([cells // side, cells % side], 1).float() * spec.tile_size_um).to(device)
+    coords = (torch.stack([cells // side, cells % side], 1).float() * spec.tile_um).to(device)
     if one_pass:
         base.CHUNK_TILES = n
         titan.SCORE_BYTES = 1 << 62  # every query row at once: the dense bias of the authors' code
     del slide_encoders
-    model.encode(feats[:64], coords[:64], spec.tile_size_um)  # warm-up
+    model.encode(feats[:64], coords[:64], spec.tile_um)  # warm-up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     base_mb = _rss_mb()
     start = time.perf_counter()
-    z = model.encode(feats, coords, spec.tile_size_um)
+    z = model.encode(feats, coords, spec.tile_um)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

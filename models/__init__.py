@@ -9,11 +9,11 @@ Public API (see docs/api.md):
   base_share(contrib, base) -> the share of a logit decomposition that `base` carries
 """
 
-from wsi.models.attention import available_attention, build_attention
+from wsi.models.attention import available_attention, build_attention, list_attention
 from wsi.models.base.param_groups import param_groups
-from wsi.models.encoders import available_encoders, build_encoder
+from wsi.models.encoders import available_encoders, build_encoder, list_encoders
 from wsi.models.explain.attribution import base_share, tile_effects
-from wsi.models.presets import available_presets, build_model
+from wsi.models.presets import available_presets, build_model, list_models
 
 __all__ = [
     "available_attention",
@@ -23,6 +23,9 @@ __all__ = [
     "build_attention",
     "build_encoder",
     "build_model",
+    "list_attention",
+    "list_encoders",
+    "list_models",
     "param_groups",
     "tile_effects",
 ]

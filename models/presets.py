@@ -13,12 +13,17 @@ from torch import nn
 from wsi import configs
 from wsi.core.config import parse_config
 from wsi.core.errors import ConfigError, WeightsError
+from wsi.core.renamed import renamed
 from wsi.models.attention import AttentionBase
 from wsi.models.base.kinds import MODEL_KINDS, KindModel
 
 
-def available_presets() -> list[str]:
+def list_models() -> list[str]:
+    """Model presets by name (configs/models/), as `build_model(preset, ...)` takes them."""
     return configs.available("models")
+
+
+available_presets = renamed(list_models, "wsi.models.presets.available_presets")  # the old name
 
 
 @dataclass(frozen=True)

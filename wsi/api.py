@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wsi.formats.bags import Bag
+    from wsi.formats.bags import Bag, Rows
     from wsi.pipelines.embed import EmbedResult
     from wsi.pipelines.predict.stage import PredictResult
     from wsi.pipelines.tile.findings import TileResult
@@ -133,25 +133,25 @@ def retrieve(inputs: PathLike | Sequence[PathLike], *, out_dir: PathLike, **sett
 
 def open_slide(path: PathLike, **settings: Any) -> Slide:
     """A slide (openslide or tiffslide; DICOM series, plain images with `mpp=`), addressed in micrometres:
-    `with wsi.open_slide("a.svs") as s: s.read_region_um(x0_px, y0_px, size_um, target_mpp)`."""
+    `with wsi.open_slide("a.svs") as s: s.read_region_um(x0_px, y0_px, side_um, target_mpp)`."""
     from wsi.slides.slide import open_slide as open_any
 
     return open_any(path, **settings)
 
 
-def read_bag(path: PathLike, **settings: Any) -> Bag:
+def read_bag(path: PathLike, *, mpp: float | None = None, rows: Rows = None, require_um: bool = True) -> Bag:
     """A feature bag (ours, STAMP's, CLAM's or TRIDENT's): `.feats` (N, D), `.coords_um` (N, 2), and
-    the provenance it records."""
-    from wsi.formats.bags import load_bag
+    the provenance it records (`wsi.formats.bags.read_bag`, loaded when called)."""
+    from wsi.formats.bags import read_bag as read
 
-    return load_bag(path, **settings)
+    return read(path, mpp=mpp, rows=rows, require_um=require_um)
 
 
 def list_encoders() -> list[str]:
     """Tile encoders `wsi.embed(encoder=...)` takes by name (weights are never downloaded)."""
-    from wsi.models.encoders import available_encoders
+    from wsi.models.encoders import list_encoders
 
-    return available_encoders()
+    return list_encoders()
 
 
 def list_text_encoders() -> list[str]:
@@ -170,16 +170,16 @@ def list_slide_encoders() -> list[str]:
 
 def list_models() -> list[str]:
     """Model presets `wsi.train(preset=...)` takes (configs/models/)."""
-    from wsi.models.presets import available_presets
+    from wsi.models.presets import list_models
 
-    return available_presets()
+    return list_models()
 
 
 def list_attention() -> list[str]:
     """Attention variants the transformer presets take (`attention=`)."""
-    from wsi.models.attention import available_attention
+    from wsi.models.attention import list_attention
 
-    return available_attention()
+    return list_attention()
 
 
 def list_tasks() -> list[str]:

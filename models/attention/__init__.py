@@ -11,14 +11,19 @@ import inspect
 from collections.abc import Callable
 
 from wsi.core.errors import ConfigError
+from wsi.core.renamed import renamed
 from wsi.models.attention._base import ATTENTION, AttentionBase, StreamState
 from wsi.models.attention._masking import weighted
 
 _COMMON_OPTIONS = ("inner_dim", "bias", "dropout")
 
 
-def available_attention() -> list[str]:
+def list_attention() -> list[str]:
+    """Attention variants by name (`build_attention(name, ...)`)."""
     return ATTENTION.names()
+
+
+available_attention = renamed(list_attention, "wsi.models.attention.available_attention")  # the old name
 
 
 def attention_options(name: str) -> list[str]:
@@ -51,5 +56,6 @@ __all__ = [
     "attention_options",
     "available_attention",
     "build_attention",
+    "list_attention",
     "weighted",
 ]

@@ -7,7 +7,7 @@ safetensors): a checkpoint is an untrusted file and must not be able to run code
   build_encoder(name, *, weights, random_init, expected_sha256, input_px, arch_overrides) -> Encoder
   Encoder(nn.Module): .encoder_id, .dim, .weights_sha256, .input_px; preprocess(uint8 (B,H,W,3)) ->
       normalised (B,3,S,S), forward -> (B, dim), embed = forward(preprocess), check_mpp, provenance()
-  EncoderRecipe (.digest()), ENCODERS, get_recipe, load_recipe_yaml, available_encoders, encoder_id_for,
+  EncoderRecipe (.digest()), ENCODERS, get_recipe, load_recipe_yaml, list_encoders, encoder_id_for,
   count_parameters, pick_batch_size, load_state_dict_file, RETCCL_SHA256, CTRANSPATH_SHA256
 """
 
@@ -19,6 +19,7 @@ from wsi.models.encoders.recipe import (
     EncoderRecipe,
     available_encoders,
     get_recipe,
+    list_encoders,
     load_recipe_yaml,
 )
 from wsi.models.encoders.weights import load_state_dict_file
@@ -34,6 +35,7 @@ __all__ = [
     "count_parameters",
     "encoder_id_for",
     "get_recipe",
+    "list_encoders",
     "load_recipe_yaml",
     "load_state_dict_file",
     "mpp_warning",

@@ -27,6 +27,7 @@ from wsi.core.config import MAX_MPP, config_dict, config_model, parse_config
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject, JsonValue
 from wsi.core.registry import Registry
+from wsi.core.renamed import renamed
 from wsi.core.user_text import load_yaml_file
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def get_recipe(name: str) -> EncoderRecipe:
         return _timm_recipe(arch)
     if name not in ENCODERS:
         raise ConfigError(
-            f"unknown encoder {name!r}; choose one of {', '.join(available_encoders())}, "
+            f"unknown encoder {name!r}; choose one of {', '.join(list_encoders())}, "
             "or give a recipe file (my-encoder.yaml)"
         )
     return ENCODERS.get(name)()
@@ -270,9 +271,12 @@ def _timm_recipe(arch: str) -> EncoderRecipe:
     )
 
 
-def available_encoders() -> list[str]:
+def list_encoders() -> list[str]:
     """Named encoders, then the open-ended forms."""
     return [*ENCODERS.names(), "timm:<name>", "<recipe>.yaml"]
+
+
+available_encoders = renamed(list_encoders, "wsi.models.encoders.available_encoders")  # the old name
 
 
 __all__ = [
@@ -285,6 +289,7 @@ __all__ = [
     "available_encoders",
     "get_recipe",
     "is_recipe_path",
+    "list_encoders",
     "load_recipe_yaml",
     "timm_kwargs",
 ]

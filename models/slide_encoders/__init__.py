@@ -5,7 +5,7 @@ there) and registered in `SLIDE_ENCODERS`; weights are read as tensors only and 
 
 Public API:
   build_slide_encoder(name, *, weights=None, random_init=False) -> SlideEncoder (eval mode)
-  SlideEncoder.encode(feats (N, D), coords_um (N, 2) | None, tile_size_um) -> (dim,) float32
+  SlideEncoder.encode(feats (N, D), coords_um (N, 2) | None, tile_um) -> (dim,) float32
   SlideEncoder.SPEC: SlideEncoderSpec (tile encoder, tile size and mpp, widths, params, licence, ...)
   SLIDE_ENCODERS (registry), get_spec(name), count_parameters(name) (meta device, nothing allocated)
 """

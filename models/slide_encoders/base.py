@@ -23,6 +23,7 @@ from torch import nn
 from wsi.core.errors import ConfigError, WeightsError
 from wsi.core.json_types import JsonObject
 from wsi.core.registry import Registry
+from wsi.formats.hdf5 import to_stored
 from wsi.storage.hf import hub_weights, repo_of
 
 log = logging.getLogger("wsi.models.slide_encoders")
@@ -37,7 +38,7 @@ class SlideEncoderSpec:
     """The published facts of one slide encoder (what `wsi encoders` lists and what is checked)."""
 
     tile_encoders: tuple[str, ...]  # wsi tile-encoder names whose bags it accepts
-    tile_size_um: float  # tile side the authors used, micrometres
+    tile_um: float  # tile side the authors used, micrometres
     tile_mpp: float  # um/px of those tiles
     in_dim: int  # tile feature width
     dim: int  # slide embedding width
@@ -53,19 +54,20 @@ class SlideEncoderSpec:
     tile_weights_sha256: tuple[str, ...] = ()
 
     def as_dict(self) -> JsonObject:
-        """JSON-ready (tuples as lists), for `wsi slide-encoders --json`."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """JSON-ready (tuples as lists; the tile side as bags store it, `tile_size_um`), for
+        `wsi slide-encoders --json`."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in to_stored(asdict(self)).items()}
 
 
 class SlideEncoder(nn.Module):
-    """Base class: `encode(feats (N, D), coords_um (N, 2) | None, tile_size_um)` -> (dim,) float32."""
+    """Base class: `encode(feats (N, D), coords_um (N, 2) | None, tile_um)` -> (dim,) float32."""
 
     SPEC: ClassVar[SlideEncoderSpec]
     name: str = ""
     weights_sha256: str = "random"
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
         raise NotImplementedError
 

@@ -50,7 +50,7 @@ class Chief(SlideEncoder):
     """CHIEF (size "small"): 768-d CTransPath tiles -> 768-d slide embedding."""
 
     SPEC = SlideEncoderSpec(
-        tile_encoders=("ctranspath",), tile_size_um=256.0, tile_mpp=1.0, in_dim=768, dim=768,
+        tile_encoders=("ctranspath",), tile_um=256.0, tile_mpp=1.0, in_dim=768, dim=768,
         # every tensor of CHIEF(size_arg="small", n_classes=2) (buffers excluded)
         params=1_185_032,
         licence="GNU AGPL v3 (LICENSE file; the README says GPLv3, non-commercial academic use)",
@@ -79,9 +79,9 @@ class Chief(SlideEncoder):
         return state
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
-        del coords_um, tile_size_um
+        del coords_um, tile_um
         net = self.attention_net
 
         def scores(x: torch.Tensor) -> torch.Tensor:

@@ -94,14 +94,14 @@ class _Cobra(SlideEncoder):
         return torch.stack([net(h[:, :, c]) for c, net in enumerate(self.attn)], -1).mean(-1)
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
         """Mamba-2 reads the tiles as a sequence. The authors feed the file's row order and pretrained on
         randomly permuted tiles (cobra/ssl/data.py pad_or_sample), so no order is theirs: the tiles are
         sorted by position so that the embedding is a function of the slide, not of the bag's row order.
         Streamed `CHUNK_TILES` at a time (Mamba's states carried between chunks, online softmax): exact,
         and bounded on 100,000-tile slides."""
-        del tile_size_um
+        del tile_um
         n = feats.shape[0]
         order = raster_order(coords_um) if coords_um is not None else torch.arange(n, device=feats.device)
         states = [cast(Mamba2Mixer, cast(nn.Sequential, layer)[1]).initial_state(feats.device)
@@ -124,7 +124,7 @@ def raster_order(coords_um: torch.Tensor) -> torch.Tensor:
 
 def _spec(tile_encoder: str, in_dim: int, dim: int) -> SlideEncoderSpec:
     return SlideEncoderSpec(
-        tile_encoders=(tile_encoder,), tile_size_um=224.0, tile_mpp=1.0, in_dim=in_dim, dim=dim,
+        tile_encoders=(tile_encoder,), tile_um=224.0, tile_mpp=1.0, in_dim=in_dim, dim=dim,
         params=COBRA_II_PARAMS,
         licence="GPL-3.0 (KatherLab/COBRA LICENSE; weights gated on Hugging Face, model card terms)",
         weights_page="https://huggingface.co/KatherLab/COBRA", weights_files=("cobraII.pth.tar",),

@@ -58,9 +58,9 @@ class _Feather(SlideEncoder):
         return {k: v for k, v in out.items() if not k.startswith("classifier.")}
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
-        del coords_um, tile_size_um  # ABMIL is permutation invariant and reads no positions
+        del coords_um, tile_um  # ABMIL is permutation invariant and reads no positions
 
         def embedded(x: torch.Tensor) -> torch.Tensor:
             return self.patch_embed(x.float())
@@ -73,7 +73,7 @@ class _Feather(SlideEncoder):
 
 def _spec(tile_encoder: str, in_dim: int, tile_px: int, hub: str, params: int) -> SlideEncoderSpec:
     return SlideEncoderSpec(
-        tile_encoders=(tile_encoder,), tile_size_um=tile_px * 0.5, tile_mpp=0.5, in_dim=in_dim, dim=512,
+        tile_encoders=(tile_encoder,), tile_um=tile_px * 0.5, tile_mpp=0.5, in_dim=in_dim, dim=512,
         params=params, licence=_LICENCE, weights_page=f"https://huggingface.co/MahmoodLab/{hub}",
         weights_files=("model.safetensors", "pytorch_model.bin"), reference=_REFERENCE,
         uses_positions=False, patient_fusion="late",

@@ -47,7 +47,7 @@ def position_embedding(cells: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([sincos_1d(cells[:, 1], dim // 2), sincos_1d(cells[:, 0], dim // 2)], dim=1)
 
 
-def grid_cells(coords_um: torch.Tensor, tile_size_um: float, ngrids: int = SLIDE_NGRIDS) -> torch.Tensor:
+def grid_cells(coords_um: torch.Tensor, tile_um: float, ngrids: int = SLIDE_NGRIDS) -> torch.Tensor:
     """Tile top-left corners in micrometres -> the authors' grid cells (N, 2) int64 (x, y).
 
     The authors' `coords_to_pos` takes floor(coords / tile_size) and indexes row cell_x * 1000 + cell_y + 1
@@ -55,14 +55,14 @@ def grid_cells(coords_um: torch.Tensor, tile_size_um: float, ngrids: int = SLIDE
     0.5 um/px): the cell is the tile index. TRIDENT (a91fa84 GigaPathSlideEncoder: level-0 tile size) and
     STAMP (c54ce06 encoding/encoder/gigapath.py: um / tile um/px, after its issue 159) give the same
     cells. Never rescaled; a slide beyond the 1000-tile grid (128 mm) is refused, not wrapped."""
-    if not tile_size_um > 0:
-        raise BagFormatError(f"tile size {tile_size_um} um: Prov-GigaPath needs the tile size to place tiles")
-    cells = torch.floor(coords_um.to(torch.float64) / tile_size_um + _CELL_TOLERANCE).to(torch.int64)
+    if not tile_um > 0:
+        raise BagFormatError(f"tile size {tile_um} um: Prov-GigaPath needs the tile size to place tiles")
+    cells = torch.floor(coords_um.to(torch.float64) / tile_um + _CELL_TOLERANCE).to(torch.int64)
     if cells.numel() and (int(cells.min()) < 0 or int(cells.max()) >= ngrids):
         hi = coords_um.to(torch.float64).amax(0) / 1000
         raise BagFormatError(
             f"tile positions reach x {hi[0]:.1f} mm, y {hi[1]:.1f} mm (min {coords_um.min():.0f} um): beyond "
-            f"Prov-GigaPath's grid of {ngrids} x {ngrids} tiles of {tile_size_um:g} um (the authors' "
+            f"Prov-GigaPath's grid of {ngrids} x {ngrids} tiles of {tile_um:g} um (the authors' "
             "slide_ngrids); is this one slide, with coordinates from its top-left corner?"
         )
     return cells
@@ -110,7 +110,7 @@ class _GigaPath(SlideEncoder):
 
     @torch.no_grad()
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
         """The class token is untrained (demo/4_load_slide_encoder.py), so global_pool: the mean of the tile
         tokens after `LAYER` layers, then `norm`. LongNet's segments make the order matter: tiles go in
@@ -119,7 +119,7 @@ class _GigaPath(SlideEncoder):
             raise ValueError("an empty bag has no slide embedding")
         if coords_um is None:
             raise BagFormatError("Prov-GigaPath's slide encoder needs the tiles' positions in micrometres")
-        cells = grid_cells(coords_um, tile_size_um, self.ngrids)
+        cells = grid_cells(coords_um, tile_um, self.ngrids)
         order = tiler_order(cells, coords_um, feats)  # rows picked chunk by chunk: the bag is not copied
         cells = cells[order.to(cells.device)]
         dim, device = self.config.dim, self.cls_token.device
@@ -140,7 +140,7 @@ class _GigaPath(SlideEncoder):
 
 def _spec(output: str) -> SlideEncoderSpec:
     return SlideEncoderSpec(
-        tile_encoders=("prov-gigapath",), tile_size_um=128.0, tile_mpp=0.5, in_dim=1536, dim=768,
+        tile_encoders=("prov-gigapath",), tile_um=128.0, tile_mpp=0.5, in_dim=1536, dim=768,
         params=86_330_880,  # demo/run_gigapath.ipynb: "Slide encoder param # 86330880"
         licence="Apache-2.0 (LICENSE since 2025-03; model card: research use only, gated on Hugging Face)",
         weights_page="https://huggingface.co/prov-gigapath/prov-gigapath",

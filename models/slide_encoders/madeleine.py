@@ -90,7 +90,7 @@ class Madeleine(SlideEncoder):
     """MADELEINE (H&E branch, `encode_he`): 512-d CONCH v1 tiles -> 512-d slide embedding."""
 
     SPEC = SlideEncoderSpec(
-        tile_encoders=("conch-v1",), tile_size_um=256.0, tile_mpp=1.0, in_dim=512, dim=512,
+        tile_encoders=("conch-v1",), tile_um=256.0, tile_mpp=1.0, in_dim=512, dim=512,
         # every tensor of MADELEINE(config, stain_encoding=False) with the published config: pre_attn
         # 1,582,080 + 4 heads x 525,825 + token_projector 262,272 + projector 1,049,088
         params=4_996_740,
@@ -119,8 +119,8 @@ class Madeleine(SlideEncoder):
         return scores, h
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
-        del coords_um, tile_size_um  # attention pooling: permutation invariant, reads no positions
+        del coords_um, tile_um  # attention pooling: permutation invariant, reads no positions
         pooled = multi_head_pool(self._heads, feats)  # (512, 4)
         return self.projector(pooled.flatten())  # flattened e*4 + c, as .view(bs, d_out * n_heads)

@@ -148,9 +148,9 @@ class PrismEncoder(SlideEncoder):
         self.img_to_latents = nn.Linear(cfg.latent_dim, cfg.dim_latents, bias=False)
 
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
-        del coords_um, tile_size_um  # the Perceiver has no positional encoding
+        del coords_um, tile_um  # the Perceiver has no positional encoding
         if feats.shape[0] == 0:
             raise ValueError("an empty bag has no slide embedding")
         x = self.latents.float()
@@ -222,7 +222,7 @@ class Prism(PrismEncoder):
     """PRISM (paige-ai/Prism) on Virchow v1 class + mean-patch tile embeddings."""
 
     SPEC = SlideEncoderSpec(
-        tile_encoders=("virchow",), tile_size_um=112.0, tile_mpp=0.5, in_dim=2560, dim=1280,
+        tile_encoders=("virchow",), tile_um=112.0, tile_mpp=0.5, in_dim=2560, dim=1280,
         params=105_591_040,
         licence="CC-BY-NC-ND 4.0 (non-commercial academic research; gated on Hugging Face)",
         weights_page="https://huggingface.co/paige-ai/Prism",

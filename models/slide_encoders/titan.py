@@ -45,7 +45,7 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor(power_of_2(low) + power_of_2(2 * low)[0::2][: heads - low])
 
 
-def tile_grid(coords_um: torch.Tensor, tile_size_um: float) -> torch.Tensor:
+def tile_grid(coords_um: torch.Tensor, tile_um: float) -> torch.Tensor:
     """(N, 2) grid cells floor((coords - min) / tile side), int64: TITAN's positions from micrometres.
 
     As vision_transformer.py `preprocess_features` places tiles: TRIDENT (a91fa84 TitanSlideEncoder, IO.py)
@@ -53,10 +53,10 @@ def tile_grid(coords_um: torch.Tensor, tile_size_um: float) -> torch.Tensor:
     tile px; both give this grid at the slide's own scale, never a rescaled or squashed one (STAMP issue
     159). The ALiBi bias between two tiles is -slope_h * their Euclidean grid distance (none to or from
     the class token)."""
-    if tile_size_um <= 0:
-        raise ValueError(f"TITAN needs the tile side in micrometres, got {tile_size_um}")
+    if tile_um <= 0:
+        raise ValueError(f"TITAN needs the tile side in micrometres, got {tile_um}")
     coords = coords_um.detach().cpu().double()  # float64 on the CPU: MPS has no float64
-    rel = (coords - coords.min(0).values) / float(tile_size_um)
+    rel = (coords - coords.min(0).values) / float(tile_um)
     return torch.floor(rel + _GRID_TOL).long()
 
 
@@ -121,7 +121,7 @@ class Titan(SlideEncoder):
     """TITAN's vision tower (TITAN-V + CoCa poolers): 768-d CONCH v1.5 tiles -> 768-d slide embedding."""
 
     SPEC = SlideEncoderSpec(
-        tile_encoders=("conch-v1.5",), tile_size_um=256.0, tile_mpp=0.5, in_dim=768, dim=768,
+        tile_encoders=("conch-v1.5",), tile_um=256.0, tile_mpp=0.5, in_dim=768, dim=768,
         # every tensor of the vision tower built from config.json (the text tower is not loaded)
         params=48_539_904,
         licence="CC-BY-NC-ND 4.0 (non-commercial academic research; gated on Hugging Face)",
@@ -168,10 +168,10 @@ class Titan(SlideEncoder):
 
     # ----------------------------------------------------------------------------------------- input
     def tokens(
-        self, feats: torch.Tensor, coords_um: torch.Tensor, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor, tile_um: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Grid features (raster order, duplicates summed, all-zero cells dropped) and their cells (float)."""
-        cells = tile_grid(coords_um, tile_size_um).to(feats.device)
+        cells = tile_grid(coords_um, tile_um).to(feats.device)
         width = int(cells[:, 1].max()) + 1
         key = cells[:, 0] * width + cells[:, 1]  # the authors' raster order: x outer, y inner
         uniq, inverse = torch.unique(key, return_inverse=True)
@@ -179,7 +179,7 @@ class Titan(SlideEncoder):
             log.warning(
                 "TITAN: %d of %d tiles share a grid cell of %g um with another tile (overlapping tiles?); "
                 "their features are summed, as the authors' preprocess_features does",
-                len(key) - len(uniq), len(key), tile_size_um,
+                len(key) - len(uniq), len(key), tile_um,
             )  # fmt: skip
         grid = torch.zeros(len(uniq), feats.shape[1], device=feats.device)
         for start in range(0, len(key), ROW_CHUNK):  # float16 bags: convert a chunk at a time
@@ -233,7 +233,7 @@ class Titan(SlideEncoder):
 
     @torch.no_grad()
     def encode(
-        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_size_um: float
+        self, feats: torch.Tensor, coords_um: torch.Tensor | None, tile_um: float
     ) -> torch.Tensor:
         if coords_um is None:
             raise ValueError("TITAN needs each tile's position (coords in micrometres)")
@@ -241,7 +241,7 @@ class Titan(SlideEncoder):
             raise ValueError("an empty bag has no slide embedding")
         if coords_um.shape != (feats.shape[0], 2):
             raise ValueError(f"coords {tuple(coords_um.shape)} do not match features {tuple(feats.shape)}")
-        grid, cells = self.tokens(feats, coords_um, tile_size_um)
+        grid, cells = self.tokens(feats, coords_um, tile_um)
         n, dim = grid.shape[0], self.cls_token.shape[-1]
         x = torch.empty(n + 1, dim, device=grid.device)
         x[0] = self.cls_token[0, 0]

@@ -31,7 +31,7 @@ class SlideTiles:
     slide_path: str
     backend: str
     mpp: float  # level-0 um/px used by the tile stage (may have come from --mpp)
-    tile_size_um: float
+    tile_um: float
     target_mpp: float
     tile_px: int
     coords_px: np.ndarray  # (N, 2) int64 level-0 top-left
@@ -52,9 +52,9 @@ def slide_tiles_from_tile_file(tile_file: TileFile, *, use_cache: bool = True) -
         slide_path=tile_file.slide_path,
         backend=tile_file.meta.backend,
         mpp=tile_file.mpp,
-        tile_size_um=tile_file.tile_size_um,
+        tile_um=tile_file.tile_um,
         target_mpp=tile_file.target_mpp,
-        tile_px=tile_file.tile_size_px,
+        tile_px=tile_file.tile_px,
         coords_px=np.asarray(tile_file.coords, dtype=np.int64),
         pixels_path=str(pixels) if cached else None,
     )
@@ -75,7 +75,7 @@ class RawBatch:
     slide_path: str
     backend: str
     mpp: float
-    size_um: float
+    side_um: float
     target_mpp: float
     tile_px: int
     coords_px: np.ndarray  # (B, 2) level-0 top-left (for the CPU fallback)

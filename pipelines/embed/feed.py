@@ -133,7 +133,7 @@ class BatchReader(Dataset):
         for j, (x_px, y_px) in enumerate(st.coords_px[start:stop]):
             try:
                 # decoded into the batch; a tile of another size than the batch's is a ValueError
-                slide.read_region_um(int(x_px), int(y_px), st.tile_size_um, st.target_mpp, out=tiles[j])
+                slide.read_region_um(int(x_px), int(y_px), st.tile_um, st.target_mpp, out=tiles[j])
                 ok[j] = True
             except Exception as exc:
                 tiles[j] = 0  # as a tile never read: a failed decode may have left part of one

@@ -126,7 +126,7 @@ def _tile_file_tiles(path: Path) -> np.ndarray:
             return np.stack([np.asarray(array[int(i)]) for i in pick])
         backend = tf.meta.backend
         with open_slide(tf.slide_path, backend=backend, mpp=tf.mpp) as slide:
-            size_um, mpp = tf.tile_size_um, tf.target_mpp
+            size_um, mpp = tf.tile_um, tf.target_mpp
             return np.stack([slide.read_region_um(int(x), int(y), size_um, mpp) for x, y in tf.coords[pick]])
     except ConfigError:
         raise

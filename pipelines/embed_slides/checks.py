@@ -87,8 +87,8 @@ def check_folder(bags: Mapping[str, Path], spec: SlideEncoderSpec, name: str, fo
 def fix_for(spec: SlideEncoderSpec) -> str:
     """The commands that make bags a slide encoder reads."""
     return (
-        f"make bags for it with `wsi tile SLIDES --out RUN --tile-um {spec.tile_size_um:g} --tile-px "
-        f"{round(spec.tile_size_um / spec.tile_mpp)}` then "
+        f"make bags for it with `wsi tile SLIDES --out RUN --tile-um {spec.tile_um:g} --tile-px "
+        f"{round(spec.tile_um / spec.tile_mpp)}` then "
         f"`wsi embed --tiles RUN --out RUN --encoder {spec.tile_encoders[0]}`"
     )
 
@@ -117,12 +117,12 @@ def check_bag(bag: Bag, spec: SlideEncoderSpec, name: str) -> TileSource:
                 f"{source.encoder} weights {spec.tile_weights_sha256[0][:12]}: {fix} "
                 "--weights <those weights>"
             )
-    if bag.tile_size_um is not None:
-        ratio = bag.tile_size_um / spec.tile_size_um
+    if bag.tile_um is not None:
+        ratio = bag.tile_um / spec.tile_um
         if abs(ratio - 1.0) > SIZE_TOLERANCE:
             raise BagFormatError(
-                f"{bag.path} holds tiles of {bag.tile_size_um:g} um, but slide encoder {name!r} was "
-                f"trained on {spec.tile_size_um:g} um tiles ({spec.tile_mpp:g} um/px): {fix}"
+                f"{bag.path} holds tiles of {bag.tile_um:g} um, but slide encoder {name!r} was "
+                f"trained on {spec.tile_um:g} um tiles ({spec.tile_mpp:g} um/px): {fix}"
             )
     mpp = bag.provenance.target_mpp if bag.provenance is not None else None
     if mpp is not None and abs(mpp / spec.tile_mpp - 1.0) > SIZE_TOLERANCE:

@@ -24,7 +24,8 @@ import torch
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError, LabelError
 from wsi.core.files import is_temp_name
-from wsi.formats.bags import Bag, load_bag, no_bags_message
+from wsi.formats.bags import Bag, no_bags_message, read_bag
+from wsi.formats.hdf5 import to_stored
 from wsi.formats.slide_embeddings import EmbeddingProvenance, embedding_dir, write_embedding
 from wsi.models.slide_encoders import SlideEncoder, build_slide_encoder
 from wsi.pipelines.embed_slides.checks import TileSource, check_bag, check_folder
@@ -35,9 +36,10 @@ from wsi.pipelines.scheduling.results import JobResult, StageResult
 
 log = logging.getLogger(__name__)
 
-#: the bag provenance fields `wsi predict` needs to make the tile features of raw slides again
+#: the bag provenance fields `wsi predict` needs to make the tile features of raw slides again (stored
+#: under the bag's attribute names)
 _TILE_KEYS = ("encoder", "weights_sha256", "tile_params", "precision", "input_px", "stain_norm",
-              "tile_size_um", "tile_size_px")  # fmt: skip
+              "tile_um", "tile_px")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class _Embedder:
 
     def _one(self, bag_path: Path) -> tuple[torch.Tensor, int, dict[str, object]]:
         spec = self.model.SPEC
-        bag = load_bag(bag_path, require_um=spec.uses_positions)
+        bag = read_bag(bag_path, require_um=spec.uses_positions)
         source = check_bag(bag, spec, self.model.name)
         if len(bag) == 0:
             raise ConfigError(f"{bag_path} holds no tiles: nothing to embed")
@@ -120,7 +122,7 @@ class _Embedder:
         feats = torch.from_numpy(bag.feats).to(self.device)
         coords = None if bag.coords_um is None else torch.from_numpy(bag.coords_um).to(self.device)
         with torch.inference_mode():
-            z = self.model.encode(feats, coords, float(bag.tile_size_um or spec.tile_size_um))
+            z = self.model.encode(feats, coords, float(bag.tile_um or spec.tile_um))
         return z.cpu(), len(bag), _facts(bag, source)
 
     def __call__(self, job: EmbedJob) -> JobResult:
@@ -138,7 +140,7 @@ class _Embedder:
         prov = EmbeddingProvenance(
             id=job.slide_id, feat_type=self.level, slide_encoder=self.model.name,
             slide_encoder_weights_sha256=self.model.weights_sha256, tile_encoder=str(facts["tile_encoder"]),
-            tile_encoder_weights_sha256=str(facts["tile_sha"]), tile_size_um=float(facts["tile_size_um"]),  # type: ignore[arg-type]
+            tile_encoder_weights_sha256=str(facts["tile_sha"]), tile_um=float(facts["tile_size_um"]),  # type: ignore[arg-type]
             target_mpp=float(facts["target_mpp"]), n_tiles=n, source_bags=tuple(str(p) for p in job.bags),  # type: ignore[arg-type]
             slides=tuple(p.stem for p in job.bags) if self.level == "patient" else (),
             patient_fusion=spec.patient_fusion if self.level == "patient" else "",
@@ -150,11 +152,11 @@ class _Embedder:
     def _pooled(self, bags: Sequence[Path]) -> tuple[torch.Tensor, int, dict[str, object]]:
         """Early fusion: the patient's tiles as one bag (only for encoders without positions)."""
         spec = self.model.SPEC
-        loaded = [load_bag(p, require_um=False) for p in bags]
+        loaded = [read_bag(p, require_um=False) for p in bags]
         sources = [check_bag(b, spec, self.model.name) for b in loaded]
         feats = torch.from_numpy(np.concatenate([b.feats for b in loaded])).to(self.device)
         with torch.inference_mode():
-            z = self.model.encode(feats, None, spec.tile_size_um)
+            z = self.model.encode(feats, None, spec.tile_um)
         return z.cpu(), int(feats.shape[0]), _facts(loaded[0], sources[0])
 
 
@@ -162,11 +164,11 @@ def _facts(bag: Bag, source: TileSource) -> dict[str, object]:
     prov = bag.provenance
     tile_prov: dict[str, object] = {}
     if prov is not None:  # ours: enough to tile and embed raw slides the same way again
-        tile_prov = {k: getattr(prov, k) for k in _TILE_KEYS if getattr(prov, k) is not None}
+        tile_prov = to_stored({k: getattr(prov, k) for k in _TILE_KEYS if getattr(prov, k) is not None})
     return {
         "tile_encoder": source.encoder,
         "tile_sha": source.weights_sha256 or "",
-        "tile_size_um": float(bag.tile_size_um or 0.0),
+        "tile_size_um": float(bag.tile_um or 0.0),
         "target_mpp": float(prov.target_mpp or 0.0) if prov else 0.0,
         "tile_provenance": tile_prov,
     }

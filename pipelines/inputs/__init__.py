@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject, JsonValue
 from wsi.core.registry import Registry
+from wsi.core.renamed import renamed
 from wsi.pipelines.inputs.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,12 @@ INPUTS: Registry[Callable[..., InputAdapter]] = Registry(
 )
 
 
-def available_inputs() -> list[str]:
+def list_inputs() -> list[str]:
+    """Input adapters by name (a task's `input:`)."""
     return INPUTS.names()
+
+
+available_inputs = renamed(list_inputs, "wsi.pipelines.inputs.available_inputs")  # the old name
 
 
 def build_input(name: str, options: Mapping[str, Any] | None = None) -> InputAdapter:
@@ -178,5 +183,6 @@ __all__ = [
     "Item",
     "available_inputs",
     "build_input",
+    "list_inputs",
     "with_resolution",
 ]

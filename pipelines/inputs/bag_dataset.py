@@ -1,6 +1,6 @@
 """The torch Dataset of feature bags and their collation: one bag a sample, padded batches with a mask.
 
-Bags are read through `wsi.formats.bags.load_bag` (ours, STAMP, CLAM, TRIDENT look the same here); a
+Bags are read through `wsi.formats.bags.read_bag` (ours, STAMP, CLAM, TRIDENT look the same here); a
 training bag may be subsampled to `bag_size` tiles (validation, test and prediction see every tile).
 """
 
@@ -13,16 +13,16 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from wsi.formats.bags import bag_length, check_finite, load_bag
+from wsi.formats.bags import bag_length, check_finite, read_bag
 from wsi.pipelines.inputs import Batch, Item
 from wsi.pipelines.inputs.samples import Sample
 
 
 class BagDataset(Dataset[Sample]):
-    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_size_um"}.
+    """Sample i = one bag: {"x": (N, D), "coords_um": (N, 2), "label": int, "id": str, "tile_um"}.
 
     A pixel-layout bag of unknown resolution (allowed only when `uses_positions` is False) gives
-    "coords_px" (N, 2) and "tile_size_px0" instead of "coords_um" and "tile_size_um".
+    "coords_px" (N, 2) and "tile_px0" instead of "coords_um" and "tile_um".
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class BagDataset(Dataset[Sample]):
         return self._read(item, rows)
 
     def _read(self, item: Item, rows: Any) -> Sample:
-        bag = load_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
+        bag = read_bag(item.path, mpp=self.mpp_for(item), rows=rows, require_um=self.uses_positions)
         check_finite(bag)  # NonFiniteFeaturesError naming the bag: never train or predict on NaN
         sample: Sample = {
             "x": torch.from_numpy(bag.feats),  # (N, D) float16|float32 as stored; cast on the device
@@ -86,10 +86,10 @@ class BagDataset(Dataset[Sample]):
         }
         if bag.coords_um is not None:
             sample["coords_um"] = torch.from_numpy(bag.coords_um)  # (N, 2)
-            sample["tile_size_um"] = bag.tile_size_um
+            sample["tile_um"] = bag.tile_um
         elif bag.coords_px is not None:  # positions unused by the model: only heatmaps draw them
             sample["coords_px"] = torch.from_numpy(bag.coords_px)  # (N, 2) level-0 px
-            sample["tile_size_px0"] = bag.tile_size_px0
+            sample["tile_px0"] = bag.tile_px0
         return sample
 
 

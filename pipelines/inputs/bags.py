@@ -1,6 +1,6 @@
 """The bag input stage: feature bags (ours, STAMP, CLAM, TRIDENT) -> padded batches for vit-wsi.
 
-Bags are read only through `wsi.formats.bags.load_bag`, so every layout looks the same here. Whole bags are
+Bags are read only through `wsi.formats.bags.read_bag`, so every layout looks the same here. Whole bags are
 the default; `bag_size` turns on random subsampling of at most that many tiles per training bag
 (STAMP-style augmentation; validation, test and prediction always see every tile).
 
@@ -275,14 +275,14 @@ class BagInput:
         from wsi.pipelines.inputs.heatmaps import CONTRIBUTION_LABEL, render_heatmap
 
         if "coords_um" in sample:
-            coords, size = sample["coords_um"].numpy(), sample.get("tile_size_um")
+            coords, size = sample["coords_um"].numpy(), sample.get("tile_um")
         else:
-            coords, size = sample["coords_px"].numpy(), sample.get("tile_size_px0")
+            coords, size = sample["coords_px"].numpy(), sample.get("tile_px0")
         if size is None:  # samples from older code, or one tile: the bag's own statement
             size = read_bag_attrs(item.path).get("tile_size_um")
         render_heatmap(
             coords_um=coords,
-            tile_size_um=float(size or 1.0),
+            tile_um=float(size or 1.0),
             values=contributions.float().numpy(),
             out_png=out_png,
             title=title,

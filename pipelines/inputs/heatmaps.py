@@ -125,12 +125,12 @@ def heatmap_cmap() -> Any:
 def heatmap_image(
     *,
     coords_um: np.ndarray,
-    tile_size_um: float,
+    tile_um: float,
     values: np.ndarray,
     thumbnail: np.ndarray | None = None,
     thumb_mpp: float | None = None,
 ) -> HeatmapImage:
-    """`values` (N,) as squares of `tile_size_um` at `coords_um` (N, 2 top-left x, y), over the slide's
+    """`values` (N,) as squares of `tile_um` at `coords_um` (N, 2 top-left x, y), over the slide's
     `thumbnail` (H, W, 3 uint8 at `thumb_mpp` um/px) on its tissue only, or on a blank canvas."""
     from matplotlib import colors
 
@@ -144,7 +144,7 @@ def heatmap_image(
         px_per_um = 1.0 / thumb_mpp
         tissue = _tissue(rgb, thumb_mpp)
     else:
-        extent_um = (coords_um.max(axis=0) + tile_size_um) if len(coords_um) else np.array([tile_size_um] * 2)
+        extent_um = (coords_um.max(axis=0) + tile_um) if len(coords_um) else np.array([tile_um] * 2)
         px_per_um = _CANVAS_PX / float(extent_um.max())
         w, h = (np.ceil(extent_um * px_per_um).astype(int) + 1).tolist()
         base = np.full((h, w, 3), 0.93, dtype=np.float32)  # light grey: shows the extent
@@ -155,7 +155,7 @@ def heatmap_image(
     rgba = heatmap_cmap()(colors.Normalize(vmin=-vmax, vmax=vmax)(values))  # (N, 4)
     colour = np.zeros((h, w, 3), dtype=np.float32)
     covered = np.zeros((h, w), dtype=bool)
-    side = max(1, round(tile_size_um * px_per_um))
+    side = max(1, round(tile_um * px_per_um))
     for (x_um, y_um), c, ok in zip(coords_um, rgba, np.isfinite(values), strict=True):
         if not ok:  # no value: left out, not a tile near 0
             continue
@@ -215,7 +215,7 @@ def _crop_box(keep: np.ndarray, w: int, h: int) -> tuple[int, int, int, int]:
 def render_heatmap(
     *,
     coords_um: np.ndarray,
-    tile_size_um: float,
+    tile_um: float,
     values: np.ndarray,
     out_png: Path,
     thumbnail: np.ndarray | None = None,
@@ -223,7 +223,7 @@ def render_heatmap(
     title: str = "",
     label: str = CONTRIBUTION_LABEL,
 ) -> None:
-    """Draw `values` (N,) as squares of `tile_size_um` at `coords_um` (N, 2 top-left x, y) and save a PNG
+    """Draw `values` (N,) as squares of `tile_um` at `coords_um` (N, 2 top-left x, y) and save a PNG
     (`heatmap_image`, with a colour bar under it whose `label` says what a value means).
 
     With `thumbnail` (H, W, 3 uint8 at `thumb_mpp` um/px) the squares are blended over the slide's tissue.
@@ -234,7 +234,7 @@ def render_heatmap(
     import matplotlib.pyplot as plt
     from matplotlib import colors
 
-    drawn = heatmap_image(coords_um=coords_um, tile_size_um=tile_size_um, values=values,
+    drawn = heatmap_image(coords_um=coords_um, tile_um=tile_um, values=values,
                           thumbnail=thumbnail, thumb_mpp=thumb_mpp)  # fmt: skip
     h, w = drawn.image.shape[:2]
     fig, ax = plt.subplots(figsize=(6, 6 * h / max(w, 1) + 1.4), dpi=150)
@@ -273,7 +273,7 @@ def _fit(image: np.ndarray, mpp: float, longest: int) -> tuple[np.ndarray, float
 def slide_heatmap(
     thumb: tuple[Path, float | None],
     coords_um: np.ndarray,
-    tile_size_um: float,
+    tile_um: float,
     values: np.ndarray,
     out_png: Path,
     title: str,
@@ -291,7 +291,7 @@ def slide_heatmap(
         image = read_thumbnail(slide, thumb_mpp).image
         thumb_mpp = max(w_px, h_px) * slide.mpp / max(image.shape[:2])  # the size actually returned
     render_heatmap(
-        coords_um=coords_um, tile_size_um=tile_size_um, values=values, out_png=out_png,
+        coords_um=coords_um, tile_um=tile_um, values=values, out_png=out_png,
         thumbnail=image, thumb_mpp=thumb_mpp, title=title, label=label,
     )  # fmt: skip
 
@@ -323,7 +323,7 @@ def tile_values(
         predicted = next((k for k, v in maps.items() if main is not None and np.array_equal(v, main)), None)
         write_tile_values(
             out / "heatmaps" / f"{slide_id}.json", slide=slide_id, coords_um=np.asarray(sample["coords_um"]),
-            tile_size_um=float(sample.get("tile_size_um") or attrs["tile_size_um"]), outputs=maps,
+            tile_um=float(sample.get("tile_um") or attrs["tile_size_um"]), outputs=maps,
             mpp=None if mpp is None else float(mpp), predicted=predicted,
         )  # fmt: skip
     except Exception as exc:

@@ -61,7 +61,7 @@ class EmbeddingDataset(Dataset[Sample]):
         return {
             "x": torch.from_numpy(vector)[None],  # (1, D)
             "coords_um": torch.zeros(1, 2),  # no tiles: a placeholder the patient join accepts
-            "tile_size_um": 1.0,
+            "tile_um": 1.0,
             "label": item.label,
             "id": item.id,
         }

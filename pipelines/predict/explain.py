@@ -108,7 +108,7 @@ def _heatmap(
         from wsi.formats.bags import read_bag_attrs
 
         try:
-            tile_um = float(sample.get("tile_size_um") or read_bag_attrs(item.path)["tile_size_um"])
+            tile_um = float(sample.get("tile_um") or read_bag_attrs(item.path)["tile_size_um"])
             coords = sample["coords_um"].numpy()
             slide_heatmap(thumb, coords, tile_um, values, png, title, options.backend, label)
             return

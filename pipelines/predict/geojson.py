@@ -63,10 +63,10 @@ def tile_geometry(bag_path: Path, mpp: float | None, n: int) -> tuple[np.ndarray
         raise WsiError(
             f"{bag_path}: tile positions in level-0 pixels unknown (no pixel coords, no mpp); give --mpp"
         )
-    if bag.tile_size_px0:
-        size = float(bag.tile_size_px0)
-    elif bag.tile_size_um and slide_mpp:
-        size = float(bag.tile_size_um) / slide_mpp
+    if bag.tile_px0:
+        size = float(bag.tile_px0)
+    elif bag.tile_um and slide_mpp:
+        size = float(bag.tile_um) / slide_mpp
     else:
         raise WsiError(f"{bag_path}: tile size in level-0 pixels unknown; give --mpp")
     if len(coords) != n:

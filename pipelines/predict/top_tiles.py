@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image
 
 from wsi.core.files import sanitize_slide_id, write_bytes_atomic, write_csv_atomic
-from wsi.formats.bags import load_bag, read_bag_attrs
+from wsi.formats.bags import read_bag, read_bag_attrs
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +114,8 @@ def export_slide(
     target_mpp = float(attrs.get("target_mpp") or tile_um / float(attrs["tile_size_px"]))
     picks = {name: pick(np.asarray(values, dtype=np.float64), k) for name, values in maps.items()}
     rows = sorted({int(i) for p in picks.values() for idx in p.values() for i in idx})
-    bag = load_bag(bag_path, mpp=mpp, rows=rows)
-    if bag.coords_um is None:  # load_bag refuses a bag it cannot place unless told not to
+    bag = read_bag(bag_path, mpp=mpp, rows=rows)
+    if bag.coords_um is None:  # read_bag refuses a bag it cannot place unless told not to
         raise ValueError(f"{bag_path}: tile positions in micrometres unknown")
     where = {r: j for j, r in enumerate(rows)}
     folder = out_dir / sanitize_slide_id(slide_id)

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from wsi.configs import load_yaml
 from wsi.core.config import MAX_SEED, Fraction, config_model, parse_config, replace_config
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject
+from wsi.core.renamed import new_names
 
 Recipe = Literal["small-cohort", "paper", "authors"]
 
@@ -93,7 +94,7 @@ class OptimizerConfig:
     weight_decay_on: Literal["matrices", "all", "not-1d"] | None = None  # which parameters decay:
     # matrices (models.base.param_groups: never norms, biases, the class token), all (torch's default), not-1d
     # (timm's add_weight_decay: every parameter but biases and 1-d ones); None: the recipe's
-    scheduler: Literal["none", "cosine", "cosine-epochs", "multistep"] | None = None  # cosine: per-step
+    schedule: Literal["none", "cosine", "cosine-epochs", "multistep"] | None = None  # cosine: per-step
     # decay to 0 over max `epochs` after the warm-up; cosine-epochs: CosineAnnealingLR over `epochs`,
     # stepped per epoch, to min_lr; multistep: lr x gamma at each of `milestones` (epochs); None: the
     # recipe's
@@ -103,6 +104,15 @@ class OptimizerConfig:
     warmup_epochs: _EpochCount | None = None  # linear warm-up of the learning rate from 0 over this many
     # epochs; None: the recipe's
     grad_clip: _Positive | None = None  # max gradient norm (a negative one trained backwards); None = off
+
+    #: the learning-rate schedule's earlier name (`--scheduler` is a Dask address): old task files and
+    #: run records still load
+    OLD_NAMES: ClassVar[dict[str, str]] = {"scheduler": "schedule"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return new_names(cls, data)
 
 
 @config_model

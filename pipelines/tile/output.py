@@ -44,8 +44,8 @@ def tile_file_meta(
     return TileFileMeta(
         slide_id=source.slide_id,
         slide_path=str(source.path),
-        tile_size_um=float(params.tile_um),
-        tile_size_px=int(params.tile_px),
+        tile_um=float(params.tile_um),
+        tile_px=int(params.tile_px),
         mpp=float(slide.mpp),
         mpp_source=mpp_source,
         target_mpp=float(params.target_mpp),

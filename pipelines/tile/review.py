@@ -239,7 +239,7 @@ def write_tiles(
     tiles the review newly keeps with --save-tiles."""
     filters = candidates.reasons
     final, record = (filters, None) if review is None else apply_review(
-        filters, review, candidates.coords, meta.tile_size_um / meta.mpp
+        filters, review, candidates.coords, meta.tile_um / meta.mpp
     )  # fmt: skip
     counts = count_reasons(meta.counts.n_grid, final)
     model = {n: int((final == c).sum()) for c, n in candidates.names.items() if n.startswith("artifact: ")}

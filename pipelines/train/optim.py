@@ -97,11 +97,11 @@ def make_scheduler(
     optimizer: torch.optim.Optimizer, task: TaskConfig, steps_per_epoch: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Stepped per optimizer step: a linear warm-up over `optimizer.warmup_epochs`, then cosine decay to
-    0 at `epochs` (scheduler: cosine) or the peak rate (none); cosine-epochs and multistep by the
+    0 at `epochs` (schedule: cosine) or the peak rate (none); cosine-epochs and multistep by the
     epoch the step falls in; None for a constant rate."""
     opt = task.optimizer
     epochs = int(_required(task.epochs, "epochs"))
-    if opt.scheduler in ("cosine-epochs", "multistep"):
+    if opt.schedule in ("cosine-epochs", "multistep"):
         by_epoch = _epoch_factor(task, epochs)
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: by_epoch(step // max(1, steps_per_epoch))
@@ -109,10 +109,10 @@ def make_scheduler(
     warmup = int(opt.warmup_epochs or 0) * steps_per_epoch
     total = max(1, epochs * steps_per_epoch)
     if not warmup:
-        if opt.scheduler in (None, "none"):
+        if opt.schedule in (None, "none"):
             return None
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
-    cosine = opt.scheduler == "cosine"
+    cosine = opt.schedule == "cosine"
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -130,7 +130,7 @@ def _epoch_factor(task: TaskConfig, epochs: int) -> Callable[[int], float]:
     form, or MultiStepLR(milestones, gamma)'s."""
     opt = task.optimizer
     peak = _required(opt.lr, "optimizer.lr")
-    if opt.scheduler == "cosine-epochs":
+    if opt.schedule == "cosine-epochs":
         floor = float(opt.min_lr or 0.0)
         return lambda e: (floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * e / epochs))) / peak
     milestones, gamma = tuple(opt.milestones or ()), float(opt.gamma or 0.1)

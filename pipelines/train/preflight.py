@@ -32,11 +32,11 @@ def unusable_items(adapter: InputAdapter, items: Sequence[Item]) -> list[tuple[I
     mpp_for = getattr(dataset, "mpp_for", None)
     if mpp_for is None or not getattr(dataset, "uses_positions", False):
         return bad
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     for item in dataset.items:
         try:  # one tile: what placing needs (the whole grid is read only for a tile size inferred)
-            load_bag(item.path, mpp=mpp_for(item), rows=slice(0, 1), require_um=True)
+            read_bag(item.path, mpp=mpp_for(item), rows=slice(0, 1), require_um=True)
         except BagFormatError as exc:
             bad.append((item, str(exc)))
     order = {item.path: k for k, item in enumerate(items)}
@@ -78,7 +78,7 @@ def refuse_model_for_input(task: TaskConfig) -> None:
     """ConfigError when the task's model does not read the task's input (a ViT for images given feature
     bags, a bag model given images), naming the preset, the input and presets that read it."""
     from wsi.models.base.kinds import MODEL_KINDS
-    from wsi.models.presets import available_presets, preset_kind
+    from wsi.models.presets import list_models, preset_kind
 
     if task.model.preset is None:
         return
@@ -86,7 +86,7 @@ def refuse_model_for_input(task: TaskConfig) -> None:
     if model.inputs is None or task.input in model.inputs:
         return
     readers = [
-        p for p in available_presets() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
+        p for p in list_models() if MODEL_KINDS.get(preset_kind(p)).inputs in (None, (task.input,))
     ]
     raise ConfigError(
         f"model {task.model.preset} reads {' or '.join(model.inputs)}; task {task.name!r} gives "

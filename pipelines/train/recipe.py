@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from wsi import configs
 from wsi.core.config import Fraction, config_model, parse_config
 from wsi.core.errors import ConfigError
+from wsi.core.renamed import new_names
 from wsi.pipelines.study.tasks import MAX_EPOCHS, Epochs, ModelOverrides, TaskConfig
 from wsi.pipelines.train.model_settings import refuse_untaken, resolve_model_settings
 from wsi.pipelines.train.slide_level import DEFAULT_HEAD, HEAD_KINDS
@@ -51,7 +52,7 @@ class RecipeValues:
     patience: _Count
     lr: _Lr
     weight_decay: _Decay
-    scheduler: Literal["none", "cosine", "cosine-epochs", "multistep"]
+    schedule: Literal["none", "cosine", "cosine-epochs", "multistep"]
     optimizer: Literal["adamw", "adam", "lookahead-radam"] = "adamw"
     betas: tuple[_Beta, _Beta] | None = None  # None: the optimizer's (0.9, 0.999)
     weight_decay_on: Literal["matrices", "all", "not-1d"] = "matrices"
@@ -74,13 +75,20 @@ class RecipeValues:
     lr_by_kind: dict[str, _Lr] = field(default_factory=dict)  # optimizer.lr per model kind (else lr)
     source: str = ""  # an authors' file: the repository and commit its values were read from
 
+    OLD_NAMES: ClassVar[dict[str, str]] = {"scheduler": "schedule"}  # recipe files before the rename
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return new_names(cls, data)
+
 
 #: RecipeValues field -> the task field it fills (when the task leaves it None)
 TASK_FIELDS = {
     "epochs": "epochs", "patience": "patience", "min_epochs": "min_epochs", "grad_accum": "grad_accum",
     "sampling": "sampling", "optimizer": "optimizer.name", "lr": "optimizer.lr",
     "betas": "optimizer.betas", "weight_decay": "optimizer.weight_decay",
-    "weight_decay_on": "optimizer.weight_decay_on", "scheduler": "optimizer.scheduler",
+    "weight_decay_on": "optimizer.weight_decay_on", "schedule": "optimizer.schedule",
     "min_lr": "optimizer.min_lr", "milestones": "optimizer.milestones", "gamma": "optimizer.gamma",
     "warmup_epochs": "optimizer.warmup_epochs", "tile_fraction": "augment.tile_fraction",
     "feature_dropout": "augment.feature_dropout", "metric": "selection.metric",
@@ -93,12 +101,12 @@ _MAY_STAY_NONE = {"optimizer.betas"}  # None is a resolved value: the optimizer'
 
 RECIPES: dict[str, RecipeValues] = {
     "paper": RecipeValues(
-        epochs=100, patience=10, lr=1e-4, weight_decay=1e-2, scheduler="none", warmup_epochs=0,
+        epochs=100, patience=10, lr=1e-4, weight_decay=1e-2, schedule="none", warmup_epochs=0,
         tile_fraction=(1.0, 1.0), feature_dropout=0.0, metric="val-figure", window=1,
         average_weights=False,
     ),
     "small-cohort": RecipeValues(
-        epochs=100, patience=30, lr=2e-4, weight_decay=5e-2, scheduler="cosine", warmup_epochs=5,
+        epochs=100, patience=30, lr=2e-4, weight_decay=5e-2, schedule="cosine", warmup_epochs=5,
         tile_fraction=(0.5, 1.0), feature_dropout=0.1, metric="smoothed-val-loss", window=5,
         average_weights=True,
         model_overrides={

@@ -49,7 +49,7 @@ def write_slide_maps(
 
     sid = sanitize_slide_id(slide_id)
     written: list[str] = []
-    if bag.coords_um is None or not bag.tile_size_um:
+    if bag.coords_um is None or not bag.tile_um:
         log.warning(
             "%s: the bag has no tile positions in micrometres (give --mpp): no heatmap or QuPath objects",
             slide_id,
@@ -59,7 +59,7 @@ def write_slide_maps(
         out / "heatmaps" / f"{sid}.json",
         slide=slide_id,
         coords_um=bag.coords_um,
-        tile_size_um=float(bag.tile_size_um),
+        tile_um=float(bag.tile_um),
         outputs=maps,
         mpp=bag.mpp,
         predicted=predicted,
@@ -92,7 +92,7 @@ def _heatmaps(
                 slide_heatmap(
                     (Path(str(slide_path)), bag.mpp),
                     bag.coords_um,
-                    float(bag.tile_size_um),
+                    float(bag.tile_um),
                     values,
                     png,
                     title,
@@ -101,7 +101,7 @@ def _heatmaps(
             else:
                 render_heatmap(
                     coords_um=bag.coords_um,
-                    tile_size_um=float(bag.tile_size_um),
+                    tile_um=float(bag.tile_um),
                     values=values,
                     out_png=png,
                     title=title,
@@ -131,7 +131,7 @@ def _geojson(
     else:
         log.warning("%s: tile positions in level-0 pixels unknown (no mpp): no QuPath objects", slide_id)
         return None
-    size = float(bag.tile_size_px0) if bag.tile_size_px0 else float(bag.tile_size_um) / mpp if mpp else None
+    size = float(bag.tile_px0) if bag.tile_px0 else float(bag.tile_um) / mpp if mpp else None
     if size is None:
         log.warning("%s: tile size in level-0 pixels unknown: no QuPath objects", slide_id)
         return None

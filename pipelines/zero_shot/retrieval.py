@@ -111,12 +111,12 @@ def _query_tile(
     by_id: dict[str, Source], query_tile: tuple[str, float, float], mpp: float | None
 ) -> tuple[torch.Tensor, str]:
     """The stored feature (1, D) of the query tile and how the results name it."""
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     sid, x_um, y_um = query_tile
     if sid not in by_id:
         raise ConfigError(f"query tile: slide {sid!r} is not among the inputs ({', '.join(list(by_id)[:5])})")
-    bag = load_bag(by_id[sid].path, mpp=mpp)
+    bag = read_bag(by_id[sid].path, mpp=mpp)
     i = _tile_at(bag, by_id[sid].path, x_um, y_um)
     x0, y0 = np.asarray(bag.coords_um)[i]  # _tile_at refused a bag without positions
     return torch.from_numpy(np.asarray(bag.feats[i : i + 1])), f"tile of {sid} at ({x0:.0f}, {y0:.0f}) um"
@@ -127,11 +127,11 @@ def _most_similar(
 ) -> list[tuple[float, str, int]]:
     """The `top` (similarity, slide, row) over every bag's tiles, best first; tiles with non-finite
     features are left out (logged)."""
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     best: list[tuple[float, str, int]] = []  # a min-heap of the best `top` (similarity, slide, row)
     for src in sources:
-        feats = torch.from_numpy(np.asarray(load_bag(src.path, mpp=mpp, require_um=False).feats))
+        feats = torch.from_numpy(np.asarray(read_bag(src.path, mpp=mpp, require_um=False).feats))
         with torch.no_grad():
             sims = (tower.image_to_joint(feats) @ q.float()).numpy()
         bad = ~np.isfinite(sims)
@@ -155,11 +155,11 @@ def _rows(
     pictures: bool,
 ) -> list[tuple[np.ndarray, float]]:
     """A top_tiles.csv row per ranked tile into `result` (its picture cut when asked); the crops cut."""
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     crops: list[tuple[np.ndarray, float]] = []
     for rank, (sim, sid, row) in enumerate(ranked, start=1):
-        bag = load_bag(by_id[sid].path, mpp=mpp, rows=[row], require_um=False)
+        bag = read_bag(by_id[sid].path, mpp=mpp, rows=[row], require_um=False)
         x_um, y_um = (
             (float(v) for v in bag.coords_um[0]) if bag.coords_um is not None else (float("nan"),) * 2
         )
@@ -178,7 +178,7 @@ def _rows(
                 "y_um": f"{y_um:.1f}",
                 "x_px": x_px,
                 "y_px": y_px,
-                "tile_size_um": bag.tile_size_um,
+                "tile_size_um": bag.tile_um,
                 "row": row,
                 "bag": str(by_id[sid].path),
                 "picture": picture,
@@ -189,11 +189,11 @@ def _rows(
 
 def _tile_at(bag: Any, path: Path, x_um: float, y_um: float) -> int:
     """The row of the bag's tile that contains the point (x, y) in micrometres (tiles are top-left +
-    tile_size_um); ConfigError naming the tiles' extent when none does."""
+    tile_um); ConfigError naming the tiles' extent when none does."""
     coords = bag.coords_um
-    if coords is None or not bag.tile_size_um:
+    if coords is None or not bag.tile_um:
         raise ConfigError(f"{path} records no tile positions in micrometres: give --mpp, or query by text")
-    size = float(bag.tile_size_um)
+    size = float(bag.tile_um)
     inside = np.flatnonzero(
         (coords[:, 0] <= x_um)
         & (x_um < coords[:, 0] + size)
@@ -218,13 +218,13 @@ def _picture(out: Path, rank: int, sid: str, src: Source, bag: Any, x_px: int, y
     from wsi.slides.slide import open_slide
 
     slide_path = bag.meta.get("slide_path") if isinstance(bag.meta, dict) else None
-    if not slide_path or not Path(str(slide_path)).is_file() or x_px < 0 or not bag.tile_size_um:
+    if not slide_path or not Path(str(slide_path)).is_file() or x_px < 0 or not bag.tile_um:
         log.warning("%s: no picture for rank %d (slide %s not found)", sid, rank, slide_path or "unrecorded")
         return "", None
     try:
         with open_slide(Path(str(slide_path)), mpp=bag.mpp) as slide:
-            target = float(bag.meta.get("target_mpp") or bag.tile_size_um / 256)
-            crop = slide.read_region_um(x_px, y_px, float(bag.tile_size_um), target)
+            target = float(bag.meta.get("target_mpp") or bag.tile_um / 256)
+            crop = slide.read_region_um(x_px, y_px, float(bag.tile_um), target)
     except Exception as exc:  # the CSV row stands without its picture
         log.warning("%s: no picture for rank %d (%s)", sid, rank, exc)
         return "", None

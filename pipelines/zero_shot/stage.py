@@ -174,12 +174,12 @@ def _score(
     out: Path,
     device: torch.device,
 ) -> tuple[SlideScore, list[str]]:
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     if src.kind == "embedding":
         vec = torch.from_numpy(read_embedding_vector(src.path))[None]
         return _score_slide(src, tower, classifier, vec, 1, device), []
-    bag = load_bag(src.path, mpp=opts.mpp, require_um=False)
+    bag = read_bag(src.path, mpp=opts.mpp, require_um=False)
     feats = torch.from_numpy(np.asarray(bag.feats))
     if not torch.isfinite(feats).all():
         raise ValueError(f"{src.path} holds non-finite features (NaN or inf); embed the slide again")
@@ -189,7 +189,7 @@ def _score(
         coords = (
             None if bag.coords_um is None else torch.from_numpy(np.asarray(bag.coords_um, dtype=np.float32))
         )
-        vec = slide_encoder.encode(feats, coords, float(bag.tile_size_um or 0))[None]
+        vec = slide_encoder.encode(feats, coords, float(bag.tile_um or 0))[None]
         return _score_slide(src, tower, classifier, vec, len(feats), device), []
     with torch.no_grad():
         sims = torch.cat(

@@ -66,12 +66,12 @@ def test_standardize_uses_the_training_bags_statistics() -> None:
 
 
 def test_write_cohort_gives_wsi_bags_and_labels(tmp_path: Path) -> None:
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
 
     cohort = synthetic_cohort(6, dim=5, max_size=30, seed=2)
     bag_dir, labels_csv = write_cohort(cohort, tmp_path)
     for bag_id, feats in zip(cohort.ids, cohort.bags, strict=True):
-        bag = load_bag(bag_dir / f"{bag_id}.h5")
+        bag = read_bag(bag_dir / f"{bag_id}.h5")
         np.testing.assert_array_equal(bag.feats, feats)
         assert bag.coords_um.shape == (len(feats), 2)
     rows = list(csv.DictReader(labels_csv.open(encoding="utf-8")))

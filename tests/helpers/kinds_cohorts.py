@@ -46,8 +46,8 @@ def texture_bag(
     cells = rng.permutation(100)[:n]
     coords_um = np.stack([cells % 10, cells // 10], axis=1).astype(np.float32) * 256.0  # (N, 2)
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=256.0,
-        tile_size_px=256, mpp=0.5, level0_width=5120, level0_height=5120,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_um=256.0,
+        tile_px=256, mpp=0.5, level0_width=5120, level0_height=5120,
         tile_params={"tile_um": 256.0, "tile_px": 256}, target_mpp=1.0, slide_path=slide_path or None,
     )  # fmt: skip
     write_bag(path, feats=feats, coords_um=coords_um, coords_px=(coords_um / 0.5).astype(np.int64),
@@ -137,7 +137,7 @@ def write_kind_task(path: Path, kind: str, **changes: object) -> Path:
         "input": "bags",
         "recipe": "paper",  # the recipe these tests were written for (issue 14 made small-cohort the default)
         "model": {"preset": "vit-wsi", "attention": "seqnorm", "overrides": dict(TINY)},
-        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "scheduler": "cosine"},
+        "optimizer": {"lr": 2.0e-3, "weight_decay": 1.0e-2, "schedule": "cosine"},
         "epochs": 12,
         "patience": 0,
         "seed": 7,

@@ -33,8 +33,8 @@ def write_stamp_bag(
     feats: np.ndarray,
     coords_um: np.ndarray,
     *,
-    tile_size_um: float = 256.0,
-    tile_size_px: int = 224,
+    tile_um: float = 256.0,
+    tile_px: int = 224,
 ) -> Path:
     """As `stamp preprocess` writes a tile bag (src/stamp/preprocessing/__init__.py:345-359): root `coords`
     float32 (N, 2) top-left in level-0 micrometres (tiling.py:335-337), `feats` float16 (N, D), and root
@@ -46,8 +46,8 @@ def write_stamp_bag(
         h5.attrs["stamp_version"] = STAMP_VERSION
         h5.attrs["extractor"] = "ctranspath"
         h5.attrs["unit"] = "um"
-        h5.attrs["tile_size_um"] = float(tile_size_um)
-        h5.attrs["tile_size_px"] = int(tile_size_px)
+        h5.attrs["tile_size_um"] = float(tile_um)
+        h5.attrs["tile_size_px"] = int(tile_px)
         h5.attrs["code_hash"] = "0123abcd"
         h5.attrs["feat_type"] = "tile"
     return path

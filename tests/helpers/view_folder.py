@@ -56,7 +56,7 @@ def build_folder(root: Path, slide_path: Path) -> Path:
     _csv(out / "predictions.csv", ["slide", "prob_a", "prob_b", "predicted"],
          [["s1", "0.800000", "0.200000", "a"], ["gone", "0.100000", "0.900000", "b"]])  # fmt: skip
     write_tile_values(
-        out / "heatmaps" / "s1.json", slide="s1", coords_um=xy, tile_size_um=TILE_UM,
+        out / "heatmaps" / "s1.json", slide="s1", coords_um=xy, tile_um=TILE_UM,
         outputs={"a": a, "b": -a}, mpp=MPP, predicted="a",
     )  # fmt: skip
     top_header = [
@@ -77,7 +77,7 @@ def build_folder(root: Path, slide_path: Path) -> Path:
           ["s1", "a", "least", 1, 5, 500.0, 0.0, 1000, 0, "-1", "s1/a-least-01.png"]])  # fmt: skip
     attrs: dict[str, object] = {name: 0 for name in REQUIRED_ATTRS}
     attrs.update(
-        slide_id="s1", slide_path=str(slide_path), tile_size_um=TILE_UM, tile_size_px=224, mpp=MPP,
+        slide_id="s1", slide_path=str(slide_path), tile_um=TILE_UM, tile_px=224, mpp=MPP,
         target_mpp=TILE_UM / 224, level0_width=int(SIDE_UM / MPP), level0_height=int(SIDE_UM / MPP),
         backend="openslide", vendor="aperio", params={}, n_kept=len(xy), wsi_version="test",
     )  # fmt: skip

@@ -13,9 +13,9 @@ from tiny_mil import tiny_mil as _mil
 from wsi.core.errors import ConfigError
 from wsi.models.base.param_groups import param_groups
 from wsi.models.presets import (
-    available_presets,
     build_model,
     build_model_from_config,
+    list_models,
 )
 
 
@@ -62,7 +62,7 @@ def _direct_path_contributions(
 
 
 def test_presets_build_with_the_papers_widths() -> None:
-    assert available_presets() == [
+    assert list_models() == [
         "abmil", "clam-mb", "clam-sb", "dsmil", "dtfd", "linear", "mlp", "transmil", "vit-2d", "vit-3d",
         "vit-wsi", "vit-wsi-small",
     ]  # fmt: skip

@@ -150,7 +150,7 @@ def _folder_lines(summary: FolderSummary | RunSummary) -> list[str]:
     rows: list[tuple[str, str]] = [("folder", summary.folder), ("kind", summary.kind)]
     if summary.tile_files is not None:
         tiles = summary.tile_files
-        sizes = ", ".join(f"{g.tile_size_um:g} um / {g.tile_size_px} px: {g.files}" for g in tiles.tile_sizes)
+        sizes = ", ".join(f"{g.tile_um:g} um / {g.tile_px} px: {g.files}" for g in tiles.tile_sizes)
         mixed = "MIXED tile sizes: " if len(tiles.tile_sizes) > 1 else ""
         rows.append(("tile files", f"{tiles.count}; {mixed}{sizes or 'none readable'}"))
         rows.append(("tiles", _spread_text(tiles.tiles, tiles.empty)))

@@ -338,6 +338,7 @@ def _replace_one(node: Any, path: list[str], value: Any, key: str, source: str) 
     if not dataclasses.is_dataclass(node) or isinstance(node, type):
         raise ConfigError(f"{source}: cannot set {key!r}: it is not inside a group of fields")
     hints = _field_types(cast(Hashable, type(node)))
+    name = getattr(type(node), "OLD_NAMES", {}).get(name, name)  # a renamed field's old name (new_names)
     if name not in hints:
         valid = ", ".join(hints)
         raise ConfigError(f"{source}: cannot set {key!r}: no field {name!r} (valid fields: {valid})")

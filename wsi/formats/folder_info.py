@@ -22,6 +22,7 @@ from wsi.core.errors import TileFileError, WsiError
 from wsi.core.files import is_temp_name
 from wsi.core.suffixes import BAG_SUFFIX
 from wsi.formats.bags import BadBag, BagHeader, bag_folders_below, scan_bag, scan_bag_header
+from wsi.formats.hdf5 import to_stored
 from wsi.formats.tile_file import is_tile_file, read_tile_meta
 
 MANIFEST = "manifest.csv"
@@ -54,8 +55,8 @@ class EncoderGroup:
 
 @dataclass(frozen=True)
 class TileSizeGroup:
-    tile_size_um: float
-    tile_size_px: int
+    tile_um: float
+    tile_px: int
     files: int
 
 
@@ -110,6 +111,8 @@ class FolderSummary:
 
     def to_json(self) -> dict[str, object]:
         fields = asdict(self)
+        if fields["tile_files"] is not None:  # the tile side under its stored names, as in the files
+            fields["tile_files"]["tile_sizes"] = [to_stored(g) for g in fields["tile_files"]["tile_sizes"]]
         if self.bags is not None:
             fields["bags"]["mixed"] = self.bags.mixed
         return {"folder": fields.pop("folder"), "kind": self.kind, **fields}
@@ -187,7 +190,7 @@ def _tile_files(paths: list[Path], unusable: list[BadBag]) -> TilesPart:
         except TileFileError as exc:
             unusable.append(BadBag(path, str(exc)))
             continue
-        sizes[(float(meta.tile_size_um), int(meta.tile_size_px))] += 1
+        sizes[(float(meta.tile_um), int(meta.tile_px))] += 1
         counts.append(meta.n_kept)
     groups = [TileSizeGroup(um, px, n) for (um, px), n in sizes.most_common()]
     return TilesPart(len(paths), groups, _spread(counts), sum(1 for n in counts if n == 0))

@@ -25,6 +25,22 @@ def plain(value: Any) -> Any:
     return value
 
 
+#: fields whose stored attribute (or JSON key) has another name: files keep the names earlier versions
+#: wrote (and STAMP's bags use), so every version and other tools read them the same
+STORED_NAMES = {"tile_um": "tile_size_um", "tile_px": "tile_size_px"}
+_FIELD_NAMES = {stored: name for name, stored in STORED_NAMES.items()}
+
+
+def to_stored(values: dict[str, Any]) -> dict[str, Any]:
+    """Field names -> stored names (the rest as they are)."""
+    return {STORED_NAMES.get(k, k): v for k, v in values.items()}
+
+
+def from_stored(attrs: JsonObject) -> dict[str, Any]:
+    """Stored names -> field names (the rest as they are)."""
+    return {_FIELD_NAMES.get(k, k): v for k, v in attrs.items()}
+
+
 def attrs_of(obj: h5py.HLObject) -> JsonObject:
     """Every attribute of a file, group or dataset, as plain Python."""
     return {k: plain(v) for k, v in obj.attrs.items()}

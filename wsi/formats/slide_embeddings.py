@@ -23,7 +23,7 @@ import numpy as np
 from wsi.core.errors import BagFormatError
 from wsi.core.files import atomic_path
 from wsi.core.json_types import JsonObject
-from wsi.formats.hdf5 import attrs_of
+from wsi.formats.hdf5 import attrs_of, to_stored
 
 FORMAT = "wsi-slide-embedding"
 FORMAT_VERSION = 1
@@ -46,7 +46,7 @@ class EmbeddingProvenance:
     slide_encoder_weights_sha256: str  # "random" for --random-init
     tile_encoder: str
     tile_encoder_weights_sha256: str  # "" when the bag did not record it (STAMP bags)
-    tile_size_um: float
+    tile_um: float
     target_mpp: float  # um/px of the tiles (0 when the bag did not record it)
     n_tiles: int
     source_bags: tuple[str, ...]  # the tile-feature bags it was made from
@@ -60,7 +60,7 @@ class EmbeddingProvenance:
 
     def attrs(self) -> dict[str, str | int | float]:
         """The root attributes (lists and the tile provenance as JSON text)."""
-        out = asdict(self)
+        out = to_stored(asdict(self))
         for key in ("source_bags", "slides"):
             out[key] = json.dumps(list(out[key]))
         out["tile_provenance"] = json.dumps(out["tile_provenance"])

@@ -66,12 +66,12 @@ class TileFile:
         return self.meta.slide_path
 
     @property
-    def tile_size_um(self) -> float:
-        return self.meta.tile_size_um
+    def tile_um(self) -> float:
+        return self.meta.tile_um
 
     @property
-    def tile_size_px(self) -> int:
-        return self.meta.tile_size_px
+    def tile_px(self) -> int:
+        return self.meta.tile_px
 
     @property
     def mpp(self) -> float:
@@ -295,7 +295,7 @@ def tile_file_info(path: str | os.PathLike[str]) -> JsonObject:
             out[key] = m[key]
     out["level0_size_px"] = f"{m.get('level0_width')} x {m.get('level0_height')}"
     if len(tf):
-        lo, hi = tf.coords_um.min(axis=0), tf.coords_um.max(axis=0) + tf.tile_size_um
+        lo, hi = tf.coords_um.min(axis=0), tf.coords_um.max(axis=0) + tf.tile_um
         out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
     cache = path.with_suffix(TILE_PIXELS_SUFFIX)
     out["pixel_cache"] = str(cache) if cache.is_dir() else "none"
@@ -306,7 +306,7 @@ class PixelStoreAttrs(TypedDict, total=False):
     """What a tile-pixel store records about its tiles (besides `format`, `n_tiles`, `complete`)."""
 
     slide_id: str
-    tile_size_um: float
+    tile_size_um: float  # the stored names, as in the tile file
     tile_size_px: int
     target_mpp: float
     params: str  # the TileParams as sorted-key JSON, as in the tile file

@@ -21,6 +21,7 @@ from wsi.core.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, con
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject, JsonValue
 from wsi.core.user_text import parse_json
+from wsi.formats.hdf5 import from_stored, to_stored
 from wsi.storage.identity import SlideFingerprint
 from wsi.tiling.grid import TileCounts
 
@@ -128,8 +129,8 @@ class TileFileMeta:
 
     slide_id: str
     slide_path: str
-    tile_size_um: Um  # tile side, micrometres
-    tile_size_px: SidePx  # tile side as read, px (tile_size_um / target_mpp)
+    tile_um: Um  # tile side, micrometres
+    tile_px: SidePx  # tile side as read, px (tile_um / target_mpp)
     mpp: Mpp  # the slide's level-0 um/px
     target_mpp: Mpp  # um/px of the tiles as read
     level0_width: SidePx
@@ -162,8 +163,10 @@ class TileFileMeta:
 
     # ------------------------------------------------------------------------------------- writing
     def to_attrs(self) -> TileFileAttrs:
-        """The flat root attributes, as stored (mappings as sorted-key JSON, absent sections left out)."""
-        out: TileFileAttrs = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS}
+        """The flat root attributes, as stored (mappings as sorted-key JSON, absent sections left out; the
+        tile side under its stored names `tile_size_um`, `tile_size_px`)."""
+        top = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS}
+        out: TileFileAttrs = to_stored(top)
         out["params"] = json.dumps(self.params, sort_keys=True)
         out.update({k: int(v) for k, v in asdict(self.counts).items()})
         if self.empty_reason is None:
@@ -219,7 +222,7 @@ class TileFileMeta:
         if missing:
             raise ConfigError(f"{source}: tile-file attributes missing: {', '.join(missing)}")
         top = {f.name for f in fields(cls)} - _SECTIONS
-        data: dict[str, object] = {k: v for k, v in attrs.items() if k in top}
+        data: dict[str, object] = {k: v for k, v in from_stored(attrs).items() if k in top}
         data["params"] = _json(attrs.get("params"), "params", source)
         data["counts"] = {k: attrs[k] for k in _COUNT_NAMES if k in attrs}
         if "background" in attrs:
@@ -288,7 +291,7 @@ _REQUIRED_COUNTS = ("n_grid", "n_tissue", "n_background", "n_blurry", "n_kept")
 #: attributes every tile file carries (besides `format`, `format_version`, `complete`): the fields
 #: without a default, and the counts
 REQUIRED_ATTRS = (
-    *(f.name for f in fields(TileFileMeta) if f.name not in _SECTIONS and f.default is MISSING),
+    *to_stored({f.name: 0 for f in fields(TileFileMeta) if f.name not in _SECTIONS and f.default is MISSING}),
     *_REQUIRED_COUNTS,
 )
 

@@ -26,7 +26,7 @@ FORMAT_VERSION = 1
 @dataclass
 class TileValues:
     slide: str
-    tile_size_um: float
+    tile_um: float
     mpp: float | None
     coords_um: np.ndarray  # (N, 2) float64
     outputs: dict[str, np.ndarray]  # name -> (N,) float64 (NaN where null)
@@ -38,7 +38,7 @@ def write_tile_values(
     *,
     slide: str,
     coords_um: np.ndarray,
-    tile_size_um: float,
+    tile_um: float,
     outputs: Mapping[str, np.ndarray],
     mpp: float | None = None,
     predicted: str | None = None,
@@ -53,7 +53,7 @@ def write_tile_values(
         cols[str(name)] = [float(f"{x:.6g}") if math.isfinite(x) else None for x in v.tolist()]
     data = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "slide": slide,
-        "tile_size_um": float(tile_size_um), "mpp": None if mpp is None else float(mpp),
+        "tile_size_um": float(tile_um), "mpp": None if mpp is None else float(mpp),
         "coords_um": [[round(x, 3), round(y, 3)] for x, y in coords.tolist()],
         "outputs": cols, "predicted": predicted,
     }  # fmt: skip
@@ -77,7 +77,7 @@ def read_tile_values(path: str | Path) -> TileValues:
                 raise ValueError(f"output {name} has {len(v)} values for {len(coords)} tiles")
         mpp = data.get("mpp")
         return TileValues(
-            slide=str(data.get("slide", "")), tile_size_um=float(data["tile_size_um"]),
+            slide=str(data.get("slide", "")), tile_um=float(data["tile_size_um"]),
             mpp=None if mpp is None else float(mpp), coords_um=coords, outputs=outputs,
             predicted=data.get("predicted"),
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """The region arithmetic of a tile read: which pyramid level, which window of it, and how that window
 becomes the tile.
 
-Why one module: a tile of `size_um` at `target_mpp` is read by `Slide.read_region_um` on the CPU
+Why one module: a tile of `side_um` at `target_mpp` is read by `Slide.read_region_um` on the CPU
 (openslide or tiffslide pixels, resized by PIL) and by the device decoder of the embed stage (raw JPEG
 tiles of the TIFF, resized by torch). Both must pick the same level, the same window and the same
 resampling, or the same tile would differ between tiling, embedding and prediction. They both ask
@@ -10,9 +10,9 @@ resampling, or the same tile would differ between tiling, embedding and predicti
 Public API:
   LEVEL_TOLERANCE, SNAP_TOLERANCE         how close a level must be to count as "fine enough" / "exact"
   best_level(mpp, downsamples, target_mpp) -> int     cheapest level at least as fine as the target
-  tile_px_for(size_um, target_mpp) -> int             P, the output side in pixels (ValueError if < 1)
+  tile_px_for(side_um, target_mpp) -> int             P, the output side in pixels (ValueError if < 1)
   check_tile_out(out, tile_px)     ValueError unless `out` can take a (P, P, 3) tile as a read writes it
-  plan_region(x0_px, y0_px, *, size_um, target_mpp, mpp, downsamples, shifts_fractional_levels=False)
+  plan_region(x0_px, y0_px, *, side_um, target_mpp, mpp, downsamples, shifts_fractional_levels=False)
       -> RegionPlan
   RegionPlan      level, window (x, y, w, h in level px), kind (COPY | REDUCE | RESAMPLE), factor,
                   box(shift) and resample_filter(shift) of a RESAMPLE plan
@@ -31,6 +31,8 @@ from enum import IntEnum
 
 import numpy as np
 from PIL import Image
+
+from wsi.core.renamed import renamed_keywords
 
 #: a level counts as "at least as fine" as the target when its um/px is within this fraction above it
 #: (scanners write downsamples like 4.0005, which must still serve a target of 4 x level 0)
@@ -98,27 +100,28 @@ def best_level(mpp: float, downsamples: Sequence[float], target_mpp: float) -> i
     return best
 
 
-def tile_px_for(size_um: float, target_mpp: float) -> int:
-    """P = round(size_um / target_mpp), the tile side in output pixels; ValueError unless >= 1."""
-    if size_um <= 0 or target_mpp <= 0:
-        raise ValueError(f"size_um ({size_um}) and target_mpp ({target_mpp}) must be positive")
-    p = round(size_um / target_mpp)
+def tile_px_for(side_um: float, target_mpp: float) -> int:
+    """P = round(side_um / target_mpp), the tile side in output pixels; ValueError unless >= 1."""
+    if side_um <= 0 or target_mpp <= 0:
+        raise ValueError(f"side_um ({side_um}) and target_mpp ({target_mpp}) must be positive")
+    p = round(side_um / target_mpp)
     if p < 1:
-        raise ValueError(f"size_um {size_um} at target_mpp {target_mpp} is less than one pixel")
+        raise ValueError(f"side_um {side_um} at target_mpp {target_mpp} is less than one pixel")
     return p
 
 
+@renamed_keywords(size_um="side_um")
 def plan_region(
     x0_px: int,
     y0_px: int,
     *,
-    size_um: float,
+    side_um: float,
     target_mpp: float,
     mpp: float,
     downsamples: Sequence[float],
     shifts_fractional_levels: bool = False,
 ) -> RegionPlan:
-    """The plan for the square of `size_um` whose top-left is (x0_px, y0_px) in level-0 pixels.
+    """The plan for the square of `side_um` whose top-left is (x0_px, y0_px) in level-0 pixels.
 
     The level is `best_level(mpp, downsamples, target_mpp)`. When the region sits on that level's pixel
     grid and the level is, within SNAP_TOLERANCE, the target or a whole multiple k of it, the plan
@@ -131,12 +134,12 @@ def plan_region(
     (the reader passes the shift to `box` / `resample_filter`). False: the pixels sit exactly on the
     grid (tiffslide, raw TIFF tiles).
     """
-    p = tile_px_for(size_um, target_mpp)
+    p = tile_px_for(side_um, target_mpp)
     level = best_level(mpp, downsamples, target_mpp)
     ds = float(downsamples[level])
     exact_grid = not shifts_fractional_levels or ds.is_integer()
     lx, ly = x0_px / ds, y0_px / ds  # top-left in level pixels (float)
-    side = size_um / (mpp * ds)  # region side in level pixels (float)
+    side = side_um / (mpp * ds)  # region side in level pixels (float)
     ix, iy = math.floor(lx + _EPS), math.floor(ly + _EPS)
     k = max(1, round(side / p))
     on_grid = lx - ix < _ON_GRID and ly - iy < _ON_GRID
@@ -187,11 +190,12 @@ class RegionPlans:
         return out
 
 
+@renamed_keywords(size_um="side_um")
 def plan_regions(
     x0_px: np.ndarray,
     y0_px: np.ndarray,
     *,
-    size_um: float,
+    side_um: float,
     target_mpp: float,
     mpp: float,
     downsamples: Sequence[float],
@@ -199,13 +203,13 @@ def plan_regions(
 ) -> RegionPlans:
     """`plan_region` of every (x0_px[i], y0_px[i]) (level-0 px), as arrays; the same float arithmetic in
     the same order, so every row is identical to the scalar plan."""
-    p = tile_px_for(size_um, target_mpp)
+    p = tile_px_for(side_um, target_mpp)
     level = best_level(mpp, downsamples, target_mpp)
     ds = float(downsamples[level])
     exact_grid = not shifts_fractional_levels or ds.is_integer()
     lx = np.asarray(x0_px, np.int64) / ds  # int -> float64 is exact below 2**53, like Python's int / float
     ly = np.asarray(y0_px, np.int64) / ds
-    side = size_um / (mpp * ds)
+    side = side_um / (mpp * ds)
     ix, iy = np.floor(lx + _EPS), np.floor(ly + _EPS)
     k = max(1, round(side / p))
     on_grid = (lx - ix < _ON_GRID) & (ly - iy < _ON_GRID)

@@ -1,10 +1,9 @@
 """One `Slide` type over openslide and tiffslide, addressed in micrometres.
 
 `Slide.read_region_um` is the ONE function that turns slide pixels into tiles: tiling, embedding and
-prediction all call it, so a tile of `size_um` at `target_mpp` looks the same in every stage whatever
-pyramid the scanner wrote. What it reads and how it resizes (level, window, filter) is planned by
-`wsi.slides.region.plan_region`, which the embed stage's device decoder follows too; parts outside the slide
-come back white (glass), never an error.
+prediction all call it, so a tile of `side_um` at `target_mpp` looks the same in every stage whatever
+pyramid the scanner wrote. Its level, window and filter are planned by `wsi.slides.region.plan_region`,
+which the embed stage's device decoder follows too; parts outside the slide come back white, never an error.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from wsi.core.errors import ConfigError, MissingMppError, SlideError
+from wsi.core.renamed import renamed_keywords
 from wsi.core.suffixes import NAMED_SLIDE_SUFFIXES
 from wsi.slides.plain_images import ImageHeader, is_image_slide, open_image
 from wsi.slides.region import RegionKind, RegionPlan, best_level, check_tile_out, plan_region, tiffslide_loc
@@ -246,29 +246,30 @@ class Slide:
         self._handle = fresh
         return part
 
-    def region_plan(self, x0_px: int, y0_px: int, size_um: float, target_mpp: float) -> RegionPlan:
+    @renamed_keywords(size_um="side_um")
+    def region_plan(self, x0_px: int, y0_px: int, side_um: float, target_mpp: float) -> RegionPlan:
         """What `read_region_um` reads for this square (level, window in level px) and how it resizes."""
         return plan_region(
-            x0_px, y0_px, size_um=size_um, target_mpp=target_mpp, mpp=self.mpp,
+            x0_px, y0_px, side_um=side_um, target_mpp=target_mpp, mpp=self.mpp,
             downsamples=self.level_downsamples, shifts_fractional_levels=self.backend == "openslide",
         )  # fmt: skip
 
+    @renamed_keywords(size_um="side_um")
     def read_region_um(
-        self, x0_px: int, y0_px: int, size_um: float, target_mpp: float, out: np.ndarray | None = None
+        self, x0_px: int, y0_px: int, side_um: float, target_mpp: float, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """(P, P, 3) uint8 RGB of the square of `size_um` whose top-left is (x0_px, y0_px) at level 0.
+        """(P, P, 3) uint8 RGB of the square of `side_um` whose top-left is (x0_px, y0_px) at level 0.
 
-        P = round(size_um / target_mpp). Read from `best_level_for_mpp(target_mpp)`, then copied, reduced
-        by whole blocks or resized with an antialiasing filter, as `wsi.slides.region.plan_region` plans it;
-        regions partly outside the slide are padded white.
+        P = round(side_um / target_mpp), read from `best_level_for_mpp(target_mpp)` and copied, reduced by
+        whole blocks or resized with an antialiasing filter as `plan_region` plans it; white beyond the slide.
         out: a C-contiguous (P, P, 3) uint8 array (a row of a chunk of tiles) to write the tile into,
         and return; a window that is one whole stored JPEG tile is decoded straight into it (ValueError
         for any other array). Its content is undefined after a SlideError.
         """
-        plan = self.region_plan(x0_px, y0_px, size_um, target_mpp)
+        plan = self.region_plan(x0_px, y0_px, side_um, target_mpp)
         if out is not None:
             check_tile_out(out, plan.tile_px)
-        where = f"a {size_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
+        where = f"a {side_um:g} um region at level-0 x={x0_px} y={y0_px} (level {plan.level})"
         if plan.kind == RegionKind.COPY:
             return self._read(plan.level, *plan.window, where, out)[0]
         raw, sx, sy = self._read(plan.level, *plan.window, where)

@@ -69,7 +69,7 @@ def _finite_list(values: np.ndarray, digits: int = 6) -> list[float | None]:
 def kept_tiles(tile_file: Path) -> KeptTiles:
     """The tile file's kept tiles: top-left corners and side, level-0 px."""
     tiles = read_tile_file(tile_file)
-    side = tiles.tile_size_um / tiles.mpp
+    side = tiles.tile_um / tiles.mpp
     return {"size": side, "xy": tiles.coords.astype(np.int64).reshape(-1, 2).tolist()}
 
 
@@ -79,7 +79,7 @@ def tile_values(path: Path, mpp: float) -> TileValuesJson:
     data = read_tile_values(path)
     mpp = data.mpp or mpp
     return {
-        "size": data.tile_size_um / mpp,
+        "size": data.tile_um / mpp,
         "xy": np.round(data.coords_um / mpp, 1).tolist(),
         "outputs": {name: _finite_list(values) for name, values in data.outputs.items()},
         "predicted": data.predicted,

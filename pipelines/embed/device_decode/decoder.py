@@ -239,7 +239,7 @@ class DeviceDecoder:
         for n, i in enumerate(which):
             x, y = (int(v) for v in raw.coords_px[i])
             try:
-                tile = self._slide(raw).read_region_um(x, y, raw.size_um, raw.target_mpp)
+                tile = self._slide(raw).read_region_um(x, y, raw.side_um, raw.target_mpp)
                 if tile.shape != (p, p, 3):
                     raise ValueError(f"tile of shape {tile.shape}, expected {(p, p, 3)}")
                 tiles[n] = tile

@@ -129,7 +129,7 @@ class RawSlideReader:
         """The region plan of the tile at level-0 (x0_px, y0_px), as `read_region_um` makes it."""
         st = self.st
         return plan_region(
-            x0_px, y0_px, size_um=st.tile_size_um, target_mpp=st.target_mpp, mpp=st.mpp,
+            x0_px, y0_px, side_um=st.tile_um, target_mpp=st.target_mpp, mpp=st.mpp,
             downsamples=self.downsamples,
         )  # fmt: skip
 
@@ -138,7 +138,7 @@ class RawSlideReader:
         st = self.st
         coords = np.asarray(st.coords_px[start:stop], np.int64).reshape(-1, 2)
         return plan_regions(
-            coords[:, 0], coords[:, 1], size_um=st.tile_size_um, target_mpp=st.target_mpp, mpp=st.mpp,
+            coords[:, 0], coords[:, 1], side_um=st.tile_um, target_mpp=st.target_mpp, mpp=st.mpp,
             downsamples=self.downsamples,
         )  # fmt: skip
 
@@ -157,7 +157,7 @@ class RawSlideReader:
         if streams.missing.any():  # tiles the file does not hold (sparse TIFF): white, like openslide
             table[np.isin(table, np.flatnonzero(streams.missing))] = -1
         return RawBatch(
-            slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, size_um=st.tile_size_um,
+            slide_path=st.slide_path, backend=st.backend, mpp=st.mpp, side_um=st.tile_um,
             target_mpp=st.target_mpp, tile_px=sp.tile_px,
             coords_px=np.asarray(st.coords_px[start:stop], np.int64), level=lv.level,
             level_wh=(lv.width, lv.height), tile_wh=(lv.tile_w, lv.tile_h), data=streams.data,

@@ -9,7 +9,7 @@ import torch
 from gdla_reference import ref_gdla
 
 from wsi.core.errors import ConfigError
-from wsi.models.attention import LINEAR_VARIANTS, available_attention, build_attention
+from wsi.models.attention import LINEAR_VARIANTS, build_attention, list_attention
 from wsi.models.attention._masking import count_tokens, masked_mean_var
 
 VARIANTS = ["seqnorm", "softmax", "sima", "gdla"]
@@ -83,7 +83,7 @@ REFERENCES = {"seqnorm": _ref_seqnorm, "sima": _ref_sima, "softmax": _ref_softma
 
 
 def test_registry_lists_every_variant_and_rejects_unknowns() -> None:
-    assert available_attention() == sorted(VARIANTS)
+    assert list_attention() == sorted(VARIANTS)
     with pytest.raises(ConfigError, match="unknown attention 'flash'"):
         build_attention("flash", 8, 2)
     with pytest.raises(ConfigError, match="no option"):

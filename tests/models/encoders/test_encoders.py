@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 from wsi.core.errors import ConfigError, WeightsError
 from wsi.models.encoders import (
     RETCCL_SHA256,
-    available_encoders,
     build_encoder,
     encoder_id_for,
+    list_encoders,
     load_state_dict_file,
 )
 
@@ -174,7 +174,7 @@ def test_digest_checks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
 
 
 def test_registry_names_and_ids() -> None:
-    assert "retccl" in available_encoders() and "timm:<name>" in available_encoders()
+    assert "retccl" in list_encoders() and "timm:<name>" in list_encoders()
     with pytest.raises(ConfigError, match="unknown encoder 'nope'"):
         build_encoder("nope", random_init=True)
     with pytest.raises(ConfigError, match="timm has no architecture"):

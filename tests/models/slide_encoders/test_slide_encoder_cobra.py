@@ -249,8 +249,8 @@ def _bag(path: Path, encoder: str, dim: int, tile_um: float = 224.0, n: int = 24
     feats = np.random.default_rng(len(path.stem)).normal(size=(n, dim)).astype(np.float32)
     coords_um = np.stack([np.arange(n) % 6, np.arange(n) // 6], axis=1).astype(np.float32) * tile_um
     prov = BagProvenance(
-        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_size_um=tile_um,
-        tile_size_px=round(tile_um), mpp=0.25, level0_width=9000, level0_height=9000,
+        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_um=tile_um,
+        tile_px=round(tile_um), mpp=0.25, level0_width=9000, level0_height=9000,
         tile_params={"tile_um": tile_um}, target_mpp=1.0,
     )  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ random weights saved in their checkpoint layout; published sizes; positions; ord
 
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
 from pathlib import Path
@@ -15,7 +16,7 @@ from einops import rearrange
 from torch import nn
 
 from wsi.core.errors import BagFormatError, WeightsError
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.models.encoders import load_state_dict_file
 from wsi.models.slide_encoders import build_slide_encoder, count_parameters, get_spec
 from wsi.models.slide_encoders import longnet as ln
@@ -326,8 +327,8 @@ def test_row_order_does_not_matter_and_positions_do() -> None:
 
 def _bag(path: Path, encoder: str, dim: int, n: int = 30) -> None:
     coords_um = np.stack([np.arange(n) % 6, np.arange(n) // 6], 1).astype(np.float32) * 128.0
-    prov = BagProvenance(slide_id=path.stem, encoder=encoder, weights_sha256="b" * 64, tile_size_um=128.0,
-                         tile_size_px=256, mpp=0.25, level0_width=9000, level0_height=9000,
+    prov = BagProvenance(slide_id=path.stem, encoder=encoder, weights_sha256="b" * 64, tile_um=128.0,
+                         tile_px=256, mpp=0.25, level0_width=9000, level0_height=9000,
                          tile_params={"tile_um": 128.0}, target_mpp=0.5)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     feats = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)
@@ -339,7 +340,7 @@ def test_other_tile_encoders_are_refused_naming_both(tmp_path: Path) -> None:
     _bag(tmp_path / "uni.h5", "uni", 1024)
     with pytest.raises(BagFormatError, match="holds uni features, but slide encoder 'gigapath' reads "
                                              "prov-gigapath features"):  # fmt: skip
-        check_bag(load_bag(tmp_path / "uni.h5"), get_spec("gigapath"), "gigapath")
+        check_bag(read_bag(tmp_path / "uni.h5"), get_spec("gigapath"), "gigapath")
 
 
 @pytest.mark.slow
@@ -374,6 +375,8 @@ def test_encoders_cli_lists_it() -> None:
                for row in table.output.splitlines())  # fmt: skip
     one = CliRunner().invoke(cli, ["encoders", "--slide", "gigapath"])
     assert "huggingface.co/prov-gigapath/prov-gigapath" in one.output and "slide_encoder.pth" in one.output
+    listed = json.loads(CliRunner().invoke(cli, ["encoders", "--slide", "gigapath", "--json"]).output)
+    assert listed["gigapath"]["tile_size_um"] == 128.0 and "tile_um" not in listed["gigapath"]  # as bags say
 
 
 @pytest.mark.gpu

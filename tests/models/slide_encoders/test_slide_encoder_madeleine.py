@@ -15,7 +15,7 @@ from slide_bags import make_bag
 from torch import nn
 
 from wsi.core.errors import BagFormatError, WeightsError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.models.slide_encoders import SLIDE_ENCODERS, build_slide_encoder, count_parameters, get_spec
 from wsi.models.slide_encoders.madeleine import multi_head_pool
 from wsi.pipelines.embed_slides import embed_slides, read_embedding
@@ -174,9 +174,9 @@ def test_stamp_conch_bags_are_conch_v1(tmp_path: Path) -> None:
         h5["feats"] = np.zeros((3, 512), np.float32)
         h5["coords"] = np.zeros((3, 2), np.float32)
         h5.attrs.update({"extractor": "conch-abc123", "unit": "um", "tile_size_um": 256.0})
-    source = check_bag(load_bag(path, require_um=False), get_spec("madeleine"), "madeleine")
+    source = check_bag(read_bag(path, require_um=False), get_spec("madeleine"), "madeleine")
     assert source.encoder == "conch-v1"
     with h5py.File(path, "a") as h5:
         h5.attrs["extractor"] = "conch1_5-abc123"
     with pytest.raises(BagFormatError, match=r"holds conch-v1\.5 features, but slide encoder 'madeleine'"):
-        check_bag(load_bag(path, require_um=False), get_spec("madeleine"), "madeleine")
+        check_bag(read_bag(path, require_um=False), get_spec("madeleine"), "madeleine")

@@ -233,7 +233,7 @@ def test_parameter_count_is_the_published_config() -> None:
     published = sum(p.numel() for p in vision.parameters())
     assert count_parameters("titan") == published == get_spec("titan").params == 48_539_904
     spec = get_spec("titan")
-    assert spec.tile_encoders == ("conch-v1.5",) and spec.tile_size_um == 256.0 and spec.tile_mpp == 0.5
+    assert spec.tile_encoders == ("conch-v1.5",) and spec.tile_um == 256.0 and spec.tile_mpp == 0.5
     assert spec.uses_positions and spec.dim == 768 and "titan" in SLIDE_ENCODERS.names()
 
 
@@ -297,7 +297,7 @@ def test_bad_inputs_are_refused(authors, model, tmp_path) -> None:
 def _bag(path: Path, *, encoder: str = "conch-v1.5", dim: int = 768, seed: int = 0) -> None:
     _, coords_px, coords_um, _ = _slide(n=30, seed=seed)
     prov = BagProvenance(
-        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_size_um=256.0, tile_size_px=512,
+        slide_id=path.stem, encoder=encoder, weights_sha256="a" * 64, tile_um=256.0, tile_px=512,
         mpp=0.25, level0_width=40000, level0_height=40000, tile_params={"tile_um": 256.0}, target_mpp=0.5,
     )  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,7 @@ def test_features_equal_the_authors_forward(name: str, tmp_path) -> None:
     feats = torch.randn(333, get_spec(name).in_dim)
     with torch.no_grad():
         want = reference(feats)
-    got = model.encode(feats, None, get_spec(name).tile_size_um)
+    got = model.encode(feats, None, get_spec(name).tile_um)
     assert got.shape == (get_spec(name).dim,)
     assert F.cosine_similarity(got, want, dim=0) > 0.999
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_file import read_tile_file, write_tile_file
 from wsi.formats.tile_meta import TileFileMeta
 from wsi.models.encoders import build_encoder
@@ -66,11 +66,11 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
     enc = build_encoder(ENCODER, random_init=True, input_px=64)
     for slide_id in ("emb-a", "emb-b"):
         tf = read_tile_file(run_dir / "tiles" / f"{slide_id}.h5")
-        bag = load_bag(local_run / BAGS / f"{slide_id}.h5")
+        bag = read_bag(local_run / BAGS / f"{slide_id}.h5")
         assert len(bag) == len(tf) > 5 and bag.dim == enc.dim
         np.testing.assert_array_equal(bag.coords_um, tf.coords_um)
         np.testing.assert_array_equal(bag.coords_px, tf.coords)
-        assert bag.tile_size_um == 128.0 and bag.meta["tile_size_px"] == 32 and bag.meta["mpp"] == 1.0
+        assert bag.tile_um == 128.0 and bag.meta["tile_size_px"] == 32 and bag.meta["mpp"] == 1.0
         assert bag.meta["encoder"] == ENCODER and bag.meta["weights_sha256"] == "random"
         assert bag.meta["n_bad_tiles"] == 0 and bag.meta["pixel_source"] == "tile-cache"
         assert '"tile_um": 128.0' in bag.meta["tile_params"]
@@ -88,7 +88,7 @@ def test_bags_hold_the_encoder_features_of_the_tile_stage_tiles(run_dir: Path, l
         np.testing.assert_allclose(bag.feats[:6], expected, rtol=1e-4, atol=1e-5)
     rows = _manifest(local_run / BAGS / "manifest.csv")
     assert rows["emb-a"]["status"] == "ok" and int(rows["emb-a"]["tiles"]) == len(
-        load_bag(local_run / BAGS / "emb-a.h5")
+        read_bag(local_run / BAGS / "emb-a.h5")
     )
 
 
@@ -101,8 +101,8 @@ def test_slide_reads_equal_the_tile_cache(
     results = embed_tiles(tiles_dir=run_dir, out_dir=tmp_path, options=options, progress=False)
     assert [r.status for r in results] == ["ok", "ok"]
     for slide_id in ("emb-a", "emb-b"):
-        from_slide = load_bag(tmp_path / BAGS / f"{slide_id}.h5")
-        cached = load_bag(local_run / BAGS / f"{slide_id}.h5")
+        from_slide = read_bag(tmp_path / BAGS / f"{slide_id}.h5")
+        cached = read_bag(local_run / BAGS / f"{slide_id}.h5")
         assert from_slide.meta["pixel_source"] == "slide"
         np.testing.assert_allclose(from_slide.feats, cached.feats, rtol=1e-4, atol=1e-5)
 
@@ -124,7 +124,7 @@ def test_broken_jpeg_tile_is_skipped_and_counted(make_slide, tmp_path: Path) -> 
 
     results = embed_tiles(tiles_dir=run, out_dir=run, options=OPTIONS, progress=False)
     assert results[0].status == "ok", results
-    bag = load_bag(run / BAGS / "emb-clean.h5")
+    bag = read_bag(run / BAGS / "emb-clean.h5")
     assert bag.meta["n_bad_tiles"] == 1 and len(bag) == len(tf) - 1
     assert bad_xy not in {tuple(c) for c in bag.coords_px.tolist()}
     assert bag.meta["pixel_source"] == "slide"
@@ -180,7 +180,7 @@ def test_resume_after_an_interrupted_run(
         h5, coords=tf.coords[:-1], coords_um=tf.coords_um[:-1], meta=_with_kept(tf.meta, len(tf) - 1)
     )
     assert run() == [("emb-a", "ok"), ("emb-b", "skipped")]
-    assert len(load_bag(bags / "emb-a.h5")) == len(tf) - 1
+    assert len(read_bag(bags / "emb-a.h5")) == len(tf) - 1
 
     # other weights make the old bags stale; --overwrite redoes bags from the same weights
     enc = build_encoder(ENCODER, random_init=True)
@@ -191,13 +191,13 @@ def test_resume_after_an_interrupted_run(
     )
     other = dataclasses.replace(OPTIONS, random_init=False, weights=str(weights))
     assert run(other) == [("emb-a", "ok"), ("emb-b", "ok")]
-    assert load_bag(bags / "emb-a.h5").meta["weights_sha256"] != "random"
+    assert read_bag(bags / "emb-a.h5").meta["weights_sha256"] != "random"
     assert run(dataclasses.replace(other, overwrite=True)) == [("emb-a", "ok"), ("emb-b", "ok")]
     # so do another encoder input size and another on-disk dtype
     assert run(dataclasses.replace(other, input_px=96)) == [("emb-a", "ok"), ("emb-b", "ok")]
-    assert load_bag(bags / "emb-a.h5").meta["input_px"] == 96
+    assert read_bag(bags / "emb-a.h5").meta["input_px"] == 96
     assert run(dataclasses.replace(other, input_px=96, dtype="float16")) == [("emb-a", "ok"), ("emb-b", "ok")]
-    assert load_bag(bags / "emb-a.h5").feats.dtype == np.float16
+    assert read_bag(bags / "emb-a.h5").feats.dtype == np.float16
     assert run(dataclasses.replace(other, input_px=96, dtype="float16")) == [
         ("emb-a", "skipped"), ("emb-b", "skipped"),
     ]  # fmt: skip
@@ -223,7 +223,7 @@ def test_ctrl_c_keeps_the_finished_bags_in_the_manifest(
         embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path, options=OPTIONS, progress=False)
     with open(tmp_path / BAGS / "manifest.csv", newline="") as fh:
         rows = [(r["slide"], r["status"], int(r["tiles"])) for r in csv.DictReader(fh)]
-    assert rows == [("emb-a", "ok", len(load_bag(tmp_path / BAGS / "emb-a.h5")))]
+    assert rows == [("emb-a", "ok", len(read_bag(tmp_path / BAGS / "emb-a.h5")))]
     assert [p.name for p in (tmp_path / BAGS).glob("*.h5")] == ["emb-a.h5"]
 
     monkeypatch.setattr(engine, "_encode_batch", real)
@@ -255,8 +255,8 @@ def test_dask_cluster_run_equals_the_local_run(run_dir: Path, local_run: Path, t
         )  # fmt: skip
     assert [r.status for r in results] == ["ok", "ok"], results
     for slide_id in ("emb-a", "emb-b"):
-        remote = load_bag(tmp_path / BAGS / f"{slide_id}.h5")
-        local = load_bag(local_run / BAGS / f"{slide_id}.h5")
+        remote = read_bag(tmp_path / BAGS / f"{slide_id}.h5")
+        local = read_bag(local_run / BAGS / f"{slide_id}.h5")
         np.testing.assert_array_equal(remote.coords_um, local.coords_um)
         np.testing.assert_allclose(remote.feats, local.feats, rtol=1e-4, atol=1e-5)
 
@@ -285,7 +285,7 @@ def test_cli_embeds_slides_directly(make_slide, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f" -> {tmp_path / BAGS}\n" in result.output  # the folder `wsi train --features` takes
     assert (tmp_path / "tiles" / "emb-direct.h5").is_file()
-    bag = load_bag(tmp_path / BAGS / "emb-direct.h5")
+    bag = read_bag(tmp_path / BAGS / "emb-direct.h5")
     assert len(bag) == len(read_tile_file(tmp_path / "tiles" / "emb-direct.h5")) > 0
 
 
@@ -332,7 +332,7 @@ def test_cuda_run_matches_the_cpu_run(run_dir: Path, local_run: Path, tmp_path: 
             "ok",
             "ok",
         ]
-        gpu, cpu = load_bag(out / BAGS / "emb-a.h5"), load_bag(local_run / BAGS / "emb-a.h5")
+        gpu, cpu = read_bag(out / BAGS / "emb-a.h5"), read_bag(local_run / BAGS / "emb-a.h5")
         assert gpu.meta["precision"] == precision
         tol = 1e-3 if precision == "fp32" else 0.1
         np.testing.assert_allclose(gpu.feats, cpu.feats, rtol=tol, atol=tol)

@@ -31,7 +31,7 @@ APERIO = "CMU-1-Small-Region.svs"
 
 # ------------------------------------------------------------------------------------- plans as arrays
 @pytest.mark.parametrize(
-    ("mpp", "downsamples", "size_um", "tile_px", "shifts"),
+    ("mpp", "downsamples", "side_um", "tile_px", "shifts"),
     [
         (0.25, (1.0, 4.0, 16.0), 256.0, 256, False),  # copy from level 1
         (0.25, (1.0,), 256.0, 256, False),  # 4 x 4 block means
@@ -41,12 +41,12 @@ APERIO = "CMU-1-Small-Region.svs"
         (0.5, (1.0,), 112.0, 224, False),
     ],
 )
-def test_plan_regions_equal_plan_region_row_for_row(mpp, downsamples, size_um, tile_px, shifts) -> None:
+def test_plan_regions_equal_plan_region_row_for_row(mpp, downsamples, side_um, tile_px, shifts) -> None:
     rng = np.random.default_rng(3)
-    step = round(size_um / mpp)
+    step = round(side_um / mpp)
     xs = np.concatenate([np.arange(0, 20) * step, rng.integers(-300, 40_000, 300), [0, 1, 3, 7]])
     ys = np.concatenate([np.arange(0, 20) * step, rng.integers(-300, 40_000, 300), [5, 0, 4001, 2]])
-    kw = dict(size_um=size_um, target_mpp=size_um / tile_px, mpp=mpp, downsamples=downsamples,
+    kw = dict(side_um=side_um, target_mpp=side_um / tile_px, mpp=mpp, downsamples=downsamples,
               shifts_fractional_levels=shifts)  # fmt: skip
     plans = plan_regions(xs, ys, **kw)
     box, filt = plans.box(), plans.filters()
@@ -70,7 +70,7 @@ def test_plan_regions_equal_plan_region_row_for_row(mpp, downsamples, size_um, t
 # ------------------------------------------------------------------------ today's reader vs the legacy one
 def _tiles(path: Path, mpp: float, coords: list[tuple[int, int]], tile_um: float, tile_px: int) -> SlideTiles:
     return SlideTiles(
-        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_size_um=tile_um,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_um=tile_um,
         target_mpp=tile_um / tile_px, tile_px=tile_px, coords_px=np.asarray(coords, np.int64).reshape(-1, 2),
         decode="device",
     )  # fmt: skip

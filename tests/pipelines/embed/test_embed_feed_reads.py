@@ -167,6 +167,6 @@ def _slide_tiles(path: Path, coords: list[tuple[int, int]]):
     from wsi.pipelines.embed.batches import SlideTiles
 
     return SlideTiles(
-        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=0.46, tile_size_um=256.0,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=0.46, tile_um=256.0,
         target_mpp=1.0, tile_px=256, coords_px=np.asarray(coords, np.int64).reshape(-1, 2), decode="device",
     )  # fmt: skip

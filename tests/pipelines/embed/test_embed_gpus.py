@@ -19,7 +19,7 @@ import wsi.pipelines.embed.stage as stage
 from wsi.cli.main import cli
 from wsi.core.config import parse_config
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
 from wsi.pipelines.embed.gpus import assign_gpus, worker_gpu
 from wsi.pipelines.embed.worker import EncoderPlugin, worker_device
@@ -103,6 +103,6 @@ def test_one_worker_per_device_equals_the_local_run(
     }
     for eid in ("timm-test_resnet", "timm-test_convnext"):
         for slide_id in ("gpu-a", "gpu-b"):
-            got = load_bag(tmp_path / "gpus" / "features" / eid / f"{slide_id}.h5")
-            want = load_bag(tmp_path / "local" / "features" / eid / f"{slide_id}.h5")
+            got = read_bag(tmp_path / "gpus" / "features" / eid / f"{slide_id}.h5")
+            want = read_bag(tmp_path / "local" / "features" / eid / f"{slide_id}.h5")
             np.testing.assert_allclose(got.feats, want.feats, rtol=1e-4, atol=1e-5)

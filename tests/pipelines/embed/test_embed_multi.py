@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import wsi.pipelines.embed.feed as feed
 from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_file import read_tile_file
 from wsi.models.encoders import build_encoder
 from wsi.pipelines.embed import EmbedOptions, EncoderChoice, embed_tiles, results_by_encoder
@@ -93,8 +93,8 @@ def test_one_pass_equals_separate_runs_and_reads_each_tile_once(
     for folder, choice in FOLDERS.items():
         enc = build_encoder(choice.name, random_init=True, input_px=choice.input_px)
         for slide_id in ("multi-a", "multi-b"):
-            one = load_bag(tmp_path / "one" / "features" / folder / f"{slide_id}.h5")
-            apart = load_bag(tmp_path / "apart" / "features" / folder / f"{slide_id}.h5")
+            one = read_bag(tmp_path / "one" / "features" / folder / f"{slide_id}.h5")
+            apart = read_bag(tmp_path / "apart" / "features" / folder / f"{slide_id}.h5")
             assert one.dim == enc.dim and one.meta["input_px"] == enc.input_px
             np.testing.assert_array_equal(one.feats, apart.feats)
             np.testing.assert_array_equal(one.coords_um, apart.coords_um)
@@ -162,8 +162,8 @@ def test_cli_pairs_weights_with_encoders_by_order_and_takes_model_folders(
     assert "embed timm-test_efficientnet: 2 slides: 2 ok" in res.output
     from wsi.core.files import sha256_file
 
-    a = load_bag(out / "features" / "timm-test_resnet" / "multi-a.h5")
-    b = load_bag(out / "features" / "timm-test_efficientnet" / "multi-a.h5")
+    a = read_bag(out / "features" / "timm-test_resnet" / "multi-a.h5")
+    b = read_bag(out / "features" / "timm-test_efficientnet" / "multi-a.h5")
     assert a.meta["weights_sha256"] == sha256_file(tmp_path / "resnet.safetensors")
     assert b.meta["weights_sha256"] == sha256_file(hub / "model.safetensors")
     assert (a.dim, b.dim) == (resnet.dim, eff.dim)

@@ -17,7 +17,7 @@ from PIL import Image
 
 from wsi.core.config import parse_config
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_file import read_tile_file, write_tile_file
 from wsi.models.encoders.stain import DEFAULT_MACENKO, StainReference, save_reference
 from wsi.pipelines.embed import EmbedOptions, embed_tiles
@@ -64,7 +64,7 @@ def test_an_edited_yaml_encoder_is_redone_and_the_recipe_is_recorded(
     # tiles at 4 um/px, the recipe trained at 0.5: 8x away, said once
     assert caplog.text.count("trained on tiles at 0.5 um/px but these tiles are at 4 um/px") == 1
     bag_path = tmp_path / "features" / "my-enc" / "prov-a.h5"
-    first = load_bag(bag_path)
+    first = read_bag(bag_path)
     prov = first.provenance
     assert prov is not None and prov.encoder_recipe is not None and prov.recipe_sha256
     assert prov.encoder_recipe["arch"] == "test_resnet" and prov.encoder_recipe["mean"] == [
@@ -81,7 +81,7 @@ def test_an_edited_yaml_encoder_is_redone_and_the_recipe_is_recorded(
     with caplog.at_level(logging.WARNING):
         assert _run(run_dir, tmp_path, options) == ["ok"]
     assert "recipe changed" in caplog.text
-    again = load_bag(bag_path)
+    again = read_bag(bag_path)
     assert again.provenance is not None and again.provenance.recipe_sha256 != prov.recipe_sha256
     assert not np.allclose(again.feats, first.feats)
 
@@ -91,7 +91,7 @@ def test_stain_normalisation_changes_the_bags_and_is_recorded(run_dir: Path, tmp
     assert _run(run_dir, plain, OPTIONS) == ["ok"]
     macenko = dataclasses.replace(OPTIONS, stain_norm="macenko")
     assert _run(run_dir, tmp_path / "m", macenko) == ["ok"]
-    a, b = load_bag(plain / BAGS / "prov-a.h5"), load_bag(tmp_path / "m" / BAGS / "prov-a.h5")
+    a, b = read_bag(plain / BAGS / "prov-a.h5"), read_bag(tmp_path / "m" / BAGS / "prov-a.h5")
     assert a.feats.shape == b.feats.shape and np.isfinite(b.feats).all()
     assert np.abs(a.feats - b.feats).mean() > 1e-3  # the encoder saw other pixels
     prov = b.provenance
@@ -102,10 +102,10 @@ def test_stain_normalisation_changes_the_bags_and_is_recorded(run_dir: Path, tmp
     # current with the same normalisation; another method, or none, redoes the bag
     assert _run(run_dir, tmp_path / "m", macenko) == ["skipped"]
     assert _run(run_dir, tmp_path / "m", dataclasses.replace(OPTIONS, stain_norm="reinhard")) == ["ok"]
-    assert load_bag(tmp_path / "m" / BAGS / "prov-a.h5").meta["stain_norm"] == "reinhard"
+    assert read_bag(tmp_path / "m" / BAGS / "prov-a.h5").meta["stain_norm"] == "reinhard"
     assert _run(run_dir, tmp_path / "m", OPTIONS) == ["ok"]
-    assert "stain_norm" not in load_bag(tmp_path / "m" / BAGS / "prov-a.h5").meta
-    np.testing.assert_array_equal(load_bag(tmp_path / "m" / BAGS / "prov-a.h5").feats, a.feats)
+    assert "stain_norm" not in read_bag(tmp_path / "m" / BAGS / "prov-a.h5").meta
+    np.testing.assert_array_equal(read_bag(tmp_path / "m" / BAGS / "prov-a.h5").feats, a.feats)
 
 
 def test_a_stain_reference_fitted_from_an_image_or_saved(run_dir: Path, tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_a_stain_reference_fitted_from_an_image_or_saved(run_dir: Path, tmp_path
     Image.fromarray(np.concatenate(tiles, axis=1)).save(tmp_path / "ref.png")
     fitted = dataclasses.replace(OPTIONS, stain_norm="reinhard", stain_reference=str(tmp_path / "ref.png"))
     assert _run(run_dir, tmp_path / "img", fitted) == ["ok"]
-    prov = load_bag(tmp_path / "img" / BAGS / "prov-a.h5").provenance
+    prov = read_bag(tmp_path / "img" / BAGS / "prov-a.h5").provenance
     assert prov is not None and prov.stain_reference is not None
     assert "ref.png" in prov.stain_reference["source"] and prov.stain_reference_sha256
     # the same reference from its tile file, and saved as JSON: one digest, so the bag stays current
@@ -151,9 +151,9 @@ def test_background_only_tiles_fall_back_without_nan(run_dir: Path, tmp_path: Pa
     meta = replace(tf.meta, counts=replace(tf.meta.counts, n_kept=len(coords)))
     write_tile_file(run / "tiles" / "prov-a.h5", coords=coords, coords_um=coords_um, meta=meta)
     assert _run(run, run, dataclasses.replace(OPTIONS, stain_norm=method)) == ["ok"]
-    bag = load_bag(run / BAGS / "prov-a.h5")
+    bag = read_bag(run / BAGS / "prov-a.h5")
     assert len(bag) == len(glass) and np.isfinite(bag.feats).all()
     assert bag.meta["stain_fallback_tiles"] == len(glass)
     # left as they were: the features equal those without stain normalisation
     assert _run(run, tmp_path / "plain", OPTIONS) == ["ok"]
-    np.testing.assert_array_equal(load_bag(tmp_path / "plain" / BAGS / "prov-a.h5").feats, bag.feats)
+    np.testing.assert_array_equal(read_bag(tmp_path / "plain" / BAGS / "prov-a.h5").feats, bag.feats)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.pipelines.embed import EmbedOptions, embed_tiles
 from wsi.pipelines.tile.stage import tile_slides
 from wsi.slides.sources import find_slides
@@ -40,4 +40,4 @@ def test_a_recipe_named_like_an_encoder_id_does_not_replace_its_bags(make_slide,
         options=dataclasses.replace(mine, overwrite=True),
         progress=False,
     )
-    assert row.status == "ok" and load_bag(bag).meta["encoder"] == str(recipe)
+    assert row.status == "ok" and read_bag(bag).meta["encoder"] == str(recipe)

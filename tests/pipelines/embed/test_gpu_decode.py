@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_file import read_tile_file, write_tile_file
 from wsi.pipelines.embed import EmbedOptions, embed_tiles
 from wsi.pipelines.embed.batches import SlideTiles
@@ -39,7 +39,7 @@ def _tiles(path: Path, mpp: float, coords: list[tuple[int, int]], tile_um: float
            *, slide_mpp: float | None = None) -> SlideTiles:  # fmt: skip
     return SlideTiles(
         slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=slide_mpp or mpp,
-        tile_size_um=tile_um, target_mpp=tile_um / tile_px, tile_px=tile_px,
+        tile_um=tile_um, target_mpp=tile_um / tile_px, tile_px=tile_px,
         coords_px=np.asarray(coords, np.int64).reshape(-1, 2), decode="device",
     )  # fmt: skip
 
@@ -61,7 +61,7 @@ def _device_tiles(st: SlideTiles) -> tuple[np.ndarray, np.ndarray, object]:
 def _cpu_tiles(st: SlideTiles, mpp: float | None = None) -> np.ndarray:
     with open_slide(st.slide_path, mpp=mpp) as slide:
         return np.stack(
-            [slide.read_region_um(int(x), int(y), st.tile_size_um, st.target_mpp) for x, y in st.coords_px]
+            [slide.read_region_um(int(x), int(y), st.tile_um, st.target_mpp) for x, y in st.coords_px]
         )
 
 
@@ -197,7 +197,7 @@ def test_broken_jpeg_tile_is_counted_and_the_rest_embeds_like_the_cpu_path(
         options = dataclasses.replace(OPTIONS, decode=decode, readers=readers, reader_mode="process")
         results = embed_tiles(tiles_dir=tmp_path, out_dir=out, options=options, progress=False)
         assert results[0].status == "ok", results
-        bags[decode] = load_bag(out / BAGS / "emb-clean.h5")
+        bags[decode] = read_bag(out / BAGS / "emb-clean.h5")
     dev, cpu = bags["device"], bags["cpu"]
     assert dev.meta["n_bad_tiles"] == 1 and len(dev) == len(tf) - 1
     assert (768, 256) not in {tuple(c) for c in dev.coords_px.tolist()}
@@ -268,6 +268,6 @@ def test_cuda_embedding_with_device_decode_matches_cpu_decode(make_slide, tmp_pa
         options = dataclasses.replace(OPTIONS, device="cuda", precision="fp32", decode=decode, readers=1)
         results = embed_tiles(tiles_dir=tmp_path, out_dir=tmp_path / decode, options=options, progress=False)
         assert results[0].status == "ok", results
-        bags[decode] = load_bag(tmp_path / decode / BAGS / f"{slide.path.stem}.h5")
+        bags[decode] = read_bag(tmp_path / decode / BAGS / f"{slide.path.stem}.h5")
     assert bags["device"].meta["n_bad_tiles"] == 0
     np.testing.assert_allclose(bags["device"].feats, bags["cpu"].feats, rtol=0.02, atol=0.02)

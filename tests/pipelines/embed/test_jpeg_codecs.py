@@ -18,7 +18,7 @@ APERIO = "CMU-1-Small-Region.svs"
 
 def _raw(path: Path, mpp: float, coords: list[tuple[int, int]]) -> RawBatch:
     st = SlideTiles(
-        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_size_um=256.0,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=mpp, tile_um=256.0,
         target_mpp=1.0, tile_px=256, coords_px=np.asarray(coords, np.int64), decode="device",
     )  # fmt: skip
     reader = RawSlideReader.open(st)

@@ -153,7 +153,7 @@ def test_raw_slides_chain_tile_encoder_slide_encoder_and_head(tmp_path: Path) ->
         class TestFeather(FeatherConch15):  # FEATHER's architecture over 512-d resnet18 features
             IN_DIM = 512
             SPEC = SlideEncoderSpec(
-                tile_encoders=("timm:resnet18",), tile_size_um=96.0, tile_mpp=3.0, in_dim=512, dim=512,
+                tile_encoders=("timm:resnet18",), tile_um=96.0, tile_mpp=3.0, in_dim=512, dim=512,
                 params=0, licence="test", weights_page="test", weights_files=("w.safetensors",),
                 reference="test", uses_positions=False, patient_fusion="late",
             )  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from wsi.core.errors import BagFormatError, ConfigError
-from wsi.formats.bags import NonFiniteFeaturesError, check_finite, find_bad_bags, load_bag, scan_bag
+from wsi.formats.bags import NonFiniteFeaturesError, check_finite, find_bad_bags, read_bag, scan_bag
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bag_dataset import collate_bags
 from wsi.pipelines.inputs.bags import BagInput
@@ -46,11 +46,11 @@ def _nan_feats(n: int = 6, bad_rows: tuple[int, ...] = (4,), value: float = np.n
 
 def test_check_finite_names_the_bag_and_the_count(tmp_path: Path) -> None:
     path = _clam(tmp_path / "s1.h5", _nan_feats(bad_rows=(1, 4)))
-    bag = load_bag(path, mpp=0.5)
+    bag = read_bag(path, mpp=0.5)
     with pytest.raises(NonFiniteFeaturesError, match=r"2 of 6 tiles") as err:
         check_finite(bag)
     assert str(path) in str(err.value) and isinstance(err.value, BagFormatError)
-    check_finite(load_bag(_clam(tmp_path / "ok.h5"), mpp=0.5))  # a clean bag passes
+    check_finite(read_bag(_clam(tmp_path / "ok.h5"), mpp=0.5))  # a clean bag passes
 
 
 def test_find_bad_bags_lists_every_bad_bag_reading_in_small_blocks(tmp_path: Path) -> None:
@@ -90,10 +90,10 @@ def test_mpp_order_slide_column_then_run_wide_then_the_bag(tmp_path: Path) -> No
     items = [Item(s, _trident(tmp_path / f"{s}.h5"), label=0) for s in ("s1", "s2", "s3")]
     # TRIDENT's own 20x says 0.5; --mpp says 0.4; the labels CSV says 0.25 for s1
     ds = BagInput(mpp=0.4, mpp_by_slide={"s1": 0.25}).dataset(items, train=False)
-    assert ds[0]["coords_um"][1, 0].item() == TILE_PX0 * 0.25 and ds[0]["tile_size_um"] == TILE_PX0 * 0.25
+    assert ds[0]["coords_um"][1, 0].item() == TILE_PX0 * 0.25 and ds[0]["tile_um"] == TILE_PX0 * 0.25
     assert ds[1]["coords_um"][1, 0].item() == pytest.approx(TILE_PX0 * 0.4)
     bag_only = BagInput().dataset(items, train=False)[2]
-    assert bag_only["coords_um"][1, 0].item() == TILE_PX0 * 0.5 and bag_only["tile_size_um"] == TILE_PX0 * 0.5
+    assert bag_only["coords_um"][1, 0].item() == TILE_PX0 * 0.5 and bag_only["tile_um"] == TILE_PX0 * 0.5
     adapter = BagInput().with_resolution(mpp=0.4, mpp_by_slide={"s3": 0.3})
     assert adapter.dataset(items, train=False)[2]["coords_um"][1, 0].item() == pytest.approx(TILE_PX0 * 0.3)
 
@@ -108,7 +108,7 @@ def test_bags_in_pixels_need_no_mpp_when_the_model_uses_no_positions(tmp_path: P
     assert "c1.h5" in str(err.value) and "`mpp` column" in str(err.value)
     ds = BagInput(uses_positions=False).dataset(items, train=False)
     sample = ds[0]
-    assert "coords_um" not in sample and sample["tile_size_px0"] == TILE_PX0
+    assert "coords_um" not in sample and sample["tile_px0"] == TILE_PX0
     assert sample["coords_px"][1].tolist() == [TILE_PX0, 0]
     batch = collate_bags([ds[0], ds[1]])
     assert batch.x.shape == (2, 6, 8) and set(batch.model_inputs()) == {"mask"}  # no made-up micrometres

@@ -45,7 +45,7 @@ def test_tiles_land_where_they_are_on_a_large_thumbnail(
     monkeypatch.setattr(heatmaps, "_fit", spy)
     coords = np.array([[600.0, 200.0], [1800.0, 200.0], [3000.0, 1400.0]])
     render_heatmap(
-        coords_um=coords, tile_size_um=256.0, values=np.array([-1.0, 1.0, 1.0]), out_png=out, thumbnail=thumb,
+        coords_um=coords, tile_um=256.0, values=np.array([-1.0, 1.0, 1.0]), out_png=out, thumbnail=thumb,
         thumb_mpp=2.0,
     )  # fmt: skip
     assert fitted == [(512, 1024, 3)]  # drawn from the thumbnail at the PNG's scale, not all 2,000 px
@@ -82,7 +82,7 @@ def test_glass_stays_uncoloured_and_left_out_tissue_is_not_a_zero() -> None:
     under the +1 tile turns red; the 0 tile keeps the tissue's colours nearly; left-out tissue is grey."""
     thumb = _tissue_on_glass((400, 800), (0, 0, 400, 400))  # tissue: the left half; glass: the right
     coords = np.array([[350.0, 100.0], [600.0, 100.0], [100.0, 250.0]])  # um at 1 um/px; 100 um tiles
-    drawn = heatmap_image(coords_um=coords, tile_size_um=100.0, values=np.array([1.0, -1.0, 0.0]),
+    drawn = heatmap_image(coords_um=coords, tile_um=100.0, values=np.array([1.0, -1.0, 0.0]),
                           thumbnail=thumb, thumb_mpp=1.0)  # fmt: skip
     x0, y0 = drawn.offset_px
     image = np.round(drawn.image * 255).astype(int)
@@ -116,7 +116,7 @@ def test_a_real_slides_glass_is_left_as_it_is(shared_data: Path) -> None:
     xs, ys = np.meshgrid(np.arange(0, w_um - 128, 128.0), np.arange(0, h_um - 128, 128.0))
     coords = np.stack([xs.ravel(), ys.ravel()], axis=1)
     values = np.random.default_rng(1).standard_normal(len(coords))
-    drawn = heatmap_image(coords_um=coords, tile_size_um=128.0, values=values, thumbnail=thumb, thumb_mpp=mpp)
+    drawn = heatmap_image(coords_um=coords, tile_um=128.0, values=values, thumbnail=thumb, thumb_mpp=mpp)
     x0, y0 = drawn.offset_px
     image = np.round(drawn.image * 255).astype(int)
     source = thumb[y0 : y0 + image.shape[0], x0 : x0 + image.shape[1]].astype(int)

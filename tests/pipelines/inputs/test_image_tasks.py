@@ -322,10 +322,10 @@ def test_3d_find_groups_dicom_series_folders(shared_data: Path, tmp_path: Path) 
 
 
 def test_input_kinds_come_from_the_registry() -> None:
-    from wsi.pipelines.inputs import INPUTS, available_inputs
+    from wsi.pipelines.inputs import INPUTS, list_inputs
     from wsi.pipelines.inputs.bags import BagInput
 
-    assert available_inputs() == ["bags", "images", "slide-embeddings"]
+    assert list_inputs() == ["bags", "images", "slide-embeddings"]
     assert INPUTS.get("bags") is BagInput and INPUTS.get("images") is ImageInput
     with pytest.raises(ConfigError, match=r"unknown input 'tiles'.*bags, images"):
         build_input("tiles")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from wsi.cli.main import cli
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.formats.tile_values import read_tile_values
 from wsi.models.presets import build_model_from_config
 from wsi.pipelines.predict.stage import predict
@@ -54,7 +54,7 @@ def test_bag_probabilities_equal_the_models_own_outputs(trained, tmp_path: Path)
     rows = {r["slide"]: r for r in _read(result.predictions_csv)}
     assert set(rows) == set(cohort.slides)
     for slide in cohort.slides:
-        bag = load_bag(cohort.bags / f"{slide}.h5")
+        bag = read_bag(cohort.bags / f"{slide}.h5")
         with torch.no_grad():
             x = torch.from_numpy(bag.feats).float()[None]  # (1, N, D)
             probs = torch.softmax(model(x, coords_um=torch.from_numpy(bag.coords_um)[None]), -1)[0].numpy()
@@ -189,5 +189,5 @@ def test_raw_slides_are_drawn_at_the_resolution_they_were_tiled_at(make_slide, t
         workers=1, scheduler=None, device="cpu", progress=False,
     )  # fmt: skip
     assert failed == [] and set(bags) == {"has-mpp"}
-    assert load_bag(bags["has-mpp"]).provenance.mpp == pytest.approx(0.5)  # tiled at the metadata's
+    assert read_bag(bags["has-mpp"]).provenance.mpp == pytest.approx(0.5)  # tiled at the metadata's
     assert thumbs["has-mpp"] == (slide.path, pytest.approx(0.5))  # and drawn at it, not at --mpp 0.25

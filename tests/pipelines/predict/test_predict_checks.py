@@ -214,8 +214,8 @@ def _bag_of_a_slide(path: Path, slide: Path | None, *, n: int = 6) -> None:
     rng = np.random.default_rng(1)
     coords_um = np.stack([np.arange(n) % 3, np.arange(n) // 3], axis=1).astype(np.float32) * 128.0
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=128.0,
-        tile_size_px=128, mpp=1.0, level0_width=600, level0_height=600,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_um=128.0,
+        tile_px=128, mpp=1.0, level0_width=600, level0_height=600,
         tile_params={"tile_um": 128.0, "tile_px": 128}, slide_path=None if slide is None else str(slide),
     )  # fmt: skip
     feats = rng.normal(size=(n, IN_DIM)).astype(np.float32)

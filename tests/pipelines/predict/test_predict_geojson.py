@@ -15,7 +15,7 @@ from cohorts import make_cohort, write_task
 from qupath_rules import parse_file
 from safetensors.torch import load_file
 
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.models.presets import build_model_from_config
 from wsi.pipelines.predict.geojson import slide_collection
 from wsi.pipelines.predict.stage import predict
@@ -51,7 +51,7 @@ def test_one_geojson_per_slide_with_one_tile_per_bag_tile(predicted) -> None:
     assert sorted(p.stem for p in (out / "geojson").glob("*.geojson")) == sorted(cohort.slides)
     assert not (out / "heatmaps").exists()
     for slide in cohort.slides:
-        bag = load_bag(cohort.bags / f"{slide}.h5")
+        bag = read_bag(cohort.bags / f"{slide}.h5")
         objects = parse_file(out / "geojson" / f"{slide}.geojson")  # QuPath's reader rules
         tiles = [o for o in objects if o["objectType"] == "tile"]
         assert len(tiles) == len(bag)

@@ -20,7 +20,7 @@ def _bag(path: Path, stain: str | None, ref: str | None) -> Item:
     rng = np.random.default_rng(0)
     coords = np.stack([np.arange(6) % 3, np.arange(6) // 3], 1).astype(np.float32) * 256.0
     prov = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256=SHA, tile_size_um=256.0, tile_size_px=256,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256=SHA, tile_um=256.0, tile_px=256,
         mpp=0.5, level0_width=2048, level0_height=2048, tile_params={"tile_um": 256.0, "tile_px": 256},
         stain_norm=stain, stain_reference_sha256=ref,
     )  # fmt: skip

@@ -65,7 +65,7 @@ def _long_feats(n: int = LONG, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
 
 def _write_long(path: Path, feats: np.ndarray, coords_um: np.ndarray, sha: str = "0" * 64) -> Path:
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256=sha, tile_size_um=256.0, tile_size_px=256,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256=sha, tile_um=256.0, tile_px=256,
         mpp=0.5, level0_width=WIDTH * 512, level0_height=WIDTH * 512,
         tile_params={"tile_um": 256.0, "tile_px": 256},
     )  # fmt: skip
@@ -186,8 +186,8 @@ for start in range(0, n, 65536):  # 4 GB of float16, as `wsi embed` stores RetCC
     feats[start : start + 65536] = rng.standard_normal((min(65536, n - start), dim), np.float32)
 cells = np.arange(n)
 coords = np.stack([cells % 1000, cells // 1000], 1).astype(np.float32) * 256.0
-prov = BagProvenance(slide_id="million", encoder="test-encoder", weights_sha256="1" * 64, tile_size_um=256.0,
-                     tile_size_px=256, mpp=0.5, level0_width=512000, level0_height=512000,
+prov = BagProvenance(slide_id="million", encoder="test-encoder", weights_sha256="1" * 64, tile_um=256.0,
+                     tile_px=256, mpp=0.5, level0_width=512000, level0_height=512000,
                      tile_params={"tile_um": 256.0, "tile_px": 256})
 write_bag(path, feats=feats, coords_um=coords, coords_px=(coords / 0.5).astype(np.int64), provenance=prov,
           dtype="float16")

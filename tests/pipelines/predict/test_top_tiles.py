@@ -15,7 +15,7 @@ from cohorts import IN_DIM, make_cohort, write_task
 from PIL import Image
 
 from wsi.cli.main import cli
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.pipelines.inputs.heatmaps import contribution_to_class
 from wsi.pipelines.predict.stage import load_run
 from wsi.pipelines.predict.top_tiles import pick
@@ -32,8 +32,8 @@ def _bag_on_slide(path: Path, slide_path: str, mpp: float, rng: np.random.Genera
     feats = rng.normal(size=(25, IN_DIM)).astype(np.float32)
     feats[:, :4] += np.linspace(-2, 2, 25)[:, None]  # some tiles look like each class
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_size_um=TILE_UM,
-        tile_size_px=256, mpp=mpp, level0_width=3000, level0_height=3000,
+        slide_id=path.stem, encoder="test-encoder", weights_sha256="0" * 64, tile_um=TILE_UM,
+        tile_px=256, mpp=mpp, level0_width=3000, level0_height=3000,
         tile_params={"tile_um": TILE_UM, "tile_px": 256}, target_mpp=TARGET_MPP, slide_path=slide_path,
     )  # fmt: skip
     coords_px = np.round(grid / mpp).astype(np.int64)
@@ -70,7 +70,7 @@ def test_top_tiles_are_the_strongest_tiles_read_from_the_slide(sample_slide, tmp
     assert {r["slide"] for r in index} == {"on-slide"} and len(index) == 2 * 2 * 3  # classes x sides x K
     # the tiles listed are those with the largest / smallest contribution to each class, by the model
     run = load_run(tmp_path / "run", device="cpu")
-    bag = load_bag(bags / "on-slide.h5")
+    bag = read_bag(bags / "on-slide.h5")
     x = torch.from_numpy(bag.feats).float()[None]
     contrib = run.contributions(x, {"coords_um": torch.from_numpy(bag.coords_um)[None]})[0].numpy()
     for c, name in enumerate(("LUAD", "LUSC")):

@@ -60,6 +60,13 @@ def test_format_1_run_folders_predict_the_same(cohort, tmp_path: Path, layout: s
     assert record.cv == (2 if layout == "cv" else None)
 
 
+@pytest.mark.parametrize("layout", ["single", "cv/fold-1"])
+def test_a_format_1_record_saying_optimizer_scheduler_reads_as_schedule(layout: str) -> None:
+    saved = json.loads((FIXTURES / layout / "config.json").read_text())
+    assert saved["task"]["optimizer"]["scheduler"] == "cosine"  # the fixture as an earlier version wrote it
+    assert read_run_record(FIXTURES / layout).task.optimizer.schedule == "cosine"
+
+
 def test_a_new_run_records_the_model_once(cohort, tmp_path: Path) -> None:
     small = {"dim": 16, "attn_dim": 16, "depth": 1, "heads": 2, "mlp_dim": 16}
     model = {"preset": "vit-wsi", "attention": "sima", "overrides": small}

@@ -166,9 +166,9 @@ def test_a_patient_bag_keeps_every_tile_and_no_two_slides_share_a_position(tmp_p
         xs = coords[part["start"] : part["stop"], 0]
         spans.append((xs.min(), xs.max() + 256.0))
         # positions kept per slide: the joined coordinates are the slide's own, shifted along x only
-        from wsi.formats.bags import load_bag
+        from wsi.formats.bags import read_bag
 
-        own = load_bag(part["path"]).coords_um
+        own = read_bag(part["path"]).coords_um
         np.testing.assert_allclose(coords[part["start"] : part["stop"]] - [part["shift_um"], 0], own)
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start - end >= SLIDE_GAP_UM - 256.0  # tile squares of two slides never overlap

@@ -71,7 +71,7 @@ def _tiled(tmp_path: Path, slide: Path, monkeypatch: pytest.MonkeyPatch, *extra:
     with open(out / "tiles" / "manifest.csv", newline="") as fh:
         [row] = list(csv.DictReader(fh))
     [tiles] = drawn
-    return tiles, meta, row["note"], meta.tile_size_um / meta.mpp
+    return tiles, meta, row["note"], meta.tile_um / meta.mpp
 
 
 def test_qc_shows_blood_kept_and_marker_rejected(slide, tmp_path: Path, monkeypatch) -> None:

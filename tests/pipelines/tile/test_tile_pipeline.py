@@ -66,7 +66,7 @@ def test_kept_tiles_on_tissue_blur_rejected_counts_add_up(scene, tmp_path: Path)
     assert set(sharp) <= kept  # and no sharp tissue cell was lost
     np.testing.assert_allclose(tf.coords * scene.mpp, tf.coords_um, atol=scene.mpp)
     assert tf.params == TileParams().to_dict()
-    assert (m.tile_size_um, m.tile_size_px, m.target_mpp, m.mpp) == (256.0, 256, 1.0, 0.5)
+    assert (m.tile_um, m.tile_px, m.target_mpp, m.mpp) == (256.0, 256, 1.0, 0.5)
     assert (m.level0_width, m.level0_height, m.backend) == (4096, 4096, "openslide")
 
     # the zarr cache holds exactly the pixels read_region_um gives at the kept coords

@@ -16,7 +16,7 @@ import torch
 from cohorts import make_cohort, write_task
 
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.models.layers.standardize import MEAN_KEY, SCALE_KEY, input_standardizer
 from wsi.pipelines.predict.run_model import load_run
 from wsi.pipelines.predict.stage import predict
@@ -98,14 +98,14 @@ def test_each_fold_stores_the_mean_and_sd_of_its_own_training_tiles(cv_run: tupl
         train_ids = _split(fold, "train")
         held_out = _split(fold, "val") + _split(fold, "test")
         assert train_ids and held_out and not set(train_ids) & set(held_out)
-        tiles = np.concatenate([load_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids])
+        tiles = np.concatenate([read_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids])
         for name in ("best.safetensors", "last.safetensors"):
             state = load_weights(fold / name)
             # float32 of numpy's float64 figures (averaged weights keep them bit for bit)
             np.testing.assert_allclose(state[MEAN_KEY].numpy(), tiles.mean(0), rtol=1e-6, atol=1e-7)
             np.testing.assert_allclose(state[SCALE_KEY].numpy(), tiles.std(0), rtol=1e-6)
         everything = np.concatenate(
-            [load_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids + held_out]
+            [read_bag(bags / f"{s}.h5").feats.astype(np.float64) for s in train_ids + held_out]
         )
         assert np.abs(state[MEAN_KEY].numpy() - everything.mean(0)).max() > 1e-3  # not val/test tiles
         seen.append(state[MEAN_KEY].numpy())
@@ -212,7 +212,7 @@ def test_a_constant_feature_is_centred_not_scaled(tmp_path: Path) -> None:
     assert stats.unscaled.tolist() == [i == 5 for i in range(16)]
     mean, scale = stats.tensors()
     assert float(mean[5]) == 3.0 and float(scale[5]) == 1.0
-    assert stats.n_tiles == sum(len(load_bag(cohort.bags / f"{s}.h5")) for s in cohort.slides)
+    assert stats.n_tiles == sum(len(read_bag(cohort.bags / f"{s}.h5")) for s in cohort.slides)
 
 
 def test_old_run_folders_hold_no_standardisation_and_predict_as_before(tmp_path: Path) -> None:
@@ -248,7 +248,7 @@ def test_slide_embeddings_are_standardised_alike(tmp_path: Path, monkeypatch: py
     run = tmp_path / "run"
     train(task=_task(tmp_path), labels_csv=cohort.labels, features_dir=emb, out_dir=run, progress=False)
     train_ids = _split(run, "train")
-    bags = [load_bag(cohort.bags / f"{s}.h5").feats.astype(np.float32) for s in train_ids]
+    bags = [read_bag(cohort.bags / f"{s}.h5").feats.astype(np.float32) for s in train_ids]
     vectors = np.stack([b.mean(0) for b in bags])  # what _embed_by_mean wrote
     state = load_weights(run / "best.safetensors")
     np.testing.assert_allclose(state[MEAN_KEY].numpy(), vectors.mean(0), rtol=1e-3, atol=1e-3)

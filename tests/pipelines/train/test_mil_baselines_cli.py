@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from cohorts import CLASSES, make_cohort, write_task
 
 from wsi.cli.main import cli
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.pipelines.predict.stage import load_run, predict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,7 +97,7 @@ def test_predict_draws_heatmaps_tile_values_and_geojson(runs, preset: str, tmp_p
     names = set(tile["properties"]["measurements"])
     # what predict drew, against the models' own explanation of the bag (mean over the folds' models)
     run = load_run(dirs[preset], device="cpu")
-    bag = load_bag(cohort.bags / f"{slide}.h5")
+    bag = read_bag(cohort.bags / f"{slide}.h5")
     x = torch.from_numpy(bag.feats).float()[None]
     with torch.no_grad():
         probs = torch.stack([k.outputs(m(x)) for m, k in zip(run.models, run.kinds, strict=True)])

@@ -43,7 +43,7 @@ def _bags(folder: Path, n: int, seed: int) -> tuple[list[np.ndarray], list[int]]
         grid = rng.permutation(64)[:size]
         coords = np.stack([grid % 8, grid // 8], 1).astype(np.float32) * 256.0
         prov = BagProvenance(slide_id=f"b{i:03d}", encoder="planted", weights_sha256="0" * 64,
-                             tile_size_um=256.0, tile_size_px=256, mpp=0.5, level0_width=4096,
+                             tile_um=256.0, tile_px=256, mpp=0.5, level0_width=4096,
                              level0_height=4096, tile_params={"tile_um": 256.0, "tile_px": 256})  # fmt: skip
         write_bag(folder / f"b{i:03d}.h5", feats=x, coords_um=coords,
                   coords_px=(coords / 0.5).astype(np.int64), provenance=prov)  # fmt: skip
@@ -60,7 +60,7 @@ def test_each_preset_finds_a_planted_signal_above_chance(preset: str, tmp_path: 
     labels.write_text("slide,label,patient\n" + rows)
     task = write_task(
         tmp_path / "task.yaml", model={"preset": preset, "overrides": TINY[preset]}, epochs=6, patience=0,
-        optimizer={"lr": 2e-3, "weight_decay": 1e-4, "scheduler": "none"},
+        optimizer={"lr": 2e-3, "weight_decay": 1e-4, "schedule": "none"},
         split={"train": 0.75, "val": 0.25, "test": 0.0}, bootstrap=20,
     )  # fmt: skip
     train(task=task, labels_csv=labels, features_dir=tmp_path / "train", out_dir=tmp_path / "run",

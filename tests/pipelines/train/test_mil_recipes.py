@@ -58,18 +58,18 @@ def test_every_baseline_has_an_authors_recipe_citing_its_repository() -> None:
     [
         ("transmil", {"optimizer.name": "lookahead-radam", "optimizer.lr": 2e-4,
                       "optimizer.weight_decay": 1e-5, "optimizer.weight_decay_on": "not-1d",
-                      "optimizer.scheduler": "none", "grad_accum": 2, "epochs": 200, "patience": 10,
+                      "optimizer.schedule": "none", "grad_accum": 2, "epochs": 200, "patience": 10,
                       "selection.metric": "smoothed-val-loss",
                       "selection.window": 1, "sampling": "shuffle"}),
         ("clam-sb", {"optimizer.name": "adam", "optimizer.lr": 2e-4, "optimizer.weight_decay": 1e-5,
                      "optimizer.weight_decay_on": "all", "epochs": 200, "patience": 20, "min_epochs": 52,
                      "selection.metric": "smoothed-val-loss", "sampling": "balanced", "grad_accum": 1}),
         ("dsmil", {"optimizer.name": "adam", "optimizer.lr": 1e-4, "optimizer.betas": (0.5, 0.9),
-                   "optimizer.weight_decay": 1e-3, "optimizer.scheduler": "cosine-epochs",
+                   "optimizer.weight_decay": 1e-3, "optimizer.schedule": "cosine-epochs",
                    "optimizer.min_lr": 5e-6, "epochs": 50, "patience": 11,
                    "selection.metric": "auroc-plus-accuracy"}),
         ("dtfd", {"optimizer.name": "adam", "optimizer.lr": 1e-4, "optimizer.weight_decay": 1e-4,
-                  "optimizer.scheduler": "multistep", "optimizer.milestones": (100,), "optimizer.gamma": 0.2,
+                  "optimizer.schedule": "multistep", "optimizer.milestones": (100,), "optimizer.gamma": 0.2,
                   "epochs": 200, "patience": 0, "selection.metric": "val-figure",
                   "selection.after_share": 0.8}),
     ],
@@ -170,7 +170,7 @@ def test_epoch_schedules_equal_torchs_schedulers_stepped_per_epoch(scheduler: st
     epoch by the authors, here stepped per optimizer step (3 per epoch) and constant within an epoch."""
     epochs, steps = (50, 3) if scheduler == "cosine-epochs" else (200, 3)
     task = TaskConfig(name="t", classes=("a", "b")).replace(**{
-        "optimizer.lr": 1e-4, "optimizer.scheduler": scheduler, "optimizer.min_lr": 5e-6,
+        "optimizer.lr": 1e-4, "optimizer.schedule": scheduler, "optimizer.min_lr": 5e-6,
         "optimizer.milestones": [100], "optimizer.gamma": 0.2, "epochs": epochs,
     })  # fmt: skip
     p = torch.nn.Parameter(torch.zeros(1))

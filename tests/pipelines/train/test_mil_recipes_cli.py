@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from cohorts import CLASSES, Cohort, make_cohort
 
 from wsi.cli.main import cli
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.pipelines.predict.stage import load_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -73,7 +73,7 @@ def test_dsmil_trains_one_output_scored_by_a_sigmoid(cohort: Cohort, tmp_path: P
         rows = list(csv.DictReader(fh))
     assert rows
     for row in rows:
-        bag = load_bag(next(cohort.bags.glob(f"{row['slide']}*.h5")))
+        bag = read_bag(next(cohort.bags.glob(f"{row['slide']}*.h5")))
         with torch.no_grad():
             z = model(torch.from_numpy(bag.feats).float()[None])
         assert z.shape == (1, 1)

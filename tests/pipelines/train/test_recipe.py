@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from cohorts import CLASSES, IN_DIM, make_bag, make_cohort
+from cohorts import CLASSES, IN_DIM, make_bag, make_cohort, write_task
 from safetensors.torch import load_file
 
 from wsi.core.errors import ConfigError
-from wsi.formats.bags import load_bag
+from wsi.formats.bags import read_bag
 from wsi.models.presets import build_model
 from wsi.pipelines.inputs import Batch
 from wsi.pipelines.predict.stage import load_run, predict
@@ -52,8 +52,8 @@ def test_a_task_naming_only_its_classes_gets_the_small_cohort_recipe(tmp_path: P
     assert r.model.overrides == dict(want.model_overrides["mil"])
     assert (r.epochs, r.patience) == (want.epochs, want.patience)
     opt = r.optimizer
-    assert (opt.lr, opt.weight_decay, opt.scheduler, opt.warmup_epochs) == (
-        want.lr_by_kind["mil"], want.weight_decay, want.scheduler, want.warmup_epochs,
+    assert (opt.lr, opt.weight_decay, opt.schedule, opt.warmup_epochs) == (
+        want.lr_by_kind["mil"], want.weight_decay, want.schedule, want.warmup_epochs,
     )  # fmt: skip
     abmil = apply_recipe(task.replace(**{"model.preset": "abmil"}), n_train=60)
     assert abmil.optimizer.lr == want.lr != want.lr_by_kind["mil"]  # the learning rate is per model kind
@@ -128,7 +128,7 @@ def test_nsclc_subtype_keeps_the_papers_recipe() -> None:
     assert task.recipe == "paper"
     r = apply_recipe(task, n_train=50)  # even on few cases: the paper's preset, whole bags
     assert (r.model.preset, r.model.attention, r.model.overrides) == ("vit-wsi", "seqnorm", {})
-    assert (r.optimizer.lr, r.optimizer.weight_decay, r.optimizer.scheduler, r.optimizer.warmup_epochs) == (
+    assert (r.optimizer.lr, r.optimizer.weight_decay, r.optimizer.schedule, r.optimizer.warmup_epochs) == (
         1e-4, 1e-2, "none", 0,
     )  # fmt: skip
     assert (r.epochs, r.patience) == (100, 10)
@@ -233,7 +233,7 @@ def test_augmentation_is_off_at_validation_and_test(tmp_path: Path, monkeypatch:
     cohort = make_cohort(tmp_path / "c", n_patients=16)
     stored = {}
     for slide in cohort.slides:
-        feats = load_bag(cohort.bags / f"{slide}.h5").feats
+        feats = read_bag(cohort.bags / f"{slide}.h5").feats
         stored[(feats.shape[0], round(float(feats.astype(np.float64).sum()), 3))] = slide
     seen: list[tuple[bool, int, tuple[int, float] | None]] = []
 
@@ -313,7 +313,7 @@ def test_abmil_trains_with_cross_validation_and_predicts_heatmaps_of_its_attenti
         assert (out / "heatmaps" / f"{slide}.png").is_file()
     # the heatmap values predict draws, against the attention weights computed here
     run = load_run(result.run_dir, device="cpu")
-    bag = load_bag(cohort.bags / f"{cohort.slides[0]}.h5")
+    bag = read_bag(cohort.bags / f"{cohort.slides[0]}.h5")
     x = torch.from_numpy(bag.feats).float()[None]  # stored as float16
     extra = {"coords_um": torch.from_numpy(bag.coords_um)[None]}
     output = run.outputs(x, extra)[0].numpy()
@@ -350,3 +350,23 @@ def test_the_recipe_line_says_what_trains_in_words(tmp_path: Path) -> None:
     assert line.endswith("keeps the epoch of best validation AUROC")
     for jargon in ("tile share", "val-figure", "selection", "[1.0, 1.0]"):
         assert jargon not in small + line
+
+
+def test_old_task_and_recipe_files_saying_scheduler_load_as_schedule(tmp_path: Path) -> None:
+    """`optimizer.scheduler` (a task YAML, a dotted override) and a recipe's `scheduler` are the learning-
+    rate schedule's earlier name (`--scheduler` is a Dask address): files written with it still load."""
+    from wsi.core.config import parse_config, replace_config
+    from wsi.pipelines.train.recipe import RecipeValues
+
+    old = yaml.safe_load(write_task(tmp_path / "new.yaml").read_text())
+    old["optimizer"] = {"lr": 2.0e-3, "scheduler": "cosine-epochs"}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
+    task = load_task(tmp_path / "old.yaml")
+    assert task.optimizer.schedule == "cosine-epochs"
+    assert replace_config(task, {"optimizer.scheduler": "none"}, source="t").optimizer.schedule == "none"
+    old["optimizer"]["schedule"] = "cosine"  # both names: which one was meant is not known
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match="'scheduler' is the old name of 'schedule'"):
+        load_task(tmp_path / "both.yaml")
+    values = {"epochs": 5, "patience": 1, "lr": 1e-4, "weight_decay": 0.0, "scheduler": "multistep"}
+    assert parse_config(RecipeValues, values, source="old recipe").schedule == "multistep"

@@ -159,13 +159,13 @@ def test_no_class_or_figure_comes_from_a_nan_output() -> None:
 def _spy_mpps(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[float | None]]:
     """Record the mpp every bag is loaded with by the bag input."""
     seen: dict[str, set[float | None]] = {}
-    load = bag_input.load_bag
+    load = bag_input.read_bag
 
     def spy(path, *, mpp=None, rows=None, require_um=True):
         seen.setdefault(Path(path).stem, set()).add(mpp)
         return load(path, mpp=mpp, rows=rows, require_um=require_um)
 
-    monkeypatch.setattr(bag_input, "load_bag", spy)
+    monkeypatch.setattr(bag_input, "read_bag", spy)
     return seen
 
 

@@ -16,8 +16,8 @@ from wsi.formats.bags import BagProvenance, write_bag
 def _bag(path: Path, encoder: str, dim: int) -> None:
     n = 6
     coords = np.stack([np.arange(n) % 3, np.arange(n) // 3], 1).astype(np.float32) * 100.0
-    prov = BagProvenance(slide_id=path.stem, encoder=encoder, weights_sha256="random", tile_size_um=100.0,
-                         tile_size_px=100, mpp=1.0, level0_width=300, level0_height=200,
+    prov = BagProvenance(slide_id=path.stem, encoder=encoder, weights_sha256="random", tile_um=100.0,
+                         tile_px=100, mpp=1.0, level0_width=300, level0_height=200,
                          tile_params={"tile_um": 100.0}, target_mpp=1.0)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     feats = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)

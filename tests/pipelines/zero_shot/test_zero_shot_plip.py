@@ -17,7 +17,7 @@ from click.testing import CliRunner
 @pytest.mark.slow
 def test_plip_bags_from_wsi_embed_are_scored_and_searched(tmp_path: Path) -> None:
     from wsi.cli.main import cli
-    from wsi.formats.bags import load_bag
+    from wsi.formats.bags import read_bag
     from wsi.models.text_encoders import build_text_encoder
     from wsi.pipelines.zero_shot import load_prompts
     from wsi.pipelines.zero_shot.prompts import class_embeddings
@@ -32,7 +32,7 @@ def test_plip_bags_from_wsi_embed_are_scored_and_searched(tmp_path: Path) -> Non
     bags = tmp_path / "run" / "features" / "plip"
     stems = sorted(s.path.stem for s in slides)
     assert sorted(p.stem for p in bags.glob("*.h5")) == stems
-    bag = load_bag(bags / f"{stems[0]}.h5")
+    bag = read_bag(bags / f"{stems[0]}.h5")
     assert bag.feats.shape[1] == 512 and bag.provenance is not None
     assert bag.provenance.encoder == "plip" and (bag.provenance.encoder_recipe or {})["pooling"] == "cls-proj"
 
@@ -53,7 +53,7 @@ def test_plip_bags_from_wsi_embed_are_scored_and_searched(tmp_path: Path) -> Non
     classes = class_embeddings(tower, prompt_set)
     rows = {r["slide"]: r for r in csv.DictReader((out / "predictions.csv").open())}
     assert sorted(rows) == stems
-    joint = {s: F.normalize(torch.from_numpy(np.asarray(load_bag(bags / f"{s}.h5").feats)).float(), dim=-1)
+    joint = {s: F.normalize(torch.from_numpy(np.asarray(read_bag(bags / f"{s}.h5").feats)).float(), dim=-1)
              for s in stems}  # fmt: skip
     for stem in stems:
         sims = joint[stem] @ classes.T

@@ -14,7 +14,7 @@ from wsi.formats.bags import (
     bag_layout,
     bag_length,
     is_complete_bag,
-    load_bag,
+    read_bag,
     read_bag_attrs,
     write_bag,
 )
@@ -35,7 +35,7 @@ def _data(n: int = 7, d: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _write_ours(path: Path, dtype: str = "float32") -> BagProvenance:
     feats, coords_um, coords_px = _data()
     provenance = BagProvenance(
-        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_size_um=TILE_UM, tile_size_px=256,
+        slide_id="s1", encoder="retccl", weights_sha256="abc", tile_um=TILE_UM, tile_px=256,
         mpp=MPP, level0_width=5000, level0_height=3000,
         tile_params={"tile_size_um": TILE_UM, "target_mpp": 1.0}, n_bad_tiles=0,
     )  # fmt: skip
@@ -93,12 +93,12 @@ def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
         for key in ("encoder", "weights_sha256", "tile_size_px", "mpp", "level0_width", "level0_height",
                     "wsi_version", "created", "tile_params"):  # fmt: skip
             assert key in h5.attrs
-    bag = load_bag(path)
+    bag = read_bag(path)
     assert bag.meta["layout"] == "wsi" and bag.slide_id == "s1" and len(bag) == 7 and bag.dim == 16
     np.testing.assert_allclose(bag.feats, feats, atol=1e-2)  # float16 storage
     np.testing.assert_array_equal(bag.coords_um, coords_um)
     np.testing.assert_array_equal(bag.coords_px, coords_px)
-    assert bag.tile_size_um == TILE_UM and bag.meta["encoder"] == "retccl"
+    assert bag.tile_um == TILE_UM and bag.meta["encoder"] == "retccl"
     assert bag_length(path) == 7 and bag_layout(path) == "wsi"
     assert read_bag_attrs(path)["n_bad_tiles"] == 0
     assert bag.provenance == provenance  # written whole, read back whole
@@ -112,8 +112,8 @@ def test_our_bag_round_trip_and_contract(tmp_path: Path) -> None:
 def test_rows_reads_a_subset_in_the_asked_order(tmp_path: Path) -> None:
     path = tmp_path / "s1.h5"
     _write_ours(path)
-    full = load_bag(path)
-    part = load_bag(path, rows=[5, 1, 5])
+    full = read_bag(path)
+    part = read_bag(path, rows=[5, 1, 5])
     np.testing.assert_array_equal(part.feats, full.feats[[5, 1, 5]])
     np.testing.assert_array_equal(part.coords_um, full.coords_um[[5, 1, 5]])
 
@@ -129,13 +129,13 @@ def test_foreign_layouts_load_to_the_same_bag(tmp_path: Path, layout: str) -> No
         _write_clam(path, level=1 if layout.endswith("1") else 0)
     else:
         _write_trident(path)
-    bag = load_bag(path, mpp=MPP) if layout != "stamp" else load_bag(path)
-    ref = load_bag(ours)
+    bag = read_bag(path, mpp=MPP) if layout != "stamp" else read_bag(path)
+    ref = read_bag(ours)
     assert bag.meta["layout"] == layout.split("-")[0]
     np.testing.assert_array_equal(bag.feats, ref.feats)
     np.testing.assert_allclose(bag.coords_um, ref.coords_um)
     assert bag.coords_um.dtype == np.float32
-    assert bag.tile_size_um == pytest.approx(TILE_UM)
+    assert bag.tile_um == pytest.approx(TILE_UM)
     assert bag.slide_id == layout
 
 
@@ -147,7 +147,7 @@ def test_pixel_layouts_need_the_mpp(tmp_path: Path, layout: str) -> None:
     else:
         _write_trident(path, magnification=False)  # with it, TRIDENT's bag gives its own mpp
     with pytest.raises(BagFormatError, match=r"mpp") as err:
-        load_bag(path)
+        read_bag(path)
     assert str(path) in str(err.value)
     assert "--mpp" in str(err.value) and "`mpp` column" in str(err.value)  # the options that fix it
 
@@ -158,25 +158,25 @@ def test_missing_attribute_is_named(tmp_path: Path) -> None:
     with h5py.File(path, "a") as h5:  # a level-1 patch size means nothing without that level's downsample
         del h5["coords"].attrs["downsample"]
     with pytest.raises(BagFormatError, match=r"`downsample`") as err:
-        load_bag(path, mpp=MPP)
+        read_bag(path, mpp=MPP)
     assert str(path) in str(err.value)
     stamp = tmp_path / "old_stamp.h5"
     with h5py.File(stamp, "w") as h5:
         h5["feats"] = np.zeros((2, 4), np.float32)
         h5["coords"] = np.zeros((2, 2), np.float32)
     with pytest.raises(BagFormatError, match=r"`tile_size_um`"):
-        load_bag(stamp)
+        read_bag(stamp)
 
 
 def test_not_a_bag(tmp_path: Path) -> None:
     path = tmp_path / "junk.h5"
     path.write_bytes(b"not hdf5")
     with pytest.raises(BagFormatError, match=r"junk\.h5"):
-        load_bag(path)
+        read_bag(path)
     with h5py.File(tmp_path / "x.h5", "w") as h5:
         h5["something"] = np.zeros(3)
     with pytest.raises(BagFormatError, match="coords"):
-        load_bag(tmp_path / "x.h5")
+        read_bag(tmp_path / "x.h5")
 
 
 def test_float16_overflow_is_refused(tmp_path: Path) -> None:
@@ -184,7 +184,7 @@ def test_float16_overflow_is_refused(tmp_path: Path) -> None:
     feats[0, 0] = 1e6
     with pytest.raises(BagFormatError, match="float32"):
         provenance = BagProvenance(
-            slide_id="b", encoder="e", weights_sha256="w", tile_size_um=1, tile_size_px=1, mpp=1,
+            slide_id="b", encoder="e", weights_sha256="w", tile_um=1, tile_px=1, mpp=1,
             level0_width=1, level0_height=1, tile_params={},
         )  # fmt: skip
         write_bag(
@@ -199,13 +199,13 @@ def test_trident_mpp_comes_from_its_magnification_and_a_given_mpp_wins(
     path = tmp_path / "trident.h5"
     _write_trident(path)  # level0_magnification 20 -> 10 / 20 = 0.5 um/px
     with caplog.at_level("INFO", logger="wsi.formats.bags"):
-        bag = load_bag(path)
+        bag = read_bag(path)
     assert bag.mpp == 0.5 and "level0_magnification=20" in bag.mpp_source
-    assert bag.tile_size_um == pytest.approx(TILE_UM) and bag.tile_size_px0 == TILE_PX0
+    assert bag.tile_um == pytest.approx(TILE_UM) and bag.tile_px0 == TILE_PX0
     np.testing.assert_allclose(bag.coords_um, bag.coords_px * 0.5)
     assert "derived from TRIDENT's level0_magnification=20" in caplog.text  # the log says so
-    given = load_bag(path, mpp=0.25)  # a real scanner mpp beats the nominal one
-    assert given.mpp == 0.25 and given.mpp_source == "given" and given.tile_size_um == TILE_PX0 * 0.25
+    given = read_bag(path, mpp=0.25)  # a real scanner mpp beats the nominal one
+    assert given.mpp == 0.25 and given.mpp_source == "given" and given.tile_um == TILE_PX0 * 0.25
     np.testing.assert_allclose(given.coords_um, given.coords_px * 0.25)
 
 
@@ -215,8 +215,8 @@ def test_clam_feature_bag_without_attributes_gets_its_tile_size_from_the_grid(
     path = tmp_path / "clam.h5"
     _write_clam(path, with_attrs=False)  # as CLAM's extract_features_fp.py writes it: no attributes
     with caplog.at_level("INFO", logger="wsi.formats.bags"):
-        bag = load_bag(path, mpp=MPP)
-    assert bag.tile_size_px0 == TILE_PX0 and bag.tile_size_um == pytest.approx(TILE_UM)
+        bag = read_bag(path, mpp=MPP)
+    assert bag.tile_px0 == TILE_PX0 and bag.tile_um == pytest.approx(TILE_UM)
     assert f"inferred {TILE_PX0} level-0 px from the coordinate grid" in caplog.text
     np.testing.assert_allclose(bag.coords_um, _data()[1])
 
@@ -224,10 +224,10 @@ def test_clam_feature_bag_without_attributes_gets_its_tile_size_from_the_grid(
 def test_pixel_bag_without_mpp_loads_in_pixels_when_positions_are_not_needed(tmp_path: Path) -> None:
     path = tmp_path / "clam.h5"
     _write_clam(path, with_attrs=False)
-    bag = load_bag(path, require_um=False)
-    assert bag.coords_um is None and bag.tile_size_um is None and bag.mpp is None
+    bag = read_bag(path, require_um=False)
+    assert bag.coords_um is None and bag.tile_um is None and bag.mpp is None
     np.testing.assert_array_equal(bag.coords_px, _data()[2])
-    assert bag.tile_size_px0 == TILE_PX0 and len(bag) == 7
+    assert bag.tile_px0 == TILE_PX0 and len(bag) == 7
 
 
 def test_grid_step_is_the_most_common_step() -> None:
@@ -246,12 +246,12 @@ def test_older_stamp_layouts_load(tmp_path: Path) -> None:
     with h5py.File(v20, "w") as h5:
         h5["feats"], h5["coords"] = feats, coords_um
         h5.attrs["tile_size"], h5.attrs["unit"] = TILE_UM, "um"
-    assert load_bag(v20).tile_size_um == TILE_UM
+    assert read_bag(v20).tile_um == TILE_UM
     no_size = tmp_path / "unit_only.h5"  # micrometres, but no size: inferred from the grid
     with h5py.File(no_size, "w") as h5:
         h5["feats"], h5["coords"] = feats, coords_um
         h5.attrs["unit"] = "um"
-    assert load_bag(no_size).tile_size_um == TILE_UM
+    assert read_bag(no_size).tile_um == TILE_UM
 
 
 def test_an_empty_trident_bag_is_refused_by_name(tmp_path: Path) -> None:
@@ -260,5 +260,5 @@ def test_an_empty_trident_bag_is_refused_by_name(tmp_path: Path) -> None:
         h5["features"] = np.zeros((0,), np.float32)
         h5.create_dataset("coords", data=np.zeros((0, 2), np.int64)).attrs["patch_size_level0"] = 512
     with pytest.raises(BagFormatError, match="no tiles") as err:
-        load_bag(path, mpp=MPP)
+        read_bag(path, mpp=MPP)
     assert str(path) in str(err.value)

@@ -32,7 +32,7 @@ def our_bag(path: Path, n: int, *, dim: int = 8, encoder: str = "retccl", nan: b
     feats = np.random.default_rng(n).normal(size=(n, dim)).astype(np.float32)
     xy = np.stack([np.arange(n) % 10, np.arange(n) // 10], axis=1).astype(np.float32) * 256.0
     prov = BagProvenance(
-        slide_id=path.stem, encoder=encoder, weights_sha256="0" * 64, tile_size_um=256.0, tile_size_px=224,
+        slide_id=path.stem, encoder=encoder, weights_sha256="0" * 64, tile_um=256.0, tile_px=224,
         mpp=0.5, level0_width=8192, level0_height=8192, tile_params={},
     )  # fmt: skip
     write_bag(path, feats=feats, coords_um=xy, coords_px=np.round(xy / 0.5).astype(np.int64), provenance=prov)
@@ -45,7 +45,7 @@ def our_bag(path: Path, n: int, *, dim: int = 8, encoder: str = "retccl", nan: b
 def tile_file(path: Path, n: int, *, tile_um: float = 256.0, tile_px: int = 224) -> Path:
     attrs: dict[str, object] = {name: 0 for name in REQUIRED_ATTRS}
     attrs.update(
-        slide_id=path.stem, slide_path=f"/slides/{path.stem}.svs", tile_size_um=tile_um, tile_size_px=tile_px,
+        slide_id=path.stem, slide_path=f"/slides/{path.stem}.svs", tile_um=tile_um, tile_px=tile_px,
         mpp=0.5, target_mpp=tile_um / tile_px, level0_width=8192, level0_height=8192, backend="openslide",
         vendor="aperio", params={}, n_kept=n, wsi_version="test",
     )  # fmt: skip
@@ -134,6 +134,18 @@ def test_a_tile_folder_says_tile_size_and_counts(run: Path) -> None:
     assert "tiles       12 in all; per slide min 0 / median 5 / max 7; 1 with no tiles" in lines
     assert "usable      3 of 3" in lines
     assert any(line.startswith("manifest") and line.endswith("3 slides; ok 2, empty 1") for line in lines)
+
+
+def test_info_json_names_the_tile_side_as_the_files_do(run: Path) -> None:
+    """`wsi info --json` keeps the stored names (`tile_size_um`, `tile_size_px`) that scripts read, though
+    the Python record calls them `tile_um` / `tile_px`."""
+    res = CliRunner().invoke(cli, ["info", str(run / "tiles"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["tile_files"]["tile_sizes"] == [
+        {"tile_size_um": 256.0, "tile_size_px": 224, "files": 3}
+    ]
+    group = folder_info(run / "tiles").tile_files.tile_sizes[0]  # type: ignore[union-attr]
+    assert (group.tile_um, group.tile_px) == (256.0, 224)
 
 
 def test_a_run_folder_summarises_tiles_and_each_encoder(run: Path) -> None:

@@ -18,11 +18,12 @@ from wsi.formats.bags import (
     BagProvenance,
     bag_info,
     is_complete_bag,
-    load_bag,
+    read_bag,
     read_bag_header,
     write_bag,
 )
-from wsi.formats.tile_file import is_tile_file, read_tile_file, tile_file_info
+from wsi.formats.tile_file import is_tile_file, read_tile_file, tile_file_info, write_tile_file
+from wsi.formats.tile_meta import REQUIRED_ATTRS
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bags import BagInput
 
@@ -81,16 +82,16 @@ def test_an_old_bag_loads_with_the_same_arrays_and_provenance(tmp_path: Path) ->
     path = tmp_path / "old-1.h5"
     _write_old_bag(path)
     feats, coords_um, coords_px = _arrays()
-    bag = load_bag(path)
-    assert bag.meta["layout"] == "wsi" and bag.slide_id == "old-1" and bag.tile_size_um == 256.0
+    bag = read_bag(path)
+    assert bag.meta["layout"] == "wsi" and bag.slide_id == "old-1" and bag.tile_um == 256.0
     np.testing.assert_array_equal(bag.feats, feats)
     np.testing.assert_array_equal(bag.coords_um, coords_um)
     np.testing.assert_array_equal(bag.coords_px, coords_px)
     prov = bag.provenance
     assert prov is not None
     assert prov == BagProvenance(
-        slide_id="old-1", encoder="timm:resnet18", weights_sha256="ab" * 32, tile_size_um=256.0,
-        tile_size_px=224, mpp=0.2527, level0_width=40000, level0_height=30000, tile_params=TILE_PARAMS,
+        slide_id="old-1", encoder="timm:resnet18", weights_sha256="ab" * 32, tile_um=256.0,
+        tile_px=224, mpp=0.2527, level0_width=40000, level0_height=30000, tile_params=TILE_PARAMS,
         target_mpp=256.0 / 224, encoder_id="timm-resnet18", input_px=224, precision="bf16",
         n_tiles_requested=N + 1, n_bad_tiles=1, pixel_source="slide", slide_path="/data/slides/old-1.svs",
         tile_file="/data/run/tiles/old-1.h5", wsi_version="0.1.0", created="2025-01-02T03:04:05+00:00",
@@ -107,7 +108,7 @@ def test_the_new_writer_writes_the_old_layout(tmp_path: Path) -> None:
     _write_old_bag(old)
     feats, coords_um, coords_px = _arrays()
     write_bag(new, feats=feats, coords_um=coords_um, coords_px=coords_px,
-              provenance=load_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
+              provenance=read_bag(old).provenance, dtype="float16")  # type: ignore[arg-type]  # fmt: skip
     with h5py.File(old) as a, h5py.File(new) as b:
         # the old layout, plus STAMP's `feat_type` (issue 10: STAMP refuses bags without it)
         assert set(a.attrs) | {"feat_type"} == set(b.attrs) and b.attrs["feat_type"] == "tile"
@@ -173,17 +174,43 @@ def test_an_old_tile_file_loads_and_is_told_from_a_bag(tmp_path: Path) -> None:
     assert kinds == ["tile file (wsi-tiles)", "feature bag (wsi layout)"]
 
 
+def test_a_tile_file_rewritten_by_this_version_keeps_the_old_attribute_names(tmp_path: Path) -> None:
+    """The fields are `tile_um` / `tile_px`; the file keeps `tile_size_um` / `tile_size_px`, so a file this
+    version writes reads in earlier versions and other tools, and an old one reads here the same."""
+    old, new = tmp_path / "old.h5", tmp_path / "new.h5"
+    _write_old_tile_file(old)
+    tf = read_tile_file(old)
+    assert (tf.meta.tile_um, tf.meta.tile_px, tf.tile_um, tf.tile_px) == (256.0, 224, 256.0, 224)
+    write_tile_file(new, coords=tf.coords, coords_um=tf.coords_um, meta=tf.meta)
+    with h5py.File(old) as a, h5py.File(new) as b:
+        assert {"tile_size_um", "tile_size_px"} <= set(b.attrs) and not {"tile_um", "tile_px"} & set(b.attrs)
+        for key in a.attrs:  # every old attribute, under its old name, with its value
+            assert np.all(a.attrs[key] == b.attrs[key]), key
+    assert read_tile_file(new).meta == tf.meta
+    assert {"tile_size_um", "tile_size_px"} <= set(REQUIRED_ATTRS)
+
+
+def test_bag_provenance_fields_are_tile_um_and_tile_px_stored_under_the_old_names(tmp_path: Path) -> None:
+    path = tmp_path / "old-1.h5"
+    _write_old_bag(path)
+    prov = read_bag(path).provenance
+    assert prov is not None and (prov.tile_um, prov.tile_px) == (256.0, 224)
+    stored = prov.to_dict()
+    assert (stored["tile_size_um"], stored["tile_size_px"]) == (256.0, 224) and "tile_um" not in stored
+    assert BagProvenance.from_dict(stored, source="test") == prov
+
+
 def test_an_old_bag_gains_stamps_feat_type_and_nothing_else(tmp_path: Path) -> None:
     from wsi.formats.bags import upgrade_bag
 
     path = tmp_path / "old-1.h5"
     _write_old_bag(path)
-    before = load_bag(path)
+    before = read_bag(path)
     assert upgrade_bag(path) and not upgrade_bag(path)  # once
     with h5py.File(path) as h5:
         assert h5.attrs["feat_type"] == "tile" and type(h5.attrs["feat_type"]) is str
         assert {k: h5.attrs[k] for k in OLD_ATTRS} == OLD_ATTRS  # every old attribute as it was
-    after = load_bag(path)
+    after = read_bag(path)
     np.testing.assert_array_equal(after.feats, before.feats)
     np.testing.assert_array_equal(after.coords_um, before.coords_um)
     assert after.provenance == before.provenance

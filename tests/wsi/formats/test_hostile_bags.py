@@ -32,8 +32,8 @@ from wsi.formats.bags import (
     check_finite,
     finite_chunks,
     is_complete_bag,
-    load_bag,
     open_bag_stream,
+    read_bag,
     scan_bag,
 )
 from wsi.pipelines.inputs import Item
@@ -66,9 +66,9 @@ def test_every_reader_refuses_a_hostile_bag_naming_it(spec: dict[str, Any]) -> N
         bad = scan_bag(path)  # train's preflight scan
         assert bad is not None and path.name in bad.reason, spec
         reads = {  # name -> (read, the kinds it may let through: NaN is found where features are checked)
-            "whole": (lambda: check_finite(load_bag(path)), ()),
+            "whole": (lambda: check_finite(read_bag(path)), ()),
             "stream": (lambda: _stream_all(path), ()),
-            "one row": (lambda: load_bag(path, rows=[0]), ("nan_feats", "nan_coords")),
+            "one row": (lambda: read_bag(path, rows=[0]), ("nan_feats", "nan_coords")),
         }
         for name, (read, may_pass) in reads.items():
             try:
@@ -158,7 +158,7 @@ def test_train_names_the_hostile_bag_and_trains_nothing(cohort: Any, spec: dict[
 
 def test_a_bag_larger_than_the_memory_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """A real (stored, compressed) bag whose features would take more than half of the memory left:
-    load_bag refuses it with the size, streaming reads it in bounded chunks."""
+    read_bag refuses it with the size, streaming reads it in bounded chunks."""
     path = tmp_path / "big.h5"
     make_bag(path, label=0, rng=np.random.default_rng(1), n=20)
     with bounded_memory(extra=64 << 20):
@@ -170,7 +170,7 @@ def test_a_bag_larger_than_the_memory_is_refused_before_it_is_read(tmp_path: Pat
             old = safe.MEMORY_SHARE
             safe.MEMORY_SHARE = 1e-9  # as if the bag were far larger than the room
             try:
-                load_bag(path)
+                read_bag(path)
             finally:
                 safe.MEMORY_SHARE = old
         assert "--stream-above-tiles" in str(info.value)

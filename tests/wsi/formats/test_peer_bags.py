@@ -34,7 +34,7 @@ from peer_bags import (
 
 from wsi.cli.main import cli
 from wsi.core.errors import BagFormatError
-from wsi.formats.bags import BagProvenance, load_bag, write_bag
+from wsi.formats.bags import BagProvenance, read_bag, write_bag
 from wsi.pipelines.inputs import Item
 from wsi.pipelines.inputs.bags import BagInput
 
@@ -49,8 +49,8 @@ def _our_bag(path: Path, n: int = 9) -> tuple[np.ndarray, np.ndarray]:
     coords_px = grid_coords(n, 512)
     coords_um = (coords_px * MPP).astype(np.float32)
     provenance = BagProvenance(
-        slide_id=path.stem, encoder="timm:resnet18", weights_sha256="ab" * 32, tile_size_um=256.0,
-        tile_size_px=224, mpp=MPP, level0_width=5000, level0_height=4000, tile_params={"tile_um": 256.0},
+        slide_id=path.stem, encoder="timm:resnet18", weights_sha256="ab" * 32, tile_um=256.0,
+        tile_px=224, mpp=MPP, level0_width=5000, level0_height=4000, tile_params={"tile_um": 256.0},
     )  # fmt: skip
     write_bag(path, feats=feats, coords_um=coords_um, coords_px=coords_px, provenance=provenance)
     return feats, coords_um
@@ -137,7 +137,7 @@ def test_a_stamp_bag_loads_in_micrometres(tmp_path: Path) -> None:
     sample = BagInput().dataset([Item("s", path, 0)], train=False)[0]
     np.testing.assert_allclose(sample["x"].float().numpy(), feats, atol=1e-2)
     np.testing.assert_array_equal(sample["coords_um"].numpy(), coords_um)
-    assert sample["tile_size_um"] == 256.0 and load_bag(path).meta["layout"] == "stamp"
+    assert sample["tile_um"] == 256.0 and read_bag(path).meta["layout"] == "stamp"
 
 
 def test_a_clam_bag_loads_with_the_grid_as_tile_size(tmp_path: Path) -> None:
@@ -151,9 +151,9 @@ def test_a_clam_bag_loads_with_the_grid_as_tile_size(tmp_path: Path) -> None:
     with_mpp = BagInput(mpp=MPP).dataset(item, train=False)[0]
     np.testing.assert_array_equal(with_mpp["x"].numpy(), feats)
     np.testing.assert_allclose(with_mpp["coords_um"].numpy(), coords_px * MPP)
-    assert with_mpp["tile_size_um"] == 256 * MPP  # the 256 px grid step at 0.5 um/px
+    assert with_mpp["tile_um"] == 256 * MPP  # the 256 px grid step at 0.5 um/px
     no_mpp = BagInput(uses_positions=False).dataset(item, train=False)[0]  # no positions: no mpp needed
-    assert "coords_um" not in no_mpp and no_mpp["tile_size_px0"] == 256
+    assert "coords_um" not in no_mpp and no_mpp["tile_px0"] == 256
 
 
 def test_a_trident_bag_loads_with_its_nominal_mpp(tmp_path: Path) -> None:
@@ -164,9 +164,9 @@ def test_a_trident_bag_loads_with_its_nominal_mpp(tmp_path: Path) -> None:
     sample = BagInput().dataset([Item("t", path, 0)], train=False)[0]
     np.testing.assert_array_equal(sample["x"].numpy(), feats)
     np.testing.assert_allclose(sample["coords_um"].numpy(), coords_px * 0.25)
-    assert sample["tile_size_um"] == 512 * 0.25 == 128.0
+    assert sample["tile_um"] == 512 * 0.25 == 128.0
     real = BagInput(mpp_by_slide={"t": 0.26}).dataset([Item("t", path, 0)], train=False)[0]
-    assert real["tile_size_um"] == pytest.approx(512 * 0.26)  # a real mpp beats the nominal one
+    assert real["tile_um"] == pytest.approx(512 * 0.26)  # a real mpp beats the nominal one
 
 
 def test_a_peer_bag_attribute_that_is_no_number_is_named(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_peer_bag_attribute_that_is_no_number_is_named(tmp_path: Path) -> None
     with h5py.File(path, "a") as h5:
         h5["coords"].attrs["patch_size_level0"] = "five hundred"
     with pytest.raises(BagFormatError, match=r"t\.h5 \(trident layout\): attribute `patch_size_level0` is "):
-        load_bag(path, mpp=0.25)
+        read_bag(path, mpp=0.25)
 
 
 # ------------------------------------------------------------------------ wsi train / wsi predict

@@ -47,7 +47,7 @@ def test_layout_matches_contract(tmp_path: Path) -> None:
         assert set(REQUIRED_ATTRS) <= set(h5.attrs)
         assert json.loads(h5.attrs["params"]) == {"tile_um": 256.0}
     tf = read_tile_file(path)
-    assert len(tf) == 3 and tf.slide_id == "s1" and tf.tile_size_um == 256.0 and tf.mpp == 0.5
+    assert len(tf) == 3 and tf.slide_id == "s1" and tf.tile_um == 256.0 and tf.mpp == 0.5
     assert tf.params == {"tile_um": 256.0}
     np.testing.assert_array_equal(tf.coords_um, tf.coords * 0.5)
     assert is_complete(path)

@@ -13,14 +13,14 @@ PYRAMID = (1.0, 4.0, 16.0)
 def _plan(
     x0: int,
     y0: int,
-    size_um: float,
+    side_um: float,
     tile_px: int,
     mpp: float,
     downsamples: tuple[float, ...] = PYRAMID,
     **kw: bool,
 ) -> RegionPlan:
     return plan_region(
-        x0, y0, size_um=size_um, target_mpp=size_um / tile_px, mpp=mpp, downsamples=downsamples, **kw
+        x0, y0, side_um=side_um, target_mpp=side_um / tile_px, mpp=mpp, downsamples=downsamples, **kw
     )
 
 
@@ -70,4 +70,4 @@ def test_level_choice_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match="positive"):
         tile_px_for(0.0, 1.0)
     with pytest.raises(ValueError, match="less than one pixel"):
-        plan_region(0, 0, size_um=0.1, target_mpp=1.0, mpp=0.25, downsamples=PYRAMID)
+        plan_region(0, 0, side_um=0.1, target_mpp=1.0, mpp=0.25, downsamples=PYRAMID)

@@ -192,7 +192,7 @@ def test_the_embed_feed_and_the_viewer_see_the_right_colours(series: dict[str, P
     def feed(name: str) -> np.ndarray:
         st = SlideTiles(
             slide_id=name, slide_path=str(series[name] / "level0.dcm"), backend="openslide", mpp=MPP,
-            tile_size_um=256.0, target_mpp=1.0, tile_px=256, coords_px=coords, decode="device",
+            tile_um=256.0, target_mpp=1.0, tile_px=256, coords_px=coords, decode="device",
         )  # fmt: skip
         batch = BatchReader([st], batch_size=4)[0]  # not a TIFF: read by read_region_um
         assert batch.raw is None and batch.ok.all()
@@ -305,7 +305,7 @@ def test_tiffs_with_ycbcr_tiles_read_right_with_both_backends_and_the_device_dec
 def _check_device_decode(path: Path, device: str) -> None:
     """The embed stage's device decoder decodes the tiles as their streams say, as read_region_um does."""
     st = SlideTiles(
-        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=MPP, tile_size_um=128.0,
+        slide_id=path.stem, slide_path=str(path), backend="openslide", mpp=MPP, tile_um=128.0,
         target_mpp=0.5, tile_px=256, coords_px=np.array([[0, 0], [300, 200], [700, 500]], np.int64),
         decode="device",
     )  # fmt: skip

@@ -171,12 +171,12 @@ def test_clean_path_decodes_once_and_refuses_tricks() -> None:
 def test_tile_values_round_trip_and_refuse_a_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "v.json"
     write_tile_values(
-        path, slide="x", coords_um=[[0, 0], [10, 0]], tile_size_um=10, outputs={"r": [0.5, np.nan]}
+        path, slide="x", coords_um=[[0, 0], [10, 0]], tile_um=10, outputs={"r": [0.5, np.nan]}
     )
     values = read_tile_values(path)
     assert values.outputs["r"][0] == 0.5 and np.isnan(values.outputs["r"][1]) and values.mpp is None
     with pytest.raises(ValueError, match="1 values for 2 tiles"):
-        write_tile_values(path, slide="x", coords_um=[[0, 0], [10, 0]], tile_size_um=10, outputs={"r": [1.0]})
+        write_tile_values(path, slide="x", coords_um=[[0, 0], [10, 0]], tile_um=10, outputs={"r": [1.0]})
     path.write_text('{"format": "other"}', encoding="utf-8")
     with pytest.raises(WsiError, match=r"v\.json: unreadable tile values"):
         read_tile_values(path)

@@ -2,13 +2,13 @@
 and summarises a bag. Nothing else in the project opens a bag with h5py.
 
 Bags from different tools disagree on names (`feats` vs `features`) and units (micrometres vs level-0
-pixels); everything downstream reads them through `load_bag` (or `open_bag_stream`, features chunk by
+pixels); everything downstream reads them through `read_bag` (or `open_bag_stream`, features chunk by
 chunk), so it sees one shape: features (N, D) and top-left coordinates in micrometres. Every reader opens
 a file through `safe.open_bag_file`, which refuses links, virtual or external storage, non-float features
 and arrays larger than the memory there is before any array is read. Errors: `BagFormatError` naming the
 file and what is missing; `NonFiniteFeaturesError` for NaN / infinite features.
 
-  read.py     Bag, load_bag, open_bag_stream, bag_layout, read_bag_header, read_bag_attrs, bag_length,
+  read.py     Bag, read_bag, open_bag_stream, bag_layout, read_bag_header, read_bag_attrs, bag_length,
               is_complete_bag (a readable bag of ours by that encoder and weights)
   write.py    write_bag (the `wsi-bag` layout, atomically), upgrade_bag (adds `feat_type`)
   check.py    check_finite, finite_chunks, find_bad_bags, scan_bag, scan_bag_header (bounded memory)
@@ -40,6 +40,7 @@ from wsi.formats.bags.read import (
     is_complete_bag,
     load_bag,
     open_bag_stream,
+    read_bag,
     read_bag_attrs,
     read_bag_header,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "load_bag",
     "no_bags_message",
     "open_bag_stream",
+    "read_bag",
     "read_bag_attrs",
     "read_bag_header",
     "scan_bag",

@@ -2,7 +2,7 @@
 
 `BagProvenance` is the one typed record of how a bag's features were made. The embed stage fills it in
 one place (pipelines/embed/engine.py), `write_bag` stores it as the file's root attributes, and
-`load_bag` reads it back (`Bag.provenance`), so writer and readers cannot disagree on a name.
+`read_bag` reads it back (`Bag.provenance`), so writer and readers cannot disagree on a name.
 The attribute names are the file format (docs/architecture.md "Bags"): they never change meaning.
 """
 
@@ -15,18 +15,19 @@ from datetime import UTC, datetime
 
 from wsi.core.config import Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.core.json_types import JsonObject
+from wsi.formats.hdf5 import from_stored, to_stored
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
-#: the bag layouts `load_bag` reads: ours, then STAMP's, CLAM's and TRIDENT's
+#: the bag layouts `read_bag` reads: ours, then STAMP's, CLAM's and TRIDENT's
 LAYOUTS = ("wsi", "stamp", "clam", "trident")
 #: STAMP's name for per-tile features; STAMP's readers need it as the root attribute `feat_type`
 FEAT_TYPE = "tile"
 #: root attributes that describe the file rather than how its features were made
 FILE_ATTRS = ("unit", "n_tiles", "format", "format_version", "feat_type")
 #: numeric fields stored as float64 / int64 attributes whatever number type the caller gave
-_FLOATS = ("tile_size_um", "mpp", "target_mpp")
-_INTS = ("tile_size_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles",
+_FLOATS = ("tile_um", "mpp", "target_mpp")
+_INTS = ("tile_px", "level0_width", "level0_height", "input_px", "n_tiles_requested", "n_bad_tiles",
          "stain_fallback_tiles", "slide_size", "slide_header_bytes")  # fmt: skip
 #: mapping fields, stored as JSON text attributes
 _JSON = ("tile_params", "encoder_recipe", "stain_reference")
@@ -55,13 +56,13 @@ class BagProvenance:
     slide_id: str  # the slide's id; also the bag's file name
     encoder: str  # encoder *name* (retccl, timm:resnet18): enough to rebuild the encoder from a bag
     weights_sha256: str  # sha256 of the weights file; "random" for --random-init
-    tile_size_um: Um  # tile side in micrometres
-    tile_size_px: SidePx  # tile side in pixels as read from the slide (before the encoder's resize)
+    tile_um: Um  # tile side in micrometres
+    tile_px: SidePx  # tile side in pixels as read from the slide (before the encoder's resize)
     mpp: Mpp  # the slide's level-0 um/px (from its metadata, --mpp or the slide list)
     level0_width: SidePx  # slide width at level 0, px
     level0_height: SidePx  # slide height at level 0, px
     tile_params: JsonObject  # the tile stage's parameters (`TileFileMeta.params`, stored as JSON)
-    target_mpp: Mpp | None = None  # um/px of the tiles as read (tile_size_um / tile_size_px)
+    target_mpp: Mpp | None = None  # um/px of the tiles as read (tile_um / tile_px)
     encoder_id: str | None = None  # folder-safe encoder name: the bag's folder features/<encoder_id>/
     input_px: SidePx | None = None  # the encoder's input side, px (timm encoders may be resized)
     precision: str | None = None  # autocast precision used: bf16 | fp16 | fp32 (the CPU runs fp32)
@@ -96,19 +97,20 @@ class BagProvenance:
                     object.__setattr__(self, name, kind(value))  # numpy scalars too
 
     def to_dict(self) -> BagAttrs:
-        """The root attributes of the bag: mappings (`tile_params`...) as JSON, fields at None not written."""
+        """The root attributes of the bag: mappings (`tile_params`...) as JSON, fields at None not written,
+        under their stored names (`tile_size_um`, `tile_size_px`: `STORED_NAMES`)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         for name in _JSON:
             if name in out:
                 out[name] = json.dumps(out[name])
-        return out
+        return to_stored(out)
 
     @classmethod
     def from_dict(cls, attrs: JsonObject, *, source: str) -> BagProvenance:
         """Read back from a bag's root attributes (other attributes are ignored); ConfigError if one
         of ours lacks a field or holds a value of the wrong type."""
         known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in attrs.items() if k in known}
+        data = {k: v for k, v in from_stored(attrs).items() if k in known}
         for name in _JSON:
             text = data.get(name)
             if isinstance(text, str):

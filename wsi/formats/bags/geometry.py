@@ -33,10 +33,10 @@ class Placement:
     """A bag's tile positions in micrometres (None when they cannot be known) and how they were found."""
 
     coords_um: np.ndarray | None  # (N, 2) float32 top-left in micrometres
-    tile_size_um: float | None  # tile side in micrometres
+    tile_um: float | None  # tile side in micrometres
     mpp: float | None  # the slide's level-0 um/px, when known
     mpp_source: str  # "given", "bag attribute mpp", "TRIDENT level0_magnification=40 (nominal)", ""
-    tile_size_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
+    tile_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
 
 
 def say_once(path: Path, message: str) -> None:
@@ -195,7 +195,7 @@ def place_pixel_layout(
                 f"{path} ({layout} layout) stores tile coordinates in level-0 pixels, with no `mpp` "
                 f"attribute{what}; the model uses tile positions, so give the slide's level-0 um/px: "
                 "--mpp (every slide) or an `mpp` column in the labels CSV (per slide); in code, "
-                "load_bag(path, mpp=...)"
+                "read_bag(path, mpp=...)"
             )
         return Placement(None, None, None, "", size_px0)
     coords_um = (np.asarray(coords, dtype=np.float64) * level0_mpp).astype(np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 from wsi.core.errors import BagFormatError
 from wsi.core.json_types import JsonObject
 from wsi.formats.bags.check import count_nonfinite_rows, scan_bag
-from wsi.formats.bags.read import load_bag, read_bag_header
+from wsi.formats.bags.read import read_bag, read_bag_header
 
 #: attributes shown when present (ours, and STAMP's `extractor` / `stamp_version`)
 _SHOWN = ("slide_id", "encoder", "weights_sha256", "mpp", "tile_size_px", "n_bad_tiles",
@@ -37,7 +37,7 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonO
     if bad is not None:
         out["usable"] = f"no, wsi train and predict refuse it: {bad.reason}"
     try:
-        bag = load_bag(path, mpp=mpp, require_um=False)
+        bag = read_bag(path, mpp=mpp, require_um=False)
     except BagFormatError as exc:  # e.g. an empty bag: still say what is there
         out["note"] = str(exc)
         out.update({k: v for k, v in header.attrs.items() if isinstance(v, str | int | float)})
@@ -47,7 +47,7 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonO
     out["stored_as"] = str(bag.feats.dtype)
     if bag.meta.get("precision"):
         out["computed_in"] = bag.meta["precision"]
-    out["tile_size_um"] = bag.tile_size_um
+    out["tile_size_um"] = bag.tile_um
     for key in _SHOWN:
         if key in bag.meta and key not in out:
             out[key] = bag.meta[key]
@@ -55,12 +55,12 @@ def bag_info(path: str | os.PathLike[str], *, mpp: float | None = None) -> JsonO
         out["mpp"], out["mpp_source"] = bag.mpp, bag.mpp_source
     if bag.coords_um is not None:
         lo = bag.coords_um.min(axis=0)
-        hi = bag.coords_um.max(axis=0) + (bag.tile_size_um or 0.0)
+        hi = bag.coords_um.max(axis=0) + (bag.tile_um or 0.0)
         out["extent_um"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f}"
     elif bag.coords_px is not None:
-        out["tile_size_px0"] = bag.tile_size_px0
+        out["tile_size_px0"] = bag.tile_px0
         lo = bag.coords_px.min(axis=0)
-        hi = bag.coords_px.max(axis=0) + (bag.tile_size_px0 or 0.0)
+        hi = bag.coords_px.max(axis=0) + (bag.tile_px0 or 0.0)
         out["extent_px"] = f"x {lo[0]:.0f}-{hi[0]:.0f}, y {lo[1]:.0f}-{hi[1]:.0f} (level 0)"
         out["note"] = "coordinates in level-0 pixels and no resolution in the bag; --mpp places them in um"
     if len(bag):

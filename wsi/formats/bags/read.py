@@ -23,6 +23,7 @@ import numpy as np
 
 from wsi.core.errors import BagFormatError, ConfigError, WsiError
 from wsi.core.json_types import JsonObject
+from wsi.core.renamed import renamed
 from wsi.formats.bags.format import FORMAT, BagProvenance
 from wsi.formats.bags.geometry import Placement, place_pixel_layout, place_um_layout
 from wsi.formats.bags.safe import check_fits, coords_dataset, feature_dataset, native, open_bag_file
@@ -38,12 +39,12 @@ class Bag:
     """One slide's features with top-left tile coordinates in micrometres.
 
     `coords_um` is None only for a pixel-layout bag (CLAM, TRIDENT) whose resolution is unknown, loaded
-    with `require_um=False`; its positions are then `coords_px` with tiles `tile_size_px0` px wide.
+    with `require_um=False`; its positions are then `coords_px` with tiles `tile_px0` px wide.
     """
 
     feats: np.ndarray  # (N, D)
     coords_um: np.ndarray | None  # (N, 2) float32, top-left x, y in micrometres
-    tile_size_um: float | None
+    tile_um: float | None
     meta: JsonObject  # every attribute of the file (and of `coords`), plus "layout"
     path: Path
     slide_id: str
@@ -51,7 +52,7 @@ class Bag:
     provenance: BagProvenance | None = None  # ours: how the features were made; other layouts: None
     mpp: float | None = None  # the slide's level-0 um/px, when known
     mpp_source: str = ""  # where `mpp` came from: "given", "bag attribute mpp", "TRIDENT ... (nominal)"
-    tile_size_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
+    tile_px0: float | None = None  # tile side in level-0 px (pixel layouts), when known
 
     def __len__(self) -> int:
         return int(self.feats.shape[0])
@@ -124,7 +125,7 @@ def read_bag_attrs(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Root attributes of a bag (ours: the provenance, see `BagProvenance`), as plain Python.
 
     Untyped on purpose, for now: predict's top tiles and heatmaps read our bags' `tile_size_um`, `mpp`
-    and `slide_path` from it by key. Typed readers: `load_bag(...).provenance`, `read_bag_header`."""
+    and `slide_path` from it by key. Typed readers: `read_bag(...).provenance`, `read_bag_header`."""
     path = Path(path)
     with open_bag_file(path) as h5:
         return attrs_of(h5)
@@ -170,7 +171,7 @@ def _provenance(root: JsonObject, path: Path) -> BagProvenance | None:
         return None
 
 
-def load_bag(
+def read_bag(
     path: str | os.PathLike[str], *, mpp: float | None = None, rows: Rows = None, require_um: bool = True
 ) -> Bag:
     """Read a bag of any supported layout into features and top-left coordinates in micrometres.
@@ -181,6 +182,9 @@ def load_bag(
     is unknown loads with `coords_um` None instead of raising (for models that use no tile positions).
     """
     return _load(Path(path), mpp=mpp, rows=rows, require_um=require_um, with_feats=True)
+
+
+load_bag = renamed(read_bag, "wsi.formats.bags.load_bag")  # the old name, for callers' code
 
 
 @dataclass
@@ -220,7 +224,7 @@ def open_bag_stream(
     path: str | os.PathLike[str], *, mpp: float | None = None, require_um: bool = True
 ) -> BagStream:
     """A bag's positions now and its features later, chunk by chunk (see `BagStream`); the same
-    layouts, units and errors as `load_bag`."""
+    layouts, units and errors as `read_bag`."""
     bag = _load(Path(path), mpp=mpp, rows=None, require_um=require_um, with_feats=False)
     header = read_bag_header(path)
     return BagStream(bag=bag, n_tiles=header.n_tiles, dim=header.dim)
@@ -274,7 +278,7 @@ def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_f
     return Bag(
         feats=np.asarray(feats),
         coords_um=place.coords_um,
-        tile_size_um=place.tile_size_um,
+        tile_um=place.tile_um,
         meta={**attrs, "layout": layout},
         path=path,
         slide_id=str(root.get("slide_id") or path.stem),
@@ -282,5 +286,5 @@ def _load(path: Path, *, mpp: float | None, rows: Rows, require_um: bool, with_f
         provenance=_provenance(root, path) if layout == "wsi" else None,
         mpp=place.mpp,
         mpp_source=place.mpp_source,
-        tile_size_px0=place.tile_size_px0,
+        tile_px0=place.tile_px0,
     )
