@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,13 +134,13 @@ def predict(
             heatmaps=opts.heatmaps, top_tiles=opts.top_tiles, thumbs=gathered.thumbs, backend=opts.backend,
             stream_above=opts.stream_above_tiles, geojson=opts.geojson,
         )  # fmt: skip
-        rows, outputs, results, tiles, earlier = _predict_cases(
+        done = _predict_cases(
             run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=gathered.failed,
             overwrite=opts.overwrite,
         )  # fmt: skip
-        if tiles is not None:
-            tiles.write(out / "top_tiles")
-        return _finish(run, cohort, out, opts, rows, outputs, [*gathered.failed, *results], earlier, t0)
+        if done.tiles is not None:
+            done.tiles.write(out / "top_tiles")
+        return _finish(run, cohort, out, opts, replace(done, results=[*gathered.failed, *done.results]), t0)
 
 
 def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts: PredictOptions) -> None:
@@ -156,11 +156,24 @@ def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
 
 
+@dataclass(frozen=True)
+class _Predicted:
+    """What `_predict_cases` made: the prediction rows and their (n, K) outputs, one result per case,
+    the top tiles collected, and the recorded cases of earlier calls with this model that it did not
+    predict."""
+
+    rows: list[dict[str, Any]]
+    outputs: np.ndarray
+    results: list[JobResult]
+    tiles: TopTiles | None
+    earlier: list[Finished]
+
+
 def _finish(
-    run: RunModel, cohort: Cohort, out: Path, opts: PredictOptions, rows: list[dict[str, Any]],
-    outputs: np.ndarray, results: list[JobResult], earlier: list[Finished], t0: float,
-) -> PredictResult:  # fmt: skip
+    run: RunModel, cohort: Cohort, out: Path, opts: PredictOptions, done: _Predicted, t0: float
+) -> PredictResult:
     """Patient means, external validation (with labels) and the summary line."""
+    rows, outputs, results, earlier = done.rows, done.outputs, done.results, done.earlier
     task = run.record.task
     ids = [r["patient" if task.level == "patient" else "slide"] for r in rows]
     if task.level == "slide":
@@ -198,11 +211,10 @@ def _patient_means(
 def _predict_cases(
     run: RunModel, cases: Sequence[Item], out: Path, options: CaseOptions, *, progress: bool,
     pre_failed: Sequence[JobResult] = (), overwrite: bool = False,
-) -> tuple[list[dict[str, Any]], np.ndarray, list[JobResult], TopTiles | None, list[Finished]]:  # fmt: skip
+) -> _Predicted:  # fmt: skip
     """Each case through the model (a failure is recorded and the batch goes on), skipping cases a
     previous call finished; predictions.csv and manifest.csv are rewritten as cases finish (and when
-    interrupted). Returns (rows, (n, K) outputs of those rows, job results, top tiles, the recorded cases
-    of earlier calls with this model that this call did not predict)."""
+    interrupted)."""
     kind = run.kind
     dataset = CaseDataset(run.adapter, cases, train=False, n_targets=len(kind.target_names))
     tiles = _top_tiles(run, options)
@@ -251,7 +263,7 @@ def _predict_cases(
     finally:
         flusher.now()  # what finished is on disk, also after an interruption
     stacked = np.stack(outputs) if outputs else np.zeros((0, kind.num_outputs), dtype=np.float32)
-    return rows, stacked, results, tiles, earlier
+    return _Predicted(rows, stacked, results, tiles, earlier)
 
 
 def _top_tiles(run: RunModel, options: CaseOptions) -> TopTiles | None:
