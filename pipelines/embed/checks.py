@@ -22,7 +22,7 @@ from wsi.core.files import case_collisions, is_temp_name
 from wsi.core.suffixes import BAG_SUFFIX
 from wsi.formats.bags import read_bag_attrs
 from wsi.models.encoders.recipe import is_recipe_path
-from wsi.pipelines.embed.engine import SlideJob
+from wsi.pipelines.embed.work import SlideJob
 from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage.identity import SlideFingerprint, exists, same_file
 

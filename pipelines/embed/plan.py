@@ -29,8 +29,8 @@ from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.batches import slide_tiles_from_tile_file
 from wsi.pipelines.embed.checks import other_encoder, other_slide, refuse_case_clashes
 from wsi.pipelines.embed.config import EmbedOptions
-from wsi.pipelines.embed.engine import SlideJob, SlideWork
 from wsi.pipelines.embed.stain import stain_fields
+from wsi.pipelines.embed.work import SlideJob, SlideWork
 from wsi.pipelines.scheduling.results import JobResult
 from wsi.storage.identity import HEADER_BYTES, SlideFingerprint, current_fingerprint
 

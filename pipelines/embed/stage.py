@@ -30,12 +30,13 @@ from wsi.models.encoders import Encoder, encoder_id_for
 from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.checks import bad_tile_lines, bad_tiles
 from wsi.pipelines.embed.config import EmbedOptions
-from wsi.pipelines.embed.engine import EmbedInterrupted, SlideWork, WorkResult, embed_works
+from wsi.pipelines.embed.engine import EmbedInterrupted, embed_works
 from wsi.pipelines.embed.gpus import assign_gpus
 from wsi.pipelines.embed.plan import Slide, bag_dir, plan, read_tile_files
 from wsi.pipelines.embed.remote import embed_item_remote, local_tiles, publisher
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
 from wsi.pipelines.embed.stain import resolve_stain_reference
+from wsi.pipelines.embed.work import SlideWork, WorkResult
 from wsi.pipelines.scheduling.devices import resolve_device
 from wsi.pipelines.scheduling.jobs import JobsInterrupted, describe_error, run_jobs, write_manifest
 from wsi.pipelines.scheduling.results import JobResult, RunSummary, StageResult

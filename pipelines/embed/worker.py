@@ -20,9 +20,10 @@ from distributed import WorkerPlugin
 
 from wsi.models.encoders.stain import StainReference
 from wsi.pipelines.embed.config import EmbedOptions
-from wsi.pipelines.embed.engine import Runtime, SlideWork, WorkResult, embed_works
+from wsi.pipelines.embed.engine import Runtime, embed_works
 from wsi.pipelines.embed.gpus import worker_gpu
 from wsi.pipelines.embed.runtime import build_encoders, prepare_runtimes
+from wsi.pipelines.embed.work import SlideWork, WorkResult
 from wsi.pipelines.scheduling.devices import resolve_device
 from wsi.pipelines.scheduling.jobs import worker_plugin
 from wsi.pipelines.scheduling.results import JobResult

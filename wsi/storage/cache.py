@@ -13,47 +13,29 @@ the same slide wait for one download instead of making two.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from wsi.core.errors import StorageError
 from wsi.core.files import temp_sibling, write_text_atomic
+from wsi.storage.entry_locks import ENTRY, entry_locked, entry_unheld, hold_entry, read_entry
 from wsi.storage.fs import filesystem, remote_info, translated
 from wsi.storage.settings import StorageSettings, storage_settings
 from wsi.storage.urls import Url, join
 
 log = logging.getLogger("wsi.storage")
 
-_ENTRY = "entry.json"
-_LOCK = ".lock"
-_IN_USE = ".in-use"
 _DATA = "data"
 
 
 def entry_dir(url: Url, settings: StorageSettings) -> Path:
     return settings.root / "files" / hashlib.sha256(str(url).encode()).hexdigest()[:24]
-
-
-@contextlib.contextmanager
-def _locked(folder: Path, *, wait: bool = True) -> Iterator[bool]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def local_copy(url: Url, *, why: str, settings: StorageSettings | None = None) -> Path:
@@ -92,13 +74,13 @@ def _copies(
         infos = {rel: remote_info(fs, f"{root}/{rel}") for rel in rels}
     data = where / _DATA
     paths = [data / rel for rel in rels]
-    with _locked(where):
-        held = _read_entry(where)
+    with entry_locked(where):
+        held = read_entry(where)
         if held.get("files") == {rel: i.version for rel, i in infos.items()} and all(
             p.is_file() for p in paths
         ):
             _touch(where)
-            return paths, _hold_entry(where) if hold else None
+            return paths, hold_entry(where) if hold else None
         need = sum(i.size for i in infos.values())
         check_fits(key, need, settings)  # a declared size is a claim: never evict for more than fits
         _make_room(settings, need, keep=where)
@@ -107,7 +89,7 @@ def _copies(
             f"{len(rels)} files", need / 1e6, where, why,
         )  # fmt: skip
         shutil.rmtree(data, ignore_errors=True)
-        (where / _ENTRY).unlink(missing_ok=True)
+        (where / ENTRY).unlink(missing_ok=True)
         with translated(key, "copying it to the local cache"):
             for rel, path in zip(rels, paths, strict=True):
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,24 +106,16 @@ def _copies(
                     os.replace(tmp, path)
                 finally:
                     tmp.unlink(missing_ok=True)
-        write_text_atomic(where / _ENTRY, json.dumps({
+        write_text_atomic(where / ENTRY, json.dumps({
             "url": str(key), "files": {rel: i.version for rel, i in infos.items()}, "bytes": need,
         }))  # fmt: skip
         # taken under the entry lock, which eviction needs too: the copy cannot go before it is held
-        return paths, _hold_entry(where) if hold else None
-
-
-def _read_entry(where: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((where / _ENTRY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return paths, hold_entry(where) if hold else None
 
 
 def _touch(where: Path) -> None:
     with contextlib.suppress(OSError):
-        os.utime(where / _ENTRY)
+        os.utime(where / ENTRY)
 
 
 def _entries(settings: StorageSettings) -> list[tuple[float, int, Path]]:
@@ -150,7 +124,7 @@ def _entries(settings: StorageSettings) -> list[tuple[float, int, Path]]:
     out = []
     for folder in base.iterdir() if base.is_dir() else ():
         try:
-            used = (folder / _ENTRY).stat().st_mtime
+            used = (folder / ENTRY).stat().st_mtime
         except OSError:
             used = 0.0
         size = sum(p.stat().st_size for p in (folder / _DATA).rglob("*") if p.is_file())
@@ -190,11 +164,11 @@ def _make_room(settings: StorageSettings, need: int, *, keep: Path) -> None:
             break
         if folder == keep:
             continue
-        with _locked(folder, wait=False) as mine, _unheld(folder) as free:
+        with entry_locked(folder, wait=False) as mine, entry_unheld(folder) as free:
             if not (mine and free):  # being filled by another process, or a reader holds it open
                 continue
             shutil.rmtree(folder / _DATA, ignore_errors=True)
-            (folder / _ENTRY).unlink(missing_ok=True)
+            (folder / ENTRY).unlink(missing_ok=True)
         total -= size
         log.debug("evicted %s from the local cache (%.1f MB)", folder, size / 1e6)
 
@@ -207,32 +181,7 @@ def hold_copy(path: Path, settings: StorageSettings | None = None) -> IO[str] | 
         rel = path.absolute().relative_to(settings.root / "files")
     except ValueError:
         return None
-    return _hold_entry(settings.root / "files" / rel.parts[0])
-
-
-def _hold_entry(where: Path) -> IO[str]:
-    fh = open(where / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
-    fcntl.flock(fh, fcntl.LOCK_SH)
-    return fh
-
-
-@contextlib.contextmanager
-def _unheld(folder: Path) -> Iterator[bool]:
-    """True (and no new reader can hold it meanwhile) when no reader holds the entry `folder`."""
-    marker = folder / _IN_USE
-    if not marker.exists():
-        yield True
-        return
-    with open(marker, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return hold_entry(settings.root / "files" / rel.parts[0])
 
 
 def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str | None:
@@ -244,7 +193,7 @@ def origin_of_copy(path: Path, settings: StorageSettings | None = None) -> str |
         return None
     if len(rel.parts) < 3 or rel.parts[1] != _DATA:
         return None
-    url = _read_entry(settings.root / "files" / rel.parts[0]).get("url")
+    url = read_entry(settings.root / "files" / rel.parts[0]).get("url")
     if not isinstance(url, str):
         return None
     inside = "/".join(rel.parts[2:])

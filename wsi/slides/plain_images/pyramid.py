@@ -19,13 +19,11 @@ when the pyramids pass WSI_CACHE_GB the least recently used go first, never one 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -33,6 +31,7 @@ from wsi.core.errors import SlideError
 from wsi.core.files import temp_sibling, write_text_atomic
 from wsi.core.work_bounds import MAX_WHOLE_DECODE_PX
 from wsi.slides.plain_images.header import ImageHeader
+from wsi.storage.entry_locks import ENTRY, entry_locked, entry_unheld, hold_entry, read_entry
 from wsi.storage.identity import fingerprint
 from wsi.storage.settings import StorageSettings, storage_settings
 
@@ -42,9 +41,6 @@ log = logging.getLogger(__name__)
 PYRAMID_VERSION = 1
 TILE_PX = 256
 _PYRAMID = "pyramid.tif"
-_ENTRY = "entry.json"
-_LOCK = ".lock"
-_IN_USE = ".in-use"
 
 
 def pyramid_dir(path: Path, settings: StorageSettings) -> Path:
@@ -71,11 +67,11 @@ def image_pyramid(
     settings = settings or storage_settings()
     where = pyramid_dir(path, settings)
     pyramid = where / _PYRAMID
-    with _locked(where):
-        if not (pyramid.is_file() and _entry(where).get("version") == PYRAMID_VERSION):
+    with entry_locked(where):
+        if not (pyramid.is_file() and read_entry(where).get("version") == PYRAMID_VERSION):
             check_decodable(header, name, max_whole_px)
             seconds = _convert(path, pyramid, name)
-            write_text_atomic(where / _ENTRY, json.dumps({
+            write_text_atomic(where / ENTRY, json.dumps({
                 "source": str(path.absolute()), "format": header.format, "width": header.width,
                 "height": header.height, "version": PYRAMID_VERSION, "bytes": pyramid.stat().st_size,
                 "seconds": round(seconds, 3),
@@ -87,8 +83,8 @@ def image_pyramid(
             )  # fmt: skip
         else:
             with contextlib.suppress(OSError):
-                os.utime(where / _ENTRY)  # recently used
-        hold = _hold(where)  # before the entry lock goes: never evicted between the check and the read
+                os.utime(where / ENTRY)  # recently used
+        hold = hold_entry(where)  # before the entry lock goes: never evicted between the check and the read
     _make_room(settings, keep=where)
     return pyramid, hold
 
@@ -138,33 +134,6 @@ def _convert(path: Path, out: Path, name: object) -> float:
 
 
 # ------------------------------------------------------------------------------------------ the cache
-@contextlib.contextmanager
-def _locked(folder: Path, *, wait: bool = True) -> Iterator[bool]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _hold(where: Path) -> IO[str]:
-    fh = open(where / _IN_USE, "a+")  # noqa: SIM115 - held by the caller
-    fcntl.flock(fh, fcntl.LOCK_SH)
-    return fh
-
-
-def _entry(where: Path) -> dict[str, object]:
-    try:
-        data = json.loads((where / _ENTRY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _make_room(settings: StorageSettings, *, keep: Path) -> None:
@@ -175,35 +144,20 @@ def _make_room(settings: StorageSettings, *, keep: Path) -> None:
     for folder in keep.parent.iterdir():
         pyramid = folder / _PYRAMID
         with contextlib.suppress(OSError):
-            entries.append(((folder / _ENTRY).stat().st_mtime, pyramid.stat().st_size, folder))
+            entries.append(((folder / ENTRY).stat().st_mtime, pyramid.stat().st_size, folder))
     total = sum(size for _, size, _ in entries)
     for _, size, folder in sorted(entries):
         if total <= limit:
             break
         if folder == keep:
             continue
-        with _locked(folder, wait=False) as mine, _unheld(folder) as free:
+        with entry_locked(folder, wait=False) as mine, entry_unheld(folder) as free:
             if not (mine and free):
                 continue
             (folder / _PYRAMID).unlink(missing_ok=True)
-            (folder / _ENTRY).unlink(missing_ok=True)
+            (folder / ENTRY).unlink(missing_ok=True)
         total -= size
         log.info("removed the pyramid %s from the cache (%.0f MB; WSI_CACHE_GB)", folder, size / 1e6)
-
-
-@contextlib.contextmanager
-def _unheld(folder: Path) -> Iterator[bool]:
-    """True (and no reader can take a hold meanwhile) when no slide reads the entry `folder`."""
-    with open(folder / _IN_USE, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 __all__ = ["PYRAMID_VERSION", "TILE_PX", "check_decodable", "image_pyramid", "pyramid_dir"]
