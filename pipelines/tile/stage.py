@@ -7,8 +7,8 @@ Per slide (`steps.py`): read the tissue thumbnail and the QC picture in one go, 
 candidate cells (`wsi.tiling.grid.find_tissue`), read and filter every candidate (`filters.py`), write
 the QC picture and its GeoJSON, then the tile file: the kept tiles after any `--review` and every
 candidate with its verdict, so a new review is applied from the tile file alone. Every file is written
-atomically and the tile file (.h5) last: a complete tile file means the slide is done. Statuses: ok, skipped (done by an
-earlier run with the same settings), empty (kept no tile: the row says why), failed.
+atomically and the tile file (.h5) last: a complete tile file means the slide is done. Statuses: ok,
+skipped (done by an earlier run with the same settings), empty (kept no tile: the row says why), failed.
 """
 
 from __future__ import annotations
