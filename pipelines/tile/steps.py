@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from wsi.models.segmentation import Segmenter
     from wsi.slides.tiff_tiles import FileDamage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("wsi.pipelines.tile.stage")  # one stage, one logger: its lines read as before
 
 __all__ = ["OpenSlide", "tile_open_slide"]
 
