@@ -65,9 +65,9 @@ def variant(filters: bool, qc: bool) -> Iterator[None]:
         swaps.append(("wsi.pipelines.tile.filters", "classified_chunks", _reads_only))
     if not qc:
         swaps += [
-            ("wsi.pipelines.tile.stage", "tile_qc_image", _no_picture),
-            ("wsi.pipelines.tile.stage", "save_png", _touch),
-            ("wsi.pipelines.tile.stage", "write_qc_geojson", _nothing),
+            ("wsi.pipelines.tile.steps", "tile_qc_image", _no_picture),
+            ("wsi.pipelines.tile.steps", "save_png", _touch),
+            ("wsi.pipelines.tile.steps", "write_qc_geojson", _nothing),
         ]  # fmt: skip
     undo: list[tuple[Any, str, Any]] = []
     try:

@@ -34,15 +34,15 @@ from typing import Any
 #: share (background, grid, fractions) is what is left of it once its timed callees are taken out.
 STEPS = (
     ("wsi.pipelines.tile.stage", "open_with_mpp", "open slide"),
-    ("wsi.pipelines.tile.stage", "read_thumbnails", "thumbnail + QC picture read"),
+    ("wsi.pipelines.tile.steps", "read_thumbnails", "thumbnail + QC picture read"),
     ("wsi.tiling.grid", "tissue_mask", "tissue mask"),
     ("wsi.tiling.grid", "find_artifacts", "artifact regions"),
-    ("wsi.pipelines.tile.stage", "find_tissue", "background, grid, cell fractions"),
-    ("wsi.pipelines.tile.stage", "filter_tiles", "tile reads + filters"),
-    ("wsi.pipelines.tile.stage", "tile_qc_image", "QC picture drawn"),
-    ("wsi.pipelines.tile.stage", "save_png", "QC PNG written"),
-    ("wsi.pipelines.tile.stage", "write_qc_geojson", "QC GeoJSON written"),
-    ("wsi.pipelines.tile.stage", "write_tiles", "tile file written (review applied)"),
+    ("wsi.pipelines.tile.steps", "find_tissue", "background, grid, cell fractions"),
+    ("wsi.pipelines.tile.steps", "filter_tiles", "tile reads + filters"),
+    ("wsi.pipelines.tile.steps", "tile_qc_image", "QC picture drawn"),
+    ("wsi.pipelines.tile.steps", "save_png", "QC PNG written"),
+    ("wsi.pipelines.tile.steps", "write_qc_geojson", "QC GeoJSON written"),
+    ("wsi.pipelines.tile.steps", "write_tiles", "tile file written (review applied)"),
 )
 _NESTED = {"background, grid, cell fractions": ("tissue mask", "artifact regions")}
 OTHER = "other (ids, checks, manifest)"

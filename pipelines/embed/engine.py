@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,17 +169,8 @@ def embed_works(
     results = _empty_rows(works, len(runtimes))
     accs = {i: _Acc() for i, work in enumerate(works) if work.tiles.n}
     writes: list[tuple[int, _Queued]] = []  # (work index, its bag queued for writing)
-    device = runtimes[0].device
-    decode = resolve_decode(options.decode, device)
-    decoder = DeviceDecoder(device) if decode == "device" else None
     norm = StainNormalizer(stain) if stain is not None else None
-    batches = iter_batches(
-        [dataclasses.replace(work.tiles, decode=decode) for work in works],
-        batch_size=_feed_batch(options, runtimes, batch_size),
-        readers=readers,
-        pin_memory=device.type == "cuda",
-        mode=mode,
-    )
+    batches, decoder = _read_batches(works, runtimes, options, readers, mode, batch_size)
     total = sum(work.tiles.n for work in works)
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsi-embed-writer") as writer,
@@ -216,6 +207,25 @@ def embed_works(
     if interrupted:
         raise EmbedInterrupted(results)
     return results
+
+
+def _read_batches(
+    works: Sequence[SlideWork], runtimes: Sequence[Runtime], options: EmbedOptions, readers: int,
+    mode: Literal["process", "thread"], batch_size: int | None,
+) -> tuple[Iterator[TileBatch], DeviceDecoder | None]:  # fmt: skip
+    """Every work's tiles read once, in the encoders' batch size, decoded by the readers or (with the
+    decoder returned) on the device; CUDA batches in pinned memory for the copy."""
+    device = runtimes[0].device
+    decode = resolve_decode(options.decode, device)
+    decoder = DeviceDecoder(device) if decode == "device" else None
+    batches = iter_batches(
+        [dataclasses.replace(work.tiles, decode=decode) for work in works],
+        batch_size=_feed_batch(options, runtimes, batch_size),
+        readers=readers,
+        pin_memory=device.type == "cuda",
+        mode=mode,
+    )
+    return batches, decoder
 
 
 def _empty_rows(works: Sequence[SlideWork], n_runtimes: int) -> list[list[JobResult | None]]:

@@ -69,7 +69,8 @@ def explain_case(
                 png, label = out / "heatmaps" / f"{item.id}{suffix}.png", f"{item.id}: {title}"
                 attention = run.explains_by == "attention"
                 scale = ATTENTION_LABEL if attention else run.kind.heatmap_scale(suffix, output)
-                _heatmap(run, item, part_sample, batch, values[sl], png, label, thumb, options, scale)
+                picture = _Picture(png, title=label, label=scale)
+                _heatmap(run, item, part_sample, batch, values[sl], picture, thumb, options)
                 files.append(str(png.relative_to(out)))
             tile_values(item.id, item.path, part_sample, maps, sl, out, thumb, heatmaps)
         if options.geojson:
@@ -86,21 +87,28 @@ def explain_case(
     return files
 
 
+@dataclass(frozen=True)
+class _Picture:
+    """One heatmap's file and words: its title, and what a value means (under the colour bar)."""
+
+    png: Path
+    title: str
+    label: str = CONTRIBUTION_LABEL
+
+
 def _heatmap(
     run: RunModel,
     item: Item,
     sample: dict[str, Any],
     batch: Batch,
     values: np.ndarray,
-    png: Path,
-    title: str,
+    picture: _Picture,
     thumb: tuple[Path, float | None] | None,
     options: CaseOptions,
-    label: str = CONTRIBUTION_LABEL,
 ) -> None:
     """Values (N,) over the slide when it is reachable (the raw slide predicted, or the `slide_path` a
-    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image);
-    `label`: what a value means, under the colour bar."""
+    bag of ours records), else drawn by the adapter (bags: at the tile positions; images: the image)."""
+    png, title, label = picture.png, picture.title, picture.label
     if thumb is None and run.adapter.name == "bags" and "coords_um" in sample:
         slide_path, slide_mpp, _ = recorded_slide(item.path)
         thumb = None if slide_path is None else (slide_path, slide_mpp)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from wsi.core.errors import ConfigError
 from wsi.pipelines.predict.config import PredictOptions
-from wsi.pipelines.predict.raw_slide_embeddings import slide_embeddings_of_raw_slides
+from wsi.pipelines.predict.raw_slide_embeddings import embed_raw_slides_to_embeddings
 from wsi.pipelines.predict.raw_slides import embed_raw_slides
 from wsi.pipelines.predict.run_model import RunModel
 from wsi.pipelines.scheduling.results import JobResult
@@ -88,12 +88,9 @@ def gather(
     if route is InputRoute.DIRECT:
         return Gathered(run.adapter.find([Path(p) for p in inputs]))
     if route is InputRoute.SLIDES_TO_EMBEDDINGS:  # no slide heatmaps: one vector a slide
-        found, _, failed = slide_embeddings_of_raw_slides(run.provenance, inputs, work, opts)
+        found, _, failed = embed_raw_slides_to_embeddings(run.provenance, inputs, work, opts)
         return Gathered(found, {}, failed)
-    found, thumbs, failed = embed_raw_slides(
-        run.provenance, inputs, work, weights=opts.weights, mpp=opts.mpp, backend=opts.backend,
-        workers=opts.workers, scheduler=opts.scheduler, device=opts.device, progress=opts.progress,
-    )  # fmt: skip
+    found, thumbs, failed = embed_raw_slides(run.provenance, inputs, work, opts)
     return Gathered(found, thumbs, failed)
 
 

@@ -19,42 +19,33 @@ from wsi.pipelines.scheduling.results import JobResult
 
 
 def _check_slide_weights(name: str, sha: str, slide_weights: str | Path | None) -> None:
+    """--slide-weights must be given exactly when the head's slide encoder had weights, and be those
+    (sha256), before any slide is tiled."""
     if sha == "random" and slide_weights is not None:
         raise ConfigError(f"the head was trained on embeddings of a randomly initialised {name}: leave out "
                           "--slide-weights")  # fmt: skip
     if sha != "random" and slide_weights is None:
         raise ConfigError(f"the head was trained on {name} embeddings (weights sha256 {sha[:16]}...); give "
                           "those weights with --slide-weights PATH")  # fmt: skip
+    if slide_weights is not None:
+        from wsi.core.files import sha256_file
+        from wsi.models.slide_encoders import get_spec
+        from wsi.models.slide_encoders.base import resolve_weights_file
 
-
-def slide_embeddings_of_raw_slides(
-    provenance: Mapping[str, Any], inputs: Sequence[str | Path], work: Path, opts: PredictOptions
-) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
-    """`embed_raw_slides_to_embeddings` with `wsi predict`'s options (no slide heatmaps: one vector a
-    slide, so the caller drops the thumbnails)."""
-    return embed_raw_slides_to_embeddings(
-        provenance, inputs, work, weights=opts.weights, slide_weights=opts.slide_weights, mpp=opts.mpp,
-        backend=opts.backend, workers=opts.workers, scheduler=opts.scheduler, device=opts.device,
-        progress=opts.progress,
-    )  # fmt: skip
+        path = Path(slide_weights)
+        got = sha256_file(resolve_weights_file(path, get_spec(name), name))
+        if got != sha:
+            raise ConfigError(
+                f"--slide-weights {path} (sha256 {got[:16]}...) are not the {name} weights the head was "
+                f"trained on ({sha[:16]}...)"
+            )
 
 
 def embed_raw_slides_to_embeddings(
-    provenance: Mapping[str, Any],
-    inputs: Sequence[str | Path],
-    work: Path,
-    *,
-    weights: str | Path | None,
-    slide_weights: str | Path | None,
-    mpp: float | None,
-    backend: str,
-    workers: int,
-    scheduler: str | None,
-    device: str,
-    progress: bool,
+    provenance: Mapping[str, Any], inputs: Sequence[str | Path], work: Path, opts: PredictOptions
 ) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
-    """(embedding by slide id, (slide path, mpp) by slide id, the slides that failed)."""
-    from wsi.core.files import sha256_file
+    """(embedding by slide id, (slide path, mpp) by slide id, the slides that failed), with `wsi
+    predict`'s options (the caller drops the thumbnails: one vector a slide, no slide heatmaps)."""
     from wsi.pipelines.embed_slides import embed_slides
     from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
@@ -68,33 +59,14 @@ def embed_raw_slides_to_embeddings(
             "this run's embeddings do not record how their tile features were made (STAMP's, or older "
             "files); make the embeddings yourself and use --features DIR"
         )
+    slide_weights, device = opts.slide_weights, opts.device
     _check_slide_weights(name, sha, slide_weights)
-    if slide_weights is not None:
-        path = Path(slide_weights)
-        from wsi.models.slide_encoders import get_spec
-        from wsi.models.slide_encoders.base import resolve_weights_file
-
-        got = sha256_file(resolve_weights_file(path, get_spec(name), name))
-        if got != sha:
-            raise ConfigError(
-                f"--slide-weights {path} (sha256 {got[:16]}...) are not the {name} weights the head was "
-                f"trained on ({sha[:16]}...)"
-            )
-    bags, thumbs, failed = embed_raw_slides(
-        tile_prov, inputs, work, weights=weights, mpp=mpp, backend=backend, workers=workers,
-        scheduler=scheduler, device=device, progress=progress,
-    )  # fmt: skip
+    bags, thumbs, failed = embed_raw_slides(tile_prov, inputs, work, opts)
     if not bags:
         return {}, thumbs, failed
-    folder = work / "bags-for-slide-encoder"
-    folder.mkdir(parents=True, exist_ok=True)
-    for slide_id, bag in bags.items():  # one folder of exactly these bags (links, no copies)
-        link = folder / f"{slide_id}.h5"
-        link.unlink(missing_ok=True)
-        link.symlink_to(bag.resolve())
     embedded = embed_slides(
-        folder, out_dir=work, encoder=name, weights=slide_weights, random_init=sha == "random",
-        device="cpu" if device == "auto" else device,
+        _bag_links(work, bags), out_dir=work, encoder=name, weights=slide_weights,
+        random_init=sha == "random", device="cpu" if device == "auto" else device,
     )  # fmt: skip
     found: dict[str, Path] = {}
     for r in embedded:
@@ -104,3 +76,14 @@ def embed_raw_slides_to_embeddings(
         else:
             failed.append(JobResult(r.slide_id, r.path, "failed", seconds=r.seconds, error=r.error))
     return found, thumbs, failed
+
+
+def _bag_links(work: Path, bags: Mapping[str, Path]) -> Path:
+    """One folder of exactly these bags (links, no copies), for the slide encoder to read."""
+    folder = work / "bags-for-slide-encoder"
+    folder.mkdir(parents=True, exist_ok=True)
+    for slide_id, bag in bags.items():
+        link = folder / f"{slide_id}.h5"
+        link.unlink(missing_ok=True)
+        link.symlink_to(bag.resolve())
+    return folder

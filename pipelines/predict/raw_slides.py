@@ -13,36 +13,64 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from wsi.core.errors import ConfigError
 from wsi.pipelines.scheduling.results import JobResult
+
+if TYPE_CHECKING:
+    from wsi.pipelines.embed.engine import EmbedOptions
+    from wsi.pipelines.predict.config import PredictOptions
 
 _PRECISIONS: dict[str, Literal["bf16", "fp16", "fp32"]] = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
 
 def embed_raw_slides(
-    provenance: Mapping[str, Any],
-    inputs: Sequence[str | Path],
-    work: Path,
-    *,
-    weights: str | Path | None,
-    mpp: float | None,
-    backend: str,
-    workers: int,
-    scheduler: str | None,
-    device: str,
-    progress: bool,
+    provenance: Mapping[str, Any], inputs: Sequence[str | Path], work: Path, opts: PredictOptions
 ) -> tuple[dict[str, Path], dict[str, tuple[Path, float | None]], list[JobResult]]:
-    """Tile and embed slides with a run's recorded settings (its input `provenance`); returns (bags by
-    slide id, (slide path, mpp) by slide id, the slides that failed)."""
+    """Tile and embed slides with a run's recorded settings (its input `provenance`) and `wsi predict`'s
+    options (weights, mpp, backend, workers, scheduler, device, progress); returns (bags by slide id,
+    (slide path, mpp) by slide id, the slides that failed)."""
     from wsi.core.config import parse_config
     from wsi.models.encoders import encoder_id_for
-    from wsi.pipelines.embed.engine import EmbedOptions
     from wsi.pipelines.embed.stage import bag_dir, tile_and_embed
     from wsi.pipelines.tile.config import TileOptions
     from wsi.slides.sources import find_slides
     from wsi.tiling.params import TileParams
+
+    options = _embed_options(provenance, opts.weights, opts.device)
+    sources = find_slides(inputs)
+    params = parse_config(TileParams, provenance["tile_params"], source="the run's recorded tile_params")
+    backend, mpp = opts.backend, opts.mpp
+    reading = parse_config(TileOptions, {"backend": backend, "mpp": mpp}, source="the run's slide reading")
+    results = tile_and_embed(
+        sources, out_dir=work, options=options, tile_params=params, tile_options=reading,
+        workers=opts.workers, scheduler=opts.scheduler, progress=opts.progress,
+    )  # fmt: skip
+    folder = bag_dir(work, encoder_id_for(provenance["encoder"]))
+    by_id = {s.slide_id: s for s in sources}
+    found: dict[str, Path] = {}
+    thumbs: dict[str, tuple[Path, float | None]] = {}
+    failed: list[JobResult] = []
+    for r in results:
+        bag = folder / f"{r.slide_id}.h5"
+        if r.status in ("ok", "skipped") and bag.is_file():
+            found[r.slide_id] = bag
+            src = by_id.get(r.slide_id)
+            if src is not None:
+                where = cast(Path, src.path)  # a Url for a remote slide: open_slide takes either
+                thumbs[r.slide_id] = (where, _tiled_mpp(bag, src.mpp if src.mpp is not None else mpp))
+        else:  # an embed stage that reports empty slides itself keeps that status here
+            status: Literal["empty", "failed"] = "empty" if r.status == "empty" else "failed"
+            why = r.error or "no bag made"
+            failed.append(JobResult(r.slide_id, r.path, status, seconds=r.seconds, error=why))
+    return found, thumbs, failed + _unreported(sources, results, work)
+
+
+def _embed_options(provenance: Mapping[str, Any], weights: str | Path | None, device: str) -> EmbedOptions:
+    """The embed settings the run's features were made with; refused before any work when they cannot be
+    matched (no record, stain-normalised features, weights given for a random encoder or missing)."""
+    from wsi.pipelines.embed.engine import EmbedOptions
 
     prov = provenance
     encoder, sha = prov.get("encoder"), prov.get("weights_sha256")
@@ -70,36 +98,11 @@ def embed_raw_slides(
             "give those weights with --weights PATH"
         )
     precision = _PRECISIONS.get(str(prov.get("precision")), "bf16")  # bags of other tools: the default
-    options = EmbedOptions(
+    return EmbedOptions(
         encoder=encoder, weights=None if random_init else str(weights), random_init=random_init,
         expected_sha256=None if random_init else sha, device=device,
         input_px=prov.get("input_px") if encoder.startswith("timm:") else None, precision=precision,
     )  # fmt: skip
-    sources = find_slides(inputs)
-    params = parse_config(TileParams, tile_params, source="the run's recorded tile_params")
-    reading = parse_config(TileOptions, {"backend": backend, "mpp": mpp}, source="the run's slide reading")
-    results = tile_and_embed(
-        sources, out_dir=work, options=options, tile_params=params, tile_options=reading, workers=workers,
-        scheduler=scheduler, progress=progress,
-    )  # fmt: skip
-    folder = bag_dir(work, encoder_id_for(encoder))
-    by_id = {s.slide_id: s for s in sources}
-    found: dict[str, Path] = {}
-    thumbs: dict[str, tuple[Path, float | None]] = {}
-    failed: list[JobResult] = []
-    for r in results:
-        bag = folder / f"{r.slide_id}.h5"
-        if r.status in ("ok", "skipped") and bag.is_file():
-            found[r.slide_id] = bag
-            src = by_id.get(r.slide_id)
-            if src is not None:
-                where = cast(Path, src.path)  # a Url for a remote slide: open_slide takes either
-                thumbs[r.slide_id] = (where, _tiled_mpp(bag, src.mpp if src.mpp is not None else mpp))
-        else:  # an embed stage that reports empty slides itself keeps that status here
-            status: Literal["empty", "failed"] = "empty" if r.status == "empty" else "failed"
-            why = r.error or "no bag made"
-            failed.append(JobResult(r.slide_id, r.path, status, seconds=r.seconds, error=why))
-    return found, thumbs, failed + _unreported(sources, results, work)
 
 
 def _tiled_mpp(bag: Path, given: float | None) -> float | None:

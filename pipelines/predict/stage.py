@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,13 +134,13 @@ def predict(
             heatmaps=opts.heatmaps, top_tiles=opts.top_tiles, thumbs=gathered.thumbs, backend=opts.backend,
             stream_above=opts.stream_above_tiles, geojson=opts.geojson,
         )  # fmt: skip
-        rows, outputs, results, tiles, earlier = _predict_cases(
+        done = _predict_cases(
             run, cohort.cases, out, case_options, progress=opts.progress, pre_failed=gathered.failed,
             overwrite=opts.overwrite,
         )  # fmt: skip
-        if tiles is not None:
-            tiles.write(out / "top_tiles")
-        return _finish(run, cohort, out, opts, rows, outputs, [*gathered.failed, *results], earlier, t0)
+        if done.tiles is not None:
+            done.tiles.write(out / "top_tiles")
+        return _finish(run, cohort, out, opts, replace(done, results=[*gathered.failed, *done.results]), t0)
 
 
 def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts: PredictOptions) -> None:
@@ -156,11 +156,24 @@ def _prepare_adapter(run: RunModel, cohort: Cohort, found: dict[str, Path], opts
         run.adapter.check_compatible(run.provenance, [Item(id=s, path=p) for s, p in sorted(found.items())])
 
 
+@dataclass(frozen=True)
+class _Predicted:
+    """What `_predict_cases` made: the prediction rows and their (n, K) outputs, one result per case,
+    the top tiles collected, and the recorded cases of earlier calls with this model that it did not
+    predict."""
+
+    rows: list[dict[str, Any]]
+    outputs: np.ndarray
+    results: list[JobResult]
+    tiles: TopTiles | None
+    earlier: list[Finished]
+
+
 def _finish(
-    run: RunModel, cohort: Cohort, out: Path, opts: PredictOptions, rows: list[dict[str, Any]],
-    outputs: np.ndarray, results: list[JobResult], earlier: list[Finished], t0: float,
-) -> PredictResult:  # fmt: skip
+    run: RunModel, cohort: Cohort, out: Path, opts: PredictOptions, done: _Predicted, t0: float
+) -> PredictResult:
     """Patient means, external validation (with labels) and the summary line."""
+    rows, outputs, results, earlier = done.rows, done.outputs, done.results, done.earlier
     task = run.record.task
     ids = [r["patient" if task.level == "patient" else "slide"] for r in rows]
     if task.level == "slide":
@@ -196,24 +209,15 @@ def _patient_means(
 
 
 def _predict_cases(
-    run: RunModel,
-    cases: Sequence[Item],
-    out: Path,
-    options: CaseOptions,
-    *,
-    progress: bool,
-    pre_failed: Sequence[JobResult] = (),
-    overwrite: bool = False,
-) -> tuple[list[dict[str, Any]], np.ndarray, list[JobResult], TopTiles | None, list[Finished]]:
+    run: RunModel, cases: Sequence[Item], out: Path, options: CaseOptions, *, progress: bool,
+    pre_failed: Sequence[JobResult] = (), overwrite: bool = False,
+) -> _Predicted:  # fmt: skip
     """Each case through the model (a failure is recorded and the batch goes on), skipping cases a
     previous call finished; predictions.csv and manifest.csv are rewritten as cases finish (and when
-    interrupted). Returns (rows, (n, K) outputs of those rows, job results, top tiles, the recorded cases
-    of earlier calls with this model that this call did not predict)."""
+    interrupted)."""
     kind = run.kind
     dataset = CaseDataset(run.adapter, cases, train=False, n_targets=len(kind.target_names))
-    tiles = TopTiles() if options.top_tiles and run.adapter.name == BAGS else None
-    if options.top_tiles and tiles is None:
-        log.warning("top tiles are read from slides: input %r has none; skipped", run.adapter.name)
+    tiles = _top_tiles(run, options)
     rows: list[dict[str, Any]] = []
     outputs: list[np.ndarray] = []
     results: list[JobResult] = []
@@ -224,6 +228,7 @@ def _predict_cases(
     # cases of earlier calls into this folder (other --features, other slides) stay, merged by case; the
     # manifest keeps their rows too (and drops them with --overwrite), so the two always agree
     earlier = done.earlier(digest, {c.id for c in cases})
+    call = _Call(run, dataset, out, options, tiles, digest)
 
     def write() -> None:
         _write_rows(out / "predictions.csv", [*(f.row for f in earlier), *rows], kind, id_column)
@@ -239,18 +244,10 @@ def _predict_cases(
             t0 = time.perf_counter()
             if finished is None:
                 try:
-                    if streamed:
-                        finished = _predict_streamed(run, case, key, options)
-                    else:
-                        finished = _predict_case(run, case, dataset[i], key, out, options, tiles)
-                    finished.model, finished.model_dir = digest, str(run.run_dir)
-                    finished.patient = case.patient
+                    finished = _predict_new(call, i, case, key, streamed=streamed)
                     done.add(finished)  # recorded before it counts: a full disk here fails this case only
                 except Exception as exc:  # one bad slide never stops the batch
-                    why = describe_error(exc)
-                    log.warning("%s failed: %s", case.id, why)
-                    seconds = time.perf_counter() - t0
-                    results.append(JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why))
+                    results.append(_failed(case, exc, t0))
                     continue
                 status = "ok"
             elif tiles is not None:
@@ -266,7 +263,49 @@ def _predict_cases(
     finally:
         flusher.now()  # what finished is on disk, also after an interruption
     stacked = np.stack(outputs) if outputs else np.zeros((0, kind.num_outputs), dtype=np.float32)
-    return rows, stacked, results, tiles, earlier
+    return _Predicted(rows, stacked, results, tiles, earlier)
+
+
+def _top_tiles(run: RunModel, options: CaseOptions) -> TopTiles | None:
+    """Where top tiles are collected, when asked for: they are read from slides, so an input without
+    slides skips them, saying so."""
+    tiles = TopTiles() if options.top_tiles and run.adapter.name == BAGS else None
+    if options.top_tiles and tiles is None:
+        log.warning("top tiles are read from slides: input %r has none; skipped", run.adapter.name)
+    return tiles
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every case of one `_predict_cases` call shares."""
+
+    run: RunModel
+    dataset: CaseDataset
+    out: Path
+    options: CaseOptions
+    tiles: TopTiles | None
+    digest: str
+
+
+def _predict_new(call: _Call, i: int, case: Item, key: str, *, streamed: bool) -> Finished:
+    """A case no earlier call finished: read chunk by chunk when too long to load whole (no heatmaps),
+    else whole with its heatmaps and top tiles; stamped with the model that made it."""
+    run, options = call.run, call.options
+    if streamed:
+        finished = _predict_streamed(run, case, key, options)
+    else:
+        finished = _predict_case(run, case, call.dataset[i], key, call.out, options, call.tiles)
+    finished.model, finished.model_dir = call.digest, str(run.run_dir)
+    finished.patient = case.patient
+    return finished
+
+
+def _failed(case: Item, exc: Exception, t0: float) -> JobResult:
+    """The manifest row of a case that failed, its reason logged: the batch goes on."""
+    why = describe_error(exc)
+    log.warning("%s failed: %s", case.id, why)
+    seconds = time.perf_counter() - t0
+    return JobResult(case.id, str(case.path), "failed", seconds=seconds, error=why)
 
 
 def _settings(run: RunModel, case: Item, options: CaseOptions, *, streamed: bool) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 from wsi.pipelines.tile.artifacts import count_reasons
 from wsi.pipelines.tile.checks import check_damage, file_damage
 from wsi.pipelines.tile.output import pixel_writer
-from wsi.pipelines.tile.read import classified_chunks
+from wsi.pipelines.tile.read import Judging, classified_chunks
 from wsi.slides.slide import Slide
 from wsi.slides.tiff_tiles import FileDamage, FileTileProbe
 from wsi.tiling.blur import blur_reduction
@@ -53,12 +53,13 @@ def filter_tiles(
         done = 0
         kind = found.background
         probe = FileTileProbe(slide, slide.best_level_for_mpp(params.target_mpp))
-        chunks = classified_chunks(
-            slide, found.candidate_coords, params, job.threads, dark=kind.dark, gain=kind.gain, probe=probe,
-            region_codes=found.region_codes,
-            signal_level=kind.signal_level,
+        judging = Judging(
+            dark=kind.dark, gain=kind.gain, region_codes=found.region_codes, signal_level=kind.signal_level,
             blur_reduce=blur_reduction(slide.mpp, params.target_mpp, params.tile_px), colours=read_colours,
         )  # fmt: skip
+        chunks = classified_chunks(
+            slide, found.candidate_coords, params, job.threads, judging=judging, probe=probe
+        )
         for tiles, chunk_reasons in chunks:
             reasons[done : done + len(tiles)] = chunk_reasons
             done += len(tiles)

@@ -1,7 +1,7 @@
 """Reading a slide's candidate tiles in chunks on a thread pool, for the tile stage and benchmarks.
 
     read_tile_chunks(slide, coords, params, threads) -> Iterator[(k, P, P, 3) uint8]   # reads only
-    classified_chunks(slide, coords, params, threads, dark=False, gain=1.0, probe=None, region_codes=None)
+    classified_chunks(slide, coords, params, threads, judging=Judging(), probe=None)
         -> Iterator[(tiles (k, P, P, 3) uint8, reasons (k,) int8)]                  # reads + filters
     default_threads(workers) -> int                                                # threads per slide
 
@@ -19,6 +19,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -58,28 +59,40 @@ def read_tile_chunks(
     return _map_chunks(slide, coords, params, threads, whole)
 
 
+@dataclass(frozen=True)
+class Judging:
+    """How a slide's tiles are judged besides `TileParams`, the same for every chunk.
+
+    dark, gain, signal_level: a dark-background slide, its signal gain and (dim) level
+    (`wsi.tiling.grid.classify_tiles`); blur_reduce: a coarse scan's upsampling
+    (`wsi.tiling.blur.blur_reduction`); region_codes: (len(coords),) artifact code of each tile's
+    thumbnail regions (`wsi.tiling.grid.TissueGrid.region_codes`; None: no artifact filter runs), judged
+    with the tile's own pixels (`wsi.tiling.grid.judge_artifacts`); colours: (len(coords),) uint8 each
+    tile's ink colour, its thumbnail regions' on entry, changed in place where a tile's own pixels make it
+    ink (each chunk its own slice: the pool's threads never share one)."""
+
+    dark: bool = False
+    gain: float = 1.0
+    signal_level: int | None = None
+    blur_reduce: int = 1
+    region_codes: np.ndarray | None = None
+    colours: np.ndarray | None = None
+
+
 def classified_chunks(
     slide: Slide,
     coords: np.ndarray,
     params: TileParams,
     threads: int,
     *,
-    dark: bool = False,
-    gain: float = 1.0,
+    judging: Judging | None = None,
     probe: FileTileProbe | None = None,
-    region_codes: np.ndarray | None = None,
-    signal_level: int | None = None,
-    blur_reduce: int = 1,
-    colours: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order. dark, gain: a
-    dark-background slide and its signal gain (`wsi.tiling.grid.classify_tiles`); probe: locates the bad
-    stored tiles behind each unreadable tile (it collects them); region_codes: (len(coords),) artifact
-    code of each tile's thumbnail regions (`wsi.tiling.grid.TissueGrid.region_codes`; None: no artifact
-    filter runs), judged with the tile's own pixels (`wsi.tiling.grid.judge_artifacts`); signal_level: a dim
-    dark slide's level; blur_reduce: a coarse scan's upsampling (`wsi.tiling.blur.blur_reduction`);
-    colours: (len(coords),) uint8 each tile's ink colour, its thumbnail regions' on entry, changed in place
-    where a tile's own pixels make it ink (each chunk its own slice: the pool's threads never share one)."""
+    """(tiles (k, P, P, 3) uint8, reasons (k,) int8) per chunk of `coords`, in order, judged as `judging`
+    says; probe: locates the bad stored tiles behind each unreadable tile (it collects them)."""
+    how = judging or Judging()
+    dark, gain, signal_level, blur_reduce = how.dark, how.gain, how.signal_level, how.blur_reduce
+    region_codes, colours = how.region_codes, how.colours
 
     def classify(tiles: np.ndarray, bad: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         reasons = classify_tiles(

@@ -28,7 +28,7 @@ import logging
 import shutil
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -221,6 +221,17 @@ def apply_review(
     return final, record
 
 
+@dataclass(frozen=True)
+class TilePixels:
+    """The kept tiles' pixel store (--save-tiles): whether to keep one, which candidates it holds now
+    (None: no store) and how to read more; only a review that changes the kept set touches it."""
+
+    save: bool
+    held: np.ndarray | None
+    opener: Callable[[], AbstractContextManager[Slide]]
+    threads: int = 1
+
+
 def write_tiles(
     paths: TileOutputs,
     meta: TileFileMeta,
@@ -228,19 +239,39 @@ def write_tiles(
     review: ReviewFile | None,
     *,
     params: TileParams,
-    save_tiles: bool,
-    held: np.ndarray | None,
-    opener: Callable[[], AbstractContextManager[Slide]],
-    threads: int = 1,
+    pixels: TilePixels,
 ) -> TileFileMeta:
     """Write the tile file (last: "done") of the candidates' final fates, the review applied; returns
-    its record. `meta`: the filters' record (counts, notes) to update; held: (M,) bool, the candidates
-    whose pixels paths.zarr holds now (None: no pixel store); opener: the slide, opened only to read
-    tiles the review newly keeps with --save-tiles."""
+    its record. `meta`: the filters' record (counts, notes) to update; pixels.held: (M,) bool, the
+    candidates whose pixels paths.zarr holds now; pixels.opener: the slide, opened only to read tiles
+    the review newly keeps with --save-tiles."""
     filters = candidates.reasons
     final, record = (filters, None) if review is None else apply_review(
         filters, review, candidates.coords, meta.tile_um / meta.mpp
     )  # fmt: skip
+    final_meta = _final_meta(meta, candidates, final, record, params)
+    held, save_tiles = pixels.held, pixels.save
+    kept = final == KEPT
+    changed = held is None or not np.array_equal(held, kept)
+    if save_tiles and changed:
+        _rebuild_pixels(paths, params, meta.slide_id, candidates.coords, kept, pixels)
+    elif changed and paths.zarr.exists():
+        paths.h5.unlink(missing_ok=True)  # first: a tile file beside pixels of another tile set is never left
+        shutil.rmtree(paths.zarr, ignore_errors=True)
+    write_tile_file(
+        paths.h5, coords=candidates.coords[kept], coords_um=candidates.coords_um[kept], meta=final_meta,
+        candidates=candidates,
+    )  # fmt: skip
+    return final_meta
+
+
+def _final_meta(
+    meta: TileFileMeta, candidates: Candidates, final: np.ndarray, record: ReviewRecord | None,
+    params: TileParams,
+) -> TileFileMeta:  # fmt: skip
+    """The filters' record updated to the final fates: counts, the artifact network's share, the
+    low-yield note and why nothing was kept (the review, when it dropped every tile the filters kept)."""
+    filters = candidates.reasons
     counts = count_reasons(meta.counts.n_grid, final)
     model = {n: int((final == c).sum()) for c, n in candidates.names.items() if n.startswith("artifact: ")}
     seg = meta.segmentation
@@ -263,35 +294,16 @@ def write_tiles(
                 f"no tile kept: the review {record.path} dropped all {record.n_dropped} tiles the filters "
                 "kept; class some tiles kept in QuPath, or run without --review"
             )
-    final_meta = replace(
-        meta, counts=counts, empty_reason=empty, low_yield=few, review=record, segmentation=seg
-    )
-    kept = final == KEPT
-    changed = held is None or not np.array_equal(held, kept)
-    if save_tiles and changed:
-        _rebuild_pixels(paths, params, meta.slide_id, candidates.coords, kept, held, opener, threads)
-    elif changed and paths.zarr.exists():
-        paths.h5.unlink(missing_ok=True)  # first: a tile file beside pixels of another tile set is never left
-        shutil.rmtree(paths.zarr, ignore_errors=True)
-    write_tile_file(
-        paths.h5, coords=candidates.coords[kept], coords_um=candidates.coords_um[kept], meta=final_meta,
-        candidates=candidates,
-    )  # fmt: skip
-    return final_meta
+    return replace(meta, counts=counts, empty_reason=empty, low_yield=few, review=record, segmentation=seg)
 
 
 def _rebuild_pixels(
-    paths: TileOutputs,
-    params: TileParams,
-    slide_id: str,
-    coords: np.ndarray,
-    kept: np.ndarray,
-    held: np.ndarray | None,
-    opener: Callable[[], AbstractContextManager[Slide]],
-    threads: int,
-) -> None:
+    paths: TileOutputs, params: TileParams, slide_id: str, coords: np.ndarray, kept: np.ndarray,
+    pixels: TilePixels,
+) -> None:  # fmt: skip
     """paths.zarr with the pixels of the `kept` candidates, in order: copied from the old store where it
     holds them, read from the slide where it does not (the slide is opened only then)."""
+    held, opener, threads = pixels.held, pixels.opener, pixels.threads
     old = open_tile_pixels(paths.zarr) if held is not None else None
     position = np.cumsum(held) - 1 if held is not None else None  # candidate -> row of the old store
     new = kept & ~held if held is not None else kept
@@ -328,10 +340,11 @@ def rereview(
     review = load_review(job.review, source.slide_id)
     kept_before = _rows_in(candidates.coords, previous.coords)
     held = kept_before if not job.save_tiles or paths.zarr.is_dir() else None
-    meta = write_tiles(
-        paths, previous.meta, candidates, review, params=job.params, save_tiles=job.save_tiles, held=held,
-        opener=lambda: open_slide(source.path, backend=job.backend, mpp=previous.mpp), threads=job.threads,
+    pixels = TilePixels(
+        save=job.save_tiles, held=held, threads=job.threads,
+        opener=lambda: open_slide(source.path, backend=job.backend, mpp=previous.mpp),
     )  # fmt: skip
+    meta = write_tiles(paths, previous.meta, candidates, review, params=job.params, pixels=pixels)
     what = f"review {review.path} applied" if review is not None else "review removed: the filters' verdicts"
     log.info("%s: %s from the tile file (%d tiles kept)", source.slide_id, what, meta.n_kept)
     if meta.n_kept == 0:
@@ -348,6 +361,6 @@ def _rows_in(coords: np.ndarray, subset: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
-    "DROP", "KEEP", "KEPT_CLASS", "NO_SAY", "apply_review", "check_review_option", "load_review", "rereview",
-    "review_digest", "review_file_for", "review_verdicts", "write_tiles",
+    "DROP", "KEEP", "KEPT_CLASS", "NO_SAY", "TilePixels", "apply_review", "check_review_option",
+    "load_review", "rereview", "review_digest", "review_file_for", "review_verdicts", "write_tiles",
 ]  # fmt: skip

@@ -3,17 +3,16 @@
     tile_slides(sources, *, out_dir, options=None, params=None, segmentation=None, **settings) -> TileResult
     tile_slide(source, job) -> TileSlideResult     # one slide: what each batch job runs
 
-Per slide: read the tissue thumbnail and the QC picture in one go, find the tissue and the candidate cells
-(`wsi.tiling.grid.find_tissue`), read and filter every candidate (`filters.py`), write the QC picture
-and its GeoJSON, then the tile file: the kept tiles after any `--review` and every candidate with its
-verdict, so a new review is applied from the tile file alone. Every file is written atomically and the
-tile file (.h5) last: a complete tile file means the slide is done. Statuses: ok, skipped (done by an
-earlier run with the same settings), empty (kept no tile: the row says why), failed.
+Per slide (`steps.py`): read the tissue thumbnail and the QC picture in one go, find the tissue and the
+candidate cells (`wsi.tiling.grid.find_tissue`), read and filter every candidate (`filters.py`), write
+the QC picture and its GeoJSON, then the tile file: the kept tiles after any `--review` and every
+candidate with its verdict, so a new review is applied from the tile file alone. Every file is written
+atomically and the tile file (.h5) last: a complete tile file means the slide is done. Statuses: ok,
+skipped (done by an earlier run with the same settings), empty (kept no tile: the row says why), failed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -21,57 +20,39 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wsi.core.config import with_settings
 from wsi.core.errors import ConfigError
 from wsi.core.suffixes import TILE_FILE_SUFFIX
-from wsi.core.work_bounds import check_grid
-from wsi.formats.qupath import ReviewFile, Roi
-from wsi.formats.tile_file import Candidates, TileFile, is_complete, pixels_complete, read_tile_file
-from wsi.formats.tile_meta import BackgroundRecord, MaskRecord, TileFileMeta
+from wsi.formats.tile_file import TileFile, is_complete, pixels_complete, read_tile_file
 from wsi.pipelines.scheduling.jobs import JobsInterrupted, run_jobs, write_manifest
 from wsi.pipelines.scheduling.remote import mirrored_job
-from wsi.pipelines.tile.artifacts import COLOUR_NAMES, ink_colour_counts
 from wsi.pipelines.tile.checks import (
     check_moved,
     check_same_slide,
     check_unchanged,
     check_usable_id,
-    damage_note,
-    damage_record,
-    explain_empty,
     refuse_id_clashes,
     slide_changed,
 )
 from wsi.pipelines.tile.config import TileOptions
-from wsi.pipelines.tile.filters import filter_tiles
-from wsi.pipelines.tile.findings import TileResult, TileSlideResult, artifact_empty, upsampling_note
+from wsi.pipelines.tile.findings import TileResult, TileSlideResult
 from wsi.pipelines.tile.job import TileJob, TileOutputs, output_paths, remote_files
 from wsi.pipelines.tile.mpp import OVERRIDE_SOURCE, open_with_mpp, refuse_images_without_mpp
-from wsi.pipelines.tile.output import tile_file_meta
-from wsi.pipelines.tile.qupath import load_roi, restrict_to_roi, roi_digest, roi_empty, write_qc_geojson
+from wsi.pipelines.tile.qupath import load_roi, roi_digest
 from wsi.pipelines.tile.read import default_threads, read_tile_chunks
-from wsi.pipelines.tile.review import check_review_option, load_review, rereview, review_digest, write_tiles
-from wsi.pipelines.tile.segment import (
-    SegmentationOptions,
-    artifact_reason_names,
-    artifact_verdicts,
-    model_tissue_mask,
-    same_models,
-    segmentation_record,
-    segmenters,
-)
-from wsi.slides.slide import Slide
+from wsi.pipelines.tile.review import check_review_option, load_review, rereview, review_digest
+from wsi.pipelines.tile.segment import SegmentationOptions, same_models, segmenters
+from wsi.pipelines.tile.steps import OpenSlide, tile_open_slide
 from wsi.slides.sources import SlideSource
-from wsi.slides.thumbnail import read_thumbnails
 from wsi.storage import Mirror, remote_output
 from wsi.storage.folder_lock import output_lock
-from wsi.storage.identity import SlideFingerprint, current_fingerprint
-from wsi.tiling.artifacts import INK
-from wsi.tiling.grid import KEPT, REASON_NAMES, find_tissue
+from wsi.storage.identity import current_fingerprint
 from wsi.tiling.params import TileParams
-from wsi.tiling.qc import qc_picture_mpp, save_png, tile_qc_image
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -105,27 +86,7 @@ def tile_slides(
     opts = with_settings(TileOptions, options, settings, source="tile_slides options")
     start = time.perf_counter()
     remote = remote_output(out_dir)  # a URL: this machine's mirror of it (checked writable)
-    if remote is not None and opts.save_tiles:
-        raise ConfigError(
-            f"--save-tiles with a remote --out ({remote.url}) would upload one object per tile; leave it "
-            "out (the embed stage reads the tiles from the slide) or give a local --out"
-        )
-    job = TileJob(
-        out_dir=remote.local if remote is not None else Path(out_dir).absolute(),
-        params=params or TileParams(),
-        backend=opts.backend,
-        fallback_mpp=opts.mpp,
-        save_tiles=opts.save_tiles,
-        overwrite=opts.overwrite,
-        background=opts.background,
-        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
-        roi=None if opts.roi is None else Path(opts.roi).absolute(),
-        review=None if opts.review is None else Path(opts.review).absolute(),
-        mpp_override=opts.mpp_override,
-        segmentation=segmentation if segmentation is not None and segmentation.active else None,
-        remote=None if remote is None else str(remote.url),
-        max_read_px=opts.max_read_px,
-    )
+    job = _tile_job(opts, out_dir, remote, params, segmentation)
     if job.segmentation is not None:
         segmenters(job.segmentation)  # a wrong weights file is one error before any slide, not one per slide
     sources = list(sources)
@@ -165,6 +126,36 @@ def tile_slides(
     where = str(remote.url) if remote is not None else job.out_dir
     seconds = time.perf_counter() - start
     return TileResult("tile", where, tuple(results), seconds, manifest=f"{where}/tiles/manifest.csv")
+
+
+def _tile_job(
+    opts: TileOptions, out_dir: str | os.PathLike[str], remote: Mirror | None, params: TileParams | None,
+    segmentation: SegmentationOptions | None,
+) -> TileJob:  # fmt: skip
+    """What every slide's job carries, with its paths made absolute (a worker may run elsewhere); a remote
+    --out refuses --save-tiles (one upload per tile)."""
+    if remote is not None and opts.save_tiles:
+        raise ConfigError(
+            f"--save-tiles with a remote --out ({remote.url}) would upload one object per tile; leave it "
+            "out (the embed stage reads the tiles from the slide) or give a local --out"
+        )
+    job = TileJob(
+        out_dir=remote.local if remote is not None else Path(out_dir).absolute(),
+        params=params or TileParams(),
+        backend=opts.backend,
+        fallback_mpp=opts.mpp,
+        save_tiles=opts.save_tiles,
+        overwrite=opts.overwrite,
+        background=opts.background,
+        threads=opts.threads or default_threads(opts.workers if opts.scheduler is None else 1),
+        roi=None if opts.roi is None else Path(opts.roi).absolute(),
+        review=None if opts.review is None else Path(opts.review).absolute(),
+        mpp_override=opts.mpp_override,
+        segmentation=segmentation if segmentation is not None and segmentation.active else None,
+        remote=None if remote is None else str(remote.url),
+        max_read_px=opts.max_read_px,
+    )
+    return job
 
 
 def _refused(source: SlideSource, why: str) -> TileSlideResult:
@@ -217,9 +208,8 @@ def _tile_checked_slide(source: SlideSource, job: TileJob) -> TileSlideResult:
         paths.h5.unlink(missing_ok=True)
         if not job.save_tiles and paths.zarr.exists():
             shutil.rmtree(paths.zarr, ignore_errors=True)  # made with other settings; would not match
-        meta, note = _tile_open_slide(
-            slide, source, job, paths, mpp_source, mpp_note, roi=roi, review=review, fingerprint=current
-        )
+        at = OpenSlide(slide, source, job, paths, mpp_source, mpp_note, roi, review, current)
+        meta, note = tile_open_slide(at)
     check_unchanged(source, current, paths.h5)  # replaced while it was read: its tile file goes
     if meta.empty_reason:
         log.warning("%s: %s", source.slide_id, meta.empty_reason)
@@ -272,97 +262,3 @@ def _finished(
         log.warning("%s: %s (already tiled; --overwrite redoes it)", source.slide_id, why)
         return TileSlideResult.of(source.slide_id, str(source.path), "empty", meta.meta, n=0, error=why)
     return TileSlideResult.of(source.slide_id, str(source.path), "skipped", meta.meta, n=len(meta))
-
-
-def _tile_open_slide(
-    slide: Slide, source: SlideSource, job: TileJob, paths: TileOutputs, mpp_source: str, mpp_note: str,
-    roi: Roi | None = None, review: ReviewFile | None = None, fingerprint: SlideFingerprint | None = None,
-) -> tuple[TileFileMeta, str]:  # fmt: skip
-    """The four steps of one slide: tissue, filters (+ pixels), QC image (the filters' verdicts), tile
-    file (last: "done"; the review applied). Returns the tile file's record and what could not be decoded.
-    """
-    thumb_mpp = job.params.tissue.thumb_mpp
-    qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
-    check_grid(slide.path, *slide.dimensions, mpp=slide.mpp, tile_um=job.params.tile_um)  # before reading
-    mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
-    thumbs = read_thumbnails(slide, mpps, max_read_px=job.max_read_px)
-    tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
-    model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
-    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
-    found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
-    if found.background.dark:
-        log.warning(
-            "%s: %s: tiled as such (tissue = what shines, background = near-black pixels, focus measured on "
-            "the brightest channel; --background light|dark forces a kind). Encoders trained on H&E may not "
-            "suit fluorescence.",
-            source.slide_id, found.background.reason,
-        )  # fmt: skip
-    artifacts = None
-    if artifact_net is not None and job.segmentation is not None:  # judged first: rejected tiles are not read
-        artifacts = artifact_verdicts(slide, artifact_net, found, job.segmentation.max_artifact_fraction)
-    upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
-    if coarse:
-        log.warning("%s: %s", source.slide_id, coarse)
-    colours = found.region_colours.copy() if found.region_colours is not None else None
-    reasons, counts, damage = filter_tiles(
-        slide, found, job, paths.zarr, source.slide_id, artifacts, colours=colours
-    )
-    if colours is not None:
-        colours[reasons != INK] = 0
-    note = damage_note(counts, damage, found)
-    if note:
-        log.warning("%s: %s", source.slide_id, note)
-    art_names = artifact_reason_names(artifact_net) if artifact_net else {}
-    art_counts = {name: int((reasons == code).sum()) for name, code in art_names.items()}
-    seg = (
-        (artifact_net.spec.name, job.segmentation.max_artifact_fraction)
-        if artifact_net and job.segmentation
-        else None
-    )
-    empty = ""
-    if counts.n_kept == 0:
-        w0, h0 = slide.dimensions
-        empty = (seg and artifact_empty(counts, art_counts, *seg)) or explain_empty(
-            counts, job.params, tissue_found=bool(found.mask.any()), background=found.background,
-            size_um=(w0 * slide.mpp, h0 * slide.mpp),
-        )  # fmt: skip
-        empty = roi_empty(roi, slide.dimensions, roi_record, len(found.candidates)) or empty
-        empty += "".join(f"; also: {extra}" for extra in (mpp_note, coarse, roi_note) if extra)
-    if roi_note:  # also in the manifest note (the tile file's RoiRecord)
-        log.warning("%s: %s", source.slide_id, roi_note)
-    picture = tile_qc_image(
-        slide, found, reasons, slide_id=source.slide_id, mpp_source=mpp_source, params=job.params,
-        picture=thumbs[1] if len(thumbs) > 1 else None, unreadable=damage.regions if damage else (),
-        extra_fates=art_names, ink_colours=ink_colour_counts(reasons, colours),
-    )  # fmt: skip
-    save_png(paths.qc, picture)
-    names = {code: name for name, code in art_names.items()}  # an artifact network's classes
-    write_qc_geojson(paths.geojson, slide, found, reasons, source.slide_id, names)
-    bg = found.background
-    meta = tile_file_meta(
-        slide, source, job.params, counts, mpp_source,
-        background=BackgroundRecord(kind=bg.kind, reason=bg.reason, choice=job.background),
-        empty_reason=empty, damage=damage_record(found, damage), roi=roi_record,
-        mask=None if found.left_out is None else MaskRecord(
-            tissue_mm2=found.left_out.tissue_mm2, glass_mm2=found.left_out.glass_mm2,
-            ink_mm2=found.left_out.ink_mm2, debris_mm2=found.left_out.debris_mm2,
-        ),
-        ink_colours=ink_colour_counts(reasons, colours),
-        upsampling=float(upsampling),  # the low-yield note: write_tiles, after any review
-        segmentation=None if job.segmentation is None
-        else segmentation_record(job.segmentation, tissue_net, artifact_net, reasons),
-        fingerprint=fingerprint,
-    )  # fmt: skip
-    cells = found.candidates
-    candidates = Candidates(
-        coords=found.grid.coords[cells], coords_um=found.grid.coords_um[cells], reasons=reasons,
-        names={**REASON_NAMES, **names}, empty_reason=empty, ink_colours=colours,
-        colour_names=COLOUR_NAMES if colours is not None else {},
-    )  # fmt: skip
-    meta = write_tiles(
-        paths, meta, candidates, review, params=job.params, save_tiles=job.save_tiles,
-        held=reasons == KEPT if job.save_tiles else None, opener=lambda: contextlib.nullcontext(slide),
-        threads=job.threads,
-    )  # fmt: skip
-    log.debug("%s: %s", source.slide_id, meta.counts)
-    return meta, note

@@ -33,7 +33,7 @@ from wsi.pipelines.study.kinds import TaskKind
 from wsi.pipelines.study.tasks import TaskConfig
 from wsi.pipelines.train.augment import BagAugment
 from wsi.pipelines.train.optim import make_optimizer, make_scheduler
-from wsi.pipelines.train.passes import Predicted, peak_mem_mb, predict_loader, train_epoch
+from wsi.pipelines.train.passes import EpochOptions, Predicted, peak_mem_mb, predict_loader, train_epoch
 from wsi.pipelines.train.recipe import is_resolved
 from wsi.pipelines.train.selection import Selection
 from wsi.pipelines.train.splits import Split
@@ -131,11 +131,13 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
-        train_loss = train_epoch(
-            self.model, self.train_loader, self.optimizer, self.scheduler, device=device,
+        options = EpochOptions(
             grad_accum=task.grad_accum or 1, grad_clip=task.optimizer.grad_clip, progress=progress,
             desc=f"epoch {epoch}", kind=self.kind, augment=self.augment,
         )  # fmt: skip
+        train_loss = train_epoch(
+            self.model, self.train_loader, self.optimizer, self.scheduler, device=device, options=options
+        )
         val = predict_loader(self.model, self.val_loader, device=device, kind=self.kind)
         val_loss, figures, score = self.kind.validation(val.targets, val.outputs, val.logits)
         score = self.selection.figure(score, val.labels, val.outputs, self.kind.num_outputs)

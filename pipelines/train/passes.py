@@ -106,6 +106,20 @@ def _training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tenso
     return step.logits, step.objective
 
 
+@dataclass(frozen=True)
+class EpochOptions:
+    """How one training pass runs besides the model, data and optimizer: the loss (`kind`, class
+    weights), the step (gradient accumulation and clipping), the batches' augmentation and the bar."""
+
+    grad_accum: int = 1
+    grad_clip: float | None = None
+    class_weights: torch.Tensor | None = None
+    progress: bool = False
+    desc: str = "train"
+    kind: TaskKind | None = None
+    augment: Callable[[Batch], Batch] | None = None
+
+
 def train_epoch(
     model: torch.nn.Module,
     loader: DataLoader[Any],
@@ -113,21 +127,19 @@ def train_epoch(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     device: torch.device,
-    grad_accum: int = 1,
-    grad_clip: float | None = None,
-    class_weights: torch.Tensor | None = None,
-    progress: bool = False,
-    desc: str = "train",
-    kind: TaskKind | None = None,
-    augment: Callable[[Batch], Batch] | None = None,
+    options: EpochOptions | None = None,
 ) -> float:
     """One pass over `loader`; returns the mean loss per loss computed (the only host sync of the
-    epoch). Without `kind`: cross-entropy on the batch labels (a categorical task). `augment` changes
-    each batch on the device before the model sees it (tile subsets, feature dropout: training only).
+    epoch). Without `options.kind`: cross-entropy on the batch labels (a categorical task).
+    `options.augment` changes each batch on the device before the model sees it (tile subsets, feature
+    dropout: training only).
 
     A kind whose loss needs a set of bags (`group_bags` > 1, survival) keeps each batch's logits until
     the set is complete, then computes one loss over the set; the optimizer steps every `grad_accum`
     losses (batches, when each batch is its own loss)."""
+    opts = options or EpochOptions()
+    grad_accum, grad_clip, augment, desc = opts.grad_accum, opts.grad_clip, opts.augment, opts.desc
+    kind, class_weights, progress = opts.kind, opts.class_weights, opts.progress
     model.train()
     autocast = autocast_for(device)
     total = torch.zeros((), device=device)

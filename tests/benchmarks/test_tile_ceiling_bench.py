@@ -11,7 +11,7 @@ import pytest
 
 import tile_ceiling
 import wsi.pipelines.tile.filters as filters
-import wsi.pipelines.tile.stage as stage
+import wsi.pipelines.tile.steps as steps
 from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slides.sources import find_slides
 
@@ -42,12 +42,12 @@ def test_the_counterfactuals_take_out_what_they_say(sample_slide, tmp_path: Path
 
 
 def test_the_library_is_restored_and_a_renamed_step_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = (filters.classified_chunks, stage.tile_qc_image, stage.save_png, stage.write_qc_geojson)
+    before = (filters.classified_chunks, steps.tile_qc_image, steps.save_png, steps.write_qc_geojson)
     with tile_ceiling.variant(filters=False, qc=False):
-        assert filters.classified_chunks is not before[0] and stage.save_png is not before[2]
-    assert (filters.classified_chunks, stage.tile_qc_image, stage.save_png, stage.write_qc_geojson) == before
-    monkeypatch.delattr(stage, "write_qc_geojson")
+        assert filters.classified_chunks is not before[0] and steps.save_png is not before[2]
+    assert (filters.classified_chunks, steps.tile_qc_image, steps.save_png, steps.write_qc_geojson) == before
+    monkeypatch.delattr(steps, "write_qc_geojson")
     gone = pytest.raises(SystemExit, match="write_qc_geojson is gone")
     with gone, tile_ceiling.variant(filters=True, qc=False):
         pass
-    assert stage.tile_qc_image is before[1]  # what was swapped before the failure is put back
+    assert steps.tile_qc_image is before[1]  # what was swapped before the failure is put back

@@ -16,7 +16,7 @@ from wsi.storage import Url
 from wsi.tiling.params import ARTIFACT_DESCRIPTIONS, ARTIFACT_FILTERS, DEFAULT_FILTERS, TileParams
 
 if TYPE_CHECKING:
-    from wsi.pipelines.tile.findings import FilterShare, HeavyFilters
+    from wsi.pipelines.tile.findings import FilterShare, HeavyFilters, TileResult
 
 # option -> field; defaults, ranges and help come from the fields (wsi.tiling.grid, pipelines/tile/config.py)
 TILE_PARAM_FLAGS = {
@@ -158,7 +158,6 @@ def command(
     others.
     """
     # Heavy imports here, so `wsi tile --help` stays instant.
-    from wsi.core.config import parse_config
     from wsi.pipelines.tile.stage import tile_slides
     from wsi.slides.sources import find_slides
 
@@ -166,6 +165,22 @@ def command(
     if not sources:
         click.echo(f"Error: no slide files found in {', '.join(map(str, paths))}", err=True)
         raise SystemExit(EXIT_USAGE)
+    params, options, segmentation = _typed_options(tiling, run, no_filter, add_filter, networks)
+    ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
+    result = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
+    _summary(result, out_dir)
+    if result.problems:
+        raise SystemExit(EXIT_PARTIAL_FAILURE)
+
+
+def _typed_options(
+    tiling: dict[str, Any], run: dict[str, Any], no_filter: tuple[str, ...], add_filter: tuple[str, ...],
+    networks: dict[str, Any],
+) -> tuple[TileParams, TileOptions, SegmentationOptions]:  # fmt: skip
+    """The options as the stage's typed configs (a bad value: ConfigError, exit 2), before any slide is
+    read: the filters turned on and off, and each network's weights as a local file."""
+    from wsi.core.config import parse_config
+
     tiling = {
         **tiling,
         "artifacts": {
@@ -184,8 +199,12 @@ def command(
         networks[f"{kind}_weights"] = _located(networks[f"{kind}_model"], networks[f"{kind}_weights"], kind)
     # ConfigError (a model without weights): exit 2
     segmentation = parse_config(SegmentationOptions, networks, source="wsi tile options")
-    ensure_writable_dir(out_dir)  # before any slide is read; after the checks above, which create nothing
-    result = tile_slides(sources, out_dir=out_dir, params=params, options=options, segmentation=segmentation)
+    return params, options, segmentation
+
+
+def _summary(result: TileResult, out_dir: Path | Url) -> None:
+    """The closing lines on stderr, from the result's fields: the counts, artifacts, each problem slide,
+    then the slides to look at first (low yield, a filter that took much tissue)."""
     from wsi.pipelines.tile.stage import TILE_LABELS, TILE_UNIT
 
     line = result.summary.line("tile", unit=TILE_UNIT, labels=TILE_LABELS)
@@ -205,8 +224,6 @@ def command(
     heavy = [r.findings.heavy for r in done if r.findings is not None and r.findings.heavy]
     for line in heavy_filter_lines(heavy):  # one filter took over 5% of the tissue tiles: look first
         click.echo(f"  {line}", err=True)
-    if result.problems:
-        raise SystemExit(EXIT_PARTIAL_FAILURE)
 
 
 def heavy_filter_lines(heavy: Sequence[HeavyFilters]) -> list[str]:

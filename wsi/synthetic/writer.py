@@ -64,19 +64,11 @@ def write_sample_slide(
         DAPI-like nuclei (blue) on dim FITC-like tissue (green), procedural texture only; the description
         then also carries `Channels = DAPI,FITC` (the metadata hint of a fluorescence scan).
     """
-    if style not in STYLE_NAMES:
-        raise ValueError(f"style must be one of {list(STYLE_NAMES)}, not {style!r}")
-    if mpp <= 0 or not math.isfinite(mpp):
-        raise ValueError(f"mpp must be a positive number of um/px, not {mpp!r}")
+    _check_style_and_mpp(style, mpp)
     width_um, height_um = (size_um, size_um) if isinstance(size_um, int | float) else size_um
     check_sample_size(width_um, height_um, mpp, tile_px)
     w, h = round(width_um / mpp), round(height_um / mpp)
-    if tissue_boxes_um is None:
-        scene_tissue, scene_blur = default_scene(width_um, height_um, seed=seed)
-        tissue_boxes_um = scene_tissue
-        blur_boxes_um = scene_blur if blur_boxes_um is None else blur_boxes_um
-    tissue = tuple(as_box(b) for b in tissue_boxes_um)
-    blur = tuple(as_box(b) for b in blur_boxes_um or [])
+    tissue, blur = _scene(width_um, height_um, seed, tissue_boxes_um, blur_boxes_um)
     used_texture, source = _texture(texture, stain, real_source)
     painter = make_painter(
         tissue, blur, texture=used_texture, style=style, source=source, seed=seed, stain=stain
@@ -94,6 +86,29 @@ def write_sample_slide(
             _damage_tiles(tmp, corrupt_tiles)
     log.debug("wrote %s (%dx%d px at %s um/px, %d levels)", path, w, h, mpp, slide.n_levels)
     return slide
+
+
+def _check_style_and_mpp(style: str, mpp: float) -> None:
+    """A style the painter knows and a usable resolution, before any pixel is painted."""
+    if style not in STYLE_NAMES:
+        raise ValueError(f"style must be one of {list(STYLE_NAMES)}, not {style!r}")
+    if mpp <= 0 or not math.isfinite(mpp):
+        raise ValueError(f"mpp must be a positive number of um/px, not {mpp!r}")
+
+
+def _scene(
+    width_um: float, height_um: float, seed: int, tissue_boxes_um: Sequence[Box] | None,
+    blur_boxes_um: Sequence[Box] | None,
+) -> tuple[tuple[Box, ...], tuple[Box, ...]]:  # fmt: skip
+    """(tissue boxes, blur boxes) in um: the given ones, else the seeded default scene (whose blur a
+    given blur list replaces)."""
+    if tissue_boxes_um is None:
+        scene_tissue, scene_blur = default_scene(width_um, height_um, seed=seed)
+        tissue_boxes_um = scene_tissue
+        blur_boxes_um = scene_blur if blur_boxes_um is None else blur_boxes_um
+    tissue = tuple(as_box(b) for b in tissue_boxes_um)
+    blur = tuple(as_box(b) for b in blur_boxes_um or [])
+    return tissue, blur
 
 
 def _texture(

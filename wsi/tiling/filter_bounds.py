@@ -73,12 +73,23 @@ def surely_kept(
     b, p = tiles.shape[:2]
     if p < MIN_PX or b == 0:
         return np.zeros(b, bool)
-    k = (p - 2) // _GRID
-    rows, per_row, per_centre, per_column, rows_in = _layout(p)
-    t = len(rows) // 3
+    rows, _, _, per_column, _ = _layout(p)
     sub = tiles[:, rows]  # (B, 3T, P, 3)
     tissue = (min_rgb(sub) < white_level).astype(np.float32)  # (B, 3T, P) 1: a tissue pixel
     seen = tissue @ per_column  # (B, 3T, 5): per block column, and the whole row
+    not_background, n_high, votes = _background_and_votes(tiles, seen, white_level, max_background_fraction)
+    score = _blur_bound(sub, tissue, seen, n_high, votes)
+    return not_background & (score >= min_blur_variance * (1.0 + MARGIN))
+
+
+def _background_and_votes(
+    tiles: np.ndarray, seen: np.ndarray, white_level: int, max_background_fraction: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(not background (B,), at most this many tissue pixels per block (B, 4, 4), the blocks that vote
+    (B, 4, 4)): from the sample where it decides, from every pixel of the tiles at the tissue's edge."""
+    p = tiles.shape[1]
+    k = (p - 2) // _GRID
+    _, per_row, _, per_column, rows_in = _layout(p)
     # background: every unsampled pixel counted as background
     glass = p * p - seen[..., _GRID].sum(axis=1, dtype=np.float64)
     not_background = glass / (p * p) <= max_background_fraction
@@ -100,6 +111,17 @@ def surely_kept(
         block_rows = per_column[:, :_GRID].T.astype(np.float64)  # (4, P)
         n_high[unsure] = block_rows @ per_row_seen[..., :_GRID].astype(np.float64)
         votes[unsure] = n_high[unsure] >= quarter
+    return not_background, n_high, votes
+
+
+def _blur_bound(
+    sub: np.ndarray, tissue: np.ndarray, seen: np.ndarray, n_high: np.ndarray, votes: np.ndarray
+) -> np.ndarray:
+    """(B,) a lower bound of each tile's blur score: the median of the voting blocks' variance bounds
+    (the whole tile's bound where no block votes), from the sampled rows' Laplacian."""
+    b, p = sub.shape[0], sub.shape[2]
+    t = sub.shape[1] // 3
+    _, _, per_centre, per_column, _ = _layout(p)
     # the Laplacian at the centre rows, over tissue pixels: exact in integers per channel, then weighted
     # as the grayscale is (the Laplacian is linear; it differs from the exact filter's, which rounds the
     # grayscale first, by under 0.01 a pixel, far inside MARGIN), a third of the float work
@@ -127,8 +149,7 @@ def surely_kept(
     whole = np.maximum(
         s2.sum(axis=(1, 2)) - s1.sum(axis=(1, 2)) ** 2 / np.maximum(m.sum(axis=(1, 2)), 1.0), 0.0
     ) / np.maximum(n_high.sum(axis=(1, 2)), 1.0)
-    score = np.where(n_votes > 0, median, whole)
-    return not_background & (score >= min_blur_variance * (1.0 + MARGIN))
+    return np.where(n_votes > 0, median, whole)
 
 
 __all__ = ["MARGIN", "STRIDE", "surely_kept"]

@@ -27,6 +27,7 @@ import os
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -70,6 +71,21 @@ def qc_picture_mpp(level0_size: tuple[int, int], mpp: float, thumb_mpp: float) -
     return qc_mpp if qc_mpp < thumb_mpp else None
 
 
+@dataclass(frozen=True)
+class QcExtras:
+    """What the tile reads and an artifact network add to the QC picture beyond the tissue grid.
+
+    picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
+    unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
+    legend with the thumbnail's. extra_fates: more reason codes by name (a key of FATE_RGB), e.g. the
+    artifact network's ("artifact: pen"). ink_colours: the ink tiles per marker colour, a legend note."""
+
+    picture: Thumbnail | None = None
+    unreadable: Sequence[UnreadableRegion] = ()
+    extra_fates: Mapping[str, int] | None = None
+    ink_colours: Mapping[str, int] | None = None
+
+
 def tile_qc_image(
     slide: Slide,
     found: TissueGrid,
@@ -78,33 +94,54 @@ def tile_qc_image(
     slide_id: str,
     mpp_source: str,
     params: TileParams,
-    picture: Thumbnail | None = None,
-    unreadable: Sequence[UnreadableRegion] = (),
-    extra_fates: Mapping[str, int] | None = None,
-    ink_colours: Mapping[str, int] | None = None,
+    extras: QcExtras | None = None,
 ) -> np.ndarray:
     """The tile stage's QC picture of one slide: the slide at `qc_size` (QC_LONG_SIDE_PX on its long
     side, its own size where smaller), each candidate tile coloured by its reason code in `reasons`
     (`wsi.tiling.grid.REASON_NAMES`: kept, background, blurry, unreadable and the artifacts), a legend with
-    the counts, the id and the mpp.
-
-    picture: the slide read at `qc_picture_mpp` (else the tissue thumbnail, enlarged where smaller);
-    unreadable: undecodable regions found besides the thumbnail's (by the tile reads), named under the
-    legend with the thumbnail's. extra_fates: more reason codes by name (a key of FATE_RGB), e.g. the
-    artifact network's ("artifact: pen"). ink_colours: the ink tiles per marker colour, a legend note."""
+    the counts, the id and the mpp; `extras` (`QcExtras`) what the reads and networks add."""
+    extras = extras or QcExtras()
+    picture = extras.picture
     w0, h0 = slide.dimensions
     thumb, unknown = _qc_thumbnail(found, picture, qc_size((w0, h0)))
     coords = found.candidate_coords
+    fates = _fates(params, extras.extra_fates)
+    legend = _legend(slide, found, reasons, fates, slide_id=slide_id, mpp_source=mpp_source, params=params,
+                     extras=extras)  # fmt: skip
+    return render_qc(
+        thumb,
+        found.mask,
+        scale=(thumb.shape[1] / w0, thumb.shape[0] / h0),
+        step_px=found.grid.step_px,
+        tiles={name: coords[reasons == code] for name, code in fates.items()},
+        legend=legend,
+        unknown=unknown,
+        um_per_px=slide.mpp * w0 / thumb.shape[1],
+    )
+
+
+def _fates(params: TileParams, extra_fates: Mapping[str, int] | None) -> dict[str, int]:
+    """Reason code by legend name: every filter that ran (blood only when on), then the network's."""
     fates = {name: code for code, name in REASON_NAMES.items()}
     if not params.artifacts.on("blood"):  # off by default: no legend line for a filter that did not run
         del fates["blood"]
     fates.update(extra_fates or {})
+    return fates
+
+
+def _legend(
+    slide: Slide, found: TissueGrid, reasons: np.ndarray, fates: Mapping[str, int], *, slide_id: str,
+    mpp_source: str, params: TileParams, extras: QcExtras,
+) -> QcLegend:  # fmt: skip
+    """The legend under the map: the count of every fate (even 0), the tiles outside the tissue, and the
+    notes a reader needs to trust it (undecodable regions, the mask's left-outs, ink by colour)."""
+    picture, unreadable, ink_colours = extras.picture, extras.unreadable, extras.ink_colours
     counts = {name: int((reasons == code).sum()) for name, code in fates.items()}
     counts["outside tissue"] = len(found.grid) - len(found.candidates)
     regions = distinct_regions(found.unreadable, picture.unreadable if picture else (), unreadable)
     if found.unreadable:
         counts[UNKNOWN_KEY] = len(found.unreadable)
-    legend = QcLegend(
+    return QcLegend(
         title=slide_id,
         subtitle=(
             f"mpp {slide.mpp:.4g} um/px ({mpp_source})  |  tiles {params.tile_um:g} um at {params.tile_px} px"
@@ -116,16 +153,6 @@ def tile_qc_image(
             *((f"outside the tissue mask: {found.left_out.describe()}",) if found.left_out else ()),
             *((f"ink by marker colour: {_by_colour(ink_colours)}",) if ink_colours else ()),
         ),
-    )
-    return render_qc(
-        thumb,
-        found.mask,
-        scale=(thumb.shape[1] / w0, thumb.shape[0] / h0),
-        step_px=found.grid.step_px,
-        tiles={name: coords[reasons == code] for name, code in fates.items()},
-        legend=legend,
-        unknown=unknown,
-        um_per_px=slide.mpp * w0 / thumb.shape[1],
     )
 
 
@@ -261,6 +288,6 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 
 __all__ = [  # the palette and the legend re-exported: what the tile stage and view import from here
     "ARTIFACT_RGB", "BACKGROUND_RGB", "BLURRY_RGB", "FATE_RGB", "KEPT_RGB", "OUTLINE_DASH_RGB", "OUTLINE_RGB",
-    "QC_LONG_SIDE_PX", "UNKNOWN_KEY", "UNKNOWN_RGB", "UNREADABLE_RGB", "QcLegend", "png_bytes",
+    "QC_LONG_SIDE_PX", "UNKNOWN_KEY", "UNKNOWN_RGB", "UNREADABLE_RGB", "QcExtras", "QcLegend", "png_bytes",
     "qc_picture_mpp", "qc_size", "render_qc", "save_png", "tile_qc_image",
 ]  # fmt: skip

@@ -177,6 +177,7 @@ def test_raw_slides_reproduce_the_runs_feature_extraction(tmp_path: Path) -> Non
 def test_raw_slides_are_drawn_at_the_resolution_they_were_tiled_at(make_slide, tmp_path: Path) -> None:
     """--mpp serves slides without resolution metadata; a slide with one is tiled at its own, so its
     heatmap and top tiles must open it at that one too, not at --mpp (tiles drawn at 2x their place)."""
+    from wsi.pipelines.predict.config import PredictOptions
     from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
     slide = make_slide(name="has-mpp", size_um=600.0, mpp=0.5, seed=1)
@@ -185,9 +186,8 @@ def test_raw_slides_are_drawn_at_the_resolution_they_were_tiled_at(make_slide, t
         "tile_params": {"tile_um": 96.0, "tile_px": 32, "min_blur_variance": 0.0},
     }  # fmt: skip
     bags, thumbs, failed = embed_raw_slides(
-        provenance, [slide.path], tmp_path / "work", weights=None, mpp=0.25, backend="openslide",
-        workers=1, scheduler=None, device="cpu", progress=False,
-    )  # fmt: skip
+        provenance, [slide.path], tmp_path / "work", PredictOptions(mpp=0.25, device="cpu", progress=False)
+    )
     assert failed == [] and set(bags) == {"has-mpp"}
     assert read_bag(bags["has-mpp"]).provenance.mpp == pytest.approx(0.5)  # tiled at the metadata's
     assert thumbs["has-mpp"] == (slide.path, pytest.approx(0.5))  # and drawn at it, not at --mpp 0.25

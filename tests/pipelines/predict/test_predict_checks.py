@@ -158,14 +158,14 @@ def test_weights_are_refused_where_no_encoder_runs(trained, tmp_path: Path) -> N
     )  # fmt: skip
     assert res.exit_code == 2 and "--weights" in res.output and "leave --weights out" in res.output
     assert not (tmp_path / "o" / "predictions.csv").exists()
+    from wsi.pipelines.predict.config import PredictOptions
     from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
     prov = {"encoder": "timm:resnet18", "weights_sha256": "random", "tile_params": {"tile_um": 96.0}}
     with pytest.raises(ConfigError, match=r"randomly initialised.*--weights cannot apply"):
         embed_raw_slides(
-            prov, [tmp_path], tmp_path / "work", weights=weights, mpp=None, backend="openslide", workers=1,
-            scheduler=None, device="cpu", progress=False,
-        )  # fmt: skip
+            prov, [tmp_path], tmp_path / "work", PredictOptions(weights=weights, device="cpu", progress=False)
+        )
 
 
 def test_an_out_folder_that_cannot_be_written_is_refused_before_any_work(trained, tmp_path: Path) -> None:

@@ -59,13 +59,13 @@ def test_runs_recorded_before_the_stain_fields_are_not_checked(tmp_path: Path) -
 
 
 def test_raw_slides_of_a_stain_normalised_run_are_refused_before_any_work(tmp_path: Path) -> None:
+    from wsi.pipelines.predict.config import PredictOptions
     from wsi.pipelines.predict.raw_slides import embed_raw_slides
 
     prov = {"encoder": "test-encoder", "weights_sha256": SHA, "tile_params": {"tile_um": 256.0},
             "stain_norm": "macenko", "stain_reference_sha256": "m" * 64}  # fmt: skip
     with pytest.raises(ConfigError, match=r"stain-normalised tiles \(macenko\).*--stain-norm macenko"):
         embed_raw_slides(
-            prov, [tmp_path / "missing.svs"], tmp_path / "work", weights=None, mpp=None,
-            backend="openslide", workers=1, scheduler=None, device="cpu", progress=False,
-        )  # fmt: skip
+            prov, [tmp_path / "missing.svs"], tmp_path / "work", PredictOptions(device="cpu", progress=False)
+        )
     assert not (tmp_path / "work").exists()

@@ -177,6 +177,7 @@ def test_each_check_runs_once_per_slide(good, blurred, tmp_path: Path, monkeypat
     """The grid bound and the id check run once per slide: where the work starts (the batch, before the
     thumbnail is read), not again in every function the slide passes through."""
     import wsi.pipelines.tile.stage as stage
+    import wsi.pipelines.tile.steps as steps
     import wsi.tiling.grid as grid
 
     calls: dict[str, list[object]] = {"grid": [], "id": []}
@@ -188,7 +189,7 @@ def test_each_check_runs_once_per_slide(good, blurred, tmp_path: Path, monkeypat
 
         return wrapped
 
-    monkeypatch.setattr(stage, "check_grid", counting("grid", stage.check_grid))
+    monkeypatch.setattr(steps, "check_grid", counting("grid", steps.check_grid))
     monkeypatch.setattr(grid, "check_grid", counting("grid", grid.check_grid))
     monkeypatch.setattr(stage, "check_usable_id", counting("id", stage.check_usable_id))
     sources = [SlideSource("good", good.path, None), SlideSource("all-blurred", blurred.path, None)]
