@@ -35,7 +35,7 @@ from typing import Any
 STEPS = (
     ("wsi.pipelines.tile.stage", "open_with_mpp", "open slide"),
     ("wsi.pipelines.tile.steps", "read_thumbnails", "thumbnail + QC picture read"),
-    ("wsi.tiling.grid", "tissue_mask", "tissue mask"),
+    ("wsi.tiling.grid", "find_tissue_mask", "tissue mask"),
     ("wsi.tiling.grid", "find_artifacts", "artifact regions"),
     ("wsi.pipelines.tile.steps", "find_tissue", "background, grid, cell fractions"),
     ("wsi.pipelines.tile.steps", "filter_tiles", "tile reads + filters"),

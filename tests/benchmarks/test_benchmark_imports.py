@@ -75,3 +75,17 @@ def test_no_two_benchmarks_import_each_other() -> None:
         links[script.stem] = found & names - {script.stem}
     assert cycles(links) == []
     assert cycles({"tile_ceiling": {"tile_throughput"}, "tile_throughput": {"tile_ceiling"}})  # it can fail
+
+
+def test_tile_costs_times_functions_that_exist() -> None:
+    """benchmarks/tile_costs.py swaps each (module, function) of STEPS for a timer: a renamed function
+    would make the benchmark fail (or time nothing), so every one must still be there."""
+    import importlib
+
+    import tile_costs
+
+    missing = [
+        f"{module}.{name}" for module, name, _ in tile_costs.STEPS
+        if not callable(getattr(importlib.import_module(module), name, None))
+    ]  # fmt: skip
+    assert not missing, f"benchmarks/tile_costs.py times functions that no longer exist: {missing}"
