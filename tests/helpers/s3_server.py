@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,23 @@ def forget_filesystems() -> None:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """This process pointed at the server, with a cache of its own, for the whole module (import it
+    beside `s3_server`: `from s3_server import s3 as s3, s3_server as s3_server`)."""
+    mp = pytest.MonkeyPatch()
+    use_s3(mp, s3_server, tmp_path_factory.mktemp("cache"))
+    yield s3_server
+    mp.undo()
+    forget_filesystems()
+
+
+def padded_pair(make_slide: Any, prefix: str) -> tuple[bytes, bytes]:
+    """Two different slides padded to one size (trailing bytes no TIFF reader looks at): a slide replaced
+    by another of the same size."""
+    a = make_slide(name=f"{prefix}-a", size_um=800.0, mpp=1.0, seed=3).path.read_bytes()
+    b = make_slide(name=f"{prefix}-b", size_um=800.0, mpp=1.0, seed=9, style="b").path.read_bytes()
+    n = max(len(a), len(b))
+    return a + b"\0" * (n - len(a)), b + b"\0" * (n - len(b))

@@ -14,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from s3_server import S3Server, forget_filesystems, use_s3
+from s3_server import S3Server, padded_pair
+from s3_server import s3 as s3  # a fixture
 from s3_server import s3_server as s3_server  # a fixture
 
 from wsi.cli.main import cli
@@ -42,21 +42,8 @@ SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzz"
 
 
 @pytest.fixture(scope="module")
-def s3(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    mp = pytest.MonkeyPatch()
-    use_s3(mp, s3_server, tmp_path_factory.mktemp("cache"))
-    yield s3_server
-    mp.undo()
-    forget_filesystems()
-
-
-@pytest.fixture(scope="module")
-def pair(make_slide: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
-    """Two different slides padded to one size (trailing bytes no TIFF reader looks at)."""
-    a = make_slide(name="g-a", size_um=800.0, mpp=1.0, seed=3).path.read_bytes()
-    b = make_slide(name="g-b", size_um=800.0, mpp=1.0, seed=9, style="b").path.read_bytes()
-    n = max(len(a), len(b))
-    return a + b"\0" * (n - len(a)), b + b"\0" * (n - len(b))
+def pair(make_slide: Any) -> tuple[bytes, bytes]:
+    return padded_pair(make_slide, "g")
 
 
 def _tile(*args: str, cache: Path | None = None) -> Any:

@@ -11,14 +11,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from cohorts import make_cohort, write_task
-from s3_server import S3Server, forget_filesystems, use_s3
+from s3_server import S3Server, padded_pair
+from s3_server import s3 as s3  # a fixture
 from s3_server import s3_server as s3_server  # a fixture
 
 from wsi.cli.main import cli
@@ -29,21 +29,8 @@ TILE = ["--backend", "tiffslide", "--tile-um", "128", "--tile-px", "32", "--min-
 
 
 @pytest.fixture(scope="module")
-def s3(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    mp = pytest.MonkeyPatch()
-    use_s3(mp, s3_server, tmp_path_factory.mktemp("cache"))
-    yield s3_server
-    mp.undo()
-    forget_filesystems()
-
-
-@pytest.fixture(scope="module")
 def pair(make_slide: Any) -> tuple[bytes, bytes]:
-    """Two different slides padded to one size (trailing bytes no TIFF reader looks at)."""
-    a = make_slide(name="w-a", size_um=800.0, mpp=1.0, seed=3).path.read_bytes()
-    b = make_slide(name="w-b", size_um=800.0, mpp=1.0, seed=9, style="b").path.read_bytes()
-    n = max(len(a), len(b))
-    return a + b"\0" * (n - len(a)), b + b"\0" * (n - len(b))
+    return padded_pair(make_slide, "w")
 
 
 # ------------------------------------------- 3. two machines, one remote output: `wsi train` at once

@@ -10,14 +10,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 import pytest
 from click.testing import CliRunner
-from s3_server import S3Server, forget_filesystems, use_s3
+from s3_server import S3Server, forget_filesystems
+from s3_server import s3 as s3  # a fixture
 from s3_server import s3_server as s3_server  # a fixture
 
 from wsi.cli.main import cli
@@ -47,15 +47,6 @@ DYING = textwrap.dedent(
     cli(sys.argv[1:])
     """
 )
-
-
-@pytest.fixture(scope="module")
-def s3(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    mp = pytest.MonkeyPatch()
-    use_s3(mp, s3_server, tmp_path_factory.mktemp("cache"))
-    yield s3_server
-    mp.undo()
-    forget_filesystems()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ outputs never hold a credential. Kills during uploads and refused credentials: t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from cohorts import make_cohort, write_task
-from s3_server import S3Server, use_s3
+from s3_server import S3Server
+from s3_server import s3 as s3  # a fixture
 from s3_server import s3_server as s3_server  # a fixture
 from safetensors.numpy import load_file
 
@@ -45,15 +45,6 @@ BAGS = "features/timm-test_resnet"
 WHERE = {"slide_path", "tile_file", "created", "slide_version"}  # a local mtime vs an ETag
 #: the same for a tile file: where its slide was and the slide file's version
 SLIDE_WHERE = {"slide_path", "slide_version"}
-
-
-@pytest.fixture(scope="module")
-def s3(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """This process pointed at the server, with a cache of its own, for the whole module."""
-    mp = pytest.MonkeyPatch()
-    use_s3(mp, s3_server, tmp_path_factory.mktemp("cache"))
-    yield s3_server
-    mp.undo()
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +360,7 @@ def test_a_copy_is_held_before_its_entry_lock_is_let_go(
     monkeypatch.setenv("WSI_CACHE_DIR", str(tmp_path / "cache"))
     url = parse_url(f"s3://{bucket}/slides/s3-a.svs", what="slide")
     seen: list[bool] = []
-    take = cache._hold_entry
+    take = cache.hold_entry
 
     def hold_and_look(where: Path) -> Any:
         with open(where / ".lock", "a+") as other:  # another process's eviction would try this first
@@ -381,11 +372,11 @@ def test_a_copy_is_held_before_its_entry_lock_is_let_go(
                 seen.append(True)
         return take(where)
 
-    monkeypatch.setattr(cache, "_hold_entry", hold_and_look)
+    monkeypatch.setattr(cache, "hold_entry", hold_and_look)
     for _ in range(2):  # copied now, then found in the cache
         paths, hold = cache.held_local_copies(url.parent, [url.name], why="a test")
-        with hold, cache._unheld(cache.entry_dir(url, cache.storage_settings())) as free:
+        with hold, cache.entry_unheld(cache.entry_dir(url, cache.storage_settings())) as free:
             assert paths[0].is_file() and not free  # held: eviction passes over it
     assert seen == [True, True]  # the entry lock was still held when the hold was taken
-    with cache._unheld(cache.entry_dir(url, cache.storage_settings())) as free:
+    with cache.entry_unheld(cache.entry_dir(url, cache.storage_settings())) as free:
         assert free  # closed: evictable again
