@@ -147,6 +147,28 @@ def test_red_absorbing_more_than_the_slides_own_eosin_is_no_marker(shared_data: 
     assert not (_colours(rgb, 8.7) == colour_code("red")).any()
 
 
+def _over_the_wall(rgb: np.ndarray, add: np.ndarray | tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(the aorta with optical density `add` added over a band 0.3 mm wide and 3.5 mm long lying on its
+    wall, the band)."""
+    band = np.zeros(rgb.shape[:2], bool)
+    band[700:735, 250:650] = True
+    od = optical_density(rgb)
+    od[band] += np.asarray(add, np.float32) if isinstance(add, tuple) else add[band]
+    return np.clip(255.0 * 10.0 ** (-od), 0, 255).astype(np.uint8), band
+
+
+def test_translucent_grey_marker_over_tissue_is_ink_but_a_fold_is_not(shared_data: Path) -> None:
+    """A translucent grey marker line over the aorta's pink wall takes the tissue's colour (saturation
+    0.4, more than any grey on glass) but adds a grey optical density: black ink. A fold along the same
+    band (the wall's own density added again) adds the tissue's colour: not ink."""
+    grey, band = _over_the_wall(_aorta(shared_data), (0.3, 0.3, 0.27))
+    assert np.median(hsv(grey[band].astype(np.float32))[1]) > 0.35
+    assert (_colours(grey, 8.7)[band] == colour_code("black")).mean() > 0.8  # 0 without the grey excess
+    rgb = _aorta(shared_data)
+    fold, band = _over_the_wall(rgb, optical_density(rgb))
+    assert not _colours(fold, 8.7)[band].any()
+
+
 #: yellow tissue-marking dye: absorbs blue light almost only (hue ~50 degrees)
 YELLOW_DYE = (0.03, 0.1, 0.9)
 

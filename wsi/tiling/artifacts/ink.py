@@ -129,7 +129,8 @@ def ink_colour_regions(
         "yellow": bands(open_disk(colours["yellow"], _MIN_STROKE_UM / 2 / mpp), mpp, DYE_BAND),
         # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
         # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
-        "black": _grown(black, colours["black"] | faint_black, mpp, None) | _grey_bands(planes, mpp),
+        "black": _grown(black, colours["black"] | faint_black, mpp, None)
+        | _grey_bands(planes, od, mpp, coloured=colours["green"] | colours["blue"] | colours["red"]),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))
@@ -181,16 +182,52 @@ _GREY_MAX_SATURATION = 0.35
 #: ... of a purple-to-blue grey (MSKCC's: 277-308 degrees) or neutral; brown-grey is brown's (`dye_rules`)
 _GREY_HUES = (200.0, 330.0)
 _NEUTRAL_SATURATION = 0.12
+#: Grey marker drawn over tissue takes the tissue's colour (purple over a tumour: saturation 0.4, more
+#: than _GREY_MAX_SATURATION), but what it adds is grey. Optical densities add (Beer-Lambert), so the
+#: marker's own absorption is the pixel's OD less that of the tissue around it (the mean OD over
+#: _SURROUND_UM): a grey marker adds about as much to each channel (MSKCC 00073's loop over tumour:
+#: red / green 0.86-1.0, blue / green 0.7-0.85), where more haematoxylin adds little blue absorption
+#: (Ruifrok and Johnston's H vector: blue / green 0.41) and more eosin little red (0.07), and a fold
+#: adds the tissue's own colour (blue / green 0.5-0.6 measured beside the loop). Such an even grey excess
+#: of at least _GREY_MIN_EXCESS green OD is grey marker where it forms a band (`strokes.GREY_BAND`).
+_SURROUND_UM = 1500.0
+_GREY_MIN_EXCESS = 0.1
+_GREY_EXCESS_RED = 0.7
+_GREY_EXCESS_BLUE = 0.65
+#: ... the surround being the tissue around a pixel: those of green OD at least this (glass: 0.01-0.05)
+_STAINED_OD = 0.08
 
 
-def _grey_bands(planes: HSV, mpp: float) -> np.ndarray:
-    """(h, w) bool: dark grey or purple-black regions shaped like a marker stroke (`strokes.GREY_BAND`),
-    their streaks closed over."""
+def _grey_bands(planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray) -> np.ndarray:
+    """(h, w) bool: dark grey or purple-black regions, or a grey excess over the tissue around them,
+    shaped like a marker stroke (`strokes.GREY_BAND`), their streaks closed over. `coloured`: pixels of
+    another ink's colour (a green stroke over tissue adds no grey)."""
     hue, sat, val = planes
-    grey = (val <= _GREY_MAX_VALUE) & (sat <= _GREY_MAX_SATURATION) & (val > 0.1)
+    dark = (val <= _GREY_MAX_VALUE) & (val > 0.1)
+    grey = dark & (sat <= _GREY_MAX_SATURATION)
     grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
+    grey |= dark & _grey_excess(od, mpp) & ~coloured
     grey = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
     return bands(grey, mpp, GREY_BAND) if grey.any() else grey
+
+
+def _grey_excess(od: np.ndarray, mpp: float) -> np.ndarray:
+    """(h, w) bool: pixels whose optical density (the mean over _GAP_UM: a marker's streaks and the
+    tissue's texture smoothed) exceeds the mean of the _SURROUND_UM around them by an even grey
+    (`_GREY_MIN_EXCESS`, `_GREY_EXCESS_RED`, `_GREY_EXCESS_BLUE`)."""
+    near, size = max(1, int(round(_GAP_UM / mpp))), max(3, int(round(_SURROUND_UM / mpp)) | 1)
+    stained = (od[..., 1] >= _STAINED_OD).astype(np.float32)  # the surround is tissue, not glass
+    share = np.maximum(ndimage.uniform_filter(stained, size, mode="nearest"), 1e-3)
+    excess = [
+        ndimage.uniform_filter(od[..., c], near, mode="nearest")
+        - ndimage.uniform_filter(od[..., c] * stained, size, mode="nearest") / share
+        for c in range(3)
+    ]
+    green = excess[1]
+    out = green >= _GREY_MIN_EXCESS
+    out &= excess[0] >= _GREY_EXCESS_RED * green
+    out &= excess[2] >= _GREY_EXCESS_BLUE * green
+    return out
 
 
 def _stroke_hue(hue: np.ndarray, strokes: np.ndarray) -> np.ndarray:
