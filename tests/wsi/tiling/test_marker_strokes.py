@@ -169,6 +169,30 @@ def test_translucent_grey_marker_over_tissue_is_ink_but_a_fold_is_not(shared_dat
     assert not _colours(fold, 8.7)[band].any()
 
 
+def test_eosin_rich_tissue_beside_a_red_stroke_is_not_taken_with_it() -> None:
+    """A red marker stroke along a section's edge, touching a patch of eosin-rich tissue as red as itself
+    (hue 344, saturation 0.65) that absorbs red light like the slide's own eosin (OD_R / OD_G 0.235; the
+    slide's eosin 0.22-0.32): the stroke is ink, the patch is not (93% of it was, taken with the stroke
+    as one region and then grown into)."""
+    rng = np.random.default_rng(0)
+    rgb = np.full((200, 300, 3), 245, np.uint8)
+    tissue = np.zeros((200, 300), bool)
+    tissue[60:200, 20:280] = True
+    n = int(tissue.sum())
+    ratio = np.clip(rng.normal(0.32, 0.08, n), 0.12, 0.6)  # eosin, hue ~320
+    od = np.stack([ratio * 0.6, np.full(n, 0.6), np.full(n, 0.3)], 1)
+    rgb[tissue] = np.clip(255 * 10 ** (-od) + rng.normal(0, 2, od.shape), 0, 255).astype(np.uint8)
+    stroke = np.zeros_like(tissue)
+    stroke[30:60, 20:280] = True  # 0.5 mm wide, 4 mm long at 16 um/px
+    _paint(rgb, stroke, (0.09, 0.85, 0.7))
+    patch = np.zeros_like(tissue)
+    patch[60:100, 100:180] = True
+    _paint(rgb, patch, (0.235 * 0.6, 0.6, 0.42), seed=2)
+    red = _colours(rgb, 16.0) == colour_code("red")
+    assert red[stroke].mean() > 0.95
+    assert red[patch].mean() < 0.1
+
+
 #: yellow tissue-marking dye: absorbs blue light almost only (hue ~50 degrees)
 YELLOW_DYE = (0.03, 0.1, 0.9)
 

@@ -20,7 +20,10 @@ result names each stroke's colour (`ink_colour_regions`), which the tile file re
    Canny's edge linking). Red grows only into pixels of the strokes' own hue (`_STROKE_HUE_DEG`), whose
    ratio is nearer the strokes' than the slide's eosin (`_GROW_TOWARD_EOSIN`), and only within
    `_GROW_UM`: faint red is also the colour of eosin, so a growth without bound from a stroke at the
-   edge of the tissue would take the stroma beside it. Faint black (grey or brownish, never purple)
+   edge of the tissue would take the stroma beside it. Each grown part is then judged as a whole: one
+   whose median absorbs as much red light as the slide's own eosin is that eosin (`_grown_red`), and a
+   red part next to a stroke is that stroke over tissue only while it absorbs less than the slide's
+   eosin. Faint black (grey or brownish, never purple)
    follows a stroke all along: a marker loop is dark enough to seed at its ends only (MSKCC's thumbnail
    283: 420 of its 574 ink tiles).
 4. Colours that tissue also takes are ink only as strokes (`strokes`): brown marker (DAB's colour; only
@@ -120,7 +123,7 @@ def ink_colour_regions(
     found = {
         "green": open_disk(colours["green"], _MIN_STROKE_UM / 2 / mpp),
         "blue": open_disk(colours["blue"], _MIN_STROKE_UM / 2 / mpp),
-        "red": _grown(red, colours["red"] | faint_red, mpp, _GROW_UM),
+        "red": _grown_red(red, colours["red"] | faint_red, od, mpp, eosin),
         # dyes and brown marker share their colour with DAB and pigment: only bands (strokes) are ink, and
         # brown only on a slide stained with eosin (H&E): on one without (IHC), brown is the DAB stain
         "brown": bands(open_disk(colours["brown"], _MIN_STROKE_UM / 2 / mpp), mpp, BROWN_BAND)
@@ -249,7 +252,8 @@ def _red_strokes(
     ratio, dense = red_od_ratio(od), od[..., 1] >= RED_DENSE_OD
     # a stroke drawn up to a pool of blood is one red region with it: parted where the pixels absorb
     # more red light than marker over tissue does, so that each part is judged on its own
-    parts = parts & ~(dense & (ratio > _NEAR_RATIO))
+    near_ratio = min(_NEAR_RATIO, eosin.low) if eosin is not None else _NEAR_RATIO
+    parts = parts & ~(dense & (ratio > near_ratio))
     limit = params.red_max_od_ratio if eosin is None else min(params.red_max_od_ratio, eosin.low)
     labels = label(parts, connectivity=2)
     medians, counts = _region_medians(labels, ratio, dense)
@@ -272,7 +276,7 @@ def _red_strokes(
     median = float(np.median(ratio[sure & dense]))
     if params.red_max_od_ratio >= _NEAR_RATIO:
         return sure, median
-    near = (medians <= _NEAR_RATIO) & (counts > 0) & ~keep
+    near = (medians <= near_ratio) & (counts > 0) & ~keep
     near[0] = False
     near_parts = near[labels]
     return sure | (_touching(near_parts | dilate_disk(sure, _NEAR_UM / mpp), sure) & near_parts), median
@@ -298,6 +302,26 @@ def _region_medians(
         hi = start[has] + counts[has] // 2
         medians[has] = (ranked[lo] + ranked[hi]) / 2.0
     return medians, counts
+
+
+def _grown_red(
+    seeds: np.ndarray, candidates: np.ndarray, od: np.ndarray, mpp: float, eosin: EosinRatios | None
+) -> np.ndarray:
+    """The red `seeds` grown into the `candidates` within _GROW_UM of them (`_grown`), each grown part
+    (a connected part of the candidates outside the seeds) judged on its own: one whose dense pixels'
+    median OD_R / OD_G reaches the slide's own eosin (its 10th percentile) absorbs like that eosin, and
+    is the tissue beside the stroke, not the stroke's faint edge (HistoQC's red streaks over tissue:
+    their parts' medians 0.13-0.28 on a slide whose eosin starts at 0.28, 0.17-0.26 at 0.27)."""
+    if not seeds.any():
+        return seeds
+    candidates = candidates & dilate_disk(seeds, _GROW_UM / mpp)
+    if eosin is not None:
+        parts = label(candidates & ~seeds, connectivity=2)
+        medians, counts = _region_medians(parts, red_od_ratio(od), od[..., 1] >= RED_DENSE_OD)
+        eosin_like = (medians >= eosin.low) & (counts >= _MIN_DENSE)
+        eosin_like[0] = False
+        candidates = candidates & ~eosin_like[parts]
+    return _touching(candidates, seeds)
 
 
 def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float, reach_um: float | None) -> np.ndarray:
