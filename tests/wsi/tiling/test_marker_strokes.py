@@ -193,6 +193,33 @@ def test_eosin_rich_tissue_beside_a_red_stroke_is_not_taken_with_it() -> None:
     assert red[patch].mean() < 0.1
 
 
+def test_a_red_strokes_streaks_over_tissue_follow_it_across_their_gaps() -> None:
+    """A red stroke on glass runs on over a section as a drying marker does: parallel faint streaks
+    (saturation 0.48, OD_R / OD_G 0.23, under the slide's eosin: 0.25-0.34) a gap apart, the nearest
+    40 um from the stroke's end and the furthest 850 um. They are ink all along (none of them touches
+    the stroke: 0 without bridging the gaps; 70% when growth stopped 600 um from the stroke), the tissue
+    beside them is not."""
+    rng = np.random.default_rng(0)
+    rgb = np.full((200, 300, 3), 245, np.uint8)
+    tissue = np.zeros((200, 300), bool)
+    tissue[20:200, 152:290] = True
+    n = int(tissue.sum())
+    ratio = np.clip(rng.normal(0.34, 0.05, n), 0.12, 0.6)
+    od = np.stack([ratio * 0.45, np.full(n, 0.45), np.full(n, 0.22)], 1)
+    rgb[tissue] = np.clip(255 * 10 ** (-od) + rng.normal(0, 2, od.shape), 0, 255).astype(np.uint8)
+    stroke = np.zeros_like(tissue)
+    stroke[40:70, 10:150] = True  # at 16 um/px: 0.5 mm wide, on glass, ending 2 px from the tissue
+    _paint(rgb, stroke, (0.09, 0.85, 0.7))
+    streaks = np.zeros_like(tissue)
+    for y in range(40, 70, 5):
+        streaks[y : y + 3, 152:205] = True
+    _paint(rgb, streaks, (0.085, 0.37, 0.25), seed=3)
+    red = _colours(rgb, 16.0) == colour_code("red")
+    assert red[stroke].mean() > 0.95
+    assert red[streaks].mean() > 0.85
+    assert not red[100:, 152:].any()
+
+
 #: yellow tissue-marking dye: absorbs blue light almost only (hue ~50 degrees)
 YELLOW_DYE = (0.03, 0.1, 0.9)
 

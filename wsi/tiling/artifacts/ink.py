@@ -62,10 +62,11 @@ _MIN_STROKE_UM = 30.0
 _MIN_BLACK_STROKE_UM = 200.0
 #: gaps inside a stroke (streaks of a drying marker) up to this wide (um) are closed
 _GAP_UM = 60.0
-#: faint ink is grown at most this far (um) from a stroke's seed (a marker stroke is 0.5-2 mm wide;
-#: 300, 600 and 1,000 um were tried on the tuning images: 600 keeps the streaky halo of HistoQC's red
-#: strokes, 1,000 adds no ink tile there and grows further into eosin beside a stroke)
-_GROW_UM = 600.0
+#: faint ink is grown at most this far (um) from a stroke's seed (a marker stroke is 0.5-2 mm wide):
+#: 600 keeps the streaky halo of HistoQC's red strokes; with parts that absorb like the slide's eosin
+#: left out (`_grown_red`), 900-1,200 also follow their streaks over tissue (2-3 more ink tiles on the
+#: tuning images, none of their ink-free tissue)
+_GROW_UM = 1000.0
 #: red marker over tissue: its ratio rises toward the tissue's (0.20-0.25 measured where HistoQC's red
 #: strokes cross tissue); accepted up to this next to a sure stroke
 _NEAR_RATIO = 0.26
@@ -315,13 +316,16 @@ def _grown_red(
     if not seeds.any():
         return seeds
     candidates = candidates & dilate_disk(seeds, _GROW_UM / mpp)
+    # a drying marker's streaks lie a gap apart: they join the stroke, and are judged, together
+    bridged = close_disk(candidates, _GAP_UM / 2 / mpp) & ~seeds
     if eosin is not None:
-        parts = label(candidates & ~seeds, connectivity=2)
-        medians, counts = _region_medians(parts, red_od_ratio(od), od[..., 1] >= RED_DENSE_OD)
+        parts = label(bridged, connectivity=2)
+        dense = candidates & (od[..., 1] >= RED_DENSE_OD)
+        medians, counts = _region_medians(parts, red_od_ratio(od), dense)
         eosin_like = (medians >= eosin.low) & (counts >= _MIN_DENSE)
         eosin_like[0] = False
-        candidates = candidates & ~eosin_like[parts]
-    return _touching(candidates, seeds)
+        bridged &= ~eosin_like[parts]
+    return _touching(bridged, seeds) & (candidates | seeds)
 
 
 def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float, reach_um: float | None) -> np.ndarray:
