@@ -220,6 +220,23 @@ def test_a_red_strokes_streaks_over_tissue_follow_it_across_their_gaps() -> None
     assert not red[100:, 152:].any()
 
 
+def test_a_dark_band_of_nuclei_is_no_grey_marker_but_an_even_grey_band_is() -> None:
+    """Two dark purple-grey bands 0.4 mm wide and 4 mm long (value 0.5 and 0.4, saturation 0.29 and
+    0.11): one absorbs little blue light, as haematoxylin does (OD 0.42, 0.45, 0.30: dense tumour
+    nuclei), the other absorbs all three colours alike (0.45, 0.45, 0.40: a grey marker). Only the
+    marker is ink (both were, as long bands of the grey marker's colour)."""
+    rgb = np.full((240, 400, 3), 245, np.uint8)
+    nuclei = np.zeros(rgb.shape[:2], bool)
+    nuclei[40:65, 50:350] = True  # at 16 um/px
+    marker = np.zeros_like(nuclei)
+    marker[150:175, 50:350] = True
+    _paint(rgb, nuclei, (0.42, 0.45, 0.30))
+    _paint(rgb, marker, (0.45, 0.45, 0.40), seed=1)
+    colours = _colours(rgb, 16.0)
+    assert not colours[nuclei].any()
+    assert (colours[marker] == colour_code("black")).mean() > 0.9
+
+
 #: yellow tissue-marking dye: absorbs blue light almost only (hue ~50 degrees)
 YELLOW_DYE = (0.03, 0.1, 0.9)
 

@@ -186,6 +186,10 @@ _GREY_MAX_SATURATION = 0.35
 #: ... of a purple-to-blue grey (MSKCC's: 277-308 degrees) or neutral; brown-grey is brown's (`dye_rules`)
 _GREY_HUES = (200.0, 330.0)
 _NEUTRAL_SATURATION = 0.12
+#: ... and absorbing the three colours about alike: most of a band's dark grey pixels have their least
+#: OD at least this share of their largest (MSKCC's grey loops: medians 0.73-0.80); dense nuclei absorb
+#: little blue light (Ruifrok and Johnston's haematoxylin: 0.41; CAMELYON16's dark tumour: median 0.64)
+_GREY_EVEN = 0.68
 #: Grey marker drawn over tissue takes the tissue's colour (purple over a tumour: saturation 0.4, more
 #: than _GREY_MAX_SATURATION), but what it adds is grey. Optical densities add (Beer-Lambert), so the
 #: marker's own absorption is the pixel's OD less that of the tissue around it (the mean OD over
@@ -210,9 +214,19 @@ def _grey_bands(planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray
     dark = (val <= _GREY_MAX_VALUE) & (val > 0.1)
     grey = dark & (sat <= _GREY_MAX_SATURATION)
     grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
-    grey |= dark & _grey_excess(od, mpp) & ~coloured
-    grey = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
-    return bands(grey, mpp, GREY_BAND) if grey.any() else grey
+    excess = dark & _grey_excess(od, mpp) & ~coloured
+    # even: a grey excess, or a dark grey that absorbs all three colours alike
+    even = excess | (grey & (od.min(axis=-1) >= _GREY_EVEN * od.max(axis=-1)))
+    grey |= excess
+    closed = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
+    if not closed.any():
+        return closed
+    labels, width, elongation = region_shapes(closed, mpp, GREY_BAND)
+    n = len(width)
+    evenly = np.bincount(labels[even], minlength=n) >= 0.5 * np.bincount(labels[grey], minlength=n)
+    keep = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation) & evenly
+    keep[0] = False
+    return keep[labels]
 
 
 def _grey_excess(od: np.ndarray, mpp: float) -> np.ndarray:
