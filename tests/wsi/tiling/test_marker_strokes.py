@@ -147,11 +147,13 @@ def test_red_absorbing_more_than_the_slides_own_eosin_is_no_marker(shared_data: 
     assert not (_colours(rgb, 8.7) == colour_code("red")).any()
 
 
-def _over_the_wall(rgb: np.ndarray, add: np.ndarray | tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(the aorta with optical density `add` added over a band 0.3 mm wide and 3.5 mm long lying on its
-    wall, the band)."""
+def _over_the_wall(
+    rgb: np.ndarray, add: np.ndarray | tuple[float, ...], rows: int = 35
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the aorta with optical density `add` added over a band `rows` px wide (35: 0.3 mm) and 3.5 mm
+    long lying on its wall, the band)."""
     band = np.zeros(rgb.shape[:2], bool)
-    band[700:735, 250:650] = True
+    band[700 : 700 + rows, 250:650] = True
     od = optical_density(rgb)
     od[band] += np.asarray(add, np.float32) if isinstance(add, tuple) else add[band]
     return np.clip(255.0 * 10.0 ** (-od), 0, 255).astype(np.uint8), band
@@ -167,6 +169,14 @@ def test_translucent_grey_marker_over_tissue_is_ink_but_a_fold_is_not(shared_dat
     rgb = _aorta(shared_data)
     fold, band = _over_the_wall(rgb, optical_density(rgb))
     assert not _colours(fold, 8.7)[band].any()
+
+
+def test_a_fine_grey_marker_line_over_tissue_is_ink(shared_data: Path) -> None:
+    """A finer grey line (0.17 mm wide, finer than a band of dark grey must be to count) over the aorta's
+    wall: what it adds is grey, which no tissue adds, so it is ink as it is (not without
+    strokes.GREY_EXCESS_BAND)."""
+    grey, band = _over_the_wall(_aorta(shared_data), (0.3, 0.3, 0.27), rows=20)
+    assert (_colours(grey, 8.7)[band] == colour_code("black")).mean() > 0.8
 
 
 def test_eosin_rich_tissue_beside_a_red_stroke_is_not_taken_with_it() -> None:

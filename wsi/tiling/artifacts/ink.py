@@ -52,7 +52,15 @@ from wsi.tiling.artifacts.colour import (
     median_margin,
     red_od_ratio,
 )
-from wsi.tiling.artifacts.strokes import BROWN_BAND, DYE_BAND, GREY_BAND, RED_BAND, bands, region_shapes
+from wsi.tiling.artifacts.strokes import (
+    BROWN_BAND,
+    DYE_BAND,
+    GREY_BAND,
+    GREY_EXCESS_BAND,
+    RED_BAND,
+    bands,
+    region_shapes,
+)
 from wsi.tiling.morphology import close_disk, dilate_disk, label, open_disk, remove_small_objects
 from wsi.tiling.params import ArtifactParams
 
@@ -226,7 +234,11 @@ def _grey_bands(planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray
     evenly = np.bincount(labels[even], minlength=n) >= 0.5 * np.bincount(labels[grey], minlength=n)
     keep = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation) & evenly
     keep[0] = False
-    return keep[labels]
+    out = keep[labels]
+    if excess.any():  # a grey excess is no tissue's colour: a thinner band of it is marker too
+        thin = close_disk(open_disk(excess, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
+        out |= bands(thin, mpp, GREY_EXCESS_BAND)
+    return out
 
 
 def _grey_excess(od: np.ndarray, mpp: float) -> np.ndarray:
