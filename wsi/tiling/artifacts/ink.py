@@ -23,12 +23,13 @@ result names each stroke's colour (`ink_colour_regions`), which the tile file re
    edge of the tissue would take the stroma beside it. Each grown part is then judged as a whole: one
    whose median absorbs as much red light as the slide's own eosin is that eosin (`_grown_red`), and a
    red part next to a stroke is that stroke over tissue only while it absorbs less than the slide's
-   eosin. Faint black (grey or brownish, never purple)
-   follows a stroke all along: a marker loop is dark enough to seed at its ends only (MSKCC's thumbnail
-   283: 420 of its 574 ink tiles).
+   eosin. Faint black (grey or brownish, never purple) follows a stroke all along: a marker loop is
+   dark enough to seed at its ends only (MSKCC's thumbnail 283: 420 of its 574 ink tiles).
 4. Colours that tissue also takes are ink only as strokes (`strokes`): brown marker (DAB's colour; only
    on a slide stained with eosin, never on IHC), yellow dye, and translucent grey or purple-black marker
-   (the colour of dense nuclei) as long bands.
+   (the colour of dense nuclei) as long bands that absorb the three colours alike; over tissue, whose
+   colour it takes, grey marker is found by the grey optical density it adds to the tissue around it
+   (`_grey_excess`).
 
 The slide's own stain sets no colour threshold of the seeds: ink is judged by how it absorbs, so a slide
 that is mostly ink is still caught (a per-slide split, as for the tissue mask, would call the ink
@@ -61,7 +62,14 @@ from wsi.tiling.artifacts.strokes import (
     bands,
     region_shapes,
 )
-from wsi.tiling.morphology import block_reduce, close_disk, dilate_disk, label, open_disk, remove_small_objects
+from wsi.tiling.morphology import (
+    block_reduce,
+    close_disk,
+    dilate_disk,
+    label,
+    open_disk,
+    remove_small_objects,
+)
 from wsi.tiling.params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise
@@ -104,10 +112,12 @@ def ink_colour_regions(
     mpp: float,
     params: ArtifactParams,
     exclude: np.ndarray | None = None,
+    lines: np.ndarray | None = None,
 ) -> np.ndarray:
     """(h, w) uint8: the colour of the ink at each pixel (`colour.colour_code`: 1 + its index in
     INK_COLOURS; 0 none), as `ink_regions` finds it. Where two colours' strokes meet, the later colour
-    of INK_COLOURS wins (a black stroke end over a brown stroke is black)."""
+    of INK_COLOURS wins (a black stroke end over a brown stroke is black). `lines`: the bubble filter's
+    rims and coverslip edges (`_grey_bands`)."""
     colours = ink_rules(planes, params)
     colours.update(dye_rules(planes, od))
     if exclude is not None:
@@ -142,7 +152,7 @@ def ink_colour_regions(
         # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
         # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
         "black": _grown(black, colours["black"] | faint_black, mpp, None)
-        | _grey_bands(planes, od, mpp, coloured=colours["green"] | colours["blue"] | colours["red"]),
+        | _grey_bands(planes, od, mpp, coloured=colours["green"] | colours["blue"] | colours["red"], lines=lines),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))
@@ -214,17 +224,20 @@ _GREY_EXCESS_BLUE = 0.65
 _STAINED_OD = 0.08
 
 
-def _grey_bands(planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray) -> np.ndarray:
+def _grey_bands(
+    planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray, lines: np.ndarray | None = None
+) -> np.ndarray:
     """(h, w) bool: dark grey or purple-black regions, or a grey excess over the tissue around them,
     shaped like a marker stroke (`strokes.GREY_BAND`), their streaks closed over. `coloured`: pixels of
-    another ink's colour (a green stroke over tissue adds no grey)."""
+    another ink's colour (a green stroke over tissue adds no grey); `lines`: the bubble filter's rims and
+    coverslip edges, which add a grey too (refraction) and are that filter's."""
     hue, sat, val = planes
     dark = (val <= _GREY_MAX_VALUE) & (val > 0.1)
     if not dark.any():
         return dark
     grey = dark & (sat <= _GREY_MAX_SATURATION)
     grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
-    excess = _grey_excess(od, mpp, dark & ~coloured)
+    excess = _grey_excess(od, mpp, dark & ~coloured & (~lines if lines is not None else True))
     # even: a grey excess, or a dark grey that absorbs all three colours alike
     even = excess.copy()
     px = od[grey]
@@ -247,21 +260,20 @@ def _grey_bands(planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray
 
 
 def _grey_excess(od: np.ndarray, mpp: float, where: np.ndarray) -> np.ndarray:
-    """(h, w) bool: pixels of `where` whose optical density (the mean of their block of _GAP_UM: a marker's
-    streaks and the tissue's texture smoothed) exceeds the mean of the _SURROUND_UM around them by an even grey
-    (`_GREY_MIN_EXCESS`, `_GREY_EXCESS_RED`, `_GREY_EXCESS_BLUE`). The surround is measured on blocks
-    of about a sixteenth of it (a mean over 1.5 mm needs no finer grid)."""
+    """(h, w) bool: pixels of `where` whose optical density (the mean of their block of _GAP_UM: a
+    marker's streaks and the tissue's texture smoothed) exceeds the mean of the _SURROUND_UM around them
+    by an even grey (`_GREY_MIN_EXCESS`, `_GREY_EXCESS_RED`, `_GREY_EXCESS_BLUE`). The surround is
+    measured on blocks of about a sixteenth of it (a mean over 1.5 mm needs no finer grid)."""
     out = np.zeros(od.shape[:2], bool)
     if not where.any():
         return out
-    h, w = out.shape
     block = max(1, int(_SURROUND_UM / mpp / 16))
     coarse = block_reduce(od, block)  # (h', w', 3) float32
     stained = (coarse[..., 1] >= _STAINED_OD).astype(np.float32)  # the surround is tissue, not glass
-    size = max(3, int(round(_SURROUND_UM / mpp / block)) | 1)
+    size = max(3, round(_SURROUND_UM / mpp / block) | 1)
     share = np.maximum(ndimage.uniform_filter(stained, size, mode="nearest"), 1e-3)
     rows, cols = np.nonzero(where)
-    near = max(1, int(round(_GAP_UM / mpp)))
+    near = max(1, round(_GAP_UM / mpp))
     local = block_reduce(od, near)[rows // near, cols // near]  # (n, 3): the block of _GAP_UM around
     excess = []
     for c in range(3):
@@ -353,19 +365,20 @@ def _grown_red(
     (a connected part of the candidates outside the seeds) judged on its own: one whose dense pixels'
     median OD_R / OD_G reaches the slide's own eosin (its 10th percentile) absorbs like that eosin, and
     is the tissue beside the stroke, not the stroke's faint edge (HistoQC's red streaks over tissue:
-    their parts' medians 0.13-0.28 on a slide whose eosin starts at 0.28, 0.17-0.26 at 0.27)."""
+    their parts' medians 0.13-0.28 on a slide whose eosin starts at 0.28, 0.17-0.26 at 0.27). The parts
+    left join the stroke across gaps of _GAP_UM (a drying marker's streaks)."""
     if not seeds.any():
         return seeds
     candidates = candidates & dilate_disk(seeds, _GROW_UM / mpp)
-    # a drying marker's streaks lie a gap apart: they join the stroke, and are judged, together
-    bridged = close_disk(candidates, _GAP_UM / 2 / mpp) & ~seeds
     if eosin is not None:
-        parts = label(bridged, connectivity=2)
+        parts = label(candidates & ~seeds, connectivity=2)
         dense = candidates & (od[..., 1] >= RED_DENSE_OD)
         medians, counts = _region_medians(parts, red_od_ratio(od), dense)
         eosin_like = (medians >= eosin.low) & (counts >= _MIN_DENSE)
         eosin_like[0] = False
-        bridged &= ~eosin_like[parts]
+        candidates = candidates & ~eosin_like[parts]
+    # a drying marker's streaks lie a gap apart: they join the stroke together
+    bridged = close_disk(candidates, _GAP_UM / 2 / mpp) | seeds
     return _touching(bridged, seeds) & (candidates | seeds)
 
 
