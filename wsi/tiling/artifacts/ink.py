@@ -139,6 +139,7 @@ def ink_colour_regions(
         tissue = eosin.median if eosin else _EOSIN_RATIO
         faint_red &= red_od_ratio(od) <= median + _GROW_TOWARD_EOSIN * (tissue - median)
     black = open_disk(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
+    other = colours["green"] | colours["blue"] | colours["red"]  # a green stroke over tissue adds no grey
     found = {
         "green": open_disk(colours["green"], _MIN_STROKE_UM / 2 / mpp),
         "blue": open_disk(colours["blue"], _MIN_STROKE_UM / 2 / mpp),
@@ -152,7 +153,7 @@ def ink_colour_regions(
         # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
         # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
         "black": _grown(black, colours["black"] | faint_black, mpp, None)
-        | _grey_bands(planes, od, mpp, coloured=colours["green"] | colours["blue"] | colours["red"], lines=lines),
+        | _grey_bands(planes, od, mpp, coloured=other, lines=lines),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))

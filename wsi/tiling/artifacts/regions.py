@@ -50,7 +50,6 @@ class ArtifactMaps:
             for name, mask in self.masks.items()
         }
 
-
     def colours(self, boxes: np.ndarray) -> np.ndarray:
         """(N,) uint8 the ink colour covering most of each (x0, y0, x1, y1) box (thumbnail px; 0: none)."""
         out = np.zeros(len(boxes), np.uint8)
