@@ -7,6 +7,7 @@ are rejected as any artifact (ink, fold, bubble, border, dust), per image and pe
     python benchmarks/artifact_accuracy.py --slides                # + real slide files, whole tile stage
     python benchmarks/artifact_accuracy.py --csv out.csv
     python benchmarks/artifact_accuracy.py --no-public           # without benchmarks/images
+    python benchmarks/artifact_accuracy.py --split tune --only red,tupac   # a subset, while tuning
 
 Each image is taken as a slide thumbnail at its (estimated) um/px and judged by the tile stage's own
 functions, in memory: `wsi.tiling.grid.find_tissue` (tissue mask, grid, artifact regions on the thumbnail)
@@ -331,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile-px", type=int, default=64, help="tile side the per-tile ink share is measured at")
     ap.add_argument("--csv", type=Path, help="write one row per image here")
     ap.add_argument("--no-public", action="store_true", help="leave out the images of benchmarks/images")
+    ap.add_argument("--split", choices=("tune", "report"), help="only the images of this split (iterating)")
+    ap.add_argument("--only", help="only the images whose name holds one of these comma-separated words")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     params = TileParams(tile_px=args.tile_px)
@@ -340,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.pae:
         fixed = {c.path.name.removeprefix("mskcc_") for c in cases}
         cases += [c for c in mskcc_cases(args.pae, every=args.every) if c.path.name not in fixed]
+    if args.split:
+        cases = [c for c in cases if c.split == args.split]
+    if args.only:
+        words = [w for w in args.only.split(",") if w]
+        cases = [c for c in cases if any(w in c.name for w in words)]
     if not cases:
         print(f"no images found under {args.shared} or {FIXTURES}", file=sys.stderr)
         return 2
@@ -348,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases, 1):
         scores.append(score(case, params))
         print(f"[{i}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
-    if not args.no_public:
-        scores += pair_scores(params)
+    if not args.no_public and not args.only:
+        scores += [s for s in pair_scores(params) if s.split == args.split or not args.split]
     if args.slides:
         import tempfile
 

@@ -147,6 +147,106 @@ def test_red_absorbing_more_than_the_slides_own_eosin_is_no_marker(shared_data: 
     assert not (_colours(rgb, 8.7) == colour_code("red")).any()
 
 
+def _over_the_wall(
+    rgb: np.ndarray, add: np.ndarray | tuple[float, ...], rows: int = 35
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the aorta with optical density `add` added over a band `rows` px wide (35: 0.3 mm) and 3.5 mm
+    long lying on its wall, the band)."""
+    band = np.zeros(rgb.shape[:2], bool)
+    band[700 : 700 + rows, 250:650] = True
+    od = optical_density(rgb)
+    od[band] += np.asarray(add, np.float32) if isinstance(add, tuple) else add[band]
+    return np.clip(255.0 * 10.0 ** (-od), 0, 255).astype(np.uint8), band
+
+
+def test_translucent_grey_marker_over_tissue_is_ink_but_a_fold_is_not(shared_data: Path) -> None:
+    """A translucent grey marker line over the aorta's pink wall takes the tissue's colour (saturation
+    0.4, more than any grey on glass) but adds a grey optical density: black ink. A fold along the same
+    band (the wall's own density added again) adds the tissue's colour: not ink."""
+    grey, band = _over_the_wall(_aorta(shared_data), (0.3, 0.3, 0.27))
+    assert np.median(hsv(grey[band].astype(np.float32))[1]) > 0.35
+    assert (_colours(grey, 8.7)[band] == colour_code("black")).mean() > 0.8  # 0 without the grey excess
+    rgb = _aorta(shared_data)
+    fold, band = _over_the_wall(rgb, optical_density(rgb))
+    assert not _colours(fold, 8.7)[band].any()
+
+
+def test_a_fine_grey_marker_line_over_tissue_is_ink(shared_data: Path) -> None:
+    """A finer grey line (0.17 mm wide, finer than a band of dark grey must be to count) over the aorta's
+    wall: what it adds is grey, which no tissue adds, so it is ink as it is (not without
+    strokes.GREY_EXCESS_BAND)."""
+    grey, band = _over_the_wall(_aorta(shared_data), (0.3, 0.3, 0.27), rows=20)
+    assert (_colours(grey, 8.7)[band] == colour_code("black")).mean() > 0.8
+
+
+def test_eosin_rich_tissue_beside_a_red_stroke_is_not_taken_with_it() -> None:
+    """A red marker stroke along a section's edge, touching a patch of eosin-rich tissue as red as itself
+    (hue 344, saturation 0.65) that absorbs red light like the slide's own eosin (OD_R / OD_G 0.235; the
+    slide's eosin 0.22-0.32): the stroke is ink, the patch is not (93% of it was, taken with the stroke
+    as one region and then grown into)."""
+    rng = np.random.default_rng(0)
+    rgb = np.full((200, 300, 3), 245, np.uint8)
+    tissue = np.zeros((200, 300), bool)
+    tissue[60:200, 20:280] = True
+    n = int(tissue.sum())
+    ratio = np.clip(rng.normal(0.32, 0.08, n), 0.12, 0.6)  # eosin, hue ~320
+    od = np.stack([ratio * 0.6, np.full(n, 0.6), np.full(n, 0.3)], 1)
+    rgb[tissue] = np.clip(255 * 10 ** (-od) + rng.normal(0, 2, od.shape), 0, 255).astype(np.uint8)
+    stroke = np.zeros_like(tissue)
+    stroke[30:60, 20:280] = True  # 0.5 mm wide, 4 mm long at 16 um/px
+    _paint(rgb, stroke, (0.09, 0.85, 0.7))
+    patch = np.zeros_like(tissue)
+    patch[60:100, 100:180] = True
+    _paint(rgb, patch, (0.235 * 0.6, 0.6, 0.42), seed=2)
+    red = _colours(rgb, 16.0) == colour_code("red")
+    assert red[stroke].mean() > 0.95
+    assert red[patch].mean() < 0.1
+
+
+def test_a_red_strokes_streaks_over_tissue_follow_it_across_their_gaps() -> None:
+    """A red stroke on glass runs on over a section as a drying marker does: parallel faint streaks
+    (saturation 0.48, OD_R / OD_G 0.23, under the slide's eosin: 0.25-0.34) a gap apart, the nearest
+    40 um from the stroke's end and the furthest 850 um. They are ink all along (none of them touches
+    the stroke: 0 without bridging the gaps; 70% when growth stopped 600 um from the stroke), the tissue
+    beside them is not."""
+    rng = np.random.default_rng(0)
+    rgb = np.full((200, 300, 3), 245, np.uint8)
+    tissue = np.zeros((200, 300), bool)
+    tissue[20:200, 152:290] = True
+    n = int(tissue.sum())
+    ratio = np.clip(rng.normal(0.34, 0.05, n), 0.12, 0.6)
+    od = np.stack([ratio * 0.45, np.full(n, 0.45), np.full(n, 0.22)], 1)
+    rgb[tissue] = np.clip(255 * 10 ** (-od) + rng.normal(0, 2, od.shape), 0, 255).astype(np.uint8)
+    stroke = np.zeros_like(tissue)
+    stroke[40:70, 10:150] = True  # at 16 um/px: 0.5 mm wide, on glass, ending 2 px from the tissue
+    _paint(rgb, stroke, (0.09, 0.85, 0.7))
+    streaks = np.zeros_like(tissue)
+    for y in range(40, 70, 5):
+        streaks[y : y + 3, 152:205] = True
+    _paint(rgb, streaks, (0.085, 0.37, 0.25), seed=3)
+    red = _colours(rgb, 16.0) == colour_code("red")
+    assert red[stroke].mean() > 0.95
+    assert red[streaks].mean() > 0.85
+    assert not red[100:, 152:].any()
+
+
+def test_a_dark_band_of_nuclei_is_no_grey_marker_but_an_even_grey_band_is() -> None:
+    """Two dark purple-grey bands 0.4 mm wide and 4 mm long (value 0.5 and 0.4, saturation 0.29 and
+    0.11): one absorbs little blue light, as haematoxylin does (OD 0.42, 0.45, 0.30: dense tumour
+    nuclei), the other absorbs all three colours alike (0.45, 0.45, 0.40: a grey marker). Only the
+    marker is ink (both were, as long bands of the grey marker's colour)."""
+    rgb = np.full((240, 400, 3), 245, np.uint8)
+    nuclei = np.zeros(rgb.shape[:2], bool)
+    nuclei[40:65, 50:350] = True  # at 16 um/px
+    marker = np.zeros_like(nuclei)
+    marker[150:175, 50:350] = True
+    _paint(rgb, nuclei, (0.42, 0.45, 0.30))
+    _paint(rgb, marker, (0.45, 0.45, 0.40), seed=1)
+    colours = _colours(rgb, 16.0)
+    assert not colours[nuclei].any()
+    assert (colours[marker] == colour_code("black")).mean() > 0.9
+
+
 #: yellow tissue-marking dye: absorbs blue light almost only (hue ~50 degrees)
 YELLOW_DYE = (0.03, 0.1, 0.9)
 

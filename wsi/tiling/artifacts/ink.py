@@ -20,12 +20,16 @@ result names each stroke's colour (`ink_colour_regions`), which the tile file re
    Canny's edge linking). Red grows only into pixels of the strokes' own hue (`_STROKE_HUE_DEG`), whose
    ratio is nearer the strokes' than the slide's eosin (`_GROW_TOWARD_EOSIN`), and only within
    `_GROW_UM`: faint red is also the colour of eosin, so a growth without bound from a stroke at the
-   edge of the tissue would take the stroma beside it. Faint black (grey or brownish, never purple)
-   follows a stroke all along: a marker loop is dark enough to seed at its ends only (MSKCC's thumbnail
-   283: 420 of its 574 ink tiles).
+   edge of the tissue would take the stroma beside it. Each grown part is then judged as a whole: one
+   whose median absorbs as much red light as the slide's own eosin is that eosin (`_grown_red`), and a
+   red part next to a stroke is that stroke over tissue only while it absorbs less than the slide's
+   eosin. Faint black (grey or brownish, never purple) follows a stroke all along: a marker loop is
+   dark enough to seed at its ends only (MSKCC's thumbnail 283: 420 of its 574 ink tiles).
 4. Colours that tissue also takes are ink only as strokes (`strokes`): brown marker (DAB's colour; only
    on a slide stained with eosin, never on IHC), yellow dye, and translucent grey or purple-black marker
-   (the colour of dense nuclei) as long bands.
+   (the colour of dense nuclei) as long bands that absorb the three colours alike; over tissue, whose
+   colour it takes, grey marker is found by the grey optical density it adds to the tissue around it
+   (`_grey_excess`).
 
 The slide's own stain sets no colour threshold of the seeds: ink is judged by how it absorbs, so a slide
 that is mostly ink is still caught (a per-slide split, as for the tissue mask, would call the ink
@@ -49,8 +53,23 @@ from wsi.tiling.artifacts.colour import (
     median_margin,
     red_od_ratio,
 )
-from wsi.tiling.artifacts.strokes import BROWN_BAND, DYE_BAND, GREY_BAND, RED_BAND, bands, region_shapes
-from wsi.tiling.morphology import close_disk, dilate_disk, label, open_disk, remove_small_objects
+from wsi.tiling.artifacts.strokes import (
+    BROWN_BAND,
+    DYE_BAND,
+    GREY_BAND,
+    GREY_EXCESS_BAND,
+    RED_BAND,
+    bands,
+    region_shapes,
+)
+from wsi.tiling.morphology import (
+    block_reduce,
+    close_disk,
+    dilate_disk,
+    label,
+    open_disk,
+    remove_small_objects,
+)
 from wsi.tiling.params import ArtifactParams
 
 #: strokes are at least this wide (um): thinner ink-coloured specks are tissue (RBCs, pigment) or noise
@@ -59,10 +78,11 @@ _MIN_STROKE_UM = 30.0
 _MIN_BLACK_STROKE_UM = 200.0
 #: gaps inside a stroke (streaks of a drying marker) up to this wide (um) are closed
 _GAP_UM = 60.0
-#: faint ink is grown at most this far (um) from a stroke's seed (a marker stroke is 0.5-2 mm wide;
-#: 300, 600 and 1,000 um were tried on the tuning images: 600 keeps the streaky halo of HistoQC's red
-#: strokes, 1,000 adds no ink tile there and grows further into eosin beside a stroke)
-_GROW_UM = 600.0
+#: faint ink is grown at most this far (um) from a stroke's seed (a marker stroke is 0.5-2 mm wide):
+#: 600 keeps the streaky halo of HistoQC's red strokes; with parts that absorb like the slide's eosin
+#: left out (`_grown_red`), 900-1,200 also follow their streaks over tissue (2-3 more ink tiles on the
+#: tuning images, none of their ink-free tissue)
+_GROW_UM = 1000.0
 #: red marker over tissue: its ratio rises toward the tissue's (0.20-0.25 measured where HistoQC's red
 #: strokes cross tissue); accepted up to this next to a sure stroke
 _NEAR_RATIO = 0.26
@@ -92,10 +112,12 @@ def ink_colour_regions(
     mpp: float,
     params: ArtifactParams,
     exclude: np.ndarray | None = None,
+    lines: np.ndarray | None = None,
 ) -> np.ndarray:
     """(h, w) uint8: the colour of the ink at each pixel (`colour.colour_code`: 1 + its index in
     INK_COLOURS; 0 none), as `ink_regions` finds it. Where two colours' strokes meet, the later colour
-    of INK_COLOURS wins (a black stroke end over a brown stroke is black)."""
+    of INK_COLOURS wins (a black stroke end over a brown stroke is black). `lines`: the bubble filter's
+    rims and coverslip edges (`_grey_bands`)."""
     colours = ink_rules(planes, params)
     colours.update(dye_rules(planes, od))
     if exclude is not None:
@@ -117,10 +139,11 @@ def ink_colour_regions(
         tissue = eosin.median if eosin else _EOSIN_RATIO
         faint_red &= red_od_ratio(od) <= median + _GROW_TOWARD_EOSIN * (tissue - median)
     black = open_disk(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
+    other = colours["green"] | colours["blue"] | colours["red"]  # a green stroke over tissue adds no grey
     found = {
         "green": open_disk(colours["green"], _MIN_STROKE_UM / 2 / mpp),
         "blue": open_disk(colours["blue"], _MIN_STROKE_UM / 2 / mpp),
-        "red": _grown(red, colours["red"] | faint_red, mpp, _GROW_UM),
+        "red": _grown_red(red, colours["red"] | faint_red, od, mpp, eosin),
         # dyes and brown marker share their colour with DAB and pigment: only bands (strokes) are ink, and
         # brown only on a slide stained with eosin (H&E): on one without (IHC), brown is the DAB stain
         "brown": bands(open_disk(colours["brown"], _MIN_STROKE_UM / 2 / mpp), mpp, BROWN_BAND)
@@ -129,7 +152,8 @@ def ink_colour_regions(
         "yellow": bands(open_disk(colours["yellow"], _MIN_STROKE_UM / 2 / mpp), mpp, DYE_BAND),
         # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
         # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
-        "black": _grown(black, colours["black"] | faint_black, mpp, None) | _grey_bands(planes, mpp),
+        "black": _grown(black, colours["black"] | faint_black, mpp, None)
+        | _grey_bands(planes, od, mpp, coloured=other, lines=lines),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))
@@ -181,16 +205,87 @@ _GREY_MAX_SATURATION = 0.35
 #: ... of a purple-to-blue grey (MSKCC's: 277-308 degrees) or neutral; brown-grey is brown's (`dye_rules`)
 _GREY_HUES = (200.0, 330.0)
 _NEUTRAL_SATURATION = 0.12
+#: ... and absorbing the three colours about alike: most of a band's dark grey pixels have their least
+#: OD at least this share of their largest (MSKCC's grey loops: medians 0.73-0.80); dense nuclei absorb
+#: little blue light (Ruifrok and Johnston's haematoxylin: 0.41; CAMELYON16's dark tumour: median 0.64)
+_GREY_EVEN = 0.68
+#: Grey marker drawn over tissue takes the tissue's colour (purple over a tumour: saturation 0.4, more
+#: than _GREY_MAX_SATURATION), but what it adds is grey. Optical densities add (Beer-Lambert), so the
+#: marker's own absorption is the pixel's OD less that of the tissue around it (the mean OD over
+#: _SURROUND_UM): a grey marker adds about as much to each channel (MSKCC 00073's loop over tumour:
+#: red / green 0.86-1.0, blue / green 0.7-0.85), where more haematoxylin adds little blue absorption
+#: (Ruifrok and Johnston's H vector: blue / green 0.41) and more eosin little red (0.07), and a fold
+#: adds the tissue's own colour (blue / green 0.5-0.6 measured beside the loop). Such an even grey excess
+#: of at least _GREY_MIN_EXCESS green OD is grey marker where it forms a band (`strokes.GREY_BAND`).
+_SURROUND_UM = 1500.0
+_GREY_MIN_EXCESS = 0.1
+_GREY_EXCESS_RED = 0.7
+_GREY_EXCESS_BLUE = 0.65
+#: ... the surround being the tissue around a pixel: those of green OD at least this (glass: 0.01-0.05)
+_STAINED_OD = 0.08
 
 
-def _grey_bands(planes: HSV, mpp: float) -> np.ndarray:
-    """(h, w) bool: dark grey or purple-black regions shaped like a marker stroke (`strokes.GREY_BAND`),
-    their streaks closed over."""
+def _grey_bands(
+    planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray, lines: np.ndarray | None = None
+) -> np.ndarray:
+    """(h, w) bool: dark grey or purple-black regions, or a grey excess over the tissue around them,
+    shaped like a marker stroke (`strokes.GREY_BAND`), their streaks closed over. `coloured`: pixels of
+    another ink's colour (a green stroke over tissue adds no grey); `lines`: the bubble filter's rims and
+    coverslip edges, which add a grey too (refraction) and are that filter's."""
     hue, sat, val = planes
-    grey = (val <= _GREY_MAX_VALUE) & (sat <= _GREY_MAX_SATURATION) & (val > 0.1)
+    dark = (val <= _GREY_MAX_VALUE) & (val > 0.1)
+    if not dark.any():
+        return dark
+    grey = dark & (sat <= _GREY_MAX_SATURATION)
     grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
-    grey = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
-    return bands(grey, mpp, GREY_BAND) if grey.any() else grey
+    excess = _grey_excess(od, mpp, dark & ~coloured & (~lines if lines is not None else True))
+    # even: a grey excess, or a dark grey that absorbs all three colours alike
+    even = excess.copy()
+    px = od[grey]
+    even[grey] |= px.min(axis=-1) >= _GREY_EVEN * px.max(axis=-1)
+    grey |= excess
+    closed = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
+    if not closed.any():
+        return closed
+    labels, width, elongation = region_shapes(closed, mpp, GREY_EXCESS_BAND)
+    n = len(width)
+    counts = np.bincount(labels[grey], minlength=n)
+    evenly = np.bincount(labels[even], minlength=n) >= 0.5 * counts
+    # a grey excess is no tissue's colour: a thinner band that is mostly one is marker too
+    wide = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation)
+    thin = (width >= GREY_EXCESS_BAND.min_width_um) & (elongation >= GREY_EXCESS_BAND.min_elongation)
+    thin &= np.bincount(labels[excess], minlength=n) >= 0.5 * counts
+    keep = (wide | thin) & evenly
+    keep[0] = False
+    return keep[labels]
+
+
+def _grey_excess(od: np.ndarray, mpp: float, where: np.ndarray) -> np.ndarray:
+    """(h, w) bool: pixels of `where` whose optical density (the mean of their block of _GAP_UM: a
+    marker's streaks and the tissue's texture smoothed) exceeds the mean of the _SURROUND_UM around them
+    by an even grey (`_GREY_MIN_EXCESS`, `_GREY_EXCESS_RED`, `_GREY_EXCESS_BLUE`). The surround is
+    measured on blocks of about a sixteenth of it (a mean over 1.5 mm needs no finer grid)."""
+    out = np.zeros(od.shape[:2], bool)
+    if not where.any():
+        return out
+    block = max(1, int(_SURROUND_UM / mpp / 16))
+    coarse = block_reduce(od, block)  # (h', w', 3) float32
+    stained = (coarse[..., 1] >= _STAINED_OD).astype(np.float32)  # the surround is tissue, not glass
+    size = max(3, round(_SURROUND_UM / mpp / block) | 1)
+    share = np.maximum(ndimage.uniform_filter(stained, size, mode="nearest"), 1e-3)
+    rows, cols = np.nonzero(where)
+    near = max(1, round(_GAP_UM / mpp))
+    local = block_reduce(od, near)[rows // near, cols // near]  # (n, 3): the block of _GAP_UM around
+    excess = []
+    for c in range(3):
+        surround = ndimage.uniform_filter(coarse[..., c] * stained, size, mode="nearest") / share
+        excess.append(local[:, c] - surround[rows // block, cols // block])
+    green = excess[1]
+    hit = green >= _GREY_MIN_EXCESS
+    hit &= excess[0] >= _GREY_EXCESS_RED * green
+    hit &= excess[2] >= _GREY_EXCESS_BLUE * green
+    out[rows[hit], cols[hit]] = True
+    return out
 
 
 def _stroke_hue(hue: np.ndarray, strokes: np.ndarray) -> np.ndarray:
@@ -212,7 +307,8 @@ def _red_strokes(
     ratio, dense = red_od_ratio(od), od[..., 1] >= RED_DENSE_OD
     # a stroke drawn up to a pool of blood is one red region with it: parted where the pixels absorb
     # more red light than marker over tissue does, so that each part is judged on its own
-    parts = parts & ~(dense & (ratio > _NEAR_RATIO))
+    near_ratio = min(_NEAR_RATIO, eosin.low) if eosin is not None else _NEAR_RATIO
+    parts = parts & ~(dense & (ratio > near_ratio))
     limit = params.red_max_od_ratio if eosin is None else min(params.red_max_od_ratio, eosin.low)
     labels = label(parts, connectivity=2)
     medians, counts = _region_medians(labels, ratio, dense)
@@ -235,7 +331,7 @@ def _red_strokes(
     median = float(np.median(ratio[sure & dense]))
     if params.red_max_od_ratio >= _NEAR_RATIO:
         return sure, median
-    near = (medians <= _NEAR_RATIO) & (counts > 0) & ~keep
+    near = (medians <= near_ratio) & (counts > 0) & ~keep
     near[0] = False
     near_parts = near[labels]
     return sure | (_touching(near_parts | dilate_disk(sure, _NEAR_UM / mpp), sure) & near_parts), median
@@ -261,6 +357,30 @@ def _region_medians(
         hi = start[has] + counts[has] // 2
         medians[has] = (ranked[lo] + ranked[hi]) / 2.0
     return medians, counts
+
+
+def _grown_red(
+    seeds: np.ndarray, candidates: np.ndarray, od: np.ndarray, mpp: float, eosin: EosinRatios | None
+) -> np.ndarray:
+    """The red `seeds` grown into the `candidates` within _GROW_UM of them (`_grown`), each grown part
+    (a connected part of the candidates outside the seeds) judged on its own: one whose dense pixels'
+    median OD_R / OD_G reaches the slide's own eosin (its 10th percentile) absorbs like that eosin, and
+    is the tissue beside the stroke, not the stroke's faint edge (HistoQC's red streaks over tissue:
+    their parts' medians 0.13-0.28 on a slide whose eosin starts at 0.28, 0.17-0.26 at 0.27). The parts
+    left join the stroke across gaps of _GAP_UM (a drying marker's streaks)."""
+    if not seeds.any():
+        return seeds
+    candidates = candidates & dilate_disk(seeds, _GROW_UM / mpp)
+    if eosin is not None:
+        parts = label(candidates & ~seeds, connectivity=2)
+        dense = candidates & (od[..., 1] >= RED_DENSE_OD)
+        medians, counts = _region_medians(parts, red_od_ratio(od), dense)
+        eosin_like = (medians >= eosin.low) & (counts >= _MIN_DENSE)
+        eosin_like[0] = False
+        candidates = candidates & ~eosin_like[parts]
+    # a drying marker's streaks lie a gap apart: they join the stroke together
+    bridged = close_disk(candidates, _GAP_UM / 2 / mpp) | seeds
+    return _touching(bridged, seeds) & (candidates | seeds)
 
 
 def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float, reach_um: float | None) -> np.ndarray:

@@ -50,7 +50,6 @@ class ArtifactMaps:
             for name, mask in self.masks.items()
         }
 
-
     def colours(self, boxes: np.ndarray) -> np.ndarray:
         """(N,) uint8 the ink colour covering most of each (x0, y0, x1, y1) box (thumbnail px; 0: none)."""
         out = np.zeros(len(boxes), np.uint8)
@@ -68,8 +67,9 @@ def find_artifacts(
     thumb: np.ndarray, tissue: np.ndarray, *, mpp: float, params: ArtifactParams
 ) -> ArtifactMaps:
     """Every filter in params.filters on an (h, w, 3) uint8 brightfield thumbnail at `mpp` um/px with
-    its (h, w) tissue mask. Borders are found first (their fill is not ink), then ink, which is left out
-    of the fold filter's idea of typical tissue."""
+    its (h, w) tissue mask. Borders are found first (their fill is not ink), then bubble rims and
+    coverslip edges (their grey is not grey marker), then ink, which is left out of the fold filter's
+    idea of typical tissue."""
     if not params.filters:
         return ArtifactMaps()
     factor = max(1, round(REGION_MPP / mpp))
@@ -81,15 +81,6 @@ def find_artifacts(
     border = border_regions(rgb, params=params)  # first: its black fill is not black ink
     if params.on("border"):
         masks["border"] = border
-    ink = colours = None
-    od = optical_density(rgb) if params.on("ink") or params.on("fold") or params.on("blood") else None
-    if od is not None:  # blood is what is red and not marker: it needs the ink regions too
-        colours = ink_colour_regions(planes, od, mpp=at, params=params, exclude=border)
-        ink = colours > 0
-    if params.on("ink") and ink is not None:
-        masks["ink"] = ink
-    if params.on("fold"):
-        masks["fold"] = fold_regions(planes, region_tissue, mpp=at, params=params, exclude=ink)
     if params.on("bubble"):
         # each block's darkest value per channel: a line thinner than a block keeps its contrast and its
         # own colour (a grey rim stays grey; a purple alveolar wall stays purple, where the block's mean
@@ -101,6 +92,17 @@ def find_artifacts(
         line_sat = np.where(high > 0, (high - least) / np.maximum(high, 1.0), 0.0)  # HSV saturation
         # the darkest values, 0-255: bubble_regions closes them in bytes and scales them as high / 255
         masks["bubble"] = bubble_regions(high_u8, line_sat, region_tissue, mpp=at, params=params)
+    ink = colours = None
+    od = optical_density(rgb) if params.on("ink") or params.on("fold") or params.on("blood") else None
+    if od is not None:  # blood is what is red and not marker: it needs the ink regions too
+        colours = ink_colour_regions(
+            planes, od, mpp=at, params=params, exclude=border, lines=masks.get("bubble")
+        )
+        ink = colours > 0
+    if params.on("ink") and ink is not None:
+        masks["ink"] = ink
+    if params.on("fold"):
+        masks["fold"] = fold_regions(planes, region_tissue, mpp=at, params=params, exclude=ink)
     if params.on("dust"):
         masks["dust"] = dust_regions(region_tissue, mpp=at, params=params)
     if params.on("blood") and od is not None:

@@ -37,6 +37,10 @@ DYE_BAND = Band(min_width_um=150.0, min_elongation=3.0)
 #: a stroke of translucent grey or purple-black marker, whose colour dense nuclei share: at least 250 um
 #: wide and 5 times as long (a marker line across a section; a biopsy core is paler than such marker)
 GREY_BAND = Band(min_width_um=250.0, min_elongation=5.0)
+#: ... and of grey marker over tissue found by the grey it adds (`ink._grey_excess`), which no tissue
+#: adds: a finer line counts, at least 150 um wide (MSKCC's fine lines over tissue: 150-250 um, broken
+#: into pieces 5-6 times as long as wide; 100 um took a few dark tissue edges on the tuning images)
+GREY_EXCESS_BAND = Band(min_width_um=150.0, min_elongation=5.0)
 #: a red stroke that absorbs as much red light as haemorrhage can: at least 80 um wide and 2.5 times as
 #: long (a pool of blood or a clot is a blob, 0.8-2; HistoQC's fine red strokes: 100-130 um, 2.5-3.6)
 RED_BAND = Band(min_width_um=80.0, min_elongation=2.5)
