@@ -276,15 +276,21 @@ def _cached_adapter(cls: Hashable) -> TypeAdapter[Any]:
     return TypeAdapter(cast(Any, cls))
 
 
-def parse_config(cls: type[T], data: Mapping[str, Any], *, source: str) -> T:
-    """`data` as a `cls`, or a ConfigError that names `source` and lists every bad or unknown key."""
+def parse_config(
+    cls: type[T], data: Mapping[str, Any], *, source: str, shown: Mapping[str, str] | None = None
+) -> T:
+    """`data` as a `cls`, or a ConfigError that names `source` and lists every bad or unknown key.
+
+    `shown` maps a field to the name the user sees in `source` (a file attribute stored under its older
+    name), so the message names what is in the file."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: expected a mapping of {cls.__name__} fields, got {type(data).__name__}")
     try:
         return _adapter(cls).validate_python(dict(data))
     except ValidationError as exc:
-        valid = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-        problems = "; ".join(_describe(err) for err in exc.errors())
+        names = shown or {}
+        valid = ", ".join(names.get(f.name, f.name) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        problems = "; ".join(_describe(err, names) for err in exc.errors())
         raise ConfigError(f"{source}: {problems} (valid fields: {valid})") from None
 
 
@@ -301,8 +307,11 @@ def config_dict(config: Any) -> JsonObject:
     return data
 
 
-def _describe(err: Any) -> str:
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+def _describe(err: Any, shown: Mapping[str, str] | None = None) -> str:
+    loc = [str(p) for p in err["loc"]]
+    if loc and shown:
+        loc[0] = shown.get(loc[0], loc[0])
+    where = ".".join(loc) or "(top level)"
     if err["type"] in {"unexpected_keyword_argument", "extra_forbidden"}:
         return f"unknown field {where!r}"
     if err["type"] == "missing_argument" or err["type"] == "missing":

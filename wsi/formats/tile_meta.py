@@ -21,7 +21,7 @@ from wsi.core.config import MAX_MPP, MIN_TARGET_MPP, Count, Mpp, SidePx, Um, con
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject, JsonValue
 from wsi.core.user_text import parse_json
-from wsi.formats.hdf5 import from_stored, to_stored
+from wsi.formats.hdf5 import STORED_NAMES, from_stored, to_stored
 from wsi.storage.identity import SlideFingerprint
 from wsi.tiling.grid import TileCounts
 
@@ -270,7 +270,7 @@ class TileFileMeta:
                 if "artifact_counts" in attrs
                 else None,
             }
-        return parse_config(cls, data, source=source)
+        return parse_config(cls, data, source=source, shown=STORED_NAMES)
 
     # ------------------------------------------------------------------------------------- views
     @property

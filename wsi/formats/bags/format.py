@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from wsi.core.config import Count, Mpp, SidePx, Um, config_model, parse_config
 from wsi.core.json_types import JsonObject
-from wsi.formats.hdf5 import from_stored, to_stored
+from wsi.formats.hdf5 import STORED_NAMES, from_stored, to_stored
 
 FORMAT = "wsi-bag"
 FORMAT_VERSION = 1
@@ -116,4 +116,4 @@ class BagProvenance:
             if isinstance(text, str):
                 with contextlib.suppress(ValueError, RecursionError):  # else parse_config names the field
                     data[name] = json.loads(text)
-        return parse_config(cls, data, source=source)
+        return parse_config(cls, data, source=source, shown=STORED_NAMES)
