@@ -1,18 +1,11 @@
 """The one way a mapping (YAML, JSON, CLI options) becomes a typed config.
 
-Every config in the project (tasks, model presets, tiling, embedding, prediction, the run record) is a
-dataclass marked with `@config_model` and parsed with `parse_config`: fields are type-checked and
-converted by pydantic, unknown keys are refused, and the error names the source and every bad field at
-once. A field a user sets from the command line is declared with `setting(default, help=..., ge=...)`:
-its default, range and help text are written once, checked on direct construction and by the parser
-alike, and the CLI builds its options from them (`wsi.cli._options`), so they cannot drift apart.
-
-Every number a config holds is finite (NaN and infinities are refused when parsed and when built) and
-has a range on both sides that its meaning allows, from `setting(ge=..., le=...)` or an `Annotated`
-pydantic `Field` (tuple elements, model widths); `numeric_leaves` lists them, and
-tests/wsi/core/test_hostile_numbers.py checks that no numeric field of any config is left unbounded. A record
-that must hold an infinity (the resume state's best score, -inf before any estimable epoch) opts out
-with `config_model(finite=False)`.
+Every config is a dataclass marked `@config_model` and read with `parse_config`: pydantic checks and
+converts the fields, unknown keys are refused, and one error names the source and every bad field. A
+field users set is declared once with `setting(default, help=..., ge=...)`, which the CLI builds its
+options from (`wsi.cli._options`), so default, range and help cannot drift apart. Every number is
+finite and bounded on both sides (`numeric_leaves`; tests/wsi/core/test_hostile_numbers.py), unless a
+record opts out with `config_model(finite=False)` (the resume state's -inf best score).
 """
 
 from __future__ import annotations
@@ -279,18 +272,15 @@ def _cached_adapter(cls: Hashable) -> TypeAdapter[Any]:
 def parse_config(
     cls: type[T], data: Mapping[str, Any], *, source: str, shown: Mapping[str, str] | None = None
 ) -> T:
-    """`data` as a `cls`, or a ConfigError that names `source` and lists every bad or unknown key.
-
-    `shown` maps a field to the name the user sees in `source` (a file attribute stored under its older
-    name), so the message names what is in the file."""
+    """`data` as a `cls`, or a ConfigError that names `source` and every bad or unknown key (by the name
+    `shown` maps it to: what a file stores it as)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: expected a mapping of {cls.__name__} fields, got {type(data).__name__}")
     try:
         return _adapter(cls).validate_python(dict(data))
     except ValidationError as exc:
-        names = shown or {}
-        valid = ", ".join(names.get(f.name, f.name) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-        problems = "; ".join(_describe(err, names) for err in exc.errors())
+        valid = ", ".join((shown or {}).get(f.name, f.name) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        problems = "; ".join(_describe(err, shown) for err in exc.errors())
         raise ConfigError(f"{source}: {problems} (valid fields: {valid})") from None
 
 
@@ -308,9 +298,7 @@ def config_dict(config: Any) -> JsonObject:
 
 
 def _describe(err: Any, shown: Mapping[str, str] | None = None) -> str:
-    loc = [str(p) for p in err["loc"]]
-    if loc and shown:
-        loc[0] = shown.get(loc[0], loc[0])
+    loc = [str((shown or {}).get(p, p)) if i == 0 else str(p) for i, p in enumerate(err["loc"])]
     where = ".".join(loc) or "(top level)"
     if err["type"] in {"unexpected_keyword_argument", "extra_forbidden"}:
         return f"unknown field {where!r}"

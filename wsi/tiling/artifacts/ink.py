@@ -29,7 +29,7 @@ result names each stroke's colour (`ink_colour_regions`), which the tile file re
    on a slide stained with eosin, never on IHC), yellow dye, and translucent grey or purple-black marker
    (the colour of dense nuclei) as long bands that absorb the three colours alike; over tissue, whose
    colour it takes, grey marker is found by the grey optical density it adds to the tissue around it
-   (`_grey_excess`).
+   (`grey_marker`).
 
 The slide's own stain sets no colour threshold of the seeds: ink is judged by how it absorbs, so a slide
 that is mostly ink is still caught (a per-slide split, as for the tissue mask, would call the ink
@@ -53,17 +53,16 @@ from wsi.tiling.artifacts.colour import (
     median_margin,
     red_od_ratio,
 )
+from wsi.tiling.artifacts.grey_marker import grey_bands
 from wsi.tiling.artifacts.strokes import (
     BROWN_BAND,
     DYE_BAND,
-    GREY_BAND,
-    GREY_EXCESS_BAND,
     RED_BAND,
+    STREAK_GAP_UM,
     bands,
     region_shapes,
 )
 from wsi.tiling.morphology import (
-    block_reduce,
     close_disk,
     dilate_disk,
     label,
@@ -76,8 +75,6 @@ from wsi.tiling.params import ArtifactParams
 _MIN_STROKE_UM = 30.0
 #: black strokes are at least this wide (um): a coverslip's dark edge (~100 um) is a thinner black line
 _MIN_BLACK_STROKE_UM = 200.0
-#: gaps inside a stroke (streaks of a drying marker) up to this wide (um) are closed
-_GAP_UM = 60.0
 #: faint ink is grown at most this far (um) from a stroke's seed (a marker stroke is 0.5-2 mm wide):
 #: 600 keeps the streaky halo of HistoQC's red strokes; with parts that absorb like the slide's eosin
 #: left out (`_grown_red`), 900-1,200 also follow their streaks over tissue (2-3 more ink tiles on the
@@ -117,7 +114,7 @@ def ink_colour_regions(
     """(h, w) uint8: the colour of the ink at each pixel (`colour.colour_code`: 1 + its index in
     INK_COLOURS; 0 none), as `ink_regions` finds it. Where two colours' strokes meet, the later colour
     of INK_COLOURS wins (a black stroke end over a brown stroke is black). `lines`: the bubble filter's
-    rims and coverslip edges (`_grey_bands`)."""
+    rims and coverslip edges (`grey_marker.grey_bands`)."""
     colours = ink_rules(planes, params)
     colours.update(dye_rules(planes, od))
     if exclude is not None:
@@ -153,7 +150,7 @@ def ink_colour_regions(
         # faint black is grey or brownish, never the purple of nuclei: it may follow a stroke all along;
         # translucent grey or purple-black marker, as dark as dense nuclei, only as a long band
         "black": _grown(black, colours["black"] | faint_black, mpp, None)
-        | _grey_bands(planes, od, mpp, coloured=other, lines=lines),
+        | grey_bands(planes, od, mpp, coloured=other, lines=lines),
     }
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))
@@ -162,13 +159,13 @@ def ink_colour_regions(
     out = np.zeros(grown.shape, np.uint8)
     if not grown.any():
         return out
-    grown = close_disk(grown, _GAP_UM / 2 / mpp)
+    grown = close_disk(grown, STREAK_GAP_UM / 2 / mpp)
     grown = remove_small_objects(grown, max_size=int(_MIN_REGION_UM2 / (mpp * mpp)))
     for name in INK_COLOURS:
         out[found[name] & grown] = colour_code(name)
     gaps = grown & (out == 0)
     if gaps.any():  # a closed gap takes the colour of a stroke it joins (within the closing's reach)
-        reach = 2 * int(np.ceil(_GAP_UM / 2 / mpp)) + 1
+        reach = 2 * int(np.ceil(STREAK_GAP_UM / 2 / mpp)) + 1
         out[gaps] = ndimage.grey_dilation(out, size=(reach, reach))[gaps]
     return out
 
@@ -197,97 +194,6 @@ _STRONG_RATIO = 0.125
 _EOSIN_GAP = 0.06
 
 
-#: translucent grey and purple-black marker: as dark (value <= 0.55) and as grey (saturation <= 0.35) as
-#: dense haematoxylin, told from it only as a long even band (MSKCC's grey loops: 250-720 um wide, 5-40
-#: times as long; no dark tissue region of the tuning images is such a band)
-_GREY_MAX_VALUE = 0.55
-_GREY_MAX_SATURATION = 0.35
-#: ... of a purple-to-blue grey (MSKCC's: 277-308 degrees) or neutral; brown-grey is brown's (`dye_rules`)
-_GREY_HUES = (200.0, 330.0)
-_NEUTRAL_SATURATION = 0.12
-#: ... and absorbing the three colours about alike: most of a band's dark grey pixels have their least
-#: OD at least this share of their largest (MSKCC's grey loops: medians 0.73-0.80); dense nuclei absorb
-#: little blue light (Ruifrok and Johnston's haematoxylin: 0.41; CAMELYON16's dark tumour: median 0.64)
-_GREY_EVEN = 0.68
-#: Grey marker drawn over tissue takes the tissue's colour (purple over a tumour: saturation 0.4, more
-#: than _GREY_MAX_SATURATION), but what it adds is grey. Optical densities add (Beer-Lambert), so the
-#: marker's own absorption is the pixel's OD less that of the tissue around it (the mean OD over
-#: _SURROUND_UM): a grey marker adds about as much to each channel (MSKCC 00073's loop over tumour:
-#: red / green 0.86-1.0, blue / green 0.7-0.85), where more haematoxylin adds little blue absorption
-#: (Ruifrok and Johnston's H vector: blue / green 0.41) and more eosin little red (0.07), and a fold
-#: adds the tissue's own colour (blue / green 0.5-0.6 measured beside the loop). Such an even grey excess
-#: of at least _GREY_MIN_EXCESS green OD is grey marker where it forms a band (`strokes.GREY_BAND`).
-_SURROUND_UM = 1500.0
-_GREY_MIN_EXCESS = 0.1
-_GREY_EXCESS_RED = 0.7
-_GREY_EXCESS_BLUE = 0.65
-#: ... the surround being the tissue around a pixel: those of green OD at least this (glass: 0.01-0.05)
-_STAINED_OD = 0.08
-
-
-def _grey_bands(
-    planes: HSV, od: np.ndarray, mpp: float, *, coloured: np.ndarray, lines: np.ndarray | None = None
-) -> np.ndarray:
-    """(h, w) bool: dark grey or purple-black regions, or a grey excess over the tissue around them,
-    shaped like a marker stroke (`strokes.GREY_BAND`), their streaks closed over. `coloured`: pixels of
-    another ink's colour (a green stroke over tissue adds no grey); `lines`: the bubble filter's rims and
-    coverslip edges, which add a grey too (refraction) and are that filter's."""
-    hue, sat, val = planes
-    dark = (val <= _GREY_MAX_VALUE) & (val > 0.1)
-    if not dark.any():
-        return dark
-    grey = dark & (sat <= _GREY_MAX_SATURATION)
-    grey &= ((hue >= _GREY_HUES[0]) & (hue <= _GREY_HUES[1])) | (sat <= _NEUTRAL_SATURATION)
-    excess = _grey_excess(od, mpp, dark & ~coloured & (~lines if lines is not None else True))
-    # even: a grey excess, or a dark grey that absorbs all three colours alike
-    even = excess.copy()
-    px = od[grey]
-    even[grey] |= px.min(axis=-1) >= _GREY_EVEN * px.max(axis=-1)
-    grey |= excess
-    closed = close_disk(open_disk(grey, _GAP_UM / 2 / mpp), _GAP_UM / 2 / mpp)
-    if not closed.any():
-        return closed
-    labels, width, elongation = region_shapes(closed, mpp, GREY_EXCESS_BAND)
-    n = len(width)
-    counts = np.bincount(labels[grey], minlength=n)
-    evenly = np.bincount(labels[even], minlength=n) >= 0.5 * counts
-    # a grey excess is no tissue's colour: a thinner band that is mostly one is marker too
-    wide = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation)
-    thin = (width >= GREY_EXCESS_BAND.min_width_um) & (elongation >= GREY_EXCESS_BAND.min_elongation)
-    thin &= np.bincount(labels[excess], minlength=n) >= 0.5 * counts
-    keep = (wide | thin) & evenly
-    keep[0] = False
-    return keep[labels]
-
-
-def _grey_excess(od: np.ndarray, mpp: float, where: np.ndarray) -> np.ndarray:
-    """(h, w) bool: pixels of `where` whose optical density (the mean of their block of _GAP_UM: a
-    marker's streaks and the tissue's texture smoothed) exceeds the mean of the _SURROUND_UM around them
-    by an even grey (`_GREY_MIN_EXCESS`, `_GREY_EXCESS_RED`, `_GREY_EXCESS_BLUE`). The surround is
-    measured on blocks of about a sixteenth of it (a mean over 1.5 mm needs no finer grid)."""
-    out = np.zeros(od.shape[:2], bool)
-    if not where.any():
-        return out
-    block = max(1, int(_SURROUND_UM / mpp / 16))
-    coarse = block_reduce(od, block)  # (h', w', 3) float32
-    stained = (coarse[..., 1] >= _STAINED_OD).astype(np.float32)  # the surround is tissue, not glass
-    size = max(3, round(_SURROUND_UM / mpp / block) | 1)
-    share = np.maximum(ndimage.uniform_filter(stained, size, mode="nearest"), 1e-3)
-    rows, cols = np.nonzero(where)
-    near = max(1, round(_GAP_UM / mpp))
-    local = block_reduce(od, near)[rows // near, cols // near]  # (n, 3): the block of _GAP_UM around
-    excess = []
-    for c in range(3):
-        surround = ndimage.uniform_filter(coarse[..., c] * stained, size, mode="nearest") / share
-        excess.append(local[:, c] - surround[rows // block, cols // block])
-    green = excess[1]
-    hit = green >= _GREY_MIN_EXCESS
-    hit &= excess[0] >= _GREY_EXCESS_RED * green
-    hit &= excess[2] >= _GREY_EXCESS_BLUE * green
-    out[rows[hit], cols[hit]] = True
-    return out
-
-
 def _stroke_hue(hue: np.ndarray, strokes: np.ndarray) -> np.ndarray:
     """(h, w) bool: pixels whose hue is within _STROKE_HUE_DEG of the median hue of the `strokes`
     (measured around 0 degrees, where red wraps); all False when there is no stroke."""
@@ -313,7 +219,7 @@ def _red_strokes(
     labels = label(parts, connectivity=2)
     medians, counts = _region_medians(labels, ratio, dense)
     # size and shape are the stroke's: a drying marker breaks into pieces a gap apart
-    groups, width, elongation = region_shapes(close_disk(parts, _GAP_UM / 2 / mpp), mpp, RED_BAND)
+    groups, width, elongation = region_shapes(close_disk(parts, STREAK_GAP_UM / 2 / mpp), mpp, RED_BAND)
     group = np.zeros(len(medians), np.int64)
     group[labels[parts]] = groups[parts]
     shaped = (width >= RED_BAND.min_width_um) & (elongation >= RED_BAND.min_elongation)
@@ -367,7 +273,7 @@ def _grown_red(
     median OD_R / OD_G reaches the slide's own eosin (its 10th percentile) absorbs like that eosin, and
     is the tissue beside the stroke, not the stroke's faint edge (HistoQC's red streaks over tissue:
     their parts' medians 0.13-0.28 on a slide whose eosin starts at 0.28, 0.17-0.26 at 0.27). The parts
-    left join the stroke across gaps of _GAP_UM (a drying marker's streaks)."""
+    left join the stroke across gaps of STREAK_GAP_UM (a drying marker's streaks)."""
     if not seeds.any():
         return seeds
     candidates = candidates & dilate_disk(seeds, _GROW_UM / mpp)
@@ -379,7 +285,7 @@ def _grown_red(
         eosin_like[0] = False
         candidates = candidates & ~eosin_like[parts]
     # a drying marker's streaks lie a gap apart: they join the stroke together
-    bridged = close_disk(candidates, _GAP_UM / 2 / mpp) | seeds
+    bridged = close_disk(candidates, STREAK_GAP_UM / 2 / mpp) | seeds
     return _touching(bridged, seeds) & (candidates | seeds)
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
+#: gaps inside a stroke (streaks of a drying marker) up to this wide (um) are closed
+STREAK_GAP_UM = 60.0
+
 
 @dataclass(frozen=True)
 class Band:
@@ -37,7 +40,7 @@ DYE_BAND = Band(min_width_um=150.0, min_elongation=3.0)
 #: a stroke of translucent grey or purple-black marker, whose colour dense nuclei share: at least 250 um
 #: wide and 5 times as long (a marker line across a section; a biopsy core is paler than such marker)
 GREY_BAND = Band(min_width_um=250.0, min_elongation=5.0)
-#: ... and of grey marker over tissue found by the grey it adds (`ink._grey_excess`), which no tissue
+#: ... and of grey marker over tissue found by the grey it adds (`grey_marker.grey_excess`), which no tissue
 #: adds: a finer line counts, at least 150 um wide (MSKCC's fine lines over tissue: 150-250 um, broken
 #: into pieces 5-6 times as long as wide; 100 um took a few dark tissue edges on the tuning images)
 GREY_EXCESS_BAND = Band(min_width_um=150.0, min_elongation=5.0)
