@@ -354,44 +354,49 @@ def _ours_to_theirs(key: str) -> str:
 
 
 def load_checked(encoder: nn.Module, state: StateDict, recipe: EncoderRecipe, path: Path, name: str) -> None:
-    """Load all of `state` into `encoder` or nothing: every key and shape is checked first."""
+    """Load all of `state` into `encoder` or nothing, the recipe's ignored keys left out first."""
     ignore = [re.compile(p) for p in recipe.ignore_keys]
     dropped = sorted(k for k in state if any(p.search(k) for p in ignore))
     if dropped:
-        log.info(
-            "%s: ignoring %d tensors that are not part of %s (%s)",
-            path,
-            len(dropped),
-            name,
-            _few(set(dropped)),
-        )
+        log.info("%s: ignoring %d tensors not part of %s (%s)", path, len(dropped), name, _few(set(dropped)))
     kept = {k: v for k, v in state.items() if k not in set(dropped)}
     given = KEY_LAYOUTS.get(recipe.key_layout)(kept, encoder)
-    expected = encoder.state_dict()
-    missing = set(expected) - set(given)
-    unexpected = set(given) - set(expected)
+    load_all_or_nothing(
+        encoder, given, path=path, what=f"encoder {name!r}", shown=_ours_to_theirs,
+        fit_hint="; is it a checkpoint of this architecture?",
+    )  # fmt: skip
+
+
+def load_all_or_nothing(
+    model: nn.Module,
+    given: StateDict,
+    *,
+    path: Path,
+    what: str,
+    fit_hint: str = "",
+    hint: str = "",
+    shown: Callable[[str], str] = str,
+) -> None:
+    """Load every tensor of `given` (our key names) into `model`, or none: missing, unexpected and
+    wrongly shaped tensors are named first, as `shown` spells them (`what`: "encoder 'uni'"; `fit_hint`
+    ends the message of a checkpoint that does not fit, `hint` every message)."""
+    expected = model.state_dict()
+    missing, unexpected = set(expected) - set(given), set(given) - set(expected)
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing: {_few({_ours_to_theirs(k) for k in missing})}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected: {_few({_ours_to_theirs(k) for k in unexpected})}")
-        raise WeightsError(
-            f"{path} does not fit encoder {name!r} ({'; '.join(parts)}); "
-            "is it a checkpoint of this architecture?"
-        )
-    wrong = {k for k in expected if tuple(given[k].shape) != tuple(expected[k].shape)}
+        parts = [f"{len(keys)} {why}: {_few({shown(k) for k in keys})}" for keys, why in
+                 ((missing, "missing"), (unexpected, "unexpected")) if keys]  # fmt: skip
+        raise WeightsError(f"{path} does not fit {what} ({'; '.join(parts)}){fit_hint}{hint}")
+    wrong = sorted(k for k in expected if tuple(given[k].shape) != tuple(expected[k].shape))
     if wrong:
-        k = sorted(wrong)[0]
+        k = wrong[0]
         raise WeightsError(
-            f"{path} has tensors of the wrong shape for encoder {name!r}: "
-            f"{_few({_ours_to_theirs(w) for w in wrong})} "
-            f"(e.g. {_ours_to_theirs(k)}: file {tuple(given[k].shape)}, model {tuple(expected[k].shape)})"
+            f"{path} has tensors of the wrong shape for {what}: {_few({shown(w) for w in wrong})} "
+            f"(e.g. {shown(k)}: file {tuple(given[k].shape)}, model {tuple(expected[k].shape)}){hint}"
         )
-    encoder.load_state_dict(given, strict=True)
+    model.load_state_dict(given, strict=True)
 
 
 __all__ = [
-    "KEY_LAYOUTS", "dino_pos_embed", "load_checked", "load_state_dict_file", "located_weights",
-    "resolve_weights_path",
+    "KEY_LAYOUTS", "dino_pos_embed", "load_all_or_nothing", "load_checked", "load_state_dict_file",
+    "located_weights", "resolve_weights_path",
 ]  # fmt: skip

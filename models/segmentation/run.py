@@ -23,7 +23,7 @@ from torch import nn
 from wsi.core.errors import WeightsError
 from wsi.core.files import sha256_file
 from wsi.formats.tile_meta import SegmentationModel
-from wsi.models.encoders.weights import load_state_dict_file
+from wsi.models.encoders.weights import load_all_or_nothing, load_state_dict_file
 from wsi.models.segmentation.named import IMAGENET_MEAN, IMAGENET_STD, SegKind, SegmenterSpec, segmenter_spec
 
 log = logging.getLogger(__name__)
@@ -105,30 +105,12 @@ def load_segmenter(
     except WeightsError as exc:
         raise WeightsError(f"{kind} model {name!r}: {exc}{hint}") from None
     net = spec.build()
-    expected = net.state_dict()
-    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-    if missing or unexpected:
-        parts = [f"{len(missing)} missing: {_few(missing)}"] if missing else []
-        parts += [f"{len(unexpected)} unexpected: {_few(unexpected)}"] if unexpected else []
-        raise WeightsError(f"{path} does not fit {kind} model {name!r} ({'; '.join(parts)}){hint}")
-    wrong = sorted(k for k in expected if tuple(state[k].shape) != tuple(expected[k].shape))
-    if wrong:
-        k = wrong[0]
-        raise WeightsError(
-            f"{path} has tensors of the wrong shape for {kind} model {name!r}: {_few(set(wrong))} "
-            f"(e.g. {k}: file {tuple(state[k].shape)}, model {tuple(expected[k].shape)}){hint}"
-        )
-    net.load_state_dict(state, strict=True)
+    load_all_or_nothing(net, state, path=path, what=f"{kind} model {name!r}", hint=hint)
     device = device or torch.device("cpu")
     net.to(device).eval()
     digest = sha256_file(path)
     log.info("%s model %s from %s (sha256 %s) on %s", kind, name, path, digest[:12], device)
     return Segmenter(spec, net, path, digest, device)
-
-
-def _few(keys: set[str], n: int = 5) -> str:
-    items = sorted(keys)
-    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
 
 
 __all__ = ["BATCH", "Segmenter", "jpeg_round_trip", "load_segmenter"]

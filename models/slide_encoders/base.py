@@ -164,24 +164,12 @@ def _hub_weights(weights: str | os.PathLike[str] | None, spec: SlideEncoderSpec,
 
 def load_checked(model: SlideEncoder, state: StateDict, path: Path, name: str) -> None:
     """Load all of `state` (authors' layout) into `model` or nothing: every key and shape checked first."""
-    given = model.authors_to_ours(state)
-    expected = model.state_dict()
-    missing, unexpected = set(expected) - set(given), set(given) - set(expected)
-    if missing or unexpected:
-        parts = [f"{len(missing)} missing: {_few(missing)}"] if missing else []
-        parts += [f"{len(unexpected)} unexpected: {_few(unexpected)}"] if unexpected else []
-        raise WeightsError(
-            f"{path} does not fit slide encoder {name!r} ({'; '.join(parts)}); is it a checkpoint of "
-            f"this model? Its weights come from {model.SPEC.weights_page}"
-        )
-    wrong = {k for k in expected if tuple(given[k].shape) != tuple(expected[k].shape)}
-    if wrong:
-        k = sorted(wrong)[0]
-        raise WeightsError(
-            f"{path} has tensors of the wrong shape for slide encoder {name!r}: {_few(wrong)} "
-            f"(e.g. {k}: file {tuple(given[k].shape)}, model {tuple(expected[k].shape)})"
-        )
-    model.load_state_dict(given, strict=True)
+    from wsi.models.encoders.weights import load_all_or_nothing
+
+    load_all_or_nothing(
+        model, model.authors_to_ours(state), path=path, what=f"slide encoder {name!r}",
+        fit_hint=f"; is it a checkpoint of this model? Its weights come from {model.SPEC.weights_page}",
+    )  # fmt: skip
 
 
 def build_slide_encoder(

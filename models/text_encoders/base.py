@@ -133,31 +133,14 @@ def get_spec(name: str) -> TextTowerSpec:
     return TEXT_ENCODERS.get(name).SPEC
 
 
-def _few(keys: set[str], n: int = 5) -> str:
-    items = sorted(keys)
-    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
-
-
 def load_checked(model: TextTower, state: StateDict, path: Path, name: str) -> None:
     """Load the tower's tensors from the authors' checkpoint or nothing: every key and shape checked."""
-    given = model.authors_to_ours(state)
-    expected = model.state_dict()
-    missing, unexpected = set(expected) - set(given), set(given) - set(expected)
-    if missing or unexpected:
-        parts = [f"{len(missing)} missing: {_few(missing)}"] if missing else []
-        parts += [f"{len(unexpected)} unexpected: {_few(unexpected)}"] if unexpected else []
-        raise WeightsError(
-            f"{path} does not fit text encoder {name!r} ({'; '.join(parts)}); is it a checkpoint of this "
-            f"model? Its weights come from {model.SPEC.weights_page}"
-        )
-    wrong = {k for k in expected if tuple(given[k].shape) != tuple(expected[k].shape)}
-    if wrong:
-        k = sorted(wrong)[0]
-        raise WeightsError(
-            f"{path} has tensors of the wrong shape for text encoder {name!r}: {_few(wrong)} "
-            f"(e.g. {k}: file {tuple(given[k].shape)}, model {tuple(expected[k].shape)})"
-        )
-    model.load_state_dict(given, strict=True)
+    from wsi.models.encoders.weights import load_all_or_nothing
+
+    load_all_or_nothing(
+        model, model.authors_to_ours(state), path=path, what=f"text encoder {name!r}",
+        fit_hint=f"; is it a checkpoint of this model? Its weights come from {model.SPEC.weights_page}",
+    )  # fmt: skip
 
 
 def _weights_file(weights: str | os.PathLike[str] | None, spec: TextTowerSpec, name: str) -> Path:
