@@ -28,10 +28,8 @@ from wsi.core.files import sanitize_slide_id
 from wsi.formats.bags import open_bag_stream
 from wsi.formats.qupath import (
     QuPathClass,
-    box_ring,
-    feature,
     feature_collection,
-    polygon_geometry,
+    ranked_tiles,
     tile_features,
 )
 from wsi.formats.qupath import write_geojson as write_collection
@@ -107,17 +105,9 @@ def slide_collection(
     for name, values in maps.items():
         for side, idx in pick(np.asarray(values, dtype=np.float64), k).items():
             cls = QuPathClass.of(f"{side} {name}", (200, 0, 0) if side == "most" else (0, 90, 200))
-            for rank, i in enumerate(idx, start=1):
-                x, y = (float(v) for v in coords_px[int(i)])
-                features.append(
-                    feature(
-                        polygon_geometry([[box_ring(x, y, size_px, size_px)]]),
-                        object_type="annotation",
-                        classification=cls,
-                        name=f"{side} {name} #{rank}",
-                        measurements={_column(name): float(values[int(i)]), "rank": rank},
-                    )
-                )
+            features += ranked_tiles(
+                coords_px, size_px, idx, values, label=f"{side} {name}", cls=cls, column=_column(name)
+            )
     props = {
         "slide_id": slide_id,
         "units": "level-0 pixels",

@@ -18,10 +18,8 @@ import numpy as np
 from wsi.core.files import sanitize_slide_id
 from wsi.formats.qupath import (
     QuPathClass,
-    box_ring,
-    feature,
     feature_collection,
-    polygon_geometry,
+    ranked_tiles,
     tile_features,
 )
 from wsi.formats.qupath import write_geojson as write_collection
@@ -140,17 +138,9 @@ def _geojson(
     for name, values in maps.items():
         top = np.argsort(-np.asarray(values), kind="stable")[: min(k, len(values))]
         cls = QuPathClass.of(f"top {name}", (200, 0, 0))
-        for rank, i in enumerate(top, start=1):
-            x, y = (float(v) for v in coords[int(i)])
-            features.append(
-                feature(
-                    polygon_geometry([[box_ring(x, y, size, size)]]),
-                    object_type="annotation",
-                    classification=cls,
-                    name=f"top {name} #{rank}",
-                    measurements={f"similarity {name}": float(values[int(i)]), "rank": rank},
-                )
-            )
+        features += ranked_tiles(
+            coords, size, top, np.asarray(values), label=f"top {name}", cls=cls, column=f"similarity {name}"
+        )
     props = {
         "slide_id": slide_id,
         "units": "level-0 pixels",

@@ -1,7 +1,8 @@
 """QuPath objects in and out: GeoJSON in level-0 pixels, as QuPath's File > Import objects reads it.
 
-  write.py    QuPathClass, feature, tile_features, polygon_geometry, feature_collection, write_geojson
-              (atomic), class_name, measurement_value, box_ring, palette_color, OBJECT_TYPES
+  write.py    QuPathClass, feature, tile_features, ranked_tiles (top tiles), polygon_geometry,
+              feature_collection, write_geojson (atomic), class_name, measurement_value, box_ring,
+              palette_color, OBJECT_TYPES
   read.py     read_roi -> Roi (include / exclude polygons, contains(points)), roi_file_for, is_excluded,
               load_geojson (also QuPath's .zip / .gz exports)
   review.py   read_review -> ReviewFile (tile boxes with the reviewer's classes, Exclude regions), class_of
@@ -24,6 +25,7 @@ from wsi.formats.qupath.write import (
     measurement_value,
     palette_color,
     polygon_geometry,
+    ranked_tiles,
     tile_features,
     write_geojson,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "measurement_value",
     "palette_color",
     "polygon_geometry",
+    "ranked_tiles",
     "read_review",
     "read_roi",
     "roi_file_for",

@@ -214,6 +214,24 @@ def write_geojson(path: str | os.PathLike[str], collection: Mapping[str, Any]) -
     write_text_atomic(path, text + "\n")
 
 
+def ranked_tiles(
+    coords_px: np.ndarray, size_px: float, order: np.ndarray, values: np.ndarray, *, label: str,
+    cls: QuPathClass, column: str,
+) -> list[Feature]:
+    """An annotation per tile of `order` (best first), named `<label> #<rank>`, with its value under
+    `column` and its rank as measurements: the tiles a reader should look at first, as QuPath lists them."""
+    out: list[Feature] = []
+    for rank, i in enumerate(order, start=1):
+        x, y = (float(v) for v in coords_px[int(i)])
+        out.append(
+            feature(
+                polygon_geometry([[box_ring(x, y, size_px, size_px)]]), object_type="annotation",
+                classification=cls, name=f"{label} #{rank}",
+                measurements={column: float(values[int(i)]), "rank": rank},
+            )
+        )  # fmt: skip
+    return out
+
 __all__ = [
     "OBJECT_TYPES",
     "RGB",
@@ -232,6 +250,7 @@ __all__ = [
     "measurement_value",
     "palette_color",
     "polygon_geometry",
+    "ranked_tiles",
     "tile_features",
     "write_geojson",
 ]
