@@ -10,7 +10,7 @@
 Every stage takes its inputs first, then `out_dir`, then options (a typed config or its fields as
 keywords) and returns a `StageResult`: one typed row per slide in `.results` (the result iterates over
 them), where the outputs went, and `.problems`. Nothing heavy (torch, openslide, dask) is imported until
-a function that needs it is called, so `import wsi` stays instant.
+a function that needs it is called, so `import wsi` stays instant; the `list_*` functions need none.
 """
 
 from __future__ import annotations
@@ -156,23 +156,24 @@ def list_encoders() -> list[str]:
 
 def list_text_encoders() -> list[str]:
     """Text towers `wsi.zero_shot(model=...)` takes by name."""
-    from wsi.models.text_encoders import TEXT_ENCODERS
+    from wsi.models.text_encoders import list_text_encoders
 
-    return TEXT_ENCODERS.names()
+    return list_text_encoders()
 
 
 def list_slide_encoders() -> list[str]:
     """Slide encoders `wsi embed-slides` takes by name."""
-    from wsi.models.slide_encoders import SLIDE_ENCODERS
+    from wsi.models.slide_encoders import list_slide_encoders
 
-    return SLIDE_ENCODERS.names()
+    return list_slide_encoders()
 
 
 def list_models() -> list[str]:
-    """Model presets `wsi.train(preset=...)` takes (configs/models/)."""
-    from wsi.models.presets import list_models
+    """Model presets `wsi.train(preset=...)` takes (configs/models/; the names `wsi.models.list_models`
+    gives, read without importing the models)."""
+    from wsi.configs import available
 
-    return list_models()
+    return available("models")
 
 
 def list_attention() -> list[str]:

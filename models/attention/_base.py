@@ -18,6 +18,7 @@ from wsi.core.errors import ConfigError
 from wsi.core.registry import Registry
 from wsi.models.attention.layout import grid_neighbours
 from wsi.models.attention.local import LocalRows
+from wsi.models.attention.names import VARIANT_MODULES
 
 
 class StreamState(dict[str, Tensor]):
@@ -184,14 +185,8 @@ def no_autocast(device: torch.device) -> Any:
     return torch.autocast(device.type, enabled=False)
 
 
-# Every variant registers itself beside its class (`@ATTENTION.register("name")`); the modules listed
-# here are imported on the first lookup, so adding a variant is a new file plus one line below.
+# Every variant registers itself beside its class (`@ATTENTION.register("name")`); the modules of
+# names.py's table are imported on the first lookup, so adding a variant is a new file plus one row there.
 ATTENTION: Registry[type[AttentionBase]] = Registry(
-    "attention",
-    modules=(
-        "wsi.models.attention.seqnorm",
-        "wsi.models.attention.softmax",
-        "wsi.models.attention.sima",
-        "wsi.models.attention.gdla",
-    ),
+    "attention", modules=tuple(dict.fromkeys(VARIANT_MODULES.values()))
 )

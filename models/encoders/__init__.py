@@ -9,20 +9,41 @@ safetensors): a checkpoint is an untrusted file and must not be able to run code
       normalised (B,3,S,S), forward -> (B, dim), embed = forward(preprocess), check_mpp, provenance()
   EncoderRecipe (.digest()), ENCODERS, get_recipe, load_recipe_yaml, list_encoders, encoder_id_for,
   count_parameters, pick_batch_size, load_state_dict_file, RETCCL_SHA256, CTRANSPATH_SHA256
+
+Importing the package imports no torch: each name loads its module on first use (`list_encoders` needs
+none: the recipes are plain data).
 """
 
-from wsi.models.encoders.build import build_encoder, count_parameters
-from wsi.models.encoders.encoder import Encoder, encoder_id_for, mpp_warning, pick_batch_size
-from wsi.models.encoders.named import CTRANSPATH_SHA256, RETCCL_SHA256
-from wsi.models.encoders.recipe import (
-    ENCODERS,
-    EncoderRecipe,
-    available_encoders,
-    get_recipe,
-    list_encoders,
-    load_recipe_yaml,
-)
-from wsi.models.encoders.weights import load_state_dict_file
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from wsi.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from wsi.models.encoders.build import build_encoder, count_parameters
+    from wsi.models.encoders.encoder import Encoder, encoder_id_for, mpp_warning, pick_batch_size
+    from wsi.models.encoders.named import CTRANSPATH_SHA256, RETCCL_SHA256
+    from wsi.models.encoders.recipe import (
+        ENCODERS,
+        EncoderRecipe,
+        available_encoders,
+        get_recipe,
+        list_encoders,
+        load_recipe_yaml,
+    )
+    from wsi.models.encoders.weights import load_state_dict_file
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, {
+        "wsi.models.encoders.build": ("build_encoder", "count_parameters"),
+        "wsi.models.encoders.encoder": ("Encoder", "encoder_id_for", "mpp_warning", "pick_batch_size"),
+        "wsi.models.encoders.named": ("CTRANSPATH_SHA256", "RETCCL_SHA256"),
+        "wsi.models.encoders.recipe": (
+            "ENCODERS", "EncoderRecipe", "available_encoders", "get_recipe", "list_encoders",
+            "load_recipe_yaml",
+        ),
+        "wsi.models.encoders.weights": ("load_state_dict_file",),
+    })  # fmt: skip
 
 __all__ = [
     "CTRANSPATH_SHA256",

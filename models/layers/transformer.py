@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from wsi.core.config import config_dict, config_model
 from wsi.core.errors import ConfigError
 from wsi.core.json_types import JsonObject
-from wsi.models.attention import AttentionBase, attention_options, build_attention, list_attention
+from wsi.models.attention import ATTENTION, AttentionBase, attention_options, build_attention
 from wsi.models.attention.grid_conv import MixFFN, PreMix
 from wsi.models.layers.chunked import run_chunked
 
@@ -105,8 +105,8 @@ class TransformerConfig:
     gdla_block: Literal["paper", "legacy"] = "paper"
 
     def __post_init__(self) -> None:
-        if self.attention not in list_attention():
-            raise ConfigError(f"unknown attention {self.attention!r}; choose one of {list_attention()}")
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"unknown attention {self.attention!r}; choose one of {ATTENTION.names()}")
         if self.attn_dim % self.heads:
             raise ConfigError(f"attn_dim {self.attn_dim} is not divisible by heads {self.heads}")
         _refuse_shadowed_options(self.attention_options)

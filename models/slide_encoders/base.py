@@ -24,6 +24,7 @@ from wsi.core.errors import ConfigError, WeightsError
 from wsi.core.json_types import JsonObject
 from wsi.core.registry import Registry
 from wsi.formats.hdf5 import to_stored
+from wsi.models.slide_encoders.names import ENCODER_MODULES
 from wsi.storage.hf import hub_weights, repo_of
 
 log = logging.getLogger("wsi.models.slide_encoders")
@@ -77,17 +78,8 @@ class SlideEncoder(nn.Module):
 
 
 SLIDE_ENCODERS: Registry[type[SlideEncoder]] = Registry(
-    "slide encoder",
-    modules=(
-        "wsi.models.slide_encoders.feather",
-        "wsi.models.slide_encoders.chief",
-        "wsi.models.slide_encoders.prism",
-        "wsi.models.slide_encoders.gigapath",
-        "wsi.models.slide_encoders.titan",
-        "wsi.models.slide_encoders.madeleine",
-        "wsi.models.slide_encoders.cobra",
-    ),
-)
+    "slide encoder", modules=tuple(dict.fromkeys(ENCODER_MODULES.values()))
+)  # every module of names.py's table, imported on the first lookup
 
 
 def get_spec(name: str) -> SlideEncoderSpec:

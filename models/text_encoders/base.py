@@ -22,6 +22,7 @@ from torch import nn
 from wsi.core.errors import ConfigError, WeightsError
 from wsi.core.json_types import JsonObject
 from wsi.core.registry import Registry
+from wsi.models.text_encoders.names import TOWER_MODULES
 from wsi.models.text_encoders.text_tokens import Tokenized
 from wsi.storage.hf import cached_file, hub_weights, repo_of
 
@@ -120,13 +121,8 @@ class TextTower(nn.Module):
 
 
 TEXT_ENCODERS: Registry[type[TextTower]] = Registry(
-    "text encoder",
-    modules=(
-        "wsi.models.text_encoders.coca",
-        "wsi.models.text_encoders.clip",
-        "wsi.models.text_encoders.biogpt",
-    ),
-)
+    "text encoder", modules=tuple(dict.fromkeys(TOWER_MODULES.values()))
+)  # every module of names.py's table, imported on the first lookup
 
 
 def get_spec(name: str) -> TextTowerSpec:

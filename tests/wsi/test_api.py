@@ -3,9 +3,11 @@ each function hands its inputs to the stage it names and returns that stage's ty
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -35,6 +37,67 @@ def test_the_listing_functions_read_the_registries() -> None:
     assert "retccl" in wsi.list_encoders()
     assert "titan" in wsi.list_slide_encoders()
     assert {"conch-v1", "plip", "titan", "prism"} <= set(wsi.list_text_encoders())
+
+
+#: the libraries a lister must not import: listing names needs none of them
+MODEL_LIBRARIES = ("torch", "timm", "transformers", "open_clip", "einops")
+LISTERS = ("list_encoders", "list_models", "list_attention", "list_slide_encoders", "list_text_encoders",
+           "list_tasks")  # fmt: skip
+
+# Run in a fresh interpreter: every registry after importing the model modules that fill it, with the
+# module each member comes from (a name table that points at the wrong module is caught too).
+REGISTRIES = """
+import json
+import wsi.models.presets, wsi.models.encoders.build, wsi.models.attention.build  # the heavy modules
+from wsi import configs
+from wsi.models.attention import ATTENTION
+from wsi.models.encoders import ENCODERS
+from wsi.models.slide_encoders import SLIDE_ENCODERS
+from wsi.models.text_encoders import TEXT_ENCODERS
+homes = {family: {n: reg.get(n).__module__ for n in reg.names()}
+         for family, reg in (("attention", ATTENTION), ("slide", SLIDE_ENCODERS), ("text", TEXT_ENCODERS))}
+names = {
+    "list_encoders": [*ENCODERS.names(), "timm:<name>", "<recipe>.yaml"],
+    "list_models": wsi.models.presets.list_models(),
+    "list_attention": ATTENTION.names(),
+    "list_slide_encoders": SLIDE_ENCODERS.names(),
+    "list_text_encoders": TEXT_ENCODERS.names(),
+    "list_tasks": configs.available("tasks"),
+}
+print(json.dumps({"names": names, "homes": homes}))
+"""
+
+
+def _run_json(code: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return cast(dict[str, Any], json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def registries() -> dict[str, Any]:
+    return _run_json(REGISTRIES)
+
+
+@pytest.mark.parametrize("lister", LISTERS)
+def test_each_lister_names_its_registry_without_torch(lister: str, registries: dict[str, Any]) -> None:
+    """Each lister in a fresh interpreter: the registry's names, and none of the model libraries loaded."""
+    got = _run_json(
+        "import json, sys, wsi\n"
+        f"names = wsi.{lister}()\n"
+        f"loaded = [m for m in {MODEL_LIBRARIES!r} if m in sys.modules]\n"
+        "print(json.dumps({'names': names, 'loaded': loaded}))\n"
+    )
+    assert got["loaded"] == [], f"wsi.{lister}() imported {got['loaded']}"
+    assert got["names"] == registries["names"][lister] and got["names"]
+
+
+def test_the_name_tables_point_at_the_modules_that_register_each_name(registries: dict[str, Any]) -> None:
+    from wsi.models.attention.names import VARIANT_MODULES
+    from wsi.models.slide_encoders.names import ENCODER_MODULES
+    from wsi.models.text_encoders.names import TOWER_MODULES
+
+    tables = {"attention": VARIANT_MODULES, "slide": ENCODER_MODULES, "text": TOWER_MODULES}
+    assert registries["homes"] == tables
 
 
 def test_tile_open_slide_and_read_bag_through_the_front_door(tmp_path: Path) -> None:
