@@ -44,12 +44,17 @@ MODEL_LIBRARIES = ("torch", "timm", "transformers", "open_clip", "einops")
 LISTERS = ("list_encoders", "list_models", "list_attention", "list_slide_encoders", "list_text_encoders",
            "list_tasks")  # fmt: skip
 
-# Run in a fresh interpreter: every registry after importing the model modules that fill it, with the
-# module each member comes from (a name table that points at the wrong module is caught too).
+# Run in a fresh interpreter: every registry after importing every module of its package (so a module
+# that registers a name its package's table lacks is caught), with the module each member comes from (a
+# table row that points at the wrong module is caught too).
 REGISTRIES = """
-import json
-import wsi.models.presets, wsi.models.encoders.build, wsi.models.attention.build  # the heavy modules
+import importlib, json, pkgutil
+import wsi.models.presets
 from wsi import configs
+for family in ("attention", "encoders", "slide_encoders", "text_encoders"):
+    package = importlib.import_module(f"wsi.models.{family}")
+    for found in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{found.name}")
 from wsi.models.attention import ATTENTION
 from wsi.models.encoders import ENCODERS
 from wsi.models.slide_encoders import SLIDE_ENCODERS

@@ -47,7 +47,7 @@ def test_every_typed_name_is_the_defining_modules_object(package: str) -> None:
 
 def test_an_unknown_name_is_an_attribute_error_and_a_submodule_loads_on_access() -> None:
     models = importlib.import_module("wsi.models")
-    with pytest.raises(AttributeError, match="module 'wsi.models' has no attribute 'build_modle'"):
+    with pytest.raises(AttributeError, match=r"module 'wsi\.models' has no attribute 'build_modle'"):
         models.build_modle  # noqa: B018
     assert models.presets is importlib.import_module("wsi.models.presets")
     module_getattr, _ = lazy_exports("wsi.models", {})
