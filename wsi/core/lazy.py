@@ -20,8 +20,8 @@ def lazy_exports(
     """The `__getattr__` and `__dir__` of `package`: `exports` maps a module (an absolute dotted path) to
     the names it defines that the package offers, as the package's `if TYPE_CHECKING:` imports read; the
     first access to a name imports its module and keeps the value in the package.
-    A submodule not in `exports` is imported on access too (`wsi.models.presets` after `import
-    wsi.models`), as it was when the package imported its submodules eagerly."""
+    A submodule not in `exports` is imported on access too: `import wsi.models` then `wsi.models.presets`
+    works, as attribute access to a package's submodules is expected to."""
 
     home_of = {name: module for module, names in exports.items() for name in names}
 
