@@ -368,15 +368,9 @@ def load_checked(encoder: nn.Module, state: StateDict, recipe: EncoderRecipe, pa
 
 
 def load_all_or_nothing(
-    model: nn.Module,
-    given: StateDict,
-    *,
-    path: Path,
-    what: str,
-    fit_hint: str = "",
-    hint: str = "",
+    model: nn.Module, given: StateDict, *, path: Path, what: str, fit_hint: str = "", hint: str = "",
     shown: Callable[[str], str] = str,
-) -> None:
+) -> None:  # fmt: skip
     """Load every tensor of `given` (our key names) into `model`, or none: missing, unexpected and
     wrongly shaped tensors are named first, as `shown` spells them (`what`: "encoder 'uni'"; `fit_hint`
     ends the message of a checkpoint that does not fit, `hint` every message)."""
