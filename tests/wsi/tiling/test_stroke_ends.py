@@ -1,5 +1,6 @@
-"""A red stroke's faint end over tissue is judged by its place: on the stroke's line past its end it is the
-stroke's, the same colour beside the stroke is not (`wsi.tiling.artifacts.stroke_ends`)."""
+"""Marker judged by its place along a stroke: a red stroke's faint end over tissue on the stroke's line
+past its end is the stroke's, the same colour beside the stroke is not (`wsi.tiling.artifacts.stroke_ends`);
+the pieces of a broken fine grey line are measured together (`grey_marker`)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ def test_a_red_strokes_faint_end_on_its_line_is_ink_and_the_same_red_beside_it_i
     assert red[90:120, 10:200].mean() > 0.9  # the stroke itself
     assert red[on_line].mean() > 0.8  # 0 without the stroke's line
     assert red[beside].mean() < 0.05
+
+
+def test_a_fine_grey_line_broken_into_pieces_over_tissue_is_ink() -> None:
+    """A grey marker line 0.16 mm wide over tissue, broken every 0.64 mm by a gap of 0.16 mm: each piece
+    is too short for a band (3.3 times as long as wide), the pieces joined are one long band: black ink.
+    The same pieces side by side (a blob when joined) stay tissue."""
+    rng = np.random.default_rng(0)
+    shape = (200, 480)
+    od = np.stack([np.full(shape, 0.25), np.full(shape, 0.45), np.full(shape, 0.3)], -1)
+    od += rng.normal(0, 0.01, od.shape)
+    line = np.zeros(shape, bool)
+    for x in range(20, 440, 50):
+        line[60:70, x : x + 40] = True
+    scattered = np.zeros(shape, bool)
+    for y in (120, 140, 160):  # a patch of pieces 0.16 mm apart: joined, a blob 0.8 x 1.4 mm
+        for x in (40, 90):
+            scattered[y : y + 10, x : x + 40] = True
+    od[line | scattered] += (0.3, 0.3, 0.27)
+    rgb = np.clip(255.0 * 10.0 ** (-od), 0, 255).astype(np.uint8)
+    colours = ink_colour_regions(
+        hsv(rgb.astype(np.float32)), optical_density(rgb), mpp=MPP, params=ArtifactParams()
+    )
+    black = colours == colour_code("black")
+    assert black[line].mean() > 0.8  # 0 without joining the pieces
+    assert black[scattered].mean() < 0.05
 
 
 def test_a_ring_or_a_short_stroke_has_no_line_to_continue() -> None:

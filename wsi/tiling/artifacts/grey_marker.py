@@ -39,6 +39,12 @@ _SURROUND_UM = 1500.0
 _GREY_MIN_EXCESS = 0.1
 _GREY_EXCESS_RED = 0.7
 _GREY_EXCESS_BLUE = 0.65
+#: a fine grey line is often broken (the marker skipped, or the tissue under it too pale to add grey
+#: everywhere): pieces up to this far apart (um) are measured as one band. Pieces of one line lie along
+#: it, so joined they are a long band; pieces of dark tissue lie about, and joined they are a blob
+#: (tuning images: 300 took 165 more of the black inked tiles and no ink-free tissue; 150 took 75; 500
+#: took 20 ink-free tissue tiles, of a lavender slide's brown-grey wedges)
+_JOIN_UM = 300.0
 #: ... the surround being the tissue around a pixel: those of green OD at least this (glass: 0.01-0.05)
 _STAINED_OD = 0.08
 
@@ -65,7 +71,10 @@ def grey_bands(
     closed = close_disk(open_disk(grey, STREAK_GAP_UM / 2 / mpp), STREAK_GAP_UM / 2 / mpp)
     if not closed.any():
         return closed
-    labels, width, elongation = region_shapes(closed, mpp, GREY_EXCESS_BAND)
+    # a fine line broken into pieces: its pieces joined across _JOIN_UM are measured as one band (the
+    # pieces keep their own pixels)
+    labels, width, elongation = region_shapes(close_disk(closed, _JOIN_UM / 2 / mpp), mpp, GREY_EXCESS_BAND)
+    labels[~closed] = 0
     n = len(width)
     counts = np.bincount(labels[grey], minlength=n)
     evenly = np.bincount(labels[even], minlength=n) >= 0.5 * counts
