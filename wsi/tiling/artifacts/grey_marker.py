@@ -71,10 +71,20 @@ def grey_bands(
     closed = close_disk(open_disk(grey, STREAK_GAP_UM / 2 / mpp), STREAK_GAP_UM / 2 / mpp)
     if not closed.any():
         return closed
-    # a fine line broken into pieces: its pieces joined across _JOIN_UM are measured as one band (the
-    # pieces keep their own pixels)
-    labels, width, elongation = region_shapes(close_disk(closed, _JOIN_UM / 2 / mpp), mpp, GREY_EXCESS_BAND)
-    labels[~closed] = 0
+    # a band on its own, or a piece of a fine line broken into pieces: those joined across _JOIN_UM are
+    # measured as one band (the pieces keep their own pixels; joining never loses a band on its own)
+    joined, width, elongation = region_shapes(close_disk(closed, _JOIN_UM / 2 / mpp), mpp, GREY_EXCESS_BAND)
+    joined[~closed] = 0
+    pieces = region_shapes(closed, mpp, GREY_EXCESS_BAND)
+    return _bands(pieces, grey, even, excess) | _bands((joined, width, elongation), grey, even, excess)
+
+
+def _bands(
+    shapes: tuple[np.ndarray, np.ndarray, np.ndarray], grey: np.ndarray, even: np.ndarray, excess: np.ndarray
+) -> np.ndarray:
+    """(h, w) bool: the regions of `shapes` (`strokes.region_shapes`) that are grey marker bands: wide dark
+    grey bands or thinner bands of grey excess, most of whose `grey` pixels are `even`."""
+    labels, width, elongation = shapes
     n = len(width)
     counts = np.bincount(labels[grey], minlength=n)
     evenly = np.bincount(labels[even], minlength=n) >= 0.5 * counts
