@@ -26,13 +26,15 @@ _MIN_LENGTH_UM = 1500.0
 #: red pen: a stroke's faint end over tissue 0.3-3 mm on past where its dense part stops)
 _REACH_UM = 3000.0
 #: ... and is as wide as the stroke, plus this on each side (um): a hand-drawn line bends, and a pen
-#: set down again leaves its smear beside the line (HistoQC's red pen: 100 took 3 fewer tiles than 400)
+#: set down again leaves its smear beside the line (HistoQC's red pen: 100 took 3 fewer tiles than 400,
+#: measured before the straightness and ratio bounds were chosen)
 _SIDE_UM = 400.0
 #: on that band, a pixel of red marker's colour is the stroke's end where its OD_R / OD_G lies under
 #: this share of the way from the slide's least eosin ratio (10th percentile) to its median eosin: marker
 #: over tissue absorbs less red light than the tissue alone (HistoQC's red pen over tissue: 0.16-0.35 on
 #: a slide whose eosin is 0.28-0.52; of the tuning images' 22 red tiles kept, 0 (under its least
-#: eosin) took 5, 0.3 took 13, 0.5 took 14; no ink-free tissue tile of the tuning images at any of them)
+#: eosin) took 5, 0.3 took 13, 0.5 took 14 (strokes 5 times as long as wide); no ink-free tissue tile of
+#: the tuning images at any of them)
 _END_TOWARD_EOSIN = 0.3
 #: ... measured from this green OD (paler pixels' ratio is noise)
 _END_MIN_OD = 0.15
