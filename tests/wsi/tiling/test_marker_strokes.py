@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
-from wsi.tiling.artifacts import BLOOD, INK, ArtifactParams, colour_code, find_artifacts
+from wsi.tiling.artifacts import BLOOD, INK, ArtifactParams, colour_code, find_artifacts, ink
 from wsi.tiling.artifacts.colour import hsv, optical_density
 from wsi.tiling.artifacts.ink import ink_colour_regions
 from wsi.tiling.params import DEFAULT_FILTERS, TileParams
@@ -79,16 +79,26 @@ def test_specks_of_eosin_in_a_jpeg_thumbnail_are_no_red_marker() -> None:
     assert s.false.get("ink", 0) <= 6, s.false
 
 
-def test_red_grows_no_further_than_its_stroke_toward_the_slides_eosin(shared_data: Path) -> None:
+def test_red_grows_no_further_than_its_stroke_toward_the_slides_eosin(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HistoQC's red pen over tissue (a hand-drawn mask): a stroke's faint streaks join it only while
     they absorb more like the stroke than like the slide's eosin, so little red ink lies outside the
-    mask (99 pixels more than 100 um outside it when growth followed the hue alone)."""
+    mask (99 pixels more than 100 um outside it when growth followed the hue alone). The growth is
+    measured alone; with the faint ends on a stroke's line (`stroke_ends`, tested in test_stroke_ends)
+    88 pixels more lie outside the mask: on the faint red line that continues two strokes over tissue
+    and that the hand-drawn mask leaves out (seen on an overlay)."""
     base = shared_data / "artifacts" / "histoqc" / "pen_markings_he__pen_red"
     rgb = np.asarray(Image.open(f"{base}.png").convert("RGB"))
     truth = np.asarray(Image.open(f"{base}_mask.png").convert("L")) > 127
+    far = ~ndimage.binary_dilation(truth, iterations=3)
+    red = _colours(rgb, 30.0) == colour_code("red")
+    assert (red & truth).sum() >= 0.9 * truth.sum()  # 0.91 by the growth alone
+    assert (red & far).sum() <= 160
+    monkeypatch.setattr(ink, "continued_red", lambda strokes, *_: strokes)
     red = _colours(rgb, 30.0) == colour_code("red")
     assert (red & truth).sum() >= 0.85 * truth.sum()
-    assert (red & ~ndimage.binary_dilation(truth, iterations=3)).sum() <= 60
+    assert (red & far).sum() <= 60
 
 
 # ------------------------------------------------------------------------------ painted on a real slide

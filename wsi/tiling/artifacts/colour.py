@@ -42,6 +42,8 @@ def colour_code(name: str) -> int:
     """The code of an ink colour in per-tile records and colour maps: 1 + its index in INK_COLOURS (0:
     no ink, or not known)."""
     return INK_COLOURS.index(name) + 1
+
+
 #: (hue degrees, saturation, value) planes of an image, float32
 HSV = tuple[np.ndarray, np.ndarray, np.ndarray]
 #: a red candidate's signature is measured where its green OD is at least this (transmission <= 32%):

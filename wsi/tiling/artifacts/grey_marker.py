@@ -39,6 +39,13 @@ _SURROUND_UM = 1500.0
 _GREY_MIN_EXCESS = 0.1
 _GREY_EXCESS_RED = 0.7
 _GREY_EXCESS_BLUE = 0.65
+#: a fine grey line over tissue is often broken (the marker skipped, or the tissue under it too pale to
+#: add grey everywhere): pieces of grey excess up to this far apart (um) are measured as one band. Pieces
+#: of one line lie along it, so joined they are a long band; pieces of dark tissue lie about, and joined
+#: they are a blob. (Tuning images: 300 took 114 more of the black inked tiles and no ink-free tissue.
+#: Joining dark grey pieces too took 181, but made bands of dense nuclei and of a coverslip's edge; with
+#: those, 150 took 75 and 500 took 20 ink-free tissue tiles, of a lavender slide's brown-grey wedges.)
+_JOIN_UM = 300.0
 #: ... the surround being the tissue around a pixel: those of green OD at least this (glass: 0.01-0.05)
 _STAINED_OD = 0.08
 
@@ -65,12 +72,34 @@ def grey_bands(
     closed = close_disk(open_disk(grey, STREAK_GAP_UM / 2 / mpp), STREAK_GAP_UM / 2 / mpp)
     if not closed.any():
         return closed
-    labels, width, elongation = region_shapes(closed, mpp, GREY_EXCESS_BAND)
+    # a band on its own, or a piece of a fine line broken into pieces: those joined across _JOIN_UM are
+    # measured as one band (the pieces keep their own pixels; joining never loses a band on its own)
+    joined, width, elongation = region_shapes(close_disk(closed, _JOIN_UM / 2 / mpp), mpp, GREY_EXCESS_BAND)
+    joined[~closed] = 0
+    pieces = region_shapes(closed, mpp, GREY_EXCESS_BAND)
+    # only by the grey it adds: joined dark pieces would also be dense nuclei or a coverslip's edge
+    return _bands(pieces, grey, even, excess) | _bands(
+        (joined, width, elongation), grey, even, excess, dark=False
+    )
+
+
+def _bands(
+    shapes: tuple[np.ndarray, np.ndarray, np.ndarray],
+    grey: np.ndarray,
+    even: np.ndarray,
+    excess: np.ndarray,
+    *,
+    dark: bool = True,
+) -> np.ndarray:
+    """(h, w) bool: the regions of `shapes` (`strokes.region_shapes`) that are grey marker bands: wide dark
+    grey bands (unless not `dark`) or thinner bands of grey excess, most of whose `grey` pixels are
+    `even`."""
+    labels, width, elongation = shapes
     n = len(width)
     counts = np.bincount(labels[grey], minlength=n)
     evenly = np.bincount(labels[even], minlength=n) >= 0.5 * counts
     # a grey excess is no tissue's colour: a thinner band that is mostly one is marker too
-    wide = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation)
+    wide = (width >= GREY_BAND.min_width_um) & (elongation >= GREY_BAND.min_elongation) & dark
     thin = (width >= GREY_EXCESS_BAND.min_width_um) & (elongation >= GREY_EXCESS_BAND.min_elongation)
     thin &= np.bincount(labels[excess], minlength=n) >= 0.5 * counts
     keep = (wide | thin) & evenly

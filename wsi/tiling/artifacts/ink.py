@@ -23,8 +23,11 @@ result names each stroke's colour (`ink_colour_regions`), which the tile file re
    edge of the tissue would take the stroma beside it. Each grown part is then judged as a whole: one
    whose median absorbs as much red light as the slide's own eosin is that eosin (`_grown_red`), and a
    red part next to a stroke is that stroke over tissue only while it absorbs less than the slide's
-   eosin. Faint black (grey or brownish, never purple) follows a stroke all along: a marker loop is
-   dark enough to seed at its ends only (MSKCC's thumbnail 283: 420 of its 574 ink tiles).
+   eosin. A straight stroke's faint end over tissue, often broken off where the pen skipped, lies on
+   its line past its end (`stroke_ends`): there, red pixels nearer the slide's least eosin ratio than
+   its median are the stroke's. Faint black (grey or brownish, never purple) follows a stroke all
+   along: a marker loop is dark enough to seed at its ends only (MSKCC's thumbnail 283: 420 of its 574
+   ink tiles).
 4. Colours that tissue also takes are ink only as strokes (`strokes`): brown marker (DAB's colour; only
    on a slide stained with eosin, never on IHC), yellow dye, and translucent grey or purple-black marker
    (the colour of dense nuclei) as long bands that absorb the three colours alike; over tissue, whose
@@ -54,6 +57,7 @@ from wsi.tiling.artifacts.colour import (
     red_od_ratio,
 )
 from wsi.tiling.artifacts.grey_marker import grey_bands
+from wsi.tiling.artifacts.stroke_ends import continued_red
 from wsi.tiling.artifacts.strokes import (
     BROWN_BAND,
     DYE_BAND,
@@ -135,12 +139,14 @@ def ink_colour_regions(
     if red.any():
         tissue = eosin.median if eosin else _EOSIN_RATIO
         faint_red &= red_od_ratio(od) <= median + _GROW_TOWARD_EOSIN * (tissue - median)
+    red_like = colours["red"] | faint_red
     black = open_disk(colours["black"], _MIN_BLACK_STROKE_UM / 2 / mpp)
     other = colours["green"] | colours["blue"] | colours["red"]  # a green stroke over tissue adds no grey
     found = {
         "green": open_disk(colours["green"], _MIN_STROKE_UM / 2 / mpp),
         "blue": open_disk(colours["blue"], _MIN_STROKE_UM / 2 / mpp),
-        "red": _grown_red(red, colours["red"] | faint_red, od, mpp, eosin),
+        # a stroke's faint end over tissue lies on its line, past where the stroke's dense part stops
+        "red": continued_red(_grown_red(red, red_like, od, mpp, eosin), red_like, od, mpp, eosin),
         # dyes and brown marker share their colour with DAB and pigment: only bands (strokes) are ink, and
         # brown only on a slide stained with eosin (H&E): on one without (IHC), brown is the DAB stain
         "brown": bands(open_disk(colours["brown"], _MIN_STROKE_UM / 2 / mpp), mpp, BROWN_BAND)
