@@ -24,16 +24,8 @@ def entry_locked(folder: Path, *, wait: bool = True) -> Iterator[bool]:
     """The writer's lock on `folder` (created): True while held; False at once when another process
     holds it and `wait` is off."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with _flocked(folder / _LOCK, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)) as held:
+        yield held
 
 
 def hold_entry(folder: Path) -> IO[str]:
@@ -50,16 +42,8 @@ def entry_unheld(folder: Path) -> Iterator[bool]:
     if not marker.exists():
         yield True
         return
-    with open(marker, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with _flocked(marker, fcntl.LOCK_EX | fcntl.LOCK_NB) as free:
+        yield free
 
 
 def read_entry(folder: Path) -> dict[str, Any]:
@@ -69,6 +53,21 @@ def read_entry(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, flags: int) -> Iterator[bool]:
+    """An flock on `path` (created) with `flags`: True while held, False when LOCK_NB found it taken."""
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, flags)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 __all__ = ["ENTRY", "entry_locked", "entry_unheld", "hold_entry", "read_entry"]
