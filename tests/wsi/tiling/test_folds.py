@@ -89,6 +89,18 @@ def test_a_fold_across_a_small_piece_is_a_fold(oesophagus: np.ndarray) -> None:
     assert not fold[pieces & ~bands].any()
 
 
+def test_a_piece_a_quarter_denser_than_its_own_paler_part_is_no_fold(oesophagus: np.ndarray) -> None:
+    """Dense pieces (twice the epithelium's optical density: as dark as a fold against the slide, half
+    their pixels) whose middle third is 1.25 times denser again, not twice: one layer stained darker, no
+    fold, though each piece holds paler tissue of its own (the fragment test alone called 19% of the
+    pieces folds). The same pieces at 1.3 times, folded across (twice as dense), keep their folds."""
+    rgb, pieces, _ = _paint(oesophagus, PIECES, 2.0, band=1.25)
+    assert (hsv(rgb[pieces])[2] < PARAMS.fold_max_value).mean() > 0.3  # as dark as a fold
+    assert _folds(rgb)[pieces].mean() < 0.02
+    rgb, pieces, bands = _paint(oesophagus, PIECES, 1.3, band=2.0)
+    assert _folds(rgb)[bands].mean() > 0.3
+
+
 def test_thick_stain_is_not_black_ink_black_marker_is(oesophagus: np.ndarray, shared_data: Path) -> None:
     """The real fold's darkest pixels (value under 0.25: black ink's level) are purple and absorb red and
     blue light far less than green (least / largest OD 0.27-0.33): stain, not black marker. They were

@@ -14,10 +14,10 @@ dense ones, and a dense piece (lymphoid, crushed, or cut thicker) is as dark aga
 as a fold, all over. A fold is two layers of the SAME tissue, far darker than that fragment's own
 single layer beside it. So a dark region is a fold only where its own fragment has
 single-layer tissue near it (`_SURROUND_UM`, at least `_MIN_SURROUND_SHARE` of the region's area); a
-fragment dark all over (no paler tissue of its own) is dense tissue. Measuring how much darker the
-region is than that tissue was tried and left out: a real fold of the tuning images is only 1.6-2.3
-times as dense as the tissue within 1 mm of it (its thinner fringe and a section's dense edge lie
-there), and the dark pieces are told without it.
+fragment dark all over (no paler tissue of its own) is dense tissue. And it must be far denser than
+that tissue (`_MIN_LAYERS`): two layers absorb twice; a real fold of the tuning images is 1.6-2.3 times
+as dense as the tissue within 1 mm of it (its thinner fringe and a section's dense edge lie there). A
+dark piece only a quarter denser than its own paler part is one layer stained darker.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ _EDGE_UM = 50.0
 #: ... and there must be at least this much of it (a share of the fold's own area): a fragment with
 #: less single-layer tissue than that is dark all over, i.e. dense, and its dark part no fold
 _MIN_SURROUND_SHARE = 0.5
+#: ... and the region's median optical density at least this many times that tissue's (two layers: 2)
+_MIN_LAYERS = 1.5
 
 
 def fold_regions(
@@ -67,13 +69,15 @@ def fold_regions(
     # question of the tissue's own density is not asked there
     edge = disk(max(1, round(_EDGE_UM / mpp)))  # whole pixels: the row-wise filter (a tenth of scipy's cost)
     beside_ink = dilation(exclude, edge) if exclude is not None and exclude.any() else None
-    return _with_own_tissue(mask, tissue, usable, mpp=mpp, edge=edge, beside=beside_ink)
+    od = -np.log(np.maximum(val, np.float32(1.0 / 255.0)))
+    return _with_own_tissue(mask, tissue, usable, od, mpp=mpp, edge=edge, beside=beside_ink)
 
 
 def _with_own_tissue(
     candidates: np.ndarray,
     tissue: np.ndarray,
     usable: np.ndarray,
+    od: np.ndarray,
     *,
     mpp: float,
     edge: np.ndarray,
@@ -82,7 +86,8 @@ def _with_own_tissue(
     """The `candidates` regions (8-connected) with single-layer tissue of their own fragment (the connected
     part of `tissue` they lie in) around them: `usable` pixels within _SURROUND_UM of the region, not
     candidates, the footprint `edge` (_EDGE_UM) away from the fragment's rim and from the region, at
-    least _MIN_SURROUND_SHARE of the region's area. Regions touching `beside` are kept as they are. A
+    least _MIN_SURROUND_SHARE of the region's area, whose median `od` (optical density per pixel) the
+    region's exceeds _MIN_LAYERS times. Regions touching `beside` are kept as they are. A
     pixel counts for the region nearest to it (one distance transform, over the box of the regions asked
     about, grown by _SURROUND_UM)."""
     regions = label(candidates, connectivity=2)
@@ -106,8 +111,14 @@ def _with_own_tissue(
     distance, (near_row, near_col) = ndimage.distance_transform_edt(inside == 0, return_indices=True)
     # its own fragment: the one the nearest fold pixel lies in
     around = single & (distance <= _SURROUND_UM / mpp) & (fragments[near_row, near_col] == fragments)
-    counts = np.bincount(inside[near_row, near_col][around], minlength=n)
+    owner = np.where(around, inside[near_row, near_col], 0)
+    counts = np.bincount(owner.ravel(), minlength=n)
     # less than that: the fragment is dark all over, a dense piece, not two layers of a paler one
-    kept |= counts >= _MIN_SURROUND_SHARE * np.bincount(regions[asked], minlength=n)
+    enough = counts >= _MIN_SURROUND_SHARE * np.bincount(regions[asked], minlength=n)
+    ids = np.flatnonzero(enough[1:]) + 1
+    if len(ids):
+        own = np.asarray(ndimage.median(od[box], labels=inside, index=ids))
+        beside_od = np.asarray(ndimage.median(od[box], labels=owner, index=ids))
+        kept[ids] |= own >= _MIN_LAYERS * beside_od  # a quarter denser: one layer stained darker
     kept[0] = False
     return kept[regions]
