@@ -34,7 +34,8 @@ def stroke_inside(
 ) -> np.ndarray:
     """(h, w) bool: the dark purple pixels (value <= _MAX_VALUE, saturation > _MIN_SATURATION, not
     `exclude`) within about _REACH_UM of the black `strokes` (`_near`) that are joined to them
-    (8-connected): a purple-black stroke's inside. `val`, `sat`: HSV value and saturation (0-1) at `mpp` um/px."""
+    (8-connected): a purple-black stroke's inside. `val`, `sat`: HSV value and saturation (0-1) at
+    `mpp` um/px."""
     if not strokes.any():
         return np.zeros(strokes.shape, bool)
     inside = (val <= _MAX_VALUE) & (val > 0.05) & (sat > _MIN_SATURATION)
