@@ -58,6 +58,7 @@ from wsi.tiling.artifacts.colour import (
 )
 from wsi.tiling.artifacts.grey_marker import grey_bands
 from wsi.tiling.artifacts.stroke_ends import continued_red
+from wsi.tiling.artifacts.stroke_inside import stroke_inside
 from wsi.tiling.artifacts.strokes import (
     BROWN_BAND,
     DYE_BAND,
@@ -158,6 +159,8 @@ def ink_colour_regions(
         "black": _grown(black, colours["black"] | faint_black, mpp, None)
         | grey_bands(planes, od, mpp, coloured=other, lines=lines),
     }
+    # a purple-black stroke's inside, as dark as a fold, joined to its black edges and dots
+    found["black"] |= stroke_inside(found["black"], val, sat, mpp, exclude=other | _none(lines))
     found = {name: m if name in params.ink_colours else np.zeros_like(m) for name, m in found.items()}
     grown = np.logical_or.reduce(list(found.values()))
     if exclude is not None:
@@ -302,6 +305,11 @@ def _grown(seeds: np.ndarray, candidates: np.ndarray, mpp: float, reach_um: floa
     if reach_um is not None:
         candidates = candidates & dilate_disk(seeds, reach_um / mpp)
     return _touching(candidates, seeds)
+
+
+def _none(mask: np.ndarray | None) -> np.ndarray | bool:
+    """`mask`, or False (nothing) when None."""
+    return False if mask is None else mask
 
 
 def _touching(candidates: np.ndarray, seeds: np.ndarray) -> np.ndarray:
