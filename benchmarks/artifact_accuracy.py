@@ -91,7 +91,8 @@ class Case:
     path: Path
     mpp: float
     split: str  # "tune" | "report"
-    #: "mask:<file>" (hand-drawn), "none" (no ink), or "colours:<green,blue,black,red>" (marker_truth)
+    #: "mask:<file>" (hand-drawn), "none" (no ink), or "colours:<green,blue,black,red>" (marker_truth),
+    #: optionally "...@<file>": marker_truth only inside the drawn region of that file (the marker's)
     truth: str
     exclude: Path | None = None  # a real artifact (coverslip edge): neither positive nor negative
     colours: str = ""  # the marker colours it holds, for the per-colour table ("" none)
@@ -186,6 +187,9 @@ def public_cases(folder: Path = PUBLIC) -> list[Case]:
         if truth.startswith(("clean:", "mask:")):
             kind, file = truth.split(":", 1)
             truth = f"{kind}:{folder / file}"
+        elif "@" in truth:
+            rule, file = truth.split("@", 1)
+            truth = f"{rule}@{folder / file}"
         colours = "" if r["marker_colours"] == "-" else r["marker_colours"]
         name, path = f"public {Path(r['file']).stem}", folder / r["file"]
         out.append(Case(name, path, float(r["um_per_px"]), r["split"], truth, colours=colours))
@@ -250,7 +254,11 @@ def score(case: Case, params: TileParams) -> Score:
         truth = np.asarray(ndimage.binary_opening(diff, iterations=1))
         margin = max(1, round(params.tile_um / 2 / case.mpp))
     elif case.truth.startswith("colours:"):
-        by_colour = marker_truth(rgb, set(case.truth[8:].split(",")))
+        rule, _, region_file = case.truth.partition("@")
+        by_colour = marker_truth(rgb, set(rule[8:].split(",")))
+        if region_file:  # the colour rule's pixels outside the marker's drawn region are tissue (eosin)
+            region = np.asarray(Image.open(region_file).convert("L")) > 127
+            by_colour = {name: mask & region for name, mask in by_colour.items()}
         truth = np.logical_or.reduce(list(by_colour.values())) if by_colour else None
         margin = max(1, round(params.tile_um / 2 / case.mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
