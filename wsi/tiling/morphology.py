@@ -164,9 +164,9 @@ def remove_small_holes(mask: np.ndarray, *, max_size: int, connectivity: int = 1
     return ~remove_small_objects(~np.asarray(mask, dtype=bool), max_size=max_size, connectivity=connectivity)
 
 
-#: radii (px) up to this use a footprint, larger ones a distance transform
+#: radii (px) up to this, whole or not, are the max (min) under their footprint, row by row
 _SMALL_R = 4
-#: ... or, up to this and whole, a row-by-row max/min (its cost grows with the radius, the transform's not)
+#: ... and whole radii up to this too (its cost grows with the radius, the distance transform's not)
 _ROWS_MAX_R = 16
 
 
@@ -180,10 +180,8 @@ def dilate_disk(mask: np.ndarray, r: float) -> np.ndarray:
     """Pixels within `r` px (Euclidean) of `mask`."""
     if r < 1 or not mask.any():
         return mask.copy()
-    if r <= _SMALL_R:
-        return np.asarray(ndimage.binary_dilation(mask, structure=_disk(r)))
-    if r == int(r) and r <= _ROWS_MAX_R:
-        return _by_rows(mask, int(r), dilate=True)
+    if r <= _SMALL_R or (r == int(r) and r <= _ROWS_MAX_R):
+        return _by_rows(mask, r, dilate=True)
     return np.asarray(ndimage.distance_transform_edt(~mask)) <= r
 
 
@@ -191,22 +189,23 @@ def erode_disk(mask: np.ndarray, r: float) -> np.ndarray:
     """Pixels of `mask` at least `r` px from anything outside it (beyond the image edge is inside)."""
     if r < 1 or not mask.any():
         return mask.copy()
-    if r <= _SMALL_R:
-        return np.asarray(ndimage.binary_erosion(mask, structure=_disk(r), border_value=1))
     # an all-mask image: scipy's transform measures to the image edge instead, kept as it was
-    if r == int(r) and r <= _ROWS_MAX_R and not mask.all():
-        return _by_rows(mask, int(r), dilate=False)
+    if r <= _SMALL_R or (r == int(r) and r <= _ROWS_MAX_R and not mask.all()):
+        return _by_rows(mask, r, dilate=False)
     return np.asarray(ndimage.distance_transform_edt(mask)) > r
 
 
-def _by_rows(mask: np.ndarray, r: int, *, dilate: bool) -> np.ndarray:
-    """`dilate_disk` / `erode_disk` by a whole-pixel radius as the max (min) under the disk x^2 + y^2 <= r^2,
-    row by row (`wsi.tiling.morphology`), the mask padded by r px of nothing (of mask, eroding): the same
-    pixels as the distance transform (an integer's square root is exact, so "distance <= r" is "x^2 + y^2 <=
-    r^2"), at a third of its cost on a 625 px map (tests/wsi/tiling/test_artifacts.py compares them)."""
-    padded = np.pad(np.asarray(mask, dtype=bool), r, constant_values=not dilate)
+def _by_rows(mask: np.ndarray, r: float, *, dilate: bool) -> np.ndarray:
+    """`dilate_disk` / `erode_disk` as the max (min) under the footprint x^2 + y^2 <= r^2, row by row
+    (`_disk_filter`), the mask padded by floor(r) px of nothing (of mask, eroding). For a small radius,
+    the pixels of scipy's binary_dilation (binary_erosion, border 1) with that footprint, at a tenth of
+    their cost; for a whole one, those of the distance transform (an integer's square root is exact, so
+    "distance <= r" is "x^2 + y^2 <= r^2"), at a third of its cost on a 625 px map
+    (tests/wsi/tiling/test_artifacts.py and test_morphology.py compare them)."""
+    n = int(r)
+    padded = np.pad(np.asarray(mask, dtype=bool), n, constant_values=not dilate)
     out = (dilation if dilate else erosion)(padded, _disk(r).astype(np.uint8))
-    return np.ascontiguousarray(out[r:-r, r:-r])
+    return np.ascontiguousarray(out[n:-n, n:-n])
 
 
 def open_disk(mask: np.ndarray, r: float) -> np.ndarray:
