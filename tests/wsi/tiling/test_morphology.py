@@ -90,7 +90,7 @@ def test_small_disks_row_by_row_match_scipy_binary_morphology() -> None:
     for mask in masks:
         for r in (1, 1.5, 2, 2.5, 3, 3.7, 4):
             footprint = ours._disk(r)
-            expected = ndimage.binary_dilation(mask, structure=footprint) if mask.any() else mask
-            assert np.array_equal(ours.dilate_disk(mask, r), expected), r
-            expected = ndimage.binary_erosion(mask, structure=footprint, border_value=1) if mask.any() else mask
-            assert np.array_equal(ours.erode_disk(mask, r), expected), r
+            grown = ndimage.binary_dilation(mask, structure=footprint) if mask.any() else mask
+            assert np.array_equal(ours.dilate_disk(mask, r), grown), r
+            shrunk = ndimage.binary_erosion(mask, structure=footprint, border_value=1) if mask.any() else mask
+            assert np.array_equal(ours.erode_disk(mask, r), shrunk), r
