@@ -18,7 +18,7 @@ def _masks() -> list[np.ndarray]:
     for shape, p, sigma in (((60, 80), 0.5, 1.0), ((97, 61), 0.3, 2.5), ((40, 40), 0.7, 0.0)):
         noise = rng.random(shape) < p
         out.append(ndimage.gaussian_filter(noise.astype(float), sigma) > 0.4 if sigma else noise)
-    return out
+    return [*out, np.zeros((7, 9), bool)]  # empty: labelled without a pass (issue 41)
 
 
 @pytest.mark.parametrize("radius", [0, 1, 2, 3, 5, 8])
@@ -27,7 +27,7 @@ def test_disk(radius: int) -> None:
     assert ours.disk(radius).dtype == sk.disk(radius).dtype
 
 
-@pytest.mark.parametrize("radius", [1, 2, 4, 6])
+@pytest.mark.parametrize("radius", [1, 2, 4, 6, 12])
 @pytest.mark.parametrize("shape", [(50, 70), (9, 31), (3, 3), (14, 5)])
 def test_dilation_erosion_closing_opening_and_black_tophat(radius: int, shape: tuple[int, int]) -> None:
     """Row by row (`_disk_filter`) or, for images smaller than the disk, scipy's own filter: the same
@@ -80,3 +80,17 @@ def test_label(connectivity: int) -> None:
         theirs = label(mask, connectivity=connectivity)
         mine = ours.label(mask, connectivity)
         assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs)
+
+
+def test_small_disks_row_by_row_match_scipy_binary_morphology() -> None:
+    """Radii up to 4, whole or not, dilate and erode row by row (issue 41): the same pixels as scipy's
+    binary_dilation and binary_erosion (outside the image: mask) with the disk x^2 + y^2 <= r^2 they
+    replaced, on empty, full and edge-touching masks."""
+    masks = [*_masks(), np.ones((11, 13), bool), np.pad(np.ones((3, 3), bool), ((0, 5), (0, 7)))]
+    for mask in masks:
+        for r in (1, 1.5, 2, 2.5, 3, 3.7, 4):
+            footprint = ours._disk(r)
+            grown = ndimage.binary_dilation(mask, structure=footprint) if mask.any() else mask
+            assert np.array_equal(ours.dilate_disk(mask, r), grown), r
+            shrunk = ndimage.binary_erosion(mask, structure=footprint, border_value=1) if mask.any() else mask
+            assert np.array_equal(ours.erode_disk(mask, r), shrunk), r

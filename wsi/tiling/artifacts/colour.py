@@ -66,19 +66,19 @@ def median_margin(n: np.ndarray | int) -> np.ndarray:
 def hsv(rgb: np.ndarray) -> HSV:
     """Hue (degrees, 0-360), saturation and value (0-1) of (..., 3) uint8 pixels, float32.
 
-    Our own float32 version: skimage's rgb2hsv works in float64 and costs ~4x more per tile."""
-    px = rgb[..., :3].astype(np.float32)
-    r, g, b = px[..., 0], px[..., 1], px[..., 2]
+    Our own float32 version: skimage's rgb2hsv works in float64 and costs ~4x more per tile. The three
+    channels are taken apart into contiguous planes first (each operation then runs over contiguous
+    memory: 1.5-2.5x faster than on the interleaved channels). A grey pixel (span 0) needs no case of its
+    own: its hue is (g - b) / 1 = 0 and its saturation 0 / max(high, 1) = 0."""
+    r, g, b = np.moveaxis(rgb[..., :3], -1, 0).astype(np.float32, order="C")
     high = np.maximum(np.maximum(r, g), b)
-    low = np.minimum(np.minimum(r, g), b)
-    span = high - low
-    safe = np.where(span > 0, span, 1.0)
+    span = high - np.minimum(np.minimum(r, g), b)
+    safe = np.where(span > 0, span, np.float32(1.0))
     hue = np.where(high == r, (g - b) / safe, np.where(high == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
     hue *= np.float32(60.0)  # in [-60, 300]: `% 360` only adds 360 to the negative ones (10x its cost)
-    hue = np.where(hue < 0, hue + np.float32(360.0), hue)
-    hue = np.where(span > 0, hue, 0.0)
-    sat = np.where(high > 0, span / np.maximum(high, 1.0), 0.0)
-    return hue.astype(np.float32), sat.astype(np.float32), (high / 255.0).astype(np.float32)
+    np.add(hue, np.float32(360.0), out=hue, where=hue < 0)
+    sat = span / np.maximum(high, np.float32(1.0))
+    return hue, sat, high / np.float32(255.0)
 
 
 def optical_density(rgb: np.ndarray) -> np.ndarray:

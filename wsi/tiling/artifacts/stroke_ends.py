@@ -61,6 +61,8 @@ def stroke_ends(strokes: np.ndarray, mpp: float) -> np.ndarray:
     past both of its ends, as wide as the region (`_MIN_STRAIGHTNESS`, `_REACH_UM`, `_SIDE_UM`); the
     regions themselves are not in it."""
     out = np.zeros(strokes.shape, bool)
+    if not strokes.any():
+        return out
     labels, n = ndimage.label(strokes, structure=np.ones((3, 3), bool))
     if not n:
         return out

@@ -55,6 +55,8 @@ def region_shapes(
     """(labels (h, w) int32, width_um (n + 1,), elongation (n + 1,)) of the 8-connected regions of a bool
     `mask` at `mpp` um/px; index 0 (no region) is 0 in both. With a `band`, regions too small to be one
     (area under min_elongation x min_width^2) are not measured (0 in both): most regions are specks."""
+    if not mask.any():  # nothing to measure (a colour no pixel has): no labelling pass
+        return np.zeros(mask.shape, np.int32), np.zeros(1), np.zeros(1)
     labels, n = ndimage.label(mask, structure=np.ones((3, 3), bool))
     width = np.zeros(n + 1)
     elongation = np.zeros(n + 1)
