@@ -30,14 +30,18 @@ def test_disk(radius: int) -> None:
 @pytest.mark.parametrize("radius", [1, 2, 4, 6, 12])
 @pytest.mark.parametrize("shape", [(50, 70), (9, 31), (3, 3), (14, 5)])
 def test_dilation_erosion_closing_opening_and_black_tophat(radius: int, shape: tuple[int, int]) -> None:
-    """Row by row (`_disk_filter`) or, for images smaller than the disk, scipy's own filter: the same
-    arrays as skimage's, edges (mirrored) included, for bool, float and uint8 images."""
+    """Row by row (`_disk_filter`): the same arrays as skimage's, edges (mirrored) included, for bool,
+    float and uint8 images. skimage is given the image already mirrored past its edges, far enough for
+    two passes, and cropped: on an image smaller than the disk its own reflection reads past the
+    image's memory (a NaN, at random), ours does not."""
     rng = np.random.default_rng(radius)
     grey = rng.random(shape)
     footprint = sk.disk(radius)
+    pad = 3 * radius
     for image in [*_masks(), grey > 0.6, grey.astype(np.float32), (grey * 255).astype(np.uint8)]:
+        mirrored = np.pad(image, pad, mode="symmetric")
         for name in ("dilation", "erosion", "closing", "opening", "black_tophat"):
-            theirs = getattr(sk, name)(image, footprint)
+            theirs = getattr(sk, name)(mirrored, footprint)[pad:-pad, pad:-pad]
             mine = getattr(ours, name)(image, ours.disk(radius))
             assert mine.dtype == theirs.dtype, name
             assert np.array_equal(mine, theirs), name
@@ -94,3 +98,21 @@ def test_small_disks_row_by_row_match_scipy_binary_morphology() -> None:
             assert np.array_equal(ours.dilate_disk(mask, r), grown), r
             shrunk = ndimage.binary_erosion(mask, structure=footprint, border_value=1) if mask.any() else mask
             assert np.array_equal(ours.erode_disk(mask, r), shrunk), r
+
+
+@pytest.mark.parametrize("block", [1, 3, 8])
+def test_dilation_on_blocks_is_the_exact_one_within_two_blocks(block: int) -> None:
+    """`dilate_disk_on_blocks` (dust's distance to tissue, a stroke's reach): within two blocks (a
+    block's own width either side, diagonally) of the exact dilation, either way; exact on 1 px blocks."""
+    rng = np.random.default_rng(7)
+    mask = np.zeros((203, 157), bool)
+    mask[rng.integers(0, 203, 6), rng.integers(0, 157, 6)] = True
+    mask[40:60, 90:95] = True
+    r = 21.5
+    near = ours.dilate_disk_on_blocks(mask, r, block)
+    assert near.shape == mask.shape
+    slack = 2 * block * np.sqrt(2) if block > 1 else 0.0
+    assert not (ours.dilate_disk(mask, r - slack) & ~near).any()
+    assert not (near & ~ours.dilate_disk(mask, r + slack)).any()
+    if block == 1:
+        assert np.array_equal(near, ours.dilate_disk(mask, r))

@@ -7,9 +7,8 @@ from, so none of them is called dust.
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
 
-from wsi.tiling.morphology import block_reduce, label
+from wsi.tiling.morphology import dilate_disk_on_blocks, label
 from wsi.tiling.params import ArtifactParams
 
 
@@ -29,9 +28,7 @@ def dust_regions(tissue: np.ndarray, *, mpp: float, params: ArtifactParams) -> n
     # "near a larger region" on a grid ~10x coarser than the gap: the distance is then off by at most
     # a tenth of the gap, and the transform costs 1/100 of one at full size
     c = max(1, int(params.dust_gap_um / (10 * mpp)))
-    coarse = block_reduce(big[labels], c, how="max")
-    near_coarse = np.asarray(ndimage.distance_transform_edt(~coarse)) * (c * mpp) <= params.dust_gap_um
-    near = np.repeat(np.repeat(near_coarse, c, axis=0), c, axis=1)[: tissue.shape[0], : tissue.shape[1]]
+    near = dilate_disk_on_blocks(big[labels], params.dust_gap_um / mpp, c)
     is_near = np.zeros(n + 1, bool)
     is_near[labels[near & small[labels]]] = True
     dust = small & ~is_near

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wsi.tiling.morphology import block_reduce, dilate_disk, label
+from wsi.tiling.morphology import dilate_disk_on_blocks, label
 
 #: as dark as a fold at most (`ArtifactParams.fold_max_value`): brighter purple is tissue's (0.3 took
 #: 51 fewer of the tuning images' black inked tiles and no more ink-free tissue; 0.4 took 35 more and
@@ -33,7 +33,7 @@ def stroke_inside(
     strokes: np.ndarray, val: np.ndarray, sat: np.ndarray, mpp: float, *, exclude: np.ndarray | None = None
 ) -> np.ndarray:
     """(h, w) bool: the dark purple pixels (value <= _MAX_VALUE, saturation > _MIN_SATURATION, not
-    `exclude`) within about _REACH_UM of the black `strokes` (`_near`) that are joined to them
+    `exclude`) within about _REACH_UM of the black `strokes` that are joined to them
     (8-connected): a purple-black stroke's inside. `val`, `sat`: HSV value and saturation (0-1) at
     `mpp` um/px."""
     if not strokes.any():
@@ -41,25 +41,14 @@ def stroke_inside(
     inside = (val <= _MAX_VALUE) & (val > 0.05) & (sat > _MIN_SATURATION)
     if exclude is not None:
         inside &= ~exclude
-    inside &= _near(strokes, _REACH_UM / mpp)
+    # a pixel's precision is not needed (and a disk of the full reach cost 30-60 ms per thumbnail)
+    reach = _REACH_UM / mpp
+    inside &= dilate_disk_on_blocks(strokes, reach, max(1, int(reach / 8)))
     labels = label(inside | strokes, connectivity=2)
     joined = np.zeros(int(labels.max()) + 1, bool)
     joined[labels[strokes]] = True
     joined[0] = False
     return joined[labels] & inside
-
-
-def _near(mask: np.ndarray, reach: float) -> np.ndarray:
-    """(h, w) bool: pixels within about `reach` px of `mask`, measured on blocks of an eighth of it (a
-    pixel's precision is not needed, and a disk of the full reach cost 30-60 ms per thumbnail): up to a
-    block further than `reach`."""
-    block = max(1, int(reach / 8))
-    if block == 1:
-        return dilate_disk(mask, reach)
-    h, w = mask.shape
-    coarse = block_reduce(mask.view(np.uint8), block, how="max") > 0
-    near = dilate_disk(coarse, reach / block)
-    return np.repeat(np.repeat(near, block, axis=0), block, axis=1)[:h, :w]
 
 
 __all__ = ["stroke_inside"]
