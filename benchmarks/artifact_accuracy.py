@@ -60,6 +60,7 @@ from scipy import ndimage
 
 from _accuracy_tables import table  # type: ignore[import-not-found]
 from _accuracy_truth import marker_truth, tissue_truth  # type: ignore[import-not-found]
+from wsi.slides.region import resample_filter
 from wsi.slides.thumbnail import Thumbnail
 from wsi.tiling.grid import (
     KEPT,
@@ -203,13 +204,21 @@ def judge(
     (tissue cells, of them inside the candidates), for an image taken as a slide at `mpp` um/px (read
     at params.tissue.thumb_mpp for the thumbnail); tissue cells from `tissue_rgb` (default: `rgb`)."""
     h, w = rgb.shape[:2]
-    scale = min(1.0, mpp / params.tissue.thumb_mpp)
-    thumb = rgb if scale == 1.0 else _resized(rgb, max(1, round(w * scale)), max(1, round(h * scale)))
+    # as `wsi tile` reads it (wsi.slides.thumbnail): brought to thumb_mpp, down or up (an image coarser
+    # than thumb_mpp is enlarged, and its filters see it at their own REGION_MPP)
+    size = (
+        max(1, round(w * mpp / params.tissue.thumb_mpp)),
+        max(1, round(h * mpp / params.tissue.thumb_mpp)),
+    )
+    thumb = (
+        rgb if size == (w, h) else np.asarray(Image.fromarray(rgb).resize(size, resample_filter(w / size[0])))
+    )
     slide = SimpleNamespace(path=Path("in memory"), dimensions=(w, h), mpp=mpp, properties={})
     found = find_tissue(
         slide,  # type: ignore[arg-type]  # only path, dimensions, mpp and properties are read
         params,
         thumbnail=Thumbnail(thumb, np.zeros(thumb.shape[:2], bool), mpp * w / thumb.shape[1]),
+        own_pixels=rgb if size[0] > w else None,  # as `wsi tile` gives it a slide coarser than thumb_mpp
     )
     coords, step = found.candidate_coords, found.grid.step_px
     side = params.tile_px
@@ -242,28 +251,39 @@ def _share(mask: np.ndarray | None, box: np.ndarray) -> float:
     return float(part.mean()) if part.size else 0.0
 
 
-def score(case: Case, params: TileParams) -> Score:
-    rgb = np.asarray(Image.open(case.path).convert("RGB"))
+def _load(path: Path | str, mode: str, coarser: float) -> np.ndarray:
+    """An image (RGB) or mask (L, as bool) read, and resampled to `coarser` times its um/px."""
+    im = Image.open(path).convert(mode)
+    if coarser > 1.0:
+        size = (max(1, round(im.width / coarser)), max(1, round(im.height / coarser)))
+        im = im.resize(size, Image.LANCZOS if mode == "RGB" else Image.BILINEAR)
+    return np.asarray(im) if mode == "RGB" else np.asarray(im) > 127
+
+
+def score(case: Case, params: TileParams, coarser: float = 1.0) -> Score:
+    """`case` scored per tile; `coarser` > 1: its image and masks resampled to that many times its um/px
+    first (a thumbnail read at a coarser level, or a plain image exported smaller)."""
+    rgb, mpp = _load(case.path, "RGB", coarser), case.mpp * max(1.0, coarser)
     truth, margin, clean_rgb = None, 0, None
     by_colour: dict[str, np.ndarray] = {}
     if case.truth.startswith("mask:"):
-        truth = np.asarray(Image.open(case.truth[5:]).convert("L")) > 127
+        truth = _load(case.truth[5:], "L", coarser)
     elif case.truth.startswith("clean:"):  # the same sections scanned before marking
-        clean_rgb = np.asarray(Image.open(case.truth[6:]).convert("RGB"))
+        clean_rgb = _load(case.truth[6:], "RGB", coarser)
         diff = np.abs(rgb.astype(np.int16) - clean_rgb.astype(np.int16)).mean(axis=-1) > 30
         truth = np.asarray(ndimage.binary_opening(diff, iterations=1))
-        margin = max(1, round(params.tile_um / 2 / case.mpp))
+        margin = max(1, round(params.tile_um / 2 / mpp))
     elif case.truth.startswith("colours:"):
         rule, _, region_file = case.truth.partition("@")
         by_colour = marker_truth(rgb, set(rule[8:].split(",")))
         if region_file:  # the colour rule's pixels outside the marker's drawn region are tissue (eosin)
-            region = np.asarray(Image.open(region_file).convert("L")) > 127
+            region = _load(region_file, "L", coarser)
             by_colour = {name: mask & region for name, mask in by_colour.items()}
         truth = np.logical_or.reduce(list(by_colour.values())) if by_colour else None
-        margin = max(1, round(params.tile_um / 2 / case.mpp))
+        margin = max(1, round(params.tile_um / 2 / mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
-    exclude = np.asarray(Image.open(case.exclude).convert("L")) > 127 if case.exclude else None
-    boxes, reasons, tissue, (cells, inside) = judge(rgb, case.mpp, params, clean_rgb)
+    exclude = _load(case.exclude, "L", coarser) if case.exclude else None
+    boxes, reasons, tissue, (cells, inside) = judge(rgb, mpp, params, clean_rgb)
     out = Score(case.name, case.split, approx=case.truth.startswith("colours:"), colours=case.colours,
                 cells=cells, cells_inside=inside)  # fmt: skip
     single = case.colours if "," not in case.colours else ""
@@ -342,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-public", action="store_true", help="leave out the images of benchmarks/images")
     ap.add_argument("--split", choices=("tune", "report"), help="only the images of this split (iterating)")
     ap.add_argument("--only", help="only the images whose name holds one of these comma-separated words")
+    ap.add_argument(
+        "--at-mpp",
+        type=float,
+        help="resample each image finer than this um/px to it first (a coarser thumbnail or export)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     params = TileParams(tile_px=args.tile_px)
@@ -362,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     scores = []
     for i, case in enumerate(cases, 1):
-        scores.append(score(case, params))
+        scores.append(score(case, params, (args.at_mpp or 0.0) / case.mpp))
         print(f"[{i}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
-    if not args.no_public and not args.only:
+    if not args.no_public and not args.only and not args.at_mpp:
         scores += [s for s in pair_scores(params) if s.split == args.split or not args.split]
     if args.slides:
         import tempfile

@@ -22,8 +22,9 @@ from wsi.formats.tile_meta import TileFileMeta
 from wsi.pipelines.scheduling.results import JobResult, StageResult, Status
 from wsi.pipelines.tile.artifacts import artifact_counts_by_name, artifact_note
 from wsi.slides.region import LEVEL_TOLERANCE
+from wsi.tiling.artifacts.regions import REGION_MPP
 from wsi.tiling.grid import TileCounts
-from wsi.tiling.params import TileParams
+from wsi.tiling.params import ArtifactParams, TileParams
 from wsi.tiling.tissue import LeftOut
 
 #: a slide keeping under this share of its tissue tiles gets a note
@@ -34,6 +35,10 @@ HEAVY_FILTER = 0.05
 MASK_NOTE_SHARE = 0.01
 #: ... and asked to be looked at from this share of it judged glass (pale tissue under the split)
 MASK_CHECK_SHARE = 0.05
+#: the artifact filters judge a slide read coarser than this (um/px: 1.25x the REGION_MPP they run at)
+#: with a note: HistoQC's red pen image resampled from 16 to 20, 24 and 40 um/px keeps 5.8%, 16% and
+#: 21% of its red-inked tiles against 2.6% at 16 (docs/benchmarks.md, "Red marker at 40 um/px")
+COARSE_FILTERS_MPP = 1.25 * REGION_MPP
 #: the settings of a tile file that stores none (the defaults)
 DEFAULTS = TileParams()
 
@@ -184,6 +189,19 @@ def upsampling_note(slide_mpp: float, target_mpp: float) -> tuple[float, str]:
     return factor, (
         f"scanned at {slide_mpp:.3g} um/px, coarser than the tiles' {target_mpp:.3g} um/px: every tile is "
         f"upsampled {factor:.2g}x (no detail is added; blur is judged at the scan's own resolution)"
+    )
+
+
+def coarse_filters_note(thumb_mpp: float, params: ArtifactParams, *, ran: bool) -> str:
+    """A note ("" if none) when the ink filter looked for red marker on a thumbnail coarser than
+    COARSE_FILTERS_MPP (a plain image or a slide with no finer level): there, red marker over tissue
+    absorbs as blood does in a pixel that mixes both, and it is kept more often."""
+    if not ran or thumb_mpp <= COARSE_FILTERS_MPP or not params.on("ink") or "red" not in params.ink_colours:
+        return ""
+    return (
+        f"the artifact filters could judge this slide only at {thumb_mpp:.3g} um/px, coarser than the "
+        f"{REGION_MPP:g} um/px they were chosen at: red marker over tissue is told from blood less well "
+        "there and may be kept (check the QC picture; an image at 16 um/px or finer avoids it)"
     )
 
 

@@ -19,7 +19,7 @@ from wsi.formats.tile_meta import BackgroundRecord, MaskRecord, RoiRecord, TileF
 from wsi.pipelines.tile.artifacts import COLOUR_NAMES, ink_colour_counts
 from wsi.pipelines.tile.checks import damage_note, damage_record, explain_empty
 from wsi.pipelines.tile.filters import filter_tiles
-from wsi.pipelines.tile.findings import artifact_empty, upsampling_note
+from wsi.pipelines.tile.findings import artifact_empty, coarse_filters_note, upsampling_note
 from wsi.pipelines.tile.job import TileJob, TileOutputs
 from wsi.pipelines.tile.output import tile_file_meta
 from wsi.pipelines.tile.qupath import restrict_to_roi, roi_empty, write_qc_geojson
@@ -31,6 +31,7 @@ from wsi.pipelines.tile.segment import (
     segmentation_record,
     segmenters,
 )
+from wsi.slides.region import LEVEL_TOLERANCE
 from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import Thumbnail, read_thumbnails
@@ -89,6 +90,11 @@ def tile_open_slide(at: OpenSlide) -> tuple[TileFileMeta, str]:
     upsampling, coarse = upsampling_note(slide.mpp, job.params.target_mpp)
     if coarse:
         log.warning("%s: %s", source.slide_id, coarse)
+    coarse_filters = coarse_filters_note(
+        max(slide.mpp, tissue.thumbs[0].mpp), job.params.artifacts, ran="ink" in found.artifacts.masks
+    )
+    if coarse_filters:
+        log.warning("%s: %s", source.slide_id, coarse_filters)
     colours = found.region_colours.copy() if found.region_colours is not None else None
     reasons, counts, damage = filter_tiles(
         slide, found, job, paths.zarr, source.slide_id, artifacts, colours=colours
@@ -128,10 +134,17 @@ def _find_tissue(at: OpenSlide) -> _Tissue:
     qc_mpp = qc_picture_mpp(slide.dimensions, slide.mpp, thumb_mpp)
     check_grid(slide.path, *slide.dimensions, mpp=slide.mpp, tile_um=job.params.tile_um)  # before reading
     mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
-    thumbs = read_thumbnails(slide, mpps, max_read_px=job.max_read_px)
+    # a slide coarser than the thumbnail (a plain image, a scan at 20-50 um/px): its filters judge its own
+    # pixels, level 0 as read (wsi.tiling.grid.find_tissue)
+    coarse = slide.mpp > thumb_mpp * (1.0 + LEVEL_TOLERANCE)
+    read = read_thumbnails(slide, (*mpps, slide.mpp) if coarse else mpps, max_read_px=job.max_read_px)
+    thumbs, own = (read[:-1], read[-1]) if coarse else (read, None)
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
-    found = find_tissue(slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask)
+    found = find_tissue(
+        slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask,
+        own_pixels=None if own is None else np.where(own.unknown[..., None], np.uint8(255), own.image),
+    )  # fmt: skip
     found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
     if found.background.dark:
         log.warning(

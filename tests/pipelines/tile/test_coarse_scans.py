@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 from wsi.cli.main import cli
 from wsi.formats.tile_file import read_tile_file
-from wsi.pipelines.tile.findings import low_yield, upsampling_note
+from wsi.pipelines.tile.findings import COARSE_FILTERS_MPP, coarse_filters_note, low_yield, upsampling_note
 from wsi.pipelines.tile.stage import output_paths, tile_slides
 from wsi.slides.sources import SlideSource
 from wsi.tiling.blur import blur_reduction
 from wsi.tiling.grid import TileCounts
-from wsi.tiling.params import TileParams
+from wsi.tiling.params import ArtifactParams, TileParams
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +114,59 @@ def test_mpp_against_metadata_says_which_wins_and_override_forces_it(
     assert again.status == "skipped"
     bad = CliRunner().invoke(cli, ["tile", str(sample_slide.path), "--out", str(tmp_path), "--mpp-override"])
     assert bad.exit_code == 2 and "--mpp-override needs --mpp" in bad.stderr
+
+
+def test_filters_on_a_thumbnail_coarser_than_they_were_chosen_at_are_noted() -> None:
+    params = ArtifactParams()
+    assert coarse_filters_note(16.0, params, ran=True) == ""  # a slide: its thumbnail judged at 16 um/px
+    assert coarse_filters_note(COARSE_FILTERS_MPP, params, ran=True) == ""
+    note = coarse_filters_note(40.0, params, ran=True)
+    assert "only at 40 um/px" in note and "red marker over tissue is told from blood less well" in note
+    assert coarse_filters_note(40.0, params, ran=False) == ""  # the filters did not run (dark background)
+    assert coarse_filters_note(40.0, ArtifactParams(ink_colours=("black", "green")), ran=True) == ""
+    assert coarse_filters_note(40.0, ArtifactParams(filters=("fold",)), ran=True) == ""
+
+
+def test_a_plain_image_at_40_um_per_px_warns_that_red_marker_may_be_kept(
+    shared_data: Path, tmp_path: Path, caplog
+) -> None:
+    """HistoQC's red pen thumbnail as a 40 um/px image (its own pixels: 16 um/px scaled down 2.5x): tiled,
+    with the note; the same image at --mpp 16 has none."""
+    from PIL import Image
+
+    src = Image.open(shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png").convert("RGB")
+    small = tmp_path / "pen_red_40.png"
+    src.resize((round(src.width / 2.5), round(src.height / 2.5)), Image.LANCZOS).save(small)
+    with caplog.at_level(logging.WARNING, logger="wsi.pipelines.tile"):
+        [r] = tile_slides([SlideSource("red40", small, mpp=40.0)], out_dir=tmp_path / "a")
+    assert r.status == "ok" and "could judge this slide only at 40 um/px" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="wsi.pipelines.tile"):
+        [r] = tile_slides([SlideSource("red16", small, mpp=16.0)], out_dir=tmp_path / "b")
+    assert r.status == "ok" and "could judge this slide only" not in caplog.text
+
+
+def test_filters_judge_a_coarse_image_at_its_own_pixels_not_the_enlarged_thumbnail(
+    shared_data: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A 16 um/px image is enlarged to the 8 um/px tissue thumbnail; the artifact filters still see its
+    own pixels (what they were chosen and are measured on: the enlargement alone moved HistoQC's red pen
+    from 1.8% to 6.8% of its red-inked tiles kept), and their regions land on the right tiles."""
+    import numpy as np
+    from PIL import Image
+
+    import wsi.tiling.grid as grid
+
+    png = shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png"
+    own = np.asarray(Image.open(png).convert("RGB"))
+    seen: list[tuple[tuple[int, ...], float, bool]] = []
+    real = grid.find_artifacts
+
+    def spy(image, tissue, *, mpp, params):
+        seen.append((image.shape, mpp, bool(np.array_equal(image, own))))
+        return real(image, tissue, mpp=mpp, params=params)
+
+    monkeypatch.setattr(grid, "find_artifacts", spy)
+    [r] = tile_slides([SlideSource("red16", png, mpp=16.0)], out_dir=tmp_path)
+    assert r.status == "ok" and seen == [(own.shape, pytest.approx(16.0), True)]
+    assert r.findings is not None and r.findings.ink_colours.get("red", 0) >= 150  # HistoQC's red: 190 tiles
