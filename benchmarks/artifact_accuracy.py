@@ -58,6 +58,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
+from _accuracy_images import load_image, resized, share  # type: ignore[import-not-found]
 from _accuracy_tables import table  # type: ignore[import-not-found]
 from _accuracy_truth import marker_truth, tissue_truth  # type: ignore[import-not-found]
 from wsi.slides.region import resample_filter
@@ -224,7 +225,7 @@ def judge(
     side = params.tile_px
     tiles = np.zeros((len(coords), side, side, 3), np.uint8)
     for i, (x, y) in enumerate(coords):
-        tiles[i] = _resized(rgb[y : round(y + step), x : round(x + step)], side, side)
+        tiles[i] = resized(rgb[y : round(y + step), x : round(x + step)], side, side)
     white = getattr(found.background, "white_level", None) or params.white_level  # a faint slide's own
     plain = dataclasses.replace(params, min_blur_variance=0.0, white_level=white)
     reasons = classify_tiles(tiles, plain) if len(tiles) else np.zeros(0, np.int8)
@@ -239,37 +240,16 @@ def judge(
     return boxes, reasons, tissue, (int(cells.sum()), int((cells & inside).sum()))
 
 
-def _resized(rgb: np.ndarray, w: int, h: int) -> np.ndarray:
-    return np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((w, h), Image.BILINEAR))
-
-
-def _share(mask: np.ndarray | None, box: np.ndarray) -> float:
-    if mask is None:
-        return 0.0
-    x0, y0, x1, y1 = (round(float(v)) for v in box)
-    part = mask[y0:y1, x0:x1]
-    return float(part.mean()) if part.size else 0.0
-
-
-def _load(path: Path | str, mode: str, coarser: float) -> np.ndarray:
-    """An image (RGB) or mask (L, as bool) read, and resampled to `coarser` times its um/px."""
-    im = Image.open(path).convert(mode)
-    if coarser > 1.0:
-        size = (max(1, round(im.width / coarser)), max(1, round(im.height / coarser)))
-        im = im.resize(size, Image.LANCZOS if mode == "RGB" else Image.BILINEAR)
-    return np.asarray(im) if mode == "RGB" else np.asarray(im) > 127
-
-
 def score(case: Case, params: TileParams, coarser: float = 1.0) -> Score:
     """`case` scored per tile; `coarser` > 1: its image and masks resampled to that many times its um/px
     first (a thumbnail read at a coarser level, or a plain image exported smaller)."""
-    rgb, mpp = _load(case.path, "RGB", coarser), case.mpp * max(1.0, coarser)
+    rgb, mpp = load_image(case.path, "RGB", coarser), case.mpp * max(1.0, coarser)
     truth, margin, clean_rgb = None, 0, None
     by_colour: dict[str, np.ndarray] = {}
     if case.truth.startswith("mask:"):
-        truth = _load(case.truth[5:], "L", coarser)
+        truth = load_image(case.truth[5:], "L", coarser)
     elif case.truth.startswith("clean:"):  # the same sections scanned before marking
-        clean_rgb = _load(case.truth[6:], "RGB", coarser)
+        clean_rgb = load_image(case.truth[6:], "RGB", coarser)
         diff = np.abs(rgb.astype(np.int16) - clean_rgb.astype(np.int16)).mean(axis=-1) > 30
         truth = np.asarray(ndimage.binary_opening(diff, iterations=1))
         margin = max(1, round(params.tile_um / 2 / mpp))
@@ -277,22 +257,22 @@ def score(case: Case, params: TileParams, coarser: float = 1.0) -> Score:
         rule, _, region_file = case.truth.partition("@")
         by_colour = marker_truth(rgb, set(rule[8:].split(",")))
         if region_file:  # the colour rule's pixels outside the marker's drawn region are tissue (eosin)
-            region = _load(region_file, "L", coarser)
+            region = load_image(region_file, "L", coarser)
             by_colour = {name: mask & region for name, mask in by_colour.items()}
         truth = np.logical_or.reduce(list(by_colour.values())) if by_colour else None
         margin = max(1, round(params.tile_um / 2 / mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
-    exclude = _load(case.exclude, "L", coarser) if case.exclude else None
+    exclude = load_image(case.exclude, "L", coarser) if case.exclude else None
     boxes, reasons, tissue, (cells, inside) = judge(rgb, mpp, params, clean_rgb)
     out = Score(case.name, case.split, approx=case.truth.startswith("colours:"), colours=case.colours,
                 cells=cells, cells_inside=inside)  # fmt: skip
     single = case.colours if "," not in case.colours else ""
-    for box, reason, share in zip(boxes, reasons, tissue, strict=True):
-        if _share(truth, box) > 0.2:
+    for box, reason, tissue_share in zip(boxes, reasons, tissue, strict=True):
+        if share(truth, box) > 0.2:
             # the tile's colour: the image's one marker colour, else the colour covering most of it
-            shares = {name: _share(mask, box) for name, mask in by_colour.items()}
+            shares = {name: share(mask, box) for name, mask in by_colour.items()}
             out.add_inked(single or max(shares, key=shares.__getitem__, default=""), int(reason))
-        elif _share(clear, box) == 0 and _share(exclude, box) == 0 and share >= 0.5:
+        elif share(clear, box) == 0 and share(exclude, box) == 0 and tissue_share >= 0.5:
             out.clean += 1
             if reason != KEPT and REASON_NAMES.get(int(reason)) in REJECTIONS:
                 name = REASON_NAMES[int(reason)]
