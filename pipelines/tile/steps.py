@@ -37,7 +37,7 @@ from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import Thumbnail, read_thumbnails
 from wsi.storage.identity import SlideFingerprint
 from wsi.tiling.artifacts import INK
-from wsi.tiling.grid import KEPT, REASON_NAMES, TileCounts, TissueGrid, find_tissue
+from wsi.tiling.grid import KEPT, REASON_NAMES, TileCounts, TissueGrid, find_tissue, read_pixels
 from wsi.tiling.qc import QcExtras, qc_picture_mpp, save_png, tile_qc_image
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def _find_tissue(at: OpenSlide) -> _Tissue:
     model_mask = model_tissue_mask(slide, tissue_net, thumbs[0], job.params) if tissue_net else None
     found = find_tissue(
         slide, job.params, background=job.background, thumbnail=thumbs[0], mask=model_mask,
-        own_pixels=None if own is None else np.where(own.unknown[..., None], np.uint8(255), own.image),
+        own_pixels=None if own is None else read_pixels(own),
     )  # fmt: skip
     found, roi_record, roi_note = restrict_to_roi(found, roi, slide.dimensions, slide.mpp)
     if found.background.dark:

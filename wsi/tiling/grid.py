@@ -21,7 +21,7 @@ from PIL import Image
 
 from wsi.core.work_bounds import check_grid, grid_shape
 from wsi.slides.region import LEVEL_TOLERANCE
-from wsi.slides.thumbnail import Thumbnail, read_thumbnail
+from wsi.slides.thumbnail import Thumbnail, read_thumbnails
 from wsi.tiling.artifacts import CODES, ArtifactMaps, artifact_verdicts, find_artifacts, judge_tiles
 from wsi.tiling.background import (
     Background,
@@ -163,7 +163,13 @@ def find_tissue(
     w0, h0 = slide.dimensions
     if thumbnail is None:  # a caller that read the thumbnail bounded the grid before it did
         check_grid(slide.path, w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
-    thumb = thumbnail if thumbnail is not None else read_thumbnail(slide, params.tissue.thumb_mpp)
+        # with the slide's own pixels where it is coarser than the thumbnail (read once: the same level)
+        coarse = slide.mpp > params.tissue.thumb_mpp * (1.0 + LEVEL_TOLERANCE)
+        read = read_thumbnails(slide, (params.tissue.thumb_mpp, *((slide.mpp,) if coarse else ())))
+        thumbnail = read[0]
+        if coarse and own_pixels is None:
+            own_pixels = read_pixels(read[1])
+    thumb = thumbnail
     image, unknown = thumb.image, thumb.unknown
     known = image[~unknown][None] if unknown.any() else image  # (1, n, 3): only pixels that were read
     kind = detect_background(known, slide.properties, choice=background)
@@ -219,6 +225,11 @@ def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, para
 
 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
+def read_pixels(thumb: Thumbnail) -> np.ndarray:
+    """A thumbnail's image with what could not be read white (glass: no vote for any filter)."""
+    return np.where(thumb.unknown[..., None], np.uint8(255), thumb.image)
+
+
 def _artifacts_at_own_pixels(
     image: np.ndarray,
     mask: np.ndarray,

@@ -170,3 +170,22 @@ def test_filters_judge_a_coarse_image_at_its_own_pixels_not_the_enlarged_thumbna
     [r] = tile_slides([SlideSource("red16", png, mpp=16.0)], out_dir=tmp_path)
     assert r.status == "ok" and seen == [(own.shape, pytest.approx(16.0), True)]
     assert r.findings is not None and r.findings.ink_colours.get("red", 0) >= 150  # HistoQC's red: 190 tiles
+
+
+def test_find_tissue_reads_a_coarse_slides_own_pixels_itself(shared_data: Path) -> None:
+    """`find_tissue(slide, params)` with no thumbnail (the library's own use) judges the same own pixels as
+    the tile stage: the verdicts equal those given the image itself."""
+    import numpy as np
+    from PIL import Image
+
+    from wsi.slides.slide import open_slide
+    from wsi.slides.thumbnail import read_thumbnail
+    from wsi.tiling.grid import find_tissue
+
+    png = shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png"
+    own = np.asarray(Image.open(png).convert("RGB"))
+    with open_slide(png, mpp=16.0) as slide:
+        alone = find_tissue(slide, TileParams())
+        given = find_tissue(slide, TileParams(), thumbnail=read_thumbnail(slide, 8.0), own_pixels=own)
+    assert alone.region_codes is not None and (alone.region_codes == 4).sum() >= 150
+    np.testing.assert_array_equal(alone.region_codes, given.region_codes)
