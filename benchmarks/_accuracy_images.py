@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -27,3 +28,10 @@ def load_image(path: Path | str, mode: str, coarser: float) -> np.ndarray:
         size = (max(1, round(im.width / coarser)), max(1, round(im.height / coarser)))
         im = im.resize(size, Image.LANCZOS if mode == "RGB" else Image.BILINEAR)
     return np.asarray(im) if mode == "RGB" else np.asarray(im) > 127
+
+
+def as_jpeg(rgb: np.ndarray, quality: int) -> np.ndarray:
+    """`rgb` saved and read back as a JPEG of `quality` (PIL's defaults: 4:2:0 chroma), as an export is."""
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, "JPEG", quality=quality)
+    return np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))

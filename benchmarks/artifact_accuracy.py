@@ -58,7 +58,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from _accuracy_images import load_image, resized, share  # type: ignore[import-not-found]
+from _accuracy_images import as_jpeg, load_image, resized, share  # type: ignore[import-not-found]
 from _accuracy_tables import table  # type: ignore[import-not-found]
 from _accuracy_truth import marker_truth, tissue_truth  # type: ignore[import-not-found]
 from wsi.slides.region import resample_filter
@@ -240,9 +240,10 @@ def judge(
     return boxes, reasons, tissue, (int(cells.sum()), int((cells & inside).sum()))
 
 
-def score(case: Case, params: TileParams, coarser: float = 1.0) -> Score:
+def score(case: Case, params: TileParams, coarser: float = 1.0, jpeg: int = 0) -> Score:
     """`case` scored per tile; `coarser` > 1: its image and masks resampled to that many times its um/px
-    first (a thumbnail read at a coarser level, or a plain image exported smaller)."""
+    first (a thumbnail read at a coarser level, or a plain image exported smaller); `jpeg`: the filters
+    judge it saved as a JPEG of that quality."""
     rgb, mpp = load_image(case.path, "RGB", coarser), case.mpp * max(1.0, coarser)
     truth, margin, clean_rgb = None, 0, None
     by_colour: dict[str, np.ndarray] = {}
@@ -263,7 +264,8 @@ def score(case: Case, params: TileParams, coarser: float = 1.0) -> Score:
         margin = max(1, round(params.tile_um / 2 / mpp))
     clear = ndimage.binary_dilation(truth, iterations=margin) if truth is not None and margin else truth
     exclude = load_image(case.exclude, "L", coarser) if case.exclude else None
-    boxes, reasons, tissue, (cells, inside) = judge(rgb, mpp, params, clean_rgb)
+    seen = as_jpeg(rgb, jpeg) if jpeg else rgb  # the truth stays the image's own
+    boxes, reasons, tissue, (cells, inside) = judge(seen, mpp, params, clean_rgb)
     out = Score(case.name, case.split, approx=case.truth.startswith("colours:"), colours=case.colours,
                 cells=cells, cells_inside=inside)  # fmt: skip
     single = case.colours if "," not in case.colours else ""
@@ -347,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="resample each image finer than this um/px to it first (a coarser thumbnail or export)",
     )
+    ap.add_argument("--jpeg", type=int, default=0, help="re-encode each image as a JPEG of this quality")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     params = TileParams(tile_px=args.tile_px)
@@ -367,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     scores = []
     for i, case in enumerate(cases, 1):
-        scores.append(score(case, params, (args.at_mpp or 0.0) / case.mpp))
+        scores.append(score(case, params, (args.at_mpp or 0.0) / case.mpp, args.jpeg))
         print(f"[{i}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
-    if not args.no_public and not args.only and not args.at_mpp:
+    if not args.no_public and not args.only and not (args.at_mpp or args.jpeg):
         scores += [s for s in pair_scores(params) if s.split == args.split or not args.split]
     if args.slides:
         import tempfile
