@@ -1,13 +1,13 @@
 """The GPU suite's feed sections (issue 34), beside gpu_sections.py's: each hands rows to `emit`.
 
-feed      the device-decode feed step by step (benchmarks/embed_feed.py): reading per reader process
-          against the plain os.pread loop and the reader before issue 34, pinned copy, to device, decode,
-          crop/resize; the stage that bounds the feed; pinned host blocks allocated after warm-up
-decoders  JPEG decoders on the device decoder's batches (benchmarks/jpeg_codecs.py): torchvision,
-          nvImageCodec, DALI where installed, their pixels against libjpeg-turbo; cuCIM against openslide
-          for the CPU path's reads
-long-1m   end to end through `embed_works` with RetCCL over 1,000,000 tiles in one process (the scenario
-          in which device decode crashed); not in the default run: `--sections long-1m`
+  feed      the device-decode feed step by step (benchmarks/embed_feed.py): reading per reader process
+            against the plain os.pread loop and the reader before issue 34, pinned copy, to device, decode,
+            crop/resize; the stage that bounds the feed; pinned host blocks allocated after warm-up
+  decoders  JPEG decoders on the device decoder's batches (benchmarks/jpeg_codecs.py): torchvision,
+            nvImageCodec, DALI where installed, their pixels against libjpeg-turbo; cuCIM against openslide
+            for the CPU path's reads
+  long-1m   end to end through `embed_works` with RetCCL over 1,000,000 tiles in one process (the scenario
+            in which device decode crashed); not in the default run: `--sections long-1m`
 """
 
 from __future__ import annotations

@@ -138,9 +138,8 @@ def reader_rows(slide: SlideTiles, rounds: int, n_max: int) -> list[Row]:
 
             def read() -> list[np.ndarray]:
                 return [
-                    np.asarray(
-                        img.read_region(location=(round(x * ds), round(y * ds)), size=(w, h), level=level)
-                    )[..., :3]
+                    np.asarray(img.read_region(location=(round(x * ds), round(y * ds)), size=(w, h),
+                                               level=level))[..., :3]
                     for x, y, w, h in windows
                 ]
 

@@ -276,12 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic-max-size", type=int, default=300, help="largest generated bag")
     ap.add_argument("--data-seeds", nargs="*", type=int, default=list(UNSEEN_DATA_SEEDS)[:1])
     ap.add_argument("--models", nargs="*", default=list(PRESETS), choices=PRESETS)
-    ap.add_argument(
-        "--recipe",
-        choices=["authors"],
-        default=None,
-        help="train the baselines with their authors' recipes (rows <preset>:authors)",
-    )
+    ap.add_argument("--recipe", choices=["authors"], default=None,
+                    help="train the baselines with their authors' recipes (rows <preset>:authors)")
     ap.add_argument("--folds", type=int, default=5, help="K of `wsi train --cv K`")
     ap.add_argument("--seeds", type=int, default=3, help="R: cross-validation seeds 0 .. R-1")
     ap.add_argument("--from-seed", type=int, default=0, help="S: run seeds S .. R-1 only (one --out each)")
@@ -349,14 +345,5 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = [
-    "MODELS",
-    "cost_table",
-    "first_of_each",
-    "main",
-    "run_cost",
-    "seqnorm_table",
-    "summarise",
-    "table",
-    "task_yaml",
-]
+__all__ = ["MODELS", "cost_table", "first_of_each", "main", "run_cost", "seqnorm_table", "summarise", "table",
+           "task_yaml"]

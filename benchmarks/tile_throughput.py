@@ -236,18 +236,10 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true", help="whole process: wsi tile against LazySlide")
     parser.add_argument("--ceiling", action="store_true",
                         help="stage/raw with filters and/or QC outputs taken out (one worker)")  # fmt: skip
-    parser.add_argument(
-        "--slide",
-        type=Path,
-        nargs="+",
-        default=None,
-        help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)",
-    )
-    parser.add_argument(
-        "--lazyslide-python",
-        default=None,
-        help="a Python that has LazySlide, for --compare (default: this one)",
-    )
+    parser.add_argument("--slide", type=Path, nargs="+", default=None,
+                        help="slides for --breakdown/--compare (default: CMU-1-Small-Region, generated 8 mm)")
+    parser.add_argument("--lazyslide-python", default=None,
+                        help="a Python that has LazySlide, for --compare (default: this one)")
     parser.add_argument("--baseline-python", default=None,
                         help="--compare: also time this Python's wsi (another checkout)")  # fmt: skip
     args = parser.parse_args()
