@@ -31,13 +31,20 @@ from wsi.pipelines.tile.segment import (
     segmentation_record,
     segmenters,
 )
-from wsi.slides.region import LEVEL_TOLERANCE
 from wsi.slides.slide import Slide
 from wsi.slides.sources import SlideSource
 from wsi.slides.thumbnail import Thumbnail, read_thumbnails
 from wsi.storage.identity import SlideFingerprint
 from wsi.tiling.artifacts import INK
-from wsi.tiling.grid import KEPT, REASON_NAMES, TileCounts, TissueGrid, find_tissue, read_pixels
+from wsi.tiling.grid import (
+    KEPT,
+    REASON_NAMES,
+    TileCounts,
+    TissueGrid,
+    coarser_than,
+    find_tissue,
+    read_pixels,
+)
 from wsi.tiling.qc import QcExtras, qc_picture_mpp, save_png, tile_qc_image
 
 if TYPE_CHECKING:
@@ -136,7 +143,7 @@ def _find_tissue(at: OpenSlide) -> _Tissue:
     mpps = (thumb_mpp,) if qc_mpp is None else (thumb_mpp, qc_mpp)
     # a slide coarser than the thumbnail (a plain image, a scan at 20-50 um/px): its filters judge its own
     # pixels, level 0 as read (wsi.tiling.grid.find_tissue)
-    coarse = slide.mpp > thumb_mpp * (1.0 + LEVEL_TOLERANCE)
+    coarse = coarser_than(slide.mpp, thumb_mpp)
     read = read_thumbnails(slide, (*mpps, slide.mpp) if coarse else mpps, max_read_px=job.max_read_px)
     thumbs, own = (read[:-1], read[-1]) if coarse else (read, None)
     tissue_net, artifact_net = segmenters(job.segmentation) if job.segmentation else (None, None)

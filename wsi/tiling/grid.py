@@ -164,7 +164,7 @@ def find_tissue(
     if thumbnail is None:  # a caller that read the thumbnail bounded the grid before it did
         check_grid(slide.path, w0, h0, mpp=slide.mpp, tile_um=params.tile_um)
         # with the slide's own pixels where it is coarser than the thumbnail (read once: the same level)
-        coarse = slide.mpp > params.tissue.thumb_mpp * (1.0 + LEVEL_TOLERANCE)
+        coarse = coarser_than(slide.mpp, params.tissue.thumb_mpp)
         read = read_thumbnails(slide, (params.tissue.thumb_mpp, *((slide.mpp,) if coarse else ())))
         thumbnail = read[0]
         if coarse and own_pixels is None:
@@ -225,6 +225,12 @@ def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, para
 
 
 # reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
+def coarser_than(slide_mpp: float, thumb_mpp: float) -> bool:
+    """Whether a slide's own pixels are coarser than its thumbnail (which is then an enlargement, and the
+    artifact filters judge the slide's own pixels instead: `find_tissue`'s own_pixels)."""
+    return slide_mpp > thumb_mpp * (1.0 + LEVEL_TOLERANCE)
+
+
 def read_pixels(thumb: Thumbnail) -> np.ndarray:
     """A thumbnail's image with what could not be read white (glass: no vote for any filter)."""
     return np.where(thumb.unknown[..., None], np.uint8(255), thumb.image)
@@ -238,16 +244,13 @@ def _artifacts_at_own_pixels(
     params: ArtifactParams,
     own: np.ndarray | None = None,
 ) -> ArtifactMaps:
-    """The artifact filters on the thumbnail, or, where the slide's own pixels are coarser than it (a
-    plain image or a scan at 20-50 um/px, enlarged to thumb_mpp), on those pixels (`own`, level 0 as
-    read; else the thumbnail brought back to its size): enlarging adds no detail, and the filters' sizes,
-    pixel counts and colour thresholds were chosen and are measured (benchmarks/artifact_accuracy.py) on
-    such images at their own resolution. They are that sensitive: the enlarged thumbnail moved HistoQC's
-    red pen image (16 um/px) from 1.8% to 6.8% of its red-inked tiles kept, and an enlargement brought
-    back (a grey level's change on average) to 10%."""
-    factor = slide_mpp / thumb_mpp
-    if factor <= 1.0 + LEVEL_TOLERANCE:
+    """The artifact filters on the thumbnail, or on the slide's own pixels where they are coarser (`own`,
+    level 0 as read; else the thumbnail brought back to its size): the filters were chosen and are measured
+    on such images at their own resolution, and an enlarged thumbnail moved HistoQC's red pen image (16
+    um/px) from 1.8% to 6.8% of its red-inked tiles kept (docs/benchmarks.md)."""
+    if not coarser_than(slide_mpp, thumb_mpp):
         return find_artifacts(image, mask, mpp=thumb_mpp, params=params)
+    factor = slide_mpp / thumb_mpp
     h, w = mask.shape
     if own is None:
         size = (max(1, round(w / factor)), max(1, round(h / factor)))

@@ -6,16 +6,21 @@ import csv
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from wsi.cli.main import cli
 from wsi.formats.tile_file import read_tile_file
 from wsi.pipelines.tile.findings import COARSE_FILTERS_MPP, coarse_filters_note, low_yield, upsampling_note
 from wsi.pipelines.tile.stage import output_paths, tile_slides
+from wsi.slides.slide import open_slide
 from wsi.slides.sources import SlideSource
+from wsi.slides.thumbnail import read_thumbnail
+from wsi.tiling import grid
 from wsi.tiling.blur import blur_reduction
-from wsi.tiling.grid import TileCounts
+from wsi.tiling.grid import TileCounts, find_tissue
 from wsi.tiling.params import ArtifactParams, TileParams
 
 
@@ -132,8 +137,6 @@ def test_a_plain_image_at_40_um_per_px_warns_that_red_marker_may_be_kept(
 ) -> None:
     """HistoQC's red pen thumbnail as a 40 um/px image (its own pixels: 16 um/px scaled down 2.5x): tiled,
     with the note; the same image at --mpp 16 has none."""
-    from PIL import Image
-
     src = Image.open(shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png").convert("RGB")
     small = tmp_path / "pen_red_40.png"
     src.resize((round(src.width / 2.5), round(src.height / 2.5)), Image.LANCZOS).save(small)
@@ -152,11 +155,6 @@ def test_filters_judge_a_coarse_image_at_its_own_pixels_not_the_enlarged_thumbna
     """A 16 um/px image is enlarged to the 8 um/px tissue thumbnail; the artifact filters still see its
     own pixels (what they were chosen and are measured on: the enlargement alone moved HistoQC's red pen
     from 1.8% to 6.8% of its red-inked tiles kept), and their regions land on the right tiles."""
-    import numpy as np
-    from PIL import Image
-
-    import wsi.tiling.grid as grid
-
     png = shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png"
     own = np.asarray(Image.open(png).convert("RGB"))
     seen: list[tuple[tuple[int, ...], float, bool]] = []
@@ -175,13 +173,6 @@ def test_filters_judge_a_coarse_image_at_its_own_pixels_not_the_enlarged_thumbna
 def test_find_tissue_reads_a_coarse_slides_own_pixels_itself(shared_data: Path) -> None:
     """`find_tissue(slide, params)` with no thumbnail (the library's own use) judges the same own pixels as
     the tile stage: the verdicts equal those given the image itself."""
-    import numpy as np
-    from PIL import Image
-
-    from wsi.slides.slide import open_slide
-    from wsi.slides.thumbnail import read_thumbnail
-    from wsi.tiling.grid import find_tissue
-
     png = shared_data / "artifacts" / "histoqc" / "pen__1k_version__pen_red.png"
     own = np.asarray(Image.open(png).convert("RGB"))
     with open_slide(png, mpp=16.0) as slide:
