@@ -224,7 +224,6 @@ def with_noise_level(kind: Background, thumb: np.ndarray, mask: np.ndarray, para
     return dataclasses.replace(kind, signal_level=level, reason=reason)
 
 
-# reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
 def coarser_than(slide_mpp: float, thumb_mpp: float) -> bool:
     """Whether a slide's own pixels are coarser than its thumbnail (which is then an enlargement, and the
     artifact filters judge the slide's own pixels instead: `find_tissue`'s own_pixels)."""
@@ -261,6 +260,7 @@ def _artifacts_at_own_pixels(
     return dataclasses.replace(maps, scale=maps.scale * size[0] / w)
 
 
+# reason codes per candidate tile, in the order the filters run; UNREADABLE: its pixels failed to decode;
 # the artifact filters' codes follow (wsi.tiling.artifacts.CODES: ink 4, fold 5, bubble 6, border 7, dust 8,
 # blood 9)
 KEPT, BACKGROUND, BLURRY, UNREADABLE = 0, 1, 2, 3
